@@ -1,0 +1,232 @@
+/*
+ * libkda — Kimi Delta Attention (KDA) for CPUs and NVIDIA GPUs.
+ *
+ * The operation, per value head h and sequence, with a K×V state S (natural-log gates, as in FLA):
+ *
+ *     S_t = (I − β_t k_t k_tᵀ) Diag(exp(g_t)) S_{t−1} + β_t k_t v_tᵀ
+ *     o_t = scale · S_tᵀ q_t
+ *
+ * Conventions (cuBLAS / NCCL style):
+ *   - every entry point returns a kda_status_t; kda_status_string() names it and kda_last_error() gives the
+ *     detail of the last failing call on the calling thread (which argument, and what was wrong with it);
+ *   - on any error nothing is written to any output;
+ *   - a context (kda_context_t) holds a backend: the CPU, the fp64 reference, or CUDA device N;
+ *   - calls never allocate: scratch memory ("workspace") is queried with a *_workspace_size call and passed in;
+ *   - on CUDA, the stream is an argument, calls are asynchronous on it and never synchronise with the host,
+ *     so they can be captured in a CUDA graph. Every pointer then points to device memory, except the fields
+ *     named *_host. On the CPU backends every pointer is a host pointer and calls are synchronous.
+ *
+ * Tensors are dense and row-major (C order) in the shapes given below; the letters are
+ *   B batch rows, T tokens per row, N sequences, HQK query/key heads, HV value heads (a multiple of HQK:
+ *   value head h reads query/key head h / (HV/HQK), "GVA"), K key head size, V value head size.
+ * With cu_seqlens, B is 1, T is the total number of tokens and sequence n holds tokens
+ * [cu_seqlens[n], cu_seqlens[n+1]); without it, N = B and sequence n is batch row n.
+ */
+#ifndef KDA_H
+#define KDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define KDA_API __declspec(dllexport)
+#else
+#define KDA_API __attribute__((visibility("default")))
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------------------- */
+#define KDA_VERSION_MAJOR 0
+#define KDA_VERSION_MINOR 1
+#define KDA_VERSION_PATCH 0
+/* KDA_VERSION = MAJOR * 10000 + MINOR * 100 + PATCH, the value kda_version() returns at run time. */
+#define KDA_VERSION (KDA_VERSION_MAJOR * 10000 + KDA_VERSION_MINOR * 100 + KDA_VERSION_PATCH)
+
+/* The version of the library that is linked, as KDA_VERSION; compare with the header's to detect a mismatch. */
+KDA_API int kda_version(void);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Status and errors
+ * ------------------------------------------------------------------------------------------------------- */
+typedef enum kda_status {
+    KDA_STATUS_SUCCESS = 0,
+    KDA_STATUS_INVALID_VALUE = 1,          /* an argument is wrong; kda_last_error() names it */
+    KDA_STATUS_NOT_SUPPORTED = 2,          /* valid, but not available on this backend, build or device */
+    KDA_STATUS_INSUFFICIENT_WORKSPACE = 3, /* workspace_bytes is smaller than the *_workspace_size answer */
+    KDA_STATUS_ALLOC_FAILED = 4,           /* kda_create could not allocate the context */
+    KDA_STATUS_BACKEND_ERROR = 5,          /* the CUDA runtime reported an error (its text is in the message) */
+    KDA_STATUS_INTERNAL_ERROR = 6          /* a bug in libkda; please report it with the message */
+} kda_status_t;
+
+/* A short constant name for a status, e.g. "KDA_STATUS_INVALID_VALUE". Never NULL. */
+KDA_API const char *kda_status_string(kda_status_t status);
+
+/* The message of the last call on this thread that did not return KDA_STATUS_SUCCESS, e.g.
+ * "kda_forward: argument 'cu_seqlens': not monotone (cu_seqlens[2] = 7 < cu_seqlens[1] = 9)".
+ * A successful call leaves it as it was. "" if no call has failed on this thread. Never NULL. */
+KDA_API const char *kda_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Data types
+ * ------------------------------------------------------------------------------------------------------- */
+typedef enum kda_dtype {
+    KDA_FLOAT32 = 0,
+    KDA_FLOAT16 = 1,
+    KDA_BFLOAT16 = 2,
+    KDA_INT32 = 3,
+    KDA_INT64 = 4
+} kda_dtype_t;
+
+/* Bytes per element of a dtype (4, 2, 2, 4, 8), or 0 for a value outside the enum. */
+KDA_API size_t kda_dtype_size(kda_dtype_t dtype);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Context: one backend
+ * ------------------------------------------------------------------------------------------------------- */
+typedef enum kda_backend {
+    KDA_BACKEND_AUTO = 0,      /* CUDA device `device` if this build and machine have one, else the CPU */
+    KDA_BACKEND_CPU = 1,       /* chunked algorithm, float32 arithmetic, multi-threaded */
+    KDA_BACKEND_REFERENCE = 2, /* the oracle: float64 token-by-token recurrence, one thread; slow, exact */
+    KDA_BACKEND_CUDA = 3       /* NVIDIA GPU (sm_90a kernels) */
+} kda_backend_t;
+
+typedef struct kda_context kda_context_t;
+
+/* Create a context for `backend`. `device` is the CUDA device ordinal (ignored by the CPU backends).
+ * CUDA on a build or machine without it returns KDA_STATUS_NOT_SUPPORTED; AUTO then falls back to the CPU.
+ * The CPU backend starts its worker threads here: KDA_NUM_THREADS from the environment, else one per core. */
+KDA_API kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device);
+
+/* Destroy a context and join its threads. NULL is accepted and does nothing. */
+KDA_API kda_status_t kda_destroy(kda_context_t *ctx);
+
+/* The backend a context runs on (never KDA_BACKEND_AUTO). */
+KDA_API kda_status_t kda_get_backend(const kda_context_t *ctx, kda_backend_t *backend);
+
+/* A short name of a backend: "auto", "cpu", "reference", "cuda". Never NULL. */
+KDA_API const char *kda_backend_name(kda_backend_t backend);
+
+/* CPU backend: use `num_threads` worker threads (>= 1) from now on. Other backends: NOT_SUPPORTED.
+ * Workspace sizes depend on the thread count: query them again after this call. */
+KDA_API kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads);
+
+/* The number of threads of a CPU context (1 for the reference backend, 0 for CUDA). */
+KDA_API kda_status_t kda_get_num_threads(const kda_context_t *ctx, int *num_threads);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The problem: one struct for the chunked forward (kda_forward) and the recurrent decode (kda_decode)
+ *
+ * Initialise it with kda_args_init(), which sets every field to its default (the defaults are written
+ * beside each field), then set the fields you use. struct_size lets later versions append fields
+ * (backward, intra-card context parallelism, per-chunk states) without breaking programs built against
+ * this one: leave it as kda_args_init() set it.
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct kda_args {
+    size_t struct_size;           /* sizeof(kda_args_t) of the header the caller was built with */
+
+    /* -- Problem size ------------------------------------------------------------------------------------ */
+    int64_t batch;                /* B >= 0: number of equal-length rows; must be 1 with cu_seqlens. Default 1 */
+    int64_t seq_len;              /* T >= 0: tokens per row (total tokens with cu_seqlens). Default 0 */
+    int32_t num_qk_heads;         /* HQK >= 1: query/key heads. Default 1 */
+    int32_t num_v_heads;          /* HV >= 1: value heads, a multiple of HQK (GVA when larger). Default 1 */
+    int32_t head_dim_k;           /* K in [1, 256]: key head size (CUDA: 64 or 128). Default 128 */
+    int32_t head_dim_v;           /* V in [1, 256]: value head size (CUDA: equal to K). Default 128 */
+
+    /* -- Variable-length sequences (optional) ------------------------------------------------------------ */
+    const void *cu_seqlens;       /* [N+1] offsets: 0 = cu[0] <= cu[1] <= ... <= cu[N] = T; empty sequences
+                                     are allowed. NULL: N = B equal-length sequences. Default NULL */
+    kda_dtype_t cu_seqlens_dtype; /* KDA_INT32 or KDA_INT64. Default KDA_INT32 */
+    int64_t num_seqs;             /* N >= 0 with cu_seqlens (the array has N+1 entries). Default 0 */
+    const void *cu_seqlens_host;  /* CUDA only, optional: a host copy of cu_seqlens; when given, its contents
+                                     are validated (device contents cannot be read without a sync, so the
+                                     kernels only clamp them). Default NULL */
+
+    /* -- Inputs ------------------------------------------------------------------------------------------ */
+    kda_dtype_t dtype;            /* dtype of q, k and v: FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    const void *q;                /* [B, T, HQK, K] queries */
+    const void *k;                /* [B, T, HQK, K] keys */
+    const void *v;                /* [B, T, HV, V] values */
+    const void *g;                /* [B, T, HV, K] gate: log decay (<= 0), or the raw gate input when
+                                     use_gate_in_kernel is set */
+    kda_dtype_t g_dtype;          /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    const void *beta;             /* [B, T, HV] write strength β, or its logit when use_beta_sigmoid is set */
+    kda_dtype_t beta_dtype;       /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+
+    /* -- Output ------------------------------------------------------------------------------------------ */
+    void *o;                      /* [B, T, HV, V] output, fully written */
+    kda_dtype_t o_dtype;          /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+
+    /* -- States (optional) ------------------------------------------------------------------------------- */
+    const void *initial_state;    /* [N, HV, K, V] (V-first: [N, HV, V, K]) state before each sequence, or
+                                     with state_indices a pool of [num_state_slots, ...]. NULL: zeros */
+    kda_dtype_t initial_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
+    void *final_state;            /* [N, HV, K, V] (V-first: [N, HV, V, K]) state after each sequence, or
+                                     with state_indices a pool of [num_state_slots, ...]; may be the same
+                                     memory as initial_state (in-place update). NULL: not written */
+    kda_dtype_t final_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
+    int state_v_first;            /* 1: states are stored [V, K] per head (FLA's state_v_first). Default 0 */
+    const int32_t *state_indices; /* [N] optional slot of each sequence in the state pools (vLLM's
+                                     ssm_state_indices): sequence n reads initial_state[state_indices[n]] and
+                                     writes final_state[state_indices[n]]; a negative index means no slot
+                                     (start from zeros, write nothing). Slots must be distinct. Default NULL */
+    int64_t num_state_slots;      /* number of slots in the pools when state_indices is set. Default 0 */
+
+    /* -- Options (FLA's chunk_kda flags, same meaning) --------------------------------------------------- */
+    float scale;                  /* output scale; 0 selects K^-1/2. Default 0 */
+    int use_qk_l2norm;            /* 1: q and k are divided by sqrt(sum over K of x^2 + 1e-6) before use.
+                                     (use_qk_l2norm_in_kernel) Default 0 */
+    int use_gate_in_kernel;       /* 1: g is the raw gate input; the log decay is
+                                     -exp(A_log[h]) * softplus(g + dt_bias[h, :]), or, when lower_bound is set,
+                                     lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h, :])) (A_log NULL:
+                                     lower_bound * sigmoid(g + dt_bias[h, :])). Default 0 */
+    const float *A_log;           /* [HV] float32, with use_gate_in_kernel; required unless lower_bound is set */
+    const float *dt_bias;         /* [HV * K] float32, optional, with use_gate_in_kernel */
+    float lower_bound;            /* the sigmoid gate's bound, < 0; 0 means unset. With safe_gate and
+                                     use_gate_in_kernel it is required and must lie in [-5, 0). Default 0 */
+    int safe_gate;                /* 1: the caller promises bounded gates (FLA's safe_gate); with
+                                     use_gate_in_kernel it requires lower_bound. Default 0 */
+    int use_beta_sigmoid;         /* 1: beta is a logit and β = sigmoid(beta). (use_beta_sigmoid_in_kernel)
+                                     Default 0 */
+    int allow_neg_eigval;         /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid. Default 0 */
+} kda_args_t;
+
+/* Fill `args` with the defaults written beside each field and set struct_size. */
+KDA_API void kda_args_init(kda_args_t *args);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Prefill forward: the chunked (WY) algorithm, for any number of tokens
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* Bytes of workspace kda_forward needs for this problem on this context (may be 0). Validates args. */
+KDA_API kda_status_t kda_forward_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
+                                                size_t *workspace_bytes);
+
+/* Compute o (and final_state if set) for every sequence. `workspace` points to workspace_bytes bytes, at
+ * least the size kda_forward_workspace_size answered, on the context's device (host memory for the CPU
+ * backends), with any alignment; it may be NULL when that size is 0. Its contents need not be initialised
+ * and are garbage afterwards. `stream` is a cudaStream_t (NULL: the legacy default stream); the CPU
+ * backends ignore it. A context may be used by one thread at a time. */
+KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace,
+                                 size_t workspace_bytes, void *stream);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Decode: the token-by-token recurrence (FLA's fused_recurrent_kda), for few tokens per sequence
+ *
+ * Same arguments and results as kda_forward; with state_indices and final_state == initial_state it
+ * updates a state pool in place, as vLLM's decode step does. Best for T <= 16 tokens per sequence.
+ * ------------------------------------------------------------------------------------------------------- */
+KDA_API kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
+                                               size_t *workspace_bytes);
+KDA_API kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *workspace,
+                                size_t workspace_bytes, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KDA_H */

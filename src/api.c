@@ -1,0 +1,222 @@
+/*
+ * The public entry points: version, status and error text, contexts, and the dispatch of kda_forward /
+ * kda_decode to the context's backend after the shared validation (validate.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Version, status, errors
+ * ------------------------------------------------------------------------------------------------------- */
+int kda_version(void) { return KDA_VERSION; }
+
+const char *kda_status_string(kda_status_t status) {
+    switch (status) {
+    case KDA_STATUS_SUCCESS: return "KDA_STATUS_SUCCESS";
+    case KDA_STATUS_INVALID_VALUE: return "KDA_STATUS_INVALID_VALUE";
+    case KDA_STATUS_NOT_SUPPORTED: return "KDA_STATUS_NOT_SUPPORTED";
+    case KDA_STATUS_INSUFFICIENT_WORKSPACE: return "KDA_STATUS_INSUFFICIENT_WORKSPACE";
+    case KDA_STATUS_ALLOC_FAILED: return "KDA_STATUS_ALLOC_FAILED";
+    case KDA_STATUS_BACKEND_ERROR: return "KDA_STATUS_BACKEND_ERROR";
+    case KDA_STATUS_INTERNAL_ERROR: return "KDA_STATUS_INTERNAL_ERROR";
+    }
+    return "KDA_STATUS_UNKNOWN";
+}
+
+static _Thread_local char last_error[512];
+
+const char *kda_last_error(void) { return last_error; }
+
+kda_status_t kda_error(kda_status_t status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+size_t kda_dtype_size(kda_dtype_t dtype) {
+    switch (dtype) {
+    case KDA_FLOAT32: return 4;
+    case KDA_FLOAT16: return 2;
+    case KDA_BFLOAT16: return 2;
+    case KDA_INT32: return 4;
+    case KDA_INT64: return 8;
+    }
+    return 0;
+}
+
+const char *kda_backend_name(kda_backend_t backend) {
+    switch (backend) {
+    case KDA_BACKEND_AUTO: return "auto";
+    case KDA_BACKEND_CPU: return "cpu";
+    case KDA_BACKEND_REFERENCE: return "reference";
+    case KDA_BACKEND_CUDA: return "cuda";
+    }
+    return "unknown";
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Contexts
+ * ------------------------------------------------------------------------------------------------------- */
+int kda_cpu_default_threads(void);
+kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads);
+
+kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_create: argument 'ctx': NULL");
+    if (backend != KDA_BACKEND_AUTO && backend != KDA_BACKEND_CPU && backend != KDA_BACKEND_REFERENCE &&
+        backend != KDA_BACKEND_CUDA)
+        return kda_error(KDA_STATUS_INVALID_VALUE, "kda_create: argument 'backend': %d is not a kda_backend_t",
+                         (int)backend);
+    if ((backend == KDA_BACKEND_CUDA || backend == KDA_BACKEND_AUTO) && device < 0)
+        return kda_error(KDA_STATUS_INVALID_VALUE, "kda_create: argument 'device': %d is negative", device);
+
+    kda_context_t *c = (kda_context_t *)calloc(1, sizeof *c);
+    if (!c) return kda_error(KDA_STATUS_ALLOC_FAILED, "kda_create: out of host memory");
+    c->device = device;
+
+    kda_status_t st = KDA_STATUS_SUCCESS;
+    if (backend == KDA_BACKEND_CUDA || backend == KDA_BACKEND_AUTO) {
+        st = kda_cuda_init(c, device);
+        if (st == KDA_STATUS_SUCCESS) {
+            c->backend = KDA_BACKEND_CUDA;
+            c->ops = &kda_cuda_ops;
+        } else if (backend == KDA_BACKEND_AUTO) {
+            backend = KDA_BACKEND_CPU; /* no usable GPU: the CPU is the default */
+            st = KDA_STATUS_SUCCESS;
+        }
+    }
+    if (st == KDA_STATUS_SUCCESS && backend == KDA_BACKEND_CPU) {
+        c->backend = KDA_BACKEND_CPU;
+        c->ops = &kda_cpu_ops;
+        st = kda_cpu_start(c, kda_cpu_default_threads());
+    } else if (st == KDA_STATUS_SUCCESS && backend == KDA_BACKEND_REFERENCE) {
+        c->backend = KDA_BACKEND_REFERENCE;
+        c->ops = &kda_reference_ops;
+        c->num_threads = 1;
+    }
+    if (st != KDA_STATUS_SUCCESS) {
+        if (c->ops && c->ops->destroy) c->ops->destroy(c);
+        free(c);
+        return st; /* the message was set by the backend */
+    }
+    *ctx = c;
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_destroy(kda_context_t *ctx) {
+    if (!ctx) return KDA_STATUS_SUCCESS;
+    if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
+    free(ctx);
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_get_backend(const kda_context_t *ctx, kda_backend_t *backend) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_backend: argument 'ctx': NULL");
+    if (!backend) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_backend: argument 'backend': NULL");
+    *backend = ctx->backend;
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_set_num_threads: argument 'ctx': NULL");
+    if (ctx->backend != KDA_BACKEND_CPU)
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "kda_set_num_threads: the %s backend has no thread count",
+                         kda_backend_name(ctx->backend));
+    if (num_threads < 1 || num_threads > 1024)
+        return kda_error(KDA_STATUS_INVALID_VALUE,
+                         "kda_set_num_threads: argument 'num_threads': %d is outside [1, 1024]", num_threads);
+    return kda_cpu_start(ctx, num_threads);
+}
+
+kda_status_t kda_get_num_threads(const kda_context_t *ctx, int *num_threads) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_num_threads: argument 'ctx': NULL");
+    if (!num_threads)
+        return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_num_threads: argument 'num_threads': NULL");
+    *num_threads = ctx->num_threads;
+    return KDA_STATUS_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Arguments and dispatch
+ * ------------------------------------------------------------------------------------------------------- */
+void kda_args_init(kda_args_t *args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->batch = 1;
+    args->seq_len = 0;
+    args->num_qk_heads = 1;
+    args->num_v_heads = 1;
+    args->head_dim_k = 128;
+    args->head_dim_v = 128;
+    args->cu_seqlens_dtype = KDA_INT32;
+    args->dtype = KDA_BFLOAT16;
+    args->g_dtype = KDA_BFLOAT16;
+    args->beta_dtype = KDA_BFLOAT16;
+    args->o_dtype = KDA_BFLOAT16;
+    args->initial_state_dtype = KDA_FLOAT32;
+    args->final_state_dtype = KDA_FLOAT32;
+}
+
+typedef enum { ALGO_FORWARD, ALGO_DECODE } algo_t;
+
+/* Everything a call does before the backend runs: context, arguments, backend support, workspace size. */
+static kda_status_t prepare(const kda_context_t *ctx, const kda_args_t *args, algo_t algo, const char *fn,
+                            kda_problem_t *p, size_t *need) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'ctx': NULL", fn);
+    kda_status_t st = kda_check_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    if (ctx->ops->supports) {
+        st = ctx->ops->supports(ctx, p, fn);
+        if (st != KDA_STATUS_SUCCESS) return st;
+    }
+    st = algo == ALGO_FORWARD ? ctx->ops->forward_workspace(ctx, p, need)
+                              : ctx->ops->decode_workspace(ctx, p, need);
+    return st;
+}
+
+static kda_status_t workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes, algo_t algo,
+                                   const char *fn) {
+    if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
+    kda_problem_t p;
+    size_t need = 0;
+    kda_status_t st = prepare(ctx, args, algo, fn, &p, &need);
+    if (st == KDA_STATUS_SUCCESS) *bytes = need;
+    return st;
+}
+
+static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, size_t ws_bytes, void *stream,
+                        algo_t algo, const char *fn) {
+    kda_problem_t p;
+    size_t need = 0;
+    kda_status_t st = prepare(ctx, args, algo, fn, &p, &need);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    if (ws_bytes < need)
+        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
+                         "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, ws_bytes, need);
+    if (need > 0 && !ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    return algo == ALGO_FORWARD ? ctx->ops->forward(ctx, &p, ws, ws_bytes, stream)
+                                : ctx->ops->decode(ctx, &p, ws, ws_bytes, stream);
+}
+
+kda_status_t kda_forward_workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
+    return workspace_size(ctx, args, bytes, ALGO_FORWARD, "kda_forward_workspace_size");
+}
+
+kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
+                         void *stream) {
+    return run(ctx, args, workspace, workspace_bytes, stream, ALGO_FORWARD, "kda_forward");
+}
+
+kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
+    return workspace_size(ctx, args, bytes, ALGO_DECODE, "kda_decode_workspace_size");
+}
+
+kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
+                        void *stream) {
+    return run(ctx, args, workspace, workspace_bytes, stream, ALGO_DECODE, "kda_decode");
+}

@@ -1,0 +1,87 @@
+/*
+ * The CPU backend: context start-up (its thread pool), state I/O shared by its two algorithms, and the
+ * kda_backend_ops_t table (forward = chunked, decode = recurrent).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../internal.h"
+#include "cpu.h"
+#include "dtype.h"
+#include "threadpool.h"
+
+int kda_cpu_default_threads(void) {
+    const char *env = getenv("KDA_NUM_THREADS");
+    if (env && *env) {
+        int n = atoi(env);
+        if (n >= 1 && n <= 1024) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n >= 1 ? (int)(n > 1024 ? 1024 : n) : 1;
+}
+
+static void cpu_destroy(kda_context_t *ctx) {
+    kda_pool_destroy(ctx->pool);
+    ctx->pool = NULL;
+}
+
+kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads) {
+    kda_threadpool_t *pool = kda_pool_create(num_threads);
+    if (!pool) return kda_error(KDA_STATUS_ALLOC_FAILED, "kda_create: could not start %d CPU threads", num_threads);
+    cpu_destroy(ctx);
+    ctx->pool = pool;
+    ctx->num_threads = num_threads;
+    return KDA_STATUS_SUCCESS;
+}
+
+void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    if (!a->initial_state || slot < 0) {
+        memset(S, 0, sizeof(float) * (size_t)K * V);
+        return;
+    }
+    const int64_t base = (slot * a->num_v_heads + h) * (int64_t)K * V;
+    if (!a->state_v_first) {
+        for (int i = 0; i < K; i++) kda_load_row(S + (size_t)i * V, a->initial_state, a->initial_state_dtype, base + (int64_t)i * V, V);
+    } else {
+        for (int j = 0; j < V; j++)
+            for (int i = 0; i < K; i++)
+                S[(size_t)i * V + j] = kda_load_f32(a->initial_state, a->initial_state_dtype, base + (int64_t)j * K + i);
+    }
+}
+
+void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    if (!a->final_state || slot < 0) return;
+    const int64_t base = (slot * a->num_v_heads + h) * (int64_t)K * V;
+    if (!a->state_v_first) {
+        for (int i = 0; i < K; i++) kda_store_row(a->final_state, a->final_state_dtype, base + (int64_t)i * V, S + (size_t)i * V, V);
+    } else {
+        for (int j = 0; j < V; j++)
+            for (int i = 0; i < K; i++)
+                kda_store_f32(a->final_state, a->final_state_dtype, base + (int64_t)j * K + i, S[(size_t)i * V + j]);
+    }
+}
+
+static kda_status_t cpu_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
+    (void)stream;
+    return kda_cpu_chunk_forward(ctx, p, ws, ws_bytes);
+}
+
+static kda_status_t cpu_decode(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
+    (void)stream;
+    return kda_cpu_recurrent_forward(ctx, p, ws, ws_bytes);
+}
+
+const kda_backend_ops_t kda_cpu_ops = {
+    .name = "cpu",
+    .forward_workspace = kda_cpu_chunk_workspace,
+    .forward = cpu_forward,
+    .decode_workspace = kda_cpu_recurrent_workspace,
+    .decode = cpu_decode,
+    .supports = NULL,
+    .destroy = cpu_destroy,
+};

@@ -1,0 +1,17 @@
+/* The CPU backend's pieces: chunked forward (chunk.c), recurrent decode (recurrent.c), shared state I/O. */
+#ifndef KDA_CPU_CPU_H
+#define KDA_CPU_CPU_H
+
+#include "../internal.h"
+
+/* Load head h of state slot `slot` (negative or no initial_state: zeros) into S, K×V K-major float32. */
+void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S);
+/* Store S into head h of final_state slot `slot` (nothing when negative or no final_state). */
+void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S);
+
+kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
+kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
+kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
+kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
+
+#endif /* KDA_CPU_CPU_H */

@@ -1,0 +1,125 @@
+/*
+ * Internal declarations shared by the API layer and the backends.
+ *
+ * The API layer (api.c) validates every call once (validate.c) into a kda_problem_t, then hands it to the
+ * context's backend through kda_backend_ops_t. Backends receive checked arguments only.
+ */
+#ifndef KDA_INTERNAL_H
+#define KDA_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#include "kda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Errors: a thread-local message, set by the failing call
+ * ------------------------------------------------------------------------------------------------------- */
+#if defined(__GNUC__)
+#define KDA_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define KDA_PRINTF(a, b)
+#endif
+
+/* Format the message of a failing call and return `status`. */
+kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 3);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
+ * ------------------------------------------------------------------------------------------------------- */
+#define KDA_CHUNK 64          /* tokens per chunk of the recurrence */
+#define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
+#define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
+#define KDA_GATE_MIN (-80.0f) /* chunked paths clamp each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
+                                 below float32's resolution of anything it multiplies, and the bound keeps the
+                                 chunk's cumulative sums small enough to subtract exactly */
+
+/* ---------------------------------------------------------------------------------------------------------
+ * A checked problem: the caller's kda_args_t (copied, so that older/shorter structs read as defaults) plus
+ * what follows from it
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct kda_problem {
+    kda_args_t a;          /* the arguments, normalised */
+    int64_t num_seqs;      /* N */
+    int64_t num_tokens;    /* rows of q/k/v/g/beta/o: B * T */
+    int32_t group;         /* G = HV / HQK */
+    float scale;           /* resolved: a.scale, or K^-1/2 when a.scale == 0 */
+    int varlen;            /* cu_seqlens given */
+    int has_lower_bound;   /* a.lower_bound != 0 (sigmoid gate) */
+} kda_problem_t;
+
+/* First and last+1 token (row of the flattened [B*T] tensors) of sequence n. The CPU backends call this with
+ * host cu_seqlens only. */
+static inline void kda_seq_bounds(const kda_problem_t *p, int64_t n, int64_t *bos, int64_t *eos) {
+    if (!p->varlen) {
+        *bos = n * p->a.seq_len;
+        *eos = *bos + p->a.seq_len;
+    } else if (p->a.cu_seqlens_dtype == KDA_INT64) {
+        *bos = ((const int64_t *)p->a.cu_seqlens)[n];
+        *eos = ((const int64_t *)p->a.cu_seqlens)[n + 1];
+    } else {
+        *bos = ((const int32_t *)p->a.cu_seqlens)[n];
+        *eos = ((const int32_t *)p->a.cu_seqlens)[n + 1];
+    }
+}
+
+/* Elements of one head's state (K * V) and the row stride of the state tensors (per sequence or slot). */
+static inline int64_t kda_state_head_elems(const kda_problem_t *p) {
+    return (int64_t)p->a.head_dim_k * p->a.head_dim_v;
+}
+
+/* The state slot of sequence n: n without state_indices, else state_indices[n] (negative: none). Host only. */
+static inline int64_t kda_state_slot(const kda_problem_t *p, int64_t n) {
+    return p->a.state_indices ? (int64_t)p->a.state_indices[n] : n;
+}
+
+/* Validate `args` for entry point `fn` on `ctx` and fill `out`. `host_readable`: the pointers are host memory,
+ * so the contents of cu_seqlens and state_indices can be checked as well. */
+kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn,
+                            int host_readable, kda_problem_t *out);
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Backends
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct kda_threadpool kda_threadpool_t;
+
+typedef struct kda_backend_ops {
+    const char *name;
+    /* Both algorithms: workspace size, then the call. Arguments are already checked. */
+    kda_status_t (*forward_workspace)(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
+    kda_status_t (*forward)(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
+                            void *stream);
+    kda_status_t (*decode_workspace)(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
+    kda_status_t (*decode)(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
+                           void *stream);
+    /* Backend-specific checks beyond the shared ones (e.g. supported head sizes), or NULL. */
+    kda_status_t (*supports)(const kda_context_t *ctx, const kda_problem_t *p, const char *fn);
+    void (*destroy)(kda_context_t *ctx);
+} kda_backend_ops_t;
+
+struct kda_context {
+    kda_backend_t backend;
+    const kda_backend_ops_t *ops;
+    int device;                 /* CUDA ordinal */
+    int num_threads;            /* CPU */
+    kda_threadpool_t *pool;     /* CPU */
+    void *impl;                 /* backend data (CUDA: device properties) */
+};
+
+extern const kda_backend_ops_t kda_cpu_ops;
+extern const kda_backend_ops_t kda_reference_ops;
+
+/* CUDA backend: defined in src/cuda/ when the build has CUDA; otherwise these answer NOT_SUPPORTED. */
+kda_status_t kda_cuda_init(kda_context_t *ctx, int device);
+extern const kda_backend_ops_t kda_cuda_ops;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KDA_INTERNAL_H */

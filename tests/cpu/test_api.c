@@ -1,0 +1,90 @@
+/*
+ * The library's conventions: version, status strings, errors, contexts and backends.
+ */
+#include <string.h>
+
+#include "kda.h"
+#include "test_util.h"
+
+TEST(api_version) {
+    CHECK(kda_version() == KDA_VERSION, "kda_version() = %d, header %d", kda_version(), KDA_VERSION);
+    CHECK(KDA_VERSION == KDA_VERSION_MAJOR * 10000 + KDA_VERSION_MINOR * 100 + KDA_VERSION_PATCH, "macro");
+}
+
+TEST(api_status_strings) {
+    CHECK(strcmp(kda_status_string(KDA_STATUS_SUCCESS), "KDA_STATUS_SUCCESS") == 0, "success");
+    CHECK(strcmp(kda_status_string(KDA_STATUS_INVALID_VALUE), "KDA_STATUS_INVALID_VALUE") == 0, "invalid");
+    CHECK(strcmp(kda_status_string(KDA_STATUS_NOT_SUPPORTED), "KDA_STATUS_NOT_SUPPORTED") == 0, "ns");
+    CHECK(kda_status_string((kda_status_t)99) != NULL, "unknown");
+    CHECK(kda_dtype_size(KDA_BFLOAT16) == 2 && kda_dtype_size(KDA_INT64) == 8, "dtype sizes");
+}
+
+TEST(api_create_cpu_and_threads) {
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    kda_backend_t b;
+    CHECK(kda_get_backend(ctx, &b) == KDA_STATUS_SUCCESS && b == KDA_BACKEND_CPU, "backend");
+    int n = 0;
+    CHECK(kda_get_num_threads(ctx, &n) == KDA_STATUS_SUCCESS && n >= 1, "threads %d", n);
+    CHECK(kda_set_num_threads(ctx, 3) == KDA_STATUS_SUCCESS, "set threads");
+    CHECK(kda_get_num_threads(ctx, &n) == KDA_STATUS_SUCCESS && n == 3, "threads %d", n);
+    CHECK(kda_set_num_threads(ctx, 0) == KDA_STATUS_INVALID_VALUE, "zero threads");
+    CHECK(strstr(kda_last_error(), "'num_threads'") != NULL, "%s", kda_last_error());
+    CHECK(kda_destroy(ctx) == KDA_STATUS_SUCCESS, "destroy");
+    CHECK(kda_destroy(NULL) == KDA_STATUS_SUCCESS, "destroy NULL");
+}
+
+TEST(api_create_bad_arguments) {
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(NULL, KDA_BACKEND_CPU, 0) == KDA_STATUS_INVALID_VALUE, "NULL ctx");
+    CHECK(strstr(kda_last_error(), "'ctx'") != NULL, "%s", kda_last_error());
+    CHECK(kda_create(&ctx, (kda_backend_t)17, 0) == KDA_STATUS_INVALID_VALUE, "bad backend");
+    CHECK(strstr(kda_last_error(), "'backend'") != NULL, "%s", kda_last_error());
+    CHECK(kda_create(&ctx, KDA_BACKEND_CUDA, -1) == KDA_STATUS_INVALID_VALUE, "negative device");
+    CHECK(strstr(kda_last_error(), "'device'") != NULL, "%s", kda_last_error());
+    CHECK(ctx == NULL, "ctx written on error");
+}
+
+/* AUTO always gives a context: CUDA where a device is usable, else the CPU. CUDA alone either works or says
+ * why not with NOT_SUPPORTED. */
+TEST(api_auto_and_cuda_backend) {
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_AUTO, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    kda_backend_t b;
+    kda_get_backend(ctx, &b);
+    CHECK(b == KDA_BACKEND_CPU || b == KDA_BACKEND_CUDA, "auto gave %s", kda_backend_name(b));
+    kda_destroy(ctx);
+    ctx = NULL;
+    kda_status_t st = kda_create(&ctx, KDA_BACKEND_CUDA, 0);
+    if (st == KDA_STATUS_SUCCESS) {
+        CHECK(b == KDA_BACKEND_CUDA, "CUDA works but AUTO chose %s", kda_backend_name(b));
+        int n = -1;
+        kda_get_num_threads(ctx, &n);
+        CHECK(kda_set_num_threads(ctx, 2) == KDA_STATUS_NOT_SUPPORTED, "threads on CUDA");
+        kda_destroy(ctx);
+    } else {
+        CHECK(st == KDA_STATUS_NOT_SUPPORTED, "CUDA create: %s", kda_status_string(st));
+        CHECK(strlen(kda_last_error()) > 0, "no message");
+        CHECK(b == KDA_BACKEND_CPU, "no CUDA but AUTO chose %s", kda_backend_name(b));
+    }
+}
+
+TEST(api_reference_backend) {
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_REFERENCE, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    kda_backend_t b;
+    kda_get_backend(ctx, &b);
+    CHECK(b == KDA_BACKEND_REFERENCE, "backend");
+    CHECK(strcmp(kda_backend_name(b), "reference") == 0, "name");
+    kda_destroy(ctx);
+}
+
+TEST(api_args_init_defaults) {
+    kda_args_t a;
+    memset(&a, 0xff, sizeof a);
+    kda_args_init(&a);
+    CHECK(a.struct_size == sizeof a, "struct_size");
+    CHECK(a.batch == 1 && a.head_dim_k == 128 && a.dtype == KDA_BFLOAT16, "defaults");
+    CHECK(a.q == NULL && a.cu_seqlens == NULL && a.lower_bound == 0.0f && a.scale == 0.0f, "zeros");
+    CHECK(a.initial_state_dtype == KDA_FLOAT32, "state dtype");
+}

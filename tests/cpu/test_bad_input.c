@@ -1,0 +1,164 @@
+/*
+ * Bad input: each case breaks one argument of a valid problem and checks the status, that the message names
+ * the argument, and that the poisoned outputs (o, final_state) are byte-for-byte unchanged — on both entry
+ * points.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare.h"
+#include "test_util.h"
+
+static kda_context_t *cpu(void) {
+    static kda_context_t *ctx;
+    if (!ctx && kda_create(&ctx, KDA_BACKEND_CPU, 0) != KDA_STATUS_SUCCESS) exit(1);
+    return ctx;
+}
+
+typedef struct {
+    kda_synth_t s;
+    kda_args_t a;
+    int64_t cu[4];
+    int32_t idx[3];
+    void *ws;
+    size_t ws_bytes;
+} fixture_t;
+
+/* A valid varlen problem: 3 sequences, GVA, initial and final state, a workspace of the right size. */
+static void make(fixture_t *f) {
+    static const int64_t lens[] = {5, 0, 20};
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.num_seqs = 3;
+    c.seqlens = lens;
+    c.hqk = 1;
+    c.hv = 2;
+    c.k = c.v = 64;
+    c.initial_state = c.final_state = 1;
+    memset(f, 0, sizeof *f);
+    if (kda_synth_make(&c, &f->s, &f->a) != 0) exit(1);
+    f->cu[0] = 0;
+    f->cu[1] = 5;
+    f->cu[2] = 5;
+    f->cu[3] = 25;
+    f->a.cu_seqlens = f->cu;
+    f->a.cu_seqlens_dtype = KDA_INT64;
+}
+
+static void expect_bad(const char *name, void (*mutate)(fixture_t *), kda_status_t want, const char *arg) {
+    for (int algo = 0; algo < 2; algo++) {
+        fixture_t f;
+        make(&f);
+        size_t need = 0;
+        kda_status_t q = algo == 0 ? kda_forward_workspace_size(cpu(), &f.a, &need)
+                                   : kda_decode_workspace_size(cpu(), &f.a, &need);
+        if (q != KDA_STATUS_SUCCESS) exit(1);
+        f.ws_bytes = need;
+        f.ws = malloc(need);
+        mutate(&f);
+        void *o_before = malloc(f.s.o_bytes), *ht_before = malloc(f.s.state_bytes);
+        memcpy(o_before, f.s.o, f.s.o_bytes);
+        memcpy(ht_before, f.s.ht, f.s.state_bytes);
+        const kda_args_t *args = strcmp(name, "bad_args_null") == 0 ? NULL : &f.a;
+        kda_context_t *ctx = strcmp(name, "bad_ctx_null") == 0 ? NULL : cpu();
+        kda_status_t st = algo == 0 ? kda_forward(ctx, args, f.ws, f.ws_bytes, NULL)
+                                    : kda_decode(ctx, args, f.ws, f.ws_bytes, NULL);
+        const char *fn = algo == 0 ? "kda_forward" : "kda_decode";
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "'%s'", arg);
+        CHECK(st == want, "%s/%s: status %s, expected %s (%s)", name, fn, kda_status_string(st),
+              kda_status_string(want), kda_last_error());
+        CHECK(strstr(kda_last_error(), quoted) != NULL, "%s/%s: message does not name %s: \"%s\"", name, fn, quoted,
+              kda_last_error());
+        CHECK(strstr(kda_last_error(), fn) == kda_last_error(), "%s: message does not start with %s: \"%s\"", name,
+              fn, kda_last_error());
+        CHECK(memcmp(o_before, f.s.o, f.s.o_bytes) == 0, "%s/%s: o was written", name, fn);
+        CHECK(memcmp(ht_before, f.s.ht, f.s.state_bytes) == 0, "%s/%s: final_state was written", name, fn);
+        free(o_before);
+        free(ht_before);
+        free(f.ws);
+        kda_synth_free(&f.s);
+    }
+}
+
+#define BAD(name, want, arg, body)                                                                          \
+    static void mutate_##name(fixture_t *f) {                                                               \
+        (void)f;                                                                                            \
+        body;                                                                                               \
+    }                                                                                                       \
+    TEST(name) { expect_bad(#name, mutate_##name, want, arg); }
+
+#define INVALID KDA_STATUS_INVALID_VALUE
+
+BAD(bad_ctx_null, INVALID, "ctx", {})
+BAD(bad_args_null, INVALID, "args", {})
+BAD(bad_struct_size, INVALID, "struct_size", f->a.struct_size = 8)
+BAD(bad_num_v_heads_not_multiple, INVALID, "num_v_heads", { f->a.num_qk_heads = 2; f->a.num_v_heads = 3; })
+BAD(bad_num_qk_heads_zero, INVALID, "num_qk_heads", f->a.num_qk_heads = 0)
+BAD(bad_head_dim_k_zero, INVALID, "head_dim_k", f->a.head_dim_k = 0)
+BAD(bad_head_dim_v_too_large, INVALID, "head_dim_v", f->a.head_dim_v = 300)
+BAD(bad_seq_len_negative, INVALID, "seq_len", f->a.seq_len = -1)
+BAD(bad_dtype_int, INVALID, "dtype", f->a.dtype = KDA_INT32)
+BAD(bad_beta_dtype, INVALID, "beta_dtype", f->a.beta_dtype = (kda_dtype_t)42)
+BAD(bad_o_dtype, INVALID, "o_dtype", f->a.o_dtype = KDA_INT64)
+BAD(bad_q_null, INVALID, "q", f->a.q = NULL)
+BAD(bad_beta_null, INVALID, "beta", f->a.beta = NULL)
+BAD(bad_o_aliases_input, INVALID, "o", f->a.o = (void *)f->a.v)
+BAD(bad_cu_seqlens_not_start_zero, INVALID, "cu_seqlens", f->cu[0] = 1)
+BAD(bad_cu_seqlens_not_monotone, INVALID, "cu_seqlens", f->cu[2] = 3)
+BAD(bad_cu_seqlens_wrong_end, INVALID, "cu_seqlens", f->cu[3] = 24)
+BAD(bad_cu_seqlens_dtype, INVALID, "cu_seqlens_dtype", f->a.cu_seqlens_dtype = KDA_FLOAT32)
+BAD(bad_cu_seqlens_batch_not_one, INVALID, "batch", f->a.batch = 2)
+BAD(bad_num_seqs_without_cu_seqlens, INVALID, "num_seqs", { f->a.cu_seqlens = NULL; f->a.seq_len = 25; })
+BAD(bad_initial_state_dtype_f16, INVALID, "initial_state_dtype", f->a.initial_state_dtype = KDA_FLOAT16)
+BAD(bad_inplace_state_dtype_mismatch, INVALID, "final_state", {
+    f->a.final_state = (void *)f->a.initial_state;
+    f->a.final_state_dtype = KDA_BFLOAT16;
+})
+BAD(bad_state_indices_out_of_range, INVALID, "state_indices", {
+    f->idx[0] = 0; f->idx[1] = 3; f->idx[2] = 1;
+    f->a.state_indices = f->idx;
+    f->a.num_state_slots = 3;
+})
+BAD(bad_state_indices_duplicate, INVALID, "state_indices", {
+    f->idx[0] = 1; f->idx[1] = -1; f->idx[2] = 1;
+    f->a.state_indices = f->idx;
+    f->a.num_state_slots = 3;
+})
+BAD(bad_num_state_slots_without_indices, INVALID, "num_state_slots", f->a.num_state_slots = 4)
+BAD(bad_scale_nan, INVALID, "scale", f->a.scale = NAN)
+BAD(bad_softplus_gate_without_alog, INVALID, "A_log", f->a.use_gate_in_kernel = 1)
+BAD(bad_alog_without_gate_in_kernel, INVALID, "A_log", f->a.A_log = f->s.A_log)
+BAD(bad_dt_bias_without_gate_in_kernel, INVALID, "dt_bias", f->a.dt_bias = f->s.dt_bias)
+BAD(bad_safe_gate_without_lower_bound, INVALID, "lower_bound", {
+    f->a.use_gate_in_kernel = 1;
+    f->a.A_log = f->s.A_log;
+    f->a.safe_gate = 1;
+})
+BAD(bad_lower_bound_outside_safe_range, INVALID, "lower_bound", {
+    f->a.use_gate_in_kernel = 1;
+    f->a.safe_gate = 1;
+    f->a.lower_bound = -6.0f;
+})
+BAD(bad_lower_bound_positive, INVALID, "lower_bound", {
+    f->a.use_gate_in_kernel = 1;
+    f->a.lower_bound = 1.0f;
+})
+BAD(bad_lower_bound_without_gate_in_kernel, INVALID, "lower_bound", f->a.lower_bound = -5.0f)
+BAD(bad_allow_neg_eigval_without_sigmoid, INVALID, "allow_neg_eigval", f->a.allow_neg_eigval = 1)
+BAD(bad_workspace_too_small, KDA_STATUS_INSUFFICIENT_WORKSPACE, "workspace_bytes", f->ws_bytes -= 1)
+BAD(bad_workspace_null, INVALID, "workspace", { free(f->ws); f->ws = NULL; })
+
+TEST(bad_workspace_size_query) {
+    fixture_t f;
+    make(&f);
+    size_t bytes = 12345;
+    f.a.head_dim_k = 0;
+    CHECK(kda_forward_workspace_size(cpu(), &f.a, &bytes) == KDA_STATUS_INVALID_VALUE, "status");
+    CHECK(bytes == 12345, "workspace size written on error");
+    CHECK(strstr(kda_last_error(), "'head_dim_k'") != NULL, "message: %s", kda_last_error());
+    CHECK(kda_forward_workspace_size(cpu(), &f.a, NULL) == KDA_STATUS_INVALID_VALUE, "NULL out");
+    CHECK(strstr(kda_last_error(), "'workspace_bytes'") != NULL, "message: %s", kda_last_error());
+    kda_synth_free(&f.s);
+}
