@@ -1,0 +1,115 @@
+/*
+ * Device helpers shared by the CUDA kernels, written as C: tensor-core and copy instructions through inline
+ * PTX, conversions, fast math, and the shared-memory tile layouts.
+ *
+ * Fragment layouts (mma.sync m16n8k16, bf16 in, fp32 out), with g = lane / 4 and t = lane % 4:
+ *   A (16×16, row-major): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
+ *   B (16×8, "col"):      b0 = (k 2t..2t+1, n g)                b1 = (k 2t+8.., n g)
+ *   C (16×8, fp32):       c0, c1 = (g, 2t..2t+1)                c2, c3 = (g+8, 2t..2t+1)
+ * so two C tiles side by side are, packed to bf16, exactly one A fragment (the C → A reuse of FlashAttention).
+ */
+#ifndef KDA_CUDA_COMMON_CUH
+#define KDA_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "kda_cuda.h"
+
+#define DEV static __device__ __forceinline__
+
+#define LOG2E 1.4426950408889634f
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Conversions and math
+ * ------------------------------------------------------------------------------------------------------- */
+DEV uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+DEV uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+DEV float2 unpack_bf16(uint32_t u) {
+    __nv_bfloat162 v = *(__nv_bfloat162 *)&u;
+    return __bfloat1622float2(v);
+}
+
+DEV float bf16_bits_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+DEV float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* 2^x with the SFU; x = -inf gives 0 */
+DEV float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEV float sigmoidf_(float x) { return 1.0f / (1.0f + ex2(-x * LOG2E)); }
+
+DEV float softplusf_(float x) {
+    /* log(1 + e^x) = max(x, 0) + log1p(e^-|x|) */
+    return fmaxf(x, 0.0f) + log1pf(__expf(-fabsf(x)));
+}
+
+/* Element i of a float tensor of runtime dtype (0 f32, 1 f16, 2 bf16). */
+DEV float load_elem(const void *p, int dtype, int64_t i) {
+    if (dtype == KDA_DT_F32) return ((const float *)p)[i];
+    if (dtype == KDA_DT_F16) return f16_bits_to_f32(((const uint16_t *)p)[i]);
+    return bf16_bits_to_f32(((const uint16_t *)p)[i]);
+}
+
+DEV void store_elem(void *p, int dtype, int64_t i, float x) {
+    if (dtype == KDA_DT_F32) ((float *)p)[i] = x;
+    else if (dtype == KDA_DT_F16) ((__half *)p)[i] = __float2half_rn(x);
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Tensor cores and copies
+ * ------------------------------------------------------------------------------------------------------- */
+DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+DEV void ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+DEV void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+#define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group " #n ";\n" ::)
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Tile layouts
+ *
+ * Swizzled bf16 tiles (rows of `chunks` 16-byte chunks, chunks in {4, 8, 16}): the 16-byte chunk c of row r
+ * lives at chunk c ^ sw(r), so that the 8 rows an ldmatrix reads at one column fall in 8 different bank
+ * groups. The workspace blocks the preparation kernel writes use this layout, so the recurrence copies them
+ * to shared memory byte for byte.
+ * ------------------------------------------------------------------------------------------------------- */
+DEV int swz(int row, int chunk, int chunks) {
+    return chunks >= 8 ? (chunk ^ (row & 7)) : (chunk ^ ((row >> 1) & 3));
+}
+
+/* byte offset of element (row, col) in a swizzled bf16 tile with `chunks` 16-byte chunks per row */
+DEV int swz_off(int row, int col, int chunks) {
+    return row * chunks * 16 + swz(row, col >> 3, chunks) * 16 + (col & 7) * 2;
+}
+
+#endif /* KDA_CUDA_COMMON_CUH */

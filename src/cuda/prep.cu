@@ -1,0 +1,462 @@
+/*
+ * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
+ *
+ * One CTA of 4 warps per (chunk of 64 tokens, value head); chunks of all sequences run in parallel. In the
+ * notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so every exp is one
+ * ex2), it writes the chunk's workspace block (kda_cuda.h):
+ *
+ *   1. per-token inputs into shared memory: q (l2norm, × scale), k (l2norm), v as bf16 tiles; the gate
+ *      (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel into G (fp32); β.
+ *   2. A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i), by 16×16 blocks on the
+ *      tensor cores: the factor e^{G_i−G_j} is split around a reference R into row and column factors
+ *      (R = G at the first row of the row block off the diagonal, at the middle row on it); a diagonal block
+ *      whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d). Aqk → workspace.
+ *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G} → workspace; KΓ = k e^{G} → shared; γ = e^{G_last} → workspace.
+ *   4. T = (I + A)⁻¹ in fp32: the four 16×16 diagonal blocks by forward substitution (one warp each), then
+ *      the blocks below by T_IJ = −T_II Σ_{J≤M<I} A_IM T_MJ, row block after row block.
+ *   5. W = (T Diag β) KΓ and U = (T Diag β) V on the tensor cores → workspace.
+ * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
+ * zero and the recurrence needs no masks.
+ *
+ * Shared memory (KD = head size, stride KD + 8 elements so that fragment reads are conflict-free):
+ *   R_G  fp32 [64][KD+8]   G; later T fp32 [64][68]; later the W and U staging tiles
+ *   R_K  bf16 [64][KD+8]   k; later the P products of step 4 and T Diag(β) as bf16 [64][72]
+ *   R_Q  bf16 [64][KD+8]   q; later KΓ
+ *   R_V  bf16 [64][KD+8]   v
+ *   R_A  fp32 [64][68]     scratch of the cumulative sum, then A
+ *   β    fp32 [64]
+ */
+#include "common.cuh"
+#include "seq.cuh"
+
+#define PREP_THREADS 128
+#define SA 68  /* fp32 stride of A and T */
+#define STB 72 /* bf16 stride of T Diag(β) */
+
+typedef __nv_bfloat16 bf16;
+
+/* Shared memory layout (bytes) for head size KD; PREP_S is the element stride of the [64][KD] tiles */
+#define PREP_S(KD) ((KD) + 8)
+#define PREP_OFF_K(KD) (64 * PREP_S(KD) * 4)
+#define PREP_OFF_Q(KD) (PREP_OFF_K(KD) + 64 * PREP_S(KD) * 2)
+#define PREP_OFF_V(KD) (PREP_OFF_Q(KD) + 64 * PREP_S(KD) * 2)
+#define PREP_OFF_A(KD) (PREP_OFF_V(KD) + 64 * PREP_S(KD) * 2)
+#define PREP_OFF_BETA(KD) (PREP_OFF_A(KD) + 64 * SA * 4)
+#define PREP_BYTES(KD) (PREP_OFF_BETA(KD) + 64 * 4)
+
+DEV float gate_value(const kda_cuda_params_t &p, float x, float A, float bias) {
+    float gv = x;
+    if (p.gate_in_kernel) {
+        x += bias;
+        gv = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+    }
+    gv = fmaxf(gv, KDA_GATE_MIN); /* NaN and -inf become the minimum */
+    return fminf(gv, 0.0f);
+}
+
+/* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}. */
+template <int KD>
+DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int kt, int lane,
+                     uint32_t fk[4], uint32_t fq[4]) {
+    constexpr int S = KD + 8;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
+        const float2 G = *(const float2 *)&sG[row * S + col];
+        const float2 Rr = *(const float2 *)&R[col];
+        const float e0 = ex2(G.x - Rr.x), e1 = ex2(G.y - Rr.y);
+        const float2 k = unpack_bf16(*(const uint32_t *)&sK[row * S + col]);
+        const float2 q = unpack_bf16(*(const uint32_t *)&sQ[row * S + col]);
+        fk[r] = pack_bf16(k.x * e0, k.y * e1);
+        fq[r] = pack_bf16(q.x * e0, q.y * e1);
+    }
+}
+
+/* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7. */
+template <int KD>
+DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
+                     uint32_t *b1) {
+    constexpr int S = KD + 8;
+    const int g = lane >> 2, t = lane & 3;
+    const int row = row0 + g;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int col = kt * 16 + 2 * t + 8 * h;
+        const float2 G = *(const float2 *)&sG[row * S + col];
+        const float2 Rr = *(const float2 *)&R[col];
+        const float2 k = unpack_bf16(*(const uint32_t *)&sK[row * S + col]);
+        const uint32_t b = pack_bf16(k.x * ex2(Rr.x - G.x), k.y * ex2(Rr.y - G.y));
+        if (h == 0) *b0 = b;
+        else *b1 = b;
+    }
+}
+
+/* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
+ * into the workspace, from the accumulators of its two 8-column halves. */
+DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int I, int J, int lane,
+                     const float accA[2][4], const float accQ[2][4], int diagonal) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr, j = 16 * J + 8 * nt + 2 * t;
+            float a0 = accA[nt][2 * hr] * sBeta[i], a1 = accA[nt][2 * hr + 1] * sBeta[i];
+            float q0 = accQ[nt][2 * hr], q1 = accQ[nt][2 * hr + 1];
+            if (diagonal) {
+                if (j >= i) a0 = 0.0f;
+                if (j + 1 >= i) a1 = 0.0f;
+                if (j > i) q0 = 0.0f;
+                if (j + 1 > i) q1 = 0.0f;
+            }
+            sA[i * SA + j] = a0;
+            sA[i * SA + j + 1] = a1;
+            *(uint32_t *)(blk_aqk + swz_off(i, j, 8)) = pack_bf16(q0, q1);
+        }
+    }
+}
+
+template <int KD>
+__global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cuda_params_t p) {
+    constexpr int S = PREP_S(KD);
+    constexpr int NKT = KD / 16; /* k-tiles over the head dimension */
+    extern __shared__ __align__(16) unsigned char smem[];
+    float *sG = (float *)smem;
+    bf16 *sK = (bf16 *)(smem + PREP_OFF_K(KD));
+    bf16 *sQ = (bf16 *)(smem + PREP_OFF_Q(KD));
+    bf16 *sV = (bf16 *)(smem + PREP_OFF_V(KD));
+    float *sA = (float *)(smem + PREP_OFF_A(KD));
+    float *sBeta = (float *)(smem + PREP_OFF_BETA(KD));
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int64_t cid = blockIdx.x / p.hv;
+    const int h = (int)(blockIdx.x % p.hv);
+    const int64_t n = chunk_seq(p, cid);
+    if (n < 0) return;
+    int64_t bos, eos;
+    seq_bounds(p, n, &bos, &eos);
+    const int64_t t0 = bos + (cid - seq_chunk0(p, n)) * 64;
+    const int clen = (int)min((int64_t)64, eos - t0);
+    if (clen <= 0) return;
+    const int hq = h / p.group;
+    unsigned char *blk = (unsigned char *)p.blocks + (cid * p.hv + h) * p.block_bytes;
+
+    /* ---- 1a. q, k, v rows into shared memory (16-bit inputs by cp.async; fp32 in 1b) ------------------- */
+    const int row_chunks = KD / 8;
+    if (p.dtype != KDA_DT_F32) {
+        for (int e = tid; e < 3 * 64 * row_chunks; e += PREP_THREADS) {
+            const int which = e / (64 * row_chunks), r = (e / row_chunks) % 64, c = e % row_chunks;
+            bf16 *dst = (which == 0 ? sQ : which == 1 ? sK : sV) + r * S + c * 8;
+            if (r < clen) {
+                const int64_t row = which < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
+                const uint16_t *src = (const uint16_t *)(which == 0 ? p.q : which == 1 ? p.k : p.v) + row * KD + c * 8;
+                cp_async16(smem_u32(dst), src);
+            } else {
+                *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            }
+        }
+        cp_async_commit();
+    }
+
+    /* ---- 1c. the gate, summed down each channel (log2 units) -------------------------------------------- */
+    {
+        constexpr int PARTS = PREP_THREADS / KD; /* threads per channel: 1 (KD 128) or 2 (KD 64) */
+        constexpr int ROWS = 64 / PARTS;
+        const int d = tid % KD, part = tid / KD;
+        const float A = p.A_log ? __expf(p.A_log[h]) : 1.0f;
+        const float bias = (p.gate_in_kernel && p.dt_bias) ? p.dt_bias[h * KD + d] : 0.0f;
+        float run = 0.0f;
+        float vals[16];
+        for (int r0 = part * ROWS; r0 < (part + 1) * ROWS; r0 += 16) {
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                const int r = r0 + u;
+                vals[u] = r < clen ? load_elem(p.g, p.g_dtype, ((t0 + r) * p.hv + h) * KD + d) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 16; u++) {
+                const int r = r0 + u;
+                if (r < clen) run += gate_value(p, vals[u], A, bias) * LOG2E;
+                sG[r * S + d] = run;
+            }
+        }
+        if (PARTS > 1) {
+            float *tot = sA; /* scratch */
+            if (part == 0) tot[d] = run;
+            __syncthreads();
+            if (part == 1) {
+                const float add = tot[d];
+                for (int r = ROWS; r < 64; r++) sG[r * S + d] += add;
+            }
+        }
+    }
+    if (tid < 64) {
+        float b = 0.0f;
+        if (tid < clen) {
+            b = load_elem(p.beta, p.beta_dtype, (t0 + tid) * p.hv + h);
+            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+        }
+        sBeta[tid] = b;
+    }
+    if (p.dtype != KDA_DT_F32) CP_ASYNC_WAIT(0);
+    __syncthreads();
+
+    /* ---- 1b. normalise q (× scale) and k, convert to bf16; A ← 0 ---------------------------------------- */
+    {
+        const int r = tid >> 1, half = tid & 1;
+        const int c0 = half * (KD / 2);
+#pragma unroll
+        for (int which = 0; which < 3; which++) {
+            bf16 *tile = which == 0 ? sQ : which == 1 ? sK : sV;
+            if (which == 2 && p.dtype == KDA_DT_BF16) break;
+            float x[KD / 2];
+            if (p.dtype == KDA_DT_F32) {
+                const int64_t row = which < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
+                const float *src = (const float *)(which == 0 ? p.q : which == 1 ? p.k : p.v) + row * KD + c0;
+#pragma unroll
+                for (int c = 0; c < KD / 2; c += 4) {
+                    float4 f = r < clen ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[c] = f.x;
+                    x[c + 1] = f.y;
+                    x[c + 2] = f.z;
+                    x[c + 3] = f.w;
+                }
+            } else {
+                const uint16_t *src = (const uint16_t *)(tile + r * S + c0);
+#pragma unroll
+                for (int c = 0; c < KD / 2; c++)
+                    x[c] = p.dtype == KDA_DT_F16 ? f16_bits_to_f32(src[c]) : bf16_bits_to_f32(src[c]);
+            }
+            float f = 1.0f;
+            if (which < 2 && p.l2norm) {
+                float ss = 0.0f;
+#pragma unroll
+                for (int c = 0; c < KD / 2; c++) ss += x[c] * x[c];
+                ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+                f = rsqrtf(ss + 1e-6f);
+            }
+            if (which == 0) f *= p.scale;
+            uint32_t *dst = (uint32_t *)(tile + r * S + c0);
+#pragma unroll
+            for (int c = 0; c < KD / 2; c += 2) dst[c / 2] = pack_bf16(x[c] * f, x[c + 1] * f);
+        }
+    }
+    for (int e = tid; e < 64 * SA; e += PREP_THREADS) sA[e] = 0.0f;
+    __syncthreads();
+
+    /* ---- 2. A and Aqk by 16×16 blocks ------------------------------------------------------------------- */
+    unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
+    {
+        const int I = warp;
+        /* off-diagonal blocks (I, J < I): R = G at row 16 I */
+        if (I > 0) {
+            const float *R = sG + (16 * I) * S;
+            uint32_t fk[NKT][4], fq[NKT][4];
+#pragma unroll
+            for (int kt = 0; kt < NKT; kt++) row_factors<KD>(sG, sK, sQ, R, 16 * I, kt, lane, fk[kt], fq[kt]);
+            for (int J = 0; J < I; J++) {
+                float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
+#pragma unroll
+                for (int kt = 0; kt < NKT; kt++) {
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        uint32_t b0, b1;
+                        col_factors<KD>(sG, sK, R, 16 * J + 8 * nt, kt, lane, &b0, &b1);
+                        mma_bf16(accA[nt], fk[kt], b0, b1);
+                        mma_bf16(accQ[nt], fq[kt], b0, b1);
+                    }
+                }
+                store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
+            }
+        }
+        /* diagonal blocks: warp 0 takes blocks 0 and 3, warps 1 and 2 their own; R = G at the middle row */
+        for (int which = 0; which < 2; which++) {
+            const int D = warp == 0 ? (which == 0 ? 0 : 3) : (which == 0 && warp < 3 ? warp : -1);
+            if (D < 0) continue;
+            const float *R = sG + (16 * D + 7) * S;
+            const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
+            float range = 0.0f;
+            for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - R[d], R[d] - Glast[d]));
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
+            float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
+            if (range <= KDA_DIAG_RANGE * LOG2E) {
+#pragma unroll
+                for (int kt = 0; kt < NKT; kt++) {
+                    uint32_t fk[4], fq[4];
+                    row_factors<KD>(sG, sK, sQ, R, 16 * D, kt, lane, fk, fq);
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        uint32_t b0, b1;
+                        col_factors<KD>(sG, sK, R, 16 * D + 8 * nt, kt, lane, &b0, &b1);
+                        mma_bf16(accA[nt], fk, b0, b1);
+                        mma_bf16(accQ[nt], fq, b0, b1);
+                    }
+                }
+            } else {
+                /* decays too strong to split: one exponential per (i, j, d), fp32 */
+                const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
+                        float sa = 0.0f, sq = 0.0f;
+                        for (int d = 0; d < KD && j <= i; d++) {
+                            const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
+                            sa += __bfloat162float(sK[i * S + d]) * e;
+                            sq += __bfloat162float(sQ[i * S + d]) * e;
+                        }
+                        accA[nt][c] = sa;
+                        accQ[nt][c] = sq;
+                    }
+            }
+            store_block(sA, blk_aqk, sBeta, D, D, lane, accA, accQ, 1);
+        }
+        /* blocks of Aqk above the diagonal are zero: warp I clears its row block's */
+        for (int e = lane; e < 16 * 8; e += 32) {
+            const int r = 16 * I + e / 8, c = e % 8;
+            if (c >= 2 * (I + 1)) *(uint4 *)(blk_aqk + r * 128 + swz(r, c, 8) * 16) = make_uint4(0, 0, 0, 0);
+        }
+    }
+
+    /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace ------------------------------------- */
+    {
+        const float *GL = sG + (clen - 1) * S;
+        unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
+        for (int e = tid; e < 64 * row_chunks; e += PREP_THREADS) {
+            const int r = e / row_chunks, c = e % row_chunks;
+            const float *G = sG + r * S + c * 8;
+            const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
+            const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+            uint32_t qg[4], kg[4], kt[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
+                const float g0 = G[2 * u], g1 = G[2 * u + 1];
+                const float e0 = ex2(g0), e1 = ex2(g1);
+                qg[u] = pack_bf16(q.x * e0, q.y * e1);
+                kg[u] = pack_bf16(k.x * e0, k.y * e1);
+                kt[u] = pack_bf16(k.x * ex2(GL[c * 8 + 2 * u] - g0), k.y * ex2(GL[c * 8 + 2 * u + 1] - g1));
+            }
+            const int off = r * KD * 2 + swz(r, c, row_chunks) * 16;
+            *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+            *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+            *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
+        }
+        float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
+        for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = ex2(GL[d]);
+    }
+    __syncthreads();
+
+    /* ---- 4. T = (I + A)⁻¹ (fp32, in R_G) ----------------------------------------------------------------- */
+    float *sT = sG;
+    for (int e = tid; e < 64 * SA; e += PREP_THREADS) sT[e] = 0.0f;
+    __syncthreads();
+    if (lane < 16) { /* 4a. diagonal block `warp`, column `lane`, by forward substitution */
+        const int j = lane, b = 16 * warp;
+        float tcol[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int m = 0; m < i; m++) s += sA[(b + i) * SA + b + m] * tcol[m];
+            tcol[i] = i == j ? 1.0f : (i > j ? -s : 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) sT[(b + i) * SA + b + j] = tcol[i];
+    }
+    __syncthreads();
+    float *sP = (float *)sK; /* k is dead */
+    for (int I = 1; I < 4; I++) { /* 4b. row block I */
+        for (int e = tid; e < I * 256; e += PREP_THREADS) {
+            const int J = e >> 8, i = (e >> 4) & 15, j = e & 15;
+            float s = 0.0f;
+            for (int m = 16 * J; m < 16 * I; m++) s += sA[(16 * I + i) * SA + m] * sT[m * SA + 16 * J + j];
+            sP[e] = s;
+        }
+        __syncthreads();
+        for (int e = tid; e < I * 256; e += PREP_THREADS) {
+            const int J = e >> 8, i = (e >> 4) & 15, j = e & 15;
+            float s = 0.0f;
+            for (int m = 0; m <= i; m++) s += sT[(16 * I + i) * SA + 16 * I + m] * sP[(J << 8) + (m << 4) + j];
+            sT[(16 * I + i) * SA + 16 * J + j] = -s;
+        }
+        __syncthreads();
+    }
+    bf16 *sTb = (bf16 *)sK; /* 4c. T Diag(β), bf16 */
+    for (int e = tid; e < 64 * 64; e += PREP_THREADS) {
+        const int i = e >> 6, j = e & 63;
+        sTb[i * STB + j] = __float2bfloat16_rn(sT[i * SA + j] * sBeta[j]);
+    }
+    __syncthreads();
+
+    /* ---- 5. W = (T Diag β) KΓ, U = (T Diag β) V; staged in R_G, then copied out ------------------------- */
+    {
+        const int g = lane >> 2, t = lane & 3, w = warp;
+        uint32_t a[4][4];
+#pragma unroll
+        for (int kt = 0; kt < 4; kt++) {
+            if (kt > w) break;
+            const int row = 16 * w + (lane & 7) + ((lane >> 3) & 1) * 8, col = kt * 16 + (lane >> 4) * 8;
+            ldsm_x4(a[kt], smem_u32(sTb + row * STB + col));
+        }
+        unsigned char *stage = (unsigned char *)sG;
+#pragma unroll
+        for (int which = 0; which < 2; which++) {
+            const bf16 *Bt = which == 0 ? sQ : sV; /* KΓ or V, [token][KD] */
+            float acc[KD / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < KD / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+            for (int kt = 0; kt < 4; kt++) {
+                if (kt > w) break;
+#pragma unroll
+                for (int pp = 0; pp < KD / 16; pp++) {
+                    uint32_t b[4];
+                    const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+                    ldsm_x4_t(b, smem_u32(Bt + row * S + col));
+                    mma_bf16(acc[2 * pp], a[kt], b[0], b[1]);
+                    mma_bf16(acc[2 * pp + 1], a[kt], b[2], b[3]);
+                }
+            }
+            /* W: swizzled tile; U: plain row-major */
+            unsigned char *dst = stage + which * 64 * KD * 2;
+#pragma unroll
+            for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int i = 16 * w + g + 8 * hr, d = nt * 8 + 2 * t;
+                    const int off = which == 0 ? swz_off(i, d, row_chunks) : (i * KD + d) * 2;
+                    *(uint32_t *)(dst + off) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                }
+        }
+        __syncthreads();
+        const int tile16 = 64 * KD * 2 / 16;
+        uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
+        const uint4 *w_in = (const uint4 *)stage, *u_in = (const uint4 *)(stage + 64 * KD * 2);
+        for (int e = tid; e < tile16; e += PREP_THREADS) {
+            w_out[e] = w_in[e];
+            u_out[e] = u_in[e];
+        }
+    }
+}
+
+extern "C" int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream) {
+    const int64_t ctas = p->max_chunks * p->hv;
+    if (ctas == 0) return 0;
+    cudaError_t err;
+    if (p->kd == 128) {
+        const int bytes = PREP_BYTES(128);
+        err = cudaFuncSetAttribute(kda_prep_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (err != cudaSuccess) return (int)err;
+        kda_prep_kernel<128><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
+    } else {
+        const int bytes = PREP_BYTES(64);
+        err = cudaFuncSetAttribute(kda_prep_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (err != cudaSuccess) return (int)err;
+        kda_prep_kernel<64><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
+    }
+    return (int)cudaGetLastError();
+}

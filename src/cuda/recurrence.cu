@@ -1,0 +1,248 @@
+/*
+ * The chunk recurrence (docs/ALGORITHM.md §3): per sequence, chunk after chunk,
+ *
+ *     Δ = U − W S,     O = QΓ S + Aqk Δ,     S ← Diag(γ) S + K̃ᵀ Δ
+ *
+ * from the workspace blocks of prep.cu. One CTA per (sequence, value head, tile of BV state columns): the
+ * recurrence is independent across the V columns of S, so a head's state splits over CTAs without any
+ * exchange (BV = 128, 64 or 32 chosen by the host to fill the GPU). Inside a CTA each warp owns 16 columns:
+ * it holds Sᵀ (16 × K, fp32) in mma accumulators for the whole sequence and needs no other warp. With Sᵀ as
+ * the left operand every product is a row-major × col-major mma:
+ *
+ *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Wᵀ fragments by ldmatrix from W's rows)
+ *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments; causal tiles skipped)
+ *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (K̃ fragments by ldmatrix.trans)
+ *
+ * The next chunk's block streams into the other half of a double buffer (cp.async) while this one is used.
+ * O goes through shared memory so that its global stores are whole rows.
+ */
+#include "common.cuh"
+#include "seq.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define REC_MAX_THREADS 256
+
+/* One stage: W, QΓ, K̃ (64×KD), Aqk (64×64), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes),
+ * then U (64×BV); two stages, then the O staging rows (BV + 8 elements of up to 4 bytes). */
+#define REC_LINEAR(KD) (3 * 64 * (KD) * 2 + 64 * 64 * 2 + (KD) * 4)
+#define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + 64 * (BV) * 2)
+#define REC_O_STRIDE(BV) ((BV) + 8)
+#define REC_BYTES(KD, BV) (2 * REC_STAGE_BYTES(KD, BV) + 64 * REC_O_STRIDE(BV) * 4)
+
+template <int KD>
+DEV void issue_chunk_copy(const kda_cuda_params_t &p, unsigned char *stage, const unsigned char *blk, int v0, int bv,
+                          int tid, int nthreads) {
+    const uint32_t dst = smem_u32(stage);
+    for (int e = tid; e < REC_LINEAR(KD) / 16; e += nthreads) cp_async16(dst + e * 16, blk + e * 16);
+    const unsigned char *u = blk + kda_cuda_off_u(KD);
+    const int chunks = bv / 8;
+    const uint32_t du = dst + REC_LINEAR(KD);
+    for (int e = tid; e < 64 * chunks; e += nthreads) {
+        const int r = e / chunks, c = e % chunks;
+        cp_async16(du + r * bv * 2 + swz(r, c, chunks) * 16, u + (r * KD + v0 + c * 8) * 2);
+    }
+}
+
+template <int KD>
+__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_cuda_params_t p) {
+    constexpr int NT = KD / 8;  /* n-tiles of Sᵀ over K */
+    constexpr int NKT = KD / 16; /* k-tiles over K */
+    extern __shared__ __align__(16) unsigned char smem[];
+
+    const int bv = p.bv, nvt = KD / bv;
+    const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int vt = (int)(blockIdx.x % nvt);
+    const int64_t rest = blockIdx.x / nvt;
+    const int h = (int)(rest % p.hv);
+    const int64_t n = rest / p.hv;
+    const int v0 = vt * bv;           /* first state column of this CTA */
+    const int vw = v0 + 16 * warp;    /* first state column of this warp */
+
+    const int stage_bytes = REC_STAGE_BYTES(KD, bv);
+    unsigned char *sO = smem + 2 * stage_bytes;
+    const int ostride = REC_O_STRIDE(bv);
+    const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
+
+    int64_t bos, eos;
+    seq_bounds(p, n, &bos, &eos);
+    const int64_t nchunks = (eos - bos + 63) / 64, chunk0 = seq_chunk0(p, n);
+    const int64_t slot = seq_slot(p, n);
+
+    /* Sᵀ: s[nt][c] = S[d][v] with v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int v = vw + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
+            s[nt][c] = (p.h0 && slot >= 0) ? load_elem(p.h0, p.h0_dtype, state_idx(p, slot, h, d, v)) : 0.0f;
+        }
+
+    const unsigned char *blocks = (const unsigned char *)p.blocks;
+    if (nchunks > 0) {
+        issue_chunk_copy<KD>(p, smem, blocks + (chunk0 * p.hv + h) * p.block_bytes, v0, bv, tid, nthreads);
+        cp_async_commit();
+    }
+    for (int64_t ci = 0; ci < nchunks; ci++) {
+        if (ci + 1 < nchunks) {
+            issue_chunk_copy<KD>(p, smem + ((ci + 1) & 1) * stage_bytes, blocks + ((chunk0 + ci + 1) * p.hv + h) * p.block_bytes, v0,
+                                 bv, tid, nthreads);
+            cp_async_commit();
+            CP_ASYNC_WAIT(1);
+        } else {
+            CP_ASYNC_WAIT(0);
+        }
+        __syncthreads();
+        const unsigned char *st = smem + (ci & 1) * stage_bytes;
+        const uint32_t sW = smem_u32(st), sQG = sW + 64 * KD * 2, sKT = sW + 2 * 64 * KD * 2,
+                       sAqk = sW + 3 * 64 * KD * 2, sU = sW + REC_LINEAR(KD);
+        const float *gam = (const float *)(st + 3 * 64 * KD * 2 + 64 * 64 * 2);
+
+        /* Sᵀ as bf16 A fragments over K */
+        uint32_t sa[NKT][4];
+#pragma unroll
+        for (int kt = 0; kt < NKT; kt++) {
+            sa[kt][0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
+            sa[kt][1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
+            sa[kt][2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+            sa[kt][3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+        }
+
+        /* Sᵀ Wᵀ and Sᵀ QΓᵀ over the 64 tokens (8 n-tiles) */
+        float dacc[8][4], oacc[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+            for (int kt = 0; kt < NKT; kt++) {
+                const int col = kt * 16 + ((lane >> 3) & 1) * 8;
+                const int off = row * KD * 2 + swz(row, col >> 3, KD / 8) * 16;
+                uint32_t b[4];
+                ldsm_x4(b, sW + off);
+                mma_bf16(dacc[2 * np], sa[kt], b[0], b[1]);
+                mma_bf16(dacc[2 * np + 1], sa[kt], b[2], b[3]);
+                ldsm_x4(b, sQG + off);
+                mma_bf16(oacc[2 * np], sa[kt], b[0], b[1]);
+                mma_bf16(oacc[2 * np + 1], sa[kt], b[2], b[3]);
+            }
+        }
+
+        /* Δᵀ = Uᵀ − Sᵀ Wᵀ, with Uᵀ read in accumulator layout by ldmatrix.trans */
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+            const int col = 16 * warp + ((lane >> 3) & 1) * 8;
+            uint32_t u[4];
+            ldsm_x4_t(u, sU + row * bv * 2 + swz(row, col >> 3, bv / 8) * 16);
+            const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
+            dacc[2 * np][0] = u0.x - dacc[2 * np][0];
+            dacc[2 * np][1] = u0.y - dacc[2 * np][1];
+            dacc[2 * np][2] = u1.x - dacc[2 * np][2];
+            dacc[2 * np][3] = u1.y - dacc[2 * np][3];
+            dacc[2 * np + 1][0] = u2.x - dacc[2 * np + 1][0];
+            dacc[2 * np + 1][1] = u2.y - dacc[2 * np + 1][1];
+            dacc[2 * np + 1][2] = u3.x - dacc[2 * np + 1][2];
+            dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
+        }
+        /* Δᵀ as bf16 A fragments over the tokens */
+        uint32_t da[4][4];
+#pragma unroll
+        for (int kt = 0; kt < 4; kt++) {
+            da[kt][0] = pack_bf16(dacc[2 * kt][0], dacc[2 * kt][1]);
+            da[kt][1] = pack_bf16(dacc[2 * kt][2], dacc[2 * kt][3]);
+            da[kt][2] = pack_bf16(dacc[2 * kt + 1][0], dacc[2 * kt + 1][1]);
+            da[kt][3] = pack_bf16(dacc[2 * kt + 1][2], dacc[2 * kt + 1][3]);
+        }
+
+        /* Oᵀ += Δᵀ Aqkᵀ: token tiles of Aqk rows i (n) against tokens j (k) ≤ i */
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+#pragma unroll
+            for (int kt = 0; kt < 4; kt++) {
+                if (kt > np) break;
+                const int col = kt * 16 + ((lane >> 3) & 1) * 8;
+                uint32_t b[4];
+                ldsm_x4(b, sAqk + row * 128 + swz(row, col >> 3, 8) * 16);
+                mma_bf16(oacc[2 * np], da[kt], b[0], b[1]);
+                mma_bf16(oacc[2 * np + 1], da[kt], b[2], b[3]);
+            }
+        }
+        /* Oᵀ → staging rows O[token][v] */
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int token = 8 * nt + 2 * t + (c & 1), vl = 16 * warp + g + 8 * (c >> 1);
+                store_elem(sO, p.o_dtype, token * ostride + vl, oacc[nt][c]);
+            }
+
+        /* Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃ */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
+            s[nt][0] *= gg.x;
+            s[nt][1] *= gg.y;
+            s[nt][2] *= gg.x;
+            s[nt][3] *= gg.y;
+        }
+#pragma unroll
+        for (int pp = 0; pp < KD / 16; pp++) {
+#pragma unroll
+            for (int kt = 0; kt < 4; kt++) {
+                const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+                uint32_t b[4];
+                ldsm_x4_t(b, sKT + row * KD * 2 + swz(row, col >> 3, KD / 8) * 16);
+                mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
+                mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+            }
+        }
+        __syncthreads(); /* the stage is free for the copy two chunks ahead; O staging is complete */
+
+        /* O rows of this chunk → global */
+        const int64_t tok0 = bos + ci * 64;
+        const int clen = (int)min((int64_t)64, eos - tok0);
+        const int row16 = bv * oes / 16;
+        for (int e = tid; e < clen * row16; e += nthreads) {
+            const int r = e / row16, c = e % row16;
+            const uint4 val = *(const uint4 *)(sO + r * ostride * oes + c * 16);
+            unsigned char *dst = (unsigned char *)p.o + (((tok0 + r) * p.hv + h) * (int64_t)KD + v0) * oes + c * 16;
+            *(uint4 *)dst = val;
+        }
+    }
+
+    if (p.ht && slot >= 0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int v = vw + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
+                store_elem(p.ht, p.ht_dtype, state_idx(p, slot, h, d, v), s[nt][c]);
+            }
+    }
+}
+
+extern "C" int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stream) {
+    const int64_t ctas = p->num_seqs * p->hv * (p->kd / p->bv);
+    if (ctas == 0) return 0;
+    const int threads = p->bv * 2;
+    cudaError_t err;
+    if (p->kd == 128) {
+        const int bytes = REC_BYTES(128, p->bv);
+        err = cudaFuncSetAttribute(kda_recurrence_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (err != cudaSuccess) return (int)err;
+        kda_recurrence_kernel<128><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
+    } else {
+        const int bytes = REC_BYTES(64, p->bv);
+        err = cudaFuncSetAttribute(kda_recurrence_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (err != cudaSuccess) return (int)err;
+        kda_recurrence_kernel<64><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
+    }
+    return (int)cudaGetLastError();
+}
