@@ -30,6 +30,35 @@ if [ "$MODE" = full ]; then
   echo "racecheck rc=$? $(grep -ci 'hazard' "$OUT/racecheck.log") hazards"
 fi
 
+# per-kernel profile of two shapes (ncu replays each kernel; clocks left alone)
+if [ "$MODE" = full ] || [ "$MODE" = prof ]; then
+  M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do
+    ncu --clock-control none --launch-skip 3 --launch-count 3 --metrics $M --csv \
+      ./build-gpu/kda demo --backend cuda --no-check --iters 1 $shape >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+    echo "ncu $shape"
+    python3 - "$OUT/ncu.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+ki, mi, vi = hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
+short = {"gpu__time_duration.sum": "us", "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+         "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm%", "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
+         "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tc%"}
+out = {}
+for r in rows:
+    k = r[ki].split("(")[0].split("<")[0]
+    v = r[vi].replace(",", "")
+    try: v = float(v)
+    except ValueError: pass
+    if r[mi] == "gpu__time_duration.sum": v = v / 1000.0
+    out.setdefault(k, {})[short.get(r[mi], r[mi])] = v
+for k, d in out.items():
+    print("  %-26s " % k + " ".join("%s %.1f" % (m, d[m]) for m in ["us", "dram%", "sm%", "occ%", "tc%"] if m in d))
+PY
+  done
+fi
+
 # timings of ours (CLI, median of 20, host-timed around a synchronised call)
 run() { ./build-gpu/kda demo --backend cuda --no-check --iters 20 --state-v-first --json "$@" | tail -1; }
 {

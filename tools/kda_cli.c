@@ -282,8 +282,8 @@ static int demo(int argc, char **argv) {
               to_device(&mem, s.v, s.v_bytes, &args.v) || to_device(&mem, s.g, s.g_bytes, &args.g) ||
               to_device(&mem, s.beta, s.beta_bytes, &args.beta) ||
               to_device(&mem, s.o, s.o_bytes, (const void **)&args.o) ||
-              to_device(&mem, s.h0, s.state_bytes, &args.initial_state) ||
-              to_device(&mem, s.ht, s.state_bytes, (const void **)&args.final_state) ||
+              to_device(&mem, s.h0, s.h0_bytes, &args.initial_state) ||
+              to_device(&mem, s.ht, s.ht_bytes, (const void **)&args.final_state) ||
               to_device(&mem, s.A_log, sizeof(float) * (size_t)c.hv, (const void **)&args.A_log) ||
               to_device(&mem, s.dt_bias, sizeof(float) * (size_t)c.hv * (size_t)c.k, (const void **)&args.dt_bias) ||
               to_device(&mem, s.cu_seqlens, sizeof(int64_t) * (size_t)(s.num_seqs + 1), &args.cu_seqlens);
@@ -312,7 +312,7 @@ static int demo(int argc, char **argv) {
     }
     qsort(times, (size_t)iters, sizeof(double), cmp_double);
     const double ms = times[iters / 2];
-    if (to_host(&mem, s.o, args.o, s.o_bytes) || (s.ht && to_host(&mem, s.ht, args.final_state, s.state_bytes)))
+    if (to_host(&mem, s.o, args.o, s.o_bytes) || (s.ht && to_host(&mem, s.ht, args.final_state, s.ht_bytes)))
         return fail("could not copy the results back");
 
     /* the oracle */

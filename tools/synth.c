@@ -71,8 +71,8 @@ int kda_synth_make(const kda_synth_config_t *c, kda_synth_t *s, kda_args_t *a) {
     s->beta = alloc_tensor(NT * c->hv, c->beta_dtype, &s->beta_bytes);
     s->o = alloc_tensor(NT * c->hv * V, c->o_dtype, &s->o_bytes);
     const int64_t state_elems = N * c->hv * (int64_t)K * V;
-    if (c->initial_state) s->h0 = alloc_tensor(state_elems, c->initial_state_dtype, &s->state_bytes);
-    if (c->final_state) s->ht = alloc_tensor(state_elems, c->final_state_dtype, &s->state_bytes);
+    if (c->initial_state) s->h0 = alloc_tensor(state_elems, c->initial_state_dtype, &s->h0_bytes);
+    if (c->final_state) s->ht = alloc_tensor(state_elems, c->final_state_dtype, &s->ht_bytes);
     s->A_log = (float *)malloc(sizeof(float) * (size_t)c->hv);
     s->dt_bias = (float *)malloc(sizeof(float) * (size_t)c->hv * K);
     if (!s->q || !s->k || !s->v || !s->g || !s->beta || !s->o || !s->A_log || !s->dt_bias ||

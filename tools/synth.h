@@ -40,7 +40,7 @@ typedef struct {
     float *A_log, *dt_bias;
     int64_t *cu_seqlens;
     int64_t num_tokens, num_seqs;
-    size_t q_bytes, v_bytes, g_bytes, beta_bytes, o_bytes, state_bytes;
+    size_t q_bytes, v_bytes, g_bytes, beta_bytes, o_bytes, h0_bytes, ht_bytes;
 } kda_synth_t;
 
 /* A default configuration: bf16, K = V = 128, one head, typical decay. */

@@ -320,6 +320,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             if (c >= 2 * (I + 1)) *(uint4 *)(blk_aqk + r * 128 + swz(r, c, 8) * 16) = make_uint4(0, 0, 0, 0);
         }
     }
+    __syncthreads(); /* step 3 overwrites q with KΓ */
 
     /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace ------------------------------------- */
     {

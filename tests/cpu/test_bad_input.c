@@ -57,9 +57,9 @@ static void expect_bad(const char *name, void (*mutate)(fixture_t *), kda_status
         f.ws_bytes = need;
         f.ws = malloc(need);
         mutate(&f);
-        void *o_before = malloc(f.s.o_bytes), *ht_before = malloc(f.s.state_bytes);
+        void *o_before = malloc(f.s.o_bytes), *ht_before = malloc(f.s.ht_bytes);
         memcpy(o_before, f.s.o, f.s.o_bytes);
-        memcpy(ht_before, f.s.ht, f.s.state_bytes);
+        memcpy(ht_before, f.s.ht, f.s.ht_bytes);
         const kda_args_t *args = strcmp(name, "bad_args_null") == 0 ? NULL : &f.a;
         kda_context_t *ctx = strcmp(name, "bad_ctx_null") == 0 ? NULL : cpu();
         kda_status_t st = algo == 0 ? kda_forward(ctx, args, f.ws, f.ws_bytes, NULL)
@@ -74,7 +74,7 @@ static void expect_bad(const char *name, void (*mutate)(fixture_t *), kda_status
         CHECK(strstr(kda_last_error(), fn) == kda_last_error(), "%s: message does not start with %s: \"%s\"", name,
               fn, kda_last_error());
         CHECK(memcmp(o_before, f.s.o, f.s.o_bytes) == 0, "%s/%s: o was written", name, fn);
-        CHECK(memcmp(ht_before, f.s.ht, f.s.state_bytes) == 0, "%s/%s: final_state was written", name, fn);
+        CHECK(memcmp(ht_before, f.s.ht, f.s.ht_bytes) == 0, "%s/%s: final_state was written", name, fn);
         free(o_before);
         free(ht_before);
         free(f.ws);

@@ -229,7 +229,7 @@ TEST(fwd_varlen_all_empty) {
     kda_status_t st = kda_run_host(cpu(), &a, KDA_ALGO_FORWARD);
     CHECK(st == KDA_STATUS_SUCCESS, "status %s: %s", kda_status_string(st), kda_last_error());
     /* every final state equals its initial state */
-    CHECK(memcmp(s.h0, s.ht, s.state_bytes) == 0, "final state of an empty sequence differs from its initial state");
+    CHECK(memcmp(s.h0, s.ht, s.ht_bytes) == 0, "final state of an empty sequence differs from its initial state");
     kda_synth_free(&s);
 }
 

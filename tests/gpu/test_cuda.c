@@ -59,8 +59,8 @@ static void dproblem_make(dproblem_t *d, const kda_synth_config_t *c) {
     a.g = to_dev(s->g, s->g_bytes);
     a.beta = to_dev(s->beta, s->beta_bytes);
     a.o = to_dev(s->o, s->o_bytes); /* poisoned by the synthesiser */
-    if (d->host.initial_state) a.initial_state = to_dev(s->h0, s->state_bytes);
-    if (d->host.final_state) a.final_state = to_dev(s->ht, s->state_bytes);
+    if (d->host.initial_state) a.initial_state = to_dev(s->h0, s->h0_bytes);
+    if (d->host.final_state) a.final_state = to_dev(s->ht, s->ht_bytes);
     if (d->host.A_log) a.A_log = (const float *)to_dev(s->A_log, sizeof(float) * (size_t)c->hv);
     if (d->host.dt_bias) a.dt_bias = (const float *)to_dev(s->dt_bias, sizeof(float) * (size_t)c->hv * (size_t)c->k);
     if (d->host.cu_seqlens) {
@@ -106,7 +106,7 @@ static kda_compare_t dproblem_check(dproblem_t *d, const kda_synth_config_t *c) 
     memset(&r, 0, sizeof r);
     kda_synth_t *s = &d->s;
     CUDA_OK(cudaMemcpy(s->o, d->dev.o, s->o_bytes, cudaMemcpyDeviceToHost));
-    if (d->host.final_state) CUDA_OK(cudaMemcpy(s->ht, d->dev.final_state, s->state_bytes, cudaMemcpyDeviceToHost));
+    if (d->host.final_state) CUDA_OK(cudaMemcpy(s->ht, d->dev.final_state, s->ht_bytes, cudaMemcpyDeviceToHost));
     const int64_t o_elems = s->num_tokens * c->hv * c->v, st_elems = s->num_seqs * c->hv * (int64_t)c->k * c->v;
     float *o_ref = (float *)malloc(sizeof(float) * (size_t)(o_elems ? o_elems : 1));
     float *ht_ref = (float *)malloc(sizeof(float) * (size_t)(st_elems ? st_elems : 1));
@@ -348,6 +348,7 @@ TEST(gpu_fwd_state_pool_inplace) {
     }
     cudaFree(dpool);
     cudaFree(didx);
+    d.dev.initial_state = d.dev.final_state = NULL; /* freed above */
     free(pool);
     free(ref);
     free(got);

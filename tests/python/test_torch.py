@@ -1,0 +1,396 @@
+"""torch tensors: CPU results equal numpy's, bf16 against the reference, custom ops under torch.compile and opcheck,
+backward refused; with a GPU: the CUDA backend against the reference, in-place pools, CUDA graph capture.
+
+Skipped with the reason where torch (or a GPU) is absent. Until libkda's CUDA backend exists, the CUDA tests xfail
+with the library's "not supported" message.
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the torch tests need it")
+
+import kda  # noqa: E402
+from kda_reference import kda_reference, make_inputs, rel_err  # noqa: E402
+
+ENTRIES = {"chunk": kda.chunk_kda, "fused": kda.fused_recurrent_kda}
+HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+pytestmark = pytest.mark.skipif(not HAS_CUSTOM_OP, reason=f"torch {torch.__version__} has no torch.library.custom_op "
+                                                          f"(kda needs torch >= 2.4)")
+
+
+def to_torch(x, device="cpu", dtype=None):
+    out = {}
+    for key, val in x.items():
+        t = torch.from_numpy(np.ascontiguousarray(val)).to(device)
+        if dtype is not None and key != "initial_state" and t.is_floating_point():
+            t = t.to(dtype)
+        out[key] = t
+    return out
+
+
+def gate_kwargs(rng, mode, HV, K):
+    if mode == "none":
+        return {}
+    A_log = rng.uniform(-1, 1, HV).astype(np.float32)
+    dt_bias = (0.5 * rng.standard_normal(HV * K)).astype(np.float32)
+    if mode == "softplus":
+        return dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+    if mode == "lb":
+        return dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, lower_bound=-4.0, safe_gate=True)
+    raise AssertionError(mode)
+
+
+def ref_gate(kw):
+    return {k: v for k, v in kw.items() if k in ("use_gate_in_kernel", "A_log", "dt_bias", "lower_bound")}
+
+
+def gate_to(kw, device):
+    return {k: (torch.from_numpy(v).to(device) if isinstance(v, np.ndarray) else v) for k, v in kw.items()}
+
+
+# name: B, T, H, HV, K, V, cu_seqlens, l2, gate, beta sigmoid, state, v-first
+TORCH_CASES = {
+    "basic": (2, 37, 1, 2, 32, 32, None, False, "none", False, True, False),
+    "varlen_gva": (1, 90, 1, 4, 32, 32, [0, 3, 3, 70, 90], True, "softplus", True, True, False),
+    "bounded_vfirst": (1, 40, 2, 2, 16, 16, [0, 40], False, "lb", False, True, True),
+    "t1": (4, 1, 1, 1, 64, 64, None, False, "none", True, True, False),
+}
+
+
+def case_inputs(name, seed=0, K_V=None):
+    B, T, H, HV, K, V, cu, l2, gate, bsig, state, vfirst = TORCH_CASES[name]
+    if K_V is not None:
+        K, V = K_V
+    rng = np.random.default_rng(seed)
+    N = B if cu is None else len(cu) - 1
+    x = make_inputs(rng, B, T, H, HV, K, V, l2=l2, gate=gate, beta_sigmoid=bsig, state=state, N=N,
+                    state_v_first=vfirst)
+    opts = dict(gate_kwargs(rng, gate, HV, K), use_qk_l2norm_in_kernel=l2, use_beta_sigmoid_in_kernel=bsig,
+                state_v_first=vfirst, output_final_state=True)
+    return x, cu, opts
+
+
+def reference_of(x, cu, opts, dtype=None):
+    """The fp64 reference on the inputs as the kernel sees them (rounded to dtype first)."""
+    def rounded(a):
+        if dtype is None:
+            return a
+        return torch.from_numpy(a).to(dtype).to(torch.float64).numpy()
+    return kda_reference(*(rounded(x[k]) for k in ("q", "k", "v", "g", "beta")),
+                         initial_state=x.get("initial_state"), cu_seqlens=cu, output_final_state=True,
+                         use_qk_l2norm=opts["use_qk_l2norm_in_kernel"], use_beta_sigmoid=opts["use_beta_sigmoid_in_kernel"],
+                         state_v_first=opts["state_v_first"], **ref_gate(opts))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CPU tensors
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("entry", ["chunk", "fused"])
+@pytest.mark.parametrize("name", list(TORCH_CASES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_cpu_tensors_equal_numpy(entry, name, dtype):
+    x, cu, opts = case_inputs(name)
+    x = {k: (v.astype(dtype) if k != "initial_state" else v) for k, v in x.items()}
+    cu_np = None if cu is None else np.asarray(cu, np.int32)
+    o_np, h_np = ENTRIES[entry](**x, cu_seqlens=cu_np, **opts)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64)  # FLA passes LongTensor offsets
+    o_t, h_t = ENTRIES[entry](**to_torch(x), cu_seqlens=cu_t, **gate_to(opts, "cpu"))
+    assert isinstance(o_t, torch.Tensor) and o_t.dtype == torch.from_numpy(x["q"]).dtype
+    assert h_t.dtype == torch.float32
+    np.testing.assert_array_equal(o_t.numpy(), o_np)
+    np.testing.assert_array_equal(h_t.numpy(), h_np)
+
+
+@pytest.mark.parametrize("entry", ["chunk", "fused"])
+@pytest.mark.parametrize("name", list(TORCH_CASES))
+def test_cpu_bfloat16_against_reference(entry, name):
+    x, cu, opts = case_inputs(name, seed=1)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    o, h = ENTRIES[entry](**to_torch(x, dtype=torch.bfloat16), cu_seqlens=cu_t, **gate_to(opts, "cpu"))
+    assert o.dtype == torch.bfloat16 and h.dtype == torch.float32
+    ref_o, ref_h = reference_of(x, cu, opts, torch.bfloat16)
+    assert rel_err(o.float().numpy(), ref_o) <= 1e-2
+    assert rel_err(h.numpy(), ref_h) <= 1e-2
+
+
+@pytest.mark.parametrize("entry", ["chunk", "fused"])
+def test_bfloat16_initial_state(entry):
+    x, cu, opts = case_inputs("basic", seed=2)
+    xt = to_torch(x)
+    xt["initial_state"] = xt["initial_state"].bfloat16()
+    o, h = ENTRIES[entry](**xt, **opts)
+    x["initial_state"] = xt["initial_state"].float().numpy()
+    ref_o, ref_h = reference_of(x, cu, opts)
+    assert rel_err(o.numpy(), ref_o) <= 1e-5 and rel_err(h.numpy(), ref_h) <= 1e-5
+
+
+def test_cpu_inplace_pool_and_out():
+    rng = np.random.default_rng(3)
+    x = make_inputs(rng, 1, 5, 1, 2, 16, 16, state=True, slots=6, state_v_first=True)
+    pool_np = x.pop("initial_state")
+    xt = to_torch(x)
+    pool = torch.from_numpy(pool_np.copy())
+    before = pool.clone()
+    cu = torch.tensor([0, 1, 2, 2, 5], dtype=torch.int32)
+    idx = torch.tensor([5, -1, 2, 0], dtype=torch.int32)
+    out = torch.empty(1, 5, 2, 16)
+    o, h = kda.fused_recurrent_kda(**xt, initial_state=pool, inplace_final_state=True, ssm_state_indices=idx,
+                                   cu_seqlens=cu, state_v_first=True, out=out)
+    assert o is out and h is pool
+    ref_o, ref_pool = kda_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=pool_np,
+                                    cu_seqlens=cu.numpy(), state_indices=idx.numpy(), state_v_first=True)
+    assert rel_err(o.numpy(), ref_o) <= 1e-5 and rel_err(pool.numpy(), ref_pool) <= 1e-5
+    for s in (1, 3, 4):
+        assert torch.equal(pool[s], before[s])
+
+
+def test_non_contiguous_pool_refused():
+    rng = np.random.default_rng(4)
+    x = to_torch(make_inputs(rng, 2, 1, 1, 1, 16, 16))
+    big = torch.zeros(4, 2, 1, 16, 16)
+    pool = big[:, 0]  # slots strided apart
+    with pytest.raises(NotImplementedError, match="initial_state"):
+        kda.fused_recurrent_kda(**x, initial_state=pool, inplace_final_state=True,
+                                ssm_state_indices=torch.tensor([0, 1], dtype=torch.int32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# autograd: refused, never a made-up gradient
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("entry", ["chunk", "fused"])
+@pytest.mark.parametrize("which", ["q", "g", "initial_state"])
+def test_backward_raises(entry, which):
+    x, cu, opts = case_inputs("basic")
+    xt = to_torch(x)
+    xt[which] = xt[which].clone().requires_grad_()
+    o, h = ENTRIES[entry](**xt, **opts)
+    assert o.requires_grad
+    with pytest.raises(NotImplementedError, match="backward is not implemented"):
+        (o.sum() + h.sum()).backward()
+    assert xt[which].grad is None
+
+
+def test_no_grad_and_inference_mode():
+    x, cu, opts = case_inputs("basic")
+    xt = to_torch(x)
+    xt["q"].requires_grad_()
+    with torch.no_grad():
+        o1, _ = kda.chunk_kda(**xt, **opts)
+    with torch.inference_mode():
+        o2, _ = kda.chunk_kda(**xt, **opts)
+    assert not o1.requires_grad and torch.equal(o1, o2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# custom ops: opcheck, torch.compile
+# ---------------------------------------------------------------------------------------------------------
+def test_opcheck():
+    import kda._torch  # noqa: F401  (registers the ops)
+    rng = np.random.default_rng(5)
+    x = to_torch(make_inputs(rng, 1, 19, 1, 2, 16, 16, state=True, N=2))
+    cu = torch.tensor([0, 7, 19])
+    common = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
+    flags = (False, False, False, False, False, 0.0, False)
+    torch.library.opcheck(torch.ops.kda.chunk_kda_fwd.default, common + (x["initial_state"], cu, None, 0.25, True) + flags)
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
+                          common + (x["initial_state"], cu, None, None, 0.25, True) + flags)
+    pool = torch.randn(4, 2, 16, 16)
+    o = torch.empty(1, 19, 2, 16)
+    idx = torch.tensor([3, 1], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_out.default,
+                          common + (None, cu, None, idx, o, pool, True, 0.25) + flags)
+
+
+def _compile_inputs():
+    x, cu, opts = case_inputs("varlen_gva")
+    xt = to_torch(x)
+    cu_t = torch.tensor(cu, dtype=torch.int64)
+    return xt, cu_t, gate_to(opts, "cpu")
+
+
+def test_compile_aot_eager_fullgraph():
+    xt, cu, opts = _compile_inputs()
+
+    def step(q, k, v, g, beta, h0):
+        o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **opts)
+        o2, _ = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **opts)
+        return o + o2, ht
+
+    args = [xt[k] for k in ("q", "k", "v", "g", "beta", "initial_state")]
+    eager = step(*args)
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)(*args)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_compile_inplace_pool_update():
+    rng = np.random.default_rng(6)
+    x = to_torch(make_inputs(rng, 3, 1, 1, 2, 16, 16))
+    pool = torch.randn(5, 2, 16, 16)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+
+    def decode(q, k, v, g, beta, pool, idx):
+        o, _ = kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, inplace_final_state=True,
+                                       ssm_state_indices=idx)
+        return o * 1.0
+
+    eager_pool = pool.clone()
+    o_eager = decode(*(x[k] for k in ("q", "k", "v", "g", "beta")), eager_pool, idx)
+    fn = torch.compile(decode, backend="aot_eager", fullgraph=True)
+    o_comp = fn(*(x[k] for k in ("q", "k", "v", "g", "beta")), pool, idx)
+    assert torch.equal(o_eager, o_comp)
+    assert torch.equal(pool, eager_pool)  # the compiled call updated the caller's pool in place
+
+
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                    reason="inductor on the CPU needs a C++ compiler")
+def test_compile_inductor():
+    xt, cu, opts = _compile_inputs()
+
+    def step(q, k, v, g, beta, h0):
+        o, ht = kda.chunk_kda(q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, **opts)
+        return o.float() * 2, ht
+
+    args = [xt[k] for k in ("q", "k", "v", "g", "beta", "initial_state")]
+    eager = step(*args)
+    compiled = torch.compile(step, fullgraph=True)(*args)
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_compiled_backward_raises_at_run_time():
+    xt, cu, opts = _compile_inputs()
+    q = xt["q"].clone().requires_grad_()
+
+    def step(q, k, v, g, beta):
+        o, _ = kda.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, **opts)
+        return o.sum()
+
+    loss = torch.compile(step, backend="aot_eager")(q, *(xt[k] for k in ("k", "v", "g", "beta")))
+    with pytest.raises(NotImplementedError, match="backward is not implemented"):
+        loss.backward()
+    assert q.grad is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CUDA
+# ---------------------------------------------------------------------------------------------------------
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
+
+
+def cuda_call(fn, *args, **kwargs):
+    """Run fn; while libkda has no CUDA backend, xfail with its message."""
+    try:
+        return fn(*args, **kwargs)
+    except kda.KDANotSupportedError as e:
+        if e.status is not None:  # libkda's own NOT_SUPPORTED
+            pytest.xfail(f"libkda's CUDA backend: {e}")
+        raise
+
+
+@requires_gpu
+@pytest.mark.parametrize("entry", ["chunk", "fused"])
+@pytest.mark.parametrize("name", list(TORCH_CASES))
+@pytest.mark.parametrize("KV", [64, 128])
+def test_cuda_against_reference(entry, name, KV):
+    x, cu, opts = case_inputs(name, seed=7, K_V=(KV, KV))
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64, device="cuda")
+    o, h = cuda_call(ENTRIES[entry], **to_torch(x, "cuda", torch.bfloat16), cu_seqlens=cu_t, **gate_to(opts, "cuda"))
+    torch.cuda.synchronize()
+    assert o.device.type == "cuda" and o.dtype == torch.bfloat16 and h.dtype == torch.float32
+    ref_o, ref_h = reference_of(x, cu, opts, torch.bfloat16)
+    assert rel_err(o.float().cpu().numpy(), ref_o) <= 1e-2
+    assert rel_err(h.cpu().numpy(), ref_h) <= 1e-2
+
+
+@requires_gpu
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_cuda_vllm_decode_inplace_pool(pool_dtype):
+    rng = np.random.default_rng(8)
+    N, HV, K = 4, 4, 128
+    x = make_inputs(rng, 1, N, 2, HV, K, K, l2=True)
+    pool_np = (0.5 * rng.standard_normal((9, HV, K, K))).astype(np.float32)
+    pool = torch.from_numpy(pool_np).to("cuda", pool_dtype)
+    before = pool.clone()
+    idx = torch.tensor([7, 2, -1, 4], dtype=torch.int32, device="cuda")
+    cu = torch.arange(N + 1, dtype=torch.int32, device="cuda")
+    o, h = cuda_call(kda.fused_recurrent_kda, **to_torch(x, "cuda", torch.bfloat16), initial_state=pool,
+                     inplace_final_state=True, ssm_state_indices=idx, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                     state_v_first=True)
+    torch.cuda.synchronize()
+    assert h is pool
+    rounded = {k: torch.from_numpy(v).bfloat16().double().numpy() for k, v in x.items()}
+    ref_o, ref_pool = kda_reference(*(rounded[k] for k in ("q", "k", "v", "g", "beta")),
+                                    initial_state=before.double().cpu().numpy(), cu_seqlens=cu.cpu().numpy(),
+                                    state_indices=idx.cpu().numpy(), use_qk_l2norm=True, state_v_first=True)
+    assert rel_err(o.float().cpu().numpy(), ref_o) <= 1e-2
+    for s in (7, 2, 4):
+        assert rel_err(pool[s].double().cpu().numpy(), ref_pool[s]) <= 1e-2
+    for s in (0, 1, 3, 5, 6, 8):
+        assert torch.equal(pool[s], before[s])
+
+
+@requires_gpu
+def test_cuda_graph_capture_and_replay():
+    x, cu, opts = case_inputs("varlen_gva", seed=9, K_V=(128, 128))
+    static = to_torch(x, "cuda", torch.bfloat16)
+    cu_t = torch.tensor(cu, dtype=torch.int32, device="cuda")
+    gopts = gate_to(opts, "cuda")
+
+    def step():
+        return kda.chunk_kda(**static, cu_seqlens=cu_t, **gopts)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up (context creation, allocator) outside the capture
+            cuda_call(step)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_static, h_static = step()
+    # new inputs in the same memory, then replay
+    x2, _, _ = case_inputs("varlen_gva", seed=10, K_V=(128, 128))
+    for key, val in to_torch(x2, "cuda", torch.bfloat16).items():
+        static[key].copy_(val)
+    graph.replay()
+    torch.cuda.synchronize()
+    o_eager, h_eager = step()
+    torch.cuda.synchronize()
+    assert torch.equal(o_static, o_eager) and torch.equal(h_static, h_eager)
+    ref_o, _ = reference_of(x2, cu, opts, torch.bfloat16)
+    assert rel_err(o_static.float().cpu().numpy(), ref_o) <= 1e-2
+
+
+@requires_gpu
+def test_cuda_runs_on_the_current_stream_without_host_sync():
+    x, cu, opts = case_inputs("basic", seed=11, K_V=(64, 64))
+    xt = to_torch(x, "cuda", torch.bfloat16)
+    cuda_call(kda.chunk_kda, **xt, **opts)  # warm-up: context, workspace sizes
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            o, h = kda.chunk_kda(**xt, **opts)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    s.synchronize()
+    o_ref, h_ref = kda.chunk_kda(**xt, **opts)
+    torch.cuda.synchronize()
+    assert torch.equal(o, o_ref) and torch.equal(h, h_ref)
+
+
+@requires_gpu
+def test_cuda_argument_errors():
+    x, cu, opts = case_inputs("varlen_gva", K_V=(64, 64))
+    xt = to_torch(x, "cuda", torch.bfloat16)
+    gopts = gate_to(opts, "cuda")
+    with pytest.raises(ValueError, match="'k'"):
+        kda.chunk_kda(**dict(xt, k=xt["k"].cpu()), cu_seqlens=torch.tensor(cu, device="cuda"), **gopts)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        kda.chunk_kda(**xt, cu_seqlens=torch.tensor(cu), **gopts)
+    bad_host = torch.tensor([0, 3, 2, 70, 90])
+    with pytest.raises(ValueError, match="cu_seqlens_host"):
+        cuda_call(kda.chunk_kda, **xt, cu_seqlens=torch.tensor(cu, device="cuda"), cu_seqlens_cpu=bad_host, **gopts)
