@@ -41,7 +41,7 @@ if [ "$MODE" = full ] || [ "$MODE" = prof ]; then
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 hdr = rows[0]; rows = rows[1:]
-ki, mi, vi = hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
+ki, mi, vi, ui = hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
 short = {"gpu__time_duration.sum": "us", "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
          "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm%", "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tc%"}
@@ -51,7 +51,7 @@ for r in rows:
     v = r[vi].replace(",", "")
     try: v = float(v)
     except ValueError: pass
-    if r[mi] == "gpu__time_duration.sum": v = v / 1000.0
+    if r[mi] == "gpu__time_duration.sum": v = v * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[ui], 1.0)
     out.setdefault(k, {})[short.get(r[mi], r[mi])] = v
 for k, d in out.items():
     print("  %-26s " % k + " ".join("%s %.1f" % (m, d[m]) for m in ["us", "dram%", "sm%", "occ%", "tc%"] if m in d))
