@@ -23,8 +23,8 @@
  *   R_K  bf16 [64][KD+8]   k; later the P products of step 4 and T Diag(β) as bf16 [64][72]
  *   R_Q  bf16 [64][KD+8]   q; later KΓ
  *   R_V  bf16 [64][KD+8]   v
- *   R_A  fp32 [64][68]     scratch of the cumulative sum, then A
- *   β    fp32 [64]
+ *   R_A  fp32 [64][68]     the raw 16-bit gate tile [64][KD], then A
+ *   β    fp32 [64], and 64 floats of scratch for the cumulative sum
  */
 #include "common.cuh"
 #include "seq.cuh"
@@ -42,7 +42,8 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_V(KD) (PREP_OFF_Q(KD) + 64 * PREP_S(KD) * 2)
 #define PREP_OFF_A(KD) (PREP_OFF_V(KD) + 64 * PREP_S(KD) * 2)
 #define PREP_OFF_BETA(KD) (PREP_OFF_A(KD) + 64 * SA * 4)
-#define PREP_BYTES(KD) (PREP_OFF_BETA(KD) + 64 * 4)
+#define PREP_OFF_TOT(KD) (PREP_OFF_BETA(KD) + 64 * 4)
+#define PREP_BYTES(KD) (PREP_OFF_TOT(KD) + 64 * 4)
 
 DEV float gate_value(const kda_cuda_params_t &p, float x, float A, float bias) {
     float gv = x;
@@ -142,55 +143,22 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     const int hq = h / p.group;
     unsigned char *blk = (unsigned char *)p.blocks + (cid * p.hv + h) * p.block_bytes;
 
-    /* ---- 1a. q, k, v rows into shared memory (16-bit inputs by cp.async; fp32 in 1b) ------------------- */
+    /* ---- 1a. q, k, v (16-bit: into their tiles) and the gate (16-bit: raw into R_A) by cp.async --------- */
     const int row_chunks = KD / 8;
-    if (p.dtype != KDA_DT_F32) {
-        for (int e = tid; e < 3 * 64 * row_chunks; e += PREP_THREADS) {
-            const int which = e / (64 * row_chunks), r = (e / row_chunks) % 64, c = e % row_chunks;
-            bf16 *dst = (which == 0 ? sQ : which == 1 ? sK : sV) + r * S + c * 8;
-            if (r < clen) {
-                const int64_t row = which < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
-                const uint16_t *src = (const uint16_t *)(which == 0 ? p.q : which == 1 ? p.k : p.v) + row * KD + c * 8;
-                cp_async16(smem_u32(dst), src);
-            } else {
-                *(uint4 *)dst = make_uint4(0, 0, 0, 0);
-            }
-        }
-        cp_async_commit();
-    }
-
-    /* ---- 1c. the gate, summed down each channel (log2 units) -------------------------------------------- */
-    {
-        constexpr int PARTS = PREP_THREADS / KD; /* threads per channel: 1 (KD 128) or 2 (KD 64) */
-        constexpr int ROWS = 64 / PARTS;
-        const int d = tid % KD, part = tid / KD;
-        const float A = p.A_log ? __expf(p.A_log[h]) : 1.0f;
-        const float bias = (p.gate_in_kernel && p.dt_bias) ? p.dt_bias[h * KD + d] : 0.0f;
-        float run = 0.0f;
-        float vals[16];
-        for (int r0 = part * ROWS; r0 < (part + 1) * ROWS; r0 += 16) {
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                const int r = r0 + u;
-                vals[u] = r < clen ? load_elem(p.g, p.g_dtype, ((t0 + r) * p.hv + h) * KD + d) : 0.0f;
-            }
-#pragma unroll
-            for (int u = 0; u < 16; u++) {
-                const int r = r0 + u;
-                if (r < clen) run += gate_value(p, vals[u], A, bias) * LOG2E;
-                sG[r * S + d] = run;
-            }
-        }
-        if (PARTS > 1) {
-            float *tot = sA; /* scratch */
-            if (part == 0) tot[d] = run;
-            __syncthreads();
-            if (part == 1) {
-                const float add = tot[d];
-                for (int r = ROWS; r < 64; r++) sG[r * S + d] += add;
-            }
+    const int n_qkv = p.dtype != KDA_DT_F32 ? 3 : 0, n_tiles = n_qkv + (p.g_dtype != KDA_DT_F32 ? 1 : 0);
+    for (int e = tid; e < n_tiles * 64 * row_chunks; e += PREP_THREADS) {
+        const int which = e / (64 * row_chunks), r = (e / row_chunks) % 64, c = e % row_chunks;
+        const int tile = which < n_qkv ? which : 3; /* 0 q, 1 k, 2 v, 3 g */
+        bf16 *dst = tile == 3 ? (bf16 *)sA + r * KD + c * 8 : (tile == 0 ? sQ : tile == 1 ? sK : sV) + r * S + c * 8;
+        if (r < clen) {
+            const int64_t row = tile < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
+            const void *base = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.g;
+            cp_async16(smem_u32(dst), (const uint16_t *)base + row * KD + c * 8);
+        } else {
+            *(uint4 *)dst = make_uint4(0, 0, 0, 0);
         }
     }
+    cp_async_commit();
     if (tid < 64) {
         float b = 0.0f;
         if (tid < clen) {
@@ -199,8 +167,44 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         }
         sBeta[tid] = b;
     }
-    if (p.dtype != KDA_DT_F32) CP_ASYNC_WAIT(0);
-    __syncthreads();
+
+    /* ---- 1c. the gate, summed down each channel (log2 units); fp32 gates straight from global memory ---- */
+    constexpr int PARTS = PREP_THREADS / KD; /* threads per channel: 1 (KD 128) or 2 (KD 64) */
+    constexpr int ROWS = 64 / PARTS;
+    const int gd = tid % KD, gpart = tid / KD;
+    float grun = 0.0f;
+    {
+        const float A = p.A_log ? __expf(p.A_log[h]) : 1.0f;
+        const float bias = (p.gate_in_kernel && p.dt_bias) ? p.dt_bias[h * KD + gd] : 0.0f;
+        if (p.g_dtype == KDA_DT_F32) {
+            const float *gp = (const float *)p.g + (t0 * p.hv + h) * KD + gd;
+            const int64_t rs = (int64_t)p.hv * KD;
+            for (int r0 = gpart * ROWS; r0 < (gpart + 1) * ROWS; r0 += 16) {
+                float vals[16];
+#pragma unroll
+                for (int u = 0; u < 16; u++) vals[u] = r0 + u < clen ? gp[(r0 + u) * rs] : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 16; u++) {
+                    if (r0 + u < clen) grun += gate_value(p, vals[u], A, bias) * LOG2E;
+                    sG[(r0 + u) * S + gd] = grun;
+                }
+            }
+        }
+        CP_ASYNC_WAIT(0);
+        __syncthreads();
+        if (p.g_dtype != KDA_DT_F32) {
+            const uint16_t *graw = (const uint16_t *)sA + gd;
+            for (int r = gpart * ROWS; r < (gpart + 1) * ROWS; r++) {
+                if (r < clen) {
+                    const uint16_t bits = graw[r * KD];
+                    const float x = p.g_dtype == KDA_DT_F16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+                    grun += gate_value(p, x, A, bias) * LOG2E;
+                }
+                sG[r * S + gd] = grun;
+            }
+        }
+        if (PARTS > 1 && gpart == 0) ((float *)(smem + PREP_OFF_TOT(KD)))[gd] = grun;
+    }
 
     /* ---- 1b. normalise q (× scale) and k, convert to bf16; A ← 0 ---------------------------------------- */
     {
@@ -241,6 +245,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
 #pragma unroll
             for (int c = 0; c < KD / 2; c += 2) dst[c / 2] = pack_bf16(x[c] * f, x[c + 1] * f);
         }
+    }
+    __syncthreads(); /* the cumulative sums' halves, the raw gate tile, and q, k, v are done */
+    if (PARTS > 1 && gpart == 1) {
+        const float add = ((const float *)(smem + PREP_OFF_TOT(KD)))[gd];
+        for (int r = ROWS; r < 64; r++) sG[r * S + gd] += add;
     }
     for (int e = tid; e < 64 * SA; e += PREP_THREADS) sA[e] = 0.0f;
     __syncthreads();

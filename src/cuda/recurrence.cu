@@ -72,13 +72,28 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 
     /* Sᵀ: s[nt][c] = S[d][v] with v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
     float s[NT][4];
+    const int64_t sd = p.v_first ? 1 : KD, sv = p.v_first ? KD : 1; /* strides of d and v in a state */
+    const int64_t sbase = slot >= 0 ? (slot * p.hv + h) * (int64_t)KD * KD : 0;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int v = vw + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
-            s[nt][c] = (p.h0 && slot >= 0) ? load_elem(p.h0, p.h0_dtype, state_idx(p, slot, h, d, v)) : 0.0f;
+        for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
+    if (p.h0 && slot >= 0) { /* dtype branch outside the loops, so that the loads are all in flight at once */
+        if (p.h0_dtype == KDA_DT_F32) {
+            const float *h0 = (const float *)p.h0 + sbase;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[nt][c] = h0[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv];
+        } else {
+            const uint16_t *h0 = (const uint16_t *)p.h0 + sbase;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    s[nt][c] = bf16_bits_to_f32(h0[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv]);
         }
+    }
 
     const unsigned char *blocks = (const unsigned char *)p.blocks;
     if (nchunks > 0) {
@@ -221,10 +236,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int v = vw + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
-                store_elem(p.ht, p.ht_dtype, state_idx(p, slot, h, d, v), s[nt][c]);
-            }
+            for (int c = 0; c < 4; c++)
+                store_elem(p.ht, p.ht_dtype, sbase + (8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv,
+                           s[nt][c]);
     }
 }
 

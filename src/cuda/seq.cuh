@@ -54,10 +54,4 @@ DEV int64_t seq_slot(const kda_cuda_params_t &p, int64_t n) {
     return (s < 0 || s >= p.num_state_slots) ? -1 : s;
 }
 
-/* Element (d, v) of head h of state slot `slot`, in the K-first or V-first layout. */
-DEV int64_t state_idx(const kda_cuda_params_t &p, int64_t slot, int h, int d, int v) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)p.kd * p.kd;
-    return base + (p.v_first ? (int64_t)v * p.kd + d : (int64_t)d * p.kd + v);
-}
-
 #endif /* KDA_CUDA_SEQ_CUH */
