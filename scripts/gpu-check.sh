@@ -1,83 +1,90 @@
 #!/usr/bin/env bash
-# One device call: build for sm_90a, run the GPU tests (accuracy table), compute-sanitizer, and time the
-# benchmark shapes with the CLI; a short table last. Logs go to $OUT.
-#   usage: bash scripts/gpu-check.sh [quick]
+# One device call: build for sm_90a, run the GPU tests (accuracy table), then by mode
+#   full   compute-sanitizer (memcheck, racecheck) + stage timings + ours vs FLA
+#   check  compute-sanitizer + stage timings
+#   bench  ours vs FLA (bench/bench_fla.py; the FLA wheels travel in .whl/, carried)
+#   prof   stage timings (KDA_DEV_SKIP) and an ncu profile of two shapes
+#   quick  tests only, plus CLI timings of the benchmark shapes
+# Logs and results go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-out}
 mkdir -p "$OUT"
 MODE=${1:-full}
 cd "$(dirname "$0")/.."
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo none)$(git diff --quiet 2>/dev/null || echo +dirty)" | tee -a "$OUT/gpu.txt"
 
 t0=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DKDA_CUDA_GENCODE="arch=compute_90a,code=sm_90a" >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
 cmake --build build-gpu -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
 
-# GPU tests
 (cd build-gpu && ctest -R '^gpu_' --output-on-failure -j1 --timeout 300) >"$OUT/gpu_tests.log" 2>&1
 grep -E "tests passed|tests failed" "$OUT/gpu_tests.log"
 grep -E "CHECK|FAIL" "$OUT/gpu_tests.log" | head -20
-grep -E "^case" "$OUT/gpu_tests.log" | sort -k4 -g | tail -5
+echo "largest errors:"; grep -E "^case" "$OUT/gpu_tests.log" | sort -k4 -g | tail -3 | cut -c1-80
 
-if [ "$MODE" = full ]; then
+if [ "$MODE" = full ] || [ "$MODE" = check ]; then
   for t in gpu_fwd_varlen_empty_seq gpu_fwd_state_pool_inplace; do
-    compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/memcheck_$t.log" 2>&1
-    echo "memcheck $t rc=$? $(grep -c 'Invalid' "$OUT/memcheck_$t.log") invalid"
+    compute-sanitizer --tool memcheck --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/sanitizer.log" 2>&1
+    echo "memcheck $t rc=$? ($(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log"))"
   done
-  compute-sanitizer --tool racecheck --error-exitcode 9 build-gpu/tests/test_gpu gpu_fwd_gva_4x >"$OUT/racecheck.log" 2>&1
-  echo "racecheck rc=$? $(grep -ci 'hazard' "$OUT/racecheck.log") hazards"
+  for t in gpu_fwd_gva_4x; do
+    compute-sanitizer --tool racecheck --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/sanitizer.log" 2>&1
+    echo "racecheck $t rc=$? ($(grep -E 'RACECHECK SUMMARY' "$OUT/sanitizer.log"))"
+  done
 fi
 
-# per-kernel profile of two shapes (ncu replays each kernel; clocks left alone)
-if [ "$MODE" = full ] || [ "$MODE" = prof ]; then
+demo() { ./build-gpu/kda demo --backend cuda --no-check --state-v-first --json "$@" | tail -1 |
+         python3 -c "import json,sys; print('%.3f' % json.loads(sys.stdin.read())['ms'])"; }
+
+if [ "$MODE" = full ] || [ "$MODE" = prof ] || [ "$MODE" = check ]; then
+  echo "stage timings, ms (CLI, median of 10): all | -A/Aqk | -T_II | -W,U | recurrence only | prep only"
+  for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do
+    line="$shape:"
+    for m in 0 1 2 4 8 16; do line="$line $(KDA_DEV_SKIP=$m demo --iters 10 $shape)"; done
+    echo "  $line"
+  done
+fi
+
+if [ "$MODE" = prof ]; then
   M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
   for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do
-    ncu --clock-control none --launch-skip 3 --launch-count 3 --metrics $M --csv \
+    ncu --clock-control none --launch-skip 2 --launch-count 2 --metrics $M --csv \
       ./build-gpu/kda demo --backend cuda --no-check --iters 1 $shape >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
     echo "ncu $shape"
     python3 - "$OUT/ncu.csv" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 hdr = rows[0]; rows = rows[1:]
-ki, mi, vi, ui = hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value"), hdr.index("Metric Unit")
+ki, mi, vi, ui = (hdr.index(x) for x in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
 short = {"gpu__time_duration.sum": "us", "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
          "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm%", "sm__warps_active.avg.pct_of_peak_sustained_active": "occ%",
          "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tc%"}
 out = {}
 for r in rows:
-    k = r[ki].split("(")[0].split("<")[0]
-    v = r[vi].replace(",", "")
-    try: v = float(v)
-    except ValueError: pass
-    if r[mi] == "gpu__time_duration.sum": v = v * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[ui], 1.0)
+    k = r[ki].split("(")[0].split("<")[0].replace("void ", "")
+    v = float(r[vi].replace(",", ""))
+    if r[mi] == "gpu__time_duration.sum": v *= {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(r[ui], 1.0)
     out.setdefault(k, {})[short.get(r[mi], r[mi])] = v
 for k, d in out.items():
-    print("  %-26s " % k + " ".join("%s %.1f" % (m, d[m]) for m in ["us", "dram%", "sm%", "occ%", "tc%"] if m in d))
+    print("  %-24s " % k + " ".join("%s %.1f" % (m, d[m]) for m in ["us", "dram%", "sm%", "occ%", "tc%"] if m in d))
 PY
   done
 fi
 
-# timings of ours (CLI, median of 20, host-timed around a synchronised call)
-run() { ./build-gpu/kda demo --backend cuda --no-check --iters 20 --state-v-first --json "$@" | tail -1; }
-{
-  echo "B1_T8192_H64 $(run --B 1 --T 8192 --hqk 64 --hv 64)"
-  echo "B2_T8192_H64 $(run --B 2 --T 8192 --hqk 64 --hv 64)"
-  echo "B8_T4096_H32 $(run --B 8 --T 4096 --hqk 32 --hv 32)"
-  echo "B1_T512_H64 $(run --B 1 --T 512 --hqk 64 --hv 64)"
-  echo "B1_T32768_H32 $(run --B 1 --T 32768 --hqk 32 --hv 32)"
-  echo "varlen6_H64 $(run --varlen 1300,547,2048,963,271,3063 --hqk 64 --hv 64)"
-  echo "varlen8x1024_H64 $(run --varlen 1024,1024,1024,1024,1024,1024,1024,1024 --hqk 64 --hv 64)"
-  echo "GVA_B2_T8192_16_64 $(run --B 2 --T 8192 --hqk 16 --hv 64)"
-} >"$OUT/cli_bench.log" 2>&1
-echo "shape ms"
-python3 - "$OUT/cli_bench.log" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    name, _, js = line.partition(" ")
-    try:
-        print(f"{name:22s} {json.loads(js)['ms']:.3f}")
-    except Exception:
-        print(name, js.strip()[:200])
-PY
+if [ -d .whl ] && { [ "$MODE" = full ] || [ "$MODE" = bench ]; }; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
+    python3 bench/bench_fla.py --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench_fla.log" 2>&1
+  grep -vE "Warning|warn" "$OUT/bench_fla.log" | tail -16
+fi
+
+if [ "$MODE" = quick ]; then
+  echo "shape ms (CLI, median of 20)"
+  for shape in "--B 1 --T 8192 --hqk 64 --hv 64" "--B 2 --T 8192 --hqk 64 --hv 64" "--B 8 --T 4096 --hqk 32 --hv 32" \
+               "--B 1 --T 512 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32" \
+               "--varlen 1300,547,2048,963,271,3063 --hqk 64 --hv 64" "--varlen 1024,1024,1024,1024,1024,1024,1024,1024 --hqk 64 --hv 64" \
+               "--B 2 --T 8192 --hqk 16 --hv 64"; do
+    echo "  $(demo --iters 20 $shape)  $shape"
+  done
+fi

@@ -141,6 +141,13 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     c.block_bytes = kda_cuda_block_bytes(c.kd);
     c.chunks_per_row = (a->seq_len + 63) / 64;
     c.bv = choose_bv(impl, p);
+    const char *skip = getenv("KDA_DEV_SKIP");
+    c.dev_skip = skip ? atoi(skip) : 0;
+    const char *bv = getenv("KDA_DEV_BV");
+    if (bv && (atoi(bv) == 32 || atoi(bv) == 64 || atoi(bv) == 128) && atoi(bv) <= c.kd) c.bv = atoi(bv);
+    kda_cuda_recurrence_smem(&c);
+    const char *nst = getenv("KDA_DEV_STAGES");
+    if (nst && atoi(nst) == 2) c.rec_stages = 2;
     if (c.max_chunks * c.hv >= ((int64_t)1 << 31) || p->num_seqs * c.hv * (c.kd / 32) >= ((int64_t)1 << 31))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, c.hv);
@@ -156,8 +163,8 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     int err = 0;
     const char *stage = "";
     if (p->varlen && (err = kda_cuda_launch_meta(&c, stream)) != 0) stage = "meta";
-    else if ((err = kda_cuda_launch_prep(&c, stream)) != 0) stage = "prep";
-    else if ((err = kda_cuda_launch_recurrence(&c, stream)) != 0) stage = "recurrence";
+    else if (!(c.dev_skip & 8) && (err = kda_cuda_launch_prep(&c, stream)) != 0) stage = "prep";
+    else if (!(c.dev_skip & 16) && (err = kda_cuda_launch_recurrence(&c, stream)) != 0) stage = "recurrence";
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

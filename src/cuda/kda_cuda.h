@@ -63,6 +63,11 @@ typedef struct kda_cuda_params {
 
     /* recurrence tiling */
     int bv;                      /* V columns per CTA: 32, 64 or 128 */
+    int rec_stages;              /* chunks buffered in shared memory: 2 or 3 (kda_cuda_recurrence_smem) */
+
+    /* development only (KDA_DEV_SKIP, for timing stages; results are wrong when set):
+       bit 0 prep step 2, bit 1 prep step 4, bit 2 prep step 5, bit 3 prep kernel, bit 4 recurrence kernel */
+    int dev_skip;
 } kda_cuda_params_t;
 
 /* One (chunk, head) block of the workspace, in this order (byte offsets below):
@@ -82,6 +87,7 @@ KDA_HD static inline int64_t kda_cuda_block_bytes(int kd) { return kda_cuda_off_
 int kda_cuda_launch_meta(const kda_cuda_params_t *p, void *stream);
 int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream);
 int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stream);
+int kda_cuda_recurrence_smem(kda_cuda_params_t *p);
 
 #ifdef __cplusplus
 }

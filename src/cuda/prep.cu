@@ -12,15 +12,15 @@
  *      (R = G at the first row of the row block off the diagonal, at the middle row on it); a diagonal block
  *      whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d). Aqk → workspace.
  *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G} → workspace; KΓ = k e^{G} → shared; γ = e^{G_last} → workspace.
- *   4. T = (I + A)⁻¹ in fp32: the four 16×16 diagonal blocks by forward substitution (one warp each), then
- *      the blocks below by T_IJ = −T_II Σ_{J≤M<I} A_IM T_MJ, row block after row block.
- *   5. W = (T Diag β) KΓ and U = (T Diag β) V on the tensor cores → workspace.
+ *   4. the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, in fp32 by forward substitution (one warp each).
+ *   5. [W | U] = T Diag(β) [KΓ | V] without forming T: block forward substitution over the 4 row blocks,
+ *      Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M, X_I = T_II Y_I, on the tensor cores → workspace.
  * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
  * zero and the recurrence needs no masks.
  *
  * Shared memory (KD = head size, stride KD + 8 elements so that fragment reads are conflict-free):
- *   R_G  fp32 [64][KD+8]   G; later T fp32 [64][68]; later the W and U staging tiles
- *   R_K  bf16 [64][KD+8]   k; later the P products of step 4 and T Diag(β) as bf16 [64][72]
+ *   R_G  fp32 [64][KD+8]   G; later the W and U tiles being built (bf16, swizzled)
+ *   R_K  bf16 [64][KD+8]   k; later the T_II blocks (fp32 4 KB) and each warp's Y scratch
  *   R_Q  bf16 [64][KD+8]   q; later KΓ
  *   R_V  bf16 [64][KD+8]   v
  *   R_A  fp32 [64][68]     the raw 16-bit gate tile [64][KD], then A
@@ -31,7 +31,6 @@
 
 #define PREP_THREADS 128
 #define SA 68  /* fp32 stride of A and T */
-#define STB 72 /* bf16 stride of T Diag(β) */
 
 typedef __nv_bfloat16 bf16;
 
@@ -256,7 +255,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
 
     /* ---- 2. A and Aqk by 16×16 blocks ------------------------------------------------------------------- */
     unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
-    {
+    if (!(p.dev_skip & 1)) {
         const int I = warp;
         /* off-diagonal blocks (I, J < I): R = G at row 16 I */
         if (I > 0) {
@@ -360,11 +359,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     }
     __syncthreads();
 
-    /* ---- 4. T = (I + A)⁻¹ (fp32, in R_G) ----------------------------------------------------------------- */
-    float *sT = sG;
-    for (int e = tid; e < 64 * SA; e += PREP_THREADS) sT[e] = 0.0f;
-    __syncthreads();
-    if (lane < 16) { /* 4a. diagonal block `warp`, column `lane`, by forward substitution */
+    /* ---- 4. the diagonal blocks of T = (I + A)⁻¹ (fp32, into R_K: k is dead) ------------------------------ */
+    float *sTd = (float *)sK; /* [4][16][16] */
+    if (!(p.dev_skip & 2) && lane < 16) { /* block `warp`, column `lane`, by forward substitution */
         const int j = lane, b = 16 * warp;
         float tcol[16];
 #pragma unroll
@@ -375,80 +372,88 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             tcol[i] = i == j ? 1.0f : (i > j ? -s : 0.0f);
         }
 #pragma unroll
-        for (int i = 0; i < 16; i++) sT[(b + i) * SA + b + j] = tcol[i];
-    }
-    __syncthreads();
-    float *sP = (float *)sK; /* k is dead */
-    for (int I = 1; I < 4; I++) { /* 4b. row block I */
-        for (int e = tid; e < I * 256; e += PREP_THREADS) {
-            const int J = e >> 8, i = (e >> 4) & 15, j = e & 15;
-            float s = 0.0f;
-            for (int m = 16 * J; m < 16 * I; m++) s += sA[(16 * I + i) * SA + m] * sT[m * SA + 16 * J + j];
-            sP[e] = s;
-        }
-        __syncthreads();
-        for (int e = tid; e < I * 256; e += PREP_THREADS) {
-            const int J = e >> 8, i = (e >> 4) & 15, j = e & 15;
-            float s = 0.0f;
-            for (int m = 0; m <= i; m++) s += sT[(16 * I + i) * SA + 16 * I + m] * sP[(J << 8) + (m << 4) + j];
-            sT[(16 * I + i) * SA + 16 * J + j] = -s;
-        }
-        __syncthreads();
-    }
-    bf16 *sTb = (bf16 *)sK; /* 4c. T Diag(β), bf16 */
-    for (int e = tid; e < 64 * 64; e += PREP_THREADS) {
-        const int i = e >> 6, j = e & 63;
-        sTb[i * STB + j] = __float2bfloat16_rn(sT[i * SA + j] * sBeta[j]);
+        for (int i = 0; i < 16; i++) sTd[warp * 256 + i * 16 + j] = tcol[i];
     }
     __syncthreads();
 
-    /* ---- 5. W = (T Diag β) KΓ, U = (T Diag β) V; staged in R_G, then copied out ------------------------- */
+    /* ---- 5. [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
+     *         Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,  X_I = T_II Y_I.
+     *         Warp w owns a slab of KD/2 of the 2 KD columns (w < 2: W, else U), so it needs no other warp. ---- */
     {
+        constexpr int NTW = KD / 16;  /* n-tiles of a warp's slab */
+        constexpr int YS = KD / 2 + 8; /* stride (elements) of the per-warp Y scratch [16][KD/2] */
         const int g = lane >> 2, t = lane & 3, w = warp;
-        uint32_t a[4][4];
+        const int is_u = w >= 2, col0 = (w & 1) * (KD / 2); /* slab columns within W or U */
+        const bf16 *src = is_u ? sV : sQ;                 /* V, or KΓ (over q) */
+        unsigned char *stage = (unsigned char *)sG + is_u * (64 * KD * 2); /* X tile, swizzled [64][KD] */
+        bf16 *Y = (bf16 *)((unsigned char *)sK + 4096) + w * 16 * YS;
+        for (int I = 0; I < 4 && !(p.dev_skip & 4); I++) {
+            float acc[NTW][4];
 #pragma unroll
-        for (int kt = 0; kt < 4; kt++) {
-            if (kt > w) break;
-            const int row = 16 * w + (lane & 7) + ((lane >> 3) & 1) * 8, col = kt * 16 + (lane >> 4) * 8;
-            ldsm_x4(a[kt], smem_u32(sTb + row * STB + col));
-        }
-        unsigned char *stage = (unsigned char *)sG;
+            for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+            for (int M = 0; M < I; M++) {
+                uint32_t a[4];
 #pragma unroll
-        for (int which = 0; which < 2; which++) {
-            const bf16 *Bt = which == 0 ? sQ : sV; /* KΓ or V, [token][KD] */
-            float acc[KD / 8][4];
+                for (int r = 0; r < 4; r++) {
+                    const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * M + 2 * t + 8 * (r >> 1)];
+                    a[r] = pack_bf16(v.x, v.y);
+                }
 #pragma unroll
-            for (int nt = 0; nt < KD / 8; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-#pragma unroll
-            for (int kt = 0; kt < 4; kt++) {
-                if (kt > w) break;
-#pragma unroll
-                for (int pp = 0; pp < KD / 16; pp++) {
+                for (int pp = 0; pp < NTW / 2; pp++) {
+                    const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
+                    const int col = col0 + pp * 16 + (lane >> 4) * 8;
                     uint32_t b[4];
-                    const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
-                    ldsm_x4_t(b, smem_u32(Bt + row * S + col));
-                    mma_bf16(acc[2 * pp], a[kt], b[0], b[1]);
-                    mma_bf16(acc[2 * pp + 1], a[kt], b[2], b[3]);
+                    ldsm_x4_t(b, smem_u32(stage + row * KD * 2 + swz(row, col >> 3, KD / 8) * 16));
+                    mma_bf16(acc[2 * pp], a, b[0], b[1]);
+                    mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
                 }
             }
-            /* W: swizzled tile; U: plain row-major */
-            unsigned char *dst = stage + which * 64 * KD * 2;
+            /* Y = β ⊙ B − acc, as bf16 rows of the warp's scratch */
 #pragma unroll
-            for (int nt = 0; nt < KD / 8; nt++)
+            for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
-                    const int i = 16 * w + g + 8 * hr, d = nt * 8 + 2 * t;
-                    const int off = which == 0 ? swz_off(i, d, row_chunks) : (i * KD + d) * 2;
-                    *(uint32_t *)(dst + off) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                    const int r = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
+                    const float2 bb = unpack_bf16(*(const uint32_t *)&src[r * S + c]);
+                    const float be = sBeta[r];
+                    *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] =
+                        pack_bf16(be * bb.x - acc[nt][2 * hr], be * bb.y - acc[nt][2 * hr + 1]);
                 }
+            __syncwarp();
+            uint32_t a[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float2 v = *(const float2 *)&sTd[I * 256 + (g + 8 * (r & 1)) * 16 + 2 * t + 8 * (r >> 1)];
+                a[r] = pack_bf16(v.x, v.y);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+            for (int pp = 0; pp < NTW / 2; pp++) {
+                const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+                uint32_t b[4];
+                ldsm_x4_t(b, smem_u32(Y + row * YS + col));
+                mma_bf16(acc[2 * pp], a, b[0], b[1]);
+                mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
+            }
+            /* X_I → the staging tile */
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
+                    *(uint32_t *)(stage + swz_off(i, c, KD / 8)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                }
+            __syncwarp();
         }
         __syncthreads();
         const int tile16 = 64 * KD * 2 / 16;
         uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
-        const uint4 *w_in = (const uint4 *)stage, *u_in = (const uint4 *)(stage + 64 * KD * 2);
+        const unsigned char *w_in = (const unsigned char *)sG, *u_in = w_in + 64 * KD * 2;
         for (int e = tid; e < tile16; e += PREP_THREADS) {
-            w_out[e] = w_in[e];
-            u_out[e] = u_in[e];
+            const int r = e / row_chunks, c = e % row_chunks;
+            w_out[e] = *(const uint4 *)(w_in + e * 16);                                  /* stays swizzled */
+            u_out[e] = *(const uint4 *)(u_in + r * KD * 2 + swz(r, c, row_chunks) * 16); /* plain rows */
         }
     }
 }

@@ -24,11 +24,13 @@ typedef __nv_bfloat16 bf16;
 #define REC_MAX_THREADS 256
 
 /* One stage: W, QΓ, K̃ (64×KD), Aqk (64×64), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes),
- * then U (64×BV); two stages, then the O staging rows (BV + 8 elements of up to 4 bytes). */
+ * then U (64×BV); NST stages (3 where they fit, else 2), then the O staging rows (BV + 8 elements of OES
+ * bytes). */
 #define REC_LINEAR(KD) (3 * 64 * (KD) * 2 + 64 * 64 * 2 + (KD) * 4)
 #define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + 64 * (BV) * 2)
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV) (2 * REC_STAGE_BYTES(KD, BV) + 64 * REC_O_STRIDE(BV) * 4)
+#define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 64 * REC_O_STRIDE(BV) * (OES))
+#define REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 */
 
 template <int KD>
 DEV void issue_chunk_copy(const kda_cuda_params_t &p, unsigned char *stage, const unsigned char *blk, int v0, int bv,
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
     const int stage_bytes = REC_STAGE_BYTES(KD, bv);
-    unsigned char *sO = smem + 2 * stage_bytes;
+    unsigned char *sO = smem + p.rec_stages * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
     const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
 
@@ -96,21 +98,23 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     }
 
     const unsigned char *blocks = (const unsigned char *)p.blocks;
-    if (nchunks > 0) {
-        issue_chunk_copy<KD>(p, smem, blocks + (chunk0 * p.hv + h) * p.block_bytes, v0, bv, tid, nthreads);
-        cp_async_commit();
+    const int nst = p.rec_stages; /* chunks in flight: nst - 1 ahead of the one in use */
+    for (int sidx = 0; sidx < nst - 1; sidx++) {
+        if (sidx < nchunks)
+            issue_chunk_copy<KD>(p, smem + sidx * stage_bytes, blocks + ((chunk0 + sidx) * p.hv + h) * p.block_bytes,
+                                 v0, bv, tid, nthreads);
+        cp_async_commit(); /* one group per chunk slot, empty past the end, so the wait count is fixed */
     }
     for (int64_t ci = 0; ci < nchunks; ci++) {
-        if (ci + 1 < nchunks) {
-            issue_chunk_copy<KD>(p, smem + ((ci + 1) & 1) * stage_bytes, blocks + ((chunk0 + ci + 1) * p.hv + h) * p.block_bytes, v0,
-                                 bv, tid, nthreads);
-            cp_async_commit();
-            CP_ASYNC_WAIT(1);
-        } else {
-            CP_ASYNC_WAIT(0);
-        }
+        const int64_t ahead = ci + nst - 1;
+        if (ahead < nchunks)
+            issue_chunk_copy<KD>(p, smem + (ahead % nst) * stage_bytes, blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes,
+                                 v0, bv, tid, nthreads);
+        cp_async_commit();
+        if (nst == 3) CP_ASYNC_WAIT(2);
+        else CP_ASYNC_WAIT(1);
         __syncthreads();
-        const unsigned char *st = smem + (ci & 1) * stage_bytes;
+        const unsigned char *st = smem + (ci % nst) * stage_bytes;
         const uint32_t sW = smem_u32(st), sQG = sW + 64 * KD * 2, sKT = sW + 2 * 64 * KD * 2,
                        sAqk = sW + 3 * 64 * KD * 2, sU = sW + REC_LINEAR(KD);
         const float *gam = (const float *)(st + 3 * 64 * KD * 2 + 64 * 64 * 2);
@@ -218,7 +222,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
             }
         }
-        __syncthreads(); /* the stage is free for the copy two chunks ahead; O staging is complete */
+        __syncthreads(); /* the stage is free for the next copy; O staging is complete */
 
         /* O rows of this chunk → global */
         const int64_t tok0 = bos + ci * 64;
@@ -242,18 +246,25 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     }
 }
 
+/* Shared memory of a recurrence CTA for this problem (also fixes p->rec_stages: 3 if they fit). */
+extern "C" int kda_cuda_recurrence_smem(kda_cuda_params_t *p) {
+    const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
+    p->rec_stages = REC_BYTES(p->kd, p->bv, 3, oes) <= REC_SMEM_MAX ? 3 : 2;
+    return REC_BYTES(p->kd, p->bv, p->rec_stages, oes);
+}
+
 extern "C" int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stream) {
     const int64_t ctas = p->num_seqs * p->hv * (p->kd / p->bv);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
+    const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
+    const int bytes = REC_BYTES(p->kd, p->bv, p->rec_stages, oes);
     cudaError_t err;
     if (p->kd == 128) {
-        const int bytes = REC_BYTES(128, p->bv);
         err = cudaFuncSetAttribute(kda_recurrence_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (err != cudaSuccess) return (int)err;
         kda_recurrence_kernel<128><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
     } else {
-        const int bytes = REC_BYTES(64, p->bv);
         err = cudaFuncSetAttribute(kda_recurrence_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
         if (err != cudaSuccess) return (int)err;
         kda_recurrence_kernel<64><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
