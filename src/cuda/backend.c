@@ -61,9 +61,9 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
                          "%s: argument 'head_dim_k': the CUDA backend supports K = V = 64 or 128 (got K = %d, "
                          "V = %d); use the CPU backend for other sizes",
                          fn, a->head_dim_k, a->head_dim_v);
-    const void *ptrs[4] = {a->q, a->k, a->v, a->o};
-    const char *names[4] = {"q", "k", "v", "o"};
-    for (int i = 0; i < 4; i++)
+    const void *ptrs[5] = {a->q, a->k, a->v, a->g, a->o};
+    const char *names[5] = {"q", "k", "v", "g", "o"};
+    for (int i = 0; i < 5; i++)
         if ((uintptr_t)ptrs[i] % 16 != 0)
             return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backend needs 16-byte aligned "
                              "tensors", fn, names[i]);

@@ -93,6 +93,33 @@ DEV void cp_async16(uint32_t dst, const void *src) {
 }
 
 DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+
+/* Bulk copies (the Hopper copy engine) completing on an mbarrier: one thread arms the barrier with the bytes
+ * to expect, then the copies are issued; consumers wait on the barrier's phase parity. */
+DEV void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+DEV void mbar_init_fence(void) { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+DEV void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+DEV void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n\t.reg .pred P1;\n"
+                 "LAB_WAIT:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
+                 "@P1 bra DONE;\n\t"
+                 "bra LAB_WAIT;\n"
+                 "DONE:\n\t}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+/* order this thread's earlier generic-proxy shared accesses before later async-proxy (bulk copy) ones */
+DEV void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 #define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group " #n ";\n" ::)
 
 /* ---------------------------------------------------------------------------------------------------------

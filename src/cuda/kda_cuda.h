@@ -74,7 +74,7 @@ typedef struct kda_cuda_params {
  *   W, QΓ, K̃   64×kd bf16 each, swizzled tiles (common.cuh)   — copied to shared memory byte for byte
  *   Aqk        64×64 bf16, swizzled
  *   γ          kd fp32
- *   U          64×kd bf16, plain row-major                    — gathered per V tile
+ *   U          64×kd bf16, swizzled                           — each V tile copies its rows' 128-byte groups
  * Rows past the end of a short chunk are zero, so the recurrence needs no masks. */
 KDA_HD static inline int64_t kda_cuda_off_qg(int kd) { return (int64_t)64 * kd * 2; }
 KDA_HD static inline int64_t kda_cuda_off_kt(int kd) { return (int64_t)2 * 64 * kd * 2; }

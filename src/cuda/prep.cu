@@ -42,7 +42,8 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_A(KD) (PREP_OFF_V(KD) + 64 * PREP_S(KD) * 2)
 #define PREP_OFF_BETA(KD) (PREP_OFF_A(KD) + 64 * SA * 4)
 #define PREP_OFF_TOT(KD) (PREP_OFF_BETA(KD) + 64 * 4)
-#define PREP_BYTES(KD) (PREP_OFF_TOT(KD) + 64 * 4)
+#define PREP_OFF_BAR(KD) (PREP_OFF_TOT(KD) + 64 * 4)
+#define PREP_BYTES(KD) (PREP_OFF_BAR(KD) + 8)
 
 DEV float gate_value(const kda_cuda_params_t &p, float x, float A, float bias) {
     float gv = x;
@@ -142,22 +143,29 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     const int hq = h / p.group;
     unsigned char *blk = (unsigned char *)p.blocks + (cid * p.hv + h) * p.block_bytes;
 
-    /* ---- 1a. q, k, v (16-bit: into their tiles) and the gate (16-bit: raw into R_A) by cp.async --------- */
+    /* ---- 1a. q, k, v (16-bit: into their tiles) and the gate (16-bit: raw into R_A) by bulk copies, one
+     *         row each, completing on one mbarrier; rows past the chunk's end are zero-filled ------------ */
     const int row_chunks = KD / 8;
     const int n_qkv = p.dtype != KDA_DT_F32 ? 3 : 0, n_tiles = n_qkv + (p.g_dtype != KDA_DT_F32 ? 1 : 0);
-    for (int e = tid; e < n_tiles * 64 * row_chunks; e += PREP_THREADS) {
-        const int which = e / (64 * row_chunks), r = (e / row_chunks) % 64, c = e % row_chunks;
+    const uint32_t bar = smem_u32(smem + PREP_OFF_BAR(KD));
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        mbar_init_fence();
+        mbar_expect_tx(bar, (uint32_t)(n_tiles * clen * KD * 2));
+    }
+    __syncthreads();
+    for (int e = tid; e < n_tiles * 64; e += PREP_THREADS) {
+        const int which = e / 64, r = e % 64;
         const int tile = which < n_qkv ? which : 3; /* 0 q, 1 k, 2 v, 3 g */
-        bf16 *dst = tile == 3 ? (bf16 *)sA + r * KD + c * 8 : (tile == 0 ? sQ : tile == 1 ? sK : sV) + r * S + c * 8;
+        bf16 *dst = tile == 3 ? (bf16 *)sA + r * KD : (tile == 0 ? sQ : tile == 1 ? sK : sV) + r * S;
         if (r < clen) {
             const int64_t row = tile < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
             const void *base = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.g;
-            cp_async16(smem_u32(dst), (const uint16_t *)base + row * KD + c * 8);
+            bulk_g2s(smem_u32(dst), (const uint16_t *)base + row * KD, KD * 2, bar);
         } else {
-            *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            for (int c = 0; c < row_chunks; c++) ((uint4 *)dst)[c] = make_uint4(0, 0, 0, 0);
         }
     }
-    cp_async_commit();
     if (tid < 64) {
         float b = 0.0f;
         if (tid < clen) {
@@ -189,7 +197,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 }
             }
         }
-        CP_ASYNC_WAIT(0);
+        mbar_wait(bar, 0);
         __syncthreads();
         if (p.g_dtype != KDA_DT_F32) {
             const uint16_t *graw = (const uint16_t *)sA + gd;
@@ -450,10 +458,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         const int tile16 = 64 * KD * 2 / 16;
         uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
         const unsigned char *w_in = (const unsigned char *)sG, *u_in = w_in + 64 * KD * 2;
-        for (int e = tid; e < tile16; e += PREP_THREADS) {
-            const int r = e / row_chunks, c = e % row_chunks;
-            w_out[e] = *(const uint4 *)(w_in + e * 16);                                  /* stays swizzled */
-            u_out[e] = *(const uint4 *)(u_in + r * KD * 2 + swz(r, c, row_chunks) * 16); /* plain rows */
+        for (int e = tid; e < tile16; e += PREP_THREADS) { /* both stay swizzled */
+            w_out[e] = *(const uint4 *)(w_in + e * 16);
+            u_out[e] = *(const uint4 *)(u_in + e * 16);
         }
     }
 }

@@ -13,8 +13,9 @@
  *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments; causal tiles skipped)
  *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (K̃ fragments by ldmatrix.trans)
  *
- * The next chunk's block streams into the other half of a double buffer (cp.async) while this one is used.
- * O goes through shared memory so that its global stores are whole rows.
+ * The next chunks' blocks stream in by bulk copies (the copy engine, completing on one mbarrier per stage) into
+ * a 2- or 3-stage ring while this one is used. O goes through shared memory so that its global stores are
+ * whole rows.
  */
 #include "common.cuh"
 #include "seq.cuh"
@@ -24,26 +25,35 @@ typedef __nv_bfloat16 bf16;
 #define REC_MAX_THREADS 256
 
 /* One stage: W, QΓ, K̃ (64×KD), Aqk (64×64), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes),
- * then U (64×BV); NST stages (3 where they fit, else 2), then the O staging rows (BV + 8 elements of OES
- * bytes). */
+ * then the U rows of this CTA's columns: the aligned groups of REC_UC(BV) 16-byte chunks that hold them (U is
+ * swizzled within groups of 8 chunks, so a group copies as is). NST stages (3 where they fit, else 2), then the
+ * O staging rows (BV + 8 elements of OES bytes), then one mbarrier per stage. */
 #define REC_LINEAR(KD) (3 * 64 * (KD) * 2 + 64 * 64 * 2 + (KD) * 4)
-#define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + 64 * (BV) * 2)
+#define REC_UC(BV) ((BV) >= 128 ? 16 : 8)
+#define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + 64 * REC_UC(BV) * 16)
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 64 * REC_O_STRIDE(BV) * (OES))
+#define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 64 * REC_O_STRIDE(BV) * (OES) + 8 * (NST))
 #define REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 */
+#define REC_PIECE 8192      /* bytes per bulk copy of the linear part */
 
+/* Warp 0 copies chunk `blk` into a stage: lane 0 arms the stage's barrier with the byte count, then the lanes
+ * issue the bulk copies (the linear part in REC_PIECE pieces, and the 64 U rows). */
 template <int KD>
-DEV void issue_chunk_copy(const kda_cuda_params_t &p, unsigned char *stage, const unsigned char *blk, int v0, int bv,
-                          int tid, int nthreads) {
+DEV void issue_chunk_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int v0, int bv, int lane) {
+    const int uc = REC_UC(bv), urow = uc * 16;
     const uint32_t dst = smem_u32(stage);
-    for (int e = tid; e < REC_LINEAR(KD) / 16; e += nthreads) cp_async16(dst + e * 16, blk + e * 16);
-    const unsigned char *u = blk + kda_cuda_off_u(KD);
-    const int chunks = bv / 8;
-    const uint32_t du = dst + REC_LINEAR(KD);
-    for (int e = tid; e < 64 * chunks; e += nthreads) {
-        const int r = e / chunks, c = e % chunks;
-        cp_async16(du + r * bv * 2 + swz(r, c, chunks) * 16, u + (r * KD + v0 + c * 8) * 2);
+    if (lane == 0) {
+        fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
+        mbar_expect_tx(bar, REC_LINEAR(KD) + 64 * urow);
     }
+    __syncwarp();
+    constexpr int pieces = (REC_LINEAR(KD) + REC_PIECE - 1) / REC_PIECE;
+    if (lane < pieces) {
+        const int off = lane * REC_PIECE, n = min(REC_PIECE, REC_LINEAR(KD) - off);
+        bulk_g2s(dst + off, blk + off, n, bar);
+    }
+    const unsigned char *u = blk + kda_cuda_off_u(KD) + (v0 / (uc * 8)) * urow;
+    for (int r = lane; r < 64; r += 32) bulk_g2s(dst + REC_LINEAR(KD) + r * urow, u + r * KD * 2, urow, bar);
 }
 
 template <int KD>
@@ -99,21 +109,23 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 
     const unsigned char *blocks = (const unsigned char *)p.blocks;
     const int nst = p.rec_stages; /* chunks in flight: nst - 1 ahead of the one in use */
-    for (int sidx = 0; sidx < nst - 1; sidx++) {
-        if (sidx < nchunks)
-            issue_chunk_copy<KD>(p, smem + sidx * stage_bytes, blocks + ((chunk0 + sidx) * p.hv + h) * p.block_bytes,
-                                 v0, bv, tid, nthreads);
-        cp_async_commit(); /* one group per chunk slot, empty past the end, so the wait count is fixed */
+    const uint32_t bars = smem_u32(sO + 64 * ostride * oes);
+    if (tid == 0) {
+        for (int sidx = 0; sidx < nst; sidx++) mbar_init(bars + 8 * sidx, 1);
+        mbar_init_fence();
     }
+    __syncthreads();
+    if (warp == 0)
+        for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
+            issue_chunk_copy<KD>(smem + sidx * stage_bytes, bars + 8 * sidx,
+                                 blocks + ((chunk0 + sidx) * p.hv + h) * p.block_bytes, v0, bv, lane);
     for (int64_t ci = 0; ci < nchunks; ci++) {
         const int64_t ahead = ci + nst - 1;
-        if (ahead < nchunks)
-            issue_chunk_copy<KD>(p, smem + (ahead % nst) * stage_bytes, blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes,
-                                 v0, bv, tid, nthreads);
-        cp_async_commit();
-        if (nst == 3) CP_ASYNC_WAIT(2);
-        else CP_ASYNC_WAIT(1);
-        __syncthreads();
+        if (warp == 0 && ahead < nchunks)
+            issue_chunk_copy<KD>(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst),
+                                 blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes, v0, bv, lane);
+        mbar_wait(bars + 8 * (ci % nst), (uint32_t)((ci / nst) & 1));
+        __syncthreads(); /* every thread is past the previous chunk's O stores, so sO may be rewritten */
         const unsigned char *st = smem + (ci % nst) * stage_bytes;
         const uint32_t sW = smem_u32(st), sQG = sW + 64 * KD * 2, sKT = sW + 2 * 64 * KD * 2,
                        sAqk = sW + 3 * 64 * KD * 2, sU = sW + REC_LINEAR(KD);
@@ -156,9 +168,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-            const int col = 16 * warp + ((lane >> 3) & 1) * 8;
+            const int col = (v0 % (REC_UC(bv) * 8)) + 16 * warp + ((lane >> 3) & 1) * 8;
             uint32_t u[4];
-            ldsm_x4_t(u, sU + row * bv * 2 + swz(row, col >> 3, bv / 8) * 16);
+            ldsm_x4_t(u, sU + row * REC_UC(bv) * 16 + swz(row, col >> 3, REC_UC(bv)) * 16);
             const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
             dacc[2 * np][0] = u0.x - dacc[2 * np][0];
             dacc[2 * np][1] = u0.y - dacc[2 * np][1];

@@ -63,7 +63,7 @@ def test_args_layout_matches_the_header():
     import tempfile
     fields = [name for name, _ in KdaArgs._fields_]
     src = "#include <stddef.h>\n#include <stdio.h>\n#include \"kda.h\"\nint main(void) {\n"
-    src += f'  printf("size %zu\\n", sizeof(kda_args_t));\n'
+    src += '  printf("size %zu\\n", sizeof(kda_args_t));\n'
     for f in fields:
         src += f'  printf("{f} %zu %zu\\n", offsetof(kda_args_t, {f}), sizeof(((kda_args_t *)0)->{f}));\n'
     src += "  return 0;\n}\n"
@@ -177,7 +177,7 @@ def test_concurrent_calls_from_threads():
         try:
             for _ in range(10):
                 fn = kda.chunk_kda if i % 2 == 0 else kda.fused_recurrent_kda
-                o, h = fn(**problems[i], output_final_state=True)
+                fn(**problems[i], output_final_state=True)
             results[i] = kda.chunk_kda(**problems[i], output_final_state=True)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
@@ -215,6 +215,7 @@ def test_errors_are_per_thread():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_calls_work_in_a_forked_child():
     """A forked child (e.g. a DataLoader worker) gets fresh contexts: the parent's CPU worker threads are gone."""
     import time

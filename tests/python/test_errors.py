@@ -217,6 +217,8 @@ def test_wrong_container_type(fn):
         fn(**dict(x, q=x["q"].tolist()))
     with pytest.raises(TypeError, match="'k'"):
         fn(**dict(x, k=x["k"].tolist()))
+    with pytest.raises(TypeError, match="'initial_state'"):
+        fn(**x, initial_state=np.zeros((B, HV, K, V), np.float32).tolist())
 
 
 def test_inplace_needs_writable_contiguous_pool():

@@ -81,8 +81,9 @@ def reference_of(x, cu, opts, dtype=None):
         return torch.from_numpy(a).to(dtype).to(torch.float64).numpy()
     return kda_reference(*(rounded(x[k]) for k in ("q", "k", "v", "g", "beta")),
                          initial_state=x.get("initial_state"), cu_seqlens=cu, output_final_state=True,
-                         use_qk_l2norm=opts["use_qk_l2norm_in_kernel"], use_beta_sigmoid=opts["use_beta_sigmoid_in_kernel"],
-                         state_v_first=opts["state_v_first"], **ref_gate(opts))
+                         use_qk_l2norm=opts["use_qk_l2norm_in_kernel"],
+                         use_beta_sigmoid=opts["use_beta_sigmoid_in_kernel"], state_v_first=opts["state_v_first"],
+                         **ref_gate(opts))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -147,6 +148,48 @@ def test_cpu_inplace_pool_and_out():
         assert torch.equal(pool[s], before[s])
 
 
+def test_cpu_pool_read_only():
+    rng = np.random.default_rng(12)
+    x = make_inputs(rng, 2, 3, 1, 1, 16, 16, state=True, slots=4)
+    pool_np = x.pop("initial_state")
+    pool = torch.from_numpy(pool_np.copy())
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    o, h = kda.fused_recurrent_kda(**to_torch(x), initial_state=pool, ssm_state_indices=idx)
+    assert h is None and torch.equal(pool, torch.from_numpy(pool_np))
+    o_np, _ = kda.fused_recurrent_kda(**x, initial_state=pool_np, ssm_state_indices=idx.numpy())
+    np.testing.assert_array_equal(o.numpy(), o_np)
+
+
+def test_ops_check_shapes_when_called_directly():
+    """The ops are public: called without the Python entry point, they still refuse memory they cannot read."""
+    import kda._torch  # noqa: F401
+    x = to_torch(make_inputs(np.random.default_rng(13), 1, 8, 1, 2, 16, 16))
+    flags = (0.25, False, False, False, False, False, False, 0.0, False)
+    args = [x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, None, None, None]
+    torch.ops.kda.chunk_kda_fwd(*args, *flags)
+    for i, name, bad in ((3, "g", x["g"][..., :8]), (4, "beta", x["beta"][:, :4]), (1, "k", x["k"].transpose(1, 2)),
+                         (7, "initial_state", torch.zeros(1, 2, 16, 8))):
+        wrong = list(args)
+        wrong[i] = bad
+        with pytest.raises(ValueError, match=f"'{name}'"):
+            torch.ops.kda.chunk_kda_fwd(*wrong, *flags)
+
+
+def test_mixed_containers():
+    x, cu, opts = case_inputs("varlen_gva")
+    xt = to_torch(x)
+    topts = gate_to(opts, "cpu")
+    ref = kda.chunk_kda(**xt, cu_seqlens=torch.tensor(cu), **topts)
+    # offsets as a numpy array or a list, and numpy gate parameters, are taken with torch inputs
+    for offsets in (np.asarray(cu, np.int32), list(cu)):
+        out = kda.chunk_kda(**xt, cu_seqlens=offsets, **opts)
+        assert torch.equal(ref[0], out[0]) and torch.equal(ref[1], out[1])
+    with pytest.raises(TypeError, match="'initial_state'"):
+        kda.chunk_kda(**dict(xt, initial_state=x["initial_state"]), cu_seqlens=torch.tensor(cu), **topts)
+    with pytest.raises(TypeError, match="'v'"):
+        kda.chunk_kda(**dict(xt, v=x["v"]), cu_seqlens=torch.tensor(cu), **topts)
+
+
 def test_non_contiguous_pool_refused():
     rng = np.random.default_rng(4)
     x = to_torch(make_inputs(rng, 2, 1, 1, 1, 16, 16))
@@ -163,7 +206,7 @@ def test_non_contiguous_pool_refused():
 @pytest.mark.parametrize("entry", ["chunk", "fused"])
 @pytest.mark.parametrize("which", ["q", "g", "initial_state"])
 def test_backward_raises(entry, which):
-    x, cu, opts = case_inputs("basic")
+    x, _, opts = case_inputs("basic")
     xt = to_torch(x)
     xt[which] = xt[which].clone().requires_grad_()
     o, h = ENTRIES[entry](**xt, **opts)
@@ -174,7 +217,7 @@ def test_backward_raises(entry, which):
 
 
 def test_no_grad_and_inference_mode():
-    x, cu, opts = case_inputs("basic")
+    x, _, opts = case_inputs("basic")
     xt = to_torch(x)
     xt["q"].requires_grad_()
     with torch.no_grad():
@@ -194,7 +237,8 @@ def test_opcheck():
     cu = torch.tensor([0, 7, 19])
     common = (x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
     flags = (False, False, False, False, False, 0.0, False)
-    torch.library.opcheck(torch.ops.kda.chunk_kda_fwd.default, common + (x["initial_state"], cu, None, 0.25, True) + flags)
+    torch.library.opcheck(torch.ops.kda.chunk_kda_fwd.default,
+                          common + (x["initial_state"], cu, None, 0.25, True) + flags)
     torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
                           common + (x["initial_state"], cu, None, None, 0.25, True) + flags)
     pool = torch.randn(4, 2, 16, 16)
@@ -365,7 +409,7 @@ def test_cuda_graph_capture_and_replay():
 
 @requires_gpu
 def test_cuda_runs_on_the_current_stream_without_host_sync():
-    x, cu, opts = case_inputs("basic", seed=11, K_V=(64, 64))
+    x, _, opts = case_inputs("basic", seed=11, K_V=(64, 64))
     xt = to_torch(x, "cuda", torch.bfloat16)
     cuda_call(kda.chunk_kda, **xt, **opts)  # warm-up: context, workspace sizes
     torch.cuda.synchronize()

@@ -1,0 +1,447 @@
+"""torch integration: the custom ops that run libkda on torch tensors.
+
+Imported only when a torch tensor reaches chunk_kda / fused_recurrent_kda (``import kda`` never imports torch).
+
+Ops (namespace ``kda``), each with a fake (meta) implementation so that torch.compile can trace them and CUDA
+graph capture can record them (libkda never synchronises with the host; workspace comes from torch's caching
+allocator on the current stream):
+
+* ``kda::chunk_kda_fwd``            functional: (o, final_state); autograd registered (backward raises).
+* ``kda::fused_recurrent_kda_fwd``  functional: (o, final_state); autograd registered (backward raises).
+* ``kda::fused_recurrent_kda_out``  mutates ``o`` and ``final_state`` (the preallocated output and, for vLLM's
+  in-place decode, the state pool); returns nothing.
+* ``kda::backward_not_implemented`` what the backward of the functional ops calls: it raises
+  KDANotSupportedError when it runs (its fake returns gradients' shapes, so that a compiled graph with a
+  backward still builds and the error comes when the backward actually runs). Gradients are never made up.
+
+A final state that was not requested is returned by the functional ops as an empty float32 tensor (custom ops
+cannot return None) and mapped to None by the Python entry points.
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
+from ._lib import BACKEND_CPU, BACKEND_CUDA, INT32, INT64, KdaArgs
+
+_FLOAT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_STATE = {torch.float32: 0, torch.bfloat16: 2}
+_INT = {torch.int32: INT32, torch.int64: INT64}
+
+if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # pragma: no cover
+    raise KDANotSupportedError(f"kda: torch {torch.__version__} is too old; torch >= 2.4 (torch.library.custom_op) "
+                               f"is required for torch tensors")
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # fast; the public spelling is the fallback
+except AttributeError:  # pragma: no cover
+    _raw_stream = None
+
+
+def _stream_of(index: int) -> int:
+    """The current torch stream of CUDA device `index`, as a cudaStream_t value."""
+    if _raw_stream is not None:
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+def _code(fn: str, name: str, t: Tensor, table=_FLOAT) -> int:
+    c = table.get(t.dtype)
+    if c is None:
+        kinds = "float32 or bfloat16" if table is _STATE else "float32, float16 or bfloat16"
+        raise KDANotSupportedError(f"{fn}: argument '{name}': dtype {t.dtype} is not supported; use {kinds}")
+    return c
+
+
+def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst) -> None:
+    """What libkda cannot check for itself: sizes, devices and layouts of the memory behind the pointers. The
+    Python entry points have checked all this already; the ops are public too, so they check again."""
+    def bad(name, what):
+        raise KDAInvalidValueError(f"{fn}: argument '{name}': {what}")
+
+    if q.dim() != 4:
+        bad("q", f"expected shape [B, T, H, K], got {list(q.shape)}")
+    B, T, H, K = q.shape
+    if v.dim() != 4 or v.shape[0] != B or v.shape[1] != T:
+        bad("v", f"expected shape [B, T, HV, V] with B, T = {B}, {T}, got {list(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    N = B if cu is None else cu.shape[0] - 1
+    shapes = [("k", k, (B, T, H, K)), ("g", g, (B, T, HV, K)), ("beta", beta, (B, T, HV)), ("o", o, (B, T, HV, V))]
+    for name, t, want in shapes:
+        if tuple(t.shape) != want:
+            bad(name, f"expected shape {list(want)}, got {list(t.shape)}")
+    tail = (HV, V, K) if vfirst else (HV, K, V)
+    slots = None
+    for name, t in (("initial_state", h0), ("final_state", ht)):
+        if t is None or (name == "final_state" and t.numel() == 0):  # an empty final_state: not requested
+            continue
+        if t.dim() != 4 or tuple(t.shape[1:]) != tail or (idx is None and t.shape[0] != N):
+            bad(name, f"expected shape {[N if idx is None else 'slots', *tail]}, got {list(t.shape)}")
+        if idx is not None:
+            if slots is not None and t.shape[0] != slots:
+                bad(name, f"{t.shape[0]} slots, but initial_state has {slots}")
+            slots = t.shape[0]
+    if idx is not None and (idx.dim() != 1 or idx.shape[0] != N or idx.dtype != torch.int32):
+        bad("ssm_state_indices", f"expected int32 [{N}], got {idx.dtype} {list(idx.shape)}")
+    if cu is not None and (cu.dim() != 1 or cu.dtype not in _INT or B != 1):
+        bad("cu_seqlens", f"expected int32/int64 [N + 1] with B = 1, got {cu.dtype} {list(cu.shape)}, B = {B}")
+    if cu_cpu is not None and (cu_cpu.device.type != "cpu" or cu_cpu.shape != cu.shape or cu_cpu.dtype != cu.dtype):
+        bad("cu_seqlens_cpu", "expected a host copy of cu_seqlens (same shape and dtype)")
+    if A_log is not None and (A_log.numel() != HV or A_log.dtype != torch.float32):
+        bad("A_log", f"expected float32 [{HV}], got {A_log.dtype} {list(A_log.shape)}")
+    if dt_bias is not None and (dt_bias.numel() != HV * K or dt_bias.dtype != torch.float32):
+        bad("dt_bias", f"expected float32 [{HV * K}], got {dt_bias.dtype} {list(dt_bias.shape)}")
+    dev = q.device
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o), ("initial_state", h0),
+                    ("final_state", ht), ("cu_seqlens", cu), ("ssm_state_indices", idx), ("A_log", A_log),
+                    ("dt_bias", dt_bias), ("q", q)):
+        if t is not None:
+            if t.device != dev:
+                bad(name, f"on {t.device}, but q is on {dev}")
+            if not t.is_contiguous():
+                bad(name, "must be contiguous")
+
+
+def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float,
+            l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool) -> None:
+    """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place)."""
+    _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst)
+    L = _lib.library()
+    a = KdaArgs.from_buffer_copy(L.template)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    a.batch, a.seq_len, a.num_qk_heads, a.num_v_heads, a.head_dim_k, a.head_dim_v = B, T, H, HV, K, V
+    a.dtype = _code(fn, "q", q)
+    a.q, a.k, a.v = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    a.g, a.g_dtype = g.data_ptr(), _code(fn, "g", g)
+    a.beta, a.beta_dtype = beta.data_ptr(), _code(fn, "beta", beta)
+    a.o, a.o_dtype = o.data_ptr(), _code(fn, "out", o)
+    if cu is not None:
+        a.cu_seqlens, a.cu_seqlens_dtype, a.num_seqs = cu.data_ptr(), _INT[cu.dtype], cu.shape[0] - 1
+    if h0 is not None:
+        a.initial_state, a.initial_state_dtype = h0.data_ptr(), _code(fn, "initial_state", h0, _STATE)
+    if ht is not None and ht.numel() > 0:
+        a.final_state, a.final_state_dtype = ht.data_ptr(), _code(fn, "final_state", ht, _STATE)
+    if idx is not None:
+        a.state_indices, a.num_state_slots = idx.data_ptr(), (h0 if h0 is not None else ht).shape[0]
+    a.state_v_first = int(vfirst)
+    a.scale = scale if scale != 0.0 else 1.0
+    a.use_qk_l2norm, a.use_gate_in_kernel, a.use_beta_sigmoid = int(l2), int(gate), int(bsig)
+    a.allow_neg_eigval, a.safe_gate, a.lower_bound = int(neg), int(safe), lower_bound
+    if A_log is not None:
+        a.A_log = A_log.data_ptr()
+    if dt_bias is not None:
+        a.dt_bias = dt_bias.data_ptr()
+
+    dev = q.device
+    if dev.type == "cuda":
+        if cu_cpu is not None:
+            a.cu_seqlens_host = cu_cpu.data_ptr()
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        ctx = _lib.get_context(BACKEND_CUDA, index)
+
+        def workspace(n):
+            t = torch.empty(n, dtype=torch.uint8, device=dev)
+            return t.data_ptr(), t
+
+        if torch.cuda.current_device() != index:
+            with torch.cuda.device(index):
+                _lib.run(ctx, a, decode, workspace, _stream_of(index))
+        else:
+            _lib.run(ctx, a, decode, workspace, _stream_of(index))
+    elif dev.type == "cpu":
+        _lib.run(_lib.get_context(BACKEND_CPU, 0), a, decode)
+    else:
+        raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
+    if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
+        o.zero_()
+
+
+def _state_shape(q: Tensor, v: Tensor, n: int, vfirst: bool):
+    K, HV, V = q.shape[3], v.shape[2], v.shape[3]
+    return (n, HV, V, K) if vfirst else (n, HV, K, V)
+
+
+def _num_seqs(q: Tensor, cu: Optional[Tensor]):
+    return q.shape[0] if cu is None else cu.shape[0] - 1
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The ops
+# ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=())
+def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], scale: float, output_final_state: bool,
+                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: float,
+                  state_v_first: bool) -> Tuple[Tensor, Tensor]:
+    """libkda's chunked forward (kda_forward). lower_bound 0.0 means unset. Returns (o, final_state or [])."""
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    n = _num_seqs(q, cu_seqlens) if output_final_state else 0
+    ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
+                     device=q.device)
+    _launch("chunk_kda", False, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens, cu_seqlens_cpu,
+            None, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+            allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+    return o, ht
+
+
+@chunk_kda_fwd.register_fake
+def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
+                        output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                        allow_neg_eigval, safe_gate, lower_bound, state_v_first):
+    o = q.new_empty(v.shape)
+    if output_final_state:
+        ht = q.new_empty(_state_shape(q, v, _num_seqs(q, cu_seqlens), state_v_first), dtype=torch.float32)
+    else:
+        ht = q.new_empty((0,), dtype=torch.float32)
+    return o, ht
+
+
+@torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=())
+def fused_recurrent_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                            cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], scale: float,
+                            output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+                            lower_bound: float, state_v_first: bool) -> Tuple[Tensor, Tensor]:
+    """libkda's recurrent decode (kda_decode) into new tensors. Returns (o, final_state or [])."""
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    n = _num_seqs(q, cu_seqlens) if output_final_state else 0
+    ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
+                     device=q.device)
+    _launch("fused_recurrent_kda", True, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens,
+            cu_seqlens_cpu, ssm_state_indices, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+    return o, ht
+
+
+@fused_recurrent_kda_fwd.register_fake
+def _fused_recurrent_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
+                                  ssm_state_indices, scale, output_final_state, use_qk_l2norm_in_kernel,
+                                  use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+                                  lower_bound, state_v_first):
+    o = v.new_empty(v.shape)
+    if output_final_state:
+        ht = q.new_empty(_state_shape(q, v, _num_seqs(q, cu_seqlens), state_v_first), dtype=torch.float32)
+    else:
+        ht = q.new_empty((0,), dtype=torch.float32)
+    return o, ht
+
+
+@torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"))
+def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                            cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], o: Tensor,
+                            final_state: Optional[Tensor], state_in_place: bool, scale: float,
+                            use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                            allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool) -> None:
+    """libkda's recurrent decode into given tensors: o, and final_state when given. With state_in_place,
+    final_state is also the initial state (initial_state is then None): vLLM's in-place pool update."""
+    h0 = final_state if state_in_place else initial_state
+    _launch("fused_recurrent_kda", True, q, k, v, g, beta, A_log, dt_bias, h0, final_state, cu_seqlens,
+            cu_seqlens_cpu, ssm_state_indices, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+
+
+@fused_recurrent_kda_out.register_fake
+def _fused_recurrent_kda_out_fake(*args):
+    return None
+
+
+@torch.library.custom_op("kda::backward_not_implemented", mutates_args=())
+def backward_not_implemented(op: str, grad_outputs: List[Tensor], like: List[Tensor]) -> List[Tensor]:
+    """Raises: the backward of `op` is not implemented. Its fake returns tensors shaped like `like`; it takes the
+    incoming gradients so that a compiled graph cannot move it ahead of the backward pass."""
+    raise KDANotSupportedError(
+        f"kda.{op}: backward is not implemented yet (libkda has the forward pass only); run the forward under "
+        f"torch.no_grad() / torch.inference_mode(), or use FLA for training")
+
+
+@backward_not_implemented.register_fake
+def _backward_not_implemented_fake(op, grad_outputs, like):
+    return [torch.empty_like(t) for t in like]
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])  # q, k, v, g, beta: only their shapes are used
+
+
+def _make_backward(op: str, n_inputs: int):
+    def backward(ctx, do, dht):
+        q, k, v, g, beta = ctx.saved_tensors
+        grads = torch.ops.kda.backward_not_implemented(op, [t for t in (do, dht) if t is not None],
+                                                       [q, k, v, g, beta])
+        return tuple(grads) + (None,) * (n_inputs - 5)
+    return backward
+
+
+chunk_kda_fwd.register_autograd(_make_backward("chunk_kda", 19), setup_context=_setup_context)
+fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 20), setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Python entry points' torch halves (arguments already checked by kda._api)
+# ---------------------------------------------------------------------------------------------------------
+def _tensor(fn: str, name: str, x, like: Tensor) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise KDATypeError(f"{fn}: argument '{name}': expected a torch.Tensor like q, got {type(x).__name__}")
+    if x.device != like.device:
+        raise KDAInvalidValueError(f"{fn}: argument '{name}': on {x.device}, but q is on {like.device}")
+    return x.contiguous()
+
+
+def _same_dtype(fn: str, name: str, x: Tensor, q: Tensor) -> Tensor:
+    x = _tensor(fn, name, x, q)
+    if x.dtype != q.dtype:
+        raise KDANotSupportedError(f"{fn}: argument '{name}': dtype {x.dtype} differs from q's {q.dtype}; q, k and "
+                                   f"v must share one dtype")
+    return x
+
+
+def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
+    if x is None:
+        return None
+    if not isinstance(x, Tensor):
+        x = torch.as_tensor(x, dtype=torch.float32)
+        x = x.to(q.device)
+    elif x.device != q.device:
+        raise KDAInvalidValueError(f"{fn}: argument '{name}': on {x.device}, but q is on {q.device}")
+    return x.to(torch.float32).contiguous().view(-1)
+
+
+def _offsets(fn: str, cu, q: Tensor):
+    """cu_seqlens as an int32/int64 tensor on q's device, plus a host copy when one is at hand."""
+    host = None
+    if not isinstance(cu, Tensor):
+        import numpy as np
+        host = torch.from_numpy(np.ascontiguousarray(np.asarray(cu)))
+        if host.dtype not in _INT:
+            host = host.to(torch.int64)
+        cu = host.to(q.device)
+    elif cu.device != q.device:
+        if cu.device.type == "cpu" and q.device.type == "cuda":
+            raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': on the CPU while q is on {q.device}; pass it "
+                                       f"on {q.device} (and the host copy as cu_seqlens_cpu)")
+        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': on {cu.device}, but q is on {q.device}")
+    if cu.dtype not in _INT:
+        if cu.is_floating_point() or cu.is_complex() or cu.dtype == torch.bool:
+            raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': expected int32 or int64 offsets, got "
+                                       f"{cu.dtype}")
+        cu = cu.to(torch.int64)
+    return cu.contiguous(), host
+
+
+def _host_offsets(fn: str, cu_cpu, cu: Tensor, host) -> Optional[Tensor]:
+    if cu.device.type != "cuda":
+        return None  # on the CPU, cu_seqlens itself is read
+    if cu_cpu is None:
+        return host
+    if not isinstance(cu_cpu, Tensor):
+        import numpy as np
+        cu_cpu = torch.from_numpy(np.ascontiguousarray(np.asarray(cu_cpu)))
+    if cu_cpu.device.type != "cpu":
+        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens_cpu': must be in host memory, got {cu_cpu.device}")
+    if cu_cpu.shape != cu.shape:
+        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens_cpu': shape {list(cu_cpu.shape)} differs from "
+                                   f"cu_seqlens' {list(cu.shape)}")
+    return cu_cpu.to(cu.dtype).contiguous()
+
+
+def _indices(fn: str, idx, q: Tensor) -> Tensor:
+    if not isinstance(idx, Tensor):
+        import numpy as np
+        idx = torch.from_numpy(np.ascontiguousarray(np.asarray(idx))).to(q.device)
+    elif idx.device != q.device:
+        raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': on {idx.device}, but q is on {q.device}")
+    if idx.dtype != torch.int32:
+        if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected integer slots, got "
+                                       f"{idx.dtype}")
+        idx = idx.to(torch.int32)
+    return idx.contiguous()
+
+
+def _inputs(fn: str, q, k, v, g, beta):
+    q = q.contiguous()
+    _code(fn, "q", q)
+    k = _same_dtype(fn, "k", k, q)
+    v = _same_dtype(fn, "v", v, q)
+    g = _tensor(fn, "g", g, q)
+    _code(fn, "g", g)
+    beta = _tensor(fn, "beta", beta, q)
+    _code(fn, "beta", beta)
+    return q, k, v, g, beta
+
+
+def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig, neg,
+              safe, lower_bound, vfirst, N):
+    q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
+    A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
+    if h0 is not None:
+        h0 = _tensor(fn, "initial_state", h0, q)
+    host = None
+    if cu is not None:
+        cu, host = _offsets(fn, cu, q)
+        cu_cpu = _host_offsets(fn, cu_cpu, cu, host)
+    else:
+        cu_cpu = None
+    o, ht = torch.ops.kda.chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state,
+                                        l2, gate, bsig, neg, safe, 0.0 if lower_bound is None else lower_bound, vfirst)
+    return o, (ht if output_final_state else None)
+
+
+def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, out, ht_mode, scale, l2, gate,
+                        bsig, neg, safe, lower_bound, vfirst, N):
+    q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
+    A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
+    host = None
+    if cu is not None:
+        cu, host = _offsets(fn, cu, q)
+        cu_cpu = _host_offsets(fn, cu_cpu, cu, host)
+    else:
+        cu_cpu = None
+    if idx is not None:
+        idx = _indices(fn, idx, q)
+    lb = 0.0 if lower_bound is None else lower_bound
+    if h0 is not None:
+        if not isinstance(h0, Tensor):
+            raise KDATypeError(f"{fn}: argument 'initial_state': expected a torch.Tensor like q, got "
+                               f"{type(h0).__name__}")
+        if h0.device != q.device:
+            raise KDAInvalidValueError(f"{fn}: argument 'initial_state': on {h0.device}, but q is on {q.device}")
+        if ht_mode != 2:
+            h0 = h0.contiguous()
+        elif not h0.is_contiguous():
+            raise KDANotSupportedError(f"{fn}: argument 'initial_state': the state pool is updated in place, so it "
+                                       f"must be contiguous (a pool whose slots are strided apart is not "
+                                       f"implemented), got strides {tuple(h0.stride())}")
+    if out is None and ht_mode != 2:
+        o, ht = torch.ops.kda.fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale,
+                                                      ht_mode == 1, l2, gate, bsig, neg, safe, lb, vfirst)
+        return o, (ht if ht_mode == 1 else None)
+    if out is None:
+        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    else:
+        if not isinstance(out, Tensor) or out.device != q.device:
+            raise KDAInvalidValueError(f"{fn}: argument 'out': expected a torch.Tensor on {q.device}")
+        if not out.is_contiguous():
+            raise KDAInvalidValueError(f"{fn}: argument 'out': must be contiguous (it is written in place)")
+        _code(fn, "out", out)
+        o = out
+    if ht_mode == 2:
+        ht = h0
+        torch.ops.kda.fused_recurrent_kda_out(q, k, v, g, beta, A_log, dt_bias, None, cu, cu_cpu, idx, o, ht, True,
+                                              scale, l2, gate, bsig, neg, safe, lb, vfirst)
+    else:
+        ht = None
+        if ht_mode == 1:
+            ht = torch.empty(_state_shape(q, v, N, vfirst), dtype=torch.float32, device=q.device)
+        torch.ops.kda.fused_recurrent_kda_out(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, o, ht, False,
+                                              scale, l2, gate, bsig, neg, safe, lb, vfirst)
+    return o, ht
+
