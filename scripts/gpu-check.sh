@@ -5,6 +5,7 @@
 #   bench  ours vs FLA (bench/bench_fla.py; the FLA wheels travel in .whl/, carried)
 #   prof   stage timings (KDA_DEV_SKIP) and an ncu profile of two shapes
 #   quick  tests only, plus CLI timings of the benchmark shapes
+#   final  stage timings, an ncu stall profile of the recurrence, ours vs FLA
 # Logs and results go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-out}
@@ -37,18 +38,19 @@ fi
 demo() { ./build-gpu/kda demo --backend cuda --no-check --state-v-first --json "$@" | tail -1 |
          python3 -c "import json,sys; print('%.3f' % json.loads(sys.stdin.read())['ms'])"; }
 
-if [ "$MODE" = full ] || [ "$MODE" = prof ] || [ "$MODE" = check ]; then
+if [ "$MODE" = full ] || [ "$MODE" = prof ] || [ "$MODE" = check ] || [ "$MODE" = final ]; then
   echo "stage timings, ms (CLI, median of 10): all | -A/Aqk | -T_II | -W,U | recurrence only | prep only"
-  for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do
+  for shape in "--B 2 --T 8192 --hqk 64 --hv 64" ${STAGE_SHAPES:-}; do
     line="$shape:"
     for m in 0 1 2 4 8 16; do line="$line $(KDA_DEV_SKIP=$m demo --iters 10 $shape)"; done
     echo "  $line"
   done
 fi
 
-if [ "$MODE" = prof ]; then
-  M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
-  for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do
+if [ "$MODE" = prof ] || [ "$MODE" = final ]; then
+  M=gpu__time_duration.sum,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_mio_throttle.ratio,smsp__average_warp_latency_issue_stalled_not_selected.ratio,smsp__average_warp_latency_issue_stalled_selected.ratio,smsp__average_warp_latency_issue_stalled_dispatch_stall.ratio,smsp__average_warp_latency_issue_stalled_lg_throttle.ratio,smsp__average_warp_latency_issue_stalled_tex_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,smsp__average_warp_latency_issue_stalled_branch_resolving.ratio,smsp__average_warp_latency_issue_stalled_no_instruction.ratio,smsp__average_warp_latency_issue_stalled_drain.ratio,smsp__average_warp_latency_issue_stalled_imc_miss.ratio,smsp__average_warp_latency_issue_stalled_misc.ratio
+  M_OLD=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  for shape in "--B 1 --T 32768 --hqk 32 --hv 32"; do
     ncu --clock-control none --launch-skip 2 --launch-count 2 --metrics $M --csv \
       ./build-gpu/kda demo --backend cuda --no-check --iters 1 $shape >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
     echo "ncu $shape"
@@ -68,11 +70,13 @@ for r in rows:
     out.setdefault(k, {})[short.get(r[mi], r[mi])] = v
 for k, d in out.items():
     print("  %-24s " % k + " ".join("%s %.1f" % (m, d[m]) for m in ["us", "dram%", "sm%", "occ%", "tc%"] if m in d))
+    st = sorted(((v, m.replace("smsp__average_warp_latency_issue_stalled_", "").replace(".ratio", "")) for m, v in d.items() if "stalled" in m), reverse=True)
+    print("    stalls (cycles per issued instruction): " + ", ".join("%s %.2f" % (n, v) for v, n in st[:7]))
 PY
   done
 fi
 
-if [ -d .whl ] && { [ "$MODE" = full ] || [ "$MODE" = bench ]; }; then
+if [ -d .whl ] && { [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; }; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
     python3 bench/bench_fla.py --out "$OUT" ${BENCH_ARGS:-} >"$OUT/bench_fla.log" 2>&1
