@@ -27,12 +27,13 @@ typedef __nv_bfloat16 bf16;
 /* One stage: W, QΓ, K̃ (64×KD), Aqk (64×64), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes),
  * then the U rows of this CTA's columns: the aligned groups of REC_UC(BV) 16-byte chunks that hold them (U is
  * swizzled within groups of 8 chunks, so a group copies as is). NST stages (3 where they fit, else 2), then the
- * O staging rows (BV + 8 elements of OES bytes), then one mbarrier per stage. */
+ * O staging rows (two buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per
+ * stage. */
 #define REC_LINEAR(KD) (3 * 64 * (KD) * 2 + 64 * 64 * 2 + (KD) * 4)
 #define REC_UC(BV) ((BV) >= 128 ? 16 : 8)
 #define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + 64 * REC_UC(BV) * 16)
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 64 * REC_O_STRIDE(BV) * (OES) + 8 * (NST))
+#define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 2 * 64 * REC_O_STRIDE(BV) * (OES) + 8 * (NST))
 #define REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 */
 #define REC_PIECE 8192      /* bytes per bulk copy of the linear part */
 
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
     const int stage_bytes = REC_STAGE_BYTES(KD, bv);
-    unsigned char *sO = smem + p.rec_stages * stage_bytes;
+    unsigned char *sO0 = smem + p.rec_stages * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
     const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
 
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 
     const unsigned char *blocks = (const unsigned char *)p.blocks;
     const int nst = p.rec_stages; /* chunks in flight: nst - 1 ahead of the one in use */
-    const uint32_t bars = smem_u32(sO + 64 * ostride * oes);
+    const uint32_t bars = smem_u32(sO0 + 2 * 64 * ostride * oes);
     if (tid == 0) {
         for (int sidx = 0; sidx < nst; sidx++) mbar_init(bars + 8 * sidx, 1);
         mbar_init_fence();
@@ -125,7 +126,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             issue_chunk_copy<KD>(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst),
                                  blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes, v0, bv, lane);
         mbar_wait(bars + 8 * (ci % nst), (uint32_t)((ci / nst) & 1));
-        __syncthreads(); /* every thread is past the previous chunk's O stores, so sO may be rewritten */
+        /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
+           closing barrier, which it must have to get here */
+        unsigned char *sO = sO0 + (ci & 1) * 64 * ostride * oes;
         const unsigned char *st = smem + (ci % nst) * stage_bytes;
         const uint32_t sW = smem_u32(st), sQG = sW + 64 * KD * 2, sKT = sW + 2 * 64 * KD * 2,
                        sAqk = sW + 3 * 64 * KD * 2, sU = sW + REC_LINEAR(KD);
@@ -147,11 +150,12 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
+        /* k-tiles outermost: the 16 mma of one k-tile are independent, so no mma waits on the one before */
 #pragma unroll
-        for (int np = 0; np < 4; np++) {
-            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+        for (int kt = 0; kt < NKT; kt++) {
 #pragma unroll
-            for (int kt = 0; kt < NKT; kt++) {
+            for (int np = 0; np < 4; np++) {
+                const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
                 const int col = kt * 16 + ((lane >> 3) & 1) * 8;
                 const int off = row * KD * 2 + swz(row, col >> 3, KD / 8) * 16;
                 uint32_t b[4];
@@ -193,11 +197,11 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 
         /* Oᵀ += Δᵀ Aqkᵀ: token tiles of Aqk rows i (n) against tokens j (k) ≤ i */
 #pragma unroll
-        for (int np = 0; np < 4; np++) {
-            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+        for (int kt = 0; kt < 4; kt++) {
 #pragma unroll
-            for (int kt = 0; kt < 4; kt++) {
-                if (kt > np) break;
+            for (int np = 0; np < 4; np++) {
+                if (np < kt) continue;
+                const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
                 const int col = kt * 16 + ((lane >> 3) & 1) * 8;
                 uint32_t b[4];
                 ldsm_x4(b, sAqk + row * 128 + swz(row, col >> 3, 8) * 16);
@@ -224,9 +228,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             s[nt][3] *= gg.y;
         }
 #pragma unroll
-        for (int pp = 0; pp < KD / 16; pp++) {
+        for (int kt = 0; kt < 4; kt++) {
 #pragma unroll
-            for (int kt = 0; kt < 4; kt++) {
+            for (int pp = 0; pp < KD / 16; pp++) {
                 const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
                 uint32_t b[4];
                 ldsm_x4_t(b, sKT + row * KD * 2 + swz(row, col >> 3, KD / 8) * 16);
