@@ -28,6 +28,7 @@
 #include "fmath.h"
 #include "gemm.h"
 #include "threadpool.h"
+#include "token.h"
 
 /* ---------------------------------------------------------------------------------------------------------
  * Scratch of one thread
@@ -85,35 +86,6 @@ static size_t per_thread_bytes(const kda_problem_t *p) {
 /* ---------------------------------------------------------------------------------------------------------
  * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE void l2normalise(float *x, int n) {
-    float ss = 0.0f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const float r = 1.0f / sqrtf(ss + (float)KDA_L2NORM_EPS);
-    for (int i = 0; i < n; i++) x[i] *= r;
-}
-
-/* The log decay of one token from its g row (in place). */
-KDA_INLINE void gate_row(const kda_problem_t *p, int h, float *g) {
-    const kda_args_t *a = &p->a;
-    if (!a->use_gate_in_kernel) return;
-    const int K = a->head_dim_k;
-    const float A = a->A_log ? expf(a->A_log[h]) : 1.0f;
-    const float *bias = a->dt_bias ? a->dt_bias + (int64_t)h * K : NULL;
-    if (p->has_lower_bound) {
-        const float lb = a->lower_bound;
-        for (int i = 0; i < K; i++) g[i] = lb * kda_sigmoidf(A * (g[i] + (bias ? bias[i] : 0.0f)));
-    } else {
-        for (int i = 0; i < K; i++) g[i] = -A * kda_softplusf(g[i] + (bias ? bias[i] : 0.0f));
-    }
-}
-
-KDA_INLINE float beta_value(const kda_problem_t *p, int64_t t, int h) {
-    const kda_args_t *a = &p->a;
-    float b = kda_load_f32(a->beta, a->beta_dtype, t * a->num_v_heads + h);
-    if (a->use_beta_sigmoid) b = (a->allow_neg_eigval ? 2.0f : 1.0f) * kda_sigmoidf(b);
-    return b;
-}
-
 KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
@@ -124,11 +96,11 @@ KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
         if (a->use_qk_l2norm) {
-            l2normalise(q, K);
-            l2normalise(k, K);
+            kda_cpu_l2normalise(q, K);
+            kda_cpu_l2normalise(k, K);
         }
         kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
-        gate_row(p, h, G);
+        kda_cpu_gate_row(p, h, G);
         for (int d = 0; d < K; d++) { /* NaN and -inf become KDA_GATE_MIN */
             const float x = G[d] > KDA_GATE_MIN ? G[d] : KDA_GATE_MIN;
             G[d] = x < 0.0f ? x : 0.0f;
@@ -136,7 +108,7 @@ KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int
         if (i > 0)
             for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
         kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
-        s->beta[i] = beta_value(p, t, h);
+        s->beta[i] = kda_cpu_beta(p, t, h);
     }
 }
 

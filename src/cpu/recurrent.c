@@ -14,6 +14,7 @@
 #include "fmath.h"
 #include "gemm.h"
 #include "threadpool.h"
+#include "token.h"
 
 /* Scratch per thread: S (K*V), and q, k, gate, v, δ of up to 256 each. */
 static size_t per_thread_bytes(const kda_problem_t *p) {
@@ -29,35 +30,19 @@ static void recurrent_head(const kda_problem_t *p, int64_t n, int h, float *S) {
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
-    const float A = a->A_log ? expf(a->A_log[h]) : 1.0f;
-    const float *bias = a->dt_bias ? a->dt_bias + (int64_t)h * K : NULL;
 
     kda_cpu_load_state(p, slot, h, S);
     for (int64_t t = bos; t < eos; t++) {
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
         if (a->use_qk_l2norm) {
-            float sq = 0.0f, sk = 0.0f;
-            for (int i = 0; i < K; i++) {
-                sq += q[i] * q[i];
-                sk += k[i] * k[i];
-            }
-            const float rq = 1.0f / sqrtf(sq + (float)KDA_L2NORM_EPS), rk = 1.0f / sqrtf(sk + (float)KDA_L2NORM_EPS);
-            for (int i = 0; i < K; i++) {
-                q[i] *= rq;
-                k[i] *= rk;
-            }
+            kda_cpu_l2normalise(q, K);
+            kda_cpu_l2normalise(k, K);
         }
         kda_load_row(gate, a->g, a->g_dtype, (t * HV + h) * K, K);
-        if (a->use_gate_in_kernel) {
-            for (int i = 0; i < K; i++) {
-                const float x = gate[i] + (bias ? bias[i] : 0.0f);
-                gate[i] = p->has_lower_bound ? a->lower_bound * kda_sigmoidf(A * x) : -A * kda_softplusf(x);
-            }
-        }
+        kda_cpu_gate_row(p, h, gate);
         kda_load_row(v, a->v, a->dtype, (t * HV + h) * V, V);
-        float beta = kda_load_f32(a->beta, a->beta_dtype, t * HV + h);
-        if (a->use_beta_sigmoid) beta = (a->allow_neg_eigval ? 2.0f : 1.0f) * kda_sigmoidf(beta);
+        const float beta = kda_cpu_beta(p, t, h);
 
         /* decay, and Sᵀk on the decayed state, in one pass over S */
         for (int j = 0; j < V; j++) d[j] = 0.0f;

@@ -1,0 +1,49 @@
+/*
+ * Per-token inputs of the CPU paths (chunked and recurrent), in float: l2norm of q and k, the in-kernel gate and
+ * β, as docs/ALGORITHM.md §2 defines them. Always inlined, so each target clone of a caller gets its own copy.
+ */
+#ifndef KDA_CPU_TOKEN_H
+#define KDA_CPU_TOKEN_H
+
+#include <math.h>
+
+#include "../internal.h"
+#include "dtype.h"
+#include "fmath.h"
+
+#ifndef KDA_INLINE
+#define KDA_INLINE static inline __attribute__((always_inline))
+#endif
+
+/* x ← x / sqrt(Σ x² + eps) */
+KDA_INLINE void kda_cpu_l2normalise(float *x, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss + (float)KDA_L2NORM_EPS);
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+/* The log decay of one token of value head h from its g row (in place); unchanged without the in-kernel gate. */
+KDA_INLINE void kda_cpu_gate_row(const kda_problem_t *p, int h, float *g) {
+    const kda_args_t *a = &p->a;
+    if (!a->use_gate_in_kernel) return;
+    const int K = a->head_dim_k;
+    const float A = a->A_log ? expf(a->A_log[h]) : 1.0f;
+    const float *bias = a->dt_bias ? a->dt_bias + (int64_t)h * K : NULL;
+    if (p->has_lower_bound) {
+        const float lb = a->lower_bound;
+        for (int i = 0; i < K; i++) g[i] = lb * kda_sigmoidf(A * (g[i] + (bias ? bias[i] : 0.0f)));
+    } else {
+        for (int i = 0; i < K; i++) g[i] = -A * kda_softplusf(g[i] + (bias ? bias[i] : 0.0f));
+    }
+}
+
+/* β of token t (a row of the flattened tensors), value head h. */
+KDA_INLINE float kda_cpu_beta(const kda_problem_t *p, int64_t t, int h) {
+    const kda_args_t *a = &p->a;
+    float b = kda_load_f32(a->beta, a->beta_dtype, t * a->num_v_heads + h);
+    if (a->use_beta_sigmoid) b = (a->allow_neg_eigval ? 2.0f : 1.0f) * kda_sigmoidf(b);
+    return b;
+}
+
+#endif /* KDA_CPU_TOKEN_H */
