@@ -66,7 +66,9 @@ typedef struct kda_cuda_params {
     int rec_stages;              /* chunks buffered in shared memory: 2 or 3 (kda_cuda_recurrence_smem) */
 
     /* development only (KDA_DEV_SKIP, for timing stages; results are wrong when set):
-       bit 0 prep step 2, bit 1 prep step 4, bit 2 prep step 5, bit 3 prep kernel, bit 4 recurrence kernel */
+       bit 0 prep step 2, bit 1 prep step 4, bit 2 prep step 5, bit 3 prep kernel, bit 4 recurrence kernel;
+       prep: bit 5 gate sums, bit 6 normalisation, bit 7 step 3, bit 8 W/U copy-out, bit 9 input copies;
+       recurrence: bit 10 copies after the first stages, bit 11 the math */
     int dev_skip;
 } kda_cuda_params_t;
 

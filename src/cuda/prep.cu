@@ -1,7 +1,7 @@
 /*
  * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
  *
- * One CTA of 4 warps per (chunk of 64 tokens, value head); chunks of all sequences run in parallel. In the
+ * One CTA of 8 warps per (chunk of 64 tokens, value head); chunks of all sequences run in parallel. In the
  * notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so every exp is one
  * ex2), it writes the chunk's workspace block (kda_cuda.h):
  *
@@ -12,7 +12,8 @@
  *      (R = G at the first row of the row block off the diagonal, at the middle row on it); a diagonal block
  *      whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d). Aqk → workspace.
  *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G} → workspace; KΓ = k e^{G} → shared; γ = e^{G_last} → workspace.
- *   4. the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, in fp32 by forward substitution (one warp each).
+ *   4. the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, in fp32 by forward substitution (one warp each),
+ *      written over A's diagonal blocks.
  *   5. [W | U] = T Diag(β) [KΓ | V] without forming T: block forward substitution over the 4 row blocks,
  *      Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M, X_I = T_II Y_I, on the tensor cores → workspace.
  * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
@@ -20,16 +21,16 @@
  *
  * Shared memory (KD = head size, stride KD + 8 elements so that fragment reads are conflict-free):
  *   R_G  fp32 [64][KD+8]   G; later the W and U tiles being built (bf16, swizzled)
- *   R_K  bf16 [64][KD+8]   k; later the T_II blocks (fp32 4 KB) and each warp's Y scratch
+ *   R_K  bf16 [64][KD+8]   k; later each warp's Y scratch
  *   R_Q  bf16 [64][KD+8]   q; later KΓ
  *   R_V  bf16 [64][KD+8]   v
- *   R_A  fp32 [64][68]     the raw 16-bit gate tile [64][KD], then A
- *   β    fp32 [64], and 64 floats of scratch for the cumulative sum
+ *   R_A  fp32 [64][68]     the raw 16-bit gate tile [64][KD], then A (its diagonal blocks later T_II)
+ *   β    fp32 [64], and 512 floats for the partial sums of the gate
  */
 #include "common.cuh"
 #include "seq.cuh"
 
-#define PREP_THREADS 128
+#define PREP_THREADS 256
 #define SA 68  /* fp32 stride of A and T */
 
 typedef __nv_bfloat16 bf16;
@@ -42,7 +43,7 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_A(KD) (PREP_OFF_V(KD) + 64 * PREP_S(KD) * 2)
 #define PREP_OFF_BETA(KD) (PREP_OFF_A(KD) + 64 * SA * 4)
 #define PREP_OFF_TOT(KD) (PREP_OFF_BETA(KD) + 64 * 4)
-#define PREP_OFF_BAR(KD) (PREP_OFF_TOT(KD) + 64 * 4)
+#define PREP_OFF_BAR(KD) (PREP_OFF_TOT(KD) + 512 * 4)
 #define PREP_BYTES(KD) (PREP_OFF_BAR(KD) + 8)
 
 DEV float gate_value(const kda_cuda_params_t &p, float x, float A, float bias) {
@@ -129,6 +130,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     bf16 *sV = (bf16 *)(smem + PREP_OFF_V(KD));
     float *sA = (float *)(smem + PREP_OFF_A(KD));
     float *sBeta = (float *)(smem + PREP_OFF_BETA(KD));
+    float *sTot = (float *)(smem + PREP_OFF_TOT(KD));
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int64_t cid = blockIdx.x / p.hv;
@@ -146,7 +148,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     /* ---- 1a. q, k, v (16-bit: into their tiles) and the gate (16-bit: raw into R_A) by bulk copies, one
      *         row each, completing on one mbarrier; rows past the chunk's end are zero-filled ------------ */
     const int row_chunks = KD / 8;
-    const int n_qkv = p.dtype != KDA_DT_F32 ? 3 : 0, n_tiles = n_qkv + (p.g_dtype != KDA_DT_F32 ? 1 : 0);
+    const int n_qkv = p.dtype != KDA_DT_F32 ? 3 : 0;
+    const int n_tiles = (p.dev_skip & 512) ? 0 : n_qkv + (p.g_dtype != KDA_DT_F32 ? 1 : 0);
     const uint32_t bar = smem_u32(smem + PREP_OFF_BAR(KD));
     if (tid == 0) {
         mbar_init(bar, 1);
@@ -175,171 +178,205 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         sBeta[tid] = b;
     }
 
-    /* ---- 1c. the gate, summed down each channel (log2 units); fp32 gates straight from global memory ---- */
-    constexpr int PARTS = PREP_THREADS / KD; /* threads per channel: 1 (KD 128) or 2 (KD 64) */
-    constexpr int ROWS = 64 / PARTS;
-    const int gd = tid % KD, gpart = tid / KD;
-    float grun = 0.0f;
+    /* ---- 1c. the gate (log2 units), summed down each channel in two levels: each thread takes a pair of
+     *         channels over GROWS rows (all its loads and gate values independent, the running sum a chain of
+     *         adds), its part's total goes to shared memory, and after the next barrier every thread adds the
+     *         totals of the parts above it. fp32 gates come straight from global memory. ------------------ */
+    constexpr int PAIRS = KD / 2;
+    constexpr int GPARTS = PREP_THREADS / PAIRS; /* 4 (KD 128) or 8 (KD 64) */
+    constexpr int GROWS = 64 / GPARTS;
+    const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
+    float gx[GROWS], gy[GROWS];
     {
         const float A = p.A_log ? __expf(p.A_log[h]) : 1.0f;
-        const float bias = (p.gate_in_kernel && p.dt_bias) ? p.dt_bias[h * KD + gd] : 0.0f;
+        const float2 bias = (p.gate_in_kernel && p.dt_bias) ? *(const float2 *)&p.dt_bias[h * KD + gd]
+                                                            : make_float2(0.0f, 0.0f);
         if (p.g_dtype == KDA_DT_F32) {
             const float *gp = (const float *)p.g + (t0 * p.hv + h) * KD + gd;
             const int64_t rs = (int64_t)p.hv * KD;
-            for (int r0 = gpart * ROWS; r0 < (gpart + 1) * ROWS; r0 += 16) {
-                float vals[16];
 #pragma unroll
-                for (int u = 0; u < 16; u++) vals[u] = r0 + u < clen ? gp[(r0 + u) * rs] : 0.0f;
-#pragma unroll
-                for (int u = 0; u < 16; u++) {
-                    if (r0 + u < clen) grun += gate_value(p, vals[u], A, bias) * LOG2E;
-                    sG[(r0 + u) * S + gd] = grun;
-                }
+            for (int u = 0; u < GROWS; u++) {
+                const float2 v = gr0 + u < clen ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.0f, 0.0f);
+                gx[u] = v.x;
+                gy[u] = v.y;
             }
         }
         mbar_wait(bar, 0);
-        __syncthreads();
         if (p.g_dtype != KDA_DT_F32) {
-            const uint16_t *graw = (const uint16_t *)sA + gd;
-            for (int r = gpart * ROWS; r < (gpart + 1) * ROWS; r++) {
-                if (r < clen) {
-                    const uint16_t bits = graw[r * KD];
-                    const float x = p.g_dtype == KDA_DT_F16 ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
-                    grun += gate_value(p, x, A, bias) * LOG2E;
+            const uint32_t *graw = (const uint32_t *)sA + gd / 2;
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                const uint32_t w = graw[(gr0 + u) * (KD / 2)];
+                if (p.g_dtype == KDA_DT_F16) {
+                    gx[u] = f16_bits_to_f32((uint16_t)(w & 0xffffu));
+                    gy[u] = f16_bits_to_f32((uint16_t)(w >> 16));
+                } else {
+                    gx[u] = bf16_bits_to_f32((uint16_t)(w & 0xffffu));
+                    gy[u] = bf16_bits_to_f32((uint16_t)(w >> 16));
                 }
-                sG[r * S + gd] = grun;
             }
         }
-        if (PARTS > 1 && gpart == 0) ((float *)(smem + PREP_OFF_TOT(KD)))[gd] = grun;
+        float run0 = 0.0f, run1 = 0.0f;
+        if (!(p.dev_skip & 32)) {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                const float a = gr0 + u < clen ? gate_value(p, gx[u], A, bias.x) * LOG2E : 0.0f;
+                const float b = gr0 + u < clen ? gate_value(p, gy[u], A, bias.y) * LOG2E : 0.0f;
+                run0 += a;
+                run1 += b;
+                gx[u] = run0;
+                gy[u] = run1;
+            }
+        }
+        *(float2 *)&sTot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
     }
 
-    /* ---- 1b. normalise q (× scale) and k, convert to bf16; A ← 0 ---------------------------------------- */
-    {
-        const int r = tid >> 1, half = tid & 1;
-        const int c0 = half * (KD / 2);
+    /* ---- 1b. normalise q (× scale) and k, convert to bf16: four threads per row ------------------------- */
+    if (!(p.dev_skip & 64)) {
+        constexpr int CW = KD / 4;
+        const int r = tid >> 2, c0 = (tid & 3) * CW;
 #pragma unroll
         for (int which = 0; which < 3; which++) {
             bf16 *tile = which == 0 ? sQ : which == 1 ? sK : sV;
             if (which == 2 && p.dtype == KDA_DT_BF16) break;
-            float x[KD / 2];
+            float x[CW];
             if (p.dtype == KDA_DT_F32) {
                 const int64_t row = which < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
                 const float *src = (const float *)(which == 0 ? p.q : which == 1 ? p.k : p.v) + row * KD + c0;
 #pragma unroll
-                for (int c = 0; c < KD / 2; c += 4) {
-                    float4 f = r < clen ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int c = 0; c < CW; c += 4) {
+                    const float4 f = r < clen ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
                     x[c] = f.x;
                     x[c + 1] = f.y;
                     x[c + 2] = f.z;
                     x[c + 3] = f.w;
                 }
             } else {
-                const uint16_t *src = (const uint16_t *)(tile + r * S + c0);
 #pragma unroll
-                for (int c = 0; c < KD / 2; c++)
-                    x[c] = p.dtype == KDA_DT_F16 ? f16_bits_to_f32(src[c]) : bf16_bits_to_f32(src[c]);
+                for (int c = 0; c < CW; c += 8) {
+                    const uint4 w8 = *(const uint4 *)(tile + r * S + c0 + c);
+                    const uint32_t *w = (const uint32_t *)&w8;
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        if (p.dtype == KDA_DT_F16) {
+                            x[c + 2 * u] = f16_bits_to_f32((uint16_t)(w[u] & 0xffffu));
+                            x[c + 2 * u + 1] = f16_bits_to_f32((uint16_t)(w[u] >> 16));
+                        } else {
+                            const float2 f = unpack_bf16(w[u]);
+                            x[c + 2 * u] = f.x;
+                            x[c + 2 * u + 1] = f.y;
+                        }
+                    }
+                }
             }
             float f = 1.0f;
             if (which < 2 && p.l2norm) {
                 float ss = 0.0f;
 #pragma unroll
-                for (int c = 0; c < KD / 2; c++) ss += x[c] * x[c];
+                for (int c = 0; c < CW; c++) ss += x[c] * x[c];
                 ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+                ss += __shfl_xor_sync(0xffffffffu, ss, 2);
                 f = rsqrtf(ss + 1e-6f);
             }
             if (which == 0) f *= p.scale;
-            uint32_t *dst = (uint32_t *)(tile + r * S + c0);
 #pragma unroll
-            for (int c = 0; c < KD / 2; c += 2) dst[c / 2] = pack_bf16(x[c] * f, x[c + 1] * f);
+            for (int c = 0; c < CW; c += 8)
+                *(uint4 *)(tile + r * S + c0 + c) =
+                    make_uint4(pack_bf16(x[c] * f, x[c + 1] * f), pack_bf16(x[c + 2] * f, x[c + 3] * f),
+                               pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
         }
     }
-    __syncthreads(); /* the cumulative sums' halves, the raw gate tile, and q, k, v are done */
-    if (PARTS > 1 && gpart == 1) {
-        const float add = ((const float *)(smem + PREP_OFF_TOT(KD)))[gd];
-        for (int r = ROWS; r < 64; r++) sG[r * S + gd] += add;
+    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, and q, k, v are done */
+    {
+        float pre0 = 0.0f, pre1 = 0.0f;
+        for (int q = 0; q < gr0 / GROWS; q++) {
+            const float2 t = *(const float2 *)&sTot[q * KD + gd];
+            pre0 += t.x;
+            pre1 += t.y;
+        }
+#pragma unroll
+        for (int u = 0; u < GROWS; u++) *(float2 *)&sG[(gr0 + u) * S + gd] = make_float2(gx[u] + pre0, gy[u] + pre1);
     }
-    for (int e = tid; e < 64 * SA; e += PREP_THREADS) sA[e] = 0.0f;
+    for (int e = tid; e < 64 * SA / 4; e += PREP_THREADS) ((float4 *)sA)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
-    /* ---- 2. A and Aqk by 16×16 blocks ------------------------------------------------------------------- */
+    /* ---- 2. A and Aqk by 16×16 blocks: warps 0-5 the off-diagonal blocks (1,0) (2,0) (2,1) (3,0) (3,1) (3,2),
+     *         warps 6 and 7 two diagonal blocks each ------------------------------------------------------ */
     unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
     if (!(p.dev_skip & 1)) {
-        const int I = warp;
-        /* off-diagonal blocks (I, J < I): R = G at row 16 I */
-        if (I > 0) {
+        if (warp < 6) {
+            /* off-diagonal block (I, J < I): R = G at row 16 I */
+            const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp < 1 ? 0 : warp < 3 ? warp - 1 : warp - 3;
             const float *R = sG + (16 * I) * S;
-            uint32_t fk[NKT][4], fq[NKT][4];
-#pragma unroll
-            for (int kt = 0; kt < NKT; kt++) row_factors<KD>(sG, sK, sQ, R, 16 * I, kt, lane, fk[kt], fq[kt]);
-            for (int J = 0; J < I; J++) {
-                float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
-#pragma unroll
-                for (int kt = 0; kt < NKT; kt++) {
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        uint32_t b0, b1;
-                        col_factors<KD>(sG, sK, R, 16 * J + 8 * nt, kt, lane, &b0, &b1);
-                        mma_bf16(accA[nt], fk[kt], b0, b1);
-                        mma_bf16(accQ[nt], fq[kt], b0, b1);
-                    }
-                }
-                store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
-            }
-        }
-        /* diagonal blocks: warp 0 takes blocks 0 and 3, warps 1 and 2 their own; R = G at the middle row */
-        for (int which = 0; which < 2; which++) {
-            const int D = warp == 0 ? (which == 0 ? 0 : 3) : (which == 0 && warp < 3 ? warp : -1);
-            if (D < 0) continue;
-            const float *R = sG + (16 * D + 7) * S;
-            const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
-            float range = 0.0f;
-            for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - R[d], R[d] - Glast[d]));
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
             float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
-            if (range <= KDA_DIAG_RANGE * LOG2E) {
 #pragma unroll
-                for (int kt = 0; kt < NKT; kt++) {
-                    uint32_t fk[4], fq[4];
-                    row_factors<KD>(sG, sK, sQ, R, 16 * D, kt, lane, fk, fq);
+            for (int kt = 0; kt < NKT; kt++) {
+                uint32_t fk[4], fq[4];
+                row_factors<KD>(sG, sK, sQ, R, 16 * I, kt, lane, fk, fq);
 #pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        uint32_t b0, b1;
-                        col_factors<KD>(sG, sK, R, 16 * D + 8 * nt, kt, lane, &b0, &b1);
-                        mma_bf16(accA[nt], fk, b0, b1);
-                        mma_bf16(accQ[nt], fq, b0, b1);
-                    }
+                for (int nt = 0; nt < 2; nt++) {
+                    uint32_t b0, b1;
+                    col_factors<KD>(sG, sK, R, 16 * J + 8 * nt, kt, lane, &b0, &b1);
+                    mma_bf16(accA[nt], fk, b0, b1);
+                    mma_bf16(accQ[nt], fq, b0, b1);
                 }
-            } else {
-                /* decays too strong to split: one exponential per (i, j, d), fp32 */
-                const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
-                        float sa = 0.0f, sq = 0.0f;
-                        for (int d = 0; d < KD && j <= i; d++) {
-                            const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
-                            sa += __bfloat162float(sK[i * S + d]) * e;
-                            sq += __bfloat162float(sQ[i * S + d]) * e;
-                        }
-                        accA[nt][c] = sa;
-                        accQ[nt][c] = sq;
-                    }
             }
-            store_block(sA, blk_aqk, sBeta, D, D, lane, accA, accQ, 1);
+            store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
+        } else {
+            /* diagonal blocks: R = G at the middle row */
+            for (int which = 0; which < 2; which++) {
+                const int D = (warp - 6) + 2 * which;
+                const float *R = sG + (16 * D + 7) * S;
+                const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
+                float range = 0.0f;
+                for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - R[d], R[d] - Glast[d]));
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
+                float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
+                if (range <= KDA_DIAG_RANGE * LOG2E) {
+#pragma unroll
+                    for (int kt = 0; kt < NKT; kt++) {
+                        uint32_t fk[4], fq[4];
+                        row_factors<KD>(sG, sK, sQ, R, 16 * D, kt, lane, fk, fq);
+#pragma unroll
+                        for (int nt = 0; nt < 2; nt++) {
+                            uint32_t b0, b1;
+                            col_factors<KD>(sG, sK, R, 16 * D + 8 * nt, kt, lane, &b0, &b1);
+                            mma_bf16(accA[nt], fk, b0, b1);
+                            mma_bf16(accQ[nt], fq, b0, b1);
+                        }
+                    }
+                } else {
+                    /* decays too strong to split: one exponential per (i, j, d), fp32 */
+                    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int c = 0; c < 4; c++) {
+                            const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
+                            float sa = 0.0f, sq = 0.0f;
+                            for (int d = 0; d < KD && j <= i; d++) {
+                                const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
+                                sa += __bfloat162float(sK[i * S + d]) * e;
+                                sq += __bfloat162float(sQ[i * S + d]) * e;
+                            }
+                            accA[nt][c] = sa;
+                            accQ[nt][c] = sq;
+                        }
+                }
+                store_block(sA, blk_aqk, sBeta, D, D, lane, accA, accQ, 1);
+            }
         }
-        /* blocks of Aqk above the diagonal are zero: warp I clears its row block's */
-        for (int e = lane; e < 16 * 8; e += 32) {
-            const int r = 16 * I + e / 8, c = e % 8;
-            if (c >= 2 * (I + 1)) *(uint4 *)(blk_aqk + r * 128 + swz(r, c, 8) * 16) = make_uint4(0, 0, 0, 0);
+        /* the blocks of Aqk above the diagonal are zero */
+        for (int e = tid; e < 64 * 8; e += PREP_THREADS) {
+            const int r = e >> 3, c = e & 7;
+            if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + r * 128 + swz(r, c, 8) * 16) = make_uint4(0, 0, 0, 0);
         }
     }
     __syncthreads(); /* step 3 overwrites q with KΓ */
 
     /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace ------------------------------------- */
-    {
+    if (!(p.dev_skip & 128)) {
         const float *GL = sG + (clen - 1) * S;
         unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
         for (int e = tid; e < 64 * row_chunks; e += PREP_THREADS) {
@@ -347,15 +384,19 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             const float *G = sG + r * S + c * 8;
             const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
             const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+            const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+            const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
+            const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+            const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
             uint32_t qg[4], kg[4], kt[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
-                const float g0 = G[2 * u], g1 = G[2 * u + 1];
+                const float g0 = gv[2 * u], g1 = gv[2 * u + 1];
                 const float e0 = ex2(g0), e1 = ex2(g1);
                 qg[u] = pack_bf16(q.x * e0, q.y * e1);
                 kg[u] = pack_bf16(k.x * e0, k.y * e1);
-                kt[u] = pack_bf16(k.x * ex2(GL[c * 8 + 2 * u] - g0), k.y * ex2(GL[c * 8 + 2 * u + 1] - g1));
+                kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
             }
             const int off = r * KD * 2 + swz(r, c, row_chunks) * 16;
             *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
@@ -365,12 +406,11 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
         for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = ex2(GL[d]);
     }
-    __syncthreads();
 
-    /* ---- 4. the diagonal blocks of T = (I + A)⁻¹ (fp32, into R_K: k is dead) ------------------------------ */
-    float *sTd = (float *)sK; /* [4][16][16] */
-    if (!(p.dev_skip & 2) && lane < 16) { /* block `warp`, column `lane`, by forward substitution */
-        const int j = lane, b = 16 * warp;
+    /* ---- 4. the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one block
+     *         each, a column per lane), written over A's diagonal blocks (step 5 reads only A_IM, M < I) -------- */
+    if (warp < 4 && !(p.dev_skip & 2)) {
+        const int j = lane & 15, b = 16 * warp;
         float tcol[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -379,22 +419,24 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             for (int m = 0; m < i; m++) s += sA[(b + i) * SA + b + m] * tcol[m];
             tcol[i] = i == j ? 1.0f : (i > j ? -s : 0.0f);
         }
+        __syncwarp();
+        if (lane < 16)
 #pragma unroll
-        for (int i = 0; i < 16; i++) sTd[warp * 256 + i * 16 + j] = tcol[i];
+            for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = tcol[i];
     }
     __syncthreads();
 
     /* ---- 5. [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
      *         Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,  X_I = T_II Y_I.
-     *         Warp w owns a slab of KD/2 of the 2 KD columns (w < 2: W, else U), so it needs no other warp. ---- */
+     *         Warp w owns a slab of KD/4 of the 2 KD columns (w < 4: W, else U), so it needs no other warp. ---- */
     {
-        constexpr int NTW = KD / 16;  /* n-tiles of a warp's slab */
-        constexpr int YS = KD / 2 + 8; /* stride (elements) of the per-warp Y scratch [16][KD/2] */
+        constexpr int NTW = KD / 32;  /* n-tiles of a warp's slab */
+        constexpr int YS = KD / 4 + 8; /* stride (elements) of the per-warp Y scratch [16][KD/4] */
         const int g = lane >> 2, t = lane & 3, w = warp;
-        const int is_u = w >= 2, col0 = (w & 1) * (KD / 2); /* slab columns within W or U */
+        const int is_u = w >= 4, col0 = (w & 3) * (KD / 4); /* slab columns within W or U */
         const bf16 *src = is_u ? sV : sQ;                 /* V, or KΓ (over q) */
         unsigned char *stage = (unsigned char *)sG + is_u * (64 * KD * 2); /* X tile, swizzled [64][KD] */
-        bf16 *Y = (bf16 *)((unsigned char *)sK + 4096) + w * 16 * YS;
+        bf16 *Y = sK + w * 16 * YS;
         for (int I = 0; I < 4 && !(p.dev_skip & 4); I++) {
             float acc[NTW][4];
 #pragma unroll
@@ -431,7 +473,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             uint32_t a[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                const float2 v = *(const float2 *)&sTd[I * 256 + (g + 8 * (r & 1)) * 16 + 2 * t + 8 * (r >> 1)];
+                const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
                 a[r] = pack_bf16(v.x, v.y);
             }
 #pragma unroll
@@ -458,7 +500,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         const int tile16 = 64 * KD * 2 / 16;
         uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
         const unsigned char *w_in = (const unsigned char *)sG, *u_in = w_in + 64 * KD * 2;
-        for (int e = tid; e < tile16; e += PREP_THREADS) { /* both stay swizzled */
+        for (int e = tid; e < tile16 && !(p.dev_skip & 256); e += PREP_THREADS) { /* both stay swizzled */
             w_out[e] = *(const uint4 *)(w_in + e * 16);
             u_out[e] = *(const uint4 *)(u_in + e * 16);
         }

@@ -122,10 +122,11 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                                  blocks + ((chunk0 + sidx) * p.hv + h) * p.block_bytes, v0, bv, lane);
     for (int64_t ci = 0; ci < nchunks; ci++) {
         const int64_t ahead = ci + nst - 1;
-        if (warp == 0 && ahead < nchunks)
+        const int nocopy = p.dev_skip & 1024; /* development: stale stages, to time the math alone */
+        if (warp == 0 && ahead < nchunks && !nocopy)
             issue_chunk_copy<KD>(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst),
                                  blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes, v0, bv, lane);
-        mbar_wait(bars + 8 * (ci % nst), (uint32_t)((ci / nst) & 1));
+        if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * (ci % nst), (uint32_t)((ci / nst) & 1));
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
            closing barrier, which it must have to get here */
         unsigned char *sO = sO0 + (ci & 1) * 64 * ostride * oes;
@@ -134,6 +135,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                        sAqk = sW + 3 * 64 * KD * 2, sU = sW + REC_LINEAR(KD);
         const float *gam = (const float *)(st + 3 * 64 * KD * 2 + 64 * 64 * 2);
 
+        if (!(p.dev_skip & 2048)) { /* development: skip the math, to time the copies alone */
         /* Sᵀ as bf16 A fragments over K */
         uint32_t sa[NKT][4];
 #pragma unroll
@@ -237,6 +239,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
                 mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
             }
+        }
         }
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
 

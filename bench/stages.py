@@ -1,0 +1,90 @@
+"""Stage timings of the CUDA backend: the development skip bits (src/cuda/kda_cuda.h, KDA_DEV_SKIP) leave
+phases out, so the difference to the full run is what a phase costs. Results are wrong while bits are set.
+
+    KDA_LIBRARY=build-gpu/libkda.so PYTHONPATH=python python3 bench/stages.py [--shapes ...] [--sets ...]
+
+One process, inputs made on the GPU once per shape, CUDA events, median of --reps calls after warm-up.
+"""
+import argparse
+import os
+import statistics
+
+import torch
+
+import kda
+
+SHAPES = {
+    "B2T8192H64": (2, 8192, 64, 64),
+    "B1T32768H32": (1, 32768, 32, 32),
+    "B1T8192H64": (1, 8192, 64, 64),
+    "B1T512H64": (1, 512, 64, 64),
+    "GVA": (2, 8192, 16, 64),
+}
+# name: (KDA_DEV_SKIP, KDA_DEV_BV or None)
+SETS = {
+    "all": (0, None), "prep": (16, None), "rec": (8, None),
+    "prep-A": (16 | 1, None), "prep-TII": (16 | 2, None), "prep-WU": (16 | 4, None), "prep-gate": (16 | 32, None),
+    "prep-norm": (16 | 64, None), "prep-step3": (16 | 128, None), "prep-out": (16 | 256, None),
+    "prep-skeleton": (16 | 231, None),
+    "rec-nocopy": (8 | 1024, None), "rec-nomath": (8 | 2048, None), "rec-empty": (8 | 3072, None),
+}
+
+
+def inputs(B, T, HQK, HV, K=128, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
+    x = dict(q=r(B, T, HQK, K), k=r(B, T, HQK, K), v=r(B, T, HV, K), g=r(B, T, HV, K), beta=r(B, T, HV),
+             A_log=(torch.rand(HV, generator=g, device="cuda") * 2.0 - 1.0).float(),
+             dt_bias=(0.5 * torch.randn(HV * K, generator=g, device="cuda")).float(),
+             initial_state=(0.1 * torch.randn(B, HV, K, K, generator=g, device="cuda")).float())
+    return x
+
+
+def run(x):
+    return kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                         A_log=x["A_log"], dt_bias=x["dt_bias"], use_qk_l2norm_in_kernel=True,
+                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
+                         lower_bound=-5.0, output_final_state=True, state_v_first=True)
+
+
+def time_ms(fn, reps):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="*", default=["B2T8192H64", "B1T32768H32"])
+    ap.add_argument("--sets", nargs="*", default=["all", "prep", "rec"])
+    ap.add_argument("--bv", nargs="*", default=[])
+    ap.add_argument("--reps", type=int, default=15)
+    a = ap.parse_args()
+    for s in a.shapes:
+        x = inputs(*SHAPES[s])
+        cells = []
+        for name in a.sets:
+            skip, bv = SETS[name]
+            for b in ([bv] if not a.bv or not name.startswith("rec") else a.bv):
+                os.environ["KDA_DEV_SKIP"] = str(skip)
+                if b:
+                    os.environ["KDA_DEV_BV"] = str(b)
+                else:
+                    os.environ.pop("KDA_DEV_BV", None)
+                cells.append("%s%s %.3f" % (name, "/bv%s" % b if b else "", time_ms(lambda: run(x), a.reps)))
+        os.environ.pop("KDA_DEV_SKIP", None)
+        os.environ.pop("KDA_DEV_BV", None)
+        print("%-12s " % s + " | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
