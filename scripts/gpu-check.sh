@@ -55,6 +55,25 @@ if [ "$MODE" = dev ]; then
     python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 | tee "$OUT/stages.log" | grep -v Warn
 fi
 
+if [ "$MODE" = ncu ]; then
+  # one kernel of B2 T8192 H64 per name in NCU_KERNELS: utilisation and stall reasons
+  M=gpu__time_duration.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,smsp__inst_executed.sum,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+  for st in barrier long_scoreboard short_scoreboard wait mio_throttle math_pipe_throttle not_selected lg_throttle no_instruction branch_resolving dispatch_stall; do
+    M=$M,smsp__average_warp_latency_issue_stalled_$st.ratio; done
+  for kn in ${NCU_KERNELS:-prep recurrence}; do
+    KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python ncu --clock-control none -k regex:$kn --launch-skip 2 --launch-count 1 \
+      --metrics $M --csv python3 bench/stages.py --shapes B2T8192H64 --sets all --reps 1 >"$OUT/ncu_$kn.csv" 2>"$OUT/ncu.err"
+    python3 - "$OUT/ncu_$kn.csv" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+ki, mi, vi = (hdr.index(x) for x in ("Kernel Name", "Metric Name", "Metric Value"))
+print(rows[0][ki][:40] if rows else "no rows")
+print("  " + "  ".join("%s=%s" % (r[mi].replace("smsp__average_warp_latency_issue_stalled_", "stall_").replace(".avg.pct_of_peak_sustained_active", "%").replace(".ratio", ""), r[vi]) for r in rows))
+PY
+  done
+fi
+
 if [ "$MODE" = diag ]; then
   # development skip bits (kda_cuda.h): time each phase by leaving it out
   for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do

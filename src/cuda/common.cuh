@@ -46,11 +46,27 @@ DEV float ex2(float x) {
     return y;
 }
 
-DEV float sigmoidf_(float x) { return 1.0f / (1.0f + ex2(-x * LOG2E)); }
+/* 1/x with the SFU (about 1 ulp); 1/inf = 0 */
+DEV float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* log2(x) with the SFU (absolute error about 2^-22 near 1) */
+DEV float lg2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+DEV float sigmoidf_(float x) { return rcp_approx(1.0f + ex2(-x * LOG2E)); }
 
 DEV float softplusf_(float x) {
-    /* log(1 + e^x) = max(x, 0) + log1p(e^-|x|) */
-    return fmaxf(x, 0.0f) + log1pf(__expf(-fabsf(x)));
+    /* log(1 + e^x) = max(x, 0) + log1p(e^-|x|), log1p(e) = e below 2^-12 (error < e^2 / 2) */
+    const float e = ex2(-fabsf(x) * LOG2E);
+    const float l = e < 2.44140625e-4f ? e : lg2_approx(1.0f + e) * 0.69314718055994531f;
+    return fmaxf(x, 0.0f) + l;
 }
 
 /* Element i of a float tensor of runtime dtype (0 f32, 1 f16, 2 bf16). */
@@ -137,6 +153,14 @@ DEV int swz(int row, int chunk, int chunks) {
 /* byte offset of element (row, col) in a swizzled bf16 tile with `chunks` 16-byte chunks per row */
 DEV int swz_off(int row, int col, int chunks) {
     return row * chunks * 16 + swz(row, col >> 3, chunks) * 16 + (col & 7) * 2;
+}
+
+/* Panel layout of a [64][KD] bf16 tile (the workspace's W, QΓ, K̃ and U, and the Aqk tile, KD = 64): KD / 64
+ * panels of 64 rows × 128 bytes, 8 KB each, the 16-byte chunk c of row r at chunk c ^ (r & 7). This is the
+ * 128-byte swizzle of the Hopper copy engine and of wgmma's K-major operands, and it makes every 64-column
+ * slice of a tile one contiguous 8 KB piece. Byte offset of element (row, col); col % 8 == 0 gives the chunk. */
+DEV int pan_off(int row, int col) {
+    return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
 
 #endif /* KDA_CUDA_COMMON_CUH */

@@ -73,10 +73,10 @@ typedef struct kda_cuda_params {
 } kda_cuda_params_t;
 
 /* One (chunk, head) block of the workspace, in this order (byte offsets below):
- *   W, QΓ, K̃   64×kd bf16 each, swizzled tiles (common.cuh)   — copied to shared memory byte for byte
- *   Aqk        64×64 bf16, swizzled
+ *   W, QΓ, K̃   64×kd bf16 each, panel layout (common.cuh)     — copied to shared memory byte for byte
+ *   Aqk        64×64 bf16, panel layout
  *   γ          kd fp32
- *   U          64×kd bf16, swizzled                           — each V tile copies its rows' 128-byte groups
+ *   U          64×kd bf16, panel layout                       — each V tile copies the 64-column panels it needs
  * Rows past the end of a short chunk are zero, so the recurrence needs no masks. */
 KDA_HD static inline int64_t kda_cuda_off_qg(int kd) { return (int64_t)64 * kd * 2; }
 KDA_HD static inline int64_t kda_cuda_off_kt(int kd) { return (int64_t)2 * 64 * kd * 2; }

@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 kg[u] = pack_bf16(k.x * e0, k.y * e1);
                 kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
             }
-            const int off = r * KD * 2 + swz(r, c, row_chunks) * 16;
+            const int off = pan_off(r, c * 8);
             *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
             *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
             *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         const int g = lane >> 2, t = lane & 3, w = warp;
         const int is_u = w >= 4, col0 = (w & 3) * (KD / 4); /* slab columns within W or U */
         const bf16 *src = is_u ? sV : sQ;                 /* V, or KΓ (over q) */
-        unsigned char *stage = (unsigned char *)sG + is_u * (64 * KD * 2); /* X tile, swizzled [64][KD] */
+        unsigned char *stage = (unsigned char *)sG + is_u * (64 * KD * 2); /* X tile, panel layout */
         bf16 *Y = sK + w * 16 * YS;
         for (int I = 0; I < 4 && !(p.dev_skip & 4); I++) {
             float acc[NTW][4];
@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                     const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
                     const int col = col0 + pp * 16 + (lane >> 4) * 8;
                     uint32_t b[4];
-                    ldsm_x4_t(b, smem_u32(stage + row * KD * 2 + swz(row, col >> 3, KD / 8) * 16));
+                    ldsm_x4_t(b, smem_u32(stage + pan_off(row, col)));
                     mma_bf16(acc[2 * pp], a, b[0], b[1]);
                     mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
                 }
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
-                    *(uint32_t *)(stage + swz_off(i, c, KD / 8)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                    *(uint32_t *)(stage + pan_off(i, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
                 }
             __syncwarp();
         }
@@ -500,7 +500,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         const int tile16 = 64 * KD * 2 / 16;
         uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
         const unsigned char *w_in = (const unsigned char *)sG, *u_in = w_in + 64 * KD * 2;
-        for (int e = tid; e < tile16 && !(p.dev_skip & 256); e += PREP_THREADS) { /* both stay swizzled */
+        for (int e = tid; e < tile16 && !(p.dev_skip & 256); e += PREP_THREADS) { /* both in the panel layout */
             w_out[e] = *(const uint4 *)(w_in + e * 16);
             u_out[e] = *(const uint4 *)(u_in + e * 16);
         }

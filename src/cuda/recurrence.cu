@@ -25,36 +25,26 @@ typedef __nv_bfloat16 bf16;
 #define REC_MAX_THREADS 256
 
 /* One stage: W, QΓ, K̃ (64×KD), Aqk (64×64), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes),
- * then the U rows of this CTA's columns: the aligned groups of REC_UC(BV) 16-byte chunks that hold them (U is
- * swizzled within groups of 8 chunks, so a group copies as is). NST stages (3 where they fit, else 2), then the
- * O staging rows (two buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per
- * stage. */
+ * then the 64-column panels of U that hold this CTA's columns (REC_UP(BV) of them: each panel is 8 KB and
+ * contiguous in the workspace, common.cuh). NST stages (3 where they fit, else 2), then the O staging rows (two
+ * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage. */
 #define REC_LINEAR(KD) (3 * 64 * (KD) * 2 + 64 * 64 * 2 + (KD) * 4)
-#define REC_UC(BV) ((BV) >= 128 ? 16 : 8)
-#define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + 64 * REC_UC(BV) * 16)
+#define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
+#define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + REC_UP(BV) * 8192)
 #define REC_O_STRIDE(BV) ((BV) + 8)
 #define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 2 * 64 * REC_O_STRIDE(BV) * (OES) + 8 * (NST))
 #define REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 */
-#define REC_PIECE 8192      /* bytes per bulk copy of the linear part */
 
-/* Warp 0 copies chunk `blk` into a stage: lane 0 arms the stage's barrier with the byte count, then the lanes
- * issue the bulk copies (the linear part in REC_PIECE pieces, and the 64 U rows). */
+/* Lane 0 of warp 0 copies chunk `blk` into a stage: two bulk copies (the linear part, the U panels) completing
+ * on the stage's barrier, armed with their byte count. */
 template <int KD>
-DEV void issue_chunk_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int v0, int bv, int lane) {
-    const int uc = REC_UC(bv), urow = uc * 16;
+DEV void issue_chunk_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int v0, int bv) {
     const uint32_t dst = smem_u32(stage);
-    if (lane == 0) {
-        fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
-        mbar_expect_tx(bar, REC_LINEAR(KD) + 64 * urow);
-    }
-    __syncwarp();
-    constexpr int pieces = (REC_LINEAR(KD) + REC_PIECE - 1) / REC_PIECE;
-    if (lane < pieces) {
-        const int off = lane * REC_PIECE, n = min(REC_PIECE, REC_LINEAR(KD) - off);
-        bulk_g2s(dst + off, blk + off, n, bar);
-    }
-    const unsigned char *u = blk + kda_cuda_off_u(KD) + (v0 / (uc * 8)) * urow;
-    for (int r = lane; r < 64; r += 32) bulk_g2s(dst + REC_LINEAR(KD) + r * urow, u + r * KD * 2, urow, bar);
+    const int ubytes = REC_UP(bv) * 8192;
+    fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
+    mbar_expect_tx(bar, REC_LINEAR(KD) + ubytes);
+    bulk_g2s(dst, blk, REC_LINEAR(KD), bar);
+    bulk_g2s(dst + REC_LINEAR(KD), blk + kda_cuda_off_u(KD) + (v0 >> 6) * 8192, ubytes, bar);
 }
 
 template <int KD>
@@ -116,16 +106,16 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         mbar_init_fence();
     }
     __syncthreads();
-    if (warp == 0)
+    if (tid == 0)
         for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
             issue_chunk_copy<KD>(smem + sidx * stage_bytes, bars + 8 * sidx,
-                                 blocks + ((chunk0 + sidx) * p.hv + h) * p.block_bytes, v0, bv, lane);
+                                 blocks + ((chunk0 + sidx) * p.hv + h) * p.block_bytes, v0, bv);
     for (int64_t ci = 0; ci < nchunks; ci++) {
         const int64_t ahead = ci + nst - 1;
         const int nocopy = p.dev_skip & 1024; /* development: stale stages, to time the math alone */
-        if (warp == 0 && ahead < nchunks && !nocopy)
+        if (tid == 0 && ahead < nchunks && !nocopy)
             issue_chunk_copy<KD>(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst),
-                                 blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes, v0, bv, lane);
+                                 blocks + ((chunk0 + ahead) * p.hv + h) * p.block_bytes, v0, bv);
         if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * (ci % nst), (uint32_t)((ci / nst) & 1));
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
            closing barrier, which it must have to get here */
@@ -159,7 +149,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             for (int np = 0; np < 4; np++) {
                 const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
                 const int col = kt * 16 + ((lane >> 3) & 1) * 8;
-                const int off = row * KD * 2 + swz(row, col >> 3, KD / 8) * 16;
+                const int off = pan_off(row, col);
                 uint32_t b[4];
                 ldsm_x4(b, sW + off);
                 mma_bf16(dacc[2 * np], sa[kt], b[0], b[1]);
@@ -174,9 +164,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-            const int col = (v0 % (REC_UC(bv) * 8)) + 16 * warp + ((lane >> 3) & 1) * 8;
+            const int col = (v0 & 63) + 16 * warp + ((lane >> 3) & 1) * 8; /* within the copied panels */
             uint32_t u[4];
-            ldsm_x4_t(u, sU + row * REC_UC(bv) * 16 + swz(row, col >> 3, REC_UC(bv)) * 16);
+            ldsm_x4_t(u, sU + pan_off(row, col));
             const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
             dacc[2 * np][0] = u0.x - dacc[2 * np][0];
             dacc[2 * np][1] = u0.y - dacc[2 * np][1];
@@ -206,7 +196,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
                 const int col = kt * 16 + ((lane >> 3) & 1) * 8;
                 uint32_t b[4];
-                ldsm_x4(b, sAqk + row * 128 + swz(row, col >> 3, 8) * 16);
+                ldsm_x4(b, sAqk + pan_off(row, col));
                 mma_bf16(oacc[2 * np], da[kt], b[0], b[1]);
                 mma_bf16(oacc[2 * np + 1], da[kt], b[2], b[3]);
             }
@@ -235,7 +225,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             for (int pp = 0; pp < KD / 16; pp++) {
                 const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
                 uint32_t b[4];
-                ldsm_x4_t(b, sKT + row * KD * 2 + swz(row, col >> 3, KD / 8) * 16);
+                ldsm_x4_t(b, sKT + pan_off(row, col));
                 mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
                 mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
             }
