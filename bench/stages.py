@@ -68,6 +68,7 @@ def main():
     ap.add_argument("--sets", nargs="*", default=["all", "prep", "rec"])
     ap.add_argument("--bv", nargs="*", default=[])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--host", action="store_true", help="also the host time per call and back-to-back GPU time")
     a = ap.parse_args()
     for s in a.shapes:
         x = inputs(*SHAPES[s])
@@ -83,6 +84,23 @@ def main():
                 cells.append("%s%s %.3f" % (name, "/bv%s" % b if b else "", time_ms(lambda: run(x), a.reps)))
         os.environ.pop("KDA_DEV_SKIP", None)
         os.environ.pop("KDA_DEV_BV", None)
+        if a.host:
+            # host time of one call (the GPU runs behind), and GPU time per call of 20 calls back to back
+            import time
+            run(x)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                run(x)
+            host = (time.perf_counter() - t) / 20 * 1e3
+            torch.cuda.synchronize()
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(20):
+                run(x)
+            e1.record()
+            e1.synchronize()
+            cells.append("host/call %.3f | back-to-back/call %.3f" % (host, e0.elapsed_time(e1) / 20))
         print("%-12s " % s + " | ".join(cells), flush=True)
 
 

@@ -65,7 +65,7 @@ DEV float sigmoidf_(float x) { return rcp_approx(1.0f + ex2(-x * LOG2E)); }
 DEV float softplusf_(float x) {
     /* log(1 + e^x) = max(x, 0) + log1p(e^-|x|), log1p(e) = e below 2^-12 (error < e^2 / 2) */
     const float e = ex2(-fabsf(x) * LOG2E);
-    const float l = e < 2.44140625e-4f ? e : lg2_approx(1.0f + e) * 0.69314718055994531f;
+    const float l = e < 2.44140625e-4f ? e : lg2_approx(1.0f + e) * 0.69314718055994531f; /* a select */
     return fmaxf(x, 0.0f) + l;
 }
 

@@ -46,16 +46,6 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_BAR(KD) (PREP_OFF_TOT(KD) + 512 * 4)
 #define PREP_BYTES(KD) (PREP_OFF_BAR(KD) + 8)
 
-DEV float gate_value(const kda_cuda_params_t &p, float x, float A, float bias) {
-    float gv = x;
-    if (p.gate_in_kernel) {
-        x += bias;
-        gv = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
-    }
-    gv = fmaxf(gv, KDA_GATE_MIN); /* NaN and -inf become the minimum */
-    return fminf(gv, 0.0f);
-}
-
 /* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}. */
 template <int KD>
 DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int kt, int lane,
@@ -216,14 +206,30 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 }
             }
         }
+        /* gate values, branch-free within each mode (a branch per element would serialise the independent
+           elements' latency chains), in log2 units; rows past the chunk's end add 0 */
+        const int nvalid = clen - gr0;
+        if (p.gate_in_kernel && p.lower_bound != 0.0f) { /* lower_bound · sigmoid(A (g + bias)) */
+            const float za = -A * LOG2E;
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                gx[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
+                gy[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
+            }
+        } else if (p.gate_in_kernel) { /* −A softplus(g + bias) */
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                gx[u] = -A * softplusf_(gx[u] + bias.x);
+                gy[u] = -A * softplusf_(gy[u] + bias.y);
+            }
+        }
         float run0 = 0.0f, run1 = 0.0f;
         if (!(p.dev_skip & 32)) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
-                const float a = gr0 + u < clen ? gate_value(p, gx[u], A, bias.x) * LOG2E : 0.0f;
-                const float b = gr0 + u < clen ? gate_value(p, gy[u], A, bias.y) * LOG2E : 0.0f;
-                run0 += a;
-                run1 += b;
+                /* clamp into [KDA_GATE_MIN, 0]: NaN and −inf become the minimum */
+                run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                run1 += u < nvalid ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
                 gx[u] = run0;
                 gy[u] = run1;
             }
