@@ -201,14 +201,22 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 mma_bf16(oacc[2 * np + 1], da[kt], b[2], b[3]);
             }
         }
-        /* Oᵀ → staging rows O[token][v] */
+        /* Oᵀ → staging rows O[token][v] (the dtype branch outside the loops) */
+#define REC_STAGE_O(T, CONV)                                                                                   \
+    for (int nt = 0; nt < 8; nt++)                                                                           \
+        for (int c = 0; c < 4; c++)                                                                          \
+            ((T *)sO)[(8 * nt + 2 * t + (c & 1)) * ostride + 16 * warp + g + 8 * (c >> 1)] = CONV(oacc[nt][c]);
+        if (p.o_dtype == KDA_DT_BF16) {
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            REC_STAGE_O(__nv_bfloat16, __float2bfloat16_rn)
+        } else if (p.o_dtype == KDA_DT_F16) {
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int token = 8 * nt + 2 * t + (c & 1), vl = 16 * warp + g + 8 * (c >> 1);
-                store_elem(sO, p.o_dtype, token * ostride + vl, oacc[nt][c]);
-            }
+            REC_STAGE_O(__half, __float2half_rn)
+        } else {
+#pragma unroll
+            REC_STAGE_O(float, )
+        }
+#undef REC_STAGE_O
 
         /* Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃ */
 #pragma unroll
