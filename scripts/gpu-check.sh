@@ -49,6 +49,11 @@ if [ "$MODE" = full ] || [ "$MODE" = prof ] || [ "$MODE" = check ] || [ "$MODE" 
   done
 fi
 
+if [ -n "${PYTESTS:-}" ]; then
+  KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python timeout 300 python3 -m pytest -q -x tests/python \
+    >"$OUT/pytest.log" 2>&1; echo "python tests: $(tail -1 "$OUT/pytest.log")"
+fi
+
 if [ "$MODE" = dev ]; then
   # stage timings by the development skip bits (bench/stages.py), one process, CUDA events
   KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
