@@ -49,6 +49,13 @@ if [ "$MODE" = full ] || [ "$MODE" = prof ] || [ "$MODE" = check ] || [ "$MODE" 
   done
 fi
 
+if [ -n "${SANITIZE:-}" ]; then
+  for tool in memcheck racecheck; do for t in gpu_fwd_varlen_empty_seq gpu_fwd_gva_4x; do
+    compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/sanitizer.log" 2>&1
+    echo "$tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | head -1))"
+  done; done
+fi
+
 if [ -n "${PYTESTS:-}" ]; then
   KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python timeout 300 python3 -m pytest -q -x tests/python \
     >"$OUT/pytest.log" 2>&1; echo "python tests: $(tail -1 "$OUT/pytest.log")"

@@ -278,12 +278,20 @@ extern "C" int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stre
     const int bytes = REC_BYTES(p->kd, p->bv, p->rec_stages, oes);
     cudaError_t err;
     if (p->kd == 128) {
-        err = cudaFuncSetAttribute(kda_recurrence_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (err != cudaSuccess) return (int)err;
+        static int set_128 = 0; /* raised once per process (benign race: the same value) */
+        if (set_128 < bytes) {
+            err = cudaFuncSetAttribute(kda_recurrence_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            if (err != cudaSuccess) return (int)err;
+            set_128 = bytes;
+        }
         kda_recurrence_kernel<128><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
     } else {
-        err = cudaFuncSetAttribute(kda_recurrence_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (err != cudaSuccess) return (int)err;
+        static int set_64 = 0; /* raised once per process (benign race: the same value) */
+        if (set_64 < bytes) {
+            err = cudaFuncSetAttribute(kda_recurrence_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            if (err != cudaSuccess) return (int)err;
+            set_64 = bytes;
+        }
         kda_recurrence_kernel<64><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
     }
     return (int)cudaGetLastError();
