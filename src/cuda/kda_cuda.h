@@ -88,7 +88,9 @@ KDA_HD static inline int64_t kda_cuda_off_gamma(int kd) { return kda_cuda_off_aq
 KDA_HD static inline int64_t kda_cuda_off_u(int kd) { return kda_cuda_off_gamma(kd) + (int64_t)kd * 4; }
 KDA_HD static inline int64_t kda_cuda_block_bytes(int kd) { return kda_cuda_off_u(kd) + (int64_t)64 * kd * 2; }
 
-/* The launchers return a cudaError_t as int (0 = success). */
+/* The launchers return a cudaError_t as int (0 = success). They raise a kernel's shared-memory limit once per
+ * device (devices numbered below KDA_MAX_DEVICES; others every call). */
+#define KDA_MAX_DEVICES 64
 int kda_cuda_launch_meta(const kda_cuda_params_t *p, void *stream);
 int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream);
 int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stream);
