@@ -61,9 +61,6 @@ typedef struct kda_cuda_params {
     int64_t block_bytes;
     int64_t chunks_per_row;      /* equal-length rows: ceil(T / 64) */
 
-    /* persistent preparation CTAs (one per SM) */
-    int prep_ctas;
-
     /* recurrence tiling */
     int bv;                      /* V columns per CTA: 32, 64 or 128 */
     int rec_stages;              /* chunks buffered in shared memory: 2 or 3 (kda_cuda_recurrence_smem) */

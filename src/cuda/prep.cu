@@ -1,18 +1,16 @@
 /*
  * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
  *
- * Persistent CTAs of 16 warps, one per SM, each taking (chunk of 64 tokens, value head) work items in turn;
- * while one item is computed, the next one's q, k, v and gate tiles are already coming in by bulk copies
- * into the other of two input buffers. In the notation of ALGORITHM.md, with G the chunk's cumulative log
- * decay (kept in log2 units, so every exp is one ex2), an item writes the chunk's workspace block (kda_cuda.h):
+ * One CTA of 8 warps per (chunk of 64 tokens, value head); chunks of all sequences run in parallel. In the
+ * notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so every exp is one
+ * ex2), it writes the chunk's workspace block (kda_cuda.h):
  *
  *   1. per-token inputs into shared memory: q (l2norm, × scale), k (l2norm), v as bf16 tiles; the gate
  *      (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel into G (fp32); β.
  *   2. A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i), by 16×16 blocks on the
- *      tensor cores, one warp per block: the factor e^{G_i−G_j} is split around a reference R into row and
- *      column factors (R = G at the first row of the row block off the diagonal, at the middle row on it); a
- *      diagonal block whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d).
- *      Aqk → workspace.
+ *      tensor cores: the factor e^{G_i−G_j} is split around a reference R into row and column factors
+ *      (R = G at the first row of the row block off the diagonal, at the middle row on it); a diagonal block
+ *      whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d). Aqk → workspace.
  *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G} → workspace; KΓ = k e^{G} → shared; γ = e^{G_last} → workspace.
  *   4. the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, in fp32 by forward substitution (one warp each),
  *      written over A's diagonal blocks.
@@ -22,76 +20,31 @@
  * zero and the recurrence needs no masks.
  *
  * Shared memory (KD = head size, stride KD + 8 elements so that fragment reads are conflict-free):
- *   R_G    fp32 [64][KD+8]   G; later the W and U tiles being built (bf16, panel layout)
- *   R_A    fp32 [64][68]     A (its diagonal blocks later T_II)
- *   IN[2]  bf16 [64][KD+8] q (later KΓ), k (later each warp's Y scratch), v; the raw 16-bit gate [64][KD]
- *   β      fp32 [64], 1024 floats for the partial sums of the gate, an mbarrier per input buffer
+ *   R_G  fp32 [64][KD+8]   G; later the W and U tiles being built (bf16, swizzled)
+ *   R_K  bf16 [64][KD+8]   k; later each warp's Y scratch
+ *   R_Q  bf16 [64][KD+8]   q; later KΓ
+ *   R_V  bf16 [64][KD+8]   v
+ *   R_A  fp32 [64][68]     the raw 16-bit gate tile [64][KD], then A (its diagonal blocks later T_II)
+ *   β    fp32 [64], and 512 floats for the partial sums of the gate
  */
 #include "common.cuh"
 #include "seq.cuh"
 
-#define PREP_THREADS 512
-#define PREP_WARPS (PREP_THREADS / 32)
+#define PREP_THREADS 256
 #define SA 68  /* fp32 stride of A and T */
 
 typedef __nv_bfloat16 bf16;
 
 /* Shared memory layout (bytes) for head size KD; PREP_S is the element stride of the [64][KD] tiles */
 #define PREP_S(KD) ((KD) + 8)
-#define PREP_TILE(KD) (64 * PREP_S(KD) * 2)              /* one bf16 [64][KD+8] tile */
-#define PREP_IN_BYTES(KD) (3 * PREP_TILE(KD) + 64 * (KD) * 2) /* q, k, v, raw gate */
-#define PREP_OFF_A(KD) (64 * PREP_S(KD) * 4)
-#define PREP_OFF_IN(KD) (PREP_OFF_A(KD) + 64 * SA * 4)
-#define PREP_OFF_BETA(KD) (PREP_OFF_IN(KD) + 2 * PREP_IN_BYTES(KD))
+#define PREP_OFF_K(KD) (64 * PREP_S(KD) * 4)
+#define PREP_OFF_Q(KD) (PREP_OFF_K(KD) + 64 * PREP_S(KD) * 2)
+#define PREP_OFF_V(KD) (PREP_OFF_Q(KD) + 64 * PREP_S(KD) * 2)
+#define PREP_OFF_A(KD) (PREP_OFF_V(KD) + 64 * PREP_S(KD) * 2)
+#define PREP_OFF_BETA(KD) (PREP_OFF_A(KD) + 64 * SA * 4)
 #define PREP_OFF_TOT(KD) (PREP_OFF_BETA(KD) + 64 * 4)
-#define PREP_OFF_BAR(KD) (PREP_OFF_TOT(KD) + 1024 * 4)
-#define PREP_BYTES(KD) (PREP_OFF_BAR(KD) + 16)
-
-/* The chunk of a work item: sequence (-1: none), first token and length (<= 0: nothing to do). */
-typedef struct {
-    int64_t cid, t0;
-    int h, clen;
-} prep_item_t;
-
-DEV prep_item_t prep_item(const kda_cuda_params_t &p, int64_t work) {
-    prep_item_t it;
-    it.cid = work / p.hv;
-    it.h = (int)(work % p.hv);
-    it.t0 = 0;
-    it.clen = 0;
-    const int64_t n = chunk_seq(p, it.cid);
-    if (n < 0) return it;
-    int64_t bos, eos;
-    seq_bounds(p, n, &bos, &eos);
-    it.t0 = bos + (it.cid - seq_chunk0(p, n)) * 64;
-    it.clen = (int)min((int64_t)64, eos - it.t0);
-    return it;
-}
-
-/* Start the input copies of an item into an input buffer: q, k, v (16-bit) and the gate (16-bit), one bulk
- * copy per row completing on the buffer's mbarrier (armed by thread 0 with the byte count); rows past the
- * chunk's end are zero-filled by the threads. Every thread calls this, after a barrier that follows a proxy
- * fence, so that the buffer's earlier generic-proxy contents are ordered before the copies. */
-template <int KD>
-DEV void prep_issue(const kda_cuda_params_t &p, const prep_item_t &it, unsigned char *in, uint32_t bar, int tid) {
-    constexpr int S = PREP_S(KD);
-    const int n_qkv = p.dtype != KDA_DT_F32 ? 3 : 0;
-    const int n_tiles = (p.dev_skip & 512) ? 0 : n_qkv + (p.g_dtype != KDA_DT_F32 ? 1 : 0);
-    if (tid == 0) mbar_expect_tx(bar, (uint32_t)(n_tiles * it.clen * KD * 2));
-    const int hq = it.h / p.group;
-    for (int e = tid; e < n_tiles * 64; e += PREP_THREADS) {
-        const int which = e / 64, r = e % 64;
-        const int tile = which < n_qkv ? which : 3; /* 0 q, 1 k, 2 v, 3 g */
-        unsigned char *dst = in + (tile < 3 ? tile * PREP_TILE(KD) + r * S * 2 : 3 * PREP_TILE(KD) + r * KD * 2);
-        if (r < it.clen) {
-            const int64_t row = tile < 2 ? (it.t0 + r) * p.hqk + hq : (it.t0 + r) * p.hv + it.h;
-            const void *base = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.g;
-            bulk_g2s(smem_u32(dst), (const uint16_t *)base + row * KD, KD * 2, bar);
-        } else {
-            for (int c = 0; c < KD / 8; c++) ((uint4 *)dst)[c] = make_uint4(0, 0, 0, 0);
-        }
-    }
-}
+#define PREP_OFF_BAR(KD) (PREP_OFF_TOT(KD) + 512 * 4)
+#define PREP_BYTES(KD) (PREP_OFF_BAR(KD) + 8)
 
 /* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}. */
 template <int KD>
@@ -157,224 +110,228 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
 }
 
 template <int KD>
-__global__ void __launch_bounds__(PREP_THREADS, 1) kda_prep_kernel(const kda_cuda_params_t p) {
+__global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cuda_params_t p) {
     constexpr int S = PREP_S(KD);
     constexpr int NKT = KD / 16; /* k-tiles over the head dimension */
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(16) unsigned char smem[];
     float *sG = (float *)smem;
+    bf16 *sK = (bf16 *)(smem + PREP_OFF_K(KD));
+    bf16 *sQ = (bf16 *)(smem + PREP_OFF_Q(KD));
+    bf16 *sV = (bf16 *)(smem + PREP_OFF_V(KD));
     float *sA = (float *)(smem + PREP_OFF_A(KD));
     float *sBeta = (float *)(smem + PREP_OFF_BETA(KD));
     float *sTot = (float *)(smem + PREP_OFF_TOT(KD));
-    const uint32_t bar0 = smem_u32(smem + PREP_OFF_BAR(KD));
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int64_t total = p.max_chunks * p.hv;
-    const int row_chunks = KD / 8;
+    const int64_t cid = blockIdx.x / p.hv;
+    const int h = (int)(blockIdx.x % p.hv);
+    const int64_t n = chunk_seq(p, cid);
+    if (n < 0) return;
+    int64_t bos, eos;
+    seq_bounds(p, n, &bos, &eos);
+    const int64_t t0 = bos + (cid - seq_chunk0(p, n)) * 64;
+    const int clen = (int)min((int64_t)64, eos - t0);
+    if (clen <= 0) return;
+    const int hq = h / p.group;
+    unsigned char *blk = (unsigned char *)p.blocks + (cid * p.hv + h) * p.block_bytes;
 
+    /* ---- 1a. q, k, v (16-bit: into their tiles) and the gate (16-bit: raw into R_A) by bulk copies, one
+     *         row each, completing on one mbarrier; rows past the chunk's end are zero-filled ------------ */
+    const int row_chunks = KD / 8;
+    const int n_qkv = p.dtype != KDA_DT_F32 ? 3 : 0;
+    const int n_tiles = (p.dev_skip & 512) ? 0 : n_qkv + (p.g_dtype != KDA_DT_F32 ? 1 : 0);
+    const uint32_t bar = smem_u32(smem + PREP_OFF_BAR(KD));
     if (tid == 0) {
-        mbar_init(bar0, 1);
-        mbar_init(bar0 + 8, 1);
+        mbar_init(bar, 1);
         mbar_init_fence();
+        mbar_expect_tx(bar, (uint32_t)(n_tiles * clen * KD * 2));
     }
     __syncthreads();
-    int64_t work = blockIdx.x;
-    prep_item_t it = prep_item(p, work);
-    if (work < total && it.clen > 0) prep_issue<KD>(p, it, smem + PREP_OFF_IN(KD), bar0, tid);
-    uint32_t parity = 0; /* bit b: the phase of input buffer b's next wait */
-
-    for (int buf = 0; work < total; work += gridDim.x, buf ^= 1) {
-        /* the next item's inputs into the other buffer, free since the last item's closing barrier */
-        const prep_item_t nx = prep_item(p, work + gridDim.x);
-        fence_proxy_async();
-        __syncthreads();
-        if (work + gridDim.x < total && nx.clen > 0)
-            prep_issue<KD>(p, nx, smem + PREP_OFF_IN(KD) + (buf ^ 1) * PREP_IN_BYTES(KD), bar0 + 8 * (buf ^ 1), tid);
-        const prep_item_t cur = it;
-        it = nx;
-        if (cur.clen <= 0) continue; /* the same for every thread */
-
-        unsigned char *in = smem + PREP_OFF_IN(KD) + buf * PREP_IN_BYTES(KD);
-        bf16 *sQ = (bf16 *)in, *sK = (bf16 *)(in + PREP_TILE(KD)), *sV = (bf16 *)(in + 2 * PREP_TILE(KD));
-        const uint32_t *graw_all = (const uint32_t *)(in + 3 * PREP_TILE(KD));
-        const uint32_t bar = bar0 + 8 * buf;
-        const int h = cur.h, clen = cur.clen, hq = h / p.group;
-        const int64_t t0 = cur.t0;
-        unsigned char *blk = (unsigned char *)p.blocks + (cur.cid * p.hv + h) * p.block_bytes;
-
-        if (tid < 64) {
-            float b = 0.0f;
-            if (tid < clen) {
-                b = load_elem(p.beta, p.beta_dtype, (t0 + tid) * p.hv + h);
-                if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
-            }
-            sBeta[tid] = b;
+    for (int e = tid; e < n_tiles * 64; e += PREP_THREADS) {
+        const int which = e / 64, r = e % 64;
+        const int tile = which < n_qkv ? which : 3; /* 0 q, 1 k, 2 v, 3 g */
+        bf16 *dst = tile == 3 ? (bf16 *)sA + r * KD : (tile == 0 ? sQ : tile == 1 ? sK : sV) + r * S;
+        if (r < clen) {
+            const int64_t row = tile < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
+            const void *base = tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.g;
+            bulk_g2s(smem_u32(dst), (const uint16_t *)base + row * KD, KD * 2, bar);
+        } else {
+            for (int c = 0; c < row_chunks; c++) ((uint4 *)dst)[c] = make_uint4(0, 0, 0, 0);
         }
-
-        /* ---- 1c. the gate (log2 units), summed down each channel in two levels: each thread takes a pair of
-         *         channels over GROWS rows (its loads and gate values independent, the running sum a chain of
-         *         adds), its part's total goes to shared memory, and after the next barrier every thread adds
-         *         the totals of the parts above it. fp32 gates come straight from global memory. ------------ */
-        constexpr int PAIRS = KD / 2;
-        constexpr int GPARTS = PREP_THREADS / PAIRS; /* 8 (KD 128) or 16 (KD 64) */
-        constexpr int GROWS = 64 / GPARTS;
-        const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
-        float gx[GROWS], gy[GROWS];
-        {
-            const float A = p.A_log ? __expf(p.A_log[h]) : 1.0f;
-            const float2 bias = (p.gate_in_kernel && p.dt_bias) ? *(const float2 *)&p.dt_bias[h * KD + gd]
-                                                                : make_float2(0.0f, 0.0f);
-            if (p.g_dtype == KDA_DT_F32) {
-                const float *gp = (const float *)p.g + (t0 * p.hv + h) * KD + gd;
-                const int64_t rs = (int64_t)p.hv * KD;
-#pragma unroll
-                for (int u = 0; u < GROWS; u++) {
-                    const float2 v = gr0 + u < clen ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.0f, 0.0f);
-                    gx[u] = v.x;
-                    gy[u] = v.y;
-                }
-            }
-            mbar_wait(bar, (parity >> buf) & 1u);
-            if (p.g_dtype != KDA_DT_F32) {
-                const uint32_t *graw = graw_all + gd / 2;
-#pragma unroll
-                for (int u = 0; u < GROWS; u++) {
-                    const uint32_t w = graw[(gr0 + u) * (KD / 2)];
-                    if (p.g_dtype == KDA_DT_F16) {
-                        gx[u] = f16_bits_to_f32((uint16_t)(w & 0xffffu));
-                        gy[u] = f16_bits_to_f32((uint16_t)(w >> 16));
-                    } else {
-                        gx[u] = bf16_bits_to_f32((uint16_t)(w & 0xffffu));
-                        gy[u] = bf16_bits_to_f32((uint16_t)(w >> 16));
-                    }
-                }
-            }
-            /* gate values, branch-free within each mode (a branch per element would serialise the
-               independent elements' latency chains), in log2 units; rows past the chunk's end add 0 */
-            const int nvalid = clen - gr0;
-            if (p.gate_in_kernel && p.lower_bound != 0.0f) { /* lower_bound · sigmoid(A (g + bias)) */
-                const float za = -A * LOG2E;
-#pragma unroll
-                for (int u = 0; u < GROWS; u++) {
-                    gx[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
-                    gy[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
-                }
-            } else if (p.gate_in_kernel) { /* −A softplus(g + bias) */
-#pragma unroll
-                for (int u = 0; u < GROWS; u++) {
-                    gx[u] = -A * softplusf_(gx[u] + bias.x);
-                    gy[u] = -A * softplusf_(gy[u] + bias.y);
-                }
-            }
-            float run0 = 0.0f, run1 = 0.0f;
-            if (!(p.dev_skip & 32)) {
-#pragma unroll
-                for (int u = 0; u < GROWS; u++) {
-                    /* clamp into [KDA_GATE_MIN, 0]: NaN and −inf become the minimum */
-                    run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
-                    run1 += u < nvalid ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
-                    gx[u] = run0;
-                    gy[u] = run1;
-                }
-            }
-            *(float2 *)&sTot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
+    }
+    if (tid < 64) {
+        float b = 0.0f;
+        if (tid < clen) {
+            b = load_elem(p.beta, p.beta_dtype, (t0 + tid) * p.hv + h);
+            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
         }
+        sBeta[tid] = b;
+    }
 
-        /* ---- 1b. normalise q (× scale) and k, convert to bf16: eight threads per row --------------------- */
-        if (!(p.dev_skip & 64)) {
-            constexpr int CW = KD / 8;
-            const int r = tid >> 3, c0 = (tid & 7) * CW;
+    /* ---- 1c. the gate (log2 units), summed down each channel in two levels: each thread takes a pair of
+     *         channels over GROWS rows (all its loads and gate values independent, the running sum a chain of
+     *         adds), its part's total goes to shared memory, and after the next barrier every thread adds the
+     *         totals of the parts above it. fp32 gates come straight from global memory. ------------------ */
+    constexpr int PAIRS = KD / 2;
+    constexpr int GPARTS = PREP_THREADS / PAIRS; /* 4 (KD 128) or 8 (KD 64) */
+    constexpr int GROWS = 64 / GPARTS;
+    const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
+    float gx[GROWS], gy[GROWS];
+    {
+        const float A = p.A_log ? __expf(p.A_log[h]) : 1.0f;
+        const float2 bias = (p.gate_in_kernel && p.dt_bias) ? *(const float2 *)&p.dt_bias[h * KD + gd]
+                                                            : make_float2(0.0f, 0.0f);
+        if (p.g_dtype == KDA_DT_F32) {
+            const float *gp = (const float *)p.g + (t0 * p.hv + h) * KD + gd;
+            const int64_t rs = (int64_t)p.hv * KD;
 #pragma unroll
-            for (int which = 0; which < 3; which++) {
-                bf16 *tile = which == 0 ? sQ : which == 1 ? sK : sV;
-                if (which == 2 && p.dtype == KDA_DT_BF16) break;
-                float x[CW];
-                if (p.dtype == KDA_DT_F32) {
-                    const int64_t row = which < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
-                    const float *src = (const float *)(which == 0 ? p.q : which == 1 ? p.k : p.v) + row * KD + c0;
+            for (int u = 0; u < GROWS; u++) {
+                const float2 v = gr0 + u < clen ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.0f, 0.0f);
+                gx[u] = v.x;
+                gy[u] = v.y;
+            }
+        }
+        mbar_wait(bar, 0);
+        if (p.g_dtype != KDA_DT_F32) {
+            const uint32_t *graw = (const uint32_t *)sA + gd / 2;
 #pragma unroll
-                    for (int c = 0; c < CW; c += 4) {
-                        const float4 f = r < clen ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-                        x[c] = f.x;
-                        x[c + 1] = f.y;
-                        x[c + 2] = f.z;
-                        x[c + 3] = f.w;
-                    }
+            for (int u = 0; u < GROWS; u++) {
+                const uint32_t w = graw[(gr0 + u) * (KD / 2)];
+                if (p.g_dtype == KDA_DT_F16) {
+                    gx[u] = f16_bits_to_f32((uint16_t)(w & 0xffffu));
+                    gy[u] = f16_bits_to_f32((uint16_t)(w >> 16));
                 } else {
+                    gx[u] = bf16_bits_to_f32((uint16_t)(w & 0xffffu));
+                    gy[u] = bf16_bits_to_f32((uint16_t)(w >> 16));
+                }
+            }
+        }
+        /* gate values, branch-free within each mode (a branch per element would serialise the independent
+           elements' latency chains), in log2 units; rows past the chunk's end add 0 */
+        const int nvalid = clen - gr0;
+        if (p.gate_in_kernel && p.lower_bound != 0.0f) { /* lower_bound · sigmoid(A (g + bias)) */
+            const float za = -A * LOG2E;
 #pragma unroll
-                    for (int c = 0; c < CW; c += 8) {
-                        const uint4 w8 = *(const uint4 *)(tile + r * S + c0 + c);
-                        const uint32_t *w = (const uint32_t *)&w8;
+            for (int u = 0; u < GROWS; u++) {
+                gx[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
+                gy[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
+            }
+        } else if (p.gate_in_kernel) { /* −A softplus(g + bias) */
 #pragma unroll
-                        for (int u = 0; u < 4; u++) {
-                            if (p.dtype == KDA_DT_F16) {
-                                x[c + 2 * u] = f16_bits_to_f32((uint16_t)(w[u] & 0xffffu));
-                                x[c + 2 * u + 1] = f16_bits_to_f32((uint16_t)(w[u] >> 16));
-                            } else {
-                                const float2 f = unpack_bf16(w[u]);
-                                x[c + 2 * u] = f.x;
-                                x[c + 2 * u + 1] = f.y;
-                            }
+            for (int u = 0; u < GROWS; u++) {
+                gx[u] = -A * softplusf_(gx[u] + bias.x);
+                gy[u] = -A * softplusf_(gy[u] + bias.y);
+            }
+        }
+        float run0 = 0.0f, run1 = 0.0f;
+        if (!(p.dev_skip & 32)) {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                /* clamp into [KDA_GATE_MIN, 0]: NaN and −inf become the minimum */
+                run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                run1 += u < nvalid ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                gx[u] = run0;
+                gy[u] = run1;
+            }
+        }
+        *(float2 *)&sTot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
+    }
+
+    /* ---- 1b. normalise q (× scale) and k, convert to bf16: four threads per row ------------------------- */
+    if (!(p.dev_skip & 64)) {
+        constexpr int CW = KD / 4;
+        const int r = tid >> 2, c0 = (tid & 3) * CW;
+#pragma unroll
+        for (int which = 0; which < 3; which++) {
+            bf16 *tile = which == 0 ? sQ : which == 1 ? sK : sV;
+            if (which == 2 && p.dtype == KDA_DT_BF16) break;
+            float x[CW];
+            if (p.dtype == KDA_DT_F32) {
+                const int64_t row = which < 2 ? (t0 + r) * p.hqk + hq : (t0 + r) * p.hv + h;
+                const float *src = (const float *)(which == 0 ? p.q : which == 1 ? p.k : p.v) + row * KD + c0;
+#pragma unroll
+                for (int c = 0; c < CW; c += 4) {
+                    const float4 f = r < clen ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                    x[c] = f.x;
+                    x[c + 1] = f.y;
+                    x[c + 2] = f.z;
+                    x[c + 3] = f.w;
+                }
+            } else {
+#pragma unroll
+                for (int c = 0; c < CW; c += 8) {
+                    const uint4 w8 = *(const uint4 *)(tile + r * S + c0 + c);
+                    const uint32_t *w = (const uint32_t *)&w8;
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        if (p.dtype == KDA_DT_F16) {
+                            x[c + 2 * u] = f16_bits_to_f32((uint16_t)(w[u] & 0xffffu));
+                            x[c + 2 * u + 1] = f16_bits_to_f32((uint16_t)(w[u] >> 16));
+                        } else {
+                            const float2 f = unpack_bf16(w[u]);
+                            x[c + 2 * u] = f.x;
+                            x[c + 2 * u + 1] = f.y;
                         }
                     }
                 }
-                float f = 1.0f;
-                if (which < 2 && p.l2norm) {
-                    float ss = 0.0f;
-#pragma unroll
-                    for (int c = 0; c < CW; c++) ss += x[c] * x[c];
-                    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-                    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-                    ss += __shfl_xor_sync(0xffffffffu, ss, 4);
-                    f = rsqrtf(ss + 1e-6f);
-                }
-                if (which == 0) f *= p.scale;
-#pragma unroll
-                for (int c = 0; c < CW; c += 8)
-                    *(uint4 *)(tile + r * S + c0 + c) =
-                        make_uint4(pack_bf16(x[c] * f, x[c + 1] * f), pack_bf16(x[c + 2] * f, x[c + 3] * f),
-                                   pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
             }
-        }
-        __syncthreads(); /* the parts' totals and q, k, v are done */
-        {
-            float pre0 = 0.0f, pre1 = 0.0f;
-            for (int q = 0; q < gr0 / GROWS; q++) {
-                const float2 t = *(const float2 *)&sTot[q * KD + gd];
-                pre0 += t.x;
-                pre1 += t.y;
-            }
+            float f = 1.0f;
+            if (which < 2 && p.l2norm) {
+                float ss = 0.0f;
 #pragma unroll
-            for (int u = 0; u < GROWS; u++)
-                *(float2 *)&sG[(gr0 + u) * S + gd] = make_float2(gx[u] + pre0, gy[u] + pre1);
+                for (int c = 0; c < CW; c++) ss += x[c] * x[c];
+                ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+                ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+                f = rsqrtf(ss + 1e-6f);
+            }
+            if (which == 0) f *= p.scale;
+#pragma unroll
+            for (int c = 0; c < CW; c += 8)
+                *(uint4 *)(tile + r * S + c0 + c) =
+                    make_uint4(pack_bf16(x[c] * f, x[c + 1] * f), pack_bf16(x[c + 2] * f, x[c + 3] * f),
+                               pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
         }
-        for (int e = tid; e < 64 * SA / 4; e += PREP_THREADS) ((float4 *)sA)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
-        __syncthreads();
+    }
+    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, and q, k, v are done */
+    {
+        float pre0 = 0.0f, pre1 = 0.0f;
+        for (int q = 0; q < gr0 / GROWS; q++) {
+            const float2 t = *(const float2 *)&sTot[q * KD + gd];
+            pre0 += t.x;
+            pre1 += t.y;
+        }
+#pragma unroll
+        for (int u = 0; u < GROWS; u++) *(float2 *)&sG[(gr0 + u) * S + gd] = make_float2(gx[u] + pre0, gy[u] + pre1);
+    }
+    for (int e = tid; e < 64 * SA / 4; e += PREP_THREADS) ((float4 *)sA)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncthreads();
 
-        /* ---- 2. A and Aqk by 16×16 blocks: warps 0-5 the off-diagonal blocks (1,0) (2,0) (2,1) (3,0) (3,1)
-         *         (3,2), warps 6-9 the diagonal ones ------------------------------------------------------ */
-        unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
-        if (!(p.dev_skip & 1)) {
-            if (warp < 6) {
-                /* off-diagonal block (I, J < I): R = G at row 16 I */
-                const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp < 1 ? 0 : warp < 3 ? warp - 1 : warp - 3;
-                const float *R = sG + (16 * I) * S;
-                float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
+    /* ---- 2. A and Aqk by 16×16 blocks: warps 0-5 the off-diagonal blocks (1,0) (2,0) (2,1) (3,0) (3,1) (3,2),
+     *         warps 6 and 7 two diagonal blocks each ------------------------------------------------------ */
+    unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
+    if (!(p.dev_skip & 1)) {
+        if (warp < 6) {
+            /* off-diagonal block (I, J < I): R = G at row 16 I */
+            const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp < 1 ? 0 : warp < 3 ? warp - 1 : warp - 3;
+            const float *R = sG + (16 * I) * S;
+            float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
 #pragma unroll
-                for (int kt = 0; kt < NKT; kt++) {
-                    uint32_t fk[4], fq[4];
-                    row_factors<KD>(sG, sK, sQ, R, 16 * I, kt, lane, fk, fq);
+            for (int kt = 0; kt < NKT; kt++) {
+                uint32_t fk[4], fq[4];
+                row_factors<KD>(sG, sK, sQ, R, 16 * I, kt, lane, fk, fq);
 #pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        uint32_t b0, b1;
-                        col_factors<KD>(sG, sK, R, 16 * J + 8 * nt, kt, lane, &b0, &b1);
-                        mma_bf16(accA[nt], fk, b0, b1);
-                        mma_bf16(accQ[nt], fq, b0, b1);
-                    }
+                for (int nt = 0; nt < 2; nt++) {
+                    uint32_t b0, b1;
+                    col_factors<KD>(sG, sK, R, 16 * J + 8 * nt, kt, lane, &b0, &b1);
+                    mma_bf16(accA[nt], fk, b0, b1);
+                    mma_bf16(accQ[nt], fq, b0, b1);
                 }
-                store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
-            } else if (warp < 10) {
-                /* diagonal block D: R = G at the middle row */
-                const int D = warp - 6;
+            }
+            store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
+        } else {
+            /* diagonal blocks: R = G at the middle row */
+            for (int which = 0; which < 2; which++) {
+                const int D = (warp - 6) + 2 * which;
                 const float *R = sG + (16 * D + 7) * S;
                 const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
                 float range = 0.0f;
@@ -415,152 +372,150 @@ __global__ void __launch_bounds__(PREP_THREADS, 1) kda_prep_kernel(const kda_cud
                 }
                 store_block(sA, blk_aqk, sBeta, D, D, lane, accA, accQ, 1);
             }
-            /* the blocks of Aqk above the diagonal are zero */
-            for (int e = tid; e < 64 * 8; e += PREP_THREADS) {
-                const int r = e >> 3, c = e & 7;
-                if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + pan_off(r, c * 8)) = make_uint4(0, 0, 0, 0);
-            }
         }
-        __syncthreads(); /* step 3 overwrites q with KΓ */
-
-        /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace --------------------------------- */
-        if (!(p.dev_skip & 128)) {
-            const float *GL = sG + (clen - 1) * S;
-            unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
-            for (int e = tid; e < 64 * row_chunks; e += PREP_THREADS) {
-                const int r = e / row_chunks, c = e % row_chunks;
-                const float *G = sG + r * S + c * 8;
-                const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
-                const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
-                const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
-                const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
-                const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-                const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-                uint32_t qg[4], kg[4], kt[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
-                    const float g0 = gv[2 * u], g1 = gv[2 * u + 1];
-                    const float e0 = ex2(g0), e1 = ex2(g1);
-                    qg[u] = pack_bf16(q.x * e0, q.y * e1);
-                    kg[u] = pack_bf16(k.x * e0, k.y * e1);
-                    kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
-                }
-                const int off = pan_off(r, c * 8);
-                *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
-                *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
-                *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
-            }
-            float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
-            for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = ex2(GL[d]);
+        /* the blocks of Aqk above the diagonal are zero */
+        for (int e = tid; e < 64 * 8; e += PREP_THREADS) {
+            const int r = e >> 3, c = e & 7;
+            if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + r * 128 + swz(r, c, 8) * 16) = make_uint4(0, 0, 0, 0);
         }
+    }
+    __syncthreads(); /* step 3 overwrites q with KΓ */
 
-        /* ---- 4. the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one block
-         *         each, a column per lane), written over A's diagonal blocks (step 5 reads only A_IM, M < I) ---- */
-        if (warp < 4 && !(p.dev_skip & 2)) {
-            const int j = lane & 15, b = 16 * warp;
-            float tcol[16];
+    /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace ------------------------------------- */
+    if (!(p.dev_skip & 128)) {
+        const float *GL = sG + (clen - 1) * S;
+        unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
+        for (int e = tid; e < 64 * row_chunks; e += PREP_THREADS) {
+            const int r = e / row_chunks, c = e % row_chunks;
+            const float *G = sG + r * S + c * 8;
+            const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
+            const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+            const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+            const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
+            const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+            const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+            uint32_t qg[4], kg[4], kt[4];
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int m = 0; m < i; m++) s += sA[(b + i) * SA + b + m] * tcol[m];
-                tcol[i] = i == j ? 1.0f : (i > j ? -s : 0.0f);
+            for (int u = 0; u < 4; u++) {
+                const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
+                const float g0 = gv[2 * u], g1 = gv[2 * u + 1];
+                const float e0 = ex2(g0), e1 = ex2(g1);
+                qg[u] = pack_bf16(q.x * e0, q.y * e1);
+                kg[u] = pack_bf16(k.x * e0, k.y * e1);
+                kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
             }
-            __syncwarp();
-            if (lane < 16)
-#pragma unroll
-                for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = tcol[i];
+            const int off = pan_off(r, c * 8);
+            *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+            *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+            *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
         }
-        __syncthreads();
+        float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
+        for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = ex2(GL[d]);
+    }
 
-        /* ---- 5. [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
-         *         Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,  X_I = T_II Y_I.
-         *         Warp w < 2 KD / 16 owns a slab of 16 of the 2 KD columns (W, then U), so it needs no other
-         *         warp. ----------------------------------------------------------------------------------- */
-        if (warp < 2 * KD / 16) {
-            constexpr int YS = 16 + 8; /* stride (elements) of the per-warp Y scratch [16][16] */
-            const int g = lane >> 2, t = lane & 3, w = warp;
-            const int is_u = w >= KD / 16, col0 = (w % (KD / 16)) * 16; /* slab columns within W or U */
-            const bf16 *src = is_u ? sV : sQ;                            /* V, or KΓ (over q) */
-            unsigned char *stage = (unsigned char *)sG + is_u * (64 * KD * 2); /* X tile, panel layout */
-            bf16 *Y = sK + w * 16 * YS;
-            for (int I = 0; I < 4 && !(p.dev_skip & 4); I++) {
-                float acc[2][4];
+    /* ---- 4. the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one block
+     *         each, a column per lane), written over A's diagonal blocks (step 5 reads only A_IM, M < I) -------- */
+    if (warp < 4 && !(p.dev_skip & 2)) {
+        const int j = lane & 15, b = 16 * warp;
+        float tcol[16];
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-                for (int M = 0; M < I; M++) {
-                    uint32_t a[4];
+        for (int i = 0; i < 16; i++) {
+            float s = 0.0f;
 #pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const float2 v =
-                            *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * M + 2 * t + 8 * (r >> 1)];
-                        a[r] = pack_bf16(v.x, v.y);
-                    }
-                    const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
-                    const int col = col0 + (lane >> 4) * 8;
-                    uint32_t b[4];
-                    ldsm_x4_t(b, smem_u32(stage + pan_off(row, col)));
-                    mma_bf16(acc[0], a, b[0], b[1]);
-                    mma_bf16(acc[1], a, b[2], b[3]);
-                }
-                /* Y = β ⊙ B − acc, as bf16 rows of the warp's scratch */
+            for (int m = 0; m < i; m++) s += sA[(b + i) * SA + b + m] * tcol[m];
+            tcol[i] = i == j ? 1.0f : (i > j ? -s : 0.0f);
+        }
+        __syncwarp();
+        if (lane < 16)
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++)
+            for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = tcol[i];
+    }
+    __syncthreads();
+
+    /* ---- 5. [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
+     *         Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,  X_I = T_II Y_I.
+     *         Warp w owns a slab of KD/4 of the 2 KD columns (w < 4: W, else U), so it needs no other warp. ---- */
+    {
+        constexpr int NTW = KD / 32;  /* n-tiles of a warp's slab */
+        constexpr int YS = KD / 4 + 8; /* stride (elements) of the per-warp Y scratch [16][KD/4] */
+        const int g = lane >> 2, t = lane & 3, w = warp;
+        const int is_u = w >= 4, col0 = (w & 3) * (KD / 4); /* slab columns within W or U */
+        const bf16 *src = is_u ? sV : sQ;                 /* V, or KΓ (over q) */
+        unsigned char *stage = (unsigned char *)sG + is_u * (64 * KD * 2); /* X tile, panel layout */
+        bf16 *Y = sK + w * 16 * YS;
+        for (int I = 0; I < 4 && !(p.dev_skip & 4); I++) {
+            float acc[NTW][4];
 #pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const int r = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
-                        const float2 bb = unpack_bf16(*(const uint32_t *)&src[r * S + c]);
-                        const float be = sBeta[r];
-                        *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] =
-                            pack_bf16(be * bb.x - acc[nt][2 * hr], be * bb.y - acc[nt][2 * hr + 1]);
-                    }
-                __syncwarp();
+            for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+            for (int M = 0; M < I; M++) {
                 uint32_t a[4];
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
-                    const float2 v =
-                        *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
+                    const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * M + 2 * t + 8 * (r >> 1)];
                     a[r] = pack_bf16(v.x, v.y);
                 }
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-                {
-                    const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = (lane >> 4) * 8;
+                for (int pp = 0; pp < NTW / 2; pp++) {
+                    const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
+                    const int col = col0 + pp * 16 + (lane >> 4) * 8;
                     uint32_t b[4];
-                    ldsm_x4_t(b, smem_u32(Y + row * YS + col));
-                    mma_bf16(acc[0], a, b[0], b[1]);
-                    mma_bf16(acc[1], a, b[2], b[3]);
+                    ldsm_x4_t(b, smem_u32(stage + pan_off(row, col)));
+                    mma_bf16(acc[2 * pp], a, b[0], b[1]);
+                    mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
                 }
-                /* X_I → the staging tile */
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int hr = 0; hr < 2; hr++) {
-                        const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
-                        *(uint32_t *)(stage + pan_off(i, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
-                    }
-                __syncwarp();
             }
+            /* Y = β ⊙ B − acc, as bf16 rows of the warp's scratch */
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int r = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
+                    const float2 bb = unpack_bf16(*(const uint32_t *)&src[r * S + c]);
+                    const float be = sBeta[r];
+                    *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] =
+                        pack_bf16(be * bb.x - acc[nt][2 * hr], be * bb.y - acc[nt][2 * hr + 1]);
+                }
+            __syncwarp();
+            uint32_t a[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
+                a[r] = pack_bf16(v.x, v.y);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+            for (int pp = 0; pp < NTW / 2; pp++) {
+                const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+                uint32_t b[4];
+                ldsm_x4_t(b, smem_u32(Y + row * YS + col));
+                mma_bf16(acc[2 * pp], a, b[0], b[1]);
+                mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
+            }
+            /* X_I → the staging tile */
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
+                    *(uint32_t *)(stage + pan_off(i, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                }
+            __syncwarp();
         }
         __syncthreads();
-        {
-            const int tile16 = 64 * KD * 2 / 16;
-            uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
-            const unsigned char *w_in = (const unsigned char *)sG, *u_in = w_in + 64 * KD * 2;
-            for (int e = tid; e < tile16 && !(p.dev_skip & 256); e += PREP_THREADS) { /* both in the panel layout */
-                w_out[e] = *(const uint4 *)(w_in + e * 16);
-                u_out[e] = *(const uint4 *)(u_in + e * 16);
-            }
+        const int tile16 = 64 * KD * 2 / 16;
+        uint4 *w_out = (uint4 *)blk, *u_out = (uint4 *)(blk + kda_cuda_off_u(KD));
+        const unsigned char *w_in = (const unsigned char *)sG, *u_in = w_in + 64 * KD * 2;
+        for (int e = tid; e < tile16 && !(p.dev_skip & 256); e += PREP_THREADS) { /* both in the panel layout */
+            w_out[e] = *(const uint4 *)(w_in + e * 16);
+            u_out[e] = *(const uint4 *)(u_in + e * 16);
         }
-        parity ^= 1u << buf;
     }
 }
 
 extern "C" int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream) {
-    const int64_t items = p->max_chunks * p->hv;
-    if (items == 0) return 0;
-    const int64_t ctas = items < p->prep_ctas ? items : p->prep_ctas;
+    const int64_t ctas = p->max_chunks * p->hv;
+    if (ctas == 0) return 0;
     cudaError_t err;
     if (p->kd == 128) {
         const int bytes = PREP_BYTES(128);
