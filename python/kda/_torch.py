@@ -106,9 +106,12 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
 
 
 def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float,
-            l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool) -> None:
-    """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place)."""
-    _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst)
+            l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool,
+            checked: bool = False) -> None:
+    """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place). `checked`:
+    the caller is an entry point that has made every check of _check_launch already (the eager fast path)."""
+    if not checked:
+        _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst)
     L = _lib.library()
     a = KdaArgs.from_buffer_copy(L.template)
     B, T, H, K = q.shape
@@ -187,14 +190,14 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 
 def _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, state_v_first):
+                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     n = _num_seqs(q, cu_seqlens) if output_final_state else 0
     ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
     _launch("chunk_kda", False, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens, cu_seqlens_cpu,
             None, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+            allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked)
     return o, ht
 
 
@@ -436,9 +439,13 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
         cu_cpu = _host_offsets(fn, cu_cpu, cu, host)
     else:
         cu_cpu = None
-    op = _chunk_kda_fwd_impl if _eager(q, k, v, g, beta, A_log, dt_bias, h0) else torch.ops.kda.chunk_kda_fwd
-    o, ht = op(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig, neg, safe,
-               0.0 if lower_bound is None else lower_bound, vfirst)
+    lb = 0.0 if lower_bound is None else lower_bound
+    if _eager(q, k, v, g, beta, A_log, dt_bias, h0):  # every argument was checked above and by kda.chunk_kda
+        o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
+                                    gate, bsig, neg, safe, lb, vfirst, checked=True)
+    else:
+        o, ht = torch.ops.kda.chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale,
+                                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst)
     return o, (ht if output_final_state else None)
 
 
