@@ -196,6 +196,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             }
         }
         mbar_wait(bar, 0);
+        __syncthreads(); /* the zero-filled rows past the chunk's end were written by other threads */
         if (p.g_dtype != KDA_DT_F32) {
             const uint32_t *graw = (const uint32_t *)sA + gd / 2;
 #pragma unroll
