@@ -63,6 +63,14 @@ fi
 
 if [ "$MODE" = dev ]; then
   # stage timings by the development skip bits (bench/stages.py), one process, CUDA events
+  if [ -n "${ALT:-}" ]; then # A/B on the same card: a second build with the files under $ALT swapped in
+    rm -rf /tmp/alt && mkdir -p /tmp/alt && cp -r CMakeLists.txt kda.pc.in include src tools tests python /tmp/alt/ 2>/dev/null
+    cp -r cmake /tmp/alt/ 2>/dev/null; cp "$ALT"/*.cu /tmp/alt/src/cuda/
+    (cmake -S /tmp/alt -B /tmp/alt/b -G Ninja -DKDA_CUDA_GENCODE="arch=compute_90a,code=sm_90a" && cmake --build /tmp/alt/b -j16) >"$OUT/alt.log" 2>&1 || tail -5 "$OUT/alt.log"
+    echo "ALT ($ALT):"
+    KDA_LIBRARY=/tmp/alt/b/libkda.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 | grep -v Warn
+    echo "CURRENT:"
+  fi
   KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
     python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 | tee "$OUT/stages.log" | grep -v Warn
 fi

@@ -8,7 +8,7 @@
  *   1. per-token inputs into shared memory: q (l2norm, × scale), k (l2norm), v as bf16 tiles; the gate
  *      (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel into G (fp32); β.
  *   2. A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i), by 16×16 blocks on the
- *      tensor cores (warps 0-5 an off-diagonal block each, every warp half the channels of a diagonal one): the factor e^{G_i−G_j} is split around a reference R into row and column factors
+ *      tensor cores: the factor e^{G_i−G_j} is split around a reference R into row and column factors
  *      (R = G at the first row of the row block off the diagonal, at the middle row on it); a diagonal block
  *      whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d). Aqk → workspace.
  *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G} → workspace; KΓ = k e^{G} → shared; γ = e^{G_last} → workspace.
@@ -83,10 +83,6 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
         else *b1 = b;
     }
 }
-
-/* The fp32 scratch of diagonal block D's Aqk: a 16×16 block of A's (zero, unused) upper triangle. */
-DEV int diag_scratch_row(int D) { return D < 3 ? D : 0; }
-DEV int diag_scratch_col(int D) { return D < 3 ? D + 1 : 2; }
 
 /* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
  * into the workspace, from the accumulators of its two 8-column halves. */
@@ -333,61 +329,50 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 }
             }
             store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
-        }
-        {
-            /* diagonal block D = warp / 2, half of its k-tiles (channels) by each of two warps: R = G at the
-               middle row; the halves add into A (shared) and into an fp32 Aqk scratch block in A's unused
-               upper triangle, written out after the barrier */
-            const int D = warp >> 1, half = warp & 1;
-            const float *R = sG + (16 * D + 7) * S;
-            const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
-            float range = 0.0f;
-            for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - R[d], R[d] - Glast[d]));
+        } else {
+            /* diagonal blocks: R = G at the middle row */
+            for (int which = 0; which < 2; which++) {
+                const int D = (warp - 6) + 2 * which;
+                const float *R = sG + (16 * D + 7) * S;
+                const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
+                float range = 0.0f;
+                for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - R[d], R[d] - Glast[d]));
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
-            float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
-            if (range <= KDA_DIAG_RANGE * LOG2E) {
+                for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
+                float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
+                if (range <= KDA_DIAG_RANGE * LOG2E) {
 #pragma unroll
-                for (int k2 = 0; k2 < NKT / 2; k2++) {
-                    const int kt = half * (NKT / 2) + k2;
-                    uint32_t fk[4], fq[4];
-                    row_factors<KD>(sG, sK, sQ, R, 16 * D, kt, lane, fk, fq);
+                    for (int kt = 0; kt < NKT; kt++) {
+                        uint32_t fk[4], fq[4];
+                        row_factors<KD>(sG, sK, sQ, R, 16 * D, kt, lane, fk, fq);
 #pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-                        uint32_t b0, b1;
-                        col_factors<KD>(sG, sK, R, 16 * D + 8 * nt, kt, lane, &b0, &b1);
-                        mma_bf16(accA[nt], fk, b0, b1);
-                        mma_bf16(accQ[nt], fq, b0, b1);
-                    }
-                }
-            } else {
-                /* decays too strong to split: one exponential per (i, j, d), fp32 */
-                const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
-                        float sa = 0.0f, sq = 0.0f;
-                        for (int d = half * (KD / 2); d < (half + 1) * (KD / 2) && j <= i; d++) {
-                            const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
-                            sa += __bfloat162float(sK[i * S + d]) * e;
-                            sq += __bfloat162float(sQ[i * S + d]) * e;
+                        for (int nt = 0; nt < 2; nt++) {
+                            uint32_t b0, b1;
+                            col_factors<KD>(sG, sK, R, 16 * D + 8 * nt, kt, lane, &b0, &b1);
+                            mma_bf16(accA[nt], fk, b0, b1);
+                            mma_bf16(accQ[nt], fq, b0, b1);
                         }
-                        accA[nt][c] = sa;
-                        accQ[nt][c] = sq;
                     }
-            }
-            const int g = lane >> 2, t = lane & 3;
-            float *scratch = sA + 16 * diag_scratch_row(D) * SA + 16 * diag_scratch_col(D);
+                } else {
+                    /* decays too strong to split: one exponential per (i, j, d), fp32 */
+                    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++)
+                    for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int ii = g + 8 * (c >> 1), jj = 8 * nt + 2 * t + (c & 1);
-                    if (jj < ii) atomicAdd(&sA[(16 * D + ii) * SA + 16 * D + jj], accA[nt][c] * sBeta[16 * D + ii]);
-                    if (jj <= ii) atomicAdd(&scratch[ii * SA + jj], accQ[nt][c]);
+                        for (int c = 0; c < 4; c++) {
+                            const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
+                            float sa = 0.0f, sq = 0.0f;
+                            for (int d = 0; d < KD && j <= i; d++) {
+                                const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
+                                sa += __bfloat162float(sK[i * S + d]) * e;
+                                sq += __bfloat162float(sQ[i * S + d]) * e;
+                            }
+                            accA[nt][c] = sa;
+                            accQ[nt][c] = sq;
+                        }
                 }
+                store_block(sA, blk_aqk, sBeta, D, D, lane, accA, accQ, 1);
+            }
         }
         /* the blocks of Aqk above the diagonal are zero */
         for (int e = tid; e < 64 * 8; e += PREP_THREADS) {
@@ -396,15 +381,6 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         }
     }
     __syncthreads(); /* step 3 overwrites q with KΓ */
-
-    /* the diagonal blocks of Aqk from their fp32 scratch (zero above the diagonal) → workspace */
-    if (!(p.dev_skip & 1))
-        for (int e = tid; e < 4 * 16 * 8; e += PREP_THREADS) {
-            const int D = e >> 7, ii = (e >> 3) & 15, jj = 2 * (e & 7);
-            const float *scratch = sA + 16 * diag_scratch_row(D) * SA + 16 * diag_scratch_col(D);
-            *(uint32_t *)(blk_aqk + pan_off(16 * D + ii, 16 * D + jj)) =
-                pack_bf16(scratch[ii * SA + jj], scratch[ii * SA + jj + 1]);
-        }
 
     /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace ------------------------------------- */
     if (!(p.dev_skip & 128)) {
