@@ -140,6 +140,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     c.max_chunks = max_chunks(p);
     c.block_bytes = kda_cuda_block_bytes(c.kd);
     c.chunks_per_row = (a->seq_len + 63) / 64;
+    c.device = ctx->device;
     c.bv = choose_bv(impl, p);
     const char *skip = getenv("KDA_DEV_SKIP");
     c.dev_skip = skip ? atoi(skip) : 0;

@@ -104,12 +104,6 @@ DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
                  : "r"(addr));
 }
 
-DEV void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-
 /* Bulk copies (the Hopper copy engine) completing on an mbarrier: one thread arms the barrier with the bytes
  * to expect, then the copies are issued; consumers wait on the barrier's phase parity. */
 DEV void mbar_init(uint32_t bar, int count) {
@@ -136,31 +130,31 @@ DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
 }
 /* order this thread's earlier generic-proxy shared accesses before later async-proxy (bulk copy) ones */
 DEV void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-#define CP_ASYNC_WAIT(n) asm volatile("cp.async.wait_group " #n ";\n" ::)
 
 /* ---------------------------------------------------------------------------------------------------------
- * Tile layouts
- *
- * Swizzled bf16 tiles (rows of `chunks` 16-byte chunks, chunks in {4, 8, 16}): the 16-byte chunk c of row r
- * lives at chunk c ^ sw(r), so that the 8 rows an ldmatrix reads at one column fall in 8 different bank
- * groups. The workspace blocks the preparation kernel writes use this layout, so the recurrence copies them
- * to shared memory byte for byte.
+ * Tile layout
  * ------------------------------------------------------------------------------------------------------- */
-DEV int swz(int row, int chunk, int chunks) {
-    return chunks >= 8 ? (chunk ^ (row & 7)) : (chunk ^ ((row >> 1) & 3));
-}
-
-/* byte offset of element (row, col) in a swizzled bf16 tile with `chunks` 16-byte chunks per row */
-DEV int swz_off(int row, int col, int chunks) {
-    return row * chunks * 16 + swz(row, col >> 3, chunks) * 16 + (col & 7) * 2;
-}
-
 /* Panel layout of a [64][KD] bf16 tile (the workspace's W, QΓ, K̃ and U, and the Aqk tile, KD = 64): KD / 64
- * panels of 64 rows × 128 bytes, 8 KB each, the 16-byte chunk c of row r at chunk c ^ (r & 7). This is the
- * 128-byte swizzle of the Hopper copy engine and of wgmma's K-major operands, and it makes every 64-column
- * slice of a tile one contiguous 8 KB piece. Byte offset of element (row, col); col % 8 == 0 gives the chunk. */
+ * panels of 64 rows × 128 bytes, 8 KB each, the 16-byte chunk c of row r at chunk c ^ (r & 7), so that the 8
+ * rows an ldmatrix reads at one column fall in 8 different bank groups. This is the 128-byte swizzle of the
+ * Hopper copy engine and of wgmma's K-major operands, and it makes every 64-column slice of a tile one
+ * contiguous 8 KB piece; the recurrence copies the workspace's tiles to shared memory byte for byte. Byte
+ * offset of element (row, col); col % 8 == 0 gives the chunk. */
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Host side of the launchers
+ * ------------------------------------------------------------------------------------------------------- */
+/* Raise `kernel`'s dynamic shared-memory limit to `bytes` on `device`, once: `done` (one per kernel, indexed by
+ * device) remembers what was set (a benign race between threads: they set the same value). */
+static inline cudaError_t kda_smem_limit(const void *kernel, int bytes, int device, int done[KDA_MAX_DEVICES]) {
+    const int known = device >= 0 && device < KDA_MAX_DEVICES;
+    if (known && done[device] >= bytes) return cudaSuccess;
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err == cudaSuccess && known) done[device] = bytes;
+    return err;
 }
 
 #endif /* KDA_CUDA_COMMON_CUH */

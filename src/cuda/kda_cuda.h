@@ -54,6 +54,8 @@ typedef struct kda_cuda_params {
     float scale, lower_bound;    /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first;
 
+    int device;                  /* the context's CUDA device (current during the launches) */
+
     /* workspace */
     int32_t *chunk_offsets;      /* [N + 1], varlen only */
     void *blocks;                /* [max_chunks][hv] blocks of block_bytes */
@@ -86,7 +88,7 @@ KDA_HD static inline int64_t kda_cuda_off_u(int kd) { return kda_cuda_off_gamma(
 KDA_HD static inline int64_t kda_cuda_block_bytes(int kd) { return kda_cuda_off_u(kd) + (int64_t)64 * kd * 2; }
 
 /* The launchers return a cudaError_t as int (0 = success). They raise a kernel's shared-memory limit once per
- * device (devices numbered below KDA_MAX_DEVICES; others every call). */
+ * device (devices numbered below KDA_MAX_DEVICES; others every call; common.cuh kda_smem_limit). */
 #define KDA_MAX_DEVICES 64
 int kda_cuda_launch_meta(const kda_cuda_params_t *p, void *stream);
 int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream);

@@ -84,6 +84,25 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
     }
 }
 
+/* A and Aqk of the 16×16 block (rows row0.., columns col0..) by the split factors around reference R:
+ * Σ_kt (row factors of rows) · (column factors of columns) on the tensor cores, into accA / accQ. */
+template <int KD>
+DEV void block_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
+                          int lane, float accA[2][4], float accQ[2][4]) {
+#pragma unroll
+    for (int kt = 0; kt < KD / 16; kt++) {
+        uint32_t fk[4], fq[4];
+        row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            uint32_t b0, b1;
+            col_factors<KD>(sG, sK, R, col0 + 8 * nt, kt, lane, &b0, &b1);
+            mma_bf16(accA[nt], fk, b0, b1);
+            mma_bf16(accQ[nt], fq, b0, b1);
+        }
+    }
+}
+
 /* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
  * into the workspace, from the accumulators of its two 8-column halves. */
 DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int I, int J, int lane,
@@ -104,7 +123,7 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
             }
             sA[i * SA + j] = a0;
             sA[i * SA + j + 1] = a1;
-            *(uint32_t *)(blk_aqk + swz_off(i, j, 8)) = pack_bf16(q0, q1);
+            *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
         }
     }
 }
@@ -112,7 +131,6 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
 template <int KD>
 __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cuda_params_t p) {
     constexpr int S = PREP_S(KD);
-    constexpr int NKT = KD / 16; /* k-tiles over the head dimension */
     extern __shared__ __align__(16) unsigned char smem[];
     float *sG = (float *)smem;
     bf16 *sK = (bf16 *)(smem + PREP_OFF_K(KD));
@@ -316,18 +334,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp < 1 ? 0 : warp < 3 ? warp - 1 : warp - 3;
             const float *R = sG + (16 * I) * S;
             float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
-#pragma unroll
-            for (int kt = 0; kt < NKT; kt++) {
-                uint32_t fk[4], fq[4];
-                row_factors<KD>(sG, sK, sQ, R, 16 * I, kt, lane, fk, fq);
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    uint32_t b0, b1;
-                    col_factors<KD>(sG, sK, R, 16 * J + 8 * nt, kt, lane, &b0, &b1);
-                    mma_bf16(accA[nt], fk, b0, b1);
-                    mma_bf16(accQ[nt], fq, b0, b1);
-                }
-            }
+            block_by_factors<KD>(sG, sK, sQ, R, 16 * I, 16 * J, lane, accA, accQ);
             store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
         } else {
             /* diagonal blocks: R = G at the middle row */
@@ -341,18 +348,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
                 float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
                 if (range <= KDA_DIAG_RANGE * LOG2E) {
-#pragma unroll
-                    for (int kt = 0; kt < NKT; kt++) {
-                        uint32_t fk[4], fq[4];
-                        row_factors<KD>(sG, sK, sQ, R, 16 * D, kt, lane, fk, fq);
-#pragma unroll
-                        for (int nt = 0; nt < 2; nt++) {
-                            uint32_t b0, b1;
-                            col_factors<KD>(sG, sK, R, 16 * D + 8 * nt, kt, lane, &b0, &b1);
-                            mma_bf16(accA[nt], fk, b0, b1);
-                            mma_bf16(accQ[nt], fq, b0, b1);
-                        }
-                    }
+                    block_by_factors<KD>(sG, sK, sQ, R, 16 * D, 16 * D, lane, accA, accQ);
                 } else {
                     /* decays too strong to split: one exponential per (i, j, d), fp32 */
                     const int g = lane >> 2, t = lane & 3;
@@ -377,7 +373,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         /* the blocks of Aqk above the diagonal are zero */
         for (int e = tid; e < 64 * 8; e += PREP_THREADS) {
             const int r = e >> 3, c = e & 7;
-            if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + r * 128 + swz(r, c, 8) * 16) = make_uint4(0, 0, 0, 0);
+            if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + pan_off(r, 8 * c)) = make_uint4(0, 0, 0, 0);
         }
     }
     __syncthreads(); /* step 3 overwrites q with KΓ */
@@ -520,25 +516,15 @@ extern "C" int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream) {
     cudaError_t err;
     if (p->kd == 128) {
         const int bytes = PREP_BYTES(128);
-        static int set_128[KDA_MAX_DEVICES]; /* per device, raised once (benign race: same value) */
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (dev < 0 || dev >= KDA_MAX_DEVICES || set_128[dev] < bytes) {
-            err = cudaFuncSetAttribute(kda_prep_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-            if (err != cudaSuccess) return (int)err;
-            if (dev >= 0 && dev < KDA_MAX_DEVICES) set_128[dev] = bytes;
-        }
+        static int done_128[KDA_MAX_DEVICES];
+        if ((err = kda_smem_limit((const void *)kda_prep_kernel<128>, bytes, p->device, done_128)) != cudaSuccess)
+            return (int)err;
         kda_prep_kernel<128><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
     } else {
         const int bytes = PREP_BYTES(64);
-        static int set_64[KDA_MAX_DEVICES]; /* per device, raised once (benign race: same value) */
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (dev < 0 || dev >= KDA_MAX_DEVICES || set_64[dev] < bytes) {
-            err = cudaFuncSetAttribute(kda_prep_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-            if (err != cudaSuccess) return (int)err;
-            if (dev >= 0 && dev < KDA_MAX_DEVICES) set_64[dev] = bytes;
-        }
+        static int done_64[KDA_MAX_DEVICES];
+        if ((err = kda_smem_limit((const void *)kda_prep_kernel<64>, bytes, p->device, done_64)) != cudaSuccess)
+            return (int)err;
         kda_prep_kernel<64><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
     }
     return (int)cudaGetLastError();

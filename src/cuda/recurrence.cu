@@ -278,24 +278,14 @@ extern "C" int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stre
     const int bytes = REC_BYTES(p->kd, p->bv, p->rec_stages, oes);
     cudaError_t err;
     if (p->kd == 128) {
-        static int set_128[KDA_MAX_DEVICES]; /* per device, raised once (benign race: same value) */
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (dev < 0 || dev >= KDA_MAX_DEVICES || set_128[dev] < bytes) {
-            err = cudaFuncSetAttribute(kda_recurrence_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-            if (err != cudaSuccess) return (int)err;
-            if (dev >= 0 && dev < KDA_MAX_DEVICES) set_128[dev] = bytes;
-        }
+        static int done_128[KDA_MAX_DEVICES];
+        if ((err = kda_smem_limit((const void *)kda_recurrence_kernel<128>, bytes, p->device, done_128)) != cudaSuccess)
+            return (int)err;
         kda_recurrence_kernel<128><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
     } else {
-        static int set_64[KDA_MAX_DEVICES]; /* per device, raised once (benign race: same value) */
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (dev < 0 || dev >= KDA_MAX_DEVICES || set_64[dev] < bytes) {
-            err = cudaFuncSetAttribute(kda_recurrence_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-            if (err != cudaSuccess) return (int)err;
-            if (dev >= 0 && dev < KDA_MAX_DEVICES) set_64[dev] = bytes;
-        }
+        static int done_64[KDA_MAX_DEVICES];
+        if ((err = kda_smem_limit((const void *)kda_recurrence_kernel<64>, bytes, p->device, done_64)) != cudaSuccess)
+            return (int)err;
         kda_recurrence_kernel<64><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
     }
     return (int)cudaGetLastError();
