@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 import kda
 from fla.ops.kda import chunk_kda as fla_chunk_kda
+from timing import time_ms
 
 # FlashKDA's speed-up over FLA 0.5.2 on an H200 (issue 4 / shared PERF-NOTES), same flags.
 FLASHKDA = {
@@ -70,21 +70,6 @@ def make_inputs(B, T, HQK, HV, gate, K=128, seed=0):
 def call(fn, x, flags):
     return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], A_log=x["A_log"],
               dt_bias=x["dt_bias"], **flags)
-
-
-def time_ms(fn, reps=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
 
 
 def copy_bandwidth():

@@ -7,11 +7,12 @@ One process, inputs made on the GPU once per shape, CUDA events, median of --rep
 """
 import argparse
 import os
-import statistics
+import time
 
 import torch
 
 import kda
+from timing import time_ms
 
 SHAPES = {
     "B2T8192H64": (2, 8192, 64, 64),
@@ -47,21 +48,6 @@ def run(x):
                          lower_bound=-5.0, output_final_state=True, state_v_first=True)
 
 
-def time_ms(fn, reps):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=["B2T8192H64", "B1T32768H32"])
@@ -81,12 +67,12 @@ def main():
                     os.environ["KDA_DEV_BV"] = str(b)
                 else:
                     os.environ.pop("KDA_DEV_BV", None)
-                cells.append("%s%s %.3f" % (name, "/bv%s" % b if b else "", time_ms(lambda: run(x), a.reps)))
+                t = time_ms(lambda: run(x), reps=a.reps, warmup=2)
+                cells.append("%s%s %.3f" % (name, "/bv%s" % b if b else "", t))
         os.environ.pop("KDA_DEV_SKIP", None)
         os.environ.pop("KDA_DEV_BV", None)
         if a.host:
             # host time of one call (the GPU runs behind), and GPU time per call of 20 calls back to back
-            import time
             run(x)
             torch.cuda.synchronize()
             t = time.perf_counter()

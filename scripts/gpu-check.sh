@@ -6,6 +6,10 @@
 #   prof   stage timings (KDA_DEV_SKIP) and an ncu profile of two shapes
 #   quick  tests only, plus CLI timings of the benchmark shapes
 #   final  stage timings, an ncu stall profile of the recurrence, ours vs FLA
+#   dev    stage timings in one process (bench/stages.py, STAGE_ARGS); ALT=dir also times a second build with
+#          dir's .cu files swapped in, on the same card
+#   ncu    utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
+# Any mode: SANITIZE=1 adds memcheck + racecheck on two GPU tests, PYTESTS=1 the Python suite.
 # Logs and results go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-out}
@@ -19,12 +23,10 @@ cmake -S . -B build-gpu -G Ninja -DKDA_CUDA_GENCODE="arch=compute_90a,code=sm_90
 cmake --build build-gpu -j16 >"$OUT/build.log" 2>&1 || { grep -E "error" "$OUT/build.log" | head -30; exit 1; }
 echo "build $(( $(date +%s) - t0 )) s"
 
-if [ "$MODE" != diag ]; then
 (cd build-gpu && ctest -R '^gpu_' --output-on-failure -j1 --timeout 300) >"$OUT/gpu_tests.log" 2>&1
 grep -E "tests passed|tests failed" "$OUT/gpu_tests.log"
 grep -E "CHECK|FAIL" "$OUT/gpu_tests.log" | head -20
 echo "largest errors:"; grep -E "^case" "$OUT/gpu_tests.log" | sort -k4 -g | tail -3 | cut -c1-80
-fi
 
 if [ "$MODE" = full ] || [ "$MODE" = check ]; then
   for t in gpu_fwd_varlen_empty_seq gpu_fwd_state_pool_inplace; do
@@ -92,30 +94,6 @@ print(rows[0][ki][:40] if rows else "no rows")
 print("  " + "  ".join("%s=%s" % (r[mi].replace("smsp__average_warp_latency_issue_stalled_", "stall_").replace(".avg.pct_of_peak_sustained_active", "%").replace(".ratio", ""), r[vi]) for r in rows))
 PY
   done
-fi
-
-if [ "$MODE" = diag ]; then
-  # development skip bits (kda_cuda.h): time each phase by leaving it out
-  for shape in "--B 2 --T 8192 --hqk 64 --hv 64" "--B 1 --T 32768 --hqk 32 --hv 32"; do
-    echo "$shape"
-    line="  prep (skip 16 +): all"; base=16
-    for m in 0 1 2 4 32 64 128 256 512 231 1023; do line="$line | $m $(KDA_DEV_SKIP=$((base|m)) demo --iters 10 $shape)"; done
-    echo "$line"
-    line="  recurrence (skip 8 +): "
-    for bv in 32 64 128; do for m in 0 1024 2048 3072; do line="$line | bv$bv/$m $(KDA_DEV_BV=$bv KDA_DEV_SKIP=$((8|m)) demo --iters 10 $shape)"; done; done
-    echo "$line"
-  done
-  M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,lts__t_sector_hit_rate.pct,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,dram__bytes_read.sum,dram__bytes_write.sum
-  ncu --clock-control none --launch-skip 3 --launch-count 3 --metrics $M --csv \
-      ./build-gpu/kda demo --backend cuda --no-check --iters 1 --B 2 --T 8192 --hqk 64 --hv 64 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
-  python3 - "$OUT/ncu.csv" <<'PY'
-import csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
-hdr = rows[0]; rows = rows[1:]
-ki, mi, vi, ui = (hdr.index(x) for x in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
-for r in rows:
-    print("  %-22s %-60s %s %s" % (r[ki].split("(")[0].split("<")[0].replace("void ", "")[:22], r[mi], r[vi], r[ui]))
-PY
 fi
 
 if [ "$MODE" = prof ] || [ "$MODE" = final ]; then
