@@ -16,7 +16,8 @@
  * the first row of block I (both factors ≤ 1, always safe); for a diagonal block it is G at the block's middle
  * row, safe while every exponent stays within ±KDA_DIAG_RANGE; past that (decays stronger than ~4 nats per
  * token in some channel) the block falls back to per-pair exponentials. The CUDA kernels use the same
- * blocking and the same rule, so the CPU tests exercise both paths.
+ * blocking and the same fallback rule, so the CPU tests exercise both paths (they also take the middle-row
+ * reference for the off-diagonal blocks of a row whose diagonal block splits: factors ≤ e^{KDA_DIAG_RANGE}).
  */
 #include <math.h>
 #include <stdlib.h>

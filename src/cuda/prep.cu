@@ -8,10 +8,12 @@
  *   1. per-token inputs into shared memory: q (l2norm, × scale), k (l2norm), v as bf16 tiles; the gate
  *      (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel into G (fp32); β.
  *   2. A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i), by 16×16 blocks on the
- *      tensor cores: the factor e^{G_i−G_j} is split around a reference R into row and column factors
- *      (R = G at the first row of the row block off the diagonal, at the middle row on it); a diagonal block
- *      whose exponents would leave ±KDA_DIAG_RANGE falls back to one ex2 per (i, j, d). Aqk → workspace.
- *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G} → workspace; KΓ = k e^{G} → shared; γ = e^{G_last} → workspace.
+ *      tensor cores: the factor e^{G_i−G_j} is split around a reference R into row and column factors,
+ *      the row factors shared by a warp's run of blocks in one row; R = G at the row block's middle row for a
+ *      run that ends in the diagonal block, else (or where the diagonal block's exponents would leave
+ *      ±KDA_DIAG_RANGE, which then falls back to one ex2 per (i, j, d)) at its first row. Aqk → workspace.
+ *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace (two warps, beside step 2); then
+ *      KΓ = k e^{G} → shared.
  *   4. the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, in fp32 by forward substitution (one warp each),
  *      written over A's diagonal blocks.
  *   5. [W | U] = T Diag(β) [KΓ | V] without forming T: block forward substitution over the 4 row blocks,
@@ -84,23 +86,49 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
     }
 }
 
-/* A and Aqk of the 16×16 block (rows row0.., columns col0..) by the split factors around reference R:
- * Σ_kt (row factors of rows) · (column factors of columns) on the tensor cores, into accA / accQ. */
-template <int KD>
-DEV void block_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
-                          int lane, float accA[2][4], float accQ[2][4]) {
+/* A and Aqk of the NB 16×16 blocks (rows row0.., columns col0 + 16 b..) by the split factors around reference
+ * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
+ * columns) on the tensor cores, into accA[b] / accQ[b]. */
+template <int KD, int NB>
+DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
+                           int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
 #pragma unroll
     for (int kt = 0; kt < KD / 16; kt++) {
         uint32_t fk[4], fq[4];
         row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            uint32_t b0, b1;
-            col_factors<KD>(sG, sK, R, col0 + 8 * nt, kt, lane, &b0, &b1);
-            mma_bf16(accA[nt], fk, b0, b1);
-            mma_bf16(accQ[nt], fq, b0, b1);
-        }
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                uint32_t b0, b1;
+                col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
+                mma_bf16(accA[b][nt], fk, b0, b1);
+                mma_bf16(accQ[b][nt], fq, b0, b1);
+            }
     }
+}
+
+/* A and Aqk of the diagonal block D when its decays are too strong to split: one exponential per (i, j, d),
+ * fp32 */
+template <int KD>
+DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D, int lane, float accA[2][4],
+                          float accQ[2][4]) {
+    constexpr int S = KD + 8;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
+            float sa = 0.0f, sq = 0.0f;
+            for (int d = 0; d < KD && j <= i; d++) {
+                const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
+                sa += __bfloat162float(sK[i * S + d]) * e;
+                sq += __bfloat162float(sQ[i * S + d]) * e;
+            }
+            accA[nt][c] = sa;
+            accQ[nt][c] = sq;
+        }
 }
 
 /* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
@@ -325,89 +353,95 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     for (int e = tid; e < 64 * SA / 4; e += PREP_THREADS) ((float4 *)sA)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
-    /* ---- 2. A and Aqk by 16×16 blocks: warps 0-5 the off-diagonal blocks (1,0) (2,0) (2,1) (3,0) (3,1) (3,2),
-     *         warps 6 and 7 two diagonal blocks each ------------------------------------------------------ */
+    /* ---- 2. A and Aqk by 16×16 blocks, warps 0-5, each a run of blocks of one row block I that share their
+     *         row factors: (0,0) | (1,0) (1,1) | (2,0) (2,1) | (2,2) | (3,0) (3,1) | (3,2) (3,3).
+     *         The reference R is G at the middle row of block I when the warp has the diagonal block and the
+     *         block's exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors e^{R − G_j} are
+     *         then ≤ 1, the row factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every factor
+     *         ≤ 1) and the diagonal block by one exponential per (i, j, d).
+     *    3a. meanwhile warps 6 and 7: QΓ, K̃ → workspace, γ → workspace, Aqk's zero blocks above the diagonal */
     unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
-    if (!(p.dev_skip & 1)) {
-        if (warp < 6) {
-            /* off-diagonal block (I, J < I): R = G at row 16 I */
-            const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp < 1 ? 0 : warp < 3 ? warp - 1 : warp - 3;
-            const float *R = sG + (16 * I) * S;
-            float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
-            block_by_factors<KD>(sG, sK, sQ, R, 16 * I, 16 * J, lane, accA, accQ);
-            store_block(sA, blk_aqk, sBeta, I, J, lane, accA, accQ, 0);
-        } else {
-            /* diagonal blocks: R = G at the middle row */
-            for (int which = 0; which < 2; which++) {
-                const int D = (warp - 6) + 2 * which;
-                const float *R = sG + (16 * D + 7) * S;
-                const float *Gfirst = sG + (16 * D) * S, *Glast = sG + (16 * D + 15) * S;
+    const float *GL = sG + (clen - 1) * S;
+    if (warp < 6) {
+        if (!(p.dev_skip & 1)) {
+            const int I = warp < 2 ? warp : (warp + 2) >> 1, J0 = (warp >= 2 && (warp & 1)) ? 2 : 0;
+            const int nb = (warp == 0 || warp == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
+            int split = 0;
+            if (has_diag) {
+                const float *Gfirst = sG + (16 * I) * S, *Gmid = sG + (16 * I + 7) * S, *Glast = sG + (16 * I + 15) * S;
                 float range = 0.0f;
-                for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - R[d], R[d] - Glast[d]));
+                for (int d = lane; d < KD; d += 32)
+                    range = fmaxf(range, fmaxf(Gfirst[d] - Gmid[d], Gmid[d] - Glast[d]));
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
-                float accA[2][4] = {{0.f}}, accQ[2][4] = {{0.f}};
-                if (range <= KDA_DIAG_RANGE * LOG2E) {
-                    block_by_factors<KD>(sG, sK, sQ, R, 16 * D, 16 * D, lane, accA, accQ);
-                } else {
-                    /* decays too strong to split: one exponential per (i, j, d), fp32 */
-                    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int c = 0; c < 4; c++) {
-                            const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
-                            float sa = 0.0f, sq = 0.0f;
-                            for (int d = 0; d < KD && j <= i; d++) {
-                                const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
-                                sa += __bfloat162float(sK[i * S + d]) * e;
-                                sq += __bfloat162float(sQ[i * S + d]) * e;
-                            }
-                            accA[nt][c] = sa;
-                            accQ[nt][c] = sq;
-                        }
-                }
-                store_block(sA, blk_aqk, sBeta, D, D, lane, accA, accQ, 1);
+                split = range <= KDA_DIAG_RANGE * LOG2E;
             }
+            const float *R = sG + (16 * I + (split ? 7 : 0)) * S;
+            const int nf = nb - (has_diag && !split); /* blocks by factors */
+            float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
+            if (nf == 2) blocks_by_factors<KD, 2>(sG, sK, sQ, R, 16 * I, 16 * J0, lane, accA, accQ);
+            else if (nf == 1) blocks_by_factors<KD, 1>(sG, sK, sQ, R, 16 * I, 16 * J0, lane, accA, accQ);
+            if (nf < nb) {
+                if (nb == 2) diag_block_exact<KD>(sG, sK, sQ, I, lane, accA[1], accQ[1]);
+                else diag_block_exact<KD>(sG, sK, sQ, I, lane, accA[0], accQ[0]);
+            }
+#pragma unroll
+            for (int b = 0; b < 2; b++)
+                if (b < nb) store_block(sA, blk_aqk, sBeta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
         }
-        /* the blocks of Aqk above the diagonal are zero */
-        for (int e = tid; e < 64 * 8; e += PREP_THREADS) {
-            const int r = e >> 3, c = e & 7;
-            if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + pan_off(r, 8 * c)) = make_uint4(0, 0, 0, 0);
+    } else {
+        const int tid2 = tid - 192;
+        if (!(p.dev_skip & 128)) {
+            unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
+            for (int e = tid2; e < 64 * row_chunks; e += 64) {
+                const int r = e / row_chunks, c = e % row_chunks;
+                const float *G = sG + r * S + c * 8;
+                const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
+                const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+                const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+                const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
+                const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+                const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+                uint32_t qg[4], kt[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
+                    const float g0 = gv[2 * u], g1 = gv[2 * u + 1];
+                    qg[u] = pack_bf16(q.x * ex2(g0), q.y * ex2(g1));
+                    kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
+                }
+                const int off = pan_off(r, c * 8);
+                *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+                *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+            }
+            float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
+            for (int d = tid2; d < KD; d += 64) gamma[d] = ex2(GL[d]);
         }
+        if (!(p.dev_skip & 1))
+            for (int e = tid2; e < 64 * 8; e += 64) {
+                const int r = e >> 3, c = e & 7;
+                if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + pan_off(r, 8 * c)) = make_uint4(0, 0, 0, 0);
+            }
     }
-    __syncthreads(); /* step 3 overwrites q with KΓ */
+    __syncthreads(); /* step 3b overwrites q with KΓ */
 
-    /* ---- 3. QΓ, K̃ → workspace; KΓ → shared (over q); γ → workspace ------------------------------------- */
+    /* ---- 3b. KΓ = k e^{G} → shared (over q) ----------------------------------------------------------------- */
     if (!(p.dev_skip & 128)) {
-        const float *GL = sG + (clen - 1) * S;
-        unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
         for (int e = tid; e < 64 * row_chunks; e += PREP_THREADS) {
             const int r = e / row_chunks, c = e % row_chunks;
             const float *G = sG + r * S + c * 8;
-            const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
-            const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+            const uint4 k8 = *(const uint4 *)(sK + r * S + c * 8);
+            const uint32_t *kw = (const uint32_t *)&k8;
             const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
-            const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
             const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-            const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            uint32_t qg[4], kg[4], kt[4];
+            uint32_t kg[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
-                const float g0 = gv[2 * u], g1 = gv[2 * u + 1];
-                const float e0 = ex2(g0), e1 = ex2(g1);
-                qg[u] = pack_bf16(q.x * e0, q.y * e1);
-                kg[u] = pack_bf16(k.x * e0, k.y * e1);
-                kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
+                const float2 k = unpack_bf16(kw[u]);
+                kg[u] = pack_bf16(k.x * ex2(gv[2 * u]), k.y * ex2(gv[2 * u + 1]));
             }
-            const int off = pan_off(r, c * 8);
-            *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
-            *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
-            *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
+            *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]);
         }
-        float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
-        for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = ex2(GL[d]);
     }
 
     /* ---- 4. the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one block
