@@ -12,8 +12,8 @@
  *      the row factors shared by a warp's run of blocks in one row; R = G at the row block's middle row for a
  *      run that ends in the diagonal block, else (or where the diagonal block's exponents would leave
  *      ±KDA_DIAG_RANGE, which then falls back to one ex2 per (i, j, d)) at its first row. Aqk → workspace.
- *   3. QΓ = q e^{G}, K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace (two warps, beside step 2); then
- *      KΓ = k e^{G} → shared.
+ *   3. K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace (two warps, beside step 2); then QΓ = q e^{G} →
+ *      workspace and KΓ = k e^{G} → shared.
  *   4. the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, in fp32 by forward substitution (one warp each),
  *      written over A's diagonal blocks.
  *   5. [W | U] = T Diag(β) [KΓ | V] without forming T: block forward substitution over the 4 row blocks,
@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
      *         block's exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors e^{R − G_j} are
      *         then ≤ 1, the row factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every factor
      *         ≤ 1) and the diagonal block by one exponential per (i, j, d).
-     *    3a. meanwhile warps 6 and 7: QΓ, K̃ → workspace, γ → workspace, Aqk's zero blocks above the diagonal */
+     *    3a. meanwhile warps 6 and 7: K̃, γ → workspace, Aqk's zero blocks above the diagonal */
     unsigned char *blk_aqk = blk + kda_cuda_off_aqk(KD);
     const float *GL = sG + (clen - 1) * S;
     if (warp < 6) {
@@ -392,27 +392,23 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     } else {
         const int tid2 = tid - 192;
         if (!(p.dev_skip & 128)) {
-            unsigned char *blk_qg = blk + kda_cuda_off_qg(KD), *blk_kt = blk + kda_cuda_off_kt(KD);
+            unsigned char *blk_kt = blk + kda_cuda_off_kt(KD);
             for (int e = tid2; e < 64 * row_chunks; e += 64) {
                 const int r = e / row_chunks, c = e % row_chunks;
                 const float *G = sG + r * S + c * 8;
-                const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
-                const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+                const uint4 k8 = *(const uint4 *)(sK + r * S + c * 8);
+                const uint32_t *kw = (const uint32_t *)&k8;
                 const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
                 const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
                 const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
                 const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-                uint32_t qg[4], kt[4];
+                uint32_t kt[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
-                    const float g0 = gv[2 * u], g1 = gv[2 * u + 1];
-                    qg[u] = pack_bf16(q.x * ex2(g0), q.y * ex2(g1));
-                    kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - g0), k.y * ex2(lv[2 * u + 1] - g1));
+                    const float2 k = unpack_bf16(kw[u]);
+                    kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - gv[2 * u]), k.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]));
                 }
-                const int off = pan_off(r, c * 8);
-                *(uint4 *)(blk_qg + off) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
-                *(uint4 *)(blk_kt + off) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+                *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
             }
             float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
             for (int d = tid2; d < KD; d += 64) gamma[d] = ex2(GL[d]);
@@ -425,22 +421,26 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     }
     __syncthreads(); /* step 3b overwrites q with KΓ */
 
-    /* ---- 3b. KΓ = k e^{G} → shared (over q) ----------------------------------------------------------------- */
+    /* ---- 3b. QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared (over q) --------------------------------------- */
     if (!(p.dev_skip & 128)) {
+        unsigned char *blk_qg = blk + kda_cuda_off_qg(KD);
         for (int e = tid; e < 64 * row_chunks; e += PREP_THREADS) {
             const int r = e / row_chunks, c = e % row_chunks;
             const float *G = sG + r * S + c * 8;
-            const uint4 k8 = *(const uint4 *)(sK + r * S + c * 8);
-            const uint32_t *kw = (const uint32_t *)&k8;
+            const uint4 q8 = *(const uint4 *)(sQ + r * S + c * 8), k8 = *(const uint4 *)(sK + r * S + c * 8);
+            const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
             const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
             const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-            uint32_t kg[4];
+            uint32_t qg[4], kg[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const float2 k = unpack_bf16(kw[u]);
-                kg[u] = pack_bf16(k.x * ex2(gv[2 * u]), k.y * ex2(gv[2 * u + 1]));
+                const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
+                const float e0 = ex2(gv[2 * u]), e1 = ex2(gv[2 * u + 1]);
+                qg[u] = pack_bf16(q.x * e0, q.y * e1);
+                kg[u] = pack_bf16(k.x * e0, k.y * e1);
             }
-            *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]);
+            *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+            *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
         }
     }
 
