@@ -195,8 +195,16 @@ typedef struct kda_args {
     int allow_neg_eigval;         /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid. Default 0 */
 } kda_args_t;
 
-/* Fill `args` with the defaults written beside each field and set struct_size. */
-KDA_API void kda_args_init(kda_args_t *args);
+/* Fill `args` with the defaults written beside each field and set struct_size. kda_args_init passes the
+ * size of the struct this header declares, so that a newer library never writes past an older program's
+ * struct: the library writes min(struct_size, its own sizeof(kda_args_t)) bytes of defaults and zeros the
+ * rest. A struct larger than the library's (a program built against a newer header) is then refused by
+ * every call with KDA_STATUS_NOT_SUPPORTED; a smaller one, from an older header, is accepted and its
+ * missing fields take their defaults. */
+KDA_API void kda_args_init_sized(kda_args_t *args, size_t struct_size);
+#define kda_args_init(args) kda_args_init_sized((args), sizeof(kda_args_t))
+/* The same as a function (writes sizeof(kda_args_t) of the library): for bindings that call by symbol. */
+KDA_API void(kda_args_init)(kda_args_t *args);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Prefill forward: the chunked (WY) algorithm, for any number of tokens

@@ -143,7 +143,16 @@ kda_status_t kda_get_num_threads(const kda_context_t *ctx, int *num_threads) {
 /* ---------------------------------------------------------------------------------------------------------
  * Arguments and dispatch
  * ------------------------------------------------------------------------------------------------------- */
-void kda_args_init(kda_args_t *args) {
+void kda_args_init_sized(kda_args_t *args, size_t struct_size) {
+    if (!args || struct_size < sizeof(size_t)) return;
+    kda_args_t d;
+    (kda_args_init)(&d);
+    memset(args, 0, struct_size);
+    memcpy(args, &d, struct_size < sizeof d ? struct_size : sizeof d);
+    args->struct_size = struct_size;
+}
+
+void(kda_args_init)(kda_args_t *args) {
     if (!args) return;
     memset(args, 0, sizeof *args);
     args->struct_size = sizeof *args;

@@ -29,6 +29,10 @@ extern "C" {
 /* Format the message of a failing call and return `status`. */
 kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 3);
 
+/* sizeof(kda_args_t) of the first released header (1.x): the shortest struct a call accepts. A later header
+ * that appends fields keeps this value, so programs built against 1.0 keep working. */
+#define KDA_ARGS_MIN_SIZE (offsetof(kda_args_t, allow_neg_eigval) + sizeof(int))
+
 /* ---------------------------------------------------------------------------------------------------------
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
  * ------------------------------------------------------------------------------------------------------- */

@@ -63,16 +63,19 @@ kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, co
                             kda_problem_t *out) {
     (void)ctx;
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
-    if (args->struct_size < sizeof(kda_args_t))
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than sizeof(kda_args_t) = %zu; initialise "
-             "the struct with kda_args_init()", args->struct_size, sizeof(kda_args_t));
+    if (args->struct_size < KDA_ARGS_MIN_SIZE)
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_args_t (%zu bytes); "
+             "initialise the struct with kda_args_init()", args->struct_size, (size_t)KDA_ARGS_MIN_SIZE);
     if (args->struct_size > sizeof(kda_args_t))
         FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(kda_args_t) = %zu: "
              "the program was built against a newer libkda", args->struct_size, sizeof(kda_args_t));
 
+    /* an older program's shorter struct: the fields it lacks take their defaults */
     kda_problem_t p;
     memset(&p, 0, sizeof p);
-    memcpy(&p.a, args, sizeof(kda_args_t));
+    (kda_args_init)(&p.a);
+    memcpy(&p.a, args, args->struct_size);
+    p.a.struct_size = sizeof(kda_args_t);
     const kda_args_t *a = &p.a;
 
     /* -- sizes ------------------------------------------------------------------------------------------- */

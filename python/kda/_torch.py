@@ -230,14 +230,14 @@ def fused_recurrent_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
 def _fused_recurrent_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                   ssm_state_indices, scale, output_final_state, use_qk_l2norm_in_kernel,
                                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                  lower_bound, state_v_first):
+                                  lower_bound, state_v_first, checked=False):
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     n = _num_seqs(q, cu_seqlens) if output_final_state else 0
     ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
     _launch("fused_recurrent_kda", True, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens,
             cu_seqlens_cpu, ssm_state_indices, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked)
     return o, ht
 
 
@@ -272,11 +272,11 @@ def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
 def _fused_recurrent_kda_out_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                   ssm_state_indices, o, final_state, state_in_place, scale, use_qk_l2norm_in_kernel,
                                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                  lower_bound, state_v_first):
+                                  lower_bound, state_v_first, checked=False):
     h0 = final_state if state_in_place else initial_state
     _launch("fused_recurrent_kda", True, q, k, v, g, beta, A_log, dt_bias, h0, final_state, cu_seqlens,
             cu_seqlens_cpu, ssm_state_indices, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked)
 
 
 @fused_recurrent_kda_out.register_fake
@@ -474,11 +474,15 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
             raise KDANotSupportedError(f"{fn}: argument 'initial_state': the state pool is updated in place, so it "
                                        f"must be contiguous (a pool whose slots are strided apart is not "
                                        f"implemented), got strides {tuple(h0.stride())}")
+    # eager: every argument was checked above and by kda.fused_recurrent_kda, so the launch checks are skipped
     eager = _eager(q, k, v, g, beta, A_log, dt_bias, h0, out)
     if out is None and ht_mode != 2:
-        op = _fused_recurrent_kda_fwd_impl if eager else torch.ops.kda.fused_recurrent_kda_fwd
-        o, ht = op(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale, ht_mode == 1, l2, gate, bsig, neg,
-                   safe, lb, vfirst)
+        args = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale, ht_mode == 1, l2, gate, bsig, neg,
+                safe, lb, vfirst)
+        if eager:
+            o, ht = _fused_recurrent_kda_fwd_impl(*args, checked=True)
+        else:
+            o, ht = torch.ops.kda.fused_recurrent_kda_fwd(*args)
         return o, (ht if ht_mode == 1 else None)
     if out is None:
         o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -490,14 +494,16 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
         _code(fn, "out", out)
         o = out
     if ht_mode == 2:
-        ht = h0
-        (_fused_recurrent_kda_out_impl if eager else torch.ops.kda.fused_recurrent_kda_out)(q, k, v, g, beta, A_log, dt_bias, None, cu, cu_cpu, idx, o, ht, True,
-                                              scale, l2, gate, bsig, neg, safe, lb, vfirst)
+        ht, h0_arg, in_place = h0, None, True
     else:
-        ht = None
+        ht, h0_arg, in_place = None, h0, False
         if ht_mode == 1:
             ht = torch.empty(_state_shape(q, v, N, vfirst), dtype=torch.float32, device=q.device)
-        (_fused_recurrent_kda_out_impl if eager else torch.ops.kda.fused_recurrent_kda_out)(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, o, ht, False,
-                                              scale, l2, gate, bsig, neg, safe, lb, vfirst)
+    args = (q, k, v, g, beta, A_log, dt_bias, h0_arg, cu, cu_cpu, idx, o, ht, in_place, scale, l2, gate, bsig, neg,
+            safe, lb, vfirst)
+    if eager:
+        _fused_recurrent_kda_out_impl(*args, checked=True)
+    else:
+        torch.ops.kda.fused_recurrent_kda_out(*args)
     return o, ht
 

@@ -1,6 +1,7 @@
 /*
  * The library's conventions: version, status strings, errors, contexts and backends.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "kda.h"
@@ -87,4 +88,35 @@ TEST(api_args_init_defaults) {
     CHECK(a.batch == 1 && a.head_dim_k == 128 && a.dtype == KDA_BFLOAT16, "defaults");
     CHECK(a.q == NULL && a.cu_seqlens == NULL && a.lower_bound == 0.0f && a.scale == 0.0f, "zeros");
     CHECK(a.initial_state_dtype == KDA_FLOAT32, "state dtype");
+}
+
+/* kda_args_init writes only the caller's struct: an older program's shorter struct is not overrun, a newer
+ * program's longer one gets its tail zeroed and every call refuses it by name. */
+TEST(api_args_init_sized) {
+    unsigned char buf[sizeof(kda_args_t) + 64];
+    const size_t short_size = offsetof(kda_args_t, dtype);
+    memset(buf, 0xcd, sizeof buf);
+    kda_args_init_sized((kda_args_t *)buf, short_size);
+    kda_args_t *a = (kda_args_t *)buf;
+    CHECK(a->struct_size == short_size && a->batch == 1 && a->head_dim_k == 128, "short struct's defaults");
+    for (size_t i = short_size; i < sizeof buf; i++) CHECK(buf[i] == 0xcd, "byte %zu past the struct written", i);
+
+    memset(buf, 0xcd, sizeof buf);
+    kda_args_init_sized((kda_args_t *)buf, sizeof buf - 8);
+    CHECK(a->struct_size == sizeof buf - 8 && a->dtype == KDA_BFLOAT16, "long struct's defaults");
+    for (size_t i = sizeof(kda_args_t); i < sizeof buf - 8; i++) CHECK(buf[i] == 0, "tail byte %zu not zeroed", i);
+    for (size_t i = sizeof buf - 8; i < sizeof buf; i++) CHECK(buf[i] == 0xcd, "byte %zu past the struct", i);
+
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    size_t ws = 0;
+    CHECK(kda_forward_workspace_size(ctx, a, &ws) == KDA_STATUS_NOT_SUPPORTED, "newer struct accepted");
+    CHECK(strstr(kda_last_error(), "'struct_size'") != NULL, "%s", kda_last_error());
+    a->struct_size = short_size;
+    CHECK(kda_forward_workspace_size(ctx, a, &ws) == KDA_STATUS_INVALID_VALUE, "truncated struct accepted");
+    CHECK(strstr(kda_last_error(), "'struct_size'") != NULL, "%s", kda_last_error());
+    kda_args_t b;
+    (kda_args_init)(&b); /* the function, as bindings call it */
+    CHECK(b.struct_size == sizeof b && b.o_dtype == KDA_BFLOAT16, "function form");
+    kda_destroy(ctx);
 }
