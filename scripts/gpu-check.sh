@@ -7,7 +7,8 @@
 #   quick  tests only, plus CLI timings of the benchmark shapes
 #   final  stage timings, an ncu stall profile of the recurrence, ours vs FLA
 #   dev    stage timings in one process (bench/stages.py, STAGE_ARGS); ALT=dir also times a second build with
-#          dir's .cu files swapped in, on the same card
+#          dir's .cu files swapped in, on the same card, ALT=file.patch one with the patch applied
+#          (bench/experiments/ holds patches waiting for their A/B)
 #   ncu    utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
 # Any mode: SANITIZE=1 adds memcheck + racecheck on two GPU tests, PYTESTS=1 the Python suite, SKIP_TESTS=1
 # leaves the GPU tests out (a second mode in the same call).
@@ -68,9 +69,15 @@ fi
 
 if [ "$MODE" = dev ]; then
   # stage timings by the development skip bits (bench/stages.py), one process, CUDA events
-  if [ -n "${ALT:-}" ]; then # A/B on the same card: a second build with the files under $ALT swapped in
+  if [ -n "${ALT:-}" ]; then # A/B on the same card: a second build with the files under $ALT swapped in,
+                            # or, when $ALT is a .patch file (git diff of the tree), with it applied
     rm -rf /tmp/alt && mkdir -p /tmp/alt && cp -r CMakeLists.txt kda.pc.in include src tools tests python /tmp/alt/ 2>/dev/null
-    cp -r cmake /tmp/alt/ 2>/dev/null; cp "$ALT"/*.cu /tmp/alt/src/cuda/
+    cp -r cmake /tmp/alt/ 2>/dev/null
+    case "$ALT" in
+      *.patch) here=$PWD; patch -s -d /tmp/alt -p1 <"$ALT" 2>/dev/null || (cd /tmp/alt && git apply "$here/$ALT") ||
+                 echo "ALT patch did not apply" ;;
+      *) cp "$ALT"/*.cu /tmp/alt/src/cuda/ ;;
+    esac
     (cmake -S /tmp/alt -B /tmp/alt/b -G Ninja -DKDA_CUDA_GENCODE="arch=compute_90a,code=sm_90a" && cmake --build /tmp/alt/b -j16) >"$OUT/alt.log" 2>&1 || tail -5 "$OUT/alt.log"
     echo "ALT ($ALT):"
     KDA_LIBRARY=/tmp/alt/b/libkda.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 | grep -v Warn
