@@ -21,6 +21,8 @@ SHAPES = {
     "B1T512H64": (1, 512, 64, 64),
     "B8T4096H32": (8, 4096, 32, 32),
     "GVA": (2, 8192, 16, 64),
+    "V8x1024": (1, 8192, 64, 64, [1024] * 8),
+    "V6": (1, 8192, 64, 64, [1300, 547, 2048, 963, 271, 3063]),
 }
 # name: (KDA_DEV_SKIP, KDA_DEV_BV or None)
 SETS = {
@@ -29,16 +31,22 @@ SETS = {
     "prep-norm": (16 | 64, None), "prep-step3": (16 | 128, None), "prep-out": (16 | 256, None),
     "prep-skeleton": (16 | 231, None),
     "rec-nocopy": (8 | 1024, None), "rec-nomath": (8 | 2048, None), "rec-empty": (8 | 3072, None),
+    # the recurrence by mma.sync where it would use wgmma (KDA_DEV_REC_MMA): A/B in one build
+    "all-mma": (0, None, "mma"), "rec-mma": (8, None, "mma"), "rec-nocopy-mma": (8 | 1024, None, "mma"),
 }
 
 
-def inputs(B, T, HQK, HV, K=128, seed=0):
+def inputs(B, T, HQK, HV, lens=None, K=128, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.float32).to(torch.bfloat16)
     x = dict(q=r(B, T, HQK, K), k=r(B, T, HQK, K), v=r(B, T, HV, K), g=r(B, T, HV, K), beta=r(B, T, HV),
              A_log=(torch.rand(HV, generator=g, device="cuda") * 2.0 - 1.0).float(),
              dt_bias=(0.5 * torch.randn(HV * K, generator=g, device="cuda")).float(),
-             initial_state=(0.1 * torch.randn(B, HV, K, K, generator=g, device="cuda")).float())
+             initial_state=(0.1 * torch.randn(B if lens is None else len(lens), HV, K, K, generator=g,
+                                              device="cuda")).float())
+    if lens is not None:  # varlen: one row of T = sum(lens) tokens
+        x["cu_seqlens"] = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), dtype=torch.int32,
+                                       device="cuda")
     return x
 
 
@@ -46,7 +54,8 @@ def run(x):
     return kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
                          A_log=x["A_log"], dt_bias=x["dt_bias"], use_qk_l2norm_in_kernel=True,
                          use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, safe_gate=True,
-                         lower_bound=-5.0, output_final_state=True, state_v_first=True)
+                         lower_bound=-5.0, output_final_state=True, state_v_first=True,
+                         cu_seqlens=x.get("cu_seqlens"))
 
 
 def main():
@@ -61,7 +70,11 @@ def main():
         x = inputs(*SHAPES[s])
         cells = []
         for name in a.sets:
-            skip, bv = SETS[name]
+            skip, bv = SETS[name][:2]
+            if len(SETS[name]) > 2:
+                os.environ["KDA_DEV_REC_MMA"] = "1"
+            else:
+                os.environ.pop("KDA_DEV_REC_MMA", None)
             for b in ([bv] if not a.bv or not name.startswith("rec") else a.bv):
                 os.environ["KDA_DEV_SKIP"] = str(skip)
                 if b:
@@ -72,6 +85,7 @@ def main():
                 cells.append("%s%s %.3f" % (name, "/bv%s" % b if b else "", t))
         os.environ.pop("KDA_DEV_SKIP", None)
         os.environ.pop("KDA_DEV_BV", None)
+        os.environ.pop("KDA_DEV_REC_MMA", None)
         if a.host:
             # host time of one call (the GPU runs behind), and GPU time per call of 20 calls back to back
             run(x)

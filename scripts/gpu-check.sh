@@ -56,10 +56,11 @@ if [ "$MODE" = full ] || [ "$MODE" = prof ] || [ "$MODE" = check ] || [ "$MODE" 
 fi
 
 if [ -n "${SANITIZE:-}" ]; then
+  for bv in 32 64 128; do  # the recurrence's tilings: 32 mma.sync, 64 and 128 wgmma (sm_90)
   for tool in memcheck racecheck; do for t in gpu_fwd_varlen_empty_seq gpu_fwd_gva_4x; do
-    compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/sanitizer.log" 2>&1
-    echo "$tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | head -1))"
-  done; done
+    KDA_DEV_BV=$bv compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/sanitizer.log" 2>&1
+    echo "bv $bv $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | head -1))"
+  done; done; done
 fi
 
 if [ -n "${PYTESTS:-}" ]; then

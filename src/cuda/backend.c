@@ -147,6 +147,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     const char *bv = getenv("KDA_DEV_BV");
     if (bv && (atoi(bv) == 32 || atoi(bv) == 64 || atoi(bv) == 128) && atoi(bv) <= c.kd) c.bv = atoi(bv);
     kda_cuda_recurrence_smem(&c);
+    c.rec_wgmma = impl->major == 9 && c.bv >= 64 && !getenv("KDA_DEV_REC_MMA"); /* development: A/B the two */
     const char *nst = getenv("KDA_DEV_STAGES");
     if (nst && atoi(nst) == 2) c.rec_stages = 2;
     if (c.max_chunks * c.hv >= ((int64_t)1 << 31) || p->num_seqs * c.hv * (c.kd / 32) >= ((int64_t)1 << 31))

@@ -145,6 +145,84 @@ DEV int pan_off(int row, int col) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Warpgroup MMA (sm_90a only: KDA_WGMMA is defined in the device pass of that target)
+ *
+ * wgmma.mma_async m64nNk16, bf16 in, fp32 accumulators; A (64×16) from registers, B (16×N) from shared memory
+ * through a descriptor. Per warp w of the warpgroup the fragments are those of mma.sync above for rows
+ * 16w..16w+15: the A registers are an m16n8k16 A fragment, and accumulator 4j + c is C tile j's c (columns
+ * 8j..8j+7). Our panel layout is the 128-byte swizzle of both operand majors:
+ *   K-major B (B[n][k] has k contiguous: W, QΓ, Aqk rows): 8-row groups 1024 bytes apart (SBO); a k-step of 16
+ *     moves the start 32 bytes along the row, the next 64 k are the next panel.
+ *   MN-major B (n contiguous: K̃ rows are tokens = k, columns n): 64 n per panel, the next panel LBO = 8192
+ *     bytes on; 8 k-rows per 1024-byte group (SBO); a k-step of 16 moves the start 2048 bytes.
+ * Panels must start on 1024-byte boundaries (the swizzle is taken from address bits 4–9).
+ * ------------------------------------------------------------------------------------------------------- */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define KDA_WGMMA 1
+#endif
+
+DEV uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           (1ull << 62); /* 128-byte swizzle */
+}
+DEV uint64_t wg_desc_kmaj(uint32_t addr) { return wg_desc(addr, 16, 1024); }
+DEV uint64_t wg_desc_mnmaj(uint32_t addr) { return wg_desc(addr, 8192, 1024); }
+
+#ifdef KDA_WGMMA
+DEV void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+DEV void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+#define WG_WAIT(N) asm volatile("wgmma.wait_group.sync.aligned " #N ";\n" ::: "memory")
+/* keep the compiler from moving accesses of accumulator registers across an issue or a wait */
+DEV void reg_fence(float *r, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+DEV void wgmma_n64_kmaj(float *d, const uint32_t a[4], uint64_t desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                     "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+DEV void wgmma_n64_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                     "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+DEV void wgmma_n128_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+                 "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                     "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                     "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                     "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+#endif /* KDA_WGMMA */
+
+/* ---------------------------------------------------------------------------------------------------------
  * Host side of the launchers
  * ------------------------------------------------------------------------------------------------------- */
 /* Raise `kernel`'s dynamic shared-memory limit to `bytes` on `device`, once: `done` (one per kernel, indexed by

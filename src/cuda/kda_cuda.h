@@ -66,6 +66,7 @@ typedef struct kda_cuda_params {
     /* recurrence tiling */
     int bv;                      /* V columns per CTA: 32, 64 or 128 */
     int rec_stages;              /* chunks buffered in shared memory: 2 or 3 (kda_cuda_recurrence_smem) */
+    int rec_wgmma;               /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync (bv = 32, sm_100a) */
 
     /* development only (KDA_DEV_SKIP, for timing stages; results are wrong when set):
        bit 0 prep step 2, bit 1 prep step 4, bit 2 prep step 5, bit 3 prep kernel, bit 4 recurrence kernel;

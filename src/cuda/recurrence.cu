@@ -5,13 +5,22 @@
  *
  * from the workspace blocks of prep.cu. One CTA per (sequence, value head, tile of BV state columns): the
  * recurrence is independent across the V columns of S, so a head's state splits over CTAs without any
- * exchange (BV = 128, 64 or 32 chosen by the host to fill the GPU). Inside a CTA each warp owns 16 columns:
- * it holds Sᵀ (16 × K, fp32) in mma accumulators for the whole sequence and needs no other warp. With Sᵀ as
- * the left operand every product is a row-major × col-major mma:
+ * exchange (BV = 128, 64 or 32 chosen by the host to fill the GPU). Each warp owns 16 columns: it holds Sᵀ
+ * (16 × K, fp32) in accumulators for the whole sequence. With Sᵀ as the left operand every product has its
+ * left operand in registers:
  *
- *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Wᵀ fragments by ldmatrix from W's rows)
- *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments; causal tiles skipped)
- *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (K̃ fragments by ldmatrix.trans)
+ *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Uᵀ read in accumulator layout by ldmatrix.trans)
+ *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments)
+ *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃
+ *
+ * Two ways to do the products, one kernel body (WG below):
+ *   - wgmma (sm_90a, BV ≥ 64): each warpgroup of 4 warps owns 64 columns and issues m64nNk16 with B straight
+ *     from the stage (the workspace panels are wgmma's 128-byte-swizzled layout, K-major for W, QΓ, Aqk and
+ *     MN-major for K̃). The tensor cores read each B tile once per 64 columns of S; with mma.sync every warp
+ *     read all of W, QΓ and K̃ through ldmatrix, and shared-memory bandwidth bounded a step (~110 ldmatrix.x4
+ *     per warp, 8 warps: ~3.5 k cycles of the SM's 128 bytes per cycle).
+ *   - mma.sync m16n8k16 (BV = 32, and sm_100a, where wgmma does not exist): B fragments by ldmatrix per warp;
+ *     causal tiles of Aqk skipped.
  *
  * The next chunks' blocks stream in by bulk copies (the copy engine, completing on one mbarrier per stage) into
  * a 2- or 3-stage ring while this one is used. O goes through shared memory so that its global stores are
@@ -30,9 +39,10 @@ typedef __nv_bfloat16 bf16;
  * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage. */
 #define REC_LINEAR(KD) (3 * 64 * (KD) * 2 + 64 * 64 * 2 + (KD) * 4)
 #define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
-#define REC_STAGE_BYTES(KD, BV) (REC_LINEAR(KD) + REC_UP(BV) * 8192)
+#define REC_STAGE_BYTES(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * 8192 + 1023) / 1024 * 1024) /* wgmma: panels 1 KB-aligned */
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES) ((NST) * REC_STAGE_BYTES(KD, BV) + 2 * 64 * REC_O_STRIDE(BV) * (OES) + 8 * (NST))
+#define REC_BYTES(KD, BV, NST, OES) \
+    (1024 + (NST) * REC_STAGE_BYTES(KD, BV) + 2 * 64 * REC_O_STRIDE(BV) * (OES) + 8 * (NST)) /* 1024: aligning */
 #define REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 */
 
 /* Lane 0 of warp 0 copies chunk `blk` into a stage: two bulk copies (the linear part, the U panels) completing
@@ -47,11 +57,184 @@ DEV void issue_chunk_copy(unsigned char *stage, uint32_t bar, const unsigned cha
     bulk_g2s(dst + REC_LINEAR(KD), blk + kda_cuda_off_u(KD) + (v0 >> 6) * 8192, ubytes, bar);
 }
 
+/* Δᵀ = Uᵀ − (Sᵀ Wᵀ) in place, Uᵀ read in accumulator layout by ldmatrix.trans; then Δᵀ as bf16 A fragments over
+ * the tokens. */
+DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU, int ucol, int lane) {
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+        const int col = ucol + ((lane >> 3) & 1) * 8;
+        uint32_t u[4];
+        ldsm_x4_t(u, sU + pan_off(row, col));
+        const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
+        dacc[2 * np][0] = u0.x - dacc[2 * np][0];
+        dacc[2 * np][1] = u0.y - dacc[2 * np][1];
+        dacc[2 * np][2] = u1.x - dacc[2 * np][2];
+        dacc[2 * np][3] = u1.y - dacc[2 * np][3];
+        dacc[2 * np + 1][0] = u2.x - dacc[2 * np + 1][0];
+        dacc[2 * np + 1][1] = u2.y - dacc[2 * np + 1][1];
+        dacc[2 * np + 1][2] = u3.x - dacc[2 * np + 1][2];
+        dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
+    }
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        da[kt][0] = pack_bf16(dacc[2 * kt][0], dacc[2 * kt][1]);
+        da[kt][1] = pack_bf16(dacc[2 * kt][2], dacc[2 * kt][3]);
+        da[kt][2] = pack_bf16(dacc[2 * kt + 1][0], dacc[2 * kt + 1][1]);
+        da[kt][3] = pack_bf16(dacc[2 * kt + 1][2], dacc[2 * kt + 1][3]);
+    }
+}
+
+/* Sᵀ ← Sᵀ Diag(γ) */
 template <int KD>
+DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++) {
+        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
+        s[nt][0] *= gg.x;
+        s[nt][1] *= gg.y;
+        s[nt][2] *= gg.x;
+        s[nt][3] *= gg.y;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * One chunk step of a warp's 16 columns of Sᵀ: oacc = Oᵀ (16 columns × 64 tokens, accumulator layout), s updated.
+ * sW.. are the stage's tiles, ucol the warp's first column within the copied U panels.
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KD>
+DEV void step_mma(float (&s)[KD / 8][4], float (&oacc)[8][4], uint32_t sW, uint32_t sQG, uint32_t sKT,
+                  uint32_t sAqk, uint32_t sU, const float *gam, int ucol, int lane) {
+    constexpr int NKT = KD / 16;
+    const int t = lane & 3;
+    /* Sᵀ as bf16 A fragments over K */
+    uint32_t sa[NKT][4];
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) {
+        sa[kt][0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
+        sa[kt][1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
+        sa[kt][2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+        sa[kt][3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+    }
+
+    /* Sᵀ Wᵀ and Sᵀ QΓᵀ over the 64 tokens (8 n-tiles) */
+    float dacc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
+    /* k-tiles outermost: the 16 mma of one k-tile are independent, so no mma waits on the one before */
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) {
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+            const int col = kt * 16 + ((lane >> 3) & 1) * 8;
+            const int off = pan_off(row, col);
+            uint32_t b[4];
+            ldsm_x4(b, sW + off);
+            mma_bf16(dacc[2 * np], sa[kt], b[0], b[1]);
+            mma_bf16(dacc[2 * np + 1], sa[kt], b[2], b[3]);
+            ldsm_x4(b, sQG + off);
+            mma_bf16(oacc[2 * np], sa[kt], b[0], b[1]);
+            mma_bf16(oacc[2 * np + 1], sa[kt], b[2], b[3]);
+        }
+    }
+
+    uint32_t da[4][4];
+    delta_fragments(dacc, da, sU, ucol, lane);
+
+    /* Oᵀ += Δᵀ Aqkᵀ: token tiles of Aqk rows i (n) against tokens j (k) ≤ i */
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (np < kt) continue;
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+            const int col = kt * 16 + ((lane >> 3) & 1) * 8;
+            uint32_t b[4];
+            ldsm_x4(b, sAqk + pan_off(row, col));
+            mma_bf16(oacc[2 * np], da[kt], b[0], b[1]);
+            mma_bf16(oacc[2 * np + 1], da[kt], b[2], b[3]);
+        }
+    }
+
+    /* Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃ */
+    decay_state<KD>(s, gam, t);
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+#pragma unroll
+        for (int pp = 0; pp < KD / 16; pp++) {
+            const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+            uint32_t b[4];
+            ldsm_x4_t(b, sKT + pan_off(row, col));
+            mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
+            mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+        }
+    }
+}
+
+/* The same step by the warpgroup (all 4 warps call it; the warp's rows are the warpgroup's rows 16 (warp % 4)..).
+ * Two commit groups for Sᵀ Wᵀ and Sᵀ QΓᵀ, so Δ is formed while the second still runs; then Δᵀ Aqkᵀ joins the
+ * Oᵀ accumulators (in order behind Sᵀ QΓᵀ, same shape) and Δᵀ K̃ the decayed Sᵀ. */
+template <int KD>
+DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], uint32_t sW, uint32_t sQG, uint32_t sKT,
+                    uint32_t sAqk, uint32_t sU, const float *gam, int ucol, int lane) {
+#ifdef KDA_WGMMA
+    constexpr int NT = KD / 8, NKT = KD / 16;
+    const int t = lane & 3;
+    uint32_t sa[NKT][4];
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) {
+        sa[kt][0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
+        sa[kt][1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
+        sa[kt][2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
+        sa[kt][3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
+    }
+    float dacc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
+    reg_fence(&dacc[0][0], 32);
+    reg_fence(&oacc[0][0], 32);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(sW + (kt >> 2) * 8192 + (kt & 3) * 32));
+    wg_commit();
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&oacc[0][0], sa[kt], wg_desc_kmaj(sQG + (kt >> 2) * 8192 + (kt & 3) * 32));
+    wg_commit();
+    WG_WAIT(1);
+    reg_fence(&dacc[0][0], 32);
+
+    uint32_t da[4][4];
+    delta_fragments(dacc, da, sU, ucol, lane);
+    decay_state<KD>(s, gam, t);
+    reg_fence(&s[0][0], NT * 4);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) wgmma_n64_kmaj(&oacc[0][0], da[kt], wg_desc_kmaj(sAqk + kt * 32));
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(sKT + kt * 2048));
+        else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(sKT + kt * 2048));
+    }
+    wg_commit();
+    WG_WAIT(0);
+    reg_fence(&oacc[0][0], 32);
+    reg_fence(&s[0][0], NT * 4);
+#else
+    (void)s, (void)oacc, (void)sW, (void)sQG, (void)sKT, (void)sAqk, (void)sU, (void)gam, (void)ucol, (void)lane;
+    __trap(); /* the host launches this path on sm_90 only */
+#endif
+}
+
+template <int KD, int WG>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_cuda_params_t p) {
-    constexpr int NT = KD / 8;  /* n-tiles of Sᵀ over K */
-    constexpr int NKT = KD / 16; /* k-tiles over K */
-    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int NT = KD / 8; /* n-tiles of Sᵀ over K */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
 
     const int bv = p.bv, nvt = KD / bv;
     const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
@@ -125,81 +308,15 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                        sAqk = sW + 3 * 64 * KD * 2, sU = sW + REC_LINEAR(KD);
         const float *gam = (const float *)(st + 3 * 64 * KD * 2 + 64 * 64 * 2);
 
+        float oacc[8][4];
         if (!(p.dev_skip & 2048)) { /* development: skip the math, to time the copies alone */
-        /* Sᵀ as bf16 A fragments over K */
-        uint32_t sa[NKT][4];
+            if (WG) step_wgmma<KD>(s, oacc, sW, sQG, sKT, sAqk, sU, gam, (v0 & 63) + 16 * warp, lane);
+            else step_mma<KD>(s, oacc, sW, sQG, sKT, sAqk, sU, gam, (v0 & 63) + 16 * warp, lane);
+        } else {
 #pragma unroll
-        for (int kt = 0; kt < NKT; kt++) {
-            sa[kt][0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
-            sa[kt][1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
-            sa[kt][2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-            sa[kt][3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
-        }
-
-        /* Sᵀ Wᵀ and Sᵀ QΓᵀ over the 64 tokens (8 n-tiles) */
-        float dacc[8][4], oacc[8][4];
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
-        /* k-tiles outermost: the 16 mma of one k-tile are independent, so no mma waits on the one before */
-#pragma unroll
-        for (int kt = 0; kt < NKT; kt++) {
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                const int col = kt * 16 + ((lane >> 3) & 1) * 8;
-                const int off = pan_off(row, col);
-                uint32_t b[4];
-                ldsm_x4(b, sW + off);
-                mma_bf16(dacc[2 * np], sa[kt], b[0], b[1]);
-                mma_bf16(dacc[2 * np + 1], sa[kt], b[2], b[3]);
-                ldsm_x4(b, sQG + off);
-                mma_bf16(oacc[2 * np], sa[kt], b[0], b[1]);
-                mma_bf16(oacc[2 * np + 1], sa[kt], b[2], b[3]);
-            }
-        }
-
-        /* Δᵀ = Uᵀ − Sᵀ Wᵀ, with Uᵀ read in accumulator layout by ldmatrix.trans */
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-            const int col = (v0 & 63) + 16 * warp + ((lane >> 3) & 1) * 8; /* within the copied panels */
-            uint32_t u[4];
-            ldsm_x4_t(u, sU + pan_off(row, col));
-            const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
-            dacc[2 * np][0] = u0.x - dacc[2 * np][0];
-            dacc[2 * np][1] = u0.y - dacc[2 * np][1];
-            dacc[2 * np][2] = u1.x - dacc[2 * np][2];
-            dacc[2 * np][3] = u1.y - dacc[2 * np][3];
-            dacc[2 * np + 1][0] = u2.x - dacc[2 * np + 1][0];
-            dacc[2 * np + 1][1] = u2.y - dacc[2 * np + 1][1];
-            dacc[2 * np + 1][2] = u3.x - dacc[2 * np + 1][2];
-            dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
-        }
-        /* Δᵀ as bf16 A fragments over the tokens */
-        uint32_t da[4][4];
-#pragma unroll
-        for (int kt = 0; kt < 4; kt++) {
-            da[kt][0] = pack_bf16(dacc[2 * kt][0], dacc[2 * kt][1]);
-            da[kt][1] = pack_bf16(dacc[2 * kt][2], dacc[2 * kt][3]);
-            da[kt][2] = pack_bf16(dacc[2 * kt + 1][0], dacc[2 * kt + 1][1]);
-            da[kt][3] = pack_bf16(dacc[2 * kt + 1][2], dacc[2 * kt + 1][3]);
-        }
-
-        /* Oᵀ += Δᵀ Aqkᵀ: token tiles of Aqk rows i (n) against tokens j (k) ≤ i */
-#pragma unroll
-        for (int kt = 0; kt < 4; kt++) {
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                if (np < kt) continue;
-                const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-                const int col = kt * 16 + ((lane >> 3) & 1) * 8;
-                uint32_t b[4];
-                ldsm_x4(b, sAqk + pan_off(row, col));
-                mma_bf16(oacc[2 * np], da[kt], b[0], b[1]);
-                mma_bf16(oacc[2 * np + 1], da[kt], b[2], b[3]);
-            }
+                for (int c = 0; c < 4; c++) oacc[nt][c] = 0.0f;
         }
         /* Oᵀ → staging rows O[token][v] (the dtype branch outside the loops) */
 #define REC_STAGE_O(T, CONV)                                                                                   \
@@ -217,28 +334,6 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             REC_STAGE_O(float, )
         }
 #undef REC_STAGE_O
-
-        /* Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃ */
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
-            s[nt][0] *= gg.x;
-            s[nt][1] *= gg.y;
-            s[nt][2] *= gg.x;
-            s[nt][3] *= gg.y;
-        }
-#pragma unroll
-        for (int kt = 0; kt < 4; kt++) {
-#pragma unroll
-            for (int pp = 0; pp < KD / 16; pp++) {
-                const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
-                uint32_t b[4];
-                ldsm_x4_t(b, sKT + pan_off(row, col));
-                mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
-                mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
-            }
-        }
-        }
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
 
         /* O rows of this chunk → global */
@@ -276,17 +371,21 @@ extern "C" int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stre
     const int threads = p->bv * 2;
     const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
     const int bytes = REC_BYTES(p->kd, p->bv, p->rec_stages, oes);
-    cudaError_t err;
+    const void *kernel;
+    static int done[4][KDA_MAX_DEVICES]; /* per kernel below */
+    int which;
     if (p->kd == 128) {
-        static int done_128[KDA_MAX_DEVICES];
-        if ((err = kda_smem_limit((const void *)kda_recurrence_kernel<128>, bytes, p->device, done_128)) != cudaSuccess)
-            return (int)err;
-        kda_recurrence_kernel<128><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
+        which = p->rec_wgmma ? 0 : 1;
+        kernel = p->rec_wgmma ? (const void *)kda_recurrence_kernel<128, 1> : (const void *)kda_recurrence_kernel<128, 0>;
     } else {
-        static int done_64[KDA_MAX_DEVICES];
-        if ((err = kda_smem_limit((const void *)kda_recurrence_kernel<64>, bytes, p->device, done_64)) != cudaSuccess)
-            return (int)err;
-        kda_recurrence_kernel<64><<<(unsigned)ctas, threads, bytes, (cudaStream_t)stream>>>(*p);
+        which = p->rec_wgmma ? 2 : 3;
+        kernel = p->rec_wgmma ? (const void *)kda_recurrence_kernel<64, 1> : (const void *)kda_recurrence_kernel<64, 0>;
     }
+    cudaError_t err;
+    if ((err = kda_smem_limit(kernel, bytes, p->device, done[which])) != cudaSuccess) return (int)err;
+    void *args[] = {(void *)p};
+    if ((err = cudaLaunchKernel(kernel, dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
+                                (cudaStream_t)stream)) != cudaSuccess)
+        return (int)err;
     return (int)cudaGetLastError();
 }

@@ -394,6 +394,26 @@ TEST(gpu_fwd_cuda_graph_capture) {
     dproblem_free(&d);
 }
 
+/* The recurrence's tilings: BV = 128 and 64 (warpgroup MMA on sm_90), forced through the development variable
+ * KDA_DEV_BV, on the cases above, whose small shapes alone make the host pick BV = 32 (mma.sync). */
+TEST(gpu_fwd_rec_tilings) {
+    static const char *bvs[] = {"128", "64"};
+    for (int i = 0; i < 2; i++) {
+        setenv("KDA_DEV_BV", bvs[i], 1);
+        printf("KDA_DEV_BV=%s\n", bvs[i]);
+        matrix(128);
+        matrix(64);
+        test_gpu_fwd_options();
+        test_gpu_fwd_varlen_empty_seq();
+        test_gpu_fwd_gva_4x();
+        test_gpu_fwd_t1_and_boundaries();
+        test_gpu_fwd_strong_decay();
+        test_gpu_fwd_state_pool_inplace();
+        test_gpu_fwd_cuda_graph_capture();
+    }
+    unsetenv("KDA_DEV_BV");
+}
+
 /* Sizes the CUDA backend does not run give NOT_SUPPORTED naming the argument, and write nothing. */
 TEST(gpu_unsupported_head_size) {
     kda_synth_config_t c = base(128);
