@@ -36,6 +36,13 @@ DEV float2 unpack_bf16(uint32_t u) {
     return __bfloat1622float2(v);
 }
 
+/* two bf16 products in one instruction (each rounded once, to bf16) */
+DEV uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+    uint32_t c;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(c) : "r"(a), "r"(b));
+    return c;
+}
+
 DEV float bf16_bits_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 DEV float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 

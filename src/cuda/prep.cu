@@ -59,11 +59,9 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
         const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const float e0 = ex2(G.x - Rr.x), e1 = ex2(G.y - Rr.y);
-        const float2 k = unpack_bf16(*(const uint32_t *)&sK[row * S + col]);
-        const float2 q = unpack_bf16(*(const uint32_t *)&sQ[row * S + col]);
-        fk[r] = pack_bf16(k.x * e0, k.y * e1);
-        fq[r] = pack_bf16(q.x * e0, q.y * e1);
+        const uint32_t e = pack_bf16(ex2(G.x - Rr.x), ex2(G.y - Rr.y));
+        fk[r] = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], e);
+        fq[r] = mul_bf16x2(*(const uint32_t *)&sQ[row * S + col], e);
     }
 }
 
@@ -79,8 +77,7 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
         const int col = kt * 16 + 2 * t + 8 * h;
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const float2 k = unpack_bf16(*(const uint32_t *)&sK[row * S + col]);
-        const uint32_t b = pack_bf16(k.x * ex2(Rr.x - G.x), k.y * ex2(Rr.y - G.y));
+        const uint32_t b = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
         if (h == 0) *b0 = b;
         else *b1 = b;
     }
@@ -256,21 +253,28 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         /* gate values, branch-free within each mode (a branch per element would serialise the independent
            elements' latency chains), in log2 units; rows past the chunk's end add 0 */
         const int nvalid = clen - gr0;
-        if (p.gate_in_kernel && p.lower_bound != 0.0f) { /* lower_bound · sigmoid(A (g + bias)) */
-            const float za = -A * LOG2E;
+        float run0 = 0.0f, run1 = 0.0f;
+        if (p.gate_in_kernel && p.lower_bound != 0.0f) {
+            /* lower_bound · sigmoid(A (g + bias)), straight in log2 units: it lies in [lower_bound, 0] (the
+               validated lower_bound ≥ −5 is inside the clamp), so one fmaxf is the whole clamp (NaN → min) */
+            const float za = -A * LOG2E, lb2 = p.lower_bound * LOG2E;
+            if (!(p.dev_skip & 32)) {
 #pragma unroll
-            for (int u = 0; u < GROWS; u++) {
-                gx[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
-                gy[u] = p.lower_bound * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
+                for (int u = 0; u < GROWS; u++) {
+                    run0 += u < nvalid ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x))), lb2) : 0.0f;
+                    run1 += u < nvalid ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y))), lb2) : 0.0f;
+                    gx[u] = run0;
+                    gy[u] = run1;
+                }
             }
-        } else if (p.gate_in_kernel) { /* −A softplus(g + bias) */
+        } else {
+        if (p.gate_in_kernel) { /* −A softplus(g + bias) */
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
                 gx[u] = -A * softplusf_(gx[u] + bias.x);
                 gy[u] = -A * softplusf_(gy[u] + bias.y);
             }
         }
-        float run0 = 0.0f, run1 = 0.0f;
         if (!(p.dev_skip & 32)) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
@@ -280,6 +284,7 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 gx[u] = run0;
                 gy[u] = run1;
             }
+        }
         }
         *(float2 *)&sTot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
     }
@@ -404,10 +409,8 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
                 uint32_t kt[4];
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
-                    const float2 k = unpack_bf16(kw[u]);
-                    kt[u] = pack_bf16(k.x * ex2(lv[2 * u] - gv[2 * u]), k.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]));
-                }
+                for (int u = 0; u < 4; u++)
+                    kt[u] = mul_bf16x2(kw[u], pack_bf16(ex2(lv[2 * u] - gv[2 * u]), ex2(lv[2 * u + 1] - gv[2 * u + 1])));
                 *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
             }
             float *gamma = (float *)(blk + kda_cuda_off_gamma(KD));
@@ -434,10 +437,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
             uint32_t qg[4], kg[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const float2 q = unpack_bf16(qw[u]), k = unpack_bf16(kw[u]);
-                const float e0 = ex2(gv[2 * u]), e1 = ex2(gv[2 * u + 1]);
-                qg[u] = pack_bf16(q.x * e0, q.y * e1);
-                kg[u] = pack_bf16(k.x * e0, k.y * e1);
+                const uint32_t e = pack_bf16(ex2(gv[2 * u]), ex2(gv[2 * u + 1]));
+                qg[u] = mul_bf16x2(qw[u], e);
+                kg[u] = mul_bf16x2(kw[u], e);
             }
             *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
             *(uint4 *)(sQ + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
