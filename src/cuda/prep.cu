@@ -26,14 +26,15 @@
  *   R_K  bf16 [64][KD+8]   k; later each warp's Y scratch
  *   R_Q  bf16 [64][KD+8]   q; later KΓ
  *   R_V  bf16 [64][KD+8]   v
- *   R_A  fp32 [64][68]     the raw 16-bit gate tile [64][KD], then A (its diagonal blocks later T_II)
+ *   R_A  fp32 [64][72]     the raw 16-bit gate tile [64][KD], then A (its diagonal blocks later T_II)
  *   β    fp32 [64], and 512 floats for the partial sums of the gate
  */
 #include "common.cuh"
 #include "seq.cuh"
 
 #define PREP_THREADS 256
-#define SA 68  /* fp32 stride of A and T */
+#define SA 72  /* fp32 stride of A and T: rows 8 banks apart, so the float2 fragment reads of step 5 (a half-warp
+                  spans 4 rows) and the float2 stores of step 2 are conflict-free */
 
 typedef __nv_bfloat16 bf16;
 
@@ -146,8 +147,7 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
                 if (j > i) q0 = 0.0f;
                 if (j + 1 > i) q1 = 0.0f;
             }
-            sA[i * SA + j] = a0;
-            sA[i * SA + j + 1] = a1;
+            *(float2 *)&sA[i * SA + j] = make_float2(a0, a1);
             *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
         }
     }
