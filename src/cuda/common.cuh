@@ -111,6 +111,13 @@ DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
                  : "r"(addr));
 }
 
+/* 16 bytes global → shared through L2 (cp.async.cg), of which the first src_bytes (0 or 16) are read and the
+ * rest zero-filled; cp_async_wait_all waits for this thread's copies. */
+DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEV void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 /* Bulk copies (the Hopper copy engine) completing on an mbarrier: one thread arms the barrier with the bytes
  * to expect, then the copies are issued; consumers wait on the barrier's phase parity. */
 DEV void mbar_init(uint32_t bar, int count) {
