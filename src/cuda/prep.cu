@@ -187,7 +187,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
     {
         constexpr int RSTEP = PREP_THREADS / row_chunks; /* rows between a thread's copies */
         const int c = tid % row_chunks, r0 = tid / row_chunks;
-        for (int ti = 0; ti < n_tiles; ti++) {
+#pragma unroll
+        for (int ti = 0; ti < 4; ti++) {
+            if (ti >= n_tiles) break;
             const int tile = ti < n_qkv ? ti : 3; /* 0 q, 1 k, 2 v, 3 g */
             const int64_t heads = tile < 2 ? p.hqk : p.hv; /* rows of the tensor per token */
             const uint16_t *base = (const uint16_t *)(tile == 0 ? p.q : tile == 1 ? p.k : tile == 2 ? p.v : p.g);
@@ -237,18 +239,20 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         }
         cp_async_wait_all();
         __syncthreads(); /* the tiles were copied by all threads */
-        if (p.g_dtype != KDA_DT_F32) {
-            const uint32_t *graw = (const uint32_t *)sA + gd / 2;
+        const uint32_t *graw = (const uint32_t *)sA + gd / 2;
+        if (p.g_dtype == KDA_DT_F16) { /* dtype branches outside the loops, as in 1b */
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
                 const uint32_t w = graw[(gr0 + u) * (KD / 2)];
-                if (p.g_dtype == KDA_DT_F16) {
-                    gx[u] = f16_bits_to_f32((uint16_t)(w & 0xffffu));
-                    gy[u] = f16_bits_to_f32((uint16_t)(w >> 16));
-                } else {
-                    gx[u] = bf16_bits_to_f32((uint16_t)(w & 0xffffu));
-                    gy[u] = bf16_bits_to_f32((uint16_t)(w >> 16));
-                }
+                gx[u] = f16_bits_to_f32((uint16_t)(w & 0xffffu));
+                gy[u] = f16_bits_to_f32((uint16_t)(w >> 16));
+            }
+        } else if (p.g_dtype == KDA_DT_BF16) {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                const uint32_t w = graw[(gr0 + u) * (KD / 2)];
+                gx[u] = bf16_bits_to_f32((uint16_t)(w & 0xffffu));
+                gy[u] = bf16_bits_to_f32((uint16_t)(w >> 16));
             }
         }
         /* gate values, branch-free within each mode (a branch per element would serialise the independent
@@ -310,6 +314,18 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                     x[c + 2] = f.z;
                     x[c + 3] = f.w;
                 }
+            } else if (p.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler
+                                                     computed both conversions and selected */
+#pragma unroll
+                for (int c = 0; c < CW; c += 8) {
+                    const uint4 w8 = *(const uint4 *)(tile + r * S + c0 + c);
+                    const uint32_t *w = (const uint32_t *)&w8;
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        x[c + 2 * u] = f16_bits_to_f32((uint16_t)(w[u] & 0xffffu));
+                        x[c + 2 * u + 1] = f16_bits_to_f32((uint16_t)(w[u] >> 16));
+                    }
+                }
             } else {
 #pragma unroll
                 for (int c = 0; c < CW; c += 8) {
@@ -317,14 +333,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                     const uint32_t *w = (const uint32_t *)&w8;
 #pragma unroll
                     for (int u = 0; u < 4; u++) {
-                        if (p.dtype == KDA_DT_F16) {
-                            x[c + 2 * u] = f16_bits_to_f32((uint16_t)(w[u] & 0xffffu));
-                            x[c + 2 * u + 1] = f16_bits_to_f32((uint16_t)(w[u] >> 16));
-                        } else {
-                            const float2 f = unpack_bf16(w[u]);
-                            x[c + 2 * u] = f.x;
-                            x[c + 2 * u + 1] = f.y;
-                        }
+                        const float2 f = unpack_bf16(w[u]);
+                        x[c + 2 * u] = f.x;
+                        x[c + 2 * u + 1] = f.y;
                     }
                 }
             }
