@@ -78,6 +78,11 @@ def _is_torch(x) -> bool:
     return t is not None and isinstance(x, t.Tensor)
 
 
+# kda._torch.chunk_kda_cached, set when kda._torch is imported (the first torch call): chunk_kda's fast path for
+# a call whose signature has passed all its checks before
+_torch_chunk_cached = None
+
+
 def _kind(fn: str, q) -> str:
     if isinstance(q, _ndarray):
         return "numpy"
@@ -260,6 +265,15 @@ def chunk_kda(
         ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state float32, or None unless
         ``output_final_state``.
     """
+    fast = _torch_chunk_cached
+    remember = None
+    if fast is not None:
+        r, remember = fast(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, kwargs, scale,
+                           output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                           use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                           return_intermediate_states, state_v_first, cp_context, use_graph, max_num_seqs)
+        if r is not None:
+            return r
     fn = "chunk_kda"
     A_log = dt_bias = None
     chunk_size = 64
@@ -347,7 +361,7 @@ def chunk_kda(
     return _torch.chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                             scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                             bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
-                            bool(safe_gate), lower_bound, bool(state_v_first), N)
+                            bool(safe_gate), lower_bound, bool(state_v_first), N, remember)
 
 
 # ---------------------------------------------------------------------------------------------------------

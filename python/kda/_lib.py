@@ -280,30 +280,48 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_contexts_in_child)
 
 
-def run(ctx: Context, args: KdaArgs, decode: bool, workspace=None, stream=None) -> None:
-    """Query the workspace, get it, and run kda_forward (decode=False) or kda_decode on `ctx`.
+def run(ctx: Context, args: KdaArgs, decode: bool, workspace=None, stream=None, nbytes: int | None = None) -> int:
+    """Query the workspace, get it, and run kda_forward (decode=False) or kda_decode on `ctx`; returns the
+    workspace size used.
 
     `workspace(nbytes)` returns (pointer, keep-alive object) for device contexts; None means the context's
     host workspace. Raises the KDAError of a failing status.
+
+    `nbytes`: the size this returned for an earlier call of the same signature (kda._torch remembers it): the
+    size query (a second ctypes call) is skipped. Should the call fail, the size query settles what the plain
+    order would have done: its own error if it fails; else, if it asks for more than `nbytes` (a CPU context
+    given more threads since), the call again with that much; else the call's own error.
     """
     L = _lib
-    size_fn = L.decode_workspace_size if decode else L.forward_workspace_size
-    run_fn = L.decode if decode else L.forward
-    nbytes = c_size_t()
     pa = byref(args)
     with ctx.lock:
-        st = size_fn(ctx.handle, pa, byref(nbytes))
+        if nbytes is not None:
+            st = _call(L, ctx, pa, decode, nbytes, workspace, stream)
+            if not st:
+                return nbytes
+            err = L.error(st)  # now: the size query below may overwrite the thread's last error
+        size = c_size_t()
+        st = (L.decode_workspace_size if decode else L.forward_workspace_size)(ctx.handle, pa, byref(size))
         if st:
             raise L.error(st)
-        n = nbytes.value
-        keep = None
-        if n == 0:
-            ptr = None
-        elif workspace is None:
-            ptr = ctx.host_workspace(n)
-        else:
-            ptr, keep = workspace(n)
-        st = run_fn(ctx.handle, pa, ptr, n, stream)
-        del keep  # the allocator's block stays valid for the stream it was allocated on
+        n = size.value
+        if nbytes is not None and n <= nbytes:
+            raise err
+        st = _call(L, ctx, pa, decode, n, workspace, stream)
         if st:
             raise L.error(st)
+        return n
+
+
+def _call(L: _Library, ctx: Context, pa, decode: bool, n: int, workspace, stream) -> int:
+    """kda_forward / kda_decode with a workspace of n bytes (ctx.lock held); returns the status."""
+    keep = None
+    if n == 0:
+        ptr = None
+    elif workspace is None:
+        ptr = ctx.host_workspace(n)
+    else:
+        ptr, keep = workspace(n)
+    st = (L.decode if decode else L.forward)(ctx.handle, pa, ptr, n, stream)
+    del keep  # the allocator's block stays valid for the stream it was allocated on
+    return st

@@ -23,13 +23,14 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _lib
+from . import _api, _lib
 from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
 from ._lib import BACKEND_CPU, BACKEND_CUDA, INT32, INT64, KdaArgs
 
 _FLOAT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _STATE = {torch.float32: 0, torch.bfloat16: 2}
 _INT = {torch.int32: INT32, torch.int64: INT64}
+_CPU_CONTEXT = (BACKEND_CPU, 0)
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # pragma: no cover
     raise KDANotSupportedError(f"kda: torch {torch.__version__} is too old; torch >= 2.4 (torch.library.custom_op) "
@@ -112,8 +113,17 @@ def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu,
     the caller is an entry point that has made every check of _check_launch already (the eager fast path)."""
     if not checked:
         _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst)
-    L = _lib.library()
-    a = KdaArgs.from_buffer_copy(L.template)
+    a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale, l2, gate, bsig, neg, safe,
+              lower_bound, vfirst)
+    _run(fn, a, decode, q.device)
+    if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
+        o.zero_()
+
+
+def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float, l2: bool, gate: bool,
+          bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool) -> KdaArgs:
+    """The kda_args_t of a launch (an empty ht: no final state; cu_cpu is passed on for CUDA tensors only)."""
+    a = KdaArgs.from_buffer_copy(_lib.library().template)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     a.batch, a.seq_len, a.num_qk_heads, a.num_v_heads, a.head_dim_k, a.head_dim_v = B, T, H, HV, K, V
@@ -138,29 +148,33 @@ def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu,
         a.A_log = A_log.data_ptr()
     if dt_bias is not None:
         a.dt_bias = dt_bias.data_ptr()
+    if cu_cpu is not None and q.is_cuda:
+        a.cu_seqlens_host = cu_cpu.data_ptr()
+    return a
 
-    dev = q.device
+
+def _run(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Optional[int] = None) -> int:
+    """Run `a` on device `dev` (its current stream; workspace from torch's allocator), or on the CPU backend.
+    Returns the workspace size (`nbytes`: one remembered from an earlier call of the signature, see _lib.run)."""
     if dev.type == "cuda":
-        if cu_cpu is not None:
-            a.cu_seqlens_host = cu_cpu.data_ptr()
         index = dev.index if dev.index is not None else torch.cuda.current_device()
-        ctx = _lib.get_context(BACKEND_CUDA, index)
-
-        def workspace(n):
-            t = torch.empty(n, dtype=torch.uint8, device=dev)
-            return t.data_ptr(), t
-
+        ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
         if torch.cuda.current_device() != index:
             with torch.cuda.device(index):
-                _lib.run(ctx, a, decode, workspace, _stream_of(index))
-        else:
-            _lib.run(ctx, a, decode, workspace, _stream_of(index))
-    elif dev.type == "cpu":
-        _lib.run(_lib.get_context(BACKEND_CPU, 0), a, decode)
-    else:
-        raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
-    if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
-        o.zero_()
+                return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
+        return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
+    if dev.type == "cpu":
+        ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(BACKEND_CPU, 0)
+        return _lib.run(ctx, a, decode, nbytes=nbytes)
+    raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
+
+
+def _workspace(dev: torch.device):
+    """The workspace getter of _lib.run for CUDA device `dev`: a uint8 tensor from torch's caching allocator."""
+    def workspace(n):
+        t = torch.empty(n, dtype=torch.uint8, device=dev)
+        return t.data_ptr(), t
+    return workspace
 
 
 def _state_shape(q: Tensor, v: Tensor, n: int, vfirst: bool):
@@ -399,15 +413,19 @@ def _indices(fn: str, idx, q: Tensor) -> Tensor:
     return idx.contiguous()
 
 
+# nn.Parameter (A_log, dt_bias of a model) disables __torch_function__: to the ops it is a plain tensor
+_PLAIN_TENSORS = frozenset((Tensor, torch.nn.Parameter))
+
+
 def _eager(*ts) -> bool:
-    """True when the ops' Python implementations may be called directly: plain tensors, no autograd to record,
-    not tracing for torch.compile. A call through torch.ops costs ~0.15 ms of host time (the custom op's
-    dispatch), more than a whole small prefill on the GPU; the direct call computes the same thing."""
+    """True when the ops' Python implementations may be called directly: plain tensors (or parameters), no
+    autograd to record, not tracing for torch.compile. A call through torch.ops costs ~0.15 ms of host time (the
+    custom op's dispatch), more than a whole small prefill on the GPU; the direct call computes the same thing."""
     if _is_compiling():
         return False
     grad = torch.is_grad_enabled()
     for t in ts:
-        if t is not None and (type(t) is not Tensor or (grad and t.requires_grad)):
+        if t is not None and (type(t) not in _PLAIN_TENSORS or (grad and t.requires_grad)):
             return False
     return True
 
@@ -430,7 +448,8 @@ def _inputs(fn: str, q, k, v, g, beta):
 
 
 def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig, neg,
-              safe, lower_bound, vfirst, N):
+              safe, lower_bound, vfirst, N, remember=None):
+    """`remember`: from chunk_kda_cached, (signature, the caller's tensors) of a call that may be cached."""
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
     if h0 is not None:
@@ -445,6 +464,9 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
     if _eager(q, k, v, g, beta, A_log, dt_bias, h0):  # every argument was checked above and by kda.chunk_kda
         o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
                                     gate, bsig, neg, safe, lb, vfirst, checked=True)
+        if remember is not None:
+            _remember_chunk(remember, (q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu), o, ht, scale,
+                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale,
                                             output_final_state, l2, gate, bsig, neg, safe, lb, vfirst)
@@ -509,3 +531,131 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
         torch.ops.kda.fused_recurrent_kda_out(*args)
     return o, ht
 
+
+# ---------------------------------------------------------------------------------------------------------
+# kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes,
+# dtypes, devices, contiguity, flags) has passed them before runs without them. A call from a serving loop
+# or benchmark then costs two torch.empty, a kda_args_t copy with its pointers set, and one ctypes call.
+#
+# Signatures are filed under q's shape, and one is computed only for a shape that was seen before: where the
+# shapes change from call to call (variable-length prefill), a call costs one dict lookup more, not a
+# signature (~5 us) and a cache entry that will not be used.
+# ---------------------------------------------------------------------------------------------------------
+_SCALARS = frozenset((type(None), bool, int, float))  # equal values of these mean the same to every check
+_CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size"))
+_MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
+_chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
+def chunk_kda_cached(q, k, v, g, beta, h0, cu, cu_cpu, kwargs, scale, ofs, l2, gate, bsig, neg, safe, lb, ris,
+                     vfirst, cp, use_graph, max_num_seqs):
+    """kda.chunk_kda's arguments (kwargs: its **kwargs) -> (result, None) when a call of this signature was
+    checked and run eagerly before; else (None, remember): what to pass to chunk_kda (None: not cacheable)."""
+    if _compiling() or type(q) not in _PLAIN_TENSORS:  # first: torch.compile traces the ops, not this
+        return None, None
+    calls = _chunk_calls.get(shape := q.shape)
+    if calls is None:
+        return None, (shape, None, None)
+    if ris is not False or cp is not None or (kwargs and not kwargs.keys() <= _CHUNK_KWARGS):
+        return None, None  # errors, or a warning to give each time (transpose_state_layout)
+    A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
+    flags = (scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst, use_graph, max_num_seqs, kwargs.get("chunk_size"))
+    if not _SCALARS.issuperset(map(type, flags)):
+        return None, None
+    grad = torch.is_grad_enabled()
+    key = [flags]
+    tensors = (q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu)
+    for t in tensors:
+        if t is None:
+            key.append(None)
+        elif type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad):  # as _eager
+            key.append((t.shape, t.dtype, t.device, t.is_contiguous()))
+        else:
+            return None, None
+    key = tuple(key)
+    call = calls.get(key)
+    if call is None:
+        return None, (shape, key, tensors)
+    return call(*tensors), None
+
+
+def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst) -> None:
+    """After an eager chunk_kda call: note q's shape if new, else cache the call's signature if the launch used
+    the caller's tensors as they came (no copy, conversion or replacement), or none in their place (an
+    argument the call ignores)."""
+    shape, key, given = remember
+    calls = _chunk_calls.get(shape)
+    if calls is None:
+        if len(_chunk_calls) >= _MAX_SHAPES:
+            _chunk_calls.clear()
+        _chunk_calls[shape] = {}
+        return
+    if key is None:
+        return
+    for u, x in zip(used, given):
+        if u is not None and u is not x:
+            return
+    q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu = used
+    args = _fill("chunk_kda", q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, None, o, scale, l2, gate, bsig,
+                 neg, safe, lb, vfirst)
+    # the optional pointers _fill set, as it decides
+    sets = (ht.numel() > 0, h0 is not None, A_log is not None, dt_bias is not None, cu is not None,
+            cu_cpu is not None and q.is_cuda)
+    if len(calls) >= _MAX_CALLS:
+        calls.clear()
+    calls[key] = _ChunkCall(args, sets, o, ht if ofs else None, scale == 0.0)
+
+
+class _ChunkCall:
+    """One cached chunk_kda signature: the kda_args_t of its calls (their pointers aside: each call sets every
+    pointer that is set in it), which optional pointers are set, the outputs' shapes and dtype, the device,
+    and the workspace size its last call used."""
+    __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "index", "workspace", "zero", "nbytes")
+
+    def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], zero: bool):
+        self.args, self.sets, self.zero = args, sets, zero
+        self.o_shape, self.dtype, self.device = tuple(o.shape), o.dtype, o.device
+        self.ht_shape = tuple(ht.shape) if ht is not None else None  # None: no final state returned
+        self.index = o.device.index if o.is_cuda else None  # None: the CPU
+        self.workspace = _workspace(o.device) if o.is_cuda else None
+        self.nbytes = None
+
+    def __call__(self, q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu):
+        # what _chunk_kda_fwd_impl and _launch do, the kda_args_t's other fields kept from the first call
+        dev = self.device
+        o = torch.empty(*self.o_shape, dtype=self.dtype, device=dev)
+        ht = torch.empty(*self.ht_shape, dtype=torch.float32, device=dev) if self.ht_shape else None
+        a = KdaArgs.from_buffer_copy(self.args)
+        a.q, a.k, a.v, a.g, a.beta, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), \
+            o.data_ptr()
+        sht, sh0, sa, sd, scu, shost = self.sets
+        if sht:
+            a.final_state = ht.data_ptr()
+        if sh0:
+            a.initial_state = h0.data_ptr()
+        if sa:
+            a.A_log = A_log.data_ptr()
+        if sd:
+            a.dt_bias = dt_bias.data_ptr()
+        if scu:
+            a.cu_seqlens = cu.data_ptr()
+        if shost:
+            a.cu_seqlens_host = cu_cpu.data_ptr()
+        index = self.index
+        if index is None:
+            ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(BACKEND_CPU, 0)
+            self.nbytes = _lib.run(ctx, a, False, nbytes=self.nbytes)
+        else:
+            ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+            if torch.cuda.current_device() != index:
+                with torch.cuda.device(index):
+                    self.nbytes = _lib.run(ctx, a, False, self.workspace, _stream_of(index), self.nbytes)
+            else:
+                self.nbytes = _lib.run(ctx, a, False, self.workspace, _stream_of(index), self.nbytes)
+        if self.zero:
+            o.zero_()
+        return o, ht
+
+
+_api._torch_chunk_cached = chunk_kda_cached

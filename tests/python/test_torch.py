@@ -438,3 +438,195 @@ def test_cuda_argument_errors():
     bad_host = torch.tensor([0, 3, 2, 70, 90])
     with pytest.raises(ValueError, match="cu_seqlens_host"):
         cuda_call(kda.chunk_kda, **xt, cu_seqlens=torch.tensor(cu, device="cuda"), cu_seqlens_cpu=bad_host, **gopts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The eager fast path of chunk_kda: a signature that passed the checks before skips them (kda._torch)
+# ---------------------------------------------------------------------------------------------------------
+@pytest.fixture
+def fast_path(monkeypatch):
+    """An empty signature cache, and a count of the calls it served."""
+    from kda import _torch
+    _torch._chunk_calls.clear()
+    served = []
+    call = _torch._ChunkCall.__call__
+
+    def counted(self, *args):
+        served.append(self)
+        return call(self, *args)
+    monkeypatch.setattr(_torch._ChunkCall, "__call__", counted)
+    yield served
+    _torch._chunk_calls.clear()
+
+
+def uncached(fn, *args, **kwargs):
+    """fn with chunk_kda's fast path off: every check made, nothing remembered."""
+    from kda import _api
+    fast, _api._torch_chunk_cached = _api._torch_chunk_cached, None
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _api._torch_chunk_cached = fast
+
+
+def assert_same(a, b):
+    assert (a[1] is None) == (b[1] is None)
+    assert a[0].dtype == b[0].dtype and a[0].shape == b[0].shape and a[0].stride() == b[0].stride()
+    assert torch.equal(a[0], b[0])
+    if a[1] is not None:
+        assert a[1].dtype == b[1].dtype and a[1].shape == b[1].shape and torch.equal(a[1], b[1])
+
+
+# (case, dtype, changes to the case's options)
+FAST_SIGNATURES = [
+    ("basic", None, {}),
+    ("basic", None, dict(output_final_state=False)),
+    ("basic", None, dict(scale=0.0)),
+    ("basic", torch.bfloat16, dict(scale=0.5, state_v_first=True)),
+    ("varlen_gva", None, {}),
+    ("varlen_gva", torch.bfloat16, dict(state_v_first=True)),
+    ("bounded_vfirst", None, {}),
+    ("bounded_vfirst", None, dict(lower_bound=0.0, safe_gate=False)),  # g replaced by zeros: never cached
+    ("t1", torch.float16, dict(initial_state=None)),
+]
+
+
+def fast_inputs(name, dtype, changes, seed):
+    x, cu, opts = case_inputs(name, seed=seed)
+    xt = to_torch(x, dtype=dtype)
+    kwargs = dict(gate_to(opts, "cpu"), cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))
+    kwargs.update(changes)
+    if "initial_state" in changes:
+        xt.pop("initial_state", None)
+    return xt, kwargs
+
+
+def test_fast_path_equals_checked_path(fast_path):
+    """Signatures of one shape and of several, interleaved, each with new data at every call: the cached calls
+    give what the checked path gives, bit for bit."""
+    for rnd in range(3):
+        before = len(fast_path)
+        for i, (name, dtype, changes) in enumerate(FAST_SIGNATURES):
+            xt, kwargs = fast_inputs(name, dtype, changes, seed=100 * rnd + i)
+            expected = uncached(kda.chunk_kda, **xt, **kwargs)
+            assert_same(kda.chunk_kda(**xt, **kwargs), expected)
+    # a shape's first call notes it, a later one caches the signature, the next is served (lower_bound=0.0 never)
+    assert len(fast_path) - before == len(FAST_SIGNATURES) - 1
+
+
+def test_fast_path_new_arguments_of_a_cached_shape(fast_path):
+    """After a signature is cached, a call that differs in anything its checks read takes the checked path: a
+    non-contiguous tensor, another dtype, nn.Parameter gate inputs, other flags, and errors (same messages)."""
+    xt, kwargs = fast_inputs("varlen_gva", None, {}, seed=1)
+    for _ in range(3):
+        kda.chunk_kda(**xt, **kwargs)
+    assert len(fast_path) == 1
+    k_strided = torch.cat([xt["k"], xt["k"]], dim=-1)[..., :xt["k"].shape[-1]]
+    assert not k_strided.is_contiguous()
+    params = dict(A_log=torch.nn.Parameter(kwargs["A_log"]), dt_bias=torch.nn.Parameter(kwargs["dt_bias"]))
+    variants = [(dict(xt, k=k_strided), kwargs),
+                (dict(xt, beta=xt["beta"].half()), kwargs),
+                (xt, dict(kwargs, **params)),
+                (xt, dict(kwargs, use_beta_sigmoid_in_kernel=False)),
+                (xt, dict(kwargs, cu_seqlens=kwargs["cu_seqlens"].long())),
+                (xt, dict(kwargs, cu_seqlens=kwargs["cu_seqlens"].tolist()))]
+    with torch.no_grad():  # the parameters require grad
+        for args, kw in variants:
+            assert_same(kda.chunk_kda(**args, **kw), uncached(kda.chunk_kda, **args, **kw))
+    errors = [(dict(xt, k=xt["k"].half()), kwargs),
+              (dict(xt, beta=xt["beta"][:, :-1]), kwargs),
+              (dict(xt, beta=xt["beta"].double()), kwargs),
+              (xt, dict(kwargs, dt_bias=kwargs["dt_bias"][:-1])),
+              (xt, dict(kwargs, cu_seqlens=torch.tensor([0, 3, 2, 70, 90], dtype=torch.int32))),  # found by libkda
+              (xt, dict(kwargs, transpose_state_layout=True, state_v_first=True))]
+    for args, kw in errors:
+        with pytest.raises(Exception) as cached_err:
+            kda.chunk_kda(**args, **kw)
+        with pytest.raises(Exception) as checked_err:
+            uncached(kda.chunk_kda, **args, **kw)
+        assert type(cached_err.value) is type(checked_err.value) and str(cached_err.value) == str(checked_err.value)
+
+
+def test_fast_path_grad_mode(fast_path):
+    """Cached without autograd, then called with a tensor that requires grad: the custom op records the graph."""
+    xt, kwargs = fast_inputs("basic", None, {}, seed=2)
+    xt["q"].requires_grad_()
+    with torch.no_grad():
+        for _ in range(3):
+            o, _ = kda.chunk_kda(**xt, **kwargs)
+    assert len(fast_path) == 1 and not o.requires_grad
+    o, h = kda.chunk_kda(**xt, **kwargs)
+    assert o.requires_grad and len(fast_path) == 1
+    with pytest.raises(NotImplementedError, match="backward is not implemented"):
+        o.sum().backward()
+
+
+def test_fast_path_workspace_too_small(fast_path):
+    """A remembered workspace size that no longer suffices (more CPU threads since, or simply wrong) is never
+    handed to libkda as if it did: the call is made again with the size libkda asks for."""
+    from kda import _torch
+    xt, kwargs = fast_inputs("varlen_gva", None, {}, seed=3)
+    expected = uncached(kda.chunk_kda, **xt, **kwargs)
+    threads = kda.get_num_threads()
+    try:
+        kda.set_num_threads(1)
+        for _ in range(3):
+            assert_same(kda.chunk_kda(**xt, **kwargs), expected)
+        (call,) = [c for calls in _torch._chunk_calls.values() for c in calls.values()]
+        one = call.nbytes
+        assert one > 0
+        kda.set_num_threads(3)
+        assert_same(kda.chunk_kda(**xt, **kwargs), expected)
+        assert call.nbytes > one
+        for wrong in (0, 1, one - 1):
+            call.nbytes = wrong
+            assert_same(kda.chunk_kda(**xt, **kwargs), expected)
+            assert call.nbytes > one
+    finally:
+        kda.set_num_threads(threads)
+    assert len(fast_path) == 5
+
+
+def test_fast_path_cache_is_bounded(fast_path):
+    from kda import _torch
+    rng = np.random.default_rng(4)
+    for T in range(1, _torch._MAX_SHAPES + 20):
+        x = to_torch(make_inputs(rng, 1, T, 1, 1, 16, 16))
+        for _ in range(2):
+            kda.chunk_kda(**x)
+    assert len(_torch._chunk_calls) <= _torch._MAX_SHAPES
+    x = to_torch(make_inputs(rng, 1, 7, 1, 1, 16, 16))
+    for s in range(_torch._MAX_CALLS + 5):
+        kda.chunk_kda(**x, scale=1.0 + s)
+        kda.chunk_kda(**x, scale=1.0 + s)
+    assert all(len(calls) <= _torch._MAX_CALLS for calls in _torch._chunk_calls.values())
+
+
+@requires_gpu
+def test_cuda_fast_path(fast_path):
+    """CUDA: cached calls equal checked ones, on the current stream; a misaligned tensor of a cached signature
+    gets the checked path's error message."""
+    x, cu, opts = case_inputs("varlen_gva", seed=12, K_V=(64, 64))
+    xt = to_torch(x, "cuda", torch.bfloat16)
+    kw = dict(gate_to(opts, "cuda"), cu_seqlens=torch.tensor(cu, dtype=torch.int32, device="cuda"),
+              cu_seqlens_cpu=torch.tensor(cu, dtype=torch.int32))
+    expected = cuda_call(uncached, kda.chunk_kda, **xt, **kw)
+    for _ in range(3):
+        got = kda.chunk_kda(**xt, **kw)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        on_s = kda.chunk_kda(**xt, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert len(fast_path) == 2
+    assert_same(got, expected)
+    assert_same(on_s, expected)
+    q = xt["q"]
+    misaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape).copy_(q)
+    errs = []
+    for f in (kda.chunk_kda, lambda **a: uncached(kda.chunk_kda, **a)):
+        with pytest.raises(kda.KDAError) as e:
+            f(**dict(xt, q=misaligned), **kw)
+        errs.append(str(e.value))
+    assert errs[0] == errs[1] and "aligned" in errs[0]
