@@ -7,12 +7,14 @@ One process, inputs made on the GPU once per shape, CUDA events; each set's figu
 enqueued back to back (median of --reps groups), so that host time does not blur the differences.
 """
 import argparse
+import itertools
 import os
 import time
 
 import torch
 
 import kda
+from timing import back_to_back_ms
 
 SHAPES = {
     "B2T8192H64": (2, 8192, 64, 64),
@@ -45,27 +47,9 @@ def inputs(B, T, HQK, HV, lens=None, K=128, seed=0):
              initial_state=(0.1 * torch.randn(B if lens is None else len(lens), HV, K, K, generator=g,
                                               device="cuda")).float())
     if lens is not None:  # varlen: one row of T = sum(lens) tokens
-        x["cu_seqlens"] = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), dtype=torch.int32,
+        x["cu_seqlens"] = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32,
                                        device="cuda")
     return x
-
-
-def back_to_back_ms(fn, reps=15, group=8):
-    """GPU milliseconds per call: median over `reps` groups of `group` calls enqueued back to back between two
-    CUDA events (the host time per call, below the GPU time, is hidden; single calls add it, see --host)."""
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        for _ in range(group):
-            fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / group)
-    return sorted(ts)[len(ts) // 2]
 
 
 def run(x):
@@ -112,14 +96,8 @@ def main():
             for _ in range(20):
                 run(x)
             host = (time.perf_counter() - t) / 20 * 1e3
-            torch.cuda.synchronize()
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(20):
-                run(x)
-            e1.record()
-            e1.synchronize()
-            cells.append("host/call %.3f | back-to-back/call %.3f" % (host, e0.elapsed_time(e1) / 20))
+            b2b = back_to_back_ms(lambda: run(x), reps=1, group=20)
+            cells.append("host/call %.3f | back-to-back/call %.3f" % (host, b2b))
         print("%-12s " % s + " | ".join(cells), flush=True)
 
 

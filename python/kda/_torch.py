@@ -611,14 +611,12 @@ class _ChunkCall:
     """One cached chunk_kda signature: the kda_args_t of its calls (their pointers aside: each call sets every
     pointer that is set in it), which optional pointers are set, the outputs' shapes and dtype, the device,
     and the workspace size its last call used."""
-    __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "index", "workspace", "zero", "nbytes")
+    __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "zero", "nbytes")
 
     def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], zero: bool):
         self.args, self.sets, self.zero = args, sets, zero
         self.o_shape, self.dtype, self.device = tuple(o.shape), o.dtype, o.device
         self.ht_shape = tuple(ht.shape) if ht is not None else None  # None: no final state returned
-        self.index = o.device.index if o.is_cuda else None  # None: the CPU
-        self.workspace = _workspace(o.device) if o.is_cuda else None
         self.nbytes = None
 
     def __call__(self, q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu):
@@ -642,17 +640,7 @@ class _ChunkCall:
             a.cu_seqlens = cu.data_ptr()
         if shost:
             a.cu_seqlens_host = cu_cpu.data_ptr()
-        index = self.index
-        if index is None:
-            ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(BACKEND_CPU, 0)
-            self.nbytes = _lib.run(ctx, a, False, nbytes=self.nbytes)
-        else:
-            ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
-            if torch.cuda.current_device() != index:
-                with torch.cuda.device(index):
-                    self.nbytes = _lib.run(ctx, a, False, self.workspace, _stream_of(index), self.nbytes)
-            else:
-                self.nbytes = _lib.run(ctx, a, False, self.workspace, _stream_of(index), self.nbytes)
+        self.nbytes = _run("chunk_kda", a, False, dev, self.nbytes)
         if self.zero:
             o.zero_()
         return o, ht

@@ -43,6 +43,14 @@ DEV uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
     return c;
 }
 
+/* a pair of 16-bit floats (the low half first) → fp32, the format fixed at compile time: F16 fp16, else bf16 */
+template <int F16>
+DEV float2 unpack_16x2(uint32_t u) {
+    if (F16) return make_float2(__half2float(__ushort_as_half((uint16_t)(u & 0xffffu))),
+                                __half2float(__ushort_as_half((uint16_t)(u >> 16))));
+    return unpack_bf16(u);
+}
+
 DEV float bf16_bits_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 DEV float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
@@ -97,6 +105,15 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
                  "{%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two C tiles side by side (columns 16k..16k+15), packed to bf16: the A fragment over those columns (the C → A
+ * reuse above; also wgmma's register A operand from its accumulators) */
+DEV void acc_pair_to_a(const float c0[4], const float c1[4], uint32_t a[4]) {
+    a[0] = pack_bf16(c0[0], c0[1]);
+    a[1] = pack_bf16(c0[2], c0[3]);
+    a[2] = pack_bf16(c1[0], c1[1]);
+    a[3] = pack_bf16(c1[2], c1[3]);
 }
 
 DEV void ldsm_x4(uint32_t r[4], uint32_t addr) {

@@ -48,6 +48,34 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_TOT(KD) (PREP_OFF_BETA(KD) + 64 * 4)
 #define PREP_BYTES(KD) (PREP_OFF_TOT(KD) + 512 * 4)
 
+/* N 16-bit values of a shared row (16-byte aligned, N % 8 == 0) → fp32 (F16: fp16, else bf16) */
+template <int F16, int N>
+DEV void row16_to_f32(const bf16 *row, float *x) {
+#pragma unroll
+    for (int c = 0; c < N; c += 8) {
+        const uint4 w8 = *(const uint4 *)(row + c);
+        const uint32_t *w = (const uint32_t *)&w8;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float2 f = unpack_16x2<F16>(w[u]);
+            x[c + 2 * u] = f.x;
+            x[c + 2 * u + 1] = f.y;
+        }
+    }
+}
+
+/* A channel pair of the raw 16-bit gate tile ([64][KD], pairs as 32-bit words) over ROWS rows from `pair` →
+ * fp32 (F16: fp16, else bf16) */
+template <int F16, int KD, int ROWS>
+DEV void gate_pairs_to_f32(const uint32_t *pair, float *gx, float *gy) {
+#pragma unroll
+    for (int u = 0; u < ROWS; u++) {
+        const float2 f = unpack_16x2<F16>(pair[u * (KD / 2)]);
+        gx[u] = f.x;
+        gy[u] = f.y;
+    }
+}
+
 /* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}. */
 template <int KD>
 DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int kt, int lane,
@@ -240,21 +268,10 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
         cp_async_wait_all();
         __syncthreads(); /* the tiles were copied by all threads */
         const uint32_t *graw = (const uint32_t *)sA + gd / 2;
-        if (p.g_dtype == KDA_DT_F16) { /* dtype branches outside the loops, as in 1b */
-#pragma unroll
-            for (int u = 0; u < GROWS; u++) {
-                const uint32_t w = graw[(gr0 + u) * (KD / 2)];
-                gx[u] = f16_bits_to_f32((uint16_t)(w & 0xffffu));
-                gy[u] = f16_bits_to_f32((uint16_t)(w >> 16));
-            }
-        } else if (p.g_dtype == KDA_DT_BF16) {
-#pragma unroll
-            for (int u = 0; u < GROWS; u++) {
-                const uint32_t w = graw[(gr0 + u) * (KD / 2)];
-                gx[u] = bf16_bits_to_f32((uint16_t)(w & 0xffffu));
-                gy[u] = bf16_bits_to_f32((uint16_t)(w >> 16));
-            }
-        }
+        if (p.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in 1b */
+            gate_pairs_to_f32<1, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
+        else if (p.g_dtype == KDA_DT_BF16)
+            gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
         /* gate values, branch-free within each mode (a branch per element would serialise the independent
            elements' latency chains), in log2 units; rows past the chunk's end add 0 */
         const int nvalid = clen - gr0;
@@ -316,28 +333,9 @@ __global__ void __launch_bounds__(PREP_THREADS, 2) kda_prep_kernel(const kda_cud
                 }
             } else if (p.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler
                                                      computed both conversions and selected */
-#pragma unroll
-                for (int c = 0; c < CW; c += 8) {
-                    const uint4 w8 = *(const uint4 *)(tile + r * S + c0 + c);
-                    const uint32_t *w = (const uint32_t *)&w8;
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        x[c + 2 * u] = f16_bits_to_f32((uint16_t)(w[u] & 0xffffu));
-                        x[c + 2 * u + 1] = f16_bits_to_f32((uint16_t)(w[u] >> 16));
-                    }
-                }
+                row16_to_f32<1, CW>(tile + r * S + c0, x);
             } else {
-#pragma unroll
-                for (int c = 0; c < CW; c += 8) {
-                    const uint4 w8 = *(const uint4 *)(tile + r * S + c0 + c);
-                    const uint32_t *w = (const uint32_t *)&w8;
-#pragma unroll
-                    for (int u = 0; u < 4; u++) {
-                        const float2 f = unpack_bf16(w[u]);
-                        x[c + 2 * u] = f.x;
-                        x[c + 2 * u + 1] = f.y;
-                    }
-                }
+                row16_to_f32<0, CW>(tile + r * S + c0, x);
             }
             float f = 1.0f;
             if (which < 2 && p.l2norm) {

@@ -77,12 +77,8 @@ DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU,
         dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
     }
 #pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
-        da[kt][0] = pack_bf16(dacc[2 * kt][0], dacc[2 * kt][1]);
-        da[kt][1] = pack_bf16(dacc[2 * kt][2], dacc[2 * kt][3]);
-        da[kt][2] = pack_bf16(dacc[2 * kt + 1][0], dacc[2 * kt + 1][1]);
-        da[kt][3] = pack_bf16(dacc[2 * kt + 1][2], dacc[2 * kt + 1][3]);
-    }
+    for (int kt = 0; kt < 4; kt++)
+        acc_pair_to_a(dacc[2 * kt], dacc[2 * kt + 1], da[kt]);
 }
 
 /* Sᵀ ← Sᵀ Diag(γ) */
@@ -110,12 +106,8 @@ DEV void step_mma(float (&s)[KD / 8][4], float (&oacc)[8][4], uint32_t sW, uint3
     /* Sᵀ as bf16 A fragments over K */
     uint32_t sa[NKT][4];
 #pragma unroll
-    for (int kt = 0; kt < NKT; kt++) {
-        sa[kt][0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
-        sa[kt][1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
-        sa[kt][2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-        sa[kt][3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
-    }
+    for (int kt = 0; kt < NKT; kt++)
+        acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sa[kt]);
 
     /* Sᵀ Wᵀ and Sᵀ QΓᵀ over the 64 tokens (8 n-tiles) */
     float dacc[8][4];
@@ -185,12 +177,8 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], uint32_t sW, uin
     const int t = lane & 3;
     uint32_t sa[NKT][4];
 #pragma unroll
-    for (int kt = 0; kt < NKT; kt++) {
-        sa[kt][0] = pack_bf16(s[2 * kt][0], s[2 * kt][1]);
-        sa[kt][1] = pack_bf16(s[2 * kt][2], s[2 * kt][3]);
-        sa[kt][2] = pack_bf16(s[2 * kt + 1][0], s[2 * kt + 1][1]);
-        sa[kt][3] = pack_bf16(s[2 * kt + 1][2], s[2 * kt + 1][3]);
-    }
+    for (int kt = 0; kt < NKT; kt++)
+        acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sa[kt]);
     float dacc[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
