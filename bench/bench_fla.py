@@ -40,6 +40,12 @@ SHAPES = [  # name, B, T (or lengths), HQK, HV, gate
     ("GVA B2 T8192 HQK16 HV64", 2, 8192, 16, 64, "lb"),
     ("softplus B2 T8192 H64", 2, 8192, 64, 64, "softplus"),
 ]
+# Other head sizes (issue 12): name, B, T, HQK, HV, gate, K = V. Not in the geomean of the eight.
+HEAD_SHAPES = [
+    ("K256 B2 T8192 H32", 2, 8192, 32, 32, "lb", 256),
+    ("K100 B2 T8192 H32", 2, 8192, 32, 32, "lb", 100),
+    ("K64 B4 T4096 H32", 4, 4096, 32, 32, "lb", 64),
+]
 
 
 def make_inputs(B, T, HQK, HV, gate, K=128, seed=0):
@@ -141,6 +147,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no accuracy runs")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--only", default=None, help="time only the shapes whose name contains this")
+    ap.add_argument("--heads", action="store_true", help="also the other head sizes (HEAD_SHAPES)")
+    ap.add_argument("--no-main", action="store_true", help="leave out the K = 128 shapes")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     reps = 10 if args.quick else 20
@@ -149,15 +157,16 @@ def main():
     print(f"{card}: device copy {bw / 1e12:.2f} TB/s (read + write)", flush=True)
 
     rows = []
-    for name, B, T, HQK, HV, gate in SHAPES:
+    shapes = ([] if args.no_main else [s + (128,) for s in SHAPES]) + (HEAD_SHAPES if args.heads else [])
+    for name, B, T, HQK, HV, gate, K in shapes:
         if args.only and args.only not in name:
             continue
-        x, flags, N, Ttot = make_inputs(B, T, HQK, HV, gate)
+        x, flags, N, Ttot = make_inputs(B, T, HQK, HV, gate, K=K)
         ours = lambda: call(kda.chunk_kda, x, flags)
         fla = lambda: call(fla_chunk_kda, x, flags)
         t_fla = time_ms(fla, reps=reps)
         t_ours = time_ms(ours, reps=reps)
-        fl = floor_bytes(B, Ttot, HQK, HV, N) / bw * 1e3
+        fl = floor_bytes(B, Ttot, HQK, HV, N, K=K) / bw * 1e3
         row = dict(shape=name, ours_ms=t_ours, fla_ms=t_fla, ratio=t_fla / t_ours, flashkda_ratio=FLASHKDA.get(name),
                    floor_ms=fl)
         rows.append(row)
@@ -168,11 +177,18 @@ def main():
     acc = []
     if not args.quick:
         # head counts of the timed shapes, so that FLA's autotuning is already done for them
-        for name, B, T, HQK, HV, gate in [("acc B1 T1024 H64", 1, 1024, 64, 64, "lb"),
-                                          ("acc varlen [300,1,0,700,65] H64", 1, [300, 1, 0, 700, 65], 64, 64, "lb"),
-                                          ("acc GVA B1 T512 HQK16 HV64", 1, 512, 16, 64, "lb"),
-                                          ("acc softplus B1 T1024 H64", 1, 1024, 64, 64, "softplus")]:
-            x, flags, N, Ttot = make_inputs(B, T, HQK, HV, gate, seed=1)
+        cases = [("acc B1 T1024 H64", 1, 1024, 64, 64, "lb", 128),
+                 ("acc varlen [300,1,0,700,65] H64", 1, [300, 1, 0, 700, 65], 64, 64, "lb", 128),
+                 ("acc GVA B1 T512 HQK16 HV64", 1, 512, 16, 64, "lb", 128),
+                 ("acc softplus B1 T1024 H64", 1, 1024, 64, 64, "softplus", 128)]
+        if args.no_main:
+            cases = []
+        if args.heads:
+            cases += [("acc K256 B1 T1024 H32", 1, 1024, 32, 32, "lb", 256),
+                      ("acc K100 B1 T1024 H32", 1, 1024, 32, 32, "lb", 100),
+                      ("acc K64 B1 T1024 H32", 1, 1024, 32, 32, "lb", 64)]
+        for name, B, T, HQK, HV, gate, K in cases:
+            x, flags, N, Ttot = make_inputs(B, T, HQK, HV, gate, K=K, seed=1)
             o_ref, ht_ref = reference_fp64(x, flags)
             o1, h1 = call(kda.chunk_kda, x, flags)
             o2, h2 = call(fla_chunk_kda, x, flags)
@@ -182,8 +198,8 @@ def main():
             print(f"{name:26s} o: ours {a['ours_o']:.2e} FLA {a['fla_o']:.2e}   final state: ours {a['ours_ht']:.2e} "
                   f"FLA {a['fla_ht']:.2e}", flush=True)
 
-    main8 = [r for r in rows if not r["shape"].startswith("softplus")]
-    geo = math.exp(sum(math.log(r["ratio"]) for r in main8) / len(main8))
+    main8 = [r for r in rows if not r["shape"].startswith(("softplus", "K"))]
+    geo = math.exp(sum(math.log(r["ratio"]) for r in main8) / len(main8)) if main8 else float("nan")
     meta = dict(date=time.strftime("%Y-%m-%d"), card=card, commit=args.commit or git_commit(), copy_tbps=bw / 1e12,
                 torch=torch.__version__, fla="0.6.0", geomean_ratio_8=geo)
     with open(os.path.join(args.out, "results.json"), "w") as f:

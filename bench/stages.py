@@ -1,7 +1,9 @@
-"""Stage timings of the CUDA backend: the development skip bits (src/cuda/kda_cuda.h, KDA_DEV_SKIP) leave
-phases out, so the difference to the full run is what a phase costs. Results are wrong while bits are set.
+"""Stage timings of the CUDA backend: the development skip bits (src/cuda/kda_cuda.h, KDA_SKIP) leave phases
+out, so the difference to the full run is what a phase costs. Results are wrong while bits are set. The bits
+exist only in a development build (cmake -DKDA_DEV=ON), which exports kda_dev_set_tuning; with a shipped build
+only the "all" set (no bits) can be timed.
 
-    KDA_LIBRARY=build-gpu/libkda.so PYTHONPATH=python python3 bench/stages.py [--shapes ...] [--sets ...]
+    KDA_LIBRARY=build-dev/libkda.so PYTHONPATH=python python3 bench/stages.py [--shapes ...] [--sets ...]
 
 One process, inputs made on the GPU once per shape, CUDA events; each set's figure is GPU time per call of calls
 enqueued back to back (median of --reps groups), so that host time does not blur the differences.
@@ -10,6 +12,8 @@ import argparse
 import itertools
 import os
 import time
+
+import ctypes
 
 import torch
 
@@ -26,14 +30,14 @@ SHAPES = {
     "V8x1024": (1, 8192, 64, 64, [1024] * 8),
     "V6": (1, 8192, 64, 64, [1300, 547, 2048, 963, 271, 3063]),
 }
-# name: (KDA_DEV_SKIP, KDA_DEV_BV or None)
+# name: (skip bits, forced BV or None[, "mma": the mma.sync recurrence where wgmma would run])
 SETS = {
     "all": (0, None), "prep": (16, None), "rec": (8, None),
     "prep-A": (16 | 1, None), "prep-TII": (16 | 2, None), "prep-WU": (16 | 4, None), "prep-gate": (16 | 32, None),
     "prep-norm": (16 | 64, None), "prep-step3": (16 | 128, None), "prep-out": (16 | 256, None),
     "prep-skeleton": (16 | 231, None),
     "rec-nocopy": (8 | 1024, None), "rec-nomath": (8 | 2048, None), "rec-empty": (8 | 3072, None),
-    # the recurrence by mma.sync where it would use wgmma (KDA_DEV_REC_MMA): A/B in one build
+    # the recurrence by mma.sync where it would use wgmma: A/B in one build
     "all-mma": (0, None, "mma"), "rec-mma": (8, None, "mma"), "rec-nocopy-mma": (8 | 1024, None, "mma"),
 }
 
@@ -60,6 +64,17 @@ def run(x):
                          cu_seqlens=x.get("cu_seqlens"))
 
 
+def dev_tuning():
+    """kda_dev_set_tuning(skip, bv, rec_mma, stages) of a development build, or None."""
+    lib = ctypes.CDLL(os.environ.get("KDA_LIBRARY", "libkda.so"))
+    try:
+        f = lib.kda_dev_set_tuning
+    except AttributeError:
+        return None
+    f.argtypes = [ctypes.c_int] * 4
+    return f
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=["B2T8192H64", "B1T32768H32"])
@@ -68,26 +83,22 @@ def main():
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--host", action="store_true", help="also the host time per call and back-to-back GPU time")
     a = ap.parse_args()
+    tune = dev_tuning()
+    if tune is None and any(SETS[n][0] or len(SETS[n]) > 2 for n in a.sets):
+        raise SystemExit("these sets need a development build (cmake -DKDA_DEV=ON): kda_dev_set_tuning not found")
     for s in a.shapes:
         x = inputs(*SHAPES[s])
         cells = []
         for name in a.sets:
             skip, bv = SETS[name][:2]
-            if len(SETS[name]) > 2:
-                os.environ["KDA_DEV_REC_MMA"] = "1"
-            else:
-                os.environ.pop("KDA_DEV_REC_MMA", None)
+            mma = 1 if len(SETS[name]) > 2 else 0
             for b in ([bv] if not a.bv or not name.startswith("rec") else a.bv):
-                os.environ["KDA_DEV_SKIP"] = str(skip)
-                if b:
-                    os.environ["KDA_DEV_BV"] = str(b)
-                else:
-                    os.environ.pop("KDA_DEV_BV", None)
+                if tune:
+                    tune(skip, int(b or 0), mma, 0)
                 t = back_to_back_ms(lambda: run(x), reps=a.reps)
                 cells.append("%s%s %.3f" % (name, "/bv%s" % b if b else "", t))
-        os.environ.pop("KDA_DEV_SKIP", None)
-        os.environ.pop("KDA_DEV_BV", None)
-        os.environ.pop("KDA_DEV_REC_MMA", None)
+        if tune:
+            tune(0, 0, 0, 0)
         if a.host:
             # host time of one call (the GPU runs behind), and GPU time per call of 20 calls back to back
             run(x)

@@ -132,6 +132,13 @@ kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads) {
     return kda_cpu_start(ctx, num_threads);
 }
 
+void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning) {
+    if (ctx) {
+        if (tuning) ctx->tuning = *tuning;
+        else memset(&ctx->tuning, 0, sizeof ctx->tuning);
+    }
+}
+
 kda_status_t kda_get_num_threads(const kda_context_t *ctx, int *num_threads) {
     if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_num_threads: argument 'ctx': NULL");
     if (!num_threads)

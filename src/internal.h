@@ -38,6 +38,7 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
  * ------------------------------------------------------------------------------------------------------- */
 #define KDA_CHUNK 64          /* tokens per chunk of the recurrence */
 #define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
+#define KDA_MAX_HEAD_DIM 256  /* largest K and V, every backend */
 #define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
 #define KDA_GATE_MIN (-80.0f) /* chunked paths clamp each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
                                  below float32's resolution of anything it multiplies, and the bound keeps the
@@ -106,6 +107,17 @@ typedef struct kda_backend_ops {
     void (*destroy)(kda_context_t *ctx);
 } kda_backend_ops_t;
 
+/* Tuning a caller cannot reach: tests force tilings through kda_set_tuning (internal symbol, linked statically),
+ * a development build's harness through kda_dev_set_tuning. Zero fields leave the backend's choice. */
+typedef struct kda_tuning {
+    int bv;       /* CUDA recurrence: V columns per CTA (32, 64 or 128) */
+    int rec_mma;  /* CUDA recurrence: 1 = mma.sync where warpgroup MMA would run (A/B of the two) */
+    int stages;   /* CUDA recurrence: ring stages (2 or 3) */
+    int dev_skip; /* development builds only (KDA_SKIP in src/cuda/kda_cuda.h): phases left out, results wrong */
+} kda_tuning_t;
+
+void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);
+
 struct kda_context {
     kda_backend_t backend;
     const kda_backend_ops_t *ops;
@@ -113,6 +125,7 @@ struct kda_context {
     int num_threads;            /* CPU */
     kda_threadpool_t *pool;     /* CPU */
     void *impl;                 /* backend data (CUDA: device properties) */
+    kda_tuning_t tuning;        /* zeros unless a test set it */
 };
 
 extern const kda_backend_ops_t kda_cpu_ops;

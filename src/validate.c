@@ -87,10 +87,10 @@ kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, co
     if (a->num_v_heads % a->num_qk_heads != 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "num_v_heads", "%d is not a multiple of num_qk_heads = %d", a->num_v_heads,
              a->num_qk_heads);
-    if (a->head_dim_k < 1 || a->head_dim_k > 256)
-        FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_k", "%d is outside [1, 256]", a->head_dim_k);
-    if (a->head_dim_v < 1 || a->head_dim_v > 256)
-        FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_v", "%d is outside [1, 256]", a->head_dim_v);
+    if (a->head_dim_k < 1 || a->head_dim_k > KDA_MAX_HEAD_DIM)
+        FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_k", "%d is outside [1, %d]", a->head_dim_k, KDA_MAX_HEAD_DIM);
+    if (a->head_dim_v < 1 || a->head_dim_v > KDA_MAX_HEAD_DIM)
+        FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_v", "%d is outside [1, %d]", a->head_dim_v, KDA_MAX_HEAD_DIM);
     /* every element count must fit comfortably in int64 */
     if (a->batch > 0 && a->seq_len > ((int64_t)1 << 40) / a->batch)
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "batch * seq_len = %lld * %lld is too large",

@@ -1,8 +1,8 @@
 /*
- * The CUDA backend, host side (C): device checks, workspace layout, the choice of the recurrence tiling, and
- * the launches of the stages (kda_cuda.h) on the caller's stream. Nothing here synchronises with the device
- * or allocates: varlen scheduling is computed on the device (meta.cu), so kda_forward can be captured in a
- * CUDA graph.
+ * The CUDA backend, host side (C): device checks, the configuration table (configs.def), workspace layout, the
+ * choice of the recurrence tiling, and the launches of the stages (kda_cuda.h) on the caller's stream. Nothing
+ * here synchronises with the device or allocates: varlen scheduling is computed on the device (meta.cu), so
+ * kda_forward can be captured in a CUDA graph.
  */
 #include <cuda_runtime_api.h>
 #include <stdint.h>
@@ -53,14 +53,40 @@ kda_status_t kda_cuda_init(kda_context_t *ctx, int device) {
     return KDA_STATUS_SUCCESS;
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * The configuration table: its rows come from configs.def; the launchers are defined by the instance files
+ * CMake generates from the same rows.
+ * ------------------------------------------------------------------------------------------------------- */
+#define KDA_REC_CONFIG(K, WG)                                                                                  \
+    int kda_rec_launch_k##K(const kda_rec_params_t *p, int device, void *stream);                              \
+    int kda_rec_smem_k##K(const kda_rec_params_t *p, int stages);                                              \
+    enum { kda_rec_wgmma_k##K = WG };
+#define KDA_CONFIG(K, V) int kda_prep_launch_k##K##_v##V(const kda_prep_params_t *p, int device, void *stream);
+#include "configs.def"
+#undef KDA_REC_CONFIG
+#undef KDA_CONFIG
+
+static const kda_cuda_config_t configs[] = {
+#define KDA_REC_CONFIG(K, WG)
+#define KDA_CONFIG(K, V) {K, V, kda_rec_wgmma_k##K, kda_prep_launch_k##K##_v##V, kda_rec_launch_k##K, kda_rec_smem_k##K},
+#include "configs.def"
+#undef KDA_REC_CONFIG
+#undef KDA_CONFIG
+};
+
+const kda_cuda_config_t *kda_cuda_find_config(int kc, int vc) {
+    for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++)
+        if (configs[i].kc == kc && configs[i].vc == vc) return &configs[i];
+    return NULL;
+}
+
 static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t *p, const char *fn) {
     (void)ctx;
     const kda_args_t *a = &p->a;
-    if (a->head_dim_k != a->head_dim_v || (a->head_dim_k != 64 && a->head_dim_k != 128))
-        return kda_error(KDA_STATUS_NOT_SUPPORTED,
-                         "%s: argument 'head_dim_k': the CUDA backend supports K = V = 64 or 128 (got K = %d, "
-                         "V = %d); use the CPU backend for other sizes",
-                         fn, a->head_dim_k, a->head_dim_v);
+    const int kc = kda_cuda_size_class(a->head_dim_k), vc = kda_cuda_size_class(a->head_dim_v);
+    if (!kda_cuda_find_config(kc, vc))
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
+                         "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
     const void *ptrs[5] = {a->q, a->k, a->v, a->g, a->o};
     const char *names[5] = {"q", "k", "v", "g", "o"};
     for (int i = 0; i < 5; i++)
@@ -70,10 +96,10 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
     return KDA_STATUS_SUCCESS;
 }
 
-/* Upper bound of the number of chunks: Σ ceil(len/64) ≤ (T + 63 N) / 64 for varlen. */
+/* Upper bound of the number of chunks: Σ ceil(len/C) ≤ (T + (C−1) N) / C for varlen. */
 static int64_t max_chunks(const kda_problem_t *p) {
-    if (p->varlen) return (p->a.seq_len + 63 * p->num_seqs) / 64;
-    return p->a.batch * ((p->a.seq_len + 63) / 64);
+    if (p->varlen) return (p->a.seq_len + (KDA_CHUNK - 1) * p->num_seqs) / KDA_CHUNK;
+    return p->a.batch * ((p->a.seq_len + KDA_CHUNK - 1) / KDA_CHUNK);
 }
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
@@ -82,81 +108,122 @@ static size_t meta_bytes(const kda_problem_t *p) {
     return p->varlen ? align256((size_t)(p->num_seqs + 1) * sizeof(int32_t)) : 0;
 }
 
+static int64_t block_bytes(const kda_problem_t *p) {
+    return kda_cuda_block_bytes(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v));
+}
+
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
     (void)ctx;
-    *bytes = 256 + meta_bytes(p) + (size_t)max_chunks(p) * (size_t)p->a.num_v_heads *
-                                       (size_t)kda_cuda_block_bytes(p->a.head_dim_k);
+    *bytes = 256 + meta_bytes(p) + (size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)block_bytes(p);
     return KDA_STATUS_SUCCESS;
 }
 
-/* Columns of the state per recurrence CTA: the widest tile that still gives ~80% of the SMs a CTA. */
-static int choose_bv(const cuda_impl_t *impl, const kda_problem_t *p) {
-    const int kd = p->a.head_dim_k;
+/* Columns of the state per recurrence CTA: the widest tile (up to 128, within the V class) that still gives
+ * ~80% of the SMs a CTA. */
+static int choose_bv(const cuda_impl_t *impl, const kda_problem_t *p, int vc) {
     const int64_t heads = p->num_seqs * p->a.num_v_heads;
-    for (int bv = kd; bv >= 32; bv /= 2)
-        if (heads * (kd / bv) * 5 >= (int64_t)impl->sm_count * 4) return bv;
+    for (int bv = vc < 128 ? vc : 128; bv >= 32; bv /= 2)
+        if (heads * (vc / bv) * 5 >= (int64_t)impl->sm_count * 4) return bv;
     return 32;
 }
+
+#ifdef KDA_DEV_BUILD
+/* Development builds only: a process-wide tuning a harness (bench/stages.py) sets through ctypes; a context's
+ * own tuning (tests) takes precedence field by field. */
+static kda_tuning_t dev_tuning;
+KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
+    dev_tuning.dev_skip = dev_skip;
+    dev_tuning.bv = bv;
+    dev_tuning.rec_mma = rec_mma;
+    dev_tuning.stages = stages;
+}
+#endif
 
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
     const kda_args_t *a = &p->a;
-    kda_cuda_params_t c;
-    memset(&c, 0, sizeof c);
-    c.q = a->q;
-    c.k = a->k;
-    c.v = a->v;
-    c.g = a->g;
-    c.beta = a->beta;
-    c.o = a->o;
-    c.h0 = a->initial_state;
-    c.ht = a->final_state;
-    c.A_log = a->use_gate_in_kernel ? a->A_log : NULL;
-    c.dt_bias = a->use_gate_in_kernel ? a->dt_bias : NULL;
-    c.cu_seqlens = a->cu_seqlens;
-    c.cu_seqlens_64 = a->cu_seqlens_dtype == KDA_INT64;
-    c.state_indices = a->state_indices;
-    c.num_state_slots = a->num_state_slots;
-    c.dtype = (int)a->dtype;
-    c.g_dtype = (int)a->g_dtype;
-    c.beta_dtype = (int)a->beta_dtype;
-    c.o_dtype = (int)a->o_dtype;
-    c.h0_dtype = (int)a->initial_state_dtype;
-    c.ht_dtype = (int)a->final_state_dtype;
-    c.num_tokens = p->num_tokens;
-    c.seq_len = a->seq_len;
-    c.num_seqs = p->num_seqs;
-    c.hqk = a->num_qk_heads;
-    c.hv = a->num_v_heads;
-    c.group = p->group;
-    c.kd = a->head_dim_k;
-    c.scale = p->scale;
-    c.lower_bound = p->has_lower_bound ? a->lower_bound : 0.0f;
-    c.l2norm = a->use_qk_l2norm != 0;
-    c.gate_in_kernel = a->use_gate_in_kernel != 0;
-    c.beta_sigmoid = a->use_beta_sigmoid != 0;
-    c.neg_eigval = a->allow_neg_eigval != 0;
-    c.v_first = a->state_v_first != 0;
-    c.max_chunks = max_chunks(p);
-    c.block_bytes = kda_cuda_block_bytes(c.kd);
-    c.chunks_per_row = (a->seq_len + 63) / 64;
-    c.device = ctx->device;
-    c.bv = choose_bv(impl, p);
-    const char *skip = getenv("KDA_DEV_SKIP");
-    c.dev_skip = skip ? atoi(skip) : 0;
-    const char *bv = getenv("KDA_DEV_BV");
-    if (bv && (atoi(bv) == 32 || atoi(bv) == 64 || atoi(bv) == 128) && atoi(bv) <= c.kd) c.bv = atoi(bv);
-    kda_cuda_recurrence_smem(&c);
-    c.rec_wgmma = impl->major == 9 && c.bv >= 64 && !getenv("KDA_DEV_REC_MMA"); /* development: A/B the two */
-    const char *nst = getenv("KDA_DEV_STAGES");
-    if (nst && atoi(nst) == 2) c.rec_stages = 2;
-    if (c.max_chunks * c.hv >= ((int64_t)1 << 31) || p->num_seqs * c.hv * (c.kd / 32) >= ((int64_t)1 << 31))
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
-                         fn, (long long)p->num_tokens, c.hv);
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    const int kc = kda_cuda_size_class(K), vc = kda_cuda_size_class(V);
+    const kda_cuda_config_t *cfg = kda_cuda_find_config(kc, vc); /* non-NULL: cuda_supports checked it */
+    kda_tuning_t tune = ctx->tuning;
+#ifdef KDA_DEV_BUILD
+    if (!tune.bv) tune.bv = dev_tuning.bv;
+    if (!tune.rec_mma) tune.rec_mma = dev_tuning.rec_mma;
+    if (!tune.stages) tune.stages = dev_tuning.stages;
+    if (!tune.dev_skip) tune.dev_skip = dev_tuning.dev_skip;
+#else
+    tune.dev_skip = 0;
+#endif
 
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
-    c.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
-    c.blocks = base + meta_bytes(p);
+    kda_cuda_seqs_t seqs;
+    memset(&seqs, 0, sizeof seqs);
+    seqs.cu_seqlens = a->cu_seqlens;
+    seqs.cu_seqlens_64 = a->cu_seqlens_dtype == KDA_INT64;
+    seqs.num_tokens = p->num_tokens;
+    seqs.seq_len = a->seq_len;
+    seqs.num_seqs = p->num_seqs;
+    seqs.chunks_per_row = (a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
+    seqs.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
+    kda_cuda_blocks_t blocks = {base + meta_bytes(p), block_bytes(p), max_chunks(p)};
+
+    kda_prep_params_t pp;
+    memset(&pp, 0, sizeof pp);
+    pp.seqs = seqs;
+    pp.blocks = blocks;
+    pp.q = a->q;
+    pp.k = a->k;
+    pp.v = a->v;
+    pp.g = a->g;
+    pp.beta = a->beta;
+    pp.A_log = a->use_gate_in_kernel ? a->A_log : NULL;
+    pp.dt_bias = a->use_gate_in_kernel ? a->dt_bias : NULL;
+    pp.dtype = (int)a->dtype;
+    pp.g_dtype = (int)a->g_dtype;
+    pp.beta_dtype = (int)a->beta_dtype;
+    pp.hqk = a->num_qk_heads;
+    pp.hv = a->num_v_heads;
+    pp.group = p->group;
+    pp.K = K;
+    pp.V = V;
+    pp.vec_qk = K % 8 == 0;
+    pp.vec_v = V % 8 == 0;
+    pp.scale = p->scale;
+    pp.lower_bound = p->has_lower_bound ? a->lower_bound : 0.0f;
+    pp.l2norm = a->use_qk_l2norm != 0;
+    pp.gate_in_kernel = a->use_gate_in_kernel != 0;
+    pp.beta_sigmoid = a->use_beta_sigmoid != 0;
+    pp.neg_eigval = a->allow_neg_eigval != 0;
+    pp.dev_skip = tune.dev_skip;
+
+    kda_rec_params_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.seqs = seqs;
+    rp.blocks = blocks;
+    rp.o = a->o;
+    rp.h0 = a->initial_state;
+    rp.ht = a->final_state;
+    rp.state_indices = a->state_indices;
+    rp.num_state_slots = a->num_state_slots;
+    rp.o_dtype = (int)a->o_dtype;
+    rp.h0_dtype = (int)a->initial_state_dtype;
+    rp.ht_dtype = (int)a->final_state_dtype;
+    rp.hv = a->num_v_heads;
+    rp.K = K;
+    rp.V = V;
+    rp.v_first = a->state_v_first != 0;
+    rp.vec_o = V % 8 == 0;
+    rp.bv = choose_bv(impl, p, vc);
+    if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
+    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
+    if (tune.stages == 2) rp.stages = 2;
+    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
+    rp.dev_skip = tune.dev_skip;
+
+    if (blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
+        p->num_seqs * a->num_v_heads * (vc / 32) >= ((int64_t)1 << 31))
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
+                         fn, (long long)p->num_tokens, a->num_v_heads);
 
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
@@ -164,9 +231,9 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     int err = 0;
     const char *stage = "";
-    if (p->varlen && (err = kda_cuda_launch_meta(&c, stream)) != 0) stage = "meta";
-    else if (!(c.dev_skip & 8) && (err = kda_cuda_launch_prep(&c, stream)) != 0) stage = "prep";
-    else if (!(c.dev_skip & 16) && (err = kda_cuda_launch_recurrence(&c, stream)) != 0) stage = "recurrence";
+    if (p->varlen && (err = kda_cuda_launch_meta(&seqs, stream)) != 0) stage = "meta";
+    else if (!(tune.dev_skip & 8) && (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
+    else if (!(tune.dev_skip & 16) && (err = cfg->rec(&rp, ctx->device, stream)) != 0) stage = "recurrence";
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

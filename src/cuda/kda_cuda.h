@@ -1,12 +1,19 @@
 /*
- * The CUDA backend's host/device contract: one plain struct of launch parameters (filled by backend.c from
- * a checked kda_problem_t, passed by value to every kernel) and the launchers of each stage (.cu files).
+ * The CUDA backend's host/device contract: the size classes and the table of kernel configurations, one plain
+ * params struct per kernel (filled by backend.c from a checked kda_problem_t, passed by value), the workspace
+ * block layout, and the launchers of each stage.
  *
  * Stages of kda_forward (docs/ALGORITHM.md §3):
- *   meta.cu        varlen only: chunk_offsets[n] = Σ_{m<n} ceil(len_m / 64), on the device (no host sync)
- *   prep.cu        one CTA per (chunk, value head): per-token inputs, A, Aqk, T = (I + A)⁻¹, W, U, QΓ, K̃, γ
- *                  into a workspace block per (chunk, head)
- *   recurrence.cu  one CTA per (sequence, value head, V tile): the chunk recurrence over the blocks
+ *   meta.cu        varlen only: chunk_offsets[n] = Σ_{m<n} ceil(len_m / C), on the device (no host sync)
+ *   prep.cuh       one CTA per (chunk, value head): per-token inputs, A, Aqk, T = (I + A)⁻¹, W, U, QΓ, K̃, γ
+ *                  into a workspace block per (chunk, head); one instance per (K class, V class)
+ *   recurrence.cuh one CTA per (sequence, value head, V tile): the chunk recurrence over the blocks; one
+ *                  instance per K class (and MMA kind)
+ *
+ * Head sizes: any K and V in [1, KDA_MAX_HEAD_DIM], independently. Each is padded to its size class (64, 128 or
+ * 256): loads zero-fill the padding and stores are masked, so a problem runs the kernels of its class. The
+ * classes and what runs for them are the rows of configs.def, read both by the backend's supports check and by
+ * the launchers.
  */
 #ifndef KDA_CUDA_H
 #define KDA_CUDA_H
@@ -14,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../internal.h" /* KDA_CHUNK, KDA_SUB, KDA_DIAG_RANGE, KDA_GATE_MIN: the blocking both backends share */
+#include "../internal.h" /* KDA_CHUNK, KDA_SUB, KDA_DIAG_RANGE, KDA_GATE_MIN, KDA_MAX_HEAD_DIM */
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,70 +38,123 @@ extern "C" {
 #define KDA_HD
 #endif
 
-typedef struct kda_cuda_params {
-    /* tensors (device pointers) */
-    const void *q, *k, *v, *g, *beta;
-    void *o;
-    const void *h0;
-    void *ht;
-    const float *A_log, *dt_bias;
-    const void *cu_seqlens;      /* NULL: equal-length rows */
-    const int32_t *state_indices;
-    int64_t num_state_slots;
-    int dtype, g_dtype, beta_dtype, o_dtype, h0_dtype, ht_dtype;
-    int cu_seqlens_64;           /* cu_seqlens is int64 */
+/* ---------------------------------------------------------------------------------------------------------
+ * Size classes
+ * ------------------------------------------------------------------------------------------------------- */
+#define KDA_PANEL_COLS 64   /* columns of one 128-byte-swizzled panel of a bf16 tile (common.cuh pan_off) */
+#define KDA_PANEL_BYTES (KDA_CHUNK * 128)
 
-    /* sizes */
+/* The class a head size is padded to: 64, 128 or 256 (0 outside [1, KDA_MAX_HEAD_DIM]). */
+KDA_HD static inline int kda_cuda_size_class(int n) {
+    return n < 1 ? 0 : n <= 64 ? 64 : n <= 128 ? 128 : n <= KDA_MAX_HEAD_DIM ? 256 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Development switches: compiled in only with -DKDA_DEV=ON (KDA_DEV_BUILD), set through kda_dev_set_tuning
+ * by a development harness (bench/stages.py); the shipped library has none, so nothing a user's environment
+ * holds can change a result.
+ *   bit 0 prep A/Aqk, bit 1 prep T_II, bit 2 prep W/U solve, bit 3 prep kernel, bit 4 recurrence kernel,
+ *   bit 5 gate sums, bit 6 normalisation, bit 7 QΓ/K̃/γ, bit 8 W/U copy-out, bit 9 input copies;
+ *   recurrence: bit 10 copies after the first stages, bit 11 the math
+ * ------------------------------------------------------------------------------------------------------- */
+#ifdef KDA_DEV_BUILD
+#define KDA_SKIP(p, bit) ((p).dev_skip & (bit))
+#else
+#define KDA_SKIP(p, bit) 0
+#endif
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Params: what every kernel needs to find its sequences and chunks, then one struct per kernel
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct kda_cuda_seqs {
+    const void *cu_seqlens;      /* NULL: equal-length rows */
+    int cu_seqlens_64;           /* cu_seqlens is int64 */
     int64_t num_tokens;          /* rows of q, k, v, g, beta, o */
     int64_t seq_len;             /* T of a row (equal-length rows) */
     int64_t num_seqs;            /* N */
-    int hqk, hv, group, kd;      /* kd = K = V */
+    int64_t chunks_per_row;      /* equal-length rows: ceil(T / C) */
+    int32_t *chunk_offsets;      /* [N + 1], varlen only (workspace, written by meta.cu) */
+} kda_cuda_seqs_t;
 
-    /* options */
-    float scale, lower_bound;    /* lower_bound != 0: sigmoid gate */
-    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first;
-
-    int device;                  /* the context's CUDA device (current during the launches) */
-
-    /* workspace */
-    int32_t *chunk_offsets;      /* [N + 1], varlen only */
-    void *blocks;                /* [max_chunks][hv] blocks of block_bytes */
-    int64_t max_chunks;          /* grid of the preparation kernel */
+/* The workspace blocks: [max_chunks][hv] blocks of block_bytes (layout below) */
+typedef struct kda_cuda_blocks {
+    void *base;
     int64_t block_bytes;
-    int64_t chunks_per_row;      /* equal-length rows: ceil(T / 64) */
+    int64_t max_chunks;
+} kda_cuda_blocks_t;
 
-    /* recurrence tiling */
-    int bv;                      /* V columns per CTA: 32, 64 or 128 */
-    int rec_stages;              /* chunks buffered in shared memory: 2 or 3 (kda_cuda_recurrence_smem) */
-    int rec_wgmma;               /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync (bv = 32, sm_100a) */
+typedef struct kda_prep_params {
+    kda_cuda_seqs_t seqs;
+    kda_cuda_blocks_t blocks;
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias;    /* NULL unless use_gate_in_kernel */
+    int dtype, g_dtype, beta_dtype;
+    int hqk, hv, group, K, V;        /* the true head sizes (the kernel's template holds their classes) */
+    int vec_qk, vec_v;               /* K (V) rows can be read in 16-byte pieces: K % 8 == 0 */
+    float scale, lower_bound;        /* lower_bound != 0: sigmoid gate */
+    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
+    int dev_skip;                    /* KDA_SKIP */
+} kda_prep_params_t;
 
-    /* development only (KDA_DEV_SKIP, for timing stages; results are wrong when set):
-       bit 0 prep step 2, bit 1 prep step 4, bit 2 prep step 5, bit 3 prep kernel, bit 4 recurrence kernel;
-       prep: bit 5 gate sums, bit 6 normalisation, bit 7 step 3, bit 8 W/U copy-out, bit 9 input copies;
-       recurrence: bit 10 copies after the first stages, bit 11 the math */
-    int dev_skip;
-} kda_cuda_params_t;
+typedef struct kda_rec_params {
+    kda_cuda_seqs_t seqs;
+    kda_cuda_blocks_t blocks;
+    void *o;
+    const void *h0;
+    void *ht;
+    const int32_t *state_indices;
+    int64_t num_state_slots;
+    int o_dtype, h0_dtype, ht_dtype;
+    int hv, K, V, v_first;
+    int vec_o;                       /* o rows can be written in 16-byte pieces */
+    int bv;                          /* V columns per CTA: 32, 64 or 128 (<= the V class) */
+    int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
+    int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */
+    int dev_skip;                    /* KDA_SKIP */
+} kda_rec_params_t;
 
-/* One (chunk, head) block of the workspace, in this order (byte offsets below):
- *   W, QΓ, K̃   64×kd bf16 each, panel layout (common.cuh)     — copied to shared memory byte for byte
- *   Aqk        64×64 bf16, panel layout
- *   γ          kd fp32
- *   U          64×kd bf16, panel layout                       — each V tile copies the 64-column panels it needs
- * Rows past the end of a short chunk are zero, so the recurrence needs no masks. */
-KDA_HD static inline int64_t kda_cuda_off_qg(int kd) { return (int64_t)64 * kd * 2; }
-KDA_HD static inline int64_t kda_cuda_off_kt(int kd) { return (int64_t)2 * 64 * kd * 2; }
-KDA_HD static inline int64_t kda_cuda_off_aqk(int kd) { return (int64_t)3 * 64 * kd * 2; }
-KDA_HD static inline int64_t kda_cuda_off_gamma(int kd) { return kda_cuda_off_aqk(kd) + 64 * 64 * 2; }
-KDA_HD static inline int64_t kda_cuda_off_u(int kd) { return kda_cuda_off_gamma(kd) + (int64_t)kd * 4; }
-KDA_HD static inline int64_t kda_cuda_block_bytes(int kd) { return kda_cuda_off_u(kd) + (int64_t)64 * kd * 2; }
+/* ---------------------------------------------------------------------------------------------------------
+ * One (chunk, head) block of the workspace for K class KC and V class VC, in this order (byte offsets below):
+ *   W, QΓ, K̃   C×KC bf16 each, panel layout (common.cuh)     — copied to shared memory byte for byte
+ *   Aqk        C×C bf16, panel layout
+ *   γ          KC fp32
+ *   U          C×VC bf16, panel layout                       — each V tile copies the panels it needs
+ * Rows past the end of a short chunk and padded columns are zero, so the recurrence needs no masks there.
+ * ------------------------------------------------------------------------------------------------------- */
+KDA_HD static inline int64_t kda_cuda_off_qg(int kc) { return (int64_t)KDA_CHUNK * kc * 2; }
+KDA_HD static inline int64_t kda_cuda_off_kt(int kc) { return (int64_t)2 * KDA_CHUNK * kc * 2; }
+KDA_HD static inline int64_t kda_cuda_off_aqk(int kc) { return (int64_t)3 * KDA_CHUNK * kc * 2; }
+KDA_HD static inline int64_t kda_cuda_off_gamma(int kc) { return kda_cuda_off_aqk(kc) + KDA_CHUNK * KDA_CHUNK * 2; }
+KDA_HD static inline int64_t kda_cuda_off_u(int kc) { return kda_cuda_off_gamma(kc) + (int64_t)kc * 4; }
+KDA_HD static inline int64_t kda_cuda_block_bytes(int kc, int vc) {
+    return kda_cuda_off_u(kc) + (int64_t)KDA_CHUNK * vc * 2;
+}
 
-/* The launchers return a cudaError_t as int (0 = success). They raise a kernel's shared-memory limit once per
- * device (devices numbered below KDA_MAX_DEVICES; others every call; common.cuh kda_smem_limit). */
+/* ---------------------------------------------------------------------------------------------------------
+ * The configuration table (configs.def): one row per (K class, V class). The launchers return a cudaError_t
+ * as int (0 = success); they raise a kernel's shared-memory limit once per device (devices numbered below
+ * KDA_MAX_DEVICES; others every call; common.cuh kda_smem_limit).
+ * ------------------------------------------------------------------------------------------------------- */
 #define KDA_MAX_DEVICES 64
-int kda_cuda_launch_meta(const kda_cuda_params_t *p, void *stream);
-int kda_cuda_launch_prep(const kda_cuda_params_t *p, void *stream);
-int kda_cuda_launch_recurrence(const kda_cuda_params_t *p, void *stream);
-int kda_cuda_recurrence_smem(kda_cuda_params_t *p);
+
+typedef int (*kda_prep_launch_fn)(const kda_prep_params_t *p, int device, void *stream);
+typedef int (*kda_rec_launch_fn)(const kda_rec_params_t *p, int device, void *stream);
+typedef int (*kda_rec_smem_fn)(const kda_rec_params_t *p, int stages);
+
+typedef struct kda_cuda_config {
+    int kc, vc;                 /* the size classes of K and V */
+    int rec_wgmma;              /* the recurrence has a warpgroup-MMA version for this K class (sm_90a) */
+    kda_prep_launch_fn prep;
+    kda_rec_launch_fn rec;
+    kda_rec_smem_fn rec_smem;   /* shared memory of a recurrence CTA with `stages` stages (0: as chosen) */
+} kda_cuda_config_t;
+
+/* The row for (kc, vc), or NULL: the supports check and the launchers both come here. */
+const kda_cuda_config_t *kda_cuda_find_config(int kc, int vc);
+
+#define KDA_REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 and sm_100 */
+
+int kda_cuda_launch_meta(const kda_cuda_seqs_t *s, void *stream);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /*
- * Varlen scheduling on the device: chunk_offsets[n] = Σ_{m<n} ceil(len_m / 64), n = 0..N, from cu_seqlens
+ * Varlen scheduling on the device: chunk_offsets[n] = Σ_{m<n} ceil(len_m / C), n = 0..N, from cu_seqlens
  * (clamped as in seq.cuh). One CTA of 1024 threads: each thread sums a contiguous run of sequences, a block
  * scan turns the sums into offsets, each thread writes its run. No host involvement, so the forward stays
  * graph-capturable; the preparation kernel finds its sequence by binary search in these offsets.
@@ -9,7 +9,7 @@
 
 #define META_THREADS 1024
 
-__global__ void __launch_bounds__(META_THREADS) kda_meta_kernel(const kda_cuda_params_t p) {
+__global__ void __launch_bounds__(META_THREADS) kda_meta_kernel(const kda_cuda_seqs_t p) {
     __shared__ int64_t warp_sums[META_THREADS / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t N = p.num_seqs;
@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(META_THREADS) kda_meta_kernel(const kda_cuda_p
     for (int64_t n = begin; n < end; n++) {
         int64_t bos, eos;
         seq_bounds(p, n, &bos, &eos);
-        local += (eos - bos + 63) / 64;
+        local += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
     }
     /* inclusive scan of `local` over the block */
     int64_t x = local;
@@ -46,12 +46,12 @@ __global__ void __launch_bounds__(META_THREADS) kda_meta_kernel(const kda_cuda_p
         p.chunk_offsets[n] = (int32_t)offset;
         int64_t bos, eos;
         seq_bounds(p, n, &bos, &eos);
-        offset += (eos - bos + 63) / 64;
+        offset += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
     }
     if (tid == META_THREADS - 1) p.chunk_offsets[N] = (int32_t)(x + (warp > 0 ? warp_sums[warp - 1] : 0));
 }
 
-extern "C" int kda_cuda_launch_meta(const kda_cuda_params_t *p, void *stream) {
-    kda_meta_kernel<<<1, META_THREADS, 0, (cudaStream_t)stream>>>(*p);
+extern "C" int kda_cuda_launch_meta(const kda_cuda_seqs_t *s, void *stream) {
+    kda_meta_kernel<<<1, META_THREADS, 0, (cudaStream_t)stream>>>(*s);
     return (int)cudaGetLastError();
 }

@@ -7,51 +7,51 @@
 
 #include "common.cuh"
 
-DEV int64_t cu_at(const kda_cuda_params_t &p, int64_t i) {
-    return p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[i] : (int64_t)((const int32_t *)p.cu_seqlens)[i];
+DEV int64_t cu_at(const kda_cuda_seqs_t &s, int64_t i) {
+    return s.cu_seqlens_64 ? ((const int64_t *)s.cu_seqlens)[i] : (int64_t)((const int32_t *)s.cu_seqlens)[i];
 }
 
 /* First and last+1 row of sequence n. */
-DEV void seq_bounds(const kda_cuda_params_t &p, int64_t n, int64_t *bos, int64_t *eos) {
-    if (!p.cu_seqlens) {
-        *bos = n * p.seq_len;
-        *eos = *bos + p.seq_len;
+DEV void seq_bounds(const kda_cuda_seqs_t &s, int64_t n, int64_t *bos, int64_t *eos) {
+    if (!s.cu_seqlens) {
+        *bos = n * s.seq_len;
+        *eos = *bos + s.seq_len;
         return;
     }
-    int64_t a = cu_at(p, n), b = cu_at(p, n + 1);
-    a = a < 0 ? 0 : (a > p.num_tokens ? p.num_tokens : a);
-    b = b < a ? a : (b > p.num_tokens ? p.num_tokens : b);
+    int64_t a = cu_at(s, n), b = cu_at(s, n + 1);
+    a = a < 0 ? 0 : (a > s.num_tokens ? s.num_tokens : a);
+    b = b < a ? a : (b > s.num_tokens ? s.num_tokens : b);
     *bos = a;
     *eos = b;
 }
 
 /* Global index of the first chunk of sequence n (chunks are numbered sequence after sequence). */
-DEV int64_t seq_chunk0(const kda_cuda_params_t &p, int64_t n) {
-    return p.cu_seqlens ? (int64_t)p.chunk_offsets[n] : n * p.chunks_per_row;
+DEV int64_t seq_chunk0(const kda_cuda_seqs_t &s, int64_t n) {
+    return s.cu_seqlens ? (int64_t)s.chunk_offsets[n] : n * s.chunks_per_row;
 }
 
 /* The sequence of global chunk c, or -1 past the last chunk. */
-DEV int64_t chunk_seq(const kda_cuda_params_t &p, int64_t c) {
-    if (!p.cu_seqlens) {
-        int64_t n = c / p.chunks_per_row;
-        return n < p.num_seqs ? n : -1;
+DEV int64_t chunk_seq(const kda_cuda_seqs_t &s, int64_t c) {
+    if (!s.cu_seqlens) {
+        int64_t n = c / s.chunks_per_row;
+        return n < s.num_seqs ? n : -1;
     }
-    if (c >= p.chunk_offsets[p.num_seqs]) return -1;
+    if (c >= s.chunk_offsets[s.num_seqs]) return -1;
     /* largest n with chunk_offsets[n] <= c: then chunk_offsets[n + 1] > c, so sequence n is not empty */
-    int64_t lo = 0, hi = p.num_seqs; /* invariant: offsets[lo] <= c < offsets[hi] */
+    int64_t lo = 0, hi = s.num_seqs; /* invariant: offsets[lo] <= c < offsets[hi] */
     while (hi - lo > 1) {
         int64_t mid = (lo + hi) >> 1;
-        if (p.chunk_offsets[mid] <= c) lo = mid;
+        if (s.chunk_offsets[mid] <= c) lo = mid;
         else hi = mid;
     }
     return lo;
 }
 
 /* The state slot of sequence n, or -1 for none (negative index, or one past the pool: clamped, see above). */
-DEV int64_t seq_slot(const kda_cuda_params_t &p, int64_t n) {
-    if (!p.state_indices) return n;
-    int64_t s = p.state_indices[n];
-    return (s < 0 || s >= p.num_state_slots) ? -1 : s;
+DEV int64_t seq_slot(const int32_t *state_indices, int64_t num_state_slots, int64_t n) {
+    if (!state_indices) return n;
+    int64_t s = state_indices[n];
+    return (s < 0 || s >= num_state_slots) ? -1 : s;
 }
 
 #endif /* KDA_CUDA_SEQ_CUH */

@@ -11,14 +11,25 @@
 
 #include "compare.h"
 #include "cpu/dtype.h"
+#include "internal.h"
 #include "test_util.h"
 
 #ifdef KDA_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+/* The CUDA context of every case. KDA_TEST_BV (a setting of this test program, not of the library) forces the
+ * recurrence's tile width through the internal tuning, e.g. for sanitizer runs of each tiling. */
 static kda_context_t *gpu(void) {
     static kda_context_t *ctx;
-    if (!ctx && kda_create(&ctx, KDA_BACKEND_CUDA, 0) != KDA_STATUS_SUCCESS) SKIP("no CUDA device: %s", kda_last_error());
+    if (!ctx) {
+        if (kda_create(&ctx, KDA_BACKEND_CUDA, 0) != KDA_STATUS_SUCCESS) SKIP("no CUDA device: %s", kda_last_error());
+        const char *bv = getenv("KDA_TEST_BV");
+        if (bv) {
+            kda_tuning_t t = {0};
+            t.bv = atoi(bv);
+            kda_set_tuning(ctx, &t);
+        }
+    }
     return ctx;
 }
 
@@ -394,13 +405,61 @@ TEST(gpu_fwd_cuda_graph_capture) {
     dproblem_free(&d);
 }
 
-/* The recurrence's tilings: BV = 128 and 64 (warpgroup MMA on sm_90), forced through the development variable
- * KDA_DEV_BV, on the cases above, whose small shapes alone make the host pick BV = 32 (mma.sync). */
+/* Any head size: K and V from 1 to 256, independently, padded to their size classes (64, 128, 256). Each size
+ * gets varlen with empty sequences, GVA 4x, both state layouts and dtypes, every gate mode, fp32 inputs (the
+ * element-by-element load path for sizes that are not a multiple of 8) and fp32 output. */
+static void head_size_cases(int k, int v) {
+    static const int64_t lens[] = {0, 5, 70, 1, 130, 0, 129};
+    char name[64];
+    for (int i = 0; i < 4; i++) {
+        kda_synth_config_t c = base(128);
+        c.k = k;
+        c.v = v;
+        c.gate = (kda_gate_mode_t)i;
+        c.state_v_first = i & 1;
+        c.initial_state_dtype = i == 2 ? KDA_BFLOAT16 : KDA_FLOAT32;
+        c.final_state_dtype = i == 3 ? KDA_BFLOAT16 : KDA_FLOAT32;
+        c.seed = (uint64_t)(k * 1000 + v * 10 + i);
+        if (i == 0) { /* varlen with empty sequences */
+            c.num_seqs = 7;
+            c.seqlens = lens;
+        } else if (i == 1) { /* GVA 4x */
+            c.hqk = 1;
+            c.hv = 4;
+            c.seq_len = 150;
+        } else if (i == 2) { /* fp32 inputs and output */
+            c.dtype = c.g_dtype = c.beta_dtype = c.o_dtype = KDA_FLOAT32;
+            c.allow_neg_eigval = 1;
+        } else { /* fp16 inputs, no l2norm */
+            c.dtype = c.o_dtype = KDA_FLOAT16;
+            c.l2norm = 0;
+        }
+        snprintf(name, sizeof name, "k%d_v%d_%d", k, v, i);
+        expect_gpu(name, &c, 1e-2);
+    }
+}
+
+TEST(gpu_fwd_head_sizes) {
+    static const int sizes[] = {16, 32, 60, 64, 100, 128, 192, 256};
+    for (int i = 0; i < 8; i++) head_size_cases(sizes[i], sizes[i]);
+    printf("worst o_err %.3e, worst state_err %.3e\n", worst_o, worst_state);
+}
+
+TEST(gpu_fwd_head_size_pairs) {
+    static const int pairs[][2] = {{64, 128}, {128, 64}, {100, 60}, {1, 7}, {256, 64}, {64, 256}, {200, 130}};
+    for (int i = 0; i < 7; i++) head_size_cases(pairs[i][0], pairs[i][1]);
+    printf("worst o_err %.3e, worst state_err %.3e\n", worst_o, worst_state);
+}
+
+/* The recurrence's tilings: BV = 128 and 64 (warpgroup MMA on sm_90), forced through the context's internal
+ * tuning (kda_set_tuning), on the cases above, whose small shapes alone make the host pick BV = 32 (mma.sync). */
 TEST(gpu_fwd_rec_tilings) {
-    static const char *bvs[] = {"128", "64"};
+    static const int bvs[] = {128, 64};
     for (int i = 0; i < 2; i++) {
-        setenv("KDA_DEV_BV", bvs[i], 1);
-        printf("KDA_DEV_BV=%s\n", bvs[i]);
+        kda_tuning_t t = {0};
+        t.bv = bvs[i];
+        kda_set_tuning(gpu(), &t);
+        printf("tuning: bv %d\n", bvs[i]);
         matrix(128);
         matrix(64);
         test_gpu_fwd_options();
@@ -410,21 +469,27 @@ TEST(gpu_fwd_rec_tilings) {
         test_gpu_fwd_strong_decay();
         test_gpu_fwd_state_pool_inplace();
         test_gpu_fwd_cuda_graph_capture();
+        test_gpu_fwd_head_sizes();
+        test_gpu_fwd_head_size_pairs();
     }
-    unsetenv("KDA_DEV_BV");
+    kda_set_tuning(gpu(), NULL);
 }
 
-/* Sizes the CUDA backend does not run give NOT_SUPPORTED naming the argument, and write nothing. */
-TEST(gpu_unsupported_head_size) {
+/* Head sizes outside [1, 256] are refused by name, before anything runs. */
+TEST(gpu_head_size_out_of_range) {
     kda_synth_config_t c = base(128);
-    c.k = 96;
-    c.v = 96;
     dproblem_t d;
     dproblem_make(&d, &c);
     size_t need = 0;
+    d.dev.head_dim_k = 257;
     kda_status_t st = kda_forward_workspace_size(gpu(), &d.dev, &need);
-    CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
+    CHECK(st == KDA_STATUS_INVALID_VALUE, "status %s", kda_status_string(st));
     CHECK(strstr(kda_last_error(), "'head_dim_k'") != NULL, "%s", kda_last_error());
+    d.dev.head_dim_k = 128;
+    d.dev.head_dim_v = 0;
+    st = kda_forward_workspace_size(gpu(), &d.dev, &need);
+    CHECK(st == KDA_STATUS_INVALID_VALUE, "status %s", kda_status_string(st));
+    CHECK(strstr(kda_last_error(), "'head_dim_v'") != NULL, "%s", kda_last_error());
     dproblem_free(&d);
 }
 

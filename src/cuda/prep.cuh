@@ -1,0 +1,718 @@
+/*
+ * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
+ *
+ * One CTA of 8 warps per (chunk of C = 64 tokens, value head); chunks of all sequences run in parallel. In the
+ * notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so every exp is one
+ * ex2), it writes the chunk's workspace block (kda_cuda.h). KD and VD are the size classes of K and V (64, 128
+ * or 256): columns past K (V) are zero in every tile, and the gate is 0 there, so they contribute nothing.
+ * The steps, each a device function below, in the order the kernel body calls them:
+ *
+ *   load_inputs        q, k, v (16-bit: into their tiles), the raw 16-bit gate tile, β (sigmoid in kernel)
+ *   gate_cumsum        the gate (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel: G
+ *   normalize_qkv      q ← s·q/‖q‖, k ← k/‖k‖ (l2norm), v: all as bf16 tiles
+ *   intra_chunk_A      A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i) by 16×16
+ *                      blocks on the tensor cores, the factor split around a reference R (ALGORITHM.md §3)
+ *                      [the A warps]; Aqk → workspace
+ *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
+ *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
+ *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, fp32 forward substitution
+ *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
+ *   store_w_u          W, U → workspace
+ * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
+ * zero and the recurrence needs no masks.
+ *
+ * Shared memory (strides KD + 8, VD + 8 elements so that fragment reads are conflict-free), regions reused:
+ *   R_G  fp32 [C][KD+8]   the raw gate tile, then G; later the W and U tiles being built (bf16, panels)
+ *   R_K  bf16 [C][KD+8]   k; later each warp's Y scratch
+ *   R_Q  bf16 [C][KD+8]   q; later KΓ
+ *   R_V  bf16 [C][VD+8]   v
+ *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II)
+ *   β    fp32 [C], and 512 floats for the partial sums of the gate
+ */
+#include "common.cuh"
+#include "seq.cuh"
+
+#define PREP_THREADS 256
+#define PREP_A_WARPS 6      /* warps 0-5 compute A/Aqk; warps 6-7 ("decay warps") the decay factors beside them */
+#define SA 72               /* fp32 stride of A and T: rows 8 banks apart, so the float2 fragment reads of
+                               solve_w_u (a half-warp spans 4 rows) and the float2 stores of A are conflict-free */
+
+typedef __nv_bfloat16 bf16;
+
+/* Shared memory layout (bytes) for classes KD, VD */
+#define PREP_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define PREP_S(D) ((D) + 8)
+#define PREP_YS(KD, VD) (PREP_MAX(KD, VD) / 4 + 8) /* stride of a warp's Y scratch [16][slab] in solve_w_u */
+#define PREP_BYTES_G(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 4, KDA_CHUNK * ((KD) + (VD)) * 2)
+#define PREP_BYTES_K(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 2, 8 * 16 * PREP_YS(KD, VD) * 2)
+#define PREP_OFF_K(KD, VD) PREP_BYTES_G(KD, VD)
+#define PREP_OFF_Q(KD, VD) (PREP_OFF_K(KD, VD) + PREP_BYTES_K(KD, VD))
+#define PREP_OFF_V(KD, VD) (PREP_OFF_Q(KD, VD) + KDA_CHUNK * PREP_S(KD) * 2)
+#define PREP_OFF_A(KD, VD) (PREP_OFF_V(KD, VD) + KDA_CHUNK * PREP_S(VD) * 2)
+#define PREP_OFF_BETA(KD, VD) (PREP_OFF_A(KD, VD) + KDA_CHUNK * SA * 4)
+#define PREP_OFF_TOT(KD, VD) (PREP_OFF_BETA(KD, VD) + KDA_CHUNK * 4)
+#define PREP_BYTES(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
+
+/* The shared-memory tiles and the chunk a CTA prepares */
+typedef struct {
+    float *G;     /* R_G */
+    bf16 *K, *Q, *V;
+    float *A, *beta, *tot;
+} prep_smem_t;
+
+typedef struct {
+    int64_t t0;   /* first token (row of the [B*T] tensors) */
+    int clen;     /* tokens in the chunk (1..C) */
+    int h, hq;    /* value head, its query/key head */
+    unsigned char *blk; /* the workspace block */
+} prep_chunk_t;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Small helpers
+ * ------------------------------------------------------------------------------------------------------- */
+/* N 16-bit values of a shared row (16-byte aligned, N % 8 == 0) → fp32 (F16: fp16, else bf16) */
+template <int F16, int N>
+DEV void row16_to_f32(const bf16 *row, float *x) {
+#pragma unroll
+    for (int c = 0; c < N; c += 8) {
+        const uint4 w8 = *(const uint4 *)(row + c);
+        const uint32_t *w = (const uint32_t *)&w8;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const float2 f = unpack_16x2<F16>(w[u]);
+            x[c + 2 * u] = f.x;
+            x[c + 2 * u + 1] = f.y;
+        }
+    }
+}
+
+/* A channel pair of the raw 16-bit gate tile ([C][KD], pairs as 32-bit words) over ROWS rows from `pair` → fp32 */
+template <int F16, int KD, int ROWS>
+DEV void gate_pairs_to_f32(const uint32_t *pair, float *gx, float *gy) {
+#pragma unroll
+    for (int u = 0; u < ROWS; u++) {
+        const float2 f = unpack_16x2<F16>(pair[u * (KD / 2)]);
+        gx[u] = f.x;
+        gy[u] = f.y;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * load_inputs: the 16-bit q, k, v tiles and the raw gate tile. Rows of 16-byte pieces by cp.async with zero-fill
+ * when a row's length is a multiple of 8 elements (rows past the chunk's end and pieces past K or V read 0
+ * bytes), else element by element (any head size). β by the first C threads.
+ * ------------------------------------------------------------------------------------------------------- */
+/* One 16-bit [C][W] tile of `n` valid columns from rows `row0 + r·heads` of a [tokens][heads][n] tensor into
+ * shared memory at `dst` (element stride `stride`), zero-filled. */
+template <int W>
+DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, int clen, int vec, bf16 *dst,
+                     int stride, int tid) {
+    if (vec) {
+        constexpr int row_chunks = W / 8;               /* 16-byte pieces per row */
+        constexpr int RSTEP = PREP_THREADS / row_chunks; /* rows between a thread's copies */
+        const int c = tid % row_chunks, r0 = tid / row_chunks;
+        const uint16_t *src = base + ((row0 + r0) * heads) * n + c * 8;
+        const int64_t step = RSTEP * heads * n;
+        const uint32_t d0 = smem_u32(dst + r0 * stride + c * 8), dstep = stride * RSTEP * 2;
+        const int col_ok = c * 8 < n;
+#pragma unroll
+        for (int j = 0; j < KDA_CHUNK / RSTEP; j++) {
+            const int ok = col_ok && r0 + j * RSTEP < clen;
+            cp_async16_zfill(d0 + j * dstep, ok ? (const void *)(src + j * step) : (const void *)base, ok ? 16 : 0);
+        }
+    } else {
+#pragma unroll 4
+        for (int e = tid; e < KDA_CHUNK * W; e += PREP_THREADS) {
+            const int r = e / W, c = e % W;
+            uint16_t x = 0;
+            if (r < clen && c < n) x = base[(row0 + r) * heads * n + c];
+            ((uint16_t *)dst)[r * stride + c] = x;
+        }
+    }
+}
+
+template <int KD, int VD>
+DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+    if (!KDA_SKIP(p, 512)) {
+        if (p.dtype != KDA_DT_F32) {
+            const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)p.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)p.K;
+            const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)p.V;
+            load_tile16<KD>(q, ck.t0, p.hqk, p.K, ck.clen, p.vec_qk, sm.Q, PREP_S(KD), tid);
+            load_tile16<KD>(k, ck.t0, p.hqk, p.K, ck.clen, p.vec_qk, sm.K, PREP_S(KD), tid);
+            load_tile16<VD>(v, ck.t0, p.hv, p.V, ck.clen, p.vec_v, sm.V, PREP_S(VD), tid);
+        }
+        if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
+            load_tile16<KD>((const uint16_t *)p.g + ck.h * (int64_t)p.K, ck.t0, p.hv, p.K, ck.clen, p.vec_qk,
+                            (bf16 *)sm.G, KD, tid);
+    }
+    if (tid < KDA_CHUNK) {
+        float b = 0.0f;
+        if (tid < ck.clen) {
+            b = load_elem(p.beta, p.beta_dtype, (ck.t0 + tid) * p.hv + ck.h);
+            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+        }
+        sm.beta[tid] = b;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * gate_cumsum, first half: the gate values of a channel pair over GROWS rows, in log2 units, summed down the
+ * rows (all loads and gate values of a thread independent, the running sum a chain of adds); the part's total
+ * to shared memory. After the next barrier gate_cumsum_finish adds the totals of the parts above it.
+ * Branch-free within each gate mode: a branch per element would serialise independent latency chains.
+ * ------------------------------------------------------------------------------------------------------- */
+#define GATE_PAIRS(KD) ((KD) / 2)                          /* a thread's channel pair */
+#define GATE_PARTS(KD) (PREP_THREADS / GATE_PAIRS(KD))     /* row parts: 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
+#define GATE_ROWS(KD) (KDA_CHUNK / GATE_PARTS(KD))         /* rows of a part */
+
+template <int KD>
+DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
+                     float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)]) {
+    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD);
+    const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
+    const int okx = gd < p.K, oky = gd + 1 < p.K; /* padded channels: gate 0 */
+    const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
+    float2 bias = make_float2(0.0f, 0.0f);
+    if (p.gate_in_kernel && p.dt_bias) {
+        const float *db = p.dt_bias + ck.h * (int64_t)p.K + gd;
+        if ((p.K & 1) == 0 && okx) bias = *(const float2 *)db;
+        else bias = make_float2(okx ? db[0] : 0.0f, oky ? db[1] : 0.0f);
+    }
+    if (p.g_dtype == KDA_DT_F32) {
+        const float *gp = (const float *)p.g + (ck.t0 * p.hv + ck.h) * (int64_t)p.K + gd;
+        const int64_t rs = (int64_t)p.hv * p.K;
+        if ((p.K & 1) == 0) {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                const float2 v = gr0 + u < ck.clen && okx ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.f, 0.f);
+                gx[u] = v.x;
+                gy[u] = v.y;
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                gx[u] = gr0 + u < ck.clen && okx ? gp[(gr0 + u) * rs] : 0.0f;
+                gy[u] = gr0 + u < ck.clen && oky ? gp[(gr0 + u) * rs + 1] : 0.0f;
+            }
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads(); /* the tiles were copied by all threads */
+    const uint32_t *graw = (const uint32_t *)sm.G + gd / 2;
+    if (p.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
+        gate_pairs_to_f32<1, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
+    else if (p.g_dtype == KDA_DT_BF16)
+        gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
+    /* rows past the chunk's end and padded channels add 0 */
+    const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
+    float run0 = 0.0f, run1 = 0.0f;
+    if (p.gate_in_kernel && p.lower_bound != 0.0f) {
+        /* lower_bound · sigmoid(A (g + bias)), straight in log2 units: it lies in [lower_bound, 0] (the
+           validated lower_bound ≥ −5 is inside the clamp), so one fmaxf is the whole clamp (NaN → min) */
+        const float za = -A * LOG2E, lb2 = p.lower_bound * LOG2E;
+        if (!KDA_SKIP(p, 32)) {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                run0 += u < nvalid ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x))), lb2) : 0.0f;
+                run1 += u < nvalid_y ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y))), lb2) : 0.0f;
+                gx[u] = run0;
+                gy[u] = run1;
+            }
+        }
+    } else {
+        if (p.gate_in_kernel) { /* −A softplus(g + bias) */
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                gx[u] = -A * softplusf_(gx[u] + bias.x);
+                gy[u] = -A * softplusf_(gy[u] + bias.y);
+            }
+        }
+        if (!KDA_SKIP(p, 32)) {
+#pragma unroll
+            for (int u = 0; u < GROWS; u++) {
+                /* clamp into [KDA_GATE_MIN, 0]: NaN and −inf become the minimum */
+                run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                run1 += u < nvalid_y ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                gx[u] = run0;
+                gy[u] = run1;
+            }
+        }
+    }
+    *(float2 *)&sm.tot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
+}
+
+/* gate_cumsum, second half (after a barrier): G = the running sums plus the totals of the parts above */
+template <int KD>
+DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GATE_ROWS(KD)],
+                            const float (&gy)[GATE_ROWS(KD)]) {
+    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD), S = PREP_S(KD);
+    const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
+    float pre0 = 0.0f, pre1 = 0.0f;
+    for (int q = 0; q < gr0 / GROWS; q++) {
+        const float2 t = *(const float2 *)&sm.tot[q * KD + gd];
+        pre0 += t.x;
+        pre1 += t.y;
+    }
+#pragma unroll
+    for (int u = 0; u < GROWS; u++) *(float2 *)&sm.G[(gr0 + u) * S + gd] = make_float2(gx[u] + pre0, gy[u] + pre1);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * normalize_qkv: four threads per row, W/4 columns each: q (l2norm, × scale), k (l2norm), v → bf16 tiles in place
+ * (16-bit inputs were copied there; fp32 inputs are read from global memory here)
+ * ------------------------------------------------------------------------------------------------------- */
+template <int W>
+DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
+                        bf16 *tile, int norm, float scale, int tid) {
+    constexpr int CW = W / 4, S = PREP_S(W);
+    const int r = tid >> 2, c0 = (tid & 3) * CW;
+    float x[CW];
+    if (p.dtype == KDA_DT_F32) {
+        const float *src = (const float *)src_base + row * n + c0;
+        if (vec) {
+#pragma unroll
+            for (int c = 0; c < CW; c += 4) {
+                const float4 f = r < clen && c0 + c < n ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                x[c] = f.x;
+                x[c + 1] = f.y;
+                x[c + 2] = f.z;
+                x[c + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < CW; c++) x[c] = r < clen && c0 + c < n ? src[c] : 0.0f;
+        }
+    } else if (p.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler computed both
+                                             conversions and selected */
+        row16_to_f32<1, CW>(tile + r * S + c0, x);
+    } else {
+        row16_to_f32<0, CW>(tile + r * S + c0, x);
+    }
+    float f = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CW; c++) ss += x[c] * x[c];
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        f = rsqrtf(ss + 1e-6f);
+    }
+    f *= scale;
+#pragma unroll
+    for (int c = 0; c < CW; c += 8)
+        *(uint4 *)(tile + r * S + c0 + c) =
+            make_uint4(pack_bf16(x[c] * f, x[c + 1] * f), pack_bf16(x[c + 2] * f, x[c + 3] * f),
+                       pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
+}
+
+template <int KD, int VD>
+DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+    if (KDA_SKIP(p, 64)) return;
+    const int64_t row_qk = (ck.t0 + (tid >> 2)) * p.hqk + ck.hq, row_v = (ck.t0 + (tid >> 2)) * p.hv + ck.h;
+    const int vec4_qk = (p.K & 3) == 0, vec4_v = (p.V & 3) == 0; /* fp32 rows by float4 */
+    normalize_tile<KD>(p, p.q, row_qk, p.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid);
+    normalize_tile<KD>(p, p.k, row_qk, p.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid);
+    if (p.dtype != KDA_DT_BF16) normalize_tile<VD>(p, p.v, row_v, p.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * intra_chunk_A: A and Aqk by 16×16 blocks with the split factors of ALGORITHM.md §3
+ * ------------------------------------------------------------------------------------------------------- */
+/* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}. */
+template <int KD>
+DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int kt, int lane,
+                     uint32_t fk[4], uint32_t fq[4]) {
+    constexpr int S = PREP_S(KD);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
+        const float2 G = *(const float2 *)&sG[row * S + col];
+        const float2 Rr = *(const float2 *)&R[col];
+        const uint32_t e = pack_bf16(ex2(G.x - Rr.x), ex2(G.y - Rr.y));
+        fk[r] = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], e);
+        fq[r] = mul_bf16x2(*(const uint32_t *)&sQ[row * S + col], e);
+    }
+}
+
+/* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7. */
+template <int KD>
+DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
+                     uint32_t *b1) {
+    constexpr int S = PREP_S(KD);
+    const int g = lane >> 2, t = lane & 3;
+    const int row = row0 + g;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int col = kt * 16 + 2 * t + 8 * h;
+        const float2 G = *(const float2 *)&sG[row * S + col];
+        const float2 Rr = *(const float2 *)&R[col];
+        const uint32_t b = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
+        if (h == 0) *b0 = b;
+        else *b1 = b;
+    }
+}
+
+/* A and Aqk of the NB 16×16 blocks (rows row0.., columns col0 + 16 b..) by the split factors around reference
+ * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
+ * columns) on the tensor cores, into accA[b] / accQ[b]. */
+template <int KD, int NB>
+DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
+                           int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
+#pragma unroll
+    for (int kt = 0; kt < KD / 16; kt++) {
+        uint32_t fk[4], fq[4];
+        row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                uint32_t b0, b1;
+                col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
+                mma_bf16(accA[b][nt], fk, b0, b1);
+                mma_bf16(accQ[b][nt], fq, b0, b1);
+            }
+    }
+}
+
+/* A and Aqk of the diagonal block D when its decays are too strong to split: one exponential per (i, j, d),
+ * fp32 */
+template <int KD>
+DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D, int lane, float accA[2][4],
+                          float accQ[2][4]) {
+    constexpr int S = PREP_S(KD);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
+            float sa = 0.0f, sq = 0.0f;
+            for (int d = 0; d < KD && j <= i; d++) {
+                const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
+                sa += __bfloat162float(sK[i * S + d]) * e;
+                sq += __bfloat162float(sQ[i * S + d]) * e;
+            }
+            accA[nt][c] = sa;
+            accQ[nt][c] = sq;
+        }
+}
+
+/* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
+ * into the workspace, from the accumulators of its two 8-column halves. */
+DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int I, int J, int lane,
+                     const float accA[2][4], const float accQ[2][4], int diagonal) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr, j = 16 * J + 8 * nt + 2 * t;
+            float a0 = accA[nt][2 * hr] * sBeta[i], a1 = accA[nt][2 * hr + 1] * sBeta[i];
+            float q0 = accQ[nt][2 * hr], q1 = accQ[nt][2 * hr + 1];
+            if (diagonal) {
+                if (j >= i) a0 = 0.0f;
+                if (j + 1 >= i) a1 = 0.0f;
+                if (j > i) q0 = 0.0f;
+                if (j + 1 > i) q1 = 0.0f;
+            }
+            *(float2 *)&sA[i * SA + j] = make_float2(a0, a1);
+            *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
+        }
+    }
+}
+
+/* The A warps (0-5), each a run of blocks of one row block I that share their row factors:
+ *   (0,0) | (1,0) (1,1) | (2,0) (2,1) | (2,2) | (3,0) (3,1) | (3,2) (3,3).
+ * The reference R is G at the middle row of block I when the warp has the diagonal block and the block's
+ * exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors e^{R − G_j} are then ≤ 1, the row
+ * factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every factor ≤ 1) and the diagonal block by
+ * one exponential per (i, j, d). */
+template <int KD>
+DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane) {
+    constexpr int S = PREP_S(KD);
+    const int I = warp < 2 ? warp : (warp + 2) >> 1, J0 = (warp >= 2 && (warp & 1)) ? 2 : 0;
+    const int nb = (warp == 0 || warp == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
+    int split = 0;
+    if (has_diag) {
+        const float *Gfirst = sm.G + (16 * I) * S, *Gmid = sm.G + (16 * I + 7) * S, *Glast = sm.G + (16 * I + 15) * S;
+        float range = 0.0f;
+        for (int d = lane; d < KD; d += 32) range = fmaxf(range, fmaxf(Gfirst[d] - Gmid[d], Gmid[d] - Glast[d]));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
+        split = range <= KDA_DIAG_RANGE * LOG2E;
+    }
+    const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
+    const int nf = nb - (has_diag && !split); /* blocks by factors */
+    float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
+    if (nf == 2) blocks_by_factors<KD, 2>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ);
+    else if (nf == 1) blocks_by_factors<KD, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ);
+    if (nf < nb) {
+        if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[1], accQ[1]);
+        else diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[0], accQ[0]);
+    }
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * decay_factors (the decay warps, 64 threads, beside intra_chunk_A): K̃ = k e^{G_last − G}, γ = e^{G_last} →
+ * workspace, and Aqk's zero blocks above the diagonal
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KD>
+DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
+    constexpr int S = PREP_S(KD), row_chunks = KD / 8;
+    const float *GL = sm.G + (ck.clen - 1) * S;
+    if (!KDA_SKIP(p, 128)) {
+        unsigned char *blk_kt = ck.blk + kda_cuda_off_kt(KD);
+        for (int e = tid2; e < KDA_CHUNK * row_chunks; e += 64) {
+            const int r = e / row_chunks, c = e % row_chunks;
+            const float *G = sm.G + r * S + c * 8;
+            const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
+            const uint32_t *kw = (const uint32_t *)&k8;
+            const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+            const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
+            const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+            const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+            uint32_t kt[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                kt[u] = mul_bf16x2(kw[u], pack_bf16(ex2(lv[2 * u] - gv[2 * u]), ex2(lv[2 * u + 1] - gv[2 * u + 1])));
+            *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+        }
+        float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
+        for (int d = tid2; d < KD; d += 64) gamma[d] = ex2(GL[d]);
+    }
+    if (!KDA_SKIP(p, 1)) {
+        unsigned char *blk_aqk = ck.blk + kda_cuda_off_aqk(KD);
+        for (int e = tid2; e < KDA_CHUNK * 8; e += 64) {
+            const int r = e >> 3, c = e & 7;
+            if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + pan_off(r, 8 * c)) = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * gated_qk: QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KD>
+DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+    constexpr int S = PREP_S(KD), row_chunks = KD / 8;
+    if (KDA_SKIP(p, 128)) return;
+    unsigned char *blk_qg = ck.blk + kda_cuda_off_qg(KD);
+    for (int e = tid; e < KDA_CHUNK * row_chunks; e += PREP_THREADS) {
+        const int r = e / row_chunks, c = e % row_chunks;
+        const float *G = sm.G + r * S + c * 8;
+        const uint4 q8 = *(const uint4 *)(sm.Q + r * S + c * 8), k8 = *(const uint4 *)(sm.K + r * S + c * 8);
+        const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
+        const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+        const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+        uint32_t qg[4], kg[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const uint32_t e = pack_bf16(ex2(gv[2 * u]), ex2(gv[2 * u + 1]));
+            qg[u] = mul_bf16x2(qw[u], e);
+            kg[u] = mul_bf16x2(kw[u], e);
+        }
+        *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+        *(uint4 *)(sm.Q + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * invert_diag_blocks: the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one
+ * block each, a column per lane), written over A's diagonal blocks (solve_w_u reads only A_IM, M < I)
+ * ------------------------------------------------------------------------------------------------------- */
+DEV void invert_diag_blocks(float *sA, int warp, int lane) {
+    const int j = lane & 15, b = 16 * warp;
+    float tcol[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int m = 0; m < i; m++) s += sA[(b + i) * SA + b + m] * tcol[m];
+        tcol[i] = i == j ? 1.0f : (i > j ? -s : 0.0f);
+    }
+    __syncwarp();
+    if (lane < 16)
+#pragma unroll
+        for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = tcol[i];
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * solve_w_u: [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
+ *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I.
+ * A warp owns a slab of SLAB columns of W (warps 0-3, SLAB = KD/4) or of U (warps 4-7, SLAB = VD/4), so it needs
+ * no other warp. X goes to `stage` (panel layout), Y through the warp's scratch rows (stride YS).
+ * ------------------------------------------------------------------------------------------------------- */
+template <int SLAB, int SRC_S>
+DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sBeta, const bf16 *src, int col0,
+                    unsigned char *stage, bf16 *Y, int YS, int lane) {
+    constexpr int NTW = SLAB / 8; /* n-tiles of a warp's slab */
+    const int g = lane >> 2, t = lane & 3;
+    for (int I = 0; I < 4 && !KDA_SKIP(p, 4); I++) {
+        float acc[NTW][4];
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        for (int M = 0; M < I; M++) {
+            uint32_t a[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * M + 2 * t + 8 * (r >> 1)];
+                a[r] = pack_bf16(v.x, v.y);
+            }
+#pragma unroll
+            for (int pp = 0; pp < NTW / 2; pp++) {
+                const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int col = col0 + pp * 16 + (lane >> 4) * 8;
+                uint32_t b[4];
+                ldsm_x4_t(b, smem_u32(stage + pan_off(row, col)));
+                mma_bf16(acc[2 * pp], a, b[0], b[1]);
+                mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
+            }
+        }
+        /* Y = β ⊙ B − acc, as bf16 rows of the warp's scratch */
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
+                const float2 bb = unpack_bf16(*(const uint32_t *)&src[r * SRC_S + c]);
+                const float be = sBeta[r];
+                *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] =
+                    pack_bf16(be * bb.x - acc[nt][2 * hr], be * bb.y - acc[nt][2 * hr + 1]);
+            }
+        __syncwarp();
+        uint32_t a[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
+            a[r] = pack_bf16(v.x, v.y);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+        for (int pp = 0; pp < NTW / 2; pp++) {
+            const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+            uint32_t b[4];
+            ldsm_x4_t(b, smem_u32(Y + row * YS + col));
+            mma_bf16(acc[2 * pp], a, b[0], b[1]);
+            mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
+        }
+        /* X_I → the staging tile */
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
+                *(uint32_t *)(stage + pan_off(i, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+            }
+        __syncwarp();
+    }
+}
+
+template <int KD, int VD>
+DEV void solve_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, int warp, int lane) {
+    const int is_u = warp >= 4;
+    unsigned char *stage = (unsigned char *)sm.G + is_u * (KDA_CHUNK * KD * 2); /* X tiles: W, then U */
+    if (KD == VD) { /* one code path for both warp kinds */
+        constexpr int YS = KD / 4 + 8;
+        solve_slab<KD / 4, PREP_S(KD)>(p, sm.A, sm.beta, is_u ? sm.V : sm.Q, (warp & 3) * (KD / 4), stage,
+                                       sm.K + warp * 16 * YS, YS, lane);
+    } else if (is_u) {
+        constexpr int YS = PREP_YS(KD, VD);
+        solve_slab<VD / 4, PREP_S(VD)>(p, sm.A, sm.beta, sm.V, (warp & 3) * (VD / 4), stage, sm.K + warp * 16 * YS,
+                                       YS, lane);
+    } else {
+        constexpr int YS = PREP_YS(KD, VD);
+        solve_slab<KD / 4, PREP_S(KD)>(p, sm.A, sm.beta, sm.Q, (warp & 3) * (KD / 4), stage, sm.K + warp * 16 * YS,
+                                       YS, lane);
+    }
+}
+
+/* store_w_u: W and U (both in the panel layout already) → workspace */
+template <int KD, int VD>
+DEV void store_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+    if (KDA_SKIP(p, 256)) return;
+    constexpr int W16 = KDA_CHUNK * KD * 2 / 16, U16 = KDA_CHUNK * VD * 2 / 16;
+    uint4 *w_out = (uint4 *)ck.blk, *u_out = (uint4 *)(ck.blk + kda_cuda_off_u(KD));
+    const uint4 *w_in = (const uint4 *)sm.G, *u_in = w_in + W16;
+    if (KD == VD) {
+        for (int e = tid; e < W16; e += PREP_THREADS) {
+            w_out[e] = w_in[e];
+            u_out[e] = u_in[e];
+        }
+    } else {
+        for (int e = tid; e < W16; e += PREP_THREADS) w_out[e] = w_in[e];
+        for (int e = tid; e < U16; e += PREP_THREADS) u_out[e] = u_in[e];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernel
+ * ------------------------------------------------------------------------------------------------------- */
+/* two CTAs per SM (128 registers a thread) where their shared memory fits, i.e. for classes up to 128 */
+#define PREP_MIN_CTAS(KD, VD) ((KD) <= 128 && (VD) <= 128 ? 2 : 1)
+
+template <int KD, int VD>
+__global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_kernel(const kda_prep_params_t p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const prep_smem_t sm = {(float *)smem,
+                            (bf16 *)(smem + PREP_OFF_K(KD, VD)),
+                            (bf16 *)(smem + PREP_OFF_Q(KD, VD)),
+                            (bf16 *)(smem + PREP_OFF_V(KD, VD)),
+                            (float *)(smem + PREP_OFF_A(KD, VD)),
+                            (float *)(smem + PREP_OFF_BETA(KD, VD)),
+                            (float *)(smem + PREP_OFF_TOT(KD, VD))};
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    /* this CTA's chunk */
+    prep_chunk_t ck;
+    const int64_t cid = blockIdx.x / p.hv;
+    ck.h = (int)(blockIdx.x % p.hv);
+    const int64_t n = chunk_seq(p.seqs, cid);
+    if (n < 0) return;
+    int64_t bos, eos;
+    seq_bounds(p.seqs, n, &bos, &eos);
+    ck.t0 = bos + (cid - seq_chunk0(p.seqs, n)) * KDA_CHUNK;
+    ck.clen = (int)min((int64_t)KDA_CHUNK, eos - ck.t0);
+    if (ck.clen <= 0) return;
+    ck.hq = ck.h / p.group;
+    ck.blk = (unsigned char *)p.blocks.base + (cid * p.hv + ck.h) * p.blocks.block_bytes;
+
+    load_inputs<KD, VD>(p, sm, ck, tid);
+    float gx[GATE_ROWS(KD)], gy[GATE_ROWS(KD)];
+    gate_cumsum<KD>(p, sm, ck, tid, gx, gy); /* waits for the copies */
+    normalize_qkv<KD, VD>(p, sm, ck, tid);
+    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, and q, k, v are done */
+    gate_cumsum_finish<KD>(sm, tid, gx, gy);
+    for (int e = tid; e < KDA_CHUNK * SA / 4; e += PREP_THREADS) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+    __syncthreads();
+
+    if (warp < PREP_A_WARPS) {
+        if (!KDA_SKIP(p, 1)) intra_chunk_A<KD>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane);
+    } else {
+        decay_factors<KD>(p, sm, ck, tid - PREP_A_WARPS * 32);
+    }
+    __syncthreads(); /* gated_qk overwrites q with KΓ */
+    gated_qk<KD>(p, sm, ck, tid);
+    if (warp < 4 && !KDA_SKIP(p, 2)) invert_diag_blocks(sm.A, warp, lane);
+    __syncthreads();
+    solve_w_u<KD, VD>(p, sm, warp, lane);
+    __syncthreads();
+    store_w_u<KD, VD>(p, sm, ck, tid);
+}
+
+/* The launcher of one configuration: one CTA per (chunk, value head) */
+template <int KD, int VD>
+static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream) {
+    const int64_t ctas = p->blocks.max_chunks * p->hv;
+    if (ctas == 0) return 0;
+    const int bytes = PREP_BYTES(KD, VD);
+    static int done[KDA_MAX_DEVICES];
+    cudaError_t err = kda_smem_limit((const void *)kda_prep_kernel<KD, VD>, bytes, device, done);
+    if (err != cudaSuccess) return (int)err;
+    kda_prep_kernel<KD, VD><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
+    return (int)cudaGetLastError();
+}

@@ -1,0 +1,454 @@
+/*
+ * The chunk recurrence (docs/ALGORITHM.md §3): per sequence, chunk after chunk,
+ *
+ *     Δ = U − W S,     O = QΓ S + Aqk Δ,     S ← Diag(γ) S + K̃ᵀ Δ
+ *
+ * from the workspace blocks of prep.cuh. One CTA per (sequence, value head, tile of BV state columns): the
+ * recurrence is independent across the V columns of S, so a head's state splits over CTAs without any
+ * exchange (BV = 128, 64 or 32 chosen by the host to fill the GPU). Each warp owns 16 columns: it holds Sᵀ
+ * (16 × KD, fp32) in accumulators for the whole sequence. With Sᵀ as the left operand every product has its
+ * left operand in registers:
+ *
+ *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Uᵀ read in accumulator layout by ldmatrix.trans)
+ *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments)
+ *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃
+ *
+ * state_products computes the first two products, state_update the rest. Two ways to do them:
+ *   - wgmma (sm_90a, BV ≥ 64, K class ≤ 128): each warpgroup of 4 warps owns 64 columns and issues m64nNk16
+ *     with B straight from the stage (the workspace panels are wgmma's 128-byte-swizzled layout, K-major for W,
+ *     QΓ, Aqk and MN-major for K̃). The tensor cores read each B tile once per 64 columns of S; with mma.sync
+ *     every warp read all of W, QΓ and K̃ through ldmatrix, and shared-memory bandwidth bounded a step.
+ *   - mma.sync m16n8k16 (BV = 32, K class 256, and sm_100a, where wgmma does not exist): B fragments by
+ *     ldmatrix per warp; causal tiles of Aqk skipped.
+ *
+ * Staging (KD = the K class):
+ *   - ring (KD ≤ 128): the next chunks' blocks stream in by bulk copies (the copy engine, completing on one
+ *     mbarrier per stage) into a 2- or 3-stage ring while this one is used.
+ *   - split (KD = 256: two stages do not fit in shared memory): one buffer in two parts, [W | QΓ] and
+ *     [K̃ | Aqk | γ | U], each with its barrier; the next chunk's first part is copied in while this chunk's
+ *     second part is used, and its second part while the O rows are stored and the next products run.
+ * O goes through shared memory so that its global stores are whole rows. Columns past V and tokens past a
+ * sequence's end are never stored.
+ */
+#include "common.cuh"
+#include "seq.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define REC_MAX_THREADS 256
+
+/* One stage: W, QΓ, K̃ (C×KD), Aqk (C×C), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes), then
+ * the panels of U that hold this CTA's columns (REC_UP(BV) of them: each panel is KDA_PANEL_BYTES and
+ * contiguous in the workspace, common.cuh). NST stages (ring) or one (split), then the O staging rows (two
+ * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage (split: two). */
+#define REC_PART_A(KD) (2 * KDA_CHUNK * (KD) * 2) /* W, QΓ */
+#define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4)
+#define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
+#define REC_STAGE_BYTES(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
+#define REC_O_STRIDE(BV) ((BV) + 8)
+#define REC_BYTES(KD, BV, NST, OES) \
+    (1024 + (NST) * REC_STAGE_BYTES(KD, BV) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) + 8 * ((NST) < 2 ? 2 : (NST)))
+#define REC_SPLIT(KD) ((KD) > 128)
+
+/* Bulk copies of chunk `blk` into a stage, completing on `bar` armed with their byte count (one thread).
+ * first..last: the byte range of the linear part; with_u: the U panels too. */
+DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int first, int last, int with_u,
+                    int64_t off_u, int v0, int bv) {
+    const uint32_t dst = smem_u32(stage);
+    const int ubytes = with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0;
+    fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
+    mbar_expect_tx(bar, (uint32_t)(last - first + ubytes));
+    bulk_g2s(dst + first, blk + first, (uint32_t)(last - first), bar);
+    if (with_u) bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)ubytes, bar);
+}
+
+/* Δᵀ = Uᵀ − (Sᵀ Wᵀ) in place, Uᵀ read in accumulator layout by ldmatrix.trans; then Δᵀ as bf16 A fragments over
+ * the tokens. */
+DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU, int ucol, int lane) {
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+        const int col = ucol + ((lane >> 3) & 1) * 8;
+        uint32_t u[4];
+        ldsm_x4_t(u, sU + pan_off(row, col));
+        const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
+        dacc[2 * np][0] = u0.x - dacc[2 * np][0];
+        dacc[2 * np][1] = u0.y - dacc[2 * np][1];
+        dacc[2 * np][2] = u1.x - dacc[2 * np][2];
+        dacc[2 * np][3] = u1.y - dacc[2 * np][3];
+        dacc[2 * np + 1][0] = u2.x - dacc[2 * np + 1][0];
+        dacc[2 * np + 1][1] = u2.y - dacc[2 * np + 1][1];
+        dacc[2 * np + 1][2] = u3.x - dacc[2 * np + 1][2];
+        dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
+    }
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++)
+        acc_pair_to_a(dacc[2 * kt], dacc[2 * kt + 1], da[kt]);
+}
+
+/* Sᵀ ← Sᵀ Diag(γ) */
+template <int KD>
+DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++) {
+        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
+        s[nt][0] *= gg.x;
+        s[nt][1] *= gg.y;
+        s[nt][2] *= gg.x;
+        s[nt][3] *= gg.y;
+    }
+}
+
+/* The stage's tiles (shared addresses) and the warp's first column within the copied U panels */
+typedef struct {
+    uint32_t W, QG, KT, Aqk, U;
+    const float *gam;
+    int ucol;
+} rec_stage_t;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * mma.sync, per warp (16 columns of Sᵀ): state_products gives dacc = Sᵀ Wᵀ and oacc = Sᵀ QΓᵀ (16 columns × 64
+ * tokens, accumulator layout); state_update forms Δ, adds Δᵀ Aqkᵀ to oacc and updates s.
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KD>
+DEV void state_products_mma(const float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oacc)[8][4],
+                            const rec_stage_t &st, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
+    /* k-tiles outermost: the 16 mma of one k-tile are independent, so no mma waits on the one before */
+#pragma unroll
+    for (int kt = 0; kt < KD / 16; kt++) {
+        uint32_t sa[4]; /* Sᵀ as a bf16 A fragment over this k-tile */
+        acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sa);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+            const int col = kt * 16 + ((lane >> 3) & 1) * 8;
+            const int off = pan_off(row, col);
+            uint32_t b[4];
+            ldsm_x4(b, st.W + off);
+            mma_bf16(dacc[2 * np], sa, b[0], b[1]);
+            mma_bf16(dacc[2 * np + 1], sa, b[2], b[3]);
+            ldsm_x4(b, st.QG + off);
+            mma_bf16(oacc[2 * np], sa, b[0], b[1]);
+            mma_bf16(oacc[2 * np + 1], sa, b[2], b[3]);
+        }
+    }
+}
+
+template <int KD>
+DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oacc)[8][4], const rec_stage_t &st,
+                          int lane) {
+    uint32_t da[4][4];
+    delta_fragments(dacc, da, st.U, st.ucol, lane);
+    /* Oᵀ += Δᵀ Aqkᵀ: token tiles of Aqk rows i (n) against tokens j (k) ≤ i */
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            if (np < kt) continue;
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+            const int col = kt * 16 + ((lane >> 3) & 1) * 8;
+            uint32_t b[4];
+            ldsm_x4(b, st.Aqk + pan_off(row, col));
+            mma_bf16(oacc[2 * np], da[kt], b[0], b[1]);
+            mma_bf16(oacc[2 * np + 1], da[kt], b[2], b[3]);
+        }
+    }
+    /* Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃ */
+    decay_state<KD>(s, st.gam, lane & 3);
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+#pragma unroll
+        for (int pp = 0; pp < KD / 16; pp++) {
+            const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+            uint32_t b[4];
+            ldsm_x4_t(b, st.KT + pan_off(row, col));
+            mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
+            mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+        }
+    }
+}
+
+/* The same step by the warpgroup (all 4 warps call it; the warp's rows are the warpgroup's rows 16 (warp % 4)..).
+ * Two commit groups for Sᵀ Wᵀ and Sᵀ QΓᵀ, so Δ is formed while the second still runs; then Δᵀ Aqkᵀ joins the
+ * Oᵀ accumulators (in order behind Sᵀ QΓᵀ, same shape) and Δᵀ K̃ the decayed Sᵀ. K class 64 or 128. */
+template <int KD>
+DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_t &st, int lane) {
+#ifdef KDA_WGMMA
+    if (KD > 128) __trap(); /* instantiated but never launched: configs.def gives K class 256 no wgmma version */
+    constexpr int NT = KD / 8, NKT = KD / 16;
+    const int t = lane & 3;
+    uint32_t sa[NKT][4];
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++)
+        acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sa[kt]);
+    float dacc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dacc[nt][c] = oacc[nt][c] = 0.0f;
+    reg_fence(&dacc[0][0], 32);
+    reg_fence(&oacc[0][0], 32);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(st.W + (kt >> 2) * 8192 + (kt & 3) * 32));
+    wg_commit();
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&oacc[0][0], sa[kt], wg_desc_kmaj(st.QG + (kt >> 2) * 8192 + (kt & 3) * 32));
+    wg_commit();
+    WG_WAIT(1);
+    reg_fence(&dacc[0][0], 32);
+
+    uint32_t da[4][4];
+    delta_fragments(dacc, da, st.U, st.ucol, lane);
+    decay_state<KD>(s, st.gam, t);
+    reg_fence(&s[0][0], NT * 4);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) wgmma_n64_kmaj(&oacc[0][0], da[kt], wg_desc_kmaj(st.Aqk + kt * 32));
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
+        else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
+    }
+    wg_commit();
+    WG_WAIT(0);
+    reg_fence(&oacc[0][0], 32);
+    reg_fence(&s[0][0], NT * 4);
+#else
+    (void)s, (void)oacc, (void)st, (void)lane;
+    __trap(); /* the host launches this path on sm_90 only */
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * State in and out: s[nt][c] = S[d][v] with v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1); entries past K
+ * or V are zero and never stored
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KD>
+DEV void load_state(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sbase, int64_t sd, int64_t sv, int vw,
+                    int g, int t) {
+    if (p.h0_dtype == KDA_DT_F32) { /* dtype branch outside the loops, so that the loads are all in flight */
+        const float *h0 = (const float *)p.h0 + sbase;
+#pragma unroll
+        for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
+                s[nt][c] = d < p.K && v < p.V ? h0[d * sd + v * sv] : 0.0f;
+            }
+    } else {
+        const uint16_t *h0 = (const uint16_t *)p.h0 + sbase;
+#pragma unroll
+        for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
+                s[nt][c] = d < p.K && v < p.V ? bf16_bits_to_f32(h0[d * sd + v * sv]) : 0.0f;
+            }
+    }
+}
+
+template <int KD>
+DEV void store_state(const kda_rec_params_t &p, const float (&s)[KD / 8][4], int64_t sbase, int64_t sd, int64_t sv,
+                     int vw, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
+            if (d < p.K && v < p.V) store_elem(p.ht, p.ht_dtype, sbase + d * sd + v * sv, s[nt][c]);
+        }
+}
+
+/* Oᵀ (accumulators) → the staging rows O[token][column of the tile] (the dtype branch outside the loops) */
+DEV void stage_o(const float (&oacc)[8][4], unsigned char *sO, int o_dtype, int ostride, int warp, int g, int t) {
+#define REC_STAGE_O(T, CONV)                                                                                   \
+    for (int nt = 0; nt < 8; nt++)                                                                           \
+        for (int c = 0; c < 4; c++)                                                                          \
+            ((T *)sO)[(8 * nt + 2 * t + (c & 1)) * ostride + 16 * warp + g + 8 * (c >> 1)] = CONV(oacc[nt][c]);
+    if (o_dtype == KDA_DT_BF16) {
+#pragma unroll
+        REC_STAGE_O(__nv_bfloat16, __float2bfloat16_rn)
+    } else if (o_dtype == KDA_DT_F16) {
+#pragma unroll
+        REC_STAGE_O(__half, __float2half_rn)
+    } else {
+#pragma unroll
+        REC_STAGE_O(float, )
+    }
+#undef REC_STAGE_O
+}
+
+/* The staged O rows of one chunk → global: 16-byte pieces of whole rows, or (V not a multiple of 8) element by
+ * element; columns past V are not stored */
+DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride, int oes, int64_t tok0, int clen,
+                 int h, int v0, int bv, int tid, int nthreads) {
+    unsigned char *o = (unsigned char *)p.o;
+    if (p.vec_o) {
+        const int row16 = bv * oes / 16, per16 = 16 / oes;
+        for (int e = tid; e < clen * row16; e += nthreads) {
+            const int r = e / row16, c = e % row16;
+            if (v0 + c * per16 >= p.V) continue;
+            const uint4 val = *(const uint4 *)(sO + r * ostride * oes + c * 16);
+            *(uint4 *)(o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c * 16) = val;
+        }
+    } else {
+        for (int e = tid; e < clen * bv; e += nthreads) {
+            const int r = e / bv, c = e % bv;
+            if (v0 + c >= p.V) continue;
+            const int64_t i = ((tok0 + r) * p.hv + h) * (int64_t)p.V + v0 + c;
+            if (oes == 4) ((float *)o)[i] = ((const float *)sO)[r * ostride + c];
+            else ((uint16_t *)o)[i] = ((const uint16_t *)sO)[r * ostride + c];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernel
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KD, int WG>
+__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_rec_params_t p) {
+    constexpr int NT = KD / 8; /* n-tiles of Sᵀ over K */
+    constexpr int SPLIT = REC_SPLIT(KD);
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
+
+    const int bv = p.bv, nvt = kda_cuda_size_class(p.V) / bv;
+    const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int vt = (int)(blockIdx.x % nvt);
+    const int64_t rest = blockIdx.x / nvt;
+    const int h = (int)(rest % p.hv);
+    const int64_t n = rest / p.hv;
+    const int v0 = vt * bv;           /* first state column of this CTA */
+    const int vw = v0 + 16 * warp;    /* first state column of this warp */
+
+    const int stage_bytes = REC_STAGE_BYTES(KD, bv);
+    const int nst = SPLIT ? 1 : p.stages; /* ring: chunks in flight, nst - 1 ahead of the one in use */
+    unsigned char *sO0 = smem + nst * stage_bytes;
+    const int ostride = REC_O_STRIDE(bv);
+    const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
+
+    int64_t bos, eos;
+    seq_bounds(p.seqs, n, &bos, &eos);
+    const int64_t nchunks = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = seq_chunk0(p.seqs, n);
+    const int64_t slot = seq_slot(p.state_indices, p.num_state_slots, n);
+
+    float s[NT][4];
+    const int64_t sd = p.v_first ? 1 : p.V, sv = p.v_first ? p.K : 1; /* strides of d and v in a state */
+    const int64_t sbase = slot >= 0 ? (slot * p.hv + h) * (int64_t)p.K * p.V : 0;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
+    if (p.h0 && slot >= 0) load_state<KD>(p, s, sbase, sd, sv, vw, g, t);
+
+    const unsigned char *blocks = (const unsigned char *)p.blocks.base;
+    const int64_t off_u = kda_cuda_off_u(KD);
+    const uint32_t bars = smem_u32(sO0 + 2 * KDA_CHUNK * ostride * oes);
+    if (tid == 0) {
+        for (int sidx = 0; sidx < (SPLIT ? 2 : nst); sidx++) mbar_init(bars + 8 * sidx, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+#define REC_BLOCK(ci) (blocks + ((chunk0 + (ci)) * p.hv + h) * p.blocks.block_bytes)
+    if (tid == 0) {
+        if (SPLIT) {
+            if (nchunks > 0) {
+                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv);
+                issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), 1, off_u, v0, bv);
+            }
+        } else {
+            for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
+                issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), 1, off_u,
+                           v0, bv);
+        }
+    }
+    for (int64_t ci = 0; ci < nchunks; ci++) {
+        const int64_t ahead = ci + nst - 1;
+        const int nocopy = KDA_SKIP(p, 1024); /* development: stale stages, to time the math alone */
+        const int cur = SPLIT ? 0 : (int)(ci % nst);
+        if (!SPLIT) {
+            if (tid == 0 && ahead < nchunks && !nocopy)
+                issue_copy(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst), REC_BLOCK(ahead), 0,
+                           REC_LINEAR(KD), 1, off_u, v0, bv);
+            if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * cur, (uint32_t)((ci / nst) & 1));
+        } else if (!nocopy || ci == 0) {
+            mbar_wait(bars, (uint32_t)(ci & 1));
+        }
+        /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
+           closing barrier, which it must have to get here */
+        unsigned char *sO = sO0 + (ci & 1) * KDA_CHUNK * ostride * oes;
+        const unsigned char *stg = smem + cur * stage_bytes;
+        rec_stage_t st;
+        st.W = smem_u32(stg);
+        st.QG = st.W + KDA_CHUNK * KD * 2;
+        st.KT = st.W + 2 * KDA_CHUNK * KD * 2;
+        st.Aqk = st.W + 3 * KDA_CHUNK * KD * 2;
+        st.U = st.W + REC_LINEAR(KD);
+        st.gam = (const float *)(stg + 3 * KDA_CHUNK * KD * 2 + KDA_CHUNK * KDA_CHUNK * 2);
+        st.ucol = (v0 % KDA_PANEL_COLS) + 16 * warp;
+
+        float oacc[8][4], dacc[8][4];
+        const int math = !KDA_SKIP(p, 2048); /* development: skip the math, to time the copies alone */
+        if (!math) {
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) oacc[nt][c] = 0.0f;
+        } else if (WG) {
+            step_wgmma<KD>(s, oacc, st, lane);
+        } else {
+            state_products_mma<KD>(s, dacc, oacc, st, lane);
+        }
+        if (SPLIT) {
+            __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
+            if (tid == 0 && ci + 1 < nchunks && !nocopy)
+                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv);
+            if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
+        }
+        if (math && !WG) state_update_mma<KD>(s, dacc, oacc, st, lane);
+        stage_o(oacc, sO, p.o_dtype, ostride, warp, g, t);
+        __syncthreads(); /* the stage is free for the next copy; O staging is complete */
+        if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
+            issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), 1, off_u, v0, bv);
+
+        /* O rows of this chunk → global */
+        const int64_t tok0 = bos + ci * KDA_CHUNK;
+        const int clen = (int)min((int64_t)KDA_CHUNK, eos - tok0);
+        store_o(p, sO, ostride, oes, tok0, clen, h, v0, bv, tid, nthreads);
+    }
+#undef REC_BLOCK
+
+    if (p.ht && slot >= 0) store_state<KD>(p, s, sbase, sd, sv, vw, g, t);
+}
+
+/* Shared memory of a recurrence CTA of this configuration with `stages` ring stages (split: one buffer) */
+template <int KD>
+static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
+    const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
+    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes);
+}
+
+/* The launcher of one K class: one CTA of 2·BV threads per (sequence, value head, V tile) */
+template <int KD, int HAS_WG>
+static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
+    const int64_t ctas = p->seqs.num_seqs * p->hv * (kda_cuda_size_class(p->V) / p->bv);
+    if (ctas == 0) return 0;
+    const int threads = p->bv * 2;
+    const int bytes = kda_rec_smem<KD>(p, p->stages);
+    static int done[2][KDA_MAX_DEVICES]; /* per kernel below */
+    const int wg = HAS_WG && p->wgmma;
+    const void *kernel = wg ? (const void *)kda_recurrence_kernel<KD, HAS_WG> : (const void *)kda_recurrence_kernel<KD, 0>;
+    cudaError_t err;
+    if ((err = kda_smem_limit(kernel, bytes, device, done[wg])) != cudaSuccess) return (int)err;
+    void *args[] = {(void *)p};
+    if ((err = cudaLaunchKernel(kernel, dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
+                                (cudaStream_t)stream)) != cudaSuccess)
+        return (int)err;
+    return (int)cudaGetLastError();
+}
