@@ -29,6 +29,11 @@ SHAPES = {
     "GVA": (2, 8192, 16, 64),
     "V8x1024": (1, 8192, 64, 64, [1024] * 8),
     "V6": (1, 8192, 64, 64, [1300, 547, 2048, 963, 271, 3063]),
+    # other head sizes: (B, T, HQK, HV, lengths or None, K = V)
+    "K64B2T8192H64": (2, 8192, 64, 64, None, 64),
+    "K64V8x1024": (1, 8192, 64, 64, [1024] * 8, 64),
+    "K256B2T8192H32": (2, 8192, 32, 32, None, 256),
+    "K100B2T8192H32": (2, 8192, 32, 32, None, 100),
 }
 # name: (skip bits, forced BV or None[, "mma": the mma.sync recurrence where wgmma would run])
 SETS = {
@@ -81,11 +86,21 @@ def main():
     ap.add_argument("--sets", nargs="*", default=["all", "prep", "rec"])
     ap.add_argument("--bv", nargs="*", default=[])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--legacy-env", action="store_true", help="a library built before the development switches "
+                    "moved to KDA_DEV builds: set its KDA_DEV_* variables instead")
     ap.add_argument("--host", action="store_true", help="also the host time per call and back-to-back GPU time")
     a = ap.parse_args()
     tune = dev_tuning()
     if tune is None and any(SETS[n][0] or len(SETS[n]) > 2 for n in a.sets):
-        raise SystemExit("these sets need a development build (cmake -DKDA_DEV=ON): kda_dev_set_tuning not found")
+        if not a.legacy_env:
+            raise SystemExit("these sets need a development build (cmake -DKDA_DEV=ON): kda_dev_set_tuning not found")
+
+        def tune(skip, bv, mma, stages):  # builds before 2026-11-23 read these variables (A/Bs against them)
+            for k, v in (("KDA_DEV_SKIP", skip), ("KDA_DEV_BV", bv), ("KDA_DEV_REC_MMA", mma)):
+                if v:
+                    os.environ[k] = str(v)
+                else:
+                    os.environ.pop(k, None)
     for s in a.shapes:
         x = inputs(*SHAPES[s])
         cells = []

@@ -186,8 +186,8 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     pp.group = p->group;
     pp.K = K;
     pp.V = V;
-    pp.vec_qk = K % 8 == 0;
-    pp.vec_v = V % 8 == 0;
+    pp.piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
+    pp.piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
     pp.scale = p->scale;
     pp.lower_bound = p->has_lower_bound ? a->lower_bound : 0.0f;
     pp.l2norm = a->use_qk_l2norm != 0;
@@ -212,7 +212,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.K = K;
     rp.V = V;
     rp.v_first = a->state_v_first != 0;
-    rp.vec_o = V % 8 == 0;
+    rp.vec_o = (V * (a->o_dtype == KDA_FLOAT32 ? 4 : 2)) % 16 == 0;
     rp.bv = choose_bv(impl, p, vc);
     if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
     rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;

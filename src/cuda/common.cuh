@@ -133,6 +133,13 @@ DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
 DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+/* 8 or 4 bytes global → shared through L1 (cp.async.ca), the first src_bytes read, the rest zero-filled */
+DEV void cp_async8_zfill(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+DEV void cp_async4_zfill(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 DEV void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 /* Bulk copies (the Hopper copy engine) completing on an mbarrier: one thread arms the barrier with the bytes

@@ -90,7 +90,7 @@ typedef struct kda_prep_params {
     const float *A_log, *dt_bias;    /* NULL unless use_gate_in_kernel */
     int dtype, g_dtype, beta_dtype;
     int hqk, hv, group, K, V;        /* the true head sizes (the kernel's template holds their classes) */
-    int vec_qk, vec_v;               /* K (V) rows can be read in 16-byte pieces: K % 8 == 0 */
+    int piece_qk, piece_v;           /* bytes in which 16-bit K (V) rows are copied: 16, 8, 4 or 2 (K % 8 == 0: 16) */
     float scale, lower_bound;        /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int dev_skip;                    /* KDA_SKIP */
@@ -106,7 +106,7 @@ typedef struct kda_rec_params {
     int64_t num_state_slots;
     int o_dtype, h0_dtype, ht_dtype;
     int hv, K, V, v_first;
-    int vec_o;                       /* o rows can be written in 16-byte pieces */
+    int vec_o;                       /* o rows can be written in 16-byte pieces (V · bytes of o a multiple of 16) */
     int bv;                          /* V columns per CTA: 32, 64 or 128 (<= the V class) */
     int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
     int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */

@@ -98,16 +98,16 @@ DEV void gate_pairs_to_f32(const uint32_t *pair, float *gx, float *gy) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * load_inputs: the 16-bit q, k, v tiles and the raw gate tile. Rows of 16-byte pieces by cp.async with zero-fill
- * when a row's length is a multiple of 8 elements (rows past the chunk's end and pieces past K or V read 0
- * bytes), else element by element (any head size). β by the first C threads.
+ * load_inputs: the 16-bit q, k, v tiles and the raw gate tile. Rows go by cp.async with zero-fill in the widest
+ * pieces their length allows: 16 bytes when it is a multiple of 8 elements, else 8, 4 or (odd lengths) element
+ * by element; rows past the chunk's end and pieces past K or V read 0 bytes. β by the first C threads.
  * ------------------------------------------------------------------------------------------------------- */
 /* One 16-bit [C][W] tile of `n` valid columns from rows `row0 + r·heads` of a [tokens][heads][n] tensor into
- * shared memory at `dst` (element stride `stride`), zero-filled. */
+ * shared memory at `dst` (element stride `stride`), zero-filled, in pieces of `piece` bytes. */
 template <int W>
-DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, int clen, int vec, bf16 *dst,
+DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, int clen, int piece, bf16 *dst,
                      int stride, int tid) {
-    if (vec) {
+    if (piece == 16) {
         constexpr int row_chunks = W / 8;               /* 16-byte pieces per row */
         constexpr int RSTEP = PREP_THREADS / row_chunks; /* rows between a thread's copies */
         const int c = tid % row_chunks, r0 = tid / row_chunks;
@@ -119,6 +119,16 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
         for (int j = 0; j < KDA_CHUNK / RSTEP; j++) {
             const int ok = col_ok && r0 + j * RSTEP < clen;
             cp_async16_zfill(d0 + j * dstep, ok ? (const void *)(src + j * step) : (const void *)base, ok ? 16 : 0);
+        }
+    } else if (piece >= 4) { /* 8 or 4 bytes */
+        const int per = piece / 2, np = W / per; /* elements per piece, pieces per row */
+        for (int e = tid; e < KDA_CHUNK * np; e += PREP_THREADS) {
+            const int r = e / np, c = (e % np) * per;
+            const int ok = r < clen && c < n;
+            const void *src = ok ? (const void *)(base + (row0 + r) * heads * n + c) : (const void *)base;
+            const uint32_t d = smem_u32(dst + r * stride + c);
+            if (piece == 8) cp_async8_zfill(d, src, ok ? 8 : 0);
+            else cp_async4_zfill(d, src, ok ? 4 : 0);
         }
     } else {
 #pragma unroll 4
@@ -137,12 +147,12 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if (p.dtype != KDA_DT_F32) {
             const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)p.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)p.K;
             const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)p.V;
-            load_tile16<KD>(q, ck.t0, p.hqk, p.K, ck.clen, p.vec_qk, sm.Q, PREP_S(KD), tid);
-            load_tile16<KD>(k, ck.t0, p.hqk, p.K, ck.clen, p.vec_qk, sm.K, PREP_S(KD), tid);
-            load_tile16<VD>(v, ck.t0, p.hv, p.V, ck.clen, p.vec_v, sm.V, PREP_S(VD), tid);
+            load_tile16<KD>(q, ck.t0, p.hqk, p.K, ck.clen, p.piece_qk, sm.Q, PREP_S(KD), tid);
+            load_tile16<KD>(k, ck.t0, p.hqk, p.K, ck.clen, p.piece_qk, sm.K, PREP_S(KD), tid);
+            load_tile16<VD>(v, ck.t0, p.hv, p.V, ck.clen, p.piece_v, sm.V, PREP_S(VD), tid);
         }
         if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
-            load_tile16<KD>((const uint16_t *)p.g + ck.h * (int64_t)p.K, ck.t0, p.hv, p.K, ck.clen, p.vec_qk,
+            load_tile16<KD>((const uint16_t *)p.g + ck.h * (int64_t)p.K, ck.t0, p.hv, p.K, ck.clen, p.piece_qk,
                             (bf16 *)sm.G, KD, tid);
     }
     if (tid < KDA_CHUNK) {
