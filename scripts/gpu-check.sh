@@ -108,6 +108,22 @@ print("  " + "  ".join("%s=%s" % (r[mi].replace("smsp__average_warp_latency_issu
 PY
     done
     ;;
+  ncutime) # GPU duration of each kernel (ncu), .base and this tree, on NCU_SHAPES
+    [ -d build-base ] || build build-base .base || exit 1
+    for v in ${NCU_VARIANTS:-}; do build build-$v .$v || exit 1; done
+    for shape in ${NCU_SHAPES:-B1T512H64 B1T32768H32}; do for which in base gpu ${NCU_VARIANTS:-}; do
+      env KDA_LIBRARY=$PWD/build-$which/libkda.so $PYENV ncu --clock-control none -k regex:"prep|recurrence" \
+        --launch-skip 4 --launch-count 4 --metrics gpu__time_duration.sum,launch__registers_per_thread --csv \
+        python3 bench/stages.py --shapes $shape --sets all --reps 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+      python3 - "$OUT/ncu.csv" "$shape $which" <<'PY'
+import csv, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; rows = rows[1:]
+ki, mi, vi = (hdr.index(x) for x in ("Kernel Name", "Metric Name", "Metric Value"))
+print(sys.argv[2] + ": " + "  ".join("%s %s=%s" % (r[ki].split("(")[0][-28:], r[mi].split("__")[1][:12], r[vi]) for r in rows))
+PY
+    done; done
+    ;;
   *) echo "unknown step $step" ;;
   esac
 done

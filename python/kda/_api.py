@@ -318,7 +318,7 @@ def chunk_kda(
     else:
         A_log = dt_bias = None
     if chunk_size not in (32, 64):
-        raise KDAInvalidValueError(f"{fn}: `chunk_size` must be 32 or 64 for KDA, got {chunk_size}.")
+        raise KDAInvalidValueError(f"{fn}: `chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
     if safe_gate and use_gate_in_kernel:
         if lower_bound is None:
             raise KDAInvalidValueError(f"{fn}: `lower_bound` must be set when `safe_gate=True` and "

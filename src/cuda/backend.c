@@ -212,7 +212,6 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.K = K;
     rp.V = V;
     rp.v_first = a->state_v_first != 0;
-    rp.vec_o = (V * (a->o_dtype == KDA_FLOAT32 ? 4 : 2)) % 16 == 0;
     rp.bv = choose_bv(impl, p, vc);
     if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
     rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;

@@ -106,7 +106,6 @@ typedef struct kda_rec_params {
     int64_t num_state_slots;
     int o_dtype, h0_dtype, ht_dtype;
     int hv, K, V, v_first;
-    int vec_o;                       /* o rows can be written in 16-byte pieces (V · bytes of o a multiple of 16) */
     int bv;                          /* V columns per CTA: 32, 64 or 128 (<= the V class) */
     int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
     int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */

@@ -61,6 +61,8 @@ typedef struct {
 } prep_smem_t;
 
 typedef struct {
+    int K, V;           /* head sizes: the classes themselves in an EXACT instance (constants after inlining) */
+    int piece_qk, piece_v;
     int64_t t0;   /* first token (row of the [B*T] tensors) */
     int clen;     /* tokens in the chunk (1..C) */
     int h, hq;    /* value head, its query/key head */
@@ -145,14 +147,14 @@ template <int KD, int VD>
 DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
     if (!KDA_SKIP(p, 512)) {
         if (p.dtype != KDA_DT_F32) {
-            const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)p.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)p.K;
-            const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)p.V;
-            load_tile16<KD>(q, ck.t0, p.hqk, p.K, ck.clen, p.piece_qk, sm.Q, PREP_S(KD), tid);
-            load_tile16<KD>(k, ck.t0, p.hqk, p.K, ck.clen, p.piece_qk, sm.K, PREP_S(KD), tid);
-            load_tile16<VD>(v, ck.t0, p.hv, p.V, ck.clen, p.piece_v, sm.V, PREP_S(VD), tid);
+            const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)ck.K;
+            const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)ck.V;
+            load_tile16<KD>(q, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
+            load_tile16<KD>(k, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
+            load_tile16<VD>(v, ck.t0, p.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
         }
         if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
-            load_tile16<KD>((const uint16_t *)p.g + ck.h * (int64_t)p.K, ck.t0, p.hv, p.K, ck.clen, p.piece_qk,
+            load_tile16<KD>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen, ck.piece_qk,
                             (bf16 *)sm.G, KD, tid);
     }
     if (tid < KDA_CHUNK) {
@@ -175,23 +177,23 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
 #define GATE_PARTS(KD) (PREP_THREADS / GATE_PAIRS(KD))     /* row parts: 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
 #define GATE_ROWS(KD) (KDA_CHUNK / GATE_PARTS(KD))         /* rows of a part */
 
-template <int KD>
+template <int KD, int EXACT>
 DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
                      float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)]) {
     constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD);
     const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
-    const int okx = gd < p.K, oky = gd + 1 < p.K; /* padded channels: gate 0 */
+    const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
     const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
     float2 bias = make_float2(0.0f, 0.0f);
     if (p.gate_in_kernel && p.dt_bias) {
-        const float *db = p.dt_bias + ck.h * (int64_t)p.K + gd;
-        if ((p.K & 1) == 0 && okx) bias = *(const float2 *)db;
+        const float *db = p.dt_bias + ck.h * (int64_t)ck.K + gd;
+        if ((ck.K & 1) == 0 && okx) bias = *(const float2 *)db;
         else bias = make_float2(okx ? db[0] : 0.0f, oky ? db[1] : 0.0f);
     }
     if (p.g_dtype == KDA_DT_F32) {
-        const float *gp = (const float *)p.g + (ck.t0 * p.hv + ck.h) * (int64_t)p.K + gd;
-        const int64_t rs = (int64_t)p.hv * p.K;
-        if ((p.K & 1) == 0) {
+        const float *gp = (const float *)p.g + (ck.t0 * p.hv + ck.h) * (int64_t)ck.K + gd;
+        const int64_t rs = (int64_t)p.hv * ck.K;
+        if ((ck.K & 1) == 0) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
                 const float2 v = gr0 + u < ck.clen && okx ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.f, 0.f);
@@ -271,7 +273,7 @@ DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GA
  * normalize_qkv: four threads per row, W/4 columns each: q (l2norm, × scale), k (l2norm), v → bf16 tiles in place
  * (16-bit inputs were copied there; fp32 inputs are read from global memory here)
  * ------------------------------------------------------------------------------------------------------- */
-template <int W>
+template <int W, int EXACT>
 DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
                         bf16 *tile, int norm, float scale, int tid) {
     constexpr int CW = W / 4, S = PREP_S(W);
@@ -282,7 +284,7 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
         if (vec) {
 #pragma unroll
             for (int c = 0; c < CW; c += 4) {
-                const float4 f = r < clen && c0 + c < n ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 f = r < clen && (EXACT || c0 + c < n) ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
                 x[c] = f.x;
                 x[c + 1] = f.y;
                 x[c + 2] = f.z;
@@ -315,14 +317,14 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
                        pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
 }
 
-template <int KD, int VD>
+template <int KD, int VD, int EXACT>
 DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
     if (KDA_SKIP(p, 64)) return;
     const int64_t row_qk = (ck.t0 + (tid >> 2)) * p.hqk + ck.hq, row_v = (ck.t0 + (tid >> 2)) * p.hv + ck.h;
-    const int vec4_qk = (p.K & 3) == 0, vec4_v = (p.V & 3) == 0; /* fp32 rows by float4 */
-    normalize_tile<KD>(p, p.q, row_qk, p.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid);
-    normalize_tile<KD>(p, p.k, row_qk, p.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid);
-    if (p.dtype != KDA_DT_BF16) normalize_tile<VD>(p, p.v, row_v, p.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid);
+    const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
+    normalize_tile<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid);
+    normalize_tile<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid);
+    if (p.dtype != KDA_DT_BF16) normalize_tile<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -665,7 +667,9 @@ DEV void store_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, const prep
 /* two CTAs per SM (128 registers a thread) where their shared memory fits, i.e. for classes up to 128 */
 #define PREP_MIN_CTAS(KD, VD) ((KD) <= 128 && (VD) <= 128 ? 2 : 1)
 
-template <int KD, int VD>
+/* EXACT: K and V are the classes themselves (K = KD, V = VD): the masks and the narrow load paths compile away.
+ * Without it the kernel carries them, and its larger code slowed the common sizes (instruction fetch). */
+template <int KD, int VD, int EXACT>
 __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_kernel(const kda_prep_params_t p) {
     extern __shared__ __align__(16) unsigned char smem[];
     const prep_smem_t sm = {(float *)smem,
@@ -679,6 +683,10 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
 
     /* this CTA's chunk */
     prep_chunk_t ck;
+    ck.K = EXACT ? KD : p.K;
+    ck.V = EXACT ? VD : p.V;
+    ck.piece_qk = EXACT ? 16 : p.piece_qk;
+    ck.piece_v = EXACT ? 16 : p.piece_v;
     const int64_t cid = blockIdx.x / p.hv;
     ck.h = (int)(blockIdx.x % p.hv);
     const int64_t n = chunk_seq(p.seqs, cid);
@@ -693,8 +701,8 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
 
     load_inputs<KD, VD>(p, sm, ck, tid);
     float gx[GATE_ROWS(KD)], gy[GATE_ROWS(KD)];
-    gate_cumsum<KD>(p, sm, ck, tid, gx, gy); /* waits for the copies */
-    normalize_qkv<KD, VD>(p, sm, ck, tid);
+    gate_cumsum<KD, EXACT>(p, sm, ck, tid, gx, gy); /* waits for the copies */
+    normalize_qkv<KD, VD, EXACT>(p, sm, ck, tid);
     __syncthreads(); /* the parts' totals, the raw gate tile's last reads, and q, k, v are done */
     gate_cumsum_finish<KD>(sm, tid, gx, gy);
     for (int e = tid; e < KDA_CHUNK * SA / 4; e += PREP_THREADS) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -719,10 +727,12 @@ template <int KD, int VD>
 static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hv;
     if (ctas == 0) return 0;
-    const int bytes = PREP_BYTES(KD, VD);
-    static int done[KDA_MAX_DEVICES];
-    cudaError_t err = kda_smem_limit((const void *)kda_prep_kernel<KD, VD>, bytes, device, done);
+    const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
+    static int done[2][KDA_MAX_DEVICES];
+    const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
+    cudaError_t err = kda_smem_limit(kernel, bytes, device, done[exact]);
     if (err != cudaSuccess) return (int)err;
-    kda_prep_kernel<KD, VD><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
+    if (exact) kda_prep_kernel<KD, VD, 1><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
+    else kda_prep_kernel<KD, VD, 0><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
     return (int)cudaGetLastError();
 }

@@ -294,30 +294,28 @@ DEV void stage_o(const float (&oacc)[8][4], unsigned char *sO, int o_dtype, int 
 #undef REC_STAGE_O
 }
 
-/* The staged O rows of one chunk → global: 16-byte pieces of whole rows (VEC: V a multiple of 8), or element by
- * element; columns past V are not stored. VEC is a template parameter of the kernel: with both loops in one
- * kernel, the element loop's registers weighed on the main loop (+10% per chunk step at BV = 32). */
-template <int VEC>
+/* The staged O rows of one chunk → global: EXACT (V is its class: whole rows of 16-byte pieces), else pieces of
+ * 16, 8, 4 or 2 bytes, the widest that divides a row, and no column past V */
+template <int EXACT>
 DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride, int oes, int64_t tok0, int clen,
                  int h, int v0, int bv, int tid, int nthreads) {
-    if (VEC) {
-        unsigned char *o = (unsigned char *)p.o;
-        const int row16 = bv * oes / 16, per16 = 16 / oes;
-        const int n16 = min(row16, (p.V - v0) / per16); /* pieces of this tile's row that lie inside V */
-        for (int e = tid; e < clen * n16; e += nthreads) {
-            const int r = e / n16, c = e % n16;
+    unsigned char *o = (unsigned char *)p.o;
+    if (EXACT) {
+        const int row16 = bv * oes / 16;
+        for (int e = tid; e < clen * row16; e += nthreads) {
+            const int r = e / row16, c = e % row16;
             const uint4 val = *(const uint4 *)(sO + r * ostride * oes + c * 16);
             *(uint4 *)(o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c * 16) = val;
         }
-    } else { /* pieces of 8, 4 or 2 bytes, the widest that divides a row */
-        const int rowb = p.V * oes, pb = rowb % 8 == 0 ? 8 : rowb % 4 == 0 ? 4 : 2;
+    } else {
+        const int rowb = p.V * oes, pb = rowb % 16 == 0 ? 16 : rowb % 8 == 0 ? 8 : rowb % 4 == 0 ? 4 : 2;
         const int np = min(bv, p.V - v0) * oes / pb;
-        unsigned char *o = (unsigned char *)p.o;
         for (int e = tid; e < clen * np; e += nthreads) {
             const int r = e / np, c = (e % np) * pb;
             const unsigned char *src = sO + r * ostride * oes + c;
             unsigned char *dst = o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c;
-            if (pb == 8) *(uint2 *)dst = *(const uint2 *)src;
+            if (pb == 16) *(uint4 *)dst = *(const uint4 *)src;
+            else if (pb == 8) *(uint2 *)dst = *(const uint2 *)src;
             else if (pb == 4) *(uint32_t *)dst = *(const uint32_t *)src;
             else *(uint16_t *)dst = *(const uint16_t *)src;
         }
@@ -327,7 +325,10 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
-template <int KD, int WG, int VEC_O>
+/* EXACT: K and V are their classes: no masks, whole 16-byte O rows. Without it the kernel carries the masks and
+ * the narrow stores, and its larger code slowed the common sizes (instruction fetch: +13% per step at BV 32,
+ * +40% for 8-chunk sequences, measured). */
+template <int KD, int WG, int EXACT>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_rec_params_t p) {
     constexpr int NT = KD / 8; /* n-tiles of Sᵀ over K */
     constexpr int SPLIT = REC_SPLIT(KD);
@@ -362,7 +363,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
-    const int full = p.K == KD && v0 + bv <= p.V; /* no padded rows or columns in this CTA's part of S */
+    const int full = EXACT || (p.K == KD && v0 + bv <= p.V); /* no padded rows or columns in this CTA's part of S */
     if (p.h0 && slot >= 0) load_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
 
     const unsigned char *blocks = (const unsigned char *)p.blocks.base;
@@ -438,7 +439,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         /* O rows of this chunk → global */
         const int64_t tok0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - tok0);
-        store_o<VEC_O>(p, sO, ostride, oes, tok0, clen, h, v0, bv, tid, nthreads);
+        store_o<EXACT>(p, sO, ostride, oes, tok0, clen, h, v0, bv, tid, nthreads);
     }
 #undef REC_BLOCK
 
@@ -460,11 +461,11 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
     static int done[4][KDA_MAX_DEVICES]; /* per kernel below */
-    const int wg = HAS_WG && p->wgmma, vec = p->vec_o != 0;
+    const int wg = HAS_WG && p->wgmma, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
     const void *kernels[4] = {(const void *)kda_recurrence_kernel<KD, 0, 0>, (const void *)kda_recurrence_kernel<KD, 0, 1>,
                               (const void *)kda_recurrence_kernel<KD, HAS_WG, 0>,
                               (const void *)kda_recurrence_kernel<KD, HAS_WG, 1>};
-    const int which = 2 * wg + vec;
+    const int which = 2 * wg + exact;
     cudaError_t err;
     if ((err = kda_smem_limit(kernels[which], bytes, device, done[which])) != cudaSuccess) return (int)err;
     void *args[] = {(void *)p};
