@@ -547,3 +547,98 @@ TEST(bwd_cpu_deterministic) {
     free_case(&x);
     free_case(&y);
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Bad input: one argument broken; the status, the message names the argument, no gradient byte written
+ * ------------------------------------------------------------------------------------------------------- */
+static void expect_bad(void (*mutate)(case_t *), kda_status_t want, const char *arg) {
+    static const int64_t lens[] = {5, 0, 20};
+    kda_synth_config_t cfg = small(0);
+    cfg.num_seqs = 3;
+    cfg.seqlens = lens;
+    cfg.hqk = 1;
+    cfg.hv = 2;
+    cfg.gate = KDA_GATE_SOFTPLUS;
+    kda_context_t *ctxs[2] = {cpu_ctx(2), kda_test_reference()};
+    for (int i = 0; i < 2; i++) {
+        case_t c;
+        make_case(&c, &cfg, 1, 0);
+        float *outs[] = {c.dq, c.dk, c.dv, c.dg, c.dbeta, c.dh0, c.dA, c.ddt};
+        const int64_t ns[] = {c.nq, c.nq, c.nv, c.ng, c.nb, c.ns, cfg.hv, (int64_t)cfg.hv * cfg.k};
+        for (int j = 0; j < 8; j++) memset(outs[j], 0x5a, (size_t)ns[j] * 4);
+        size_t ws = 0;
+        CHECK(kda_backward_workspace_size(ctxs[i], &c.b, &ws) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        char *w = malloc(ws + 64);
+        size_t ws_bytes = ws;
+        mutate(&c);
+        if (c.b.struct_size == 1) { /* the workspace case */
+            c.b.struct_size = sizeof(kda_backward_args_t);
+            ws_bytes = ws - 1;
+        }
+        const kda_status_t st = kda_backward(ctxs[i], &c.b, w, ws_bytes, NULL);
+        CHECK(st == want, "%s backend: status %s, expected %s (%s)", i ? "reference" : "cpu",
+              kda_status_string(st), kda_status_string(want), kda_last_error());
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "'%s'", arg);
+        CHECK(strstr(kda_last_error(), quoted) != NULL, "message does not name %s: %s", quoted, kda_last_error());
+        for (int j = 0; j < 8; j++) {
+            int same = 1;
+            for (int64_t e = 0; e < ns[j] * 4; e++) same &= ((unsigned char *)outs[j])[e] == 0x5a;
+            CHECK(same, "output %d was written on error", j);
+        }
+        free(w);
+        free_case(&c);
+    }
+}
+
+#define BAD(name, status, arg, ...)                                                                         \
+    static void mutate_##name(case_t *c) { __VA_ARGS__; }                                                   \
+    TEST(name) { expect_bad(mutate_##name, status, arg); }
+#define INVALID KDA_STATUS_INVALID_VALUE
+
+BAD(bad_bwd_problem_null, INVALID, "problem", c->b.problem = NULL)
+BAD(bad_bwd_forward_argument, INVALID, "head_dim_k", c->a.head_dim_k = 0)
+BAD(bad_bwd_d_o_null, INVALID, "d_o", c->b.d_o = NULL)
+BAD(bad_bwd_d_o_dtype, INVALID, "d_o_dtype", c->b.d_o_dtype = KDA_INT32)
+BAD(bad_bwd_d_final_state_dtype, INVALID, "d_final_state_dtype", c->b.d_final_state_dtype = KDA_FLOAT16)
+BAD(bad_bwd_dq_null, INVALID, "dq", c->b.dq = NULL)
+BAD(bad_bwd_dk_null, INVALID, "dk", c->b.dk = NULL)
+BAD(bad_bwd_dv_null, INVALID, "dv", c->b.dv = NULL)
+BAD(bad_bwd_dg_null, INVALID, "dg", c->b.dg = NULL)
+BAD(bad_bwd_dbeta_null, INVALID, "dbeta", c->b.dbeta = NULL)
+BAD(bad_bwd_dq_dtype, INVALID, "dq_dtype", c->b.dq_dtype = KDA_BFLOAT16)
+BAD(bad_bwd_dg_dtype, INVALID, "dg_dtype", c->b.dg_dtype = KDA_INT64)
+BAD(bad_bwd_d_initial_state_dtype, INVALID, "d_initial_state_dtype", c->b.d_initial_state_dtype = KDA_FLOAT16)
+BAD(bad_bwd_d_initial_state_without_initial_state, INVALID, "d_initial_state", c->a.initial_state = NULL)
+BAD(bad_bwd_da_log_without_a_log, INVALID, "dA_log", {
+    c->a.use_gate_in_kernel = 0;
+    c->a.A_log = NULL;
+    c->a.dt_bias = NULL;
+})
+BAD(bad_bwd_ddt_bias_without_dt_bias, INVALID, "ddt_bias", c->a.dt_bias = NULL)
+BAD(bad_bwd_dv_is_v, INVALID, "dv", c->b.dv = (void *)c->a.v)
+BAD(bad_bwd_dk_overlaps_dq, INVALID, "dk", c->b.dk = (char *)c->b.dq + 4)
+BAD(bad_bwd_dg_overlaps_d_o, INVALID, "dg", c->b.dg = (char *)c->d_o + 8)
+BAD(bad_bwd_d_initial_state_is_initial_state, INVALID, "d_initial_state",
+    c->b.d_initial_state = (void *)c->a.initial_state)
+BAD(bad_bwd_struct_size_newer, KDA_STATUS_NOT_SUPPORTED, "struct_size", c->b.struct_size += 8)
+BAD(bad_bwd_struct_size_zero, INVALID, "struct_size", c->b.struct_size = 0)
+BAD(bad_bwd_workspace_too_small, KDA_STATUS_INSUFFICIENT_WORKSPACE, "workspace_bytes", c->b.struct_size = 1)
+
+/* No tokens: nothing is required but the problem; d_initial_state = d_final_state. */
+TEST(bwd_empty_sequences_only) {
+    static const int64_t lens[] = {0, 0};
+    kda_synth_config_t cfg = small(0);
+    cfg.num_seqs = 2;
+    cfg.seqlens = lens;
+    case_t c;
+    make_case(&c, &cfg, 1, 0);
+    c.b.d_o = c.b.dq = c.b.dk = c.b.dv = c.b.dg = c.b.dbeta = NULL;
+    for (int i = 0; i < 2; i++) {
+        memset(c.dh0, 0, (size_t)c.ns * 4);
+        CHECK(run_backward(i ? kda_test_reference() : cpu_ctx(2), &c.b) == KDA_STATUS_SUCCESS, "%s",
+              kda_last_error());
+        CHECK(memcmp(c.dh0, c.dht, (size_t)c.ns * 4) == 0, "d_initial_state != d_final_state with no tokens");
+    }
+    free_case(&c);
+}
