@@ -262,11 +262,11 @@ void(kda_backward_args_init)(kda_backward_args_t *args) {
 static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
                                      kda_bwd_problem_t *p, size_t *need) {
     if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'ctx': NULL", fn);
-    kda_status_t st = kda_check_backward_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
-    if (st != KDA_STATUS_SUCCESS) return st;
     if (!ctx->ops->backward)
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: the %s backend has no backward yet (use the cpu or "
                          "reference backend)", fn, kda_backend_name(ctx->backend));
+    kda_status_t st = kda_check_backward_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
+    if (st != KDA_STATUS_SUCCESS) return st;
     if (ctx->ops->supports) {
         st = ctx->ops->supports(ctx, &p->f, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
