@@ -249,10 +249,11 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 
 
 def _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, h0, want_dh0, want_dA_log, want_ddt_bias):
-    none = q.new_empty((0,), dtype=torch.float32)
-    dh0 = torch.empty_like(h0) if want_dh0 and h0 is not None else none
-    dA = torch.empty_like(A_log) if want_dA_log and A_log is not None else none
-    ddt = torch.empty_like(dt_bias) if want_ddt_bias and dt_bias is not None else none
+    def none():  # one empty tensor per absent output: outputs of a custom op may not alias each other
+        return q.new_empty((0,), dtype=torch.float32)
+    dh0 = torch.empty_like(h0) if want_dh0 and h0 is not None else none()
+    dA = torch.empty_like(A_log) if want_dA_log and A_log is not None else none()
+    ddt = torch.empty_like(dt_bias) if want_ddt_bias and dt_bias is not None else none()
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
             torch.empty_like(beta), dh0, dA, ddt)
 

@@ -281,7 +281,7 @@ def test_chunk_gradients_against_torch_float64(name):
     for key, t in leaves.items():
         assert t.grad is not None and t.grad.dtype == t.dtype and t.grad.shape == t.shape, key
         err = rel_err(t.grad.numpy(), ref[key].grad.numpy())
-        assert err <= 1e-4, f"{key}: relative error {err:.3g}"
+        assert err <= 1e-4, f"{key}: relative error {err:.3g}"  # measured 2e-7..2e-6
 
 
 def test_chunk_gradients_bfloat16():
@@ -356,6 +356,9 @@ def test_opcheck():
                           common + (x["initial_state"], cu, None, 0.25, True) + flags)
     torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
                           common + (x["initial_state"], cu, None, None, 0.25, True) + flags)
+    do, dht = torch.randn(1, 19, 2, 16), torch.randn(2, 2, 16, 16)
+    torch.library.opcheck(torch.ops.kda.chunk_kda_bwd.default,
+                          common + (x["initial_state"], cu, None, do, dht, 0.25) + flags + (True, False, False))
     pool = torch.randn(4, 2, 16, 16)
     o = torch.empty(1, 19, 2, 16)
     idx = torch.tensor([3, 1], dtype=torch.int32)
