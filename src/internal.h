@@ -32,6 +32,8 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
 /* sizeof(kda_args_t) of the first released header (1.x): the shortest struct a call accepts. A later header
  * that appends fields keeps this value, so programs built against 1.0 keep working. */
 #define KDA_ARGS_MIN_SIZE (offsetof(kda_args_t, allow_neg_eigval) + sizeof(int))
+/* The same for kda_backward_args_t: its first release ends at ddt_bias. */
+#define KDA_BACKWARD_ARGS_MIN_SIZE (offsetof(kda_backward_args_t, ddt_bias) + sizeof(float *))
 
 /* ---------------------------------------------------------------------------------------------------------
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)

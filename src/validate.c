@@ -269,9 +269,10 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
                                      int host_readable, kda_bwd_problem_t *out) {
     (void)ctx;
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
-    if (args->struct_size < sizeof(size_t) + sizeof(void *))
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is too small; initialise the struct with "
-             "kda_backward_args_init()", args->struct_size);
+    if (args->struct_size < KDA_BACKWARD_ARGS_MIN_SIZE)
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_backward_args_t (%zu "
+             "bytes); initialise the struct with kda_backward_args_init()", args->struct_size,
+             (size_t)KDA_BACKWARD_ARGS_MIN_SIZE);
     if (args->struct_size > sizeof(kda_backward_args_t))
         FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's "
              "sizeof(kda_backward_args_t) = %zu: the program was built against a newer libkda", args->struct_size,

@@ -528,6 +528,20 @@ TEST(bwd_cpu_bf16_inputs_and_gradients) {
     cpu_case(&cfg, 1, 0, KDA_BFLOAT16, 2);
 }
 
+/* Head sizes: the largest (256), K = V = 128 as models use, and K = V = 1. */
+TEST(bwd_cpu_head_sizes) {
+    static const int kv[3][3] = {{256, 32, 40}, {128, 128, 70}, {1, 1, 20}};
+    for (int i = 0; i < 3; i++) {
+        kda_synth_config_t cfg = medium(kv[i][2]);
+        cfg.k = kv[i][0];
+        cfg.v = kv[i][1];
+        cfg.l2norm = cfg.k > 1;
+        cfg.gate = KDA_GATE_SOFTPLUS;
+        cfg.beta_sigmoid = 1;
+        cpu_case(&cfg, 1, 0, KDA_FLOAT32, 2);
+    }
+}
+
 /* Two identical calls give identical bytes, whatever the thread count. */
 TEST(bwd_cpu_deterministic) {
     kda_synth_config_t cfg = medium(90);
