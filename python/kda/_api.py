@@ -264,6 +264,10 @@ def chunk_kda(
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state float32, or None unless
         ``output_final_state``.
+
+    With torch tensors the call is differentiable: ``.backward()`` gives q, k, v, g, beta, A_log, dt_bias and
+    initial_state their gradients (libkda's kda_backward; CPU tensors for now, the CUDA backward is to come).
+    numpy users call :func:`chunk_kda_backward`.
     """
     fast = _torch_chunk_cached
     remember = None
