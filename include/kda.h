@@ -233,6 +233,68 @@ KDA_API kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const k
 KDA_API kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *workspace,
                                 size_t workspace_bytes, void *stream);
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Training backward: the gradients of every input of kda_forward
+ *
+ * The backward has its own argument struct. It points to the forward's kda_args_t (not a copy embedded in
+ * it) so that the two structs can each grow by appending fields without moving the other's, and so that the
+ * caller passes the very struct the forward ran with: its sizes, inputs, options and initial_state are read;
+ * its o and final_state are ignored. initial_state must still hold the state the forward started from (after
+ * an in-place forward on a state pool it holds the final state: keep a copy).
+ *
+ * Loss L: d_o = ∂L/∂o and optionally d_final_state = ∂L/∂final_state (FLA's dht; NULL: zero). Every gradient
+ * is with respect to the caller's raw input, through the in-kernel options (l2norm of q and k, the gate, the
+ * β sigmoid, scale); the gate's clamp into [-80, 0] passes no gradient where it clamps. With GVA the G value
+ * heads that share a query/key head sum into its dq and dk. dA_log and ddt_bias sum over every token and
+ * sequence. Gradient outputs are fully written (d_initial_state too, zeros for slots no sequence reads).
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct kda_backward_args {
+    size_t struct_size;            /* sizeof(kda_backward_args_t) of the header the caller was built with */
+    const kda_args_t *problem;     /* the forward's arguments (o and final_state are not read). Required */
+
+    /* -- Incoming gradients ------------------------------------------------------------------------------ */
+    const void *d_o;               /* [B, T, HV, V] ∂L/∂o. Required when B * T > 0 */
+    kda_dtype_t d_o_dtype;         /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    const void *d_final_state;     /* ∂L/∂final_state, shaped and laid out as final_state (state_v_first,
+                                      state pools). NULL: zero. Default NULL */
+    kda_dtype_t d_final_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
+
+    /* -- Gradient outputs: each in its input's dtype or FLOAT32 ------------------------------------------ */
+    void *dq;                      /* [B, T, HQK, K]. Required when B * T > 0 */
+    kda_dtype_t dq_dtype;          /* Default BFLOAT16 */
+    void *dk;                      /* [B, T, HQK, K]. Required when B * T > 0 */
+    kda_dtype_t dk_dtype;          /* Default BFLOAT16 */
+    void *dv;                      /* [B, T, HV, V]. Required when B * T > 0 */
+    kda_dtype_t dv_dtype;          /* Default BFLOAT16 */
+    void *dg;                      /* [B, T, HV, K] gradient of g (of the raw gate input with
+                                      use_gate_in_kernel). Required when B * T > 0 */
+    kda_dtype_t dg_dtype;          /* Default BFLOAT16 */
+    void *dbeta;                   /* [B, T, HV] gradient of beta (of the logit with use_beta_sigmoid).
+                                      Required when B * T > 0 */
+    kda_dtype_t dbeta_dtype;       /* Default BFLOAT16 */
+    void *d_initial_state;         /* shaped as initial_state (FLA's dh0); requires initial_state. NULL: not
+                                      computed. Default NULL */
+    kda_dtype_t d_initial_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
+    float *dA_log;                 /* [HV] float32; requires use_gate_in_kernel and A_log. NULL: not
+                                      computed. Default NULL */
+    float *ddt_bias;               /* [HV * K] float32; requires use_gate_in_kernel and dt_bias. NULL: not
+                                      computed. Default NULL */
+} kda_backward_args_t;
+
+/* As kda_args_init_sized, for the backward's struct (struct_size = the caller's sizeof). */
+KDA_API void kda_backward_args_init_sized(kda_backward_args_t *args, size_t struct_size);
+#define kda_backward_args_init(args) kda_backward_args_init_sized((args), sizeof(kda_backward_args_t))
+KDA_API void(kda_backward_args_init)(kda_backward_args_t *args);
+
+/* Bytes of workspace kda_backward needs (may depend on the longest sequence). Validates args. */
+KDA_API kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args,
+                                                 size_t *workspace_bytes);
+
+/* Compute every requested gradient. Workspace and stream as for kda_forward. The CUDA backend answers
+ * KDA_STATUS_NOT_SUPPORTED for now. */
+KDA_API kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
+                                  size_t workspace_bytes, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

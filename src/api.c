@@ -236,3 +236,65 @@ kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *worksp
                         void *stream) {
     return run(ctx, args, workspace, workspace_bytes, stream, ALGO_DECODE, "kda_decode");
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The training backward
+ * ------------------------------------------------------------------------------------------------------- */
+void kda_backward_args_init_sized(kda_backward_args_t *args, size_t struct_size) {
+    if (!args || struct_size < sizeof(size_t)) return;
+    kda_backward_args_t d;
+    (kda_backward_args_init)(&d);
+    memset(args, 0, struct_size);
+    memcpy(args, &d, struct_size < sizeof d ? struct_size : sizeof d);
+    args->struct_size = struct_size;
+}
+
+void(kda_backward_args_init)(kda_backward_args_t *args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->struct_size = sizeof *args;
+    args->d_o_dtype = KDA_BFLOAT16;
+    args->d_final_state_dtype = KDA_FLOAT32;
+    args->dq_dtype = args->dk_dtype = args->dv_dtype = args->dg_dtype = args->dbeta_dtype = KDA_BFLOAT16;
+    args->d_initial_state_dtype = KDA_FLOAT32;
+}
+
+static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
+                                     kda_bwd_problem_t *p, size_t *need) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'ctx': NULL", fn);
+    if (!ctx->ops->backward)
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: the %s backend has no backward yet (use the cpu or "
+                         "reference backend)", fn, kda_backend_name(ctx->backend));
+    kda_status_t st = kda_check_backward_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    if (ctx->ops->supports) {
+        st = ctx->ops->supports(ctx, &p->f, fn);
+        if (st != KDA_STATUS_SUCCESS) return st;
+    }
+    return ctx->ops->backward_workspace(ctx, p, need);
+}
+
+kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args,
+                                         size_t *bytes) {
+    const char *fn = "kda_backward_workspace_size";
+    if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
+    kda_bwd_problem_t p;
+    size_t need = 0;
+    kda_status_t st = prepare_backward(ctx, args, fn, &p, &need);
+    if (st == KDA_STATUS_SUCCESS) *bytes = need;
+    return st;
+}
+
+kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
+                          size_t workspace_bytes, void *stream) {
+    const char *fn = "kda_backward";
+    kda_bwd_problem_t p;
+    size_t need = 0;
+    kda_status_t st = prepare_backward(ctx, args, fn, &p, &need);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    if (workspace_bytes < need)
+        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
+                         "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, workspace_bytes, need);
+    if (need > 0 && !workspace) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    return ctx->ops->backward(ctx, &p, workspace, workspace_bytes, stream);
+}

@@ -32,6 +32,8 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
 /* sizeof(kda_args_t) of the first released header (1.x): the shortest struct a call accepts. A later header
  * that appends fields keeps this value, so programs built against 1.0 keep working. */
 #define KDA_ARGS_MIN_SIZE (offsetof(kda_args_t, allow_neg_eigval) + sizeof(int))
+/* The same for kda_backward_args_t: its first release ends at ddt_bias. */
+#define KDA_BACKWARD_ARGS_MIN_SIZE (offsetof(kda_backward_args_t, ddt_bias) + sizeof(float *))
 
 /* ---------------------------------------------------------------------------------------------------------
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
@@ -83,6 +85,18 @@ static inline int64_t kda_state_slot(const kda_problem_t *p, int64_t n) {
     return p->a.state_indices ? (int64_t)p->a.state_indices[n] : n;
 }
 
+/* A checked backward problem: the forward's problem and the backward's arguments, normalised. */
+typedef struct kda_bwd_problem {
+    kda_problem_t f;            /* the forward's problem (f.a.o and f.a.final_state are not used) */
+    kda_backward_args_t b;      /* the backward's arguments; b.problem points to f.a */
+    int64_t max_seq_len;        /* the longest sequence (host-readable offsets; else the batch rows' T) */
+} kda_bwd_problem_t;
+
+/* Validate the backward's `args` for `fn` and fill `out`: the forward's problem as kda_check_args does (its o
+ * need not be set), then the gradients' buffers, dtypes and aliasing. */
+kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
+                                     int host_readable, kda_bwd_problem_t *out);
+
 /* Validate `args` for entry point `fn` on `ctx` and fill `out`. `host_readable`: the pointers are host memory,
  * so the contents of cu_seqlens and state_indices can be checked as well. */
 kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn,
@@ -105,6 +119,10 @@ typedef struct kda_backend_ops {
     /* Backend-specific checks beyond the shared ones (e.g. supported head sizes), or NULL. */
     kda_status_t (*supports)(const kda_context_t *ctx, const kda_problem_t *p, const char *fn);
     void (*destroy)(kda_context_t *ctx);
+    /* The training backward (NULL: the backend has none; kda_backward answers NOT_SUPPORTED). */
+    kda_status_t (*backward_workspace)(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
+    kda_status_t (*backward)(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
+                             void *stream);
 } kda_backend_ops_t;
 
 /* Tuning a caller cannot reach: tests force tilings through kda_set_tuning (internal symbol, linked statically),

@@ -59,9 +59,9 @@ static kda_status_t check_cu_seqlens(const char *fn, const char *arg, const void
     return KDA_STATUS_SUCCESS;
 }
 
-kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn, int host_readable,
-                            kda_problem_t *out) {
-    (void)ctx;
+/* need_o: the entry point writes o (the forward and decode; the backward does not read it). */
+static kda_status_t check_problem(const kda_args_t *args, const char *fn, int host_readable, int need_o,
+                                  kda_problem_t *out) {
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
     if (args->struct_size < KDA_ARGS_MIN_SIZE)
         FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_args_t (%zu bytes); "
@@ -150,8 +150,8 @@ kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, co
         if (!a->v) FAIL(KDA_STATUS_INVALID_VALUE, "v", "NULL");
         if (!a->g) FAIL(KDA_STATUS_INVALID_VALUE, "g", "NULL");
         if (!a->beta) FAIL(KDA_STATUS_INVALID_VALUE, "beta", "NULL");
-        if (!a->o) FAIL(KDA_STATUS_INVALID_VALUE, "o", "NULL");
-        if (a->o == a->q || a->o == a->k || a->o == a->v || a->o == a->g)
+        if (need_o && !a->o) FAIL(KDA_STATUS_INVALID_VALUE, "o", "NULL");
+        if (need_o && (a->o == a->q || a->o == a->k || a->o == a->v || a->o == a->g))
             FAIL(KDA_STATUS_INVALID_VALUE, "o", "must not be the memory of an input");
     }
 
@@ -230,5 +230,156 @@ kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, co
         FAIL(KDA_STATUS_INVALID_VALUE, "allow_neg_eigval", "requires use_beta_sigmoid");
 
     *out = p;
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn, int host_readable,
+                            kda_problem_t *out) {
+    (void)ctx;
+    return check_problem(args, fn, host_readable, 1, out);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The backward's arguments
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* A tensor's memory, for the aliasing check: [ptr, ptr + bytes). */
+typedef struct {
+    const char *name;
+    const void *ptr;
+    size_t bytes;
+} span_t;
+
+static int overlaps(span_t x, span_t y) {
+    if (!x.ptr || !y.ptr || x.bytes == 0 || y.bytes == 0) return 0;
+    const char *a = (const char *)x.ptr, *b = (const char *)y.ptr;
+    return a < b + y.bytes && b < a + x.bytes;
+}
+
+/* A gradient output's dtype: its input's dtype or float32. */
+static kda_status_t check_grad_dtype(const char *fn, const char *arg, kda_dtype_t d, kda_dtype_t input,
+                                     const char *input_name) {
+    if (d != KDA_FLOAT32 && d != input)
+        FAIL(KDA_STATUS_INVALID_VALUE, arg, "%s is neither %s's dtype (%s) nor float32", dtype_name(d), input_name,
+             dtype_name(input));
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
+                                     int host_readable, kda_bwd_problem_t *out) {
+    (void)ctx;
+    if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
+    if (args->struct_size < KDA_BACKWARD_ARGS_MIN_SIZE)
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_backward_args_t (%zu "
+             "bytes); initialise the struct with kda_backward_args_init()", args->struct_size,
+             (size_t)KDA_BACKWARD_ARGS_MIN_SIZE);
+    if (args->struct_size > sizeof(kda_backward_args_t))
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's "
+             "sizeof(kda_backward_args_t) = %zu: the program was built against a newer libkda", args->struct_size,
+             sizeof(kda_backward_args_t));
+    kda_bwd_problem_t p;
+    memset(&p, 0, sizeof p);
+    (kda_backward_args_init)(&p.b);
+    memcpy(&p.b, args, args->struct_size);
+    p.b.struct_size = sizeof(kda_backward_args_t);
+    if (!p.b.problem) FAIL(KDA_STATUS_INVALID_VALUE, "problem", "NULL (the forward's kda_args_t)");
+    kda_status_t st = check_problem(p.b.problem, fn, host_readable, 0, &p.f);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    p.f.a.o = NULL;
+    p.f.a.final_state = NULL;
+    const kda_args_t *a = &p.f.a;
+    const kda_backward_args_t *b = &p.b;
+
+    /* -- dtypes ------------------------------------------------------------------------------------------ */
+    if (!is_float_dtype(b->d_o_dtype))
+        FAIL(KDA_STATUS_INVALID_VALUE, "d_o_dtype", "%s (%d) is not float32, float16 or bfloat16",
+             dtype_name(b->d_o_dtype), (int)b->d_o_dtype);
+    if (b->d_final_state && !is_state_dtype(b->d_final_state_dtype))
+        FAIL(KDA_STATUS_INVALID_VALUE, "d_final_state_dtype", "%s is not float32 or bfloat16",
+             dtype_name(b->d_final_state_dtype));
+    if ((st = check_grad_dtype(fn, "dq_dtype", b->dq_dtype, a->dtype, "q")) != KDA_STATUS_SUCCESS) return st;
+    if ((st = check_grad_dtype(fn, "dk_dtype", b->dk_dtype, a->dtype, "k")) != KDA_STATUS_SUCCESS) return st;
+    if ((st = check_grad_dtype(fn, "dv_dtype", b->dv_dtype, a->dtype, "v")) != KDA_STATUS_SUCCESS) return st;
+    if ((st = check_grad_dtype(fn, "dg_dtype", b->dg_dtype, a->g_dtype, "g")) != KDA_STATUS_SUCCESS) return st;
+    if ((st = check_grad_dtype(fn, "dbeta_dtype", b->dbeta_dtype, a->beta_dtype, "beta")) != KDA_STATUS_SUCCESS)
+        return st;
+
+    /* -- required buffers -------------------------------------------------------------------------------- */
+    if (p.f.num_tokens > 0) {
+        if (!b->d_o) FAIL(KDA_STATUS_INVALID_VALUE, "d_o", "NULL");
+        if (!b->dq) FAIL(KDA_STATUS_INVALID_VALUE, "dq", "NULL");
+        if (!b->dk) FAIL(KDA_STATUS_INVALID_VALUE, "dk", "NULL");
+        if (!b->dv) FAIL(KDA_STATUS_INVALID_VALUE, "dv", "NULL");
+        if (!b->dg) FAIL(KDA_STATUS_INVALID_VALUE, "dg", "NULL");
+        if (!b->dbeta) FAIL(KDA_STATUS_INVALID_VALUE, "dbeta", "NULL");
+    }
+    /* -- optional ones and what they require ------------------------------------------------------------- */
+    if (b->d_initial_state) {
+        if (!a->initial_state)
+            FAIL(KDA_STATUS_INVALID_VALUE, "d_initial_state", "is set but the problem has no initial_state");
+        if (!is_state_dtype(b->d_initial_state_dtype))
+            FAIL(KDA_STATUS_INVALID_VALUE, "d_initial_state_dtype", "%s is not float32 or bfloat16",
+                 dtype_name(b->d_initial_state_dtype));
+    }
+    if (b->dA_log && !(a->use_gate_in_kernel && a->A_log))
+        FAIL(KDA_STATUS_INVALID_VALUE, "dA_log", "is set but the problem has no A_log (use_gate_in_kernel with "
+             "A_log)");
+    if (b->ddt_bias && !(a->use_gate_in_kernel && a->dt_bias))
+        FAIL(KDA_STATUS_INVALID_VALUE, "ddt_bias", "is set but the problem has no dt_bias (use_gate_in_kernel "
+             "with dt_bias)");
+
+    /* -- aliasing: no gradient output may share memory with an input or with another output ----------------- */
+    const size_t T = (size_t)p.f.num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
+    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
+    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : p.f.num_seqs);
+    const size_t cu_bytes = a->cu_seqlens ? ((size_t)p.f.num_seqs + 1) * kda_dtype_size(a->cu_seqlens_dtype) : 0;
+    const span_t inputs[] = {
+        {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
+        {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
+        {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
+        {"g", a->g, T * HV * K * kda_dtype_size(a->g_dtype)},
+        {"beta", a->beta, T * HV * kda_dtype_size(a->beta_dtype)},
+        {"initial_state", a->initial_state, nstate * HV * K * V * kda_dtype_size(a->initial_state_dtype)},
+        {"A_log", a->A_log, a->A_log ? HV * 4 : 0},
+        {"dt_bias", a->dt_bias, a->dt_bias ? HV * K * 4 : 0},
+        {"cu_seqlens", a->cu_seqlens, cu_bytes},
+        {"state_indices", a->state_indices, a->state_indices ? (size_t)p.f.num_seqs * 4 : 0},
+        {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
+        {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
+    };
+    const span_t outputs[] = {
+        {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
+        {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
+        {"dv", b->dv, T * HV * V * kda_dtype_size(b->dv_dtype)},
+        {"dg", b->dg, T * HV * K * kda_dtype_size(b->dg_dtype)},
+        {"dbeta", b->dbeta, T * HV * kda_dtype_size(b->dbeta_dtype)},
+        {"d_initial_state", b->d_initial_state, nstate * HV * K * V * kda_dtype_size(b->d_initial_state_dtype)},
+        {"dA_log", b->dA_log, b->dA_log ? HV * 4 : 0},
+        {"ddt_bias", b->ddt_bias, b->ddt_bias ? HV * K * 4 : 0},
+    };
+    const int n_in = (int)(sizeof inputs / sizeof inputs[0]), n_out = (int)(sizeof outputs / sizeof outputs[0]);
+    for (int i = 0; i < n_out; i++) {
+        for (int j = 0; j < n_in; j++)
+            if (overlaps(outputs[i], inputs[j]))
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of input '%s'", inputs[j].name);
+        for (int j = 0; j < i; j++)
+            if (overlaps(outputs[i], outputs[j]))
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'",
+                     outputs[j].name);
+    }
+
+    /* -- the longest sequence (workspace of the CPU backends) ----------------------------------------------- */
+    p.max_seq_len = a->cu_seqlens ? 0 : a->seq_len;
+    if (a->cu_seqlens && host_readable)
+        for (int64_t n = 0; n < p.f.num_seqs; n++) {
+            const int64_t len = read_offset(a->cu_seqlens, a->cu_seqlens_dtype, n + 1) -
+                                read_offset(a->cu_seqlens, a->cu_seqlens_dtype, n);
+            if (len > p.max_seq_len) p.max_seq_len = len;
+        }
+    else if (a->cu_seqlens)
+        p.max_seq_len = a->seq_len;
+
+    *out = p;
+    out->b.problem = &out->f.a;
     return KDA_STATUS_SUCCESS;
 }

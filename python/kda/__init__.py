@@ -15,7 +15,7 @@ Errors derive from :class:`KDAError` and from the matching built-in (``ValueErro
 ``NotImplementedError`` for what is not available, ``RuntimeError`` otherwise); see ``kda._errors``.
 """
 
-from ._api import chunk_kda, fused_recurrent_kda
+from ._api import chunk_kda, chunk_kda_backward, fused_recurrent_kda
 from ._errors import (KDAAllocError, KDAAssertionError, KDABackendError, KDAError, KDAInsufficientWorkspaceError,
                       KDAInternalError, KDAInvalidValueError, KDALibraryNotFoundError, KDANotSupportedError,
                       KDARuntimeError, KDATypeError)
@@ -25,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "chunk_kda",
+    "chunk_kda_backward",
     "fused_recurrent_kda",
     "library_path",
     "library_version",

@@ -17,14 +17,14 @@ import warnings
 
 from . import _lib
 from ._errors import (KDAAssertionError, KDAInvalidValueError, KDANotSupportedError, KDATypeError)
-from ._lib import FLOAT16, FLOAT32, INT32, INT64, KdaArgs
+from ._lib import FLOAT16, FLOAT32, INT32, INT64, KdaArgs, KdaBackwardArgs
 
 try:  # numpy is needed for numpy inputs only
     import numpy as np
 except ImportError:  # pragma: no cover
     np = None
 
-__all__ = ["chunk_kda", "fused_recurrent_kda"]
+__all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda"]
 
 if np is not None:
     _NP_FLOAT = {np.dtype(np.float32): FLOAT32, np.dtype(np.float16): FLOAT16}
@@ -264,6 +264,10 @@ def chunk_kda(
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state float32, or None unless
         ``output_final_state``.
+
+    With torch tensors the call is differentiable: ``.backward()`` gives q, k, v, g, beta, A_log, dt_bias and
+    initial_state their gradients (libkda's kda_backward; CPU tensors for now, the CUDA backward is to come).
+    numpy users call :func:`chunk_kda_backward`.
     """
     fast = _torch_chunk_cached
     remember = None
@@ -362,6 +366,95 @@ def chunk_kda(
                             scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                             bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
                             bool(safe_gate), lower_bound, bool(state_v_first), N, remember)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chunk_kda_backward: the gradients for numpy users (torch tensors: chunk_kda is differentiable)
+# ---------------------------------------------------------------------------------------------------------
+def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = None, initial_state=None,
+                       use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+                       use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                       safe_gate: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
+                       cu_seqlens=None, A_log=None, dt_bias=None):
+    """The gradients of ``chunk_kda`` (numpy arrays, CPU backend) for the loss weights ``do`` (``[B, T, HV, V]``,
+    the gradient of o) and ``dht`` (the gradient of the final state, shaped as it; None: zero). The other
+    arguments are the forward's, with the same meaning and checks.
+
+    Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)``: the first five in their inputs'
+    dtypes and shapes; d_initial_state float32 (None without initial_state); dA_log, ddt_bias float32 shaped as
+    given (None without use_gate_in_kernel or without them). With torch tensors, call ``.backward()`` on
+    chunk_kda's outputs instead.
+    """
+    fn = "chunk_kda_backward"
+    kind = _kind(fn, q)
+    if kind != "numpy":
+        raise KDATypeError(f"{fn}: argument 'q': numpy arrays only; with torch tensors chunk_kda is differentiable "
+                           f"(call .backward() on its outputs)")
+    _check_ndim(fn, q, k, v, g, beta, fused=False)
+    B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAAssertionError)
+    if cu_seqlens is not None:
+        if B != 1:
+            raise KDAInvalidValueError(f"{fn}: argument 'q': the batch size must be 1 with cu_seqlens, got {B}")
+        N = _seq_count(fn, cu_seqlens)
+    else:
+        N = B
+    if initial_state is not None:
+        if not _is_state_dtype(initial_state, kind):
+            raise KDAAssertionError(f"{fn}: argument 'initial_state': must be float32, got {initial_state.dtype}")
+        _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=False)
+    if dht is not None:
+        if not _is_state_dtype(dht, kind):
+            raise KDAAssertionError(f"{fn}: argument 'dht': must be float32, got {dht.dtype}")
+        _check_state(fn, "dht", dht, N, HV, K, V, state_v_first, pool=False)
+    if not isinstance(do, _ndarray) or tuple(do.shape) != tuple(v.shape):
+        got = list(do.shape) if isinstance(do, _ndarray) else type(do).__name__
+        raise KDAInvalidValueError(f"{fn}: argument 'do': expected a numpy array of v's shape {list(v.shape)}, got "
+                                   f"{got}")
+    if use_gate_in_kernel:
+        if A_log is None and lower_bound is None:
+            raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
+                                       f"`lower_bound` is not set.")
+        _check_gate_params(fn, A_log, dt_bias, HV, K)
+        if lower_bound is not None:
+            lower_bound = float(lower_bound)
+            if lower_bound == 0.0:  # FLA's gate is then 0: no decay, and no gradient to g, A_log, dt_bias
+                g, A_log, dt_bias, lower_bound, use_gate_in_kernel = _zeros_like(g), None, None, None, False
+    else:
+        A_log = dt_bias = lower_bound = None
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    scale = K ** -0.5 if scale is None else float(scale)
+
+    a, _, _, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None, 0, scale,
+                             use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                             allow_neg_eigval, safe_gate, lower_bound, state_v_first, B, T, H, K, HV, V, N)
+    q, k, v, g, beta, h0, _, _, A_log, dt_bias = keep
+    ptr = _data_ptr
+    L = _lib._lib or _lib.library()
+    b = KdaBackwardArgs.from_buffer_copy(L.backward_template)
+    b.problem = ctypes.addressof(a)
+    do = np.zeros_like(do) if scale == 0.0 else np.ascontiguousarray(do)  # FLA: o = 0 * S^T q
+    b.d_o, b.d_o_dtype = ptr(do), _np_float(fn, "do", do)
+    if dht is not None:
+        dht = np.ascontiguousarray(dht)
+        b.d_final_state = ptr(dht)  # float32 (checked), the default dtype
+    grads = [np.empty_like(x) for x in (q, k, v, g, beta)]
+    for name, x, gx in zip(("dq", "dk", "dv", "dg", "dbeta"), (q, k, v, g, beta), grads):
+        setattr(b, name, ptr(gx))
+        setattr(b, name + "_dtype", _np_float(fn, name, x))
+    dh0 = dA = ddt = None
+    if h0 is not None:
+        dh0 = np.empty(h0.shape, _f32)
+        b.d_initial_state = ptr(dh0)
+    if A_log is not None:
+        dA = np.empty(A_log.shape, _f32)
+        b.dA_log = ptr(dA)
+    if dt_bias is not None:
+        ddt = np.empty(dt_bias.shape, _f32)
+        b.ddt_bias = ptr(ddt)
+    ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
+    _lib.run_backward(ctx, b)
+    return (*grads, dh0, dA, ddt)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -607,6 +700,19 @@ def _np_writable(fn: str, name: str, x):
 
 def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg,
              safe, lb, vfirst, B, T, H, K, HV, V, N):
+    a, o, ht, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate,
+                              bsig, neg, safe, lb, vfirst, B, T, H, K, HV, V, N)
+    ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
+    _lib.run(ctx, a, decode)
+    if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
+        o[...] = 0
+    return o, ht
+
+
+def _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg, safe, lb,
+             vfirst, B, T, H, K, HV, V, N):
+    """The kda_args_t of numpy arrays, the outputs it points to (o, ht), and the arrays it points into (keep them
+    alive while it is used): (args, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias))."""
     L = _lib._lib or _lib.library()
     ptr = _data_ptr
     a = KdaArgs.from_buffer_copy(L.template)
@@ -676,8 +782,4 @@ def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_
         a.use_beta_sigmoid = 1
     if neg:
         a.allow_neg_eigval = 1
-    ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
-    _lib.run(ctx, a, decode)
-    if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
-        o[...] = 0
-    return o, ht
+    return a, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias)

@@ -15,7 +15,7 @@ from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int32, c_int64, c
 
 from ._errors import KDALibraryNotFoundError, error_from_status
 
-__all__ = ["KdaArgs", "library", "library_path", "get_context", "run", "BACKEND_AUTO", "BACKEND_CPU",
+__all__ = ["KdaArgs", "KdaBackwardArgs", "library", "library_path", "get_context", "run", "BACKEND_AUTO", "BACKEND_CPU",
            "BACKEND_REFERENCE", "BACKEND_CUDA"]
 
 # The header this package mirrors (include/kda.h)
@@ -89,7 +89,37 @@ class KdaArgs(ctypes.Structure):
     ]
 
 
+class KdaBackwardArgs(ctypes.Structure):
+    """The ctypes mirror of ``kda_backward_args_t``, field for field."""
+
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("problem", c_void_p),  # const kda_args_t *
+        # incoming gradients
+        ("d_o", c_void_p),
+        ("d_o_dtype", _enum),
+        ("d_final_state", c_void_p),
+        ("d_final_state_dtype", _enum),
+        # gradient outputs
+        ("dq", c_void_p),
+        ("dq_dtype", _enum),
+        ("dk", c_void_p),
+        ("dk_dtype", _enum),
+        ("dv", c_void_p),
+        ("dv_dtype", _enum),
+        ("dg", c_void_p),
+        ("dg_dtype", _enum),
+        ("dbeta", c_void_p),
+        ("dbeta_dtype", _enum),
+        ("d_initial_state", c_void_p),
+        ("d_initial_state_dtype", _enum),
+        ("dA_log", c_void_p),
+        ("ddt_bias", c_void_p),
+    ]
+
+
 _ARGS_P = POINTER(KdaArgs)
+_BWD_P = POINTER(KdaBackwardArgs)
 _CTX_PP = POINTER(c_void_p)
 
 
@@ -137,6 +167,10 @@ class _Library:
         self.forward = fn("kda_forward", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p)
         self.decode_workspace_size = fn("kda_decode_workspace_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
         self.decode = fn("kda_decode", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p)
+        self.backward_args_init = fn("kda_backward_args_init", None, c_void_p)
+        self.backward_workspace_size = fn("kda_backward_workspace_size", c_int, c_void_p, _BWD_P,
+                                          POINTER(c_size_t))
+        self.backward = fn("kda_backward", c_int, c_void_p, _BWD_P, c_void_p, c_size_t, c_void_p)
 
         v = self.version()
         major, minor = v // 10000, (v // 100) % 100
@@ -158,6 +192,14 @@ class _Library:
         self.library_args_size = lib_size
         self.template = KdaArgs.from_buffer_copy(probe.raw[:ours])
         self.template.struct_size = ours
+        probe = ctypes.create_string_buffer(4096)
+        self.backward_args_init(probe)
+        ours = ctypes.sizeof(KdaBackwardArgs)
+        if c_size_t.from_buffer(probe).value < ours:
+            raise KDALibraryNotFoundError(f"libkda at {path} has a smaller kda_backward_args_t than this package's "
+                                          f"{ours} bytes: the library is older than the package")
+        self.backward_template = KdaBackwardArgs.from_buffer_copy(probe.raw[:ours])
+        self.backward_template.struct_size = ours
 
     def error(self, status: int):
         """The exception for `status`, with the calling thread's kda_last_error() message."""
@@ -325,3 +367,27 @@ def _call(L: _Library, ctx: Context, pa, decode: bool, n: int, workspace, stream
     st = (L.decode if decode else L.forward)(ctx.handle, pa, ptr, n, stream)
     del keep  # the allocator's block stays valid for the stream it was allocated on
     return st
+
+
+def run_backward(ctx: Context, args: KdaBackwardArgs, workspace=None, stream=None) -> int:
+    """Query the workspace, get it, and run kda_backward on `ctx` (as run); returns the workspace size used."""
+    L = _lib
+    pa = byref(args)
+    with ctx.lock:
+        size = c_size_t()
+        st = L.backward_workspace_size(ctx.handle, pa, byref(size))
+        if st:
+            raise L.error(st)
+        n = size.value
+        keep = None
+        if n == 0:
+            ptr = None
+        elif workspace is None:
+            ptr = ctx.host_workspace(n)
+        else:
+            ptr, keep = workspace(n)
+        st = L.backward(ctx.handle, pa, ptr, n, stream)
+        del keep
+        if st:
+            raise L.error(st)
+        return n

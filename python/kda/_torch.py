@@ -6,11 +6,14 @@ Ops (namespace ``kda``), each with a fake (meta) implementation so that torch.co
 graph capture can record them (libkda never synchronises with the host; workspace comes from torch's caching
 allocator on the current stream):
 
-* ``kda::chunk_kda_fwd``            functional: (o, final_state); autograd registered (backward raises).
+* ``kda::chunk_kda_fwd``            functional: (o, final_state); autograd registered: its backward runs
+  ``kda::chunk_kda_bwd``.
+* ``kda::chunk_kda_bwd``            libkda's kda_backward: (dq, dk, dv, dg, dbeta, d_initial_state, dA_log,
+  ddt_bias), the last three empty when not requested.
 * ``kda::fused_recurrent_kda_fwd``  functional: (o, final_state); autograd registered (backward raises).
 * ``kda::fused_recurrent_kda_out``  mutates ``o`` and ``final_state`` (the preallocated output and, for vLLM's
   in-place decode, the state pool); returns nothing.
-* ``kda::backward_not_implemented`` what the backward of the functional ops calls: it raises
+* ``kda::backward_not_implemented`` what the backward of fused_recurrent_kda_fwd calls: it raises
   KDANotSupportedError when it runs (its fake returns gradients' shapes, so that a compiled graph with a
   backward still builds and the error comes when the backward actually runs). Gradients are never made up.
 
@@ -18,6 +21,7 @@ A final state that was not requested is returned by the functional ops as an emp
 cannot return None) and mapped to None by the Python entry points.
 """
 
+import ctypes
 from typing import List, Optional, Tuple
 
 import torch
@@ -25,7 +29,7 @@ from torch import Tensor
 
 from . import _api, _lib
 from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
-from ._lib import BACKEND_CPU, BACKEND_CUDA, INT32, INT64, KdaArgs
+from ._lib import BACKEND_CPU, BACKEND_CUDA, INT32, INT64, KdaArgs, KdaBackwardArgs
 
 _FLOAT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _STATE = {torch.float32: 0, torch.bfloat16: 2}
@@ -164,7 +168,7 @@ def _run(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Optional[
                 return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
         return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
     if dev.type == "cpu":
-        ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(BACKEND_CPU, 0)
+        ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(*_CPU_CONTEXT)
         return _lib.run(ctx, a, decode, nbytes=nbytes)
     raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
 
@@ -225,6 +229,83 @@ def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seql
     else:
         ht = q.new_empty((0,), dtype=torch.float32)
     return o, ht
+
+
+@torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], do: Tensor, dht: Optional[Tensor], scale: float,
+                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool, want_dh0: bool,
+                  want_dA_log: bool, want_ddt_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                   Tensor, Tensor]:
+    """libkda's backward (kda_backward) of chunk_kda_fwd for the loss weights do (and dht: the final state's,
+    None or empty: zero). Returns (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias) in the inputs'
+    dtypes (FLA's); the last three are empty unless wanted (and their input given)."""
+    return _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, do,
+                               dht, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval, safe_gate, lower_bound, state_v_first, want_dh0, want_dA_log,
+                               want_ddt_bias)
+
+
+def _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, h0, want_dh0, want_dA_log, want_ddt_bias):
+    def none():  # one empty tensor per absent output: outputs of a custom op may not alias each other
+        return q.new_empty((0,), dtype=torch.float32)
+    dh0 = torch.empty_like(h0) if want_dh0 and h0 is not None else none()
+    dA = torch.empty_like(A_log) if want_dA_log and A_log is not None else none()
+    ddt = torch.empty_like(dt_bias) if want_ddt_bias and dt_bias is not None else none()
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta), dh0, dA, ddt)
+
+
+def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dht, scale, l2, gate, bsig, neg, safe,
+                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias):
+    fn = "chunk_kda backward"
+    if dht is not None and dht.numel() == 0:
+        dht = None
+    _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, dht, cu, cu_cpu, None, do, vfirst)
+    if dht is not None and dht.dim() == 4 and dht.shape[0] != _num_seqs(q, cu):
+        raise KDAInvalidValueError(f"{fn}: argument 'dht': expected {_num_seqs(q, cu)} sequences, got "
+                                   f"{dht.shape[0]}")
+    if scale == 0.0:  # FLA: o = 0 * S^T q, so o passes no gradient
+        do = torch.zeros_like(do)
+    outs = _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, h0, want_dh0, want_dA_log, want_ddt_bias)
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = outs
+    # the forward's problem; `do` stands in for o, which the backward does not read
+    a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, None, cu, cu_cpu, None, do, scale, l2, gate, bsig, neg, safe,
+              lower_bound, vfirst)
+    b = KdaBackwardArgs.from_buffer_copy(_lib.library().backward_template)
+    b.problem = ctypes.addressof(a)
+    b.d_o, b.d_o_dtype = do.data_ptr(), _code(fn, "do", do)
+    if dht is not None:
+        b.d_final_state, b.d_final_state_dtype = dht.data_ptr(), _code(fn, "dht", dht, _STATE)
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv), ("dg", dg), ("dbeta", dbeta)):
+        setattr(b, name, t.data_ptr())
+        setattr(b, name + "_dtype", _code(fn, name, t))
+    if dh0.numel() > 0:
+        b.d_initial_state, b.d_initial_state_dtype = dh0.data_ptr(), _code(fn, "initial_state", dh0, _STATE)
+    if dA.numel() > 0:
+        b.dA_log = dA.data_ptr()
+    if ddt.numel() > 0:
+        b.ddt_bias = ddt.data_ptr()
+    dev = q.device
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        ctx = _lib.get_context(BACKEND_CUDA, index)
+        with torch.cuda.device(index):
+            _lib.run_backward(ctx, b, _workspace(dev), _stream_of(index))
+    elif dev.type == "cpu":
+        _lib.run_backward(_lib.get_context(*_CPU_CONTEXT), b)
+    else:
+        raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
+    return outs
+
+
+@chunk_kda_bwd.register_fake
+def _chunk_kda_bwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, do, dht, scale,
+                        use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                        safe_gate, lower_bound, state_v_first, want_dh0, want_dA_log, want_ddt_bias):
+    return _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, initial_state, want_dh0, want_dA_log, want_ddt_bias)
 
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=())
@@ -325,7 +406,29 @@ def _make_backward(op: str, n_inputs: int):
     return backward
 
 
-chunk_kda_fwd.register_autograd(_make_backward("chunk_kda", 19), setup_context=_setup_context)
+# chunk_kda_fwd's inputs: q k v g beta A_log dt_bias initial_state cu_seqlens cu_seqlens_cpu (0-9), then scale,
+# output_final_state, l2norm, gate, beta sigmoid, allow_neg_eigval, safe_gate, lower_bound, state_v_first (10-18)
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:10])
+    ctx.flags = (inputs[10],) + tuple(inputs[12:19])
+
+
+def _chunk_backward(ctx, do, dht):
+    q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = ctx.saved_tensors
+    scale, l2, gate, bsig, neg, safe, lb, vfirst = ctx.flags
+    need = ctx.needs_input_grad
+    if do is None:
+        do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = torch.ops.kda.chunk_kda_bwd(
+        q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do.contiguous(),
+        dht.contiguous() if dht is not None else None, scale, l2, gate, bsig, neg, safe, lb, vfirst,
+        bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
+        bool(need[6]) and dt_bias is not None and gate)
+    return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None,
+            ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 11
+
+
+chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 20), setup_context=_setup_context)
 
 

@@ -84,4 +84,6 @@ const kda_backend_ops_t kda_cpu_ops = {
     .decode = cpu_decode,
     .supports = NULL,
     .destroy = cpu_destroy,
+    .backward_workspace = kda_cpu_backward_workspace,
+    .backward = kda_cpu_backward,
 };

@@ -14,4 +14,12 @@ kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, v
 kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
 
+/* The backward: the fp64 oracle (reference_bwd.c) and the CPU backend's (chunk_bwd.c). */
+kda_status_t kda_reference_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
+kda_status_t kda_reference_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
+                                    void *stream);
+kda_status_t kda_cpu_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
+kda_status_t kda_cpu_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
+                              void *stream);
+
 #endif /* KDA_CPU_CPU_H */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "../internal.h"
+#include "cpu.h"
 #include "dtype.h"
 #include "fmath.h"
 
@@ -130,4 +131,6 @@ const kda_backend_ops_t kda_reference_ops = {
     .decode = ref_forward,
     .supports = NULL,
     .destroy = NULL,
+    .backward_workspace = kda_reference_backward_workspace,
+    .backward = kda_reference_backward,
 };

@@ -13,7 +13,7 @@ import pytest
 
 import kda
 from kda import _lib
-from kda._lib import KdaArgs
+from kda._lib import KdaArgs, KdaBackwardArgs
 from kda_reference import make_inputs
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -55,17 +55,18 @@ def _is_pointer(name):
     return dict(KdaArgs._fields_)[name] is ctypes.c_void_p
 
 
-def test_args_layout_matches_the_header():
+@pytest.mark.parametrize("ctype_name, mirror", [("kda_args_t", KdaArgs), ("kda_backward_args_t", KdaBackwardArgs)])
+def test_args_layout_matches_the_header(ctype_name, mirror):
     """offsetof() of every field from a C compiler, against the ctypes mirror (skipped without a compiler)."""
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         pytest.skip("no C compiler to read include/kda.h's layout")
     import tempfile
-    fields = [name for name, _ in KdaArgs._fields_]
+    fields = [name for name, _ in mirror._fields_]
     src = "#include <stddef.h>\n#include <stdio.h>\n#include \"kda.h\"\nint main(void) {\n"
-    src += '  printf("size %zu\\n", sizeof(kda_args_t));\n'
+    src += f'  printf("size %zu\\n", sizeof({ctype_name}));\n'
     for f in fields:
-        src += f'  printf("{f} %zu %zu\\n", offsetof(kda_args_t, {f}), sizeof(((kda_args_t *)0)->{f}));\n'
+        src += f'  printf("{f} %zu %zu\\n", offsetof({ctype_name}, {f}), sizeof((({ctype_name} *)0)->{f}));\n'
     src += "  return 0;\n}\n"
     with tempfile.TemporaryDirectory() as d:
         c, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
@@ -78,9 +79,9 @@ def test_args_layout_matches_the_header():
         if line:
             parts = line.split()
             got[parts[0]] = tuple(int(p) for p in parts[1:])
-    assert got.pop("size") == (ctypes.sizeof(KdaArgs),)
-    for name, ctype in KdaArgs._fields_:
-        assert got[name] == (getattr(KdaArgs, name).offset, ctypes.sizeof(ctype)), name
+    assert got.pop("size") == (ctypes.sizeof(mirror),)
+    for name, ctype in mirror._fields_:
+        assert got[name] == (getattr(mirror, name).offset, ctypes.sizeof(ctype)), name
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -250,3 +250,61 @@ def test_inputs_not_modified(entry):
     ENTRIES[entry](**x, output_final_state=True)
     for key in x:
         assert x[key].tobytes() == copies[key].tobytes(), key
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chunk_kda_backward: the gradients for numpy users, against central differences of the fp64 numpy reference
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gate", ["none", "softplus", "lb"])
+def test_backward_against_finite_differences(gate):
+    rng = np.random.default_rng(21)
+    B, T, H, HV, K, V = 1, 9, 1, 2, 6, 5
+    cu = [0, 4, 4, 9]
+    x = make_inputs(rng, B, T, H, HV, K, V, l2=True, gate=gate, beta_sigmoid=True, state=True, N=3)
+    opts = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    if gate != "none":
+        opts.update(use_gate_in_kernel=True, A_log=rng.uniform(-1, 1, HV).astype(np.float32),
+                    dt_bias=(0.5 * rng.standard_normal(HV * K)).astype(np.float32))
+        if gate == "lb":
+            opts.update(lower_bound=-4.0)
+    do = rng.standard_normal((B, T, HV, V)).astype(np.float32)
+    dht = rng.standard_normal(x["initial_state"].shape).astype(np.float32)
+    grads = kda.chunk_kda_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], do, dht,
+                                   initial_state=x["initial_state"], cu_seqlens=cu, **opts)
+    names = ["q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"]
+    ref_opts = dict(use_qk_l2norm=True, use_beta_sigmoid=True, use_gate_in_kernel=gate != "none",
+                    lower_bound=opts.get("lower_bound"))
+    point = {n: np.asarray(x[n] if n in x else opts[n], np.float64) for n in names if n in x or n in opts}
+
+    def loss(p):
+        o, ht = kda_reference(p["q"], p["k"], p["v"], p["g"], p["beta"], initial_state=p["initial_state"],
+                              output_final_state=True, cu_seqlens=cu, A_log=p.get("A_log"),
+                              dt_bias=p.get("dt_bias"), **ref_opts)
+        return float((o * do).sum() + (ht * dht).sum())
+
+    h = 1e-6
+    for name, grad in zip(names, grads):
+        if name not in point:
+            assert grad is None, name
+            continue
+        assert grad.shape == point[name].shape, name
+        fd = np.empty_like(point[name])
+        flat = point[name].reshape(-1)
+        for i in range(flat.size):
+            x0 = flat[i]
+            flat[i] = x0 + h
+            lp = loss(point)
+            flat[i] = x0 - h
+            lm = loss(point)
+            flat[i] = x0
+            fd.reshape(-1)[i] = (lp - lm) / (2 * h)
+        assert rel_err(grad, fd) <= 2e-5, f"{name}: {rel_err(grad, fd):.3g}"
+
+
+def test_backward_refuses_torch_and_bad_do():
+    rng = np.random.default_rng(22)
+    x = make_inputs(rng, 1, 5, 1, 1, 4, 4)
+    with pytest.raises(kda.KDAInvalidValueError, match="'do'"):
+        kda.chunk_kda_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], np.zeros((1, 5, 1, 3), np.float32))
+    g = kda.chunk_kda_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], np.ones((1, 5, 1, 4), np.float32))
+    assert g[5] is None and g[6] is None and g[7] is None and g[0].dtype == np.float32

@@ -1,5 +1,5 @@
 """torch tensors: CPU results equal numpy's, bf16 against the reference, custom ops under torch.compile and opcheck,
-backward refused; with a GPU: the CUDA backend against the reference, in-place pools, CUDA graph capture.
+chunk_kda's gradients (fused_recurrent_kda's backward refused); with a GPU: the CUDA backend against the reference, in-place pools, CUDA graph capture.
 
 Skipped with the reason where torch (or a GPU) is absent. Until libkda's CUDA backend exists, the CUDA tests xfail
 with the library's "not supported" message.
@@ -201,15 +201,130 @@ def test_non_contiguous_pool_refused():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# autograd: refused, never a made-up gradient
+# autograd: chunk_kda's gradients (libkda's kda_backward); fused_recurrent_kda's backward is refused
 # ---------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("entry", ["chunk", "fused"])
+def torch_naive(q, k, v, g, beta, h0, cu, scale, l2=False, gate=False, A_log=None, dt_bias=None, lower_bound=None,
+                bsig=False, neg=False, vfirst=False):
+    """KDA from its definition in torch (any float dtype; float64 for the gradients' reference): (o, ht)."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G = HV // H
+    if l2:
+        q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    if gate:
+        x = g + (dt_bias.view(HV, K) if dt_bias is not None else 0)
+        A = torch.exp(A_log).view(HV, 1) if A_log is not None else 1.0
+        g = lower_bound * torch.sigmoid(A * x) if lower_bound else -A * torch.nn.functional.softplus(x)
+    g = g.clamp(-80.0, 0.0)
+    if bsig:
+        beta = (2.0 if neg else 1.0) * torch.sigmoid(beta)
+    bounds = [(b, 0, T) for b in range(B)] if cu is None else [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
+    outs, finals = [], []
+    for n, (b, t0, t1) in enumerate(bounds):
+        heads, hts = [], []
+        for h in range(HV):
+            S = h0[n, h] if h0 is not None else q.new_zeros(K, V)
+            if h0 is not None and vfirst:
+                S = S.transpose(0, 1)
+            rows = []
+            for t in range(t0, t1):
+                S = torch.exp(g[b, t, h]).unsqueeze(1) * S
+                kt, qt = k[b, t, h // G], q[b, t, h // G]
+                S = S + beta[b, t, h] * torch.outer(kt, v[b, t, h] - kt @ S)
+                rows.append(scale * (qt @ S))
+            heads.append(torch.stack(rows) if rows else v.new_zeros(0, V).to(q.dtype))
+            hts.append(S.transpose(0, 1) if vfirst else S)
+        outs.append(torch.stack(heads, 1))
+        finals.append(torch.stack(hts))
+    o = torch.cat(outs, 0).view(B, T, HV, V) if cu is None else torch.cat(outs, 0).unsqueeze(0)
+    return o, torch.stack(finals)
+
+
+GRAD_INPUTS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+
+
+def _grad_case(name, seed):
+    x, cu, opts = case_inputs(name, seed=seed)
+    xt = to_torch(x)
+    kw = gate_to(opts, "cpu")
+    for key in ("A_log", "dt_bias"):
+        if key in kw:
+            xt[key] = kw.pop(key)
+    return xt, cu, kw
+
+
+def _naive_kwargs(kw, xt, K):
+    return dict(scale=K ** -0.5, l2=kw["use_qk_l2norm_in_kernel"], gate=kw.get("use_gate_in_kernel", False),
+                A_log=xt.get("A_log"), dt_bias=xt.get("dt_bias"), lower_bound=kw.get("lower_bound"),
+                bsig=kw["use_beta_sigmoid_in_kernel"], vfirst=kw["state_v_first"])
+
+
+@pytest.mark.parametrize("name", list(TORCH_CASES))
+def test_chunk_gradients_against_torch_float64(name):
+    """Every gradient (FLA's return order and dtypes) against torch autograd through the definition in float64."""
+    xt, cu, kw = _grad_case(name, seed=3)
+    leaves = {key: xt[key].clone().requires_grad_() for key in GRAD_INPUTS if key in xt}
+    args = {**xt, **leaves}
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+    o, ht = kda.chunk_kda(**args, cu_seqlens=cu_t, **kw)
+    gen = torch.Generator().manual_seed(7)
+    wo, wh = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    ((o * wo).sum() + (ht * wh).sum()).backward()
+
+    ref = {key: t.detach().double().requires_grad_() for key, t in leaves.items()}
+    full = {**{key: t.double() for key, t in xt.items()}, **ref}
+    o64, h64 = torch_naive(full["q"], full["k"], full["v"], full["g"], full["beta"], full.get("initial_state"), cu,
+                           **_naive_kwargs(kw, full, xt["q"].shape[3]))
+    ((o64 * wo.double()).sum() + (h64 * wh.double()).sum()).backward()
+    assert rel_err(o.detach().numpy(), o64.detach().numpy()) <= 1e-5
+    for key, t in leaves.items():
+        assert t.grad is not None and t.grad.dtype == t.dtype and t.grad.shape == t.shape, key
+        err = rel_err(t.grad.numpy(), ref[key].grad.numpy())
+        assert err <= 1e-4, f"{key}: relative error {err:.3g}"  # measured 2e-7..2e-6
+
+
+def test_chunk_gradients_bfloat16():
+    xt, cu, kw = _grad_case("varlen_gva", seed=4)
+    xt = {key: (t.bfloat16() if key in ("q", "k", "v", "g", "beta") else t) for key, t in xt.items()}
+    leaves = {key: xt[key].clone().requires_grad_() for key in ("q", "k", "v", "g", "beta", "initial_state")}
+    o, ht = kda.chunk_kda(**{**xt, **leaves}, cu_seqlens=torch.tensor(cu), **kw)
+    (o.float().sum() + ht.sum()).backward()
+    for key, t in leaves.items():
+        assert t.grad.dtype == t.dtype and torch.isfinite(t.grad.float()).all(), key
+
+
+def test_chunk_gradcheck_reference_backend(monkeypatch):
+    """torch.autograd.gradcheck through libkda's fp64 reference backend. libkda's tensors are at most float32, so
+    the check runs on float32 tensors with a step (1e-3) and tolerances to match (the backend computes in float64
+    and rounds its outputs to float32)."""
+    import kda._torch as kt
+    from kda._lib import BACKEND_REFERENCE
+    monkeypatch.setattr(kt, "_CPU_CONTEXT", (BACKEND_REFERENCE, 0))
+    rng = np.random.default_rng(9)
+    x = to_torch(make_inputs(rng, 1, 6, 1, 2, 4, 3, l2=True, gate="softplus", beta_sigmoid=True, state=True))
+    A_log = torch.tensor([0.1, -0.3])
+    dt_bias = 0.3 * torch.randn(8, generator=torch.Generator().manual_seed(1))
+    inputs = [t.clone().requires_grad_() for t in (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"],
+                                                    A_log, dt_bias)]
+
+    def f(q, k, v, g, beta, h0, A_log, dt_bias):
+        return kda.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, A_log=A_log,
+                             dt_bias=dt_bias, use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True,
+                             use_beta_sigmoid_in_kernel=True)
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "inputs are not double precision"
+        assert torch.autograd.gradcheck(f, inputs, eps=1e-3, atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("which", ["q", "g", "initial_state"])
-def test_backward_raises(entry, which):
+def test_fused_recurrent_backward_raises(which):
     x, _, opts = case_inputs("basic")
     xt = to_torch(x)
     xt[which] = xt[which].clone().requires_grad_()
-    o, h = ENTRIES[entry](**xt, **opts)
+    o, h = kda.fused_recurrent_kda(**xt, **opts)
     assert o.requires_grad
     with pytest.raises(NotImplementedError, match="backward is not implemented"):
         (o.sum() + h.sum()).backward()
@@ -241,6 +356,9 @@ def test_opcheck():
                           common + (x["initial_state"], cu, None, 0.25, True) + flags)
     torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
                           common + (x["initial_state"], cu, None, None, 0.25, True) + flags)
+    do, dht = torch.randn(1, 19, 2, 16), torch.randn(2, 2, 16, 16)
+    torch.library.opcheck(torch.ops.kda.chunk_kda_bwd.default,
+                          common + (x["initial_state"], cu, None, do, dht, 0.25) + flags + (True, False, False))
     pool = torch.randn(4, 2, 16, 16)
     o = torch.empty(1, 19, 2, 16)
     idx = torch.tensor([3, 1], dtype=torch.int32)
@@ -303,18 +421,22 @@ def test_compile_inductor():
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
 
 
-def test_compiled_backward_raises_at_run_time():
+def test_compiled_backward():
+    """torch.compile keeps chunk_kda differentiable (register_autograd): the compiled graph's gradients are the
+    eager ones."""
     xt, cu, opts = _compile_inputs()
-    q = xt["q"].clone().requires_grad_()
 
     def step(q, k, v, g, beta):
         o, _ = kda.chunk_kda(q, k, v, g, beta, cu_seqlens=cu, **opts)
-        return o.sum()
+        return (o * o).sum()
 
-    loss = torch.compile(step, backend="aot_eager")(q, *(xt[k] for k in ("k", "v", "g", "beta")))
-    with pytest.raises(NotImplementedError, match="backward is not implemented"):
-        loss.backward()
-    assert q.grad is None
+    grads = []
+    for fn in (step, torch.compile(step, backend="aot_eager")):
+        q = xt["q"].clone().requires_grad_()
+        gg = xt["g"].clone().requires_grad_()
+        fn(q, xt["k"], xt["v"], gg, xt["beta"]).backward()
+        grads.append((q.grad, gg.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -557,8 +679,8 @@ def test_fast_path_grad_mode(fast_path):
     assert len(fast_path) == 1 and not o.requires_grad
     o, h = kda.chunk_kda(**xt, **kwargs)
     assert o.requires_grad and len(fast_path) == 1
-    with pytest.raises(NotImplementedError, match="backward is not implemented"):
-        o.sum().backward()
+    o.float().sum().backward()
+    assert xt["q"].grad is not None and xt["q"].grad.shape == xt["q"].shape
 
 
 def test_fast_path_workspace_too_small(fast_path):
