@@ -134,8 +134,8 @@ typedef struct kda_args {
     int64_t seq_len;              /* T >= 0: tokens per row (total tokens with cu_seqlens). Default 0 */
     int32_t num_qk_heads;         /* HQK >= 1: query/key heads. Default 1 */
     int32_t num_v_heads;          /* HV >= 1: value heads, a multiple of HQK (GVA when larger). Default 1 */
-    int32_t head_dim_k;           /* K in [1, 256]: key head size (CUDA: 64 or 128). Default 128 */
-    int32_t head_dim_v;           /* V in [1, 256]: value head size (CUDA: equal to K). Default 128 */
+    int32_t head_dim_k;           /* K in [1, 256]: key head size (every backend). Default 128 */
+    int32_t head_dim_v;           /* V in [1, 256]: value head size, independent of K. Default 128 */
 
     /* -- Variable-length sequences (optional) ------------------------------------------------------------ */
     const void *cu_seqlens;       /* [N+1] offsets: 0 = cu[0] <= cu[1] <= ... <= cu[N] = T; empty sequences
