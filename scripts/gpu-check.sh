@@ -14,20 +14,21 @@
 # Logs and results go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-out}
-mkdir -p "$OUT"
+LOG=/tmp/kda-logs   # build logs stay on the machine ($OUT brings back at most 8 files)
+mkdir -p "$OUT" "$LOG"
 [ $# -eq 0 ] && set -- tests
 cd "$(dirname "$0")/.."
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 GENCODE="arch=compute_90a,code=sm_90a"
 
 build() { # dir src [cmake args]
   local dir=$1 src=$2; shift 2
   local t0=$(date +%s)
-  cmake -S "$src" -B "$dir" -G Ninja -DKDA_CUDA_GENCODE="$GENCODE" "$@" >"$OUT/cmake-$(basename $dir).log" 2>&1 ||
-    { tail -30 "$OUT/cmake-$(basename $dir).log"; return 1; }
-  cmake --build "$dir" -j16 >"$OUT/build-$(basename $dir).log" 2>&1 ||
-    { grep -E "error" "$OUT/build-$(basename $dir).log" | head -30; return 1; }
-  echo "build $dir $(( $(date +%s) - t0 )) s ($(grep -c 'spill' "$OUT/build-$(basename $dir).log") spill lines)"
+  cmake -S "$src" -B "$dir" -G Ninja -DKDA_CUDA_GENCODE="$GENCODE" "$@" >"$LOG/cmake-$(basename $dir).log" 2>&1 ||
+    { tail -30 "$LOG/cmake-$(basename $dir).log"; return 1; }
+  cmake --build "$dir" -j16 >"$LOG/build-$(basename $dir).log" 2>&1 ||
+    { grep -E "error" "$LOG/build-$(basename $dir).log" | head -30; return 1; }
+  echo "build $dir $(( $(date +%s) - t0 )) s ($(grep -c 'spill' "$LOG/build-$(basename $dir).log") spill lines)"
 }
 build build-gpu . || exit 1
 PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
@@ -49,8 +50,8 @@ for step in "$@"; do
   sanitize)
     for bv in 32 64 128; do for tool in memcheck racecheck; do
       for t in ${SAN_TESTS:-gpu_fwd_varlen_empty_seq gpu_fwd_gva_4x}; do
-        KDA_TEST_BV=$bv compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$OUT/san.log" 2>&1
-        echo "bv $bv $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san.log" | head -1))"
+        KDA_TEST_BV=$bv compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$LOG/san.log" 2>&1
+        echo "bv $bv $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san.log" | head -1))"
       done; done; done
     ;;
   ab)
@@ -114,8 +115,8 @@ PY
     for shape in ${NCU_SHAPES:-B1T512H64 B1T32768H32}; do for which in base gpu ${NCU_VARIANTS:-}; do
       env KDA_LIBRARY=$PWD/build-$which/libkda.so $PYENV ncu --clock-control none -k regex:"prep|recurrence" \
         --launch-skip 4 --launch-count 4 --metrics gpu__time_duration.sum,launch__registers_per_thread --csv \
-        python3 bench/stages.py --shapes $shape --sets all --reps 1 >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
-      python3 - "$OUT/ncu.csv" "$shape $which" <<'PY'
+        python3 bench/stages.py --shapes $shape --sets all --reps 1 >"$LOG/ncu.csv" 2>"$LOG/ncu.err"
+      python3 - "$LOG/ncu.csv" "$shape $which" <<'PY'
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 hdr = rows[0]; rows = rows[1:]
