@@ -154,7 +154,8 @@ typedef struct kda_args {
     const void *g;                /* [B, T, HV, K] gate: log decay (<= 0), or the raw gate input when
                                      use_gate_in_kernel is set */
     kda_dtype_t g_dtype;          /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
-    const void *beta;             /* [B, T, HV] write strength β, or its logit when use_beta_sigmoid is set */
+    const void *beta;             /* [B, T, HV] write strength β, or its logit when use_beta_sigmoid is set
+                                     ([B, T, HV, V] with beta_headwise) */
     kda_dtype_t beta_dtype;       /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
 
     /* -- Output ------------------------------------------------------------------------------------------ */
@@ -173,7 +174,11 @@ typedef struct kda_args {
     const int32_t *state_indices; /* [N] optional slot of each sequence in the state pools (vLLM's
                                      ssm_state_indices): sequence n reads initial_state[state_indices[n]] and
                                      writes final_state[state_indices[n]]; a negative index means no slot
-                                     (start from zeros, write nothing). Slots must be distinct. Default NULL */
+                                     (start from zeros, write nothing). Slots must be distinct. 2-D [N, T_max]
+                                     for speculative decoding: see state_indices_cols. On the CPU backends the
+                                     contents are checked (range, distinct, O(N)); on CUDA they cannot be read
+                                     without a sync: the kernels treat a slot outside [0, num_state_slots) as
+                                     negative and clamp num_accepted_tokens into [1, T_max]. Default NULL */
     int64_t num_state_slots;      /* number of slots in the pools when state_indices is set. Default 0 */
 
     /* -- Options (FLA's chunk_kda flags, same meaning) --------------------------------------------------- */
@@ -193,6 +198,27 @@ typedef struct kda_args {
     int use_beta_sigmoid;         /* 1: beta is a logit and β = sigmoid(beta). (use_beta_sigmoid_in_kernel)
                                      Default 0 */
     int allow_neg_eigval;         /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid. Default 0 */
+
+    /* -- Speculative decoding and headwise β (appended after the first release; see struct_size) --------- */
+    int64_t state_indices_cols;   /* 0: state_indices is 1-D, [N], one slot per sequence (above). T_max >= 1:
+                                     state_indices is 2-D, [N, T_max] (FLA/vLLM speculative decoding, FLA's 2-D
+                                     ssm_state_indices): sequence n reads its initial state from slot
+                                     state_indices[n][a_n - 1], a_n = num_accepted_tokens[n] (1 without it), and
+                                     writes the state after each of its tokens t = 0 .. len_n - 1 (len_n <= T_max)
+                                     to slot state_indices[n][t] of final_state (the pools may be one memory).
+                                     A negative entry: read zeros / write nothing. The slots a row touches must
+                                     not be touched by another row, and a row's written slots are distinct (its
+                                     read slot may be one of them: it is read before anything is written).
+                                     Default 0 */
+    int64_t state_indices_row_stride; /* elements between the rows of a 2-D state_indices; 0 means
+                                     state_indices_cols (contiguous rows). Default 0 */
+    const int32_t *num_accepted_tokens; /* [N] int32 in [1, T_max], with a 2-D state_indices only: the number
+                                     of tokens the previous step accepted (the slot of the last one holds the
+                                     state to start from). Device memory on CUDA. NULL: every a_n = 1.
+                                     Default NULL */
+    int beta_headwise;            /* 1: beta is [B, T, HV, V], one β per value channel (FLA's headwise β):
+                                     S_t = S' + k_t (β_t ⊙ (v_t − S'ᵀ k_t))ᵀ with S' = Diag(exp(g_t)) S_{t−1}.
+                                     Default 0 */
 } kda_args_t;
 
 /* Fill `args` with the defaults written beside each field and set struct_size. kda_args_init passes the
@@ -227,6 +253,12 @@ KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, voi
  *
  * Same arguments and results as kda_forward; with state_indices and final_state == initial_state it
  * updates a state pool in place, as vLLM's decode step does. Best for T <= 16 tokens per sequence.
+ * Speculative decoding (2-D state_indices, num_accepted_tokens) and headwise β run on every backend through
+ * both entry points (kda_forward then takes the token recurrence).
+ * CUDA: a dedicated recurrent kernel (fp32 arithmetic; any K, V in [1, 256], no alignment requirement) for
+ * fp32 / fp16 inputs at any length and bf16 inputs up to 32 tokens per sequence on average (num_tokens / N,
+ * KDA_DECODE_MAX_TOKENS_PER_SEQ in src/internal.h); longer bf16 problems run through the chunked kernels.
+ * Workspace 0 for the recurrent kernel.
  * ------------------------------------------------------------------------------------------------------- */
 KDA_API kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
                                                size_t *workspace_bytes);

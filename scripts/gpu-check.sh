@@ -11,6 +11,8 @@
 #   dev       a development build (-DKDA_DEV=ON) and stage timings by skip bits (bench/stages.py STAGE_ARGS)
 #   devab     the same for .base (legacy KDA_DEV_* variables) and this tree, twice
 #   ncu       utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
+#   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
+#             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
 set -uo pipefail
 OUT=${OUT:-/tmp/kda-out}
@@ -124,6 +126,21 @@ ki, mi, vi = (hdr.index(x) for x in ("Kernel Name", "Metric Name", "Metric Value
 print(sys.argv[2] + ": " + "  ".join("%s %s=%s" % (r[ki].split("(")[0][-28:], r[mi].split("__")[1][:12], r[vi]) for r in rows))
 PY
     done; done
+    ;;
+  decode)
+    (cd build-gpu && ctest -R '^gpu_decode' -V -j1 --timeout 600) >"$LOG/decode_tests.log" 2>&1
+    grep -E "tests passed|tests failed" "$LOG/decode_tests.log"
+    grep -E "CHECK|FAIL|Failed|timing" "$LOG/decode_tests.log" | head -20
+    for tool in memcheck racecheck; do
+      for t in ${DEC_SAN_TESTS:-gpu_decode_spec_2d gpu_decode_mtp_varlen gpu_decode_vfirst_tile_widths}; do
+        compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu_decode $t >"$LOG/san_dec.log" 2>&1
+        echo "decode $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san_dec.log" | head -1))"
+      done
+    done
+    fla_site
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
+      python3 bench/bench_decode.py --out "$OUT/decode" ${DEC_BENCH_ARGS:-} >"$LOG/bench_decode.log" 2>&1
+    grep -vE "Warning|warn" "$LOG/bench_decode.log" | tail -20
     ;;
   *) echo "unknown step $step" ;;
   esac

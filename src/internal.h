@@ -46,6 +46,12 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
                                  below float32's resolution of anything it multiplies, and the bound keeps the
                                  chunk's cumulative sums small enough to subtract exactly */
 
+/* CUDA kda_decode: the recurrent kernel (src/cuda/decode.cu) runs bf16 problems of up to this many tokens per
+ * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
+ * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). A first guess, to be measured
+ * (bench/bench_decode.py). */
+#define KDA_DECODE_MAX_TOKENS_PER_SEQ 32
+
 /* ---------------------------------------------------------------------------------------------------------
  * A checked problem: the caller's kda_args_t (copied, so that older/shorter structs read as defaults) plus
  * what follows from it
@@ -58,6 +64,7 @@ typedef struct kda_problem {
     float scale;           /* resolved: a.scale, or K^-1/2 when a.scale == 0 */
     int varlen;            /* cu_seqlens given */
     int has_lower_bound;   /* a.lower_bound != 0 (sigmoid gate) */
+    int64_t idx_stride;    /* 2-D state_indices: elements between rows (0 for 1-D) */
 } kda_problem_t;
 
 /* First and last+1 token (row of the flattened [B*T] tensors) of sequence n. The CPU backends call this with
@@ -80,10 +87,24 @@ static inline int64_t kda_state_head_elems(const kda_problem_t *p) {
     return (int64_t)p->a.head_dim_k * p->a.head_dim_v;
 }
 
-/* The state slot of sequence n: n without state_indices, else state_indices[n] (negative: none). Host only. */
+/* The slot sequence n reads its initial state from: n without state_indices, else state_indices[n] (2-D:
+ * state_indices[n][num_accepted_tokens[n] - 1]); negative: none. Host only. */
 static inline int64_t kda_state_slot(const kda_problem_t *p, int64_t n) {
-    return p->a.state_indices ? (int64_t)p->a.state_indices[n] : n;
+    if (!p->a.state_indices) return n;
+    if (p->a.state_indices_cols == 0) return (int64_t)p->a.state_indices[n];
+    const int64_t col = p->a.num_accepted_tokens ? (int64_t)p->a.num_accepted_tokens[n] - 1 : 0;
+    return (int64_t)p->a.state_indices[n * p->idx_stride + col];
 }
+
+/* 2-D state_indices only: the slot the state after token t (0-based within sequence n) is written to. */
+static inline int64_t kda_state_slot_after(const kda_problem_t *p, int64_t n, int64_t t) {
+    return (int64_t)p->a.state_indices[n * p->idx_stride + t];
+}
+
+/* Host-readable state_indices (already range-checked): no slot is touched by two sequences (or written twice
+ * by one). A bitmap of 2^17 slots on the stack, one pass over the indices per 2^17 slots of the pool: O(N) for
+ * pools of up to 131072 slots, no allocation. */
+kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn);
 
 /* A checked backward problem: the forward's problem and the backward's arguments, normalised. */
 typedef struct kda_bwd_problem {
@@ -132,6 +153,7 @@ typedef struct kda_tuning {
     int rec_mma;  /* CUDA recurrence: 1 = mma.sync where warpgroup MMA would run (A/B of the two) */
     int stages;   /* CUDA recurrence: ring stages (2 or 3) */
     int dev_skip; /* development builds only (KDA_SKIP in src/cuda/kda_cuda.h): phases left out, results wrong */
+    int decode_bv; /* CUDA decode kernel, V-first states: V columns per CTA (16 or 32; the same bits either way) */
 } kda_tuning_t;
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);

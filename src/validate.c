@@ -166,31 +166,77 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         a->initial_state_dtype != a->final_state_dtype)
         FAIL(KDA_STATUS_INVALID_VALUE, "final_state", "is the memory of initial_state but its dtype differs "
              "(%s vs %s)", dtype_name(a->final_state_dtype), dtype_name(a->initial_state_dtype));
+    if (a->state_indices_cols < 0)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "%lld is negative", (long long)a->state_indices_cols);
+    if (a->state_indices_cols > 0 && !a->state_indices)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "%lld is set but state_indices is NULL",
+             (long long)a->state_indices_cols);
+    if (a->state_indices_row_stride != 0) {
+        if (a->state_indices_cols == 0)
+            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is set but state_indices is 1-D "
+                 "(state_indices_cols = 0)", (long long)a->state_indices_row_stride);
+        if (a->state_indices_row_stride < a->state_indices_cols)
+            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is smaller than state_indices_cols = "
+                 "%lld", (long long)a->state_indices_row_stride, (long long)a->state_indices_cols);
+    }
+    p.idx_stride = a->state_indices_row_stride ? a->state_indices_row_stride : a->state_indices_cols;
+    if (a->num_accepted_tokens && a->state_indices_cols == 0)
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "needs a 2-D state_indices (state_indices_cols = "
+             "T_max >= 1)");
+    if (a->beta_headwise != 0 && a->beta_headwise != 1)
+        FAIL(KDA_STATUS_INVALID_VALUE, "beta_headwise", "%d is not 0 or 1", a->beta_headwise);
     if (a->state_indices) {
         if (!a->initial_state && !a->final_state)
             FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "is set but neither initial_state nor final_state is");
         if (a->num_state_slots < 1)
             FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
                  (long long)a->num_state_slots);
+        const int64_t cols = a->state_indices_cols;
+        if (cols > 0 && !p.varlen && a->seq_len > cols)
+            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
+                 "2-D state_indices needs a slot for every token)", (long long)cols, (long long)a->seq_len);
+        const void *cu_readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
+        if (cols > 0 && p.varlen && cu_readable) {
+            for (int64_t n = 0; n < p.num_seqs; n++) {
+                int64_t len = read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) -
+                              read_offset(cu_readable, a->cu_seqlens_dtype, n);
+                if (len > cols)
+                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than sequence "
+                         "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)", (long long)cols,
+                         (long long)n, (long long)len);
+            }
+        }
         if (host_readable) {
             for (int64_t n = 0; n < p.num_seqs; n++) {
-                int64_t s = a->state_indices[n];
-                if (s >= a->num_state_slots)
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
-                         "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
-            }
-            /* distinct: quadratic only for few sequences, else a bitmap would need memory; decode batches
-               are small and prefill batches rarely use a pool, so check up to 4096 sequences */
-            if (p.num_seqs <= 4096) {
-                for (int64_t n = 0; n < p.num_seqs; n++) {
-                    if (a->state_indices[n] < 0) continue;
-                    for (int64_t m = 0; m < n; m++)
-                        if (a->state_indices[m] == a->state_indices[n])
-                            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and "
-                                 "state_indices[%lld] are both %d; slots must be distinct", (long long)m,
-                                 (long long)n, a->state_indices[n]);
+                if (cols == 0) {
+                    int64_t s = a->state_indices[n];
+                    if (s >= a->num_state_slots)
+                        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
+                             "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
+                    continue;
+                }
+                if (a->num_accepted_tokens) {
+                    int64_t an = a->num_accepted_tokens[n];
+                    if (an < 1 || an > cols)
+                        FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "num_accepted_tokens[%lld] = %lld is "
+                             "outside [1, T_max = %lld]", (long long)n, (long long)an, (long long)cols);
+                }
+                int64_t bos, eos;
+                kda_seq_bounds(&p, n, &bos, &eos);
+                const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
+                for (int64_t t = -1; t < eos - bos; t++) {
+                    const int64_t col = t < 0 ? rd : t;
+                    int64_t s = a->state_indices[n * p.idx_stride + col];
+                    if (s >= a->num_state_slots)
+                        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld][%lld] = %lld is not "
+                             "below num_state_slots = %lld", (long long)n, (long long)col, (long long)s,
+                             (long long)a->num_state_slots);
                 }
             }
+        }
+        if (host_readable) {
+            kda_status_t st = kda_check_state_slots(&p, fn);
+            if (st != KDA_STATUS_SUCCESS) return st;
         }
     } else if (a->num_state_slots != 0) {
         FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld is set but state_indices is NULL",
@@ -285,6 +331,11 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
     if (!p.b.problem) FAIL(KDA_STATUS_INVALID_VALUE, "problem", "NULL (the forward's kda_args_t)");
     kda_status_t st = check_problem(p.b.problem, fn, host_readable, 0, &p.f);
     if (st != KDA_STATUS_SUCCESS) return st;
+    if (p.f.a.beta_headwise)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "beta_headwise", "the backward of a headwise beta is not implemented");
+    if (p.f.a.state_indices_cols > 0)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "state_indices_cols", "the backward of per-token state slots (2-D "
+             "state_indices) is not implemented");
     p.f.a.o = NULL;
     p.f.a.final_state = NULL;
     const kda_args_t *a = &p.f.a;
@@ -381,5 +432,64 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
 
     *out = p;
     out->b.problem = &out->f.a;
+    return KDA_STATUS_SUCCESS;
+}
+
+/* Distinct slots (host-readable state_indices, already range-checked): a bitmap of the slots touched so far,
+ * over a window of SLOT_WINDOW slots at a time. 1-D: each non-negative slot once. 2-D: a row's written slots
+ * (columns [0, len_n)) once each over the whole call; its read slot either one of its own written slots or
+ * touched by no other row. */
+#define SLOT_WINDOW ((int64_t)1 << 17)
+kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn) {
+    const kda_args_t *a = &p->a;
+    if (!a->state_indices) return KDA_STATUS_SUCCESS;
+    uint64_t bm[SLOT_WINDOW / 64]; /* 16 KB */
+    const int64_t cols = a->state_indices_cols;
+    for (int64_t w0 = 0; w0 < a->num_state_slots; w0 += SLOT_WINDOW) {
+        memset(bm, 0, sizeof bm);
+#define IN(s) ((s) >= w0 && (s) < w0 + SLOT_WINDOW)
+#define SEEN(s) ((bm[((s) - w0) >> 6] >> (((s) - w0) & 63)) & 1u)
+#define MARK(s) (bm[((s) - w0) >> 6] |= (uint64_t)1 << (((s) - w0) & 63))
+        for (int64_t n = 0; n < p->num_seqs; n++) {
+            if (cols == 0) {
+                const int64_t s = a->state_indices[n];
+                if (!IN(s)) continue;
+                if (SEEN(s)) {
+                    int64_t m = 0;
+                    while (m < n && a->state_indices[m] != s) m++;
+                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and state_indices[%lld] "
+                         "are both %lld; slots must be distinct", (long long)m, (long long)n, (long long)s);
+                }
+                MARK(s);
+                continue;
+            }
+            int64_t bos, eos;
+            kda_seq_bounds(p, n, &bos, &eos);
+            const int32_t *row = a->state_indices + n * p->idx_stride;
+            for (int64_t t = 0; t < eos - bos; t++) {
+                const int64_t s = row[t];
+                if (!IN(s)) continue;
+                if (SEEN(s))
+                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld]) is "
+                         "touched twice in one call; the slots of a call must be distinct", (long long)s,
+                         (long long)n, (long long)t);
+                MARK(s);
+            }
+            const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
+            const int64_t r = row[rd];
+            if (!IN(r)) continue;
+            int own = 0;
+            for (int64_t t = 0; t < eos - bos && !own; t++) own = row[t] == r;
+            if (own) continue;
+            if (SEEN(r))
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot "
+                     "sequence %lld reads) is touched by another sequence of the call", (long long)r, (long long)n,
+                     (long long)rd, (long long)n);
+            MARK(r);
+        }
+#undef IN
+#undef SEEN
+#undef MARK
+    }
     return KDA_STATUS_SUCCESS;
 }

@@ -103,14 +103,16 @@ def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
         if nd != 4 and want:
             raise KDAInvalidValueError(f"{fn}: argument '{name}': expected shape {want}, got {_shape(x.shape)}")
     nd = beta.ndim
-    if nd == 4 and fused:
-        raise KDANotSupportedError(f"{fn}: argument 'beta': a headwise beta of shape [B, T, HV, V] is not "
-                                   f"implemented; pass beta of shape [B, T, HV]")
+    if nd == 4 and fused:  # headwise beta [B, T, HV, V]: one beta per value channel (FLA's fused_recurrent_kda)
+        if tuple(beta.shape) != tuple(v.shape):
+            raise KDAInvalidValueError(f"{fn}: argument 'beta': a headwise beta must have v's shape "
+                                       f"{_shape(v.shape)}, got {_shape(beta.shape)}")
+        return
     if nd != 3 and not (nd == 4 and not fused):  # chunk_kda: FLA's own assert below names the shape
         raise KDAInvalidValueError(f"{fn}: argument 'beta': expected shape [B, T, HV], got {_shape(beta.shape)}")
 
 
-def _check_shapes(fn: str, q, k, v, g, beta, err) -> tuple:
+def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> tuple:
     """FLA's shape checks (raising `err`, KDAAssertionError where FLA asserts), then ours. Returns the sizes."""
     B, T, H, K = q.shape
     vs = v.shape
@@ -128,7 +130,7 @@ def _check_shapes(fn: str, q, k, v, g, beta, err) -> tuple:
     if g.shape != (B, T, HV, K):
         raise err(f"{fn}: argument 'g': expected shape [B, T, HV, K] = {_shape((B, T, HV, K))}, "
                   f"got {_shape(g.shape)}")
-    if beta.shape != (B, T, HV):
+    if beta.shape != (B, T, HV) and not (headwise_ok and tuple(beta.shape) == (B, T, HV, V)):
         raise err(f"{fn}: argument 'beta': expected shape [B, T, HV] = {_shape((B, T, HV))}, "
                   f"got {_shape(beta.shape)}")
     if vs[0] != B or vs[1] != T:
@@ -428,7 +430,7 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     a, _, _, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None, 0, scale,
                              use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                              allow_neg_eigval, safe_gate, lower_bound, state_v_first, B, T, H, K, HV, V, N)
-    q, k, v, g, beta, h0, _, _, A_log, dt_bias = keep
+    q, k, v, g, beta, h0, _, _, A_log, dt_bias, _ = keep
     ptr = _data_ptr
     L = _lib._lib or _lib.library()
     b = KdaBackwardArgs.from_buffer_copy(L.backward_template)
@@ -488,10 +490,15 @@ def fused_recurrent_kda(
     vLLM's decode keywords are supported as well:
         ssm_state_indices: 1-D int ``[N]``: ``initial_state`` is then a pool ``[num_slots, HV, K, V]`` and
             sequence n starts from slot ``ssm_state_indices[n]`` (negative: from zeros, nothing written).
+            2-D int ``[N, T_max]`` (speculative decoding, as FLA's fused_recurrent_kda_fwd): sequence n starts
+            from slot ``ssm_state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without
+            num_accepted_tokens) and, with inplace_final_state, the state after its token t is written to slot
+            ``ssm_state_indices[n, t]`` (negative: nothing written).
+        num_accepted_tokens: int ``[N]`` in [1, T_max], with a 2-D ``ssm_state_indices``.
         inplace_final_state: write each sequence's final state back into ``initial_state`` (at its slot with
             ``ssm_state_indices``) and return ``initial_state`` as the final state.
         out: a preallocated ``[B, T, HV, V]`` output (returned as o).
-        num_accepted_tokens (speculative decoding) and 2-D ``ssm_state_indices`` are not implemented.
+    beta may be headwise, ``[B, T, HV, V]`` (one beta per value channel), as in FLA.
     Further keywords: ``safe_gate`` (as in chunk_kda), ``cu_seqlens_cpu`` (a host copy of cu_seqlens),
     ``transpose_state_layout`` (deprecated alias of ``state_v_first``).
 
@@ -500,7 +507,7 @@ def fused_recurrent_kda(
         ``output_final_state``, ``initial_state`` itself with ``inplace_final_state``, else None.
     """
     fn = "fused_recurrent_kda"
-    ssm_state_indices = out = cu_seqlens_cpu = None
+    ssm_state_indices = out = cu_seqlens_cpu = num_accepted_tokens = None
     inplace_final_state = safe_gate = False
     if kwargs:
         kwargs = dict(kwargs)
@@ -511,9 +518,7 @@ def fused_recurrent_kda(
         out = kwargs.pop("out", None)
         safe_gate = bool(kwargs.pop("safe_gate", False))
         cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-        if kwargs.pop("num_accepted_tokens", None) is not None:
-            raise KDANotSupportedError(f"{fn}: num_accepted_tokens (speculative decoding) is not implemented "
-                                       f"by kda")
+        num_accepted_tokens = kwargs.pop("num_accepted_tokens", None)
         if kwargs:
             raise _not_implemented_kwargs(fn, kwargs)
 
@@ -544,22 +549,31 @@ def fused_recurrent_kda(
                                 f"'initial_state')")
 
     # ours
-    B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError)
+    B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
     if pool:
-        if getattr(ssm_state_indices, "ndim", None) != 1:
-            if getattr(ssm_state_indices, "ndim", None) == 2:
-                raise KDANotSupportedError(f"{fn}: a 2-D ssm_state_indices (per-token slots, speculative "
-                                           f"decoding) is not implemented by kda; pass one slot per sequence")
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected a 1-D array of N slots")
+        nd = getattr(ssm_state_indices, "ndim", None)
+        if nd not in (1, 2):
+            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected a 1-D array of N slots or "
+                                       f"a 2-D array [N, T_max] of per-token slots")
         if ssm_state_indices.shape[0] != N:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected N = {N} slots (one per "
+            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected N = {N} rows (one per "
                                        f"sequence), got {ssm_state_indices.shape[0]}")
+        if nd == 2 and ssm_state_indices.shape[1] < 1:
+            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': a 2-D array needs T_max >= 1 "
+                                       f"columns")
         if initial_state is None:
             raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices' needs initial_state, the state pool")
         if output_final_state and not inplace_final_state:
             raise KDANotSupportedError(f"{fn}: output_final_state=True with ssm_state_indices but without "
                                        f"inplace_final_state=True is not implemented by kda (pass "
                                        f"inplace_final_state=True to update the pool)")
+    if num_accepted_tokens is not None:
+        if not pool or getattr(ssm_state_indices, "ndim", None) != 2:
+            raise KDAInvalidValueError(f"{fn}: argument 'num_accepted_tokens': needs a 2-D ssm_state_indices "
+                                       f"[N, T_max]")
+        if getattr(num_accepted_tokens, "ndim", None) != 1 or num_accepted_tokens.shape[0] != N:
+            raise KDAInvalidValueError(f"{fn}: argument 'num_accepted_tokens': expected shape [N] = [{N}], got "
+                                       f"{_shape(getattr(num_accepted_tokens, 'shape', ()))}")
     if initial_state is not None:
         if not _is_state_dtype(initial_state, kind):
             raise KDANotSupportedError(f"{fn}: argument 'initial_state': dtype {initial_state.dtype} is not "
@@ -584,13 +598,13 @@ def fused_recurrent_kda(
         return _np_call(fn, True, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
                         out, ht_mode, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first,
-                        B, T, H, K, HV, V, N)
+                        B, T, H, K, HV, V, N, nat=num_accepted_tokens)
     from . import _torch
     return _torch.fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                                       cu_seqlens_cpu, ssm_state_indices, out, ht_mode, scale,
                                       bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
                                       bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), safe_gate,
-                                      lower_bound, bool(state_v_first), N)
+                                      lower_bound, bool(state_v_first), N, nat=num_accepted_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -672,20 +686,19 @@ def _np_cu_seqlens(fn: str, cu):
     return np.ascontiguousarray(cu), code
 
 
-def _np_indices(fn: str, idx):
+def _np_indices(fn: str, idx, name: str = "ssm_state_indices"):
     if _is_torch(idx):
         if idx.device.type != "cpu":
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': on {idx.device} while the inputs "
+            raise KDAInvalidValueError(f"{fn}: argument '{name}': on {idx.device} while the inputs "
                                        f"are numpy arrays (host memory)")
         idx = idx.numpy()
     elif not isinstance(idx, _ndarray):
         idx = np.asarray(idx)
     if idx.dtype != _i32:
         if idx.dtype.kind not in "iu":
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected integer slots, got "
-                                       f"{idx.dtype}")
+            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected integers, got {idx.dtype}")
         if idx.size and (idx.max() > 2**31 - 1 or idx.min() < -2**31):
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': a slot does not fit in int32")
+            raise KDAInvalidValueError(f"{fn}: argument '{name}': a value does not fit in int32")
         idx = idx.astype(_i32)
     return np.ascontiguousarray(idx)
 
@@ -699,9 +712,9 @@ def _np_writable(fn: str, name: str, x):
 
 
 def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg,
-             safe, lb, vfirst, B, T, H, K, HV, V, N):
+             safe, lb, vfirst, B, T, H, K, HV, V, N, nat=None):
     a, o, ht, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate,
-                              bsig, neg, safe, lb, vfirst, B, T, H, K, HV, V, N)
+                              bsig, neg, safe, lb, vfirst, B, T, H, K, HV, V, N, nat)
     ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
     _lib.run(ctx, a, decode)
     if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
@@ -710,9 +723,9 @@ def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_
 
 
 def _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg, safe, lb,
-             vfirst, B, T, H, K, HV, V, N):
+             vfirst, B, T, H, K, HV, V, N, nat=None):
     """The kda_args_t of numpy arrays, the outputs it points to (o, ht), and the arrays it points into (keep them
-    alive while it is used): (args, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias))."""
+    alive while it is used): (args, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias, nat))."""
     L = _lib._lib or _lib.library()
     ptr = _data_ptr
     a = KdaArgs.from_buffer_copy(L.template)
@@ -761,6 +774,13 @@ def _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, sc
         idx = _np_indices(fn, idx)
         a.state_indices = ptr(idx)
         a.num_state_slots = h0.shape[0]
+        if idx.ndim == 2:
+            a.state_indices_cols = idx.shape[1]
+        if nat is not None:
+            nat = _np_indices(fn, nat, "num_accepted_tokens")
+            a.num_accepted_tokens = ptr(nat)
+    if beta.ndim == 4:
+        a.beta_headwise = 1
     if vfirst:
         a.state_v_first = 1
     if gate:
@@ -782,4 +802,4 @@ def _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, sc
         a.use_beta_sigmoid = 1
     if neg:
         a.allow_neg_eigval = 1
-    return a, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias)
+    return a, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias, nat)

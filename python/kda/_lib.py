@@ -86,6 +86,11 @@ class KdaArgs(ctypes.Structure):
         ("safe_gate", c_int),
         ("use_beta_sigmoid", c_int),
         ("allow_neg_eigval", c_int),
+        # speculative decoding and headwise beta (appended)
+        ("state_indices_cols", c_int64),
+        ("state_indices_row_stride", c_int64),
+        ("num_accepted_tokens", c_void_p),
+        ("beta_headwise", c_int),
     ]
 
 

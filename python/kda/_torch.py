@@ -61,7 +61,7 @@ def _code(fn: str, name: str, t: Tensor, table=_FLOAT) -> int:
     return c
 
 
-def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst) -> None:
+def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst, nat=None) -> None:
     """What libkda cannot check for itself: sizes, devices and layouts of the memory behind the pointers. The
     Python entry points have checked all this already; the ops are public too, so they check again."""
     def bad(name, what):
@@ -74,7 +74,8 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
         bad("v", f"expected shape [B, T, HV, V] with B, T = {B}, {T}, got {list(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
     N = B if cu is None else cu.shape[0] - 1
-    shapes = [("k", k, (B, T, H, K)), ("g", g, (B, T, HV, K)), ("beta", beta, (B, T, HV)), ("o", o, (B, T, HV, V))]
+    bshape = (B, T, HV, V) if beta.dim() == 4 else (B, T, HV)  # headwise beta: one per value channel
+    shapes = [("k", k, (B, T, H, K)), ("g", g, (B, T, HV, K)), ("beta", beta, bshape), ("o", o, (B, T, HV, V))]
     for name, t, want in shapes:
         if tuple(t.shape) != want:
             bad(name, f"expected shape {list(want)}, got {list(t.shape)}")
@@ -89,8 +90,13 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
             if slots is not None and t.shape[0] != slots:
                 bad(name, f"{t.shape[0]} slots, but initial_state has {slots}")
             slots = t.shape[0]
-    if idx is not None and (idx.dim() != 1 or idx.shape[0] != N or idx.dtype != torch.int32):
-        bad("ssm_state_indices", f"expected int32 [{N}], got {idx.dtype} {list(idx.shape)}")
+    if idx is not None and (idx.dim() not in (1, 2) or idx.shape[0] != N or idx.dtype != torch.int32 or
+                            (idx.dim() == 2 and idx.shape[1] < 1)):
+        bad("ssm_state_indices", f"expected int32 [{N}] or [{N}, T_max], got {idx.dtype} {list(idx.shape)}")
+    if nat is not None and (idx is None or idx.dim() != 2 or nat.dim() != 1 or nat.shape[0] != N or
+                            nat.dtype != torch.int32):
+        bad("num_accepted_tokens", f"expected int32 [{N}] with a 2-D ssm_state_indices, got {nat.dtype} "
+                                   f"{list(nat.shape)}")
     if cu is not None and (cu.dim() != 1 or cu.dtype not in _INT or B != 1):
         bad("cu_seqlens", f"expected int32/int64 [N + 1] with B = 1, got {cu.dtype} {list(cu.shape)}, B = {B}")
     if cu_cpu is not None and (cu_cpu.device.type != "cpu" or cu_cpu.shape != cu.shape or cu_cpu.dtype != cu.dtype):
@@ -102,7 +108,7 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
     dev = q.device
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o), ("initial_state", h0),
                     ("final_state", ht), ("cu_seqlens", cu), ("ssm_state_indices", idx), ("A_log", A_log),
-                    ("dt_bias", dt_bias), ("q", q)):
+                    ("dt_bias", dt_bias), ("num_accepted_tokens", nat), ("q", q)):
         if t is not None:
             if t.device != dev:
                 bad(name, f"on {t.device}, but q is on {dev}")
@@ -112,20 +118,20 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
 
 def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float,
             l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool,
-            checked: bool = False) -> None:
+            checked: bool = False, nat=None) -> None:
     """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place). `checked`:
     the caller is an entry point that has made every check of _check_launch already (the eager fast path)."""
     if not checked:
-        _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst)
+        _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst, nat)
     a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale, l2, gate, bsig, neg, safe,
-              lower_bound, vfirst)
+              lower_bound, vfirst, nat)
     _run(fn, a, decode, q.device)
     if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
         o.zero_()
 
 
 def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float, l2: bool, gate: bool,
-          bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool) -> KdaArgs:
+          bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool, nat=None) -> KdaArgs:
     """The kda_args_t of a launch (an empty ht: no final state; cu_cpu is passed on for CUDA tensors only)."""
     a = KdaArgs.from_buffer_copy(_lib.library().template)
     B, T, H, K = q.shape
@@ -144,6 +150,12 @@ def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o,
         a.final_state, a.final_state_dtype = ht.data_ptr(), _code(fn, "final_state", ht, _STATE)
     if idx is not None:
         a.state_indices, a.num_state_slots = idx.data_ptr(), (h0 if h0 is not None else ht).shape[0]
+        if idx.dim() == 2:  # speculative decoding: [N, T_max] per-token slots
+            a.state_indices_cols, a.state_indices_row_stride = idx.shape[1], idx.stride(0)
+        if nat is not None:
+            a.num_accepted_tokens = nat.data_ptr()
+    if beta.dim() == 4:
+        a.beta_headwise = 1
     a.state_v_first = int(vfirst)
     a.scale = scale if scale != 0.0 else 1.0
     a.use_qk_l2norm, a.use_gate_in_kernel, a.use_beta_sigmoid = int(l2), int(gate), int(bsig)
@@ -314,25 +326,26 @@ def fused_recurrent_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], scale: float,
                             output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                             use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
-                            lower_bound: float, state_v_first: bool) -> Tuple[Tensor, Tensor]:
+                            lower_bound: float, state_v_first: bool,
+                            num_accepted_tokens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """libkda's recurrent decode (kda_decode) into new tensors. Returns (o, final_state or [])."""
     return _fused_recurrent_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                          ssm_state_indices, scale, output_final_state, use_qk_l2norm_in_kernel,
                                          use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                         lower_bound, state_v_first)
+                                         lower_bound, state_v_first, nat=num_accepted_tokens)
 
 
 def _fused_recurrent_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                   ssm_state_indices, scale, output_final_state, use_qk_l2norm_in_kernel,
                                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                  lower_bound, state_v_first, checked=False):
+                                  lower_bound, state_v_first, checked=False, nat=None):
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     n = _num_seqs(q, cu_seqlens) if output_final_state else 0
     ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
     _launch("fused_recurrent_kda", True, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens,
             cu_seqlens_cpu, ssm_state_indices, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked)
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked, nat)
     return o, ht
 
 
@@ -340,7 +353,7 @@ def _fused_recurrent_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_stat
 def _fused_recurrent_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                   ssm_state_indices, scale, output_final_state, use_qk_l2norm_in_kernel,
                                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                  lower_bound, state_v_first):
+                                  lower_bound, state_v_first, num_accepted_tokens=None):
     o = v.new_empty(v.shape)
     if output_final_state:
         ht = q.new_empty(_state_shape(q, v, _num_seqs(q, cu_seqlens), state_v_first), dtype=torch.float32)
@@ -355,23 +368,24 @@ def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], o: Tensor,
                             final_state: Optional[Tensor], state_in_place: bool, scale: float,
                             use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
-                            allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool) -> None:
+                            allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool,
+                            num_accepted_tokens: Optional[Tensor] = None) -> None:
     """libkda's recurrent decode into given tensors: o, and final_state when given. With state_in_place,
     final_state is also the initial state (initial_state is then None): vLLM's in-place pool update."""
     _fused_recurrent_kda_out_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                   ssm_state_indices, o, final_state, state_in_place, scale, use_qk_l2norm_in_kernel,
                                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                  lower_bound, state_v_first)
+                                  lower_bound, state_v_first, nat=num_accepted_tokens)
 
 
 def _fused_recurrent_kda_out_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                                   ssm_state_indices, o, final_state, state_in_place, scale, use_qk_l2norm_in_kernel,
                                   use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-                                  lower_bound, state_v_first, checked=False):
+                                  lower_bound, state_v_first, checked=False, nat=None):
     h0 = final_state if state_in_place else initial_state
     _launch("fused_recurrent_kda", True, q, k, v, g, beta, A_log, dt_bias, h0, final_state, cu_seqlens,
             cu_seqlens_cpu, ssm_state_indices, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked)
+            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked, nat)
 
 
 @fused_recurrent_kda_out.register_fake
@@ -429,7 +443,7 @@ def _chunk_backward(ctx, do, dht):
 
 
 chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
-fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 20), setup_context=_setup_context)
+fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -502,16 +516,15 @@ def _host_offsets(fn: str, cu_cpu, cu: Tensor, host) -> Optional[Tensor]:
     return cu_cpu.to(cu.dtype).contiguous()
 
 
-def _indices(fn: str, idx, q: Tensor) -> Tensor:
+def _indices(fn: str, idx, q: Tensor, name: str = "ssm_state_indices") -> Tensor:
     if not isinstance(idx, Tensor):
         import numpy as np
         idx = torch.from_numpy(np.ascontiguousarray(np.asarray(idx))).to(q.device)
     elif idx.device != q.device:
-        raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': on {idx.device}, but q is on {q.device}")
+        raise KDAInvalidValueError(f"{fn}: argument '{name}': on {idx.device}, but q is on {q.device}")
     if idx.dtype != torch.int32:
         if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected integer slots, got "
-                                       f"{idx.dtype}")
+            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected integers, got {idx.dtype}")
         idx = idx.to(torch.int32)
     return idx.contiguous()
 
@@ -577,7 +590,7 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
 
 
 def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, out, ht_mode, scale, l2, gate,
-                        bsig, neg, safe, lower_bound, vfirst, N):
+                        bsig, neg, safe, lower_bound, vfirst, N, nat=None):
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
     host = None
@@ -588,6 +601,8 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
         cu_cpu = None
     if idx is not None:
         idx = _indices(fn, idx, q)
+    if nat is not None:
+        nat = _indices(fn, nat, q, "num_accepted_tokens")
     lb = 0.0 if lower_bound is None else lower_bound
     if h0 is not None:
         if not isinstance(h0, Tensor):
@@ -607,9 +622,9 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
         args = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale, ht_mode == 1, l2, gate, bsig, neg,
                 safe, lb, vfirst)
         if eager:
-            o, ht = _fused_recurrent_kda_fwd_impl(*args, checked=True)
+            o, ht = _fused_recurrent_kda_fwd_impl(*args, checked=True, nat=nat)
         else:
-            o, ht = torch.ops.kda.fused_recurrent_kda_fwd(*args)
+            o, ht = torch.ops.kda.fused_recurrent_kda_fwd(*args, nat)
         return o, (ht if ht_mode == 1 else None)
     if out is None:
         o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -629,9 +644,9 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
     args = (q, k, v, g, beta, A_log, dt_bias, h0_arg, cu, cu_cpu, idx, o, ht, in_place, scale, l2, gate, bsig, neg,
             safe, lb, vfirst)
     if eager:
-        _fused_recurrent_kda_out_impl(*args, checked=True)
+        _fused_recurrent_kda_out_impl(*args, checked=True, nat=nat)
     else:
-        torch.ops.kda.fused_recurrent_kda_out(*args)
+        torch.ops.kda.fused_recurrent_kda_out(*args, nat)
     return o, ht
 
 

@@ -66,8 +66,19 @@ void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const floa
     }
 }
 
+/* Headwise β (one β per value channel: a T = (I + A)⁻¹ per channel) and per-token state slots (2-D
+ * state_indices) have no chunked form here: kda_forward takes the token recurrence for them. */
+static int needs_recurrence(const kda_problem_t *p) {
+    return p->a.beta_headwise || (p->a.state_indices && p->a.state_indices_cols > 0);
+}
+
+static kda_status_t cpu_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
+    return needs_recurrence(p) ? kda_cpu_recurrent_workspace(ctx, p, bytes) : kda_cpu_chunk_workspace(ctx, p, bytes);
+}
+
 static kda_status_t cpu_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)stream;
+    if (needs_recurrence(p)) return kda_cpu_recurrent_forward(ctx, p, ws, ws_bytes);
     return kda_cpu_chunk_forward(ctx, p, ws, ws_bytes);
 }
 
@@ -78,7 +89,7 @@ static kda_status_t cpu_decode(kda_context_t *ctx, const kda_problem_t *p, void 
 
 const kda_backend_ops_t kda_cpu_ops = {
     .name = "cpu",
-    .forward_workspace = kda_cpu_chunk_workspace,
+    .forward_workspace = cpu_forward_workspace,
     .forward = cpu_forward,
     .decode_workspace = kda_cpu_recurrent_workspace,
     .decode = cpu_decode,

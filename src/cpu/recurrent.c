@@ -3,7 +3,10 @@
  * (sequence, value head) per task, for the few tokens per sequence of a decode step. The state may be a pool
  * updated in place (state_indices): each task reads its slot before it writes it, and slots are distinct.
  *
- * Per token, with S K×V (K-major):  S ← Diag(e^{gate}) S;  δ = β (v − Sᵀk);  S ← S + k δᵀ;  o = scale Sᵀq.
+ * Per token, with S K×V (K-major):  S ← Diag(e^{gate}) S;  δ = β ⊙ (v − Sᵀk);  S ← S + k δᵀ;  o = scale Sᵀq,
+ * gate clamped into [KDA_GATE_MIN, 0] (NaN kept), β a scalar or (beta_headwise) a V-vector. Slots as the oracle
+ * (reference.c): 2-D state_indices write the state after every token to its own slot. A non-finite input of a
+ * token (or initial state) turns S into NaN from that token on (the non-finite contract).
  */
 #include <math.h>
 #include <string.h>
@@ -16,9 +19,15 @@
 #include "threadpool.h"
 #include "token.h"
 
-/* Scratch per thread: S (K*V), and q, k, gate, v, δ of up to 256 each. */
+/* Scratch per thread: S (K*V), and q, k, gate, v, δ, β of up to 256 each. */
 static size_t per_thread_bytes(const kda_problem_t *p) {
-    return ((size_t)kda_state_head_elems(p) + 5 * 256) * sizeof(float);
+    return ((size_t)kda_state_head_elems(p) + 6 * 256) * sizeof(float);
+}
+
+static int finite_row(const float *x, int n) {
+    int ok = 1;
+    for (int i = 0; i < n; i++) ok &= isfinite(x[i]) != 0;
+    return ok;
 }
 
 KDA_CPU_CLONES
@@ -26,23 +35,37 @@ static void recurrent_head(const kda_problem_t *p, int64_t n, int h, float *S) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
-    float *q = S + (size_t)K * V, *k = q + 256, *gate = k + 256, *v = gate + 256, *d = v + 256;
+    float *q = S + (size_t)K * V, *k = q + 256, *gate = k + 256, *v = gate + 256, *d = v + 256, *beta = d + 256;
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
+    const int per_token_slots = a->state_indices && a->state_indices_cols > 0;
+    const int nb = a->beta_headwise ? V : 1;
+    const float bscale = a->allow_neg_eigval ? 2.0f : 1.0f;
 
     kda_cpu_load_state(p, slot, h, S);
+    int poisoned = !finite_row(S, K * V); /* the non-finite contract: the initial state counts as token 0 */
     for (int64_t t = bos; t < eos; t++) {
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
-        if (a->use_qk_l2norm) {
+        kda_load_row(gate, a->g, a->g_dtype, (t * HV + h) * K, K);
+        kda_cpu_gate_row(p, h, gate);
+        for (int i = 0; i < K; i++) { /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
+            if (gate[i] > 0.0f) gate[i] = 0.0f;
+            if (gate[i] < KDA_GATE_MIN) gate[i] = KDA_GATE_MIN;
+        }
+        kda_load_row(v, a->v, a->dtype, (t * HV + h) * V, V);
+        kda_load_row(beta, a->beta, a->beta_dtype, (t * HV + h) * nb, nb);
+        if (a->use_beta_sigmoid)
+            for (int j = 0; j < nb; j++) beta[j] = bscale * kda_sigmoidf(beta[j]);
+        if (!(finite_row(q, K) & finite_row(k, K) & finite_row(gate, K) & finite_row(v, V) & finite_row(beta, nb)))
+            poisoned = 1;
+        if (poisoned) {
+            for (size_t i = 0; i < (size_t)K * V; i++) S[i] = NAN;
+        } else if (a->use_qk_l2norm) {
             kda_cpu_l2normalise(q, K);
             kda_cpu_l2normalise(k, K);
         }
-        kda_load_row(gate, a->g, a->g_dtype, (t * HV + h) * K, K);
-        kda_cpu_gate_row(p, h, gate);
-        kda_load_row(v, a->v, a->dtype, (t * HV + h) * V, V);
-        const float beta = kda_cpu_beta(p, t, h);
 
         /* decay, and Sᵀk on the decayed state, in one pass over S */
         for (int j = 0; j < V; j++) d[j] = 0.0f;
@@ -54,7 +77,10 @@ static void recurrent_head(const kda_problem_t *p, int64_t n, int h, float *S) {
                 d[j] += ki * row[j];
             }
         }
-        for (int j = 0; j < V; j++) d[j] = beta * (v[j] - d[j]);
+        if (a->beta_headwise)
+            for (int j = 0; j < V; j++) d[j] = beta[j] * (v[j] - d[j]);
+        else
+            for (int j = 0; j < V; j++) d[j] = beta[0] * (v[j] - d[j]);
         /* S += k δᵀ and o = Sᵀ q in one pass */
         for (int j = 0; j < V; j++) v[j] = 0.0f;
         for (int i = 0; i < K; i++) {
@@ -67,8 +93,10 @@ static void recurrent_head(const kda_problem_t *p, int64_t n, int h, float *S) {
         }
         for (int j = 0; j < V; j++) v[j] *= p->scale;
         kda_store_row(a->o, a->o_dtype, (t * HV + h) * V, v, V);
+        /* speculative decoding: the state after every token to that token's slot */
+        if (per_token_slots) kda_cpu_store_state(p, kda_state_slot_after(p, n, t - bos), h, S);
     }
-    kda_cpu_store_state(p, slot, h, S);
+    if (!per_token_slots) kda_cpu_store_state(p, slot, h, S);
 }
 
 typedef struct {

@@ -4,11 +4,17 @@
  * For each sequence and value head h (query/key head h / G), with S a K×V matrix:
  *     q, k  <- l2norm(q), l2norm(k)                   if use_qk_l2norm
  *     gate  <- g, or the in-kernel gate of g           (docs/ALGORITHM.md, "Gate modes")
- *     β     <- beta, sigmoid(beta) or 2 sigmoid(beta)
+ *     gate  <- min(max(gate, KDA_GATE_MIN), 0)          (NaN stays NaN)
+ *     β     <- beta, sigmoid(beta) or 2 sigmoid(beta)   (a scalar, or a V-vector with beta_headwise)
  *     S     <- Diag(exp(gate)) S                       decay
- *     δ     <- β (v − Sᵀ k)                            delta-rule correction, a V-vector
+ *     δ     <- β ⊙ (v − Sᵀ k)                          delta-rule correction, a V-vector
  *     S     <- S + k δᵀ                                i.e. S_t = (I − β k kᵀ) Diag(α) S_{t−1} + β k vᵀ
  *     o     <- scale · Sᵀ q
+ * State slots: read from kda_state_slot (1-D state_indices, or 2-D: the slot of the last accepted token);
+ * written after the last token (1-D), or after every token t to state_indices[n][t] (2-D).
+ * Non-finite inputs (docs/ALGORITHM.md, the contract): a non-finite initial state, or a non-finite q, k, v,
+ * gate (after the clamp) or β of token t sets S to NaN before token t, so o_t, every later output and the
+ * final state are NaN while earlier outputs are untouched.
  * Readable over fast: every other backend is checked against this file.
  */
 #include <math.h>
@@ -19,9 +25,9 @@
 #include "dtype.h"
 #include "fmath.h"
 
-/* Scratch: S (K*V) and five vectors of up to 256, all double. */
+/* Scratch: S (K*V) and six vectors of up to 256, all double. */
 static size_t ref_workspace(const kda_problem_t *p) {
-    return ((size_t)kda_state_head_elems(p) + 5 * 256) * sizeof(double);
+    return ((size_t)kda_state_head_elems(p) + 6 * 256) * sizeof(double);
 }
 
 static kda_status_t ref_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
@@ -48,16 +54,33 @@ static void load_vec(double *x, const void *src, kda_dtype_t dt, int64_t off, in
     }
 }
 
+static void store_state(const kda_problem_t *p, int64_t slot, int h, const double *S) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    if (!a->final_state || slot < 0) return;
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < V; j++)
+            kda_store_f32(a->final_state, a->final_state_dtype, state_index(p, slot, h, i, j), (float)S[i * V + j]);
+}
+
+static int all_finite(const double *x, int n) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
 static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double *q, double *k, double *gate,
-                     double *v, double *d) {
+                     double *v, double *d, double *beta) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
+    const int per_token_slots = a->state_indices && a->state_indices_cols > 0;
 
-    /* S <- initial state, or zeros */
+    /* S <- initial state, or zeros. A non-finite initial state poisons the sequence (docs: the non-finite
+       input contract): every output and the final state are NaN. */
     if (a->initial_state && slot >= 0) {
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++)
@@ -65,11 +88,12 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
     } else {
         memset(S, 0, sizeof(double) * (size_t)K * V);
     }
+    int poisoned = !all_finite(S, K * V);
 
     const double A = a->A_log ? exp((double)a->A_log[h]) : 1.0;
     for (int64_t t = bos; t < eos; t++) {
-        load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, a->use_qk_l2norm);
-        load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, a->use_qk_l2norm);
+        load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, 0);
+        load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, 0);
         load_vec(v, a->v, a->dtype, (t * HV + h) * V, V, 0);
         load_vec(gate, a->g, a->g_dtype, (t * HV + h) * K, K, 0);
         if (a->use_gate_in_kernel) {
@@ -78,8 +102,25 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
                 gate[i] = p->has_lower_bound ? (double)a->lower_bound * kda_sigmoid(A * x) : -A * kda_softplus(x);
             }
         }
-        double beta = (double)kda_load_f32(a->beta, a->beta_dtype, t * HV + h);
-        if (a->use_beta_sigmoid) beta = (a->allow_neg_eigval ? 2.0 : 1.0) * kda_sigmoid(beta);
+        for (int i = 0; i < K; i++) { /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
+            if (gate[i] > 0.0) gate[i] = 0.0;
+            if (gate[i] < (double)KDA_GATE_MIN) gate[i] = (double)KDA_GATE_MIN;
+        }
+        const int nb = a->beta_headwise ? V : 1;
+        for (int j = 0; j < nb; j++) {
+            double b = (double)kda_load_f32(a->beta, a->beta_dtype, (t * HV + h) * nb + j);
+            if (a->use_beta_sigmoid) b = (a->allow_neg_eigval ? 2.0 : 1.0) * kda_sigmoid(b);
+            beta[j] = b;
+        }
+        if (!all_finite(q, K) || !all_finite(k, K) || !all_finite(v, V) || !all_finite(gate, K) ||
+            !all_finite(beta, nb))
+            poisoned = 1;
+        if (poisoned) {
+            for (int i = 0; i < K * V; i++) S[i] = NAN;
+        } else if (a->use_qk_l2norm) {
+            load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, 1);
+            load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, 1);
+        }
 
         /* S <- Diag(exp(gate)) S */
         for (int i = 0; i < K; i++) {
@@ -90,7 +131,7 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
         for (int j = 0; j < V; j++) d[j] = 0.0;
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++) d[j] += k[i] * S[i * V + j];
-        for (int j = 0; j < V; j++) d[j] = beta * (v[j] - d[j]);
+        for (int j = 0; j < V; j++) d[j] = beta[a->beta_headwise ? j : 0] * (v[j] - d[j]);
         /* S <- S + k δᵀ */
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++) S[i * V + j] += k[i] * d[j];
@@ -100,14 +141,11 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
             for (int j = 0; j < V; j++) v[j] += q[i] * S[i * V + j];
         for (int j = 0; j < V; j++)
             kda_store_f32(a->o, a->o_dtype, (t * HV + h) * V + j, (float)((double)p->scale * v[j]));
+        /* speculative decoding: the state after every token to that token's slot */
+        if (per_token_slots) store_state(p, kda_state_slot_after(p, n, t - bos), h, S);
     }
 
-    if (a->final_state && slot >= 0) {
-        for (int i = 0; i < K; i++)
-            for (int j = 0; j < V; j++)
-                kda_store_f32(a->final_state, a->final_state_dtype, state_index(p, slot, h, i, j),
-                              (float)S[i * V + j]);
-    }
+    if (!per_token_slots) store_state(p, slot, h, S);
 }
 
 static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
@@ -119,7 +157,7 @@ static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void
     double *vecs = S + kda_state_head_elems(p);
     for (int64_t n = 0; n < p->num_seqs; n++)
         for (int h = 0; h < p->a.num_v_heads; h++)
-            ref_head(p, n, h, S, vecs, vecs + 256, vecs + 512, vecs + 768, vecs + 1024);
+            ref_head(p, n, h, S, vecs, vecs + 256, vecs + 512, vecs + 768, vecs + 1024, vecs + 1280);
     return KDA_STATUS_SUCCESS;
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../internal.h"
+#include "decode.h"
 #include "kda_cuda.h"
 
 typedef struct {
@@ -83,6 +84,8 @@ const kda_cuda_config_t *kda_cuda_find_config(int kc, int vc) {
 static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t *p, const char *fn) {
     (void)ctx;
     const kda_args_t *a = &p->a;
+    /* the recurrent kernel (decode.cu) takes any K, V in [1, 256] and any alignment */
+    if (kda_cuda_decode_fits(p, strncmp(fn, "kda_decode", 10) == 0)) return KDA_STATUS_SUCCESS;
     const int kc = kda_cuda_size_class(a->head_dim_k), vc = kda_cuda_size_class(a->head_dim_v);
     if (!kda_cuda_find_config(kc, vc))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
@@ -246,20 +249,36 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
 
 static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
+    if (kda_cuda_decode_fits(p, 0)) /* headwise β, 2-D state_indices: only the recurrent kernel has them */
+        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, ctx->tuning.decode_bv,
+                                   stream, "kda_forward");
     return cuda_run(ctx, p, ws, stream, "kda_forward");
 }
 
-/* Decode runs the chunked kernels too (a chunk may hold one token): same results, same state pools. */
+/* Decode: the recurrent kernel (decode.cu) for short sequences, the chunked kernels for long ones. */
 static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
+    if (kda_cuda_decode_fits(p, 1))
+        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, ctx->tuning.decode_bv,
+                                   stream, "kda_decode");
     return cuda_run(ctx, p, ws, stream, "kda_decode");
+}
+
+static kda_status_t cuda_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
+    if (kda_cuda_decode_fits(p, 0)) return *bytes = 0, KDA_STATUS_SUCCESS;
+    return cuda_workspace(ctx, p, bytes);
+}
+
+static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
+    if (kda_cuda_decode_fits(p, 1)) return *bytes = 0, KDA_STATUS_SUCCESS;
+    return cuda_workspace(ctx, p, bytes);
 }
 
 const kda_backend_ops_t kda_cuda_ops = {
     .name = "cuda",
-    .forward_workspace = cuda_workspace,
+    .forward_workspace = cuda_forward_workspace,
     .forward = cuda_forward,
-    .decode_workspace = cuda_workspace,
+    .decode_workspace = cuda_decode_workspace,
     .decode = cuda_decode,
     .supports = cuda_supports,
     .destroy = cuda_destroy,

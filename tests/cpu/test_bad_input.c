@@ -162,3 +162,39 @@ TEST(bad_workspace_size_query) {
     CHECK(strstr(kda_last_error(), "'workspace_bytes'") != NULL, "message: %s", kda_last_error());
     kda_synth_free(&f.s);
 }
+
+/* 2-D state_indices (speculative decoding): rows of T_max = 20 columns; sequence 0 has 5 tokens, 1 none, 2 has
+ * 20. A valid layout of 60 distinct slots, then one thing broken. (The fixture's pools are smaller than 60
+ * slots, so every case must fail before anything runs.) */
+static int32_t idx2[3 * 20];
+static int32_t nat2[3];
+static void spec_layout(fixture_t *f) {
+    for (int i = 0; i < 60; i++) idx2[i] = i;
+    nat2[0] = 1; nat2[1] = 20; nat2[2] = 3;
+    f->a.state_indices = idx2;
+    f->a.state_indices_cols = 20;
+    f->a.num_accepted_tokens = nat2;
+    f->a.num_state_slots = 60;
+}
+BAD(bad_state_indices_2d_out_of_range, INVALID, "state_indices", { spec_layout(f); idx2[40 + 19] = 60; })
+BAD(bad_state_indices_2d_read_slot_out_of_range, INVALID, "state_indices", { spec_layout(f); idx2[20 + 19] = 61; })
+BAD(bad_state_indices_2d_duplicate_across_rows, INVALID, "state_indices", { spec_layout(f); idx2[40 + 7] = 3; })
+BAD(bad_state_indices_2d_duplicate_within_row, INVALID, "state_indices", { spec_layout(f); idx2[4] = 1; })
+BAD(bad_state_indices_2d_read_slot_of_other_row, INVALID, "state_indices", { spec_layout(f); idx2[20 + 19] = 42; })
+BAD(bad_num_accepted_tokens_zero, INVALID, "num_accepted_tokens", { spec_layout(f); nat2[2] = 0; })
+BAD(bad_num_accepted_tokens_above_t_max, INVALID, "num_accepted_tokens", { spec_layout(f); nat2[1] = 21; })
+BAD(bad_num_accepted_tokens_with_1d_indices, INVALID, "num_accepted_tokens", {
+    f->idx[0] = 0; f->idx[1] = 1; f->idx[2] = 2;
+    f->a.state_indices = f->idx;
+    f->a.num_state_slots = 3;
+    nat2[0] = nat2[1] = nat2[2] = 1;
+    f->a.num_accepted_tokens = nat2;
+})
+BAD(bad_state_indices_cols_below_seq_len, INVALID, "state_indices_cols", { spec_layout(f); f->a.state_indices_cols = 10; })
+BAD(bad_state_indices_cols_negative, INVALID, "state_indices_cols", { spec_layout(f); f->a.state_indices_cols = -2; })
+BAD(bad_state_indices_cols_without_indices, INVALID, "state_indices_cols", f->a.state_indices_cols = 4)
+BAD(bad_state_indices_row_stride_below_cols, INVALID, "state_indices_row_stride", {
+    spec_layout(f);
+    f->a.state_indices_row_stride = 19;
+})
+BAD(bad_beta_headwise_not_flag, INVALID, "beta_headwise", f->a.beta_headwise = 2)

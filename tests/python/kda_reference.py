@@ -30,11 +30,14 @@ def sigmoid(x):
 def kda_reference(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                   use_qk_l2norm=False, use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
                   use_beta_sigmoid=False, allow_neg_eigval=False, cu_seqlens=None, state_v_first=False,
-                  state_indices=None):
+                  state_indices=None, num_accepted_tokens=None):
     """Returns (o [B, T, HV, V] float64, final_state float64 or None).
 
     With state_indices, initial_state is a pool [slots, ...] and the returned final state is a copy of the pool
     with each sequence's final state written at its slot (negative slot: start from zeros, write nothing).
+    A 2-D state_indices [N, T_max] is FLA's speculative decoding: sequence n starts from slot
+    state_indices[n, num_accepted_tokens[n] - 1] (column 0 without them) and the state after its token t is
+    written to slot state_indices[n, t]. beta [B, T, HV, V] is headwise (one beta per value channel).
     """
     q, k, v, g, beta = map(_f64, (q, k, v, g, beta))
     A_log, dt_bias, h0 = _f64(A_log), _f64(dt_bias), _f64(initial_state)
@@ -63,7 +66,12 @@ def kda_reference(q, k, v, g, beta, *, scale=None, initial_state=None, output_fi
         final = np.zeros((N, HV, V, K) if state_v_first else (N, HV, K, V))
     head_of = np.arange(HV) // G
     for n, (b, bos, eos) in enumerate(seqs):
-        slot = n if state_indices is None else int(state_indices[n])
+        per_token = state_indices is not None and np.asarray(state_indices).ndim == 2
+        if per_token:
+            col = 0 if num_accepted_tokens is None else int(num_accepted_tokens[n]) - 1
+            slot = int(state_indices[n][col])
+        else:
+            slot = n if state_indices is None else int(state_indices[n])
         if h0 is not None and slot >= 0:
             S = to_kv(h0[slot]).copy()
         else:
@@ -83,17 +91,21 @@ def kda_reference(q, k, v, g, beta, *, scale=None, initial_state=None, output_fi
                     gt = lower_bound * sigmoid(x)
                 else:
                     gt = -np.exp(A_log.reshape(HV, 1)) * softplus(x)
-            bt = beta[b, t]  # [HV]
+            bt = beta[b, t]  # [HV], or [HV, V] headwise
             if use_beta_sigmoid:
                 bt = sigmoid(bt) * (2.0 if allow_neg_eigval else 1.0)
+            if bt.ndim == 1:
+                bt = bt[:, None]
             vt = v[b, t]  # [HV, V]
             S = np.exp(gt)[:, :, None] * S
             kS = np.einsum("hk,hkv->hv", kt, S)
-            S = S + bt[:, None, None] * kt[:, :, None] * (vt - kS)[:, None, :]
+            S = S + kt[:, :, None] * (bt * (vt - kS))[:, None, :]
             o[b, t] = scale * np.einsum("hk,hkv->hv", qt, S)
+            if per_token and int(state_indices[n][t - bos]) >= 0:
+                final[int(state_indices[n][t - bos])] = from_kv(S)
         if state_indices is None:
             final[n] = from_kv(S)
-        elif slot >= 0:
+        elif slot >= 0 and not per_token:
             final[slot] = from_kv(S)
     return o, (final if (output_final_state or state_indices is not None) else None)
 

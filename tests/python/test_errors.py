@@ -180,15 +180,31 @@ def test_c_level_duplicate_pool_slots():
 # ---------------------------------------------------------------------------------------------------------
 # what kda does not implement: NotImplementedError naming it
 # ---------------------------------------------------------------------------------------------------------
-def test_headwise_beta_not_implemented():
-    with pytest.raises(NotImplementedError, match="'beta'"):
-        kda.fused_recurrent_kda(**inputs(beta=np.full((B, T, HV, V), 0.5, np.float32)))
+def test_headwise_beta_wrong_shape():
+    with pytest.raises(ValueError, match="'beta'"):
+        kda.fused_recurrent_kda(**inputs(beta=np.full((B, T, HV, V + 1), 0.5, np.float32)))
 
 
-def test_2d_state_indices_not_implemented():
-    with pytest.raises(NotImplementedError, match="ssm_state_indices"):
+def test_num_accepted_tokens_needs_2d_indices():
+    with pytest.raises(ValueError, match="'num_accepted_tokens'"):
         kda.fused_recurrent_kda(**inputs(), initial_state=np.zeros((4, HV, K, V), np.float32),
-                                ssm_state_indices=np.zeros((B, 2), np.int32), inplace_final_state=True)
+                                ssm_state_indices=np.array([0, 1], np.int32), inplace_final_state=True,
+                                num_accepted_tokens=np.array([1, 1], np.int32))
+
+
+def test_2d_state_indices_too_few_columns():
+    """T = 8 tokens per sequence need 8 slot columns: libkda's INVALID_VALUE naming the argument."""
+    with pytest.raises(ValueError, match="state_indices_cols"):
+        kda.fused_recurrent_kda(**inputs(), initial_state=np.zeros((40, HV, K, V), np.float32),
+                                ssm_state_indices=np.arange(2 * 4, dtype=np.int32).reshape(2, 4),
+                                inplace_final_state=True)
+
+
+def test_num_accepted_tokens_out_of_range():
+    with pytest.raises(ValueError, match="'num_accepted_tokens'"):
+        kda.fused_recurrent_kda(**inputs(), initial_state=np.zeros((40, HV, K, V), np.float32),
+                                ssm_state_indices=np.arange(2 * 8, dtype=np.int32).reshape(2, 8),
+                                inplace_final_state=True, num_accepted_tokens=np.array([9, 1], np.int32))
 
 
 def test_pool_final_state_without_inplace_not_implemented():

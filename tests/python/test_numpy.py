@@ -308,3 +308,54 @@ def test_backward_refuses_torch_and_bad_do():
         kda.chunk_kda_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], np.zeros((1, 5, 1, 3), np.float32))
     g = kda.chunk_kda_backward(x["q"], x["k"], x["v"], x["g"], x["beta"], np.ones((1, 5, 1, 4), np.float32))
     assert g[5] is None and g[6] is None and g[7] is None and g[0].dtype == np.float32
+
+
+@pytest.mark.parametrize("v_first", [False, True])
+@pytest.mark.parametrize("accepted", [False, True])
+def test_spec_decoding_2d_indices(v_first, accepted):
+    """FLA's speculative decoding: 2-D ssm_state_indices [N, T_max], num_accepted_tokens, the state after every
+    token written to that token's slot in place; slots nobody writes stay bit-identical."""
+    rng = np.random.default_rng(12)
+    H, HV, K, V, T_max = 1, 2, 32, 16, 4
+    cu = np.array([0, 3, 4, 4, 8], np.int32)  # 3, 1, 0 and 4 tokens
+    idx = np.array([[5, 11, 2, 13], [-1, 7, 8, 9], [14, -1, 3, 12], [10, 1, -1, 0]], np.int32)
+    nat = np.array([2, 1, 3, 4], np.int32)
+    x = make_inputs(rng, 1, 8, H, HV, K, V, state=True, slots=16, state_v_first=v_first, l2=True)
+    pool = x.pop("initial_state")
+    before = pool.copy()
+    kw = dict(num_accepted_tokens=nat) if accepted else {}
+    o, ht = kda.fused_recurrent_kda(**x, initial_state=pool, inplace_final_state=True, ssm_state_indices=idx,
+                                    cu_seqlens=cu, state_v_first=v_first, use_qk_l2norm_in_kernel=True, **kw)
+    assert ht is pool
+    ref_o, ref_pool = kda_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=before, cu_seqlens=cu,
+                                    state_indices=idx, num_accepted_tokens=nat if accepted else None,
+                                    state_v_first=v_first, use_qk_l2norm=True)
+    assert rel_err(o, ref_o) <= 1e-5
+    written = {int(idx[n, t]) for n in range(4) for t in range(cu[n + 1] - cu[n]) if idx[n, t] >= 0}
+    for s in range(16):
+        if s in written:
+            assert rel_err(pool[s], ref_pool[s]) <= 1e-5
+        else:
+            assert pool[s].tobytes() == before[s].tobytes()
+
+
+@pytest.mark.parametrize("sigmoid", [False, True])
+def test_headwise_beta(sigmoid):
+    """beta [B, T, HV, V]: one beta per value channel, as FLA's fused_recurrent_kda accepts."""
+    rng = np.random.default_rng(13)
+    B, T, H, HV, K, V = 2, 5, 1, 2, 16, 24
+    x = make_inputs(rng, B, T, H, HV, K, V, state=True)
+    bh = rng.standard_normal((B, T, HV, V)).astype(np.float32)
+    if not sigmoid:
+        bh = 1.0 / (1.0 + np.exp(-bh))
+    x["beta"] = bh
+    o, ht = kda.fused_recurrent_kda(**x, output_final_state=True, use_beta_sigmoid_in_kernel=sigmoid)
+    ref_o, ref_ht = kda_reference(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                  output_final_state=True, use_beta_sigmoid=sigmoid)
+    assert rel_err(o, ref_o) <= 1e-5 and rel_err(ht, ref_ht) <= 1e-5
+    # all V entries equal to a scalar beta: the scalar result
+    x["beta"] = np.repeat(bh[..., :1], V, axis=-1)
+    o2, _ = kda.fused_recurrent_kda(**x, use_beta_sigmoid_in_kernel=sigmoid)
+    x["beta"] = np.ascontiguousarray(bh[..., 0])
+    o3, _ = kda.fused_recurrent_kda(**x, use_beta_sigmoid_in_kernel=sigmoid)
+    np.testing.assert_array_equal(o2, o3)

@@ -121,7 +121,9 @@ FUSED_CASES = {
     "transpose_state_layout": ({}, True, "ok"),
     "ssm_state_indices": ({"initial_state": np.zeros((3, HV, K, V), np.float32)}, np.array([2], np.int32), "ok"),
     "inplace_final_state": ({"initial_state": np.zeros((B, HV, K, V), np.float32)}, True, "ok"),
-    "num_accepted_tokens": ({}, np.array([1], np.int32), "refused"),
+    "num_accepted_tokens": ({"initial_state": np.zeros((12, HV, K, V), np.float32), "inplace_final_state": True,
+                             "ssm_state_indices": np.arange(T, dtype=np.int32).reshape(1, T)},
+                            np.array([2], np.int32), "ok"),
     "out": ({}, np.zeros((B, T, HV, V), np.float32), "ok"),
 }
 

@@ -1,0 +1,63 @@
+/*
+ * The CUDA decode kernel's host/device contract (decode.cu): its own launch parameters, filled by backend.c
+ * from a checked kda_problem_t, and its launcher. Independent of the chunked kernels' kda_cuda_params_t.
+ */
+#ifndef KDA_CUDA_DECODE_H
+#define KDA_CUDA_DECODE_H
+
+#include <stdint.h>
+
+#include "../internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kda_decode_params {
+    /* tensors (device pointers) */
+    const void *q, *k, *v, *g, *beta;
+    void *o;
+    const void *h0;                  /* initial state or pool; NULL: zeros */
+    void *ht;                        /* final state or pool; NULL: not written */
+    const float *A_log, *dt_bias;    /* in-kernel gate only (A_log may be NULL with a lower bound) */
+    const void *cu_seqlens;          /* NULL: equal-length rows of seq_len tokens */
+    const int32_t *state_indices;    /* NULL: sequence n is state n */
+    const int32_t *num_accepted;     /* 2-D indices only; NULL: column 0 */
+    int64_t idx_cols;                /* 0: 1-D state_indices; else T_max of the 2-D [N, T_max] */
+    int64_t idx_stride;              /* elements between rows of the 2-D indices */
+    int64_t num_state_slots;
+    int cu_seqlens_64;
+    int dtype, g_dtype, beta_dtype, o_dtype, h0_dtype, ht_dtype; /* kda_dtype_t codes */
+
+    /* sizes */
+    int64_t num_tokens, seq_len, num_seqs;
+    int hqk, hv, group, kd, vd;      /* kd = K, vd = V, each in [1, 256] */
+
+    /* options */
+    float scale, lower_bound;        /* lower_bound != 0: the sigmoid gate */
+    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first, beta_headwise;
+
+    /* launch shape (kda_cuda_decode_plan) */
+    int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
+    int bv;                          /* value columns per CTA: 16 or 32 */
+    int na;                          /* 4-element state chunks per thread: 4, 8 or 16 */
+    int sm_count;
+    int forced_bv;                   /* kda_tuning_t.decode_bv (tests): 16 or 32 forces bv, else 0 */
+} kda_decode_params_t;
+
+/* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D
+ * state_indices); for kda_decode (is_decode) also for fp32 / fp16 inputs at any length (fp32 arithmetic, as
+ * FLA's fused_recurrent_kda) and for bf16 inputs up to KDA_DECODE_MAX_TOKENS_PER_SEQ tokens per sequence on
+ * average. Such a call needs no workspace. */
+int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode);
+
+/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; forced_bv: the
+ * context's kda_tuning_t.decode_bv). No allocation, no host sync. */
+kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_bv, void *stream,
+                                 const char *fn);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KDA_CUDA_DECODE_H */
