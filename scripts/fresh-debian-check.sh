@@ -16,6 +16,12 @@ if [ ! -x "$root/usr/bin/cmake" ]; then
     debootstrap --variant=minbase --include=$packages bookworm "$root" http://deb.debian.org/debian
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# a machine behind a TLS-inspecting proxy trusts its CA through /usr/local/share/ca-certificates: the chroot too
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    mkdir -p "$root/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+    chroot "$root" update-ca-certificates >/dev/null
+fi
 rm -rf "$root/src/libkda"
 git clone -q "$repo" "$root/src/libkda"
 mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
