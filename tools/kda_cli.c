@@ -397,9 +397,26 @@ static int demo(int argc, char **argv) {
     void *ws = alloc_ws(&mem, ws_bytes);
     if (ws_bytes && !ws) return fail("could not allocate the workspace");
 
+    /* what runs, printed before the runs (a long run shows its progress on stderr meanwhile) */
+    const char *algo = decode ? "decode" : "forward";
+    const char *gates[] = {"raw", "softplus", "lower_bound", "lower_bound_noa"};
+    printf("libkda %d.%d.%d  kda demo\n", KDA_VERSION_MAJOR, KDA_VERSION_MINOR, KDA_VERSION_PATCH);
+    printf("  backend     %s %s (%d thread%s)\n", kda_backend_name(backend), algo, nthreads, nthreads == 1 ? "" : "s");
+    if (no_cuda[0]) printf("  cuda        not used: %s\n", no_cuda);
+    if (c.num_seqs > 0)
+        printf("  shape       varlen %lld sequences, %lld tokens, HQK %d HV %d K %d V %d\n", (long long)c.num_seqs,
+               (long long)s.num_tokens, c.hqk, c.hv, c.k, c.v);
+    else
+        printf("  shape       B %lld T %lld HQK %d HV %d K %d V %d\n", (long long)c.batch, (long long)c.seq_len, c.hqk,
+               c.hv, c.k, c.v);
+    printf("  options     dtype %s, gate %s, l2norm %d, beta sigmoid %d, neg eigval %d, states %s%s\n",
+           dtype_str(c.dtype), gates[c.gate], c.l2norm, c.beta_sigmoid, c.allow_neg_eigval,
+           c.initial_state ? dtype_str(c.initial_state_dtype) : "none", c.state_v_first ? " V-first" : "");
+    printf("  workspace   %zu bytes\n", ws_bytes);
+    fflush(stdout);
+
     /* warm up, then time */
     double *times = (double *)malloc(sizeof(double) * (size_t)iters);
-    const char *algo = decode ? "decode" : "forward";
     for (int it = -1; it < iters; it++) {
         if (it < 0) progress_step("warm-up run (%s %s)", kda_backend_name(backend), algo);
         else progress_step("timed run %d of %d (%s %s)", it + 1, iters, kda_backend_name(backend), algo);
@@ -448,20 +465,6 @@ static int demo(int argc, char **argv) {
     progress_stop();
     const double tokens = (double)s.num_tokens;
     const double tps = ms > 0 ? tokens / (ms * 1e-3) : 0.0;
-    const char *gates[] = {"raw", "softplus", "lower_bound", "lower_bound_noa"};
-    printf("libkda %d.%d.%d  kda demo\n", KDA_VERSION_MAJOR, KDA_VERSION_MINOR, KDA_VERSION_PATCH);
-    printf("  backend     %s %s (%d thread%s)\n", kda_backend_name(backend), algo, nthreads, nthreads == 1 ? "" : "s");
-    if (no_cuda[0]) printf("  cuda        not used: %s\n", no_cuda);
-    if (c.num_seqs > 0)
-        printf("  shape       varlen %lld sequences, %lld tokens, HQK %d HV %d K %d V %d\n", (long long)c.num_seqs,
-               (long long)s.num_tokens, c.hqk, c.hv, c.k, c.v);
-    else
-        printf("  shape       B %lld T %lld HQK %d HV %d K %d V %d\n", (long long)c.batch, (long long)c.seq_len, c.hqk,
-               c.hv, c.k, c.v);
-    printf("  options     dtype %s, gate %s, l2norm %d, beta sigmoid %d, neg eigval %d, states %s%s\n",
-           dtype_str(c.dtype), gates[c.gate], c.l2norm, c.beta_sigmoid, c.allow_neg_eigval,
-           c.initial_state ? dtype_str(c.initial_state_dtype) : "none", c.state_v_first ? " V-first" : "");
-    printf("  workspace   %zu bytes\n", ws_bytes);
     printf("  time        %.3f ms (median of %d)\n", ms, iters);
     printf("  throughput  %.3g tokens/s\n", tps);
     if (check) {
