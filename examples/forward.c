@@ -214,15 +214,23 @@ int main(int argc, char **argv) {
     CHECK_KDA(kda_create(&ref, KDA_BACKEND_REFERENCE, 0));
     if (run_forward(ref, KDA_BACKEND_REFERENCE, (const float *const *)host, bytes, o_ref, o_bytes, ht_ref, ht_bytes))
         goto done;
-    double err = 0, scale = 0;
+    /* error relative to the largest reference value, of o and of the final state; CUDA computes with bf16
+     * tensor-core products, hence its wider tolerance (a wrong result is off by ~100%) */
+    double err_o = 0, max_o = 0, err_h = 0, max_h = 0;
     for (size_t j = 0; j < o_bytes / sizeof(float); j++) {
-        err = fmax(err, fabs((double)o[j] - o_ref[j]));
-        scale = fmax(scale, fabs((double)o_ref[j]));
+        err_o = fmax(err_o, fabs((double)o[j] - o_ref[j]));
+        max_o = fmax(max_o, fabs((double)o_ref[j]));
     }
-    for (size_t j = 0; j < ht_bytes / sizeof(float); j++) err = fmax(err, fabs((double)ht[j] - ht_ref[j]));
-    printf("B %d T %d HQK %d HV %d K %d V %d: o[0] = %.6f, max |o - o_ref| = %.3g (max |o_ref| = %.3g)\n", B, T, HQK,
-           HV, K, V, o[0], err, scale);
-    rc = err <= 1e-3 * fmax(scale, 1.0) ? 0 : 1;
+    for (size_t j = 0; j < ht_bytes / sizeof(float); j++) {
+        err_h = fmax(err_h, fabs((double)ht[j] - ht_ref[j]));
+        max_h = fmax(max_h, fabs((double)ht_ref[j]));
+    }
+    const double tol = be == KDA_BACKEND_CUDA ? 2e-2 : 1e-4;
+    err_o /= fmax(max_o, 1e-30);
+    err_h /= fmax(max_h, 1e-30);
+    printf("B %d T %d HQK %d HV %d K %d V %d: o[0] = %.6f; max error / max |ref|: o %.3g, final state %.3g "
+           "(tolerance %g)\n", B, T, HQK, HV, K, V, o[0], err_o, err_h, tol);
+    rc = err_o <= tol && err_h <= tol ? 0 : 1;
     if (rc) fprintf(stderr, "the %s backend disagrees with the reference\n", kda_backend_name(be));
     goto done;
 oom:
