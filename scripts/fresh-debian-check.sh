@@ -12,11 +12,14 @@ set -euo pipefail
 root=${1:-/tmp/kda-debian}
 repo=$(cd "$(dirname "$0")/.." && pwd)
 # the README's packages, and git + ca-certificates to clone and reach PyPI
-packages=cmake,make,gcc,python3,python3-venv,pkg-config,git,ca-certificates
+packages=build-essential,cmake,python3,python3-venv,pkg-config,git,ca-certificates
 if [ ! -x "$root/usr/bin/cmake" ]; then
     debootstrap --variant=minbase --include=$packages bookworm "$root" http://deb.debian.org/debian
 fi
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# (a root made earlier with other packages gets these too; no Recommends, as debootstrap)
+chroot "$root" /bin/sh -c "apt-get update -qq && apt-get install -y -qq --no-install-recommends ${packages//,/ }" \
+    >/dev/null
 # a machine behind a TLS-inspecting proxy trusts its CA through /usr/local/share/ca-certificates: the chroot too
 if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
     mkdir -p "$root/usr/local/share/ca-certificates"
