@@ -22,12 +22,16 @@ demo: build
 # C tests (CTest; GPU tests report themselves skipped without a GPU), then the Python package's tests.
 test: test-c test-python
 
+# A skipped test prints its reason; CTest does not show it, so the skipped tests and their reasons are listed after.
 test-c: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS); rc=$$?; sh $(CURDIR)/tests/skip_reasons.sh .; exit $$rc
 
+# The Python tests run with $(PYTHON) when it has numpy and pytest or can pip-install them, else in a virtual
+# environment made in $(BUILD)/venv (a system Python that refuses installs: PEP 668). -rs: each skip's reason.
 test-python: build
-	@$(PYTHON) -c "import numpy, pytest" 2>/dev/null || $(PYTHON) -m pip install --quiet numpy pytest
-	KDA_LIBRARY=$(CURDIR)/$(BUILD)/libkda.so PYTHONPATH=$(CURDIR)/python $(PYTHON) -m pytest -q -rs tests/python
+	@py=$$(sh scripts/python-for-tests.sh "$(PYTHON)" "$(CURDIR)/$(BUILD)/venv") && \
+	echo "KDA_LIBRARY=$(CURDIR)/$(BUILD)/libkda.so PYTHONPATH=$(CURDIR)/python $$py -m pytest -q -rs tests/python" && \
+	KDA_LIBRARY=$(CURDIR)/$(BUILD)/libkda.so PYTHONPATH=$(CURDIR)/python $$py -m pytest -q -rs tests/python
 
 clean:
 	rm -rf $(BUILD)

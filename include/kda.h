@@ -98,8 +98,11 @@ typedef enum kda_backend {
 typedef struct kda_context kda_context_t;
 
 /* Create a context for `backend`. `device` is the CUDA device ordinal (ignored by the CPU backends).
- * CUDA on a build or machine without it returns KDA_STATUS_NOT_SUPPORTED; AUTO then falls back to the CPU.
- * The CPU backend starts its worker threads here: KDA_NUM_THREADS from the environment, else one per core. */
+ * CUDA on a build or machine without it returns KDA_STATUS_NOT_SUPPORTED; AUTO then falls back to the CPU and
+ * leaves the reason CUDA was not used in kda_last_error() (no driver, no device, unsupported architecture, a
+ * build without CUDA); kda_get_backend() tells which backend AUTO chose.
+ * The CPU backend starts its worker threads here: KDA_NUM_THREADS from the environment (a whole number in
+ * [1, 1024]; any other value fails with KDA_STATUS_INVALID_VALUE naming it), else one per core. */
 KDA_API kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device);
 
 /* Destroy a context and join its threads. NULL is accepted and does nothing. */

@@ -4,13 +4,18 @@
 Environment:
   KDA_BUNDLE_LIBRARY  path of a prebuilt libkda.so to bundle instead of building one
   KDA_CMAKE_ARGS      extra arguments for the CMake configure step (e.g. "-DKDA_WITH_CUDA=OFF")
+  KDA_BUILD_PROGRESS  0: no progress lines on the terminal (see _Progress)
 Without nvcc (on PATH or in $CUDACXX) the CUDA backend is switched off; otherwise CMake decides (KDA_WITH_CUDA=AUTO).
+The build takes about a minute on 2 cores with CUDA (the kernels), seconds without.
 """
 
 import os
 import shlex
 import shutil
+import re
 import subprocess
+import sys
+import time
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -41,13 +46,64 @@ def _build_libkda(build_temp: str) -> str:
     if not shutil.which("nvcc") and not os.environ.get("CUDACXX"):
         cfg.append("-DKDA_WITH_CUDA=OFF")  # no CUDA compiler: the CPU backends only
     cfg += shlex.split(os.environ.get("KDA_CMAKE_ARGS", ""))
-    subprocess.check_call(cfg)
+    progress = _Progress()
+    progress.say("kda: configuring libkda with CMake (%s)" % ("CUDA off" if "-DKDA_WITH_CUDA=OFF" in cfg else
+                                                              "CUDA if nvcc works"))
+    _run_logged(cfg, progress)
     # (all targets: with Ninja, "--target kda" would name the CLI executable's file rather than the library)
-    subprocess.check_call([cmake, "--build", build_dir, "-j", str(os.cpu_count() or 2)])
+    progress.say(f"kda: building libkda ({os.cpu_count() or 2} jobs; about a minute on 2 cores with CUDA)")
+    _run_logged([cmake, "--build", build_dir, "-j", str(os.cpu_count() or 2)], progress)
+    progress.say(f"kda: libkda built in {time.monotonic() - progress.t0:.0f} s")
     lib = os.path.join(build_dir, "libkda.so")
     if not os.path.exists(lib):
         raise RuntimeError(f"kda: the CMake build did not produce {lib}")
     return lib
+
+
+class _Progress:
+    """Progress of the long native build where the person running pip can see it. pip shows a build's output only
+    with -v (else "still running..."), so besides the build log (stdout, always), one line every few seconds
+    and each step ("[12/37] Building CUDA object ...") go to the terminal (/dev/tty) when there is one and
+    KDA_BUILD_PROGRESS is not 0."""
+
+    def __init__(self):
+        self.t0 = time.monotonic()
+        self.last = 0.0
+        self.tty = None
+        if os.environ.get("KDA_BUILD_PROGRESS", "1") != "0" and not sys.stdout.isatty():
+            try:
+                self.tty = open("/dev/tty", "w")
+            except OSError:
+                self.tty = None
+
+    def say(self, line: str, step: bool = False) -> None:
+        print(line, flush=True)
+        now = time.monotonic()
+        if self.tty is not None and (not step or now - self.last >= 3.0):
+            self.last = now
+            try:
+                self.tty.write(f"\n{line} [{now - self.t0:.0f} s]" if step else f"\n{line}")
+                self.tty.flush()
+            except OSError:
+                self.tty = None
+
+
+_STEP = re.compile(r"^\[\s*\d+/\s*\d+\]|^\[\s*\d+%\]")  # Ninja's "[12/37] ..." and Make's "[ 40%] ..."
+
+
+def _run_logged(cmd: list, progress: _Progress) -> None:
+    """Run cmd, passing its output on line by line (the build steps to the terminal as well)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    tail = []
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        tail = (tail + [line])[-40:]
+        if _STEP.match(line):
+            progress.say("kda: " + line[:150], step=True)
+        else:
+            print(line, flush=True)
+    if proc.wait() != 0:
+        raise RuntimeError(f"kda: {cmd[0]} failed (exit {proc.returncode}); its last lines:\n" + "\n".join(tail))
 
 
 class BuildPyWithLibkda(build_py):
@@ -88,6 +144,8 @@ try:  # tag the wheel py3-none-<platform>: no CPython extension inside, any Pyth
 
     cmdclass["bdist_wheel"] = BdistWheel
 except ImportError:  # pragma: no cover
-    pass
+    if "bdist_wheel" in sys.argv:  # pip's build_wheel with an old setuptools and no `wheel` package
+        raise SystemExit("kda: building a wheel needs setuptools >= 70.1 (or the `wheel` package): "
+                         "pip install 'setuptools>=70.1', or drop --no-build-isolation so that pip installs it")
 
 setup(cmdclass=cmdclass, distclass=BinaryDistribution)

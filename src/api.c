@@ -62,7 +62,7 @@ const char *kda_backend_name(kda_backend_t backend) {
 /* ---------------------------------------------------------------------------------------------------------
  * Contexts
  * ------------------------------------------------------------------------------------------------------- */
-int kda_cpu_default_threads(void);
+kda_status_t kda_cpu_default_threads(int *num_threads);
 kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads);
 
 kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device) {
@@ -92,7 +92,9 @@ kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device) 
     if (st == KDA_STATUS_SUCCESS && backend == KDA_BACKEND_CPU) {
         c->backend = KDA_BACKEND_CPU;
         c->ops = &kda_cpu_ops;
-        st = kda_cpu_start(c, kda_cpu_default_threads());
+        int n = 1;
+        st = kda_cpu_default_threads(&n);
+        if (st == KDA_STATUS_SUCCESS) st = kda_cpu_start(c, n);
     } else if (st == KDA_STATUS_SUCCESS && backend == KDA_BACKEND_REFERENCE) {
         c->backend = KDA_BACKEND_REFERENCE;
         c->ops = &kda_reference_ops;

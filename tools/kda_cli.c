@@ -3,16 +3,21 @@
  *
  *   kda demo [options]   run a synthetic problem on a backend: configuration, time, throughput, and the
  *                        relative error against the fp64 oracle; --json adds one JSON object as the last line
- *   kda version          print the library version
+ *   kda --version        print the library version (also: kda version)
  *   kda --help           usage
  *
  * Arguments are checked by the library itself: a bad one exits with status 2 and the library's message.
+ * A run that lasts longer than a second shows what it is doing on one progress line on stderr, when stderr is a
+ * terminal (never in a pipe or a log).
  */
 #include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kda.h"
 #include "synth.h"
@@ -23,7 +28,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kda demo [options] | kda version | kda --help\n"
+            "usage: kda demo [options] | kda --version | kda --help\n"
             "\n"
             "demo options (defaults in brackets):\n"
             "  --backend auto|cpu|cuda|reference   [auto: CUDA when a GPU is usable, else CPU]\n"
@@ -50,6 +55,71 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Progress: a thread that, once a run has lasted a second, rewrites one line on stderr every 0.25 s with the
+ * current step and the time spent, while the main thread is inside a long library call. Only on a terminal.
+ * ------------------------------------------------------------------------------------------------------- */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    pthread_t thread;
+    int on, stop, shown;
+    double t0;
+    char step[160];
+} progress = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+static void progress_clear_locked(void) {
+    if (progress.shown) fputs("\r\033[K", stderr);
+    progress.shown = 0;
+}
+
+static void *progress_main(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&progress.lock);
+    while (!progress.stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&progress.wake, &progress.lock, &ts);
+        const double s = (now_ms() - progress.t0) * 1e-3;
+        if (progress.stop || s < 1.0 || !progress.step[0]) continue;
+        fprintf(stderr, "\r\033[Kkda: %s ... %.1f s", progress.step, s);
+        fflush(stderr);
+        progress.shown = 1;
+    }
+    progress_clear_locked();
+    pthread_mutex_unlock(&progress.lock);
+    return NULL;
+}
+
+static void progress_start(void) {
+    progress.t0 = now_ms();
+    progress.on = isatty(STDERR_FILENO) && pthread_create(&progress.thread, NULL, progress_main, NULL) == 0;
+}
+
+/* The step now running, e.g. "timed run 2 of 3 (cpu forward)". */
+static void progress_step(const char *fmt, ...) {
+    if (!progress.on) return;
+    pthread_mutex_lock(&progress.lock);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(progress.step, sizeof progress.step, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&progress.lock);
+}
+
+/* Ends the progress line (before anything is printed on stdout, which may be the same terminal). */
+static void progress_stop(void) {
+    if (!progress.on) return;
+    pthread_mutex_lock(&progress.lock);
+    progress.stop = 1;
+    pthread_cond_signal(&progress.wake);
+    pthread_mutex_unlock(&progress.lock);
+    pthread_join(progress.thread, NULL);
+    progress.on = 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -66,11 +136,13 @@ static int parse_dtype(const char *s, kda_dtype_t *d) {
 static const char *dtype_str(kda_dtype_t d) { return d == KDA_FLOAT32 ? "f32" : d == KDA_FLOAT16 ? "f16" : "bf16"; }
 
 static int fail(const char *what) {
+    progress_stop();
     fprintf(stderr, "kda: %s\n", what);
     return 2;
 }
 
 static int lib_fail(kda_status_t st) {
+    progress_stop();
     fprintf(stderr, "kda: %s: %s\n", kda_status_string(st), kda_last_error());
     return 2;
 }
@@ -131,6 +203,7 @@ static int to_host(devmem_t *m, void *host, const void *dev, size_t bytes) {
 #ifdef KDA_HAS_CUDA
     return cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
 #else
+    (void)bytes;
     return -1;
 #endif
 }
@@ -149,6 +222,21 @@ static double sync_now_ms(int cuda) {
     (void)cuda;
 #endif
     return now_ms();
+}
+
+/* A JSON string (null for NULL), escaped. */
+static void json_string(const char *s) {
+    if (!s) {
+        fputs("null", stdout);
+        return;
+    }
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+        else putchar(*s);
+    }
+    putchar('"');
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -260,9 +348,17 @@ static int demo(int argc, char **argv) {
     }
 
     kda_context_t *ctx = NULL;
+    const kda_backend_t asked = backend;
     kda_status_t st = kda_create(&ctx, backend, 0);
     if (st != KDA_STATUS_SUCCESS) return lib_fail(st);
     kda_get_backend(ctx, &backend);
+    char no_cuda[512] = ""; /* AUTO on the CPU: why CUDA was not used (kda_create leaves it in kda_last_error) */
+    if (asked == KDA_BACKEND_AUTO && backend != KDA_BACKEND_CUDA) {
+        const char *why = kda_last_error();
+        if (!strncmp(why, "kda_create: ", 12)) why += 12;
+        snprintf(no_cuda, sizeof no_cuda, "%s", why[0] ? why : "no usable CUDA device");
+    }
+    progress_start();
     if (threads > 0 && backend == KDA_BACKEND_CPU && (st = kda_set_num_threads(ctx, threads)) != KDA_STATUS_SUCCESS)
         return lib_fail(st);
     int nthreads = 0;
@@ -301,9 +397,29 @@ static int demo(int argc, char **argv) {
     void *ws = alloc_ws(&mem, ws_bytes);
     if (ws_bytes && !ws) return fail("could not allocate the workspace");
 
+    /* what runs, printed before the runs (a long run shows its progress on stderr meanwhile) */
+    const char *algo = decode ? "decode" : "forward";
+    const char *gates[] = {"raw", "softplus", "lower_bound", "lower_bound_noa"};
+    printf("libkda %d.%d.%d  kda demo\n", KDA_VERSION_MAJOR, KDA_VERSION_MINOR, KDA_VERSION_PATCH);
+    printf("  backend     %s %s (%d thread%s)\n", kda_backend_name(backend), algo, nthreads, nthreads == 1 ? "" : "s");
+    if (no_cuda[0]) printf("  cuda        not used: %s\n", no_cuda);
+    if (c.num_seqs > 0)
+        printf("  shape       varlen %lld sequences, %lld tokens, HQK %d HV %d K %d V %d\n", (long long)c.num_seqs,
+               (long long)s.num_tokens, c.hqk, c.hv, c.k, c.v);
+    else
+        printf("  shape       B %lld T %lld HQK %d HV %d K %d V %d\n", (long long)c.batch, (long long)c.seq_len, c.hqk,
+               c.hv, c.k, c.v);
+    printf("  options     dtype %s, gate %s, l2norm %d, beta sigmoid %d, neg eigval %d, states %s%s\n",
+           dtype_str(c.dtype), gates[c.gate], c.l2norm, c.beta_sigmoid, c.allow_neg_eigval,
+           c.initial_state ? dtype_str(c.initial_state_dtype) : "none", c.state_v_first ? " V-first" : "");
+    printf("  workspace   %zu bytes\n", ws_bytes);
+    fflush(stdout);
+
     /* warm up, then time */
     double *times = (double *)malloc(sizeof(double) * (size_t)iters);
     for (int it = -1; it < iters; it++) {
+        if (it < 0) progress_step("warm-up run (%s %s)", kda_backend_name(backend), algo);
+        else progress_step("timed run %d of %d (%s %s)", it + 1, iters, kda_backend_name(backend), algo);
         double t0 = sync_now_ms(cuda);
         st = decode ? kda_decode(ctx, &args, ws, ws_bytes, NULL) : kda_forward(ctx, &args, ws, ws_bytes, NULL);
         double t1 = sync_now_ms(cuda);
@@ -333,6 +449,7 @@ static int demo(int argc, char **argv) {
         size_t rws_bytes = 0;
         kda_forward_workspace_size(ref, &ra, &rws_bytes);
         void *rws = malloc(rws_bytes);
+        progress_step("the fp64 oracle (1 thread), for the error");
         double t0 = now_ms();
         st = kda_forward(ref, &ra, rws, rws_bytes, NULL);
         oracle_ms = now_ms() - t0;
@@ -345,34 +462,29 @@ static int demo(int argc, char **argv) {
         kda_destroy(ref);
     }
 
+    progress_stop();
     const double tokens = (double)s.num_tokens;
     const double tps = ms > 0 ? tokens / (ms * 1e-3) : 0.0;
-    const char *gates[] = {"raw", "softplus", "lower_bound", "lower_bound_noa"};
-    printf("libkda %d.%d.%d  kda demo\n", KDA_VERSION_MAJOR, KDA_VERSION_MINOR, KDA_VERSION_PATCH);
-    printf("  backend     %s%s (%d threads)\n", kda_backend_name(backend), decode ? " decode" : " forward", nthreads);
-    if (c.num_seqs > 0)
-        printf("  shape       varlen %lld sequences, %lld tokens, HQK %d HV %d K %d V %d\n", (long long)c.num_seqs,
-               (long long)s.num_tokens, c.hqk, c.hv, c.k, c.v);
-    else
-        printf("  shape       B %lld T %lld HQK %d HV %d K %d V %d\n", (long long)c.batch, (long long)c.seq_len, c.hqk,
-               c.hv, c.k, c.v);
-    printf("  options     dtype %s, gate %s, l2norm %d, beta sigmoid %d, neg eigval %d, states %s%s\n",
-           dtype_str(c.dtype), gates[c.gate], c.l2norm, c.beta_sigmoid, c.allow_neg_eigval,
-           c.initial_state ? dtype_str(c.initial_state_dtype) : "none", c.state_v_first ? " V-first" : "");
-    printf("  workspace   %zu bytes\n", ws_bytes);
     printf("  time        %.3f ms (median of %d)\n", ms, iters);
     printf("  throughput  %.3g tokens/s\n", tps);
     if (check) {
-        printf("  oracle      %.3f ms (fp64, 1 thread): %.1fx slower\n", oracle_ms, ms > 0 ? oracle_ms / ms : 0.0);
+        /* the ratio as "X took N.Nx longer", N >= 1, whichever was slower */
+        if (oracle_ms >= ms)
+            printf("  oracle      %.3f ms (fp64, 1 thread): the oracle took %.1fx longer than %s\n", oracle_ms,
+                   ms > 0 ? oracle_ms / ms : INFINITY, kda_backend_name(backend));
+        else
+            printf("  oracle      %.3f ms (fp64, 1 thread): %s took %.1fx longer than the oracle\n", oracle_ms,
+                   kda_backend_name(backend), oracle_ms > 0 ? ms / oracle_ms : INFINITY);
         printf("  rel err     o %.3g, final state %.3g\n", rel_err, state_err);
     }
     if (json) {
         printf("{\"backend\": \"%s\", \"algorithm\": \"%s\", \"threads\": %d, \"B\": %lld, \"T\": %lld, \"num_seqs\": %lld, "
                "\"tokens\": %lld, \"hqk\": %d, \"hv\": %d, \"K\": %d, \"V\": %d, \"dtype\": \"%s\", \"gate\": \"%s\", "
-               "\"workspace_bytes\": %zu, \"ms\": %.6f, \"tokens_per_s\": %.6g",
+               "\"workspace_bytes\": %zu, \"ms\": %.6f, \"tokens_per_s\": %.6g, \"cuda_not_used\": ",
                kda_backend_name(backend), decode ? "decode" : "forward", nthreads, (long long)c.batch,
                (long long)c.seq_len, (long long)s.num_seqs, (long long)s.num_tokens, c.hqk, c.hv, c.k, c.v,
                dtype_str(c.dtype), gates[c.gate], ws_bytes, ms, tps);
+        json_string(no_cuda[0] ? no_cuda : NULL);
         if (check)
             printf(", \"oracle_ms\": %.6f, \"rel_err\": %.6g, \"state_rel_err\": %s%.6g", oracle_ms, rel_err,
                    "", isnan(state_err) ? 0.0 : state_err);
@@ -393,7 +505,7 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "version")) {
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
         printf("libkda %d.%d.%d (header %d, library %d)\n", KDA_VERSION_MAJOR, KDA_VERSION_MINOR, KDA_VERSION_PATCH,
                KDA_VERSION, kda_version());
         return 0;

@@ -16,7 +16,8 @@ import sys
 import warnings
 
 from . import _lib
-from ._errors import (KDAAssertionError, KDAInvalidValueError, KDANotSupportedError, KDATypeError)
+from ._errors import (KDAAssertionError, KDAError, KDAInvalidValueError, KDANotSupportedError, KDATypeError,
+                      in_callers_terms)
 from ._lib import FLOAT16, FLOAT32, INT32, INT64, KdaArgs, KdaBackwardArgs
 
 try:  # numpy is needed for numpy inputs only
@@ -186,12 +187,36 @@ def _seq_count(fn: str, cu_seqlens) -> int:
     return shape[0] - 1
 
 
-def _not_implemented_kwargs(fn: str, kwargs: dict) -> KDANotSupportedError:
+# ---------------------------------------------------------------------------------------------------------
+# Keywords: what each entry point reads from **kwargs (as FLA does); any other keyword is a TypeError, as a
+# Python function without **kwargs would raise (FLA would ignore it silently; a typo then changes the result).
+# FLA's keywords that kda does not implement raise NotImplementedError where they are read.
+# ---------------------------------------------------------------------------------------------------------
+_KWARGS = {
+    "chunk_kda": ("A_log", "dt_bias", "chunk_size", "transpose_state_layout"),
+    "fused_recurrent_kda": ("transpose_state_layout", "ssm_state_indices", "inplace_final_state", "out",
+                            "safe_gate", "cu_seqlens_cpu", "num_accepted_tokens"),
+}
+
+
+def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
+    """The TypeError for keywords `fn` does not take, worded as Python's own, with a likely intended name."""
+    import difflib
+    import inspect
+    entry = globals()[fn]
+    known = [p for p in inspect.signature(entry).parameters if p != "kwargs"] + list(_KWARGS[fn])
+    other = "fused_recurrent_kda" if fn == "chunk_kda" else "chunk_kda"
+    notes = []
+    for name in kwargs:
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            notes.append(f"'{name}': did you mean '{close[0]}'?")
+        elif name in _KWARGS[other] or name in inspect.signature(globals()[other]).parameters:
+            notes.append(f"'{name}' is a keyword of {other}")
     names = ", ".join(repr(n) for n in kwargs)
-    return KDANotSupportedError(
-        f"{fn}: keyword argument{'s' if len(kwargs) > 1 else ''} {names} {'are' if len(kwargs) > 1 else 'is'} "
-        f"not implemented by kda (FLA would ignore {'them' if len(kwargs) > 1 else 'it'}; kda refuses rather "
-        f"than ignore)")
+    plural = "s" if len(kwargs) > 1 else ""
+    return KDATypeError(f"{fn}() got {'unexpected keyword arguments' if plural else 'an unexpected keyword argument'}"
+                        f" {names}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def _transpose_alias(kwargs: dict, state_v_first: bool) -> bool:
@@ -291,7 +316,7 @@ def chunk_kda(
         dt_bias = kwargs.pop("dt_bias", None)
         chunk_size = kwargs.pop("chunk_size", 64)
         if kwargs:
-            raise _not_implemented_kwargs(fn, kwargs)
+            raise _unexpected_kwargs(fn, kwargs)
     if return_intermediate_states:
         raise KDANotSupportedError(f"{fn}: return_intermediate_states=True is not implemented by kda (the "
                                    f"per-chunk states h are not produced yet)")
@@ -454,8 +479,11 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     if dt_bias is not None:
         ddt = np.empty(dt_bias.shape, _f32)
         b.ddt_bias = ptr(ddt)
-    ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
-    _lib.run_backward(ctx, b)
+    try:
+        ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
+        _lib.run_backward(ctx, b)
+    except KDAError as e:
+        raise in_callers_terms(e, fn) from None
     return (*grads, dh0, dA, ddt)
 
 
@@ -520,7 +548,7 @@ def fused_recurrent_kda(
         cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
         num_accepted_tokens = kwargs.pop("num_accepted_tokens", None)
         if kwargs:
-            raise _not_implemented_kwargs(fn, kwargs)
+            raise _unexpected_kwargs(fn, kwargs)
 
     kind = _kind(fn, q)
     _check_ndim(fn, q, k, v, g, beta, fused=True)
@@ -715,8 +743,11 @@ def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_
              safe, lb, vfirst, B, T, H, K, HV, V, N, nat=None):
     a, o, ht, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate,
                               bsig, neg, safe, lb, vfirst, B, T, H, K, HV, V, N, nat)
-    ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
-    _lib.run(ctx, a, decode)
+    try:
+        ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
+        _lib.run(ctx, a, decode)
+    except KDAError as e:
+        raise in_callers_terms(e, fn) from None
     if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
         o[...] = 0
     return o, ht

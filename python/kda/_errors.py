@@ -30,6 +30,8 @@ Each carries ``status`` (the ``kda_status_t`` value, or ``None`` for an error fo
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "KDAError",
     "KDAInvalidValueError",
@@ -134,3 +136,45 @@ def error_from_status(status: int, message: str) -> KDAError:
     if not message:
         message = STATUS_NAMES.get(status, f"libkda status {status}")
     return cls(message, status)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# libkda's messages in the caller's terms: the Python function, and the argument names the caller passed
+# ---------------------------------------------------------------------------------------------------------
+# kda_args_t field (as libkda's messages name it) -> the Python argument it comes from
+ARGUMENT_OF_FIELD = {
+    "batch": "q", "seq_len": "q", "num_qk_heads": "q", "head_dim_k": "q", "dtype": "q",
+    "num_v_heads": "v", "head_dim_v": "v",
+    "g_dtype": "g", "beta_dtype": "beta",
+    "num_seqs": "cu_seqlens", "cu_seqlens_dtype": "cu_seqlens", "cu_seqlens_host": "cu_seqlens_cpu",
+    "initial_state_dtype": "initial_state", "num_state_slots": "initial_state",
+    "state_indices": "ssm_state_indices",
+    "use_qk_l2norm": "use_qk_l2norm_in_kernel", "use_beta_sigmoid": "use_beta_sigmoid_in_kernel",
+    "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",  # kda_backward_args_t
+}
+# C names inside a message's detail, and what the caller knows them as
+_DETAIL_WORDS = [(re.compile(r"(?<![\w.])" + c + r"\b"), py) for c, py in (
+    ("state_indices", "ssm_state_indices"), ("num_state_slots", "the number of slots of initial_state"),
+    ("seq_len", "T"), ("num_seqs", "the number of sequences"))]
+_C_ENTRY_POINTS = ("kda_forward_workspace_size", "kda_decode_workspace_size", "kda_backward_workspace_size",
+                   "kda_forward", "kda_decode", "kda_backward")
+
+
+def in_callers_terms(err: KDAError, fn: str, renames: dict | None = None) -> KDAError:
+    """`err` (from a libkda status) with its message in the terms of the Python call `fn`: "kda_decode: argument
+    'state_indices': ..." becomes "fused_recurrent_kda: argument 'ssm_state_indices': ... (libkda's field
+    'state_indices')". `renames` overrides ARGUMENT_OF_FIELD for this call. Messages of other shapes keep
+    their text, with fn in front."""
+    msg = err.message
+    c_fn, sep, rest = msg.partition(": ")
+    if not sep or c_fn not in _C_ENTRY_POINTS:
+        new = msg if msg.startswith(fn + ":") else f"{fn}: {msg}"
+    elif not rest.startswith("argument '") or "'" not in rest[len("argument '"):]:
+        new = f"{fn}: {rest}"
+    else:
+        field, _, tail = rest[len("argument '"):].partition("'")
+        arg = (renames or {}).get(field) or ARGUMENT_OF_FIELD.get(field, field)
+        for c_name, py_name in _DETAIL_WORDS:
+            tail = c_name.sub(py_name, tail)
+        new = f"{fn}: argument '{arg}'{tail}" + (f" (libkda's field '{field}')" if arg != field else "")
+    return type(err)(new, err.status)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _lib
-from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
+from ._errors import KDAError, KDAInvalidValueError, KDANotSupportedError, KDATypeError, in_callers_terms
 from ._lib import BACKEND_CPU, BACKEND_CUDA, INT32, INT64, KdaArgs, KdaBackwardArgs
 
 _FLOAT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -170,6 +170,14 @@ def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o,
 
 
 def _run(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Optional[int] = None) -> int:
+    """_run_on, with libkda's errors in the terms of the Python call `fn` (its name, the caller's argument names)."""
+    try:
+        return _run_on(fn, a, decode, dev, nbytes)
+    except KDAError as e:
+        raise in_callers_terms(e, fn) from None
+
+
+def _run_on(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Optional[int] = None) -> int:
     """Run `a` on device `dev` (its current stream; workspace from torch's allocator), or on the CPU backend.
     Returns the workspace size (`nbytes`: one remembered from an earlier call of the signature, see _lib.run)."""
     if dev.type == "cuda":

@@ -2,6 +2,7 @@
  * The CPU backend: context start-up (its thread pool), state I/O shared by its two algorithms, and the
  * kda_backend_ops_t table (forward = chunked, decode = recurrent).
  */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -11,14 +12,26 @@
 #include "dtype.h"
 #include "threadpool.h"
 
-int kda_cpu_default_threads(void) {
+/* The thread count of a new CPU context: KDA_NUM_THREADS when set (a whole number in [1, 1024], else
+ * kda_create fails naming it: a setting the user made is never ignored silently), else one per core. */
+kda_status_t kda_cpu_default_threads(int *num_threads) {
     const char *env = getenv("KDA_NUM_THREADS");
     if (env && *env) {
-        int n = atoi(env);
-        if (n >= 1 && n <= 1024) return n;
+        char *end;
+        errno = 0;
+        long n = strtol(env, &end, 10);
+        while (*end == ' ' || *end == '\t' || *end == '\n') end++;
+        if (errno || *end || end == env || n < 1 || n > 1024)
+            return kda_error(KDA_STATUS_INVALID_VALUE,
+                             "kda_create: environment variable KDA_NUM_THREADS='%.64s' is not a number of threads "
+                             "in [1, 1024] (unset it for one thread per core)",
+                             env);
+        *num_threads = (int)n;
+        return KDA_STATUS_SUCCESS;
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n >= 1 ? (int)(n > 1024 ? 1024 : n) : 1;
+    *num_threads = n >= 1 ? (int)(n > 1024 ? 1024 : n) : 1;
+    return KDA_STATUS_SUCCESS;
 }
 
 static void cpu_destroy(kda_context_t *ctx) {

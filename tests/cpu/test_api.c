@@ -2,6 +2,8 @@
  * The library's conventions: version, status strings, errors, contexts and backends.
  */
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kda.h"
@@ -54,6 +56,8 @@ TEST(api_auto_and_cuda_backend) {
     kda_backend_t b;
     kda_get_backend(ctx, &b);
     CHECK(b == KDA_BACKEND_CPU || b == KDA_BACKEND_CUDA, "auto gave %s", kda_backend_name(b));
+    char why[512];
+    snprintf(why, sizeof why, "%s", kda_last_error()); /* AUTO on the CPU: why CUDA was not used */
     kda_destroy(ctx);
     ctx = NULL;
     kda_status_t st = kda_create(&ctx, KDA_BACKEND_CUDA, 0);
@@ -67,7 +71,29 @@ TEST(api_auto_and_cuda_backend) {
         CHECK(st == KDA_STATUS_NOT_SUPPORTED, "CUDA create: %s", kda_status_string(st));
         CHECK(strlen(kda_last_error()) > 0, "no message");
         CHECK(b == KDA_BACKEND_CPU, "no CUDA but AUTO chose %s", kda_backend_name(b));
+        CHECK(strcmp(why, kda_last_error()) == 0, "AUTO's reason '%s', CUDA's '%s'", why, kda_last_error());
     }
+}
+
+/* A user setting is never ignored: KDA_NUM_THREADS that is not a thread count fails kda_create, naming it. */
+TEST(api_bad_num_threads_env) {
+    const char *bad[] = {"abc", "0", "-3", "4x", "2000", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("KDA_NUM_THREADS", bad[i], 1);
+        kda_context_t *ctx = NULL;
+        kda_status_t st = kda_create(&ctx, KDA_BACKEND_CPU, 0);
+        CHECK(st == KDA_STATUS_INVALID_VALUE && ctx == NULL, "KDA_NUM_THREADS=%s: %s", bad[i], kda_status_string(st));
+        CHECK(strstr(kda_last_error(), "KDA_NUM_THREADS") != NULL, "%s", kda_last_error());
+        kda_destroy(ctx);
+    }
+    setenv("KDA_NUM_THREADS", "3", 1);
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    int n = 0;
+    kda_get_num_threads(ctx, &n);
+    CHECK(n == 3, "KDA_NUM_THREADS=3 gave %d threads", n);
+    kda_destroy(ctx);
+    unsetenv("KDA_NUM_THREADS");
 }
 
 TEST(api_reference_backend) {

@@ -510,5 +510,5 @@ TEST(gpu_bwd_not_supported_yet) {
 
 #else
 /* Built without CUDA: every case CTest names from this file is skipped. */
-int kda_test_skip_missing = 1;
+const char *kda_test_skip_missing = "libkda was built without CUDA (no nvcc when CMake configured it, or KDA_WITH_CUDA=OFF)";
 #endif

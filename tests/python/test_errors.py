@@ -151,12 +151,13 @@ def test_c_level_non_monotone_cu_seqlens(fn):
     e = info.value
     assert isinstance(e, kda.KDAInvalidValueError)
     assert e.status == _errors.INVALID_VALUE and e.status_name == "KDA_STATUS_INVALID_VALUE"
-    assert e.message.startswith("kda_") and "argument 'cu_seqlens'" in e.message
+    # in the caller's terms: the Python function, the argument as passed, no C entry point
+    assert e.message.startswith(f"{fn.__name__}: argument 'cu_seqlens'") and "kda_" not in e.message
 
 
 def test_c_level_safe_gate_bound():
     # fused_recurrent_kda takes safe_gate as a keyword (FLA's chunk_kda meaning): libkda checks the bound
-    with pytest.raises(ValueError, match=r"kda_decode\w*: argument 'lower_bound': -6 is outside the safe range"):
+    with pytest.raises(ValueError, match=r"^fused_recurrent_kda: argument 'lower_bound': -6 is outside the safe range"):
         kda.fused_recurrent_kda(**inputs(), use_gate_in_kernel=True, A_log=np.zeros(HV, np.float32),
                                 lower_bound=-6.0, safe_gate=True)
 
@@ -172,9 +173,38 @@ def test_c_level_duplicate_pool_slots():
     with pytest.raises(ValueError, match="distinct"):
         kda.fused_recurrent_kda(**inputs(), initial_state=pool, ssm_state_indices=np.array([1, 1], np.int32),
                                 inplace_final_state=True)
-    with pytest.raises(ValueError, match="num_state_slots"):
+    with pytest.raises(ValueError, match=r"^fused_recurrent_kda: argument 'ssm_state_indices': ssm_state_indices\[1\] "
+                                         r"= 4 .*the number of slots of initial_state = 4") as info:
         kda.fused_recurrent_kda(**inputs(), initial_state=pool, ssm_state_indices=np.array([0, 4], np.int32),
                                 inplace_final_state=True)
+    assert "(libkda's field 'state_indices')" in info.value.message
+
+
+@pytest.mark.parametrize("field, arg", [("num_v_heads", "v"), ("state_indices", "ssm_state_indices"),
+                                        ("use_qk_l2norm", "use_qk_l2norm_in_kernel"), ("cu_seqlens", "cu_seqlens")])
+def test_c_messages_in_callers_terms(field, arg):
+    e = _errors.error_from_status(_errors.INVALID_VALUE, f"kda_forward_workspace_size: argument '{field}': detail")
+    t = _errors.in_callers_terms(e, "chunk_kda")
+    assert type(t) is type(e) and t.status == e.status
+    assert t.message.startswith(f"chunk_kda: argument '{arg}': detail")
+    assert "kda_forward" not in t.message and (field == arg) == ("libkda's field" not in t.message)
+
+
+def test_bad_environment_reported():
+    # KDA_NUM_THREADS=abc: the CPU context is refused, naming the variable (a new process: contexts are cached)
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, kda\n"
+            "x = np.zeros((1, 2, 1, 16), np.float32)\n"
+            "try:\n"
+            "    kda.chunk_kda(x, x, x, x, np.zeros((1, 2, 1), np.float32))\n"
+            "except ValueError as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env = dict(os.environ, KDA_NUM_THREADS="abc")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("KDAInvalidValueError chunk_kda: ") and "KDA_NUM_THREADS='abc'" in out.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -166,16 +166,26 @@ def test_fused_keyword(name):
 
 
 @pytest.mark.parametrize("fn", [kda.chunk_kda, kda.fused_recurrent_kda])
-def test_unknown_keyword_refused_by_name(fn):
-    with pytest.raises(NotImplementedError, match="'no_such_option'"):
+def test_unknown_keyword_is_a_type_error(fn):
+    # as a Python function without **kwargs: TypeError naming the keyword (FLA would ignore it silently)
+    name = fn.__name__
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'no_such_option'$"):
         fn(**base_inputs(), no_such_option=1)
-    with pytest.raises(NotImplementedError, match="'first_unknown', 'second_unknown'"):
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got unexpected keyword arguments 'first_unknown', "
+                                        rf"'second_unknown'"):
         fn(**base_inputs(), first_unknown=1, second_unknown=None)
+    with pytest.raises(TypeError, match="did you mean 'use_qk_l2norm_in_kernel'"):
+        fn(**base_inputs(), use_qk_l2norm=True)
+
+
+def test_mistyped_keyword_suggests_the_name():
+    with pytest.raises(TypeError, match="'state_indices': did you mean 'ssm_state_indices'"):
+        kda.fused_recurrent_kda(**base_inputs(), state_indices=np.array([0], np.int32))
 
 
 def test_chunk_kda_refuses_vllm_keywords():
-    # FLA's chunk_kda would ignore them: kda says so instead
-    with pytest.raises(NotImplementedError, match="ssm_state_indices"):
+    # FLA's chunk_kda would ignore them: kda says whose keyword it is instead
+    with pytest.raises(TypeError, match="'ssm_state_indices' is a keyword of fused_recurrent_kda"):
         kda.chunk_kda(**base_inputs(), ssm_state_indices=np.array([0], np.int32))
 
 
