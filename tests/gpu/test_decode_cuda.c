@@ -645,5 +645,5 @@ TEST(gpu_decode_time_n1_h32) {
 
 #else
 /* Built without CUDA: every case CTest names from this file is skipped. */
-int kda_test_skip_missing = 1;
+const char *kda_test_skip_missing = "libkda was built without CUDA (no nvcc when CMake configured it, or KDA_WITH_CUDA=OFF)";
 #endif
