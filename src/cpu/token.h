@@ -30,11 +30,13 @@ KDA_INLINE void kda_cpu_gate_row(const kda_problem_t *p, int h, float *g) {
     const int K = a->head_dim_k;
     const float A = a->A_log ? expf(a->A_log[h]) : 1.0f;
     const float *bias = a->dt_bias ? a->dt_bias + (int64_t)h * K : NULL;
+    if (bias) /* the branches outside the loops, which then vectorise */
+        for (int i = 0; i < K; i++) g[i] += bias[i];
     if (p->has_lower_bound) {
         const float lb = a->lower_bound;
-        for (int i = 0; i < K; i++) g[i] = lb * kda_sigmoidf(A * (g[i] + (bias ? bias[i] : 0.0f)));
+        for (int i = 0; i < K; i++) g[i] = lb * kda_sigmoidf(A * g[i]);
     } else {
-        for (int i = 0; i < K; i++) g[i] = -A * kda_softplusf(g[i] + (bias ? bias[i] : 0.0f));
+        for (int i = 0; i < K; i++) g[i] = -A * kda_softplusf(g[i]);
     }
 }
 
