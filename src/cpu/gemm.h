@@ -18,9 +18,10 @@
  *   AVX/AVX2 (16 ymm):     4 × 2×8    (8 accumulators + 2 + 1 = 11)
  *   SSE2 (16 xmm):         4 × 2×4    (8 + 2 + 1 = 11)
  *   NEON (32 q):           4 × 4×4    (16 + 4 + 1 = 21)
- * An x86 file that uses KDA_CPU_CLONES without defining KDA_CPU_ISA gets the AVX2 tile (its base target is
- * SSE2 but the clones that run on today's machines are v3/v4); chunk.c is instead compiled once per target
- * (CMakeLists.txt, KDA_CPU_ISA) and gets the tile of each. Header-only and always inlined.
+ The tile follows the macros of the file's compile target: a file built once for the default x86-64 target
+ * (or through KDA_CPU_CLONES, whose clones share the base target's macros) gets the SSE2 tile; chunk.c is
+ * compiled once per x86-64 level instead (CMakeLists.txt, KDA_CPU_ISA) and gets the tile of each.
+ * Header-only and always inlined.
  */
 #ifndef KDA_CPU_GEMM_H
 #define KDA_CPU_GEMM_H
@@ -38,7 +39,7 @@
 #if defined(__AVX512F__)
 #define KDA_GEMM_VW 16
 #define KDA_GEMM_NV 2
-#elif defined(__AVX__) || (defined(__x86_64__) && !defined(KDA_CPU_ISA))
+#elif defined(__AVX__)
 #define KDA_GEMM_VW 8
 #define KDA_GEMM_NV 2
 #define KDA_GEMM_MR 6
