@@ -321,8 +321,9 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
 
 /* ---------------------------------------------------------------------------------------------------------
  * Scheduling. Many (sequence, head) tasks: one task per thread item, prep and recurrence chunk by chunk.
- * Fewer tasks than threads: each task in turn, by windows of KDA_CPU_WINDOW chunks: the window's preps in
- * parallel (one item per chunk), then its recurrence in parallel over column slices (one item per slice).
+ * Fewer tasks than threads: each task in turn, by windows of KDA_CPU_WINDOW chunks, pipelined: one pool run
+ * per window holds the window's recurrence over column slices (one item per slice, first) and the next
+ * window's preps (one item per chunk) into the other of two prep buffers; one barrier per window.
  * Every output element is computed by the same operations in the same order on both schedules and for any
  * slicing (gemm.h: one FMA chain per element), so results do not depend on the thread count.
  * ------------------------------------------------------------------------------------------------------- */
@@ -333,10 +334,10 @@ typedef struct {
     char *ws;           /* per-thread scratch, then (split schedule) the window's preps and the state */
     size_t per_thread;  /* bytes */
     size_t per_prep;    /* bytes */
-    /* split schedule: the current task and window */
-    int64_t n, bos, eos, t_win;
-    int h, slice_w, nchunks;
-    prep_t *preps;
+    /* split schedule: the current task; the window whose recurrence runs (rec_*) and the one prepared */
+    int64_t n, bos, eos, rec_t, prep_t0;
+    int h, slice_w, nslices, rec_n, prep_n;
+    prep_t *rec_preps, *prep_preps;
     float *S;
 } job_t;
 
@@ -360,27 +361,25 @@ static void task_whole(void *arg, int64_t item, int thread) {
     kda_cpu_store_state(p, slot, h, s.S);
 }
 
-static void task_prep(void *arg, int64_t item, int thread) {
-    const job_t *job = (const job_t *)arg;
-    const kda_problem_t *p = job->p;
-    scratch_t s;
-    carve((float *)(job->ws + (size_t)thread * job->per_thread), p->a.head_dim_k, p->a.head_dim_v, &s);
-    const int64_t t0 = job->t_win + item * KDA_CHUNK;
-    const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-    chunk_prep(p, &s, &job->preps[item], t0, c, job->h);
-}
-
-static void task_slice(void *arg, int64_t item, int thread) {
+/* Items [0, rec_n ? nslices : 0): column slices of the window rec_*; then prep_n preps of the window prep_*. */
+static void task_pipe(void *arg, int64_t item, int thread) {
     const job_t *job = (const job_t *)arg;
     const kda_problem_t *p = job->p;
     const int V = p->a.head_dim_v;
     scratch_t s;
     carve((float *)(job->ws + (size_t)thread * job->per_thread), p->a.head_dim_k, V, &s);
-    const int j0 = (int)item * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
-    for (int ci = 0; ci < job->nchunks; ci++) {
-        const int64_t t0 = job->t_win + (int64_t)ci * KDA_CHUNK;
+    const int nrec = job->rec_n ? job->nslices : 0;
+    if (item < nrec) {
+        const int j0 = (int)item * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
+        for (int ci = 0; ci < job->rec_n; ci++) {
+            const int64_t t0 = job->rec_t + (int64_t)ci * KDA_CHUNK;
+            const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+            chunk_recurrence(p, &job->rec_preps[ci], job->S, j0, w, s.D, s.O, t0, c, job->h);
+        }
+    } else {
+        const int64_t ci = item - nrec, t0 = job->prep_t0 + ci * KDA_CHUNK;
         const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-        chunk_recurrence(p, &job->preps[ci], job->S, j0, w, s.D, s.O, t0, c, job->h);
+        chunk_prep(p, &s, &job->prep_preps[ci], t0, c, job->h);
     }
 }
 
@@ -410,7 +409,7 @@ static size_t per_prep_bytes(const kda_problem_t *p) {
 __attribute__((unused)) static size_t workspace_bytes(const kda_context_t *ctx, const kda_problem_t *p) {
     size_t b = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
     if (split_schedule(ctx, p))
-        b += KDA_CPU_WINDOW * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
+        b += 2 * KDA_CPU_WINDOW * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
     return b;
 }
 
@@ -427,23 +426,30 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     const int K = p->a.head_dim_k, V = p->a.head_dim_v;
     char *base = job.ws + (size_t)ctx->num_threads * job.per_thread;
     job.per_prep = per_prep_bytes(p);
-    prep_t preps[KDA_CPU_WINDOW];
-    for (int i = 0; i < KDA_CPU_WINDOW; i++) carve_prep((float *)(base + i * job.per_prep), K, V, &preps[i]);
-    job.preps = preps;
-    job.S = (float *)(base + KDA_CPU_WINDOW * job.per_prep);
+    prep_t preps[2][KDA_CPU_WINDOW];
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < KDA_CPU_WINDOW; i++)
+            carve_prep((float *)(base + (b * KDA_CPU_WINDOW + i) * job.per_prep), K, V, &preps[b][i]);
+    job.S = (float *)(base + 2 * KDA_CPU_WINDOW * job.per_prep);
     job.slice_w = slice_width(ctx, p);
-    const int nslices = (V + job.slice_w - 1) / job.slice_w;
+    job.nslices = (V + job.slice_w - 1) / job.slice_w;
+    const int64_t win = (int64_t)KDA_CPU_WINDOW * KDA_CHUNK;
     for (int64_t item = 0; item < p->num_seqs * p->a.num_v_heads; item++) {
         job.n = item / p->a.num_v_heads;
         job.h = (int)(item % p->a.num_v_heads);
         kda_seq_bounds(p, job.n, &job.bos, &job.eos);
         const int64_t slot = kda_state_slot(p, job.n);
         kda_cpu_load_state(p, slot, job.h, job.S);
-        for (job.t_win = job.bos; job.t_win < job.eos; job.t_win += (int64_t)KDA_CPU_WINDOW * KDA_CHUNK) {
-            const int64_t left = (job.eos - job.t_win + KDA_CHUNK - 1) / KDA_CHUNK;
-            job.nchunks = left < KDA_CPU_WINDOW ? (int)left : KDA_CPU_WINDOW;
-            kda_pool_run(ctx->pool, job.nchunks, task_prep, &job);
-            kda_pool_run(ctx->pool, nslices, task_slice, &job);
+        /* window w's recurrence beside window w+1's preps; w = -1 only prepares window 0 */
+        for (int64_t w = -1; job.bos + w * win < job.eos; w++) {
+            const int64_t rt = job.bos + w * win, pt = rt + win;
+            job.rec_t = rt;
+            job.rec_n = w < 0 ? 0 : (int)((job.eos - rt < win ? job.eos - rt : win) + KDA_CHUNK - 1) / KDA_CHUNK;
+            job.rec_preps = preps[(w + 2) % 2];
+            job.prep_t0 = pt;
+            job.prep_n = pt < job.eos ? (int)((job.eos - pt < win ? job.eos - pt : win) + KDA_CHUNK - 1) / KDA_CHUNK : 0;
+            job.prep_preps = preps[(w + 3) % 2];
+            kda_pool_run(ctx->pool, (job.rec_n ? job.nslices : 0) + job.prep_n, task_pipe, &job);
         }
         kda_cpu_store_state(p, slot, job.h, job.S);
     }
