@@ -3,6 +3,7 @@
  *
  *   kda demo [options]   run a synthetic problem on a backend: configuration, time, throughput, and the
  *                        relative error against the fp64 oracle; --json adds one JSON object as the last line
+ *   kda bench [options]  the CPU benchmark (tools/bench.c): chunked vs oracle vs decode, GFLOP/s vs peak
  *   kda --version        print the library version (also: kda version)
  *   kda --help           usage
  *
@@ -26,9 +27,12 @@
 #include <cuda_runtime_api.h>
 #endif
 
+int kda_bench_main(int argc, char **argv); /* tools/bench.c */
+
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kda demo [options] | kda --version | kda --help\n"
+            "usage: kda demo [options] | kda bench [options] | kda --version | kda --help\n"
+            "  (kda bench --help: the CPU benchmark's options)\n"
             "\n"
             "demo options (defaults in brackets):\n"
             "  --backend auto|cpu|cuda|reference   [auto: CUDA when a GPU is usable, else CPU]\n"
@@ -511,6 +515,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "demo")) return demo(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "bench")) return kda_bench_main(argc - 2, argv + 2);
     fprintf(stderr, "kda: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

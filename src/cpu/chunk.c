@@ -18,7 +18,18 @@
  * token in some channel) the block falls back to per-pair exponentials. The CUDA kernels use the same
  * blocking and the same fallback rule, so the CPU tests exercise both paths (they also take the middle-row
  * reference for the off-diagonal blocks of a row whose diagonal block splits: factors ≤ e^{KDA_DIAG_RANGE}).
+ *
+ * A chunk is two stages (as on the GPU): prep, the state-independent products (A, Aqk, T, W, U, QΓ, K̃, γ),
+ * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run one per
+ * thread item; fewer tasks than threads run their preps in parallel over chunks and their recurrence in
+ * parallel over column slices (see "Scheduling" below, and docs/PERF.md for why not the affine pieces of
+ * ALGORITHM.md §4 on a CPU). Causality under non-finite inputs: no product forms a structurally-zero
+ * coefficient times a later row (gemm.h's triangular products, the diagonal block's fallback).
  */
+#ifndef KDA_CPU_ISA /* the portable object (and the dispatcher); CMake builds v3 and v4 objects beside it */
+#define KDA_CPU_ISA portable
+#define KDA_CPU_ISA_PORTABLE 1
+#endif
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,57 +43,70 @@
 #include "token.h"
 
 /* ---------------------------------------------------------------------------------------------------------
- * Scratch of one thread
+ * Storage
  * ------------------------------------------------------------------------------------------------------- */
+/* The state-independent products of one chunk (prep), all the recurrence needs. */
 typedef struct {
-    float *S;                 /* K×V state, K-major */
+    float *Aqk;   /* C×C: scale-scaled, lower with its diagonal */
+    float *W, *U; /* C×K, C×V */
+    float *QG;    /* C×K */
+    float *KT;    /* C×K: K̃ */
+    float *gamma; /* K */
+} prep_t;
+
+/* Scratch of one thread. */
+typedef struct {
     float *q, *k, *G;         /* C×K: normalised q, k; cumulative gate */
-    float *v, *beta;          /* C×V, C */
-    float *A, *Aqk, *Tinv;    /* C×C */
-    float *W, *QG, *KT;       /* C×K */
-    float *U, *D, *O;         /* C×V */
+    float *v, *beta;          /* C×V (β v after prep), C */
+    float *A, *Tinv;          /* C×C */
     float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×16 factors of 16 columns */
-    float *bk, *gamma;        /* C×K: β k ⊙ e^{G}; K: e^{G_last} */
+    float *bk;                /* C×K: β k ⊙ e^{G} */
+    float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
+    float *S;                 /* K×V: the state of the (sequence, head) task */
+    prep_t pr;                /* the prep of the task's current chunk */
 } scratch_t;
 
-/* Lay the arrays out from `base` (64-byte aligned, each array rounded up to 16 floats); returns the floats
- * used. With base NULL only the size is computed. */
-static size_t carve(float *base, int K, int V, scratch_t *s) {
-    const size_t C = KDA_CHUNK;
-    size_t off = 0;
 #define TAKE(field, count)                                                                                  \
     do {                                                                                                    \
-        s->field = base ? base + off : NULL;                                                                \
+        field = base ? base + off : NULL;                                                                   \
         off += ((size_t)(count) + 15) & ~(size_t)15;                                                        \
     } while (0)
-    TAKE(S, (size_t)K * V);
-    TAKE(q, C * K);
-    TAKE(k, C * K);
-    TAKE(G, C * K);
-    TAKE(v, C * V);
-    TAKE(beta, C);
-    TAKE(A, C * C);
-    TAKE(Aqk, C * C);
-    TAKE(Tinv, C * C);
-    TAKE(W, C * K);
-    TAKE(QG, C * K);
-    TAKE(KT, C * K);
-    TAKE(U, C * V);
-    TAKE(D, C * V);
-    TAKE(O, C * V);
-    TAKE(fa, C * K);
-    TAKE(fq, C * K);
-    TAKE(fbt, 16 * K);
-    TAKE(bk, C * K);
-    TAKE(gamma, K);
-#undef TAKE
+
+/* Lay the arrays out from `base` (64-byte aligned, each array rounded up to 16 floats); return the floats
+ * used. With base NULL only the size is computed. */
+static size_t carve_prep(float *base, int K, int V, prep_t *s) {
+    const size_t C = KDA_CHUNK;
+    size_t off = 0;
+    TAKE(s->Aqk, C * C);
+    TAKE(s->W, C * K);
+    TAKE(s->U, C * V);
+    TAKE(s->QG, C * K);
+    TAKE(s->KT, C * K);
+    TAKE(s->gamma, K);
     return off;
 }
 
-static size_t per_thread_bytes(const kda_problem_t *p) {
-    scratch_t s;
-    return carve(NULL, p->a.head_dim_k, p->a.head_dim_v, &s) * sizeof(float);
+static size_t carve(float *base, int K, int V, scratch_t *s) {
+    const size_t C = KDA_CHUNK;
+    size_t off = 0;
+    TAKE(s->q, C * K);
+    TAKE(s->k, C * K);
+    TAKE(s->G, C * K);
+    TAKE(s->v, C * V);
+    TAKE(s->beta, C);
+    TAKE(s->A, C * C);
+    TAKE(s->Tinv, C * C);
+    TAKE(s->fa, C * K);
+    TAKE(s->fq, C * K);
+    TAKE(s->fbt, 16 * K);
+    TAKE(s->bk, C * K);
+    TAKE(s->D, C * V);
+    TAKE(s->O, C * V);
+    TAKE(s->S, (size_t)K * V);
+    off += carve_prep(base ? base + off : NULL, K, V, &s->pr);
+    return off;
 }
+#undef TAKE
 
 /* ---------------------------------------------------------------------------------------------------------
  * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk
@@ -122,11 +146,11 @@ KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int
 KDA_INLINE void row_factors(scratch_t *s, int K, int i0, int i1, const float *R) {
     for (int i = i0; i < i1; i++) {
         const float *G = s->G + i * K, *q = s->q + i * K, *k = s->k + i * K;
-        float *fa = s->fa + i * K, *fq = s->fq + i * K;
+        float *fa = s->fa + i * K, *fq = s->fq + i * K, e[256];
+        kda_expf_row(e, G, R, K);
         for (int d = 0; d < K; d++) {
-            const float e = kda_expf(G[d] - R[d]);
-            fa[d] = k[d] * e;
-            fq[d] = q[d] * e;
+            fa[d] = k[d] * e[d];
+            fq[d] = q[d] * e[d];
         }
     }
 }
@@ -135,15 +159,17 @@ KDA_INLINE void col_factors(scratch_t *s, int K, int j0, int j1, const float *R)
     float row[256];
     for (int j = j0; j < j1; j++) {
         const float *G = s->G + j * K, *k = s->k + j * K;
-        for (int d = 0; d < K; d++) row[d] = k[d] * kda_expf(R[d] - G[d]); /* vectorised */
-        for (int d = 0; d < K; d++) s->fbt[d * 16 + (j - j0)] = row[d];
+        kda_expf_row(row, R, G, K);
+        for (int d = 0; d < K; d++) s->fbt[d * 16 + (j - j0)] = k[d] * row[d];
     }
     for (int j = j1 - j0; j < 16; j++)
         for (int d = 0; d < K; d++) s->fbt[d * 16 + j] = 0.0f;
 }
 
-/* A[i][j] (β-scaled) and Aqk[i][j] (scale-scaled) for i in block [i0,i1), j in [j0,j1), from fa/fq and fbt. */
-KDA_INLINE void block_products(scratch_t *s, int K, int i0, int i1, int j0, int j1, float scale) {
+/* A[i][j] (β-scaled) and Aqk[i][j] (scale-scaled) for i in block [i0,i1), j in [j0,j1), from fa/fq and fbt.
+ * Each element is its own dot product: a non-finite factor of column j only reaches the elements of column j,
+ * which the diagonal block then overwrites above the diagonal. */
+KDA_INLINE void block_products(scratch_t *s, float *Aqk, int K, int i0, int i1, int j0, int j1, float scale) {
     float prod[16 * 16];
     const int ni = i1 - i0, nj = j1 - j0;
     kda_gemm(ni, 16, K, s->fa + i0 * K, K, 1, s->fbt, 16, prod, 16, 0);
@@ -151,36 +177,40 @@ KDA_INLINE void block_products(scratch_t *s, int K, int i0, int i1, int j0, int 
         for (int j = 0; j < nj; j++) s->A[(i0 + i) * KDA_CHUNK + j0 + j] = s->beta[i0 + i] * prod[i * 16 + j];
     kda_gemm(ni, 16, K, s->fq + i0 * K, K, 1, s->fbt, 16, prod, 16, 0);
     for (int i = 0; i < ni; i++)
-        for (int j = 0; j < nj; j++) s->Aqk[(i0 + i) * KDA_CHUNK + j0 + j] = scale * prod[i * 16 + j];
+        for (int j = 0; j < nj; j++) Aqk[(i0 + i) * KDA_CHUNK + j0 + j] = scale * prod[i * 16 + j];
 }
 
-/* The diagonal block [b0, b1): the middle-row reference when every exponent fits, else per-pair exponentials. */
-KDA_INLINE void diagonal_block(scratch_t *s, int K, int b0, int b1, float scale) {
+/* The diagonal block [b0, b1): the middle-row reference when every exponent fits, else per-pair exponentials.
+ * A NaN log decay at the middle row (or before it) takes the per-pair path, so that rows before a NaN gate
+ * never see it through their factors e^{G_i − G_m}. */
+KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, float scale) {
     const int m = b0 + (b1 - b0 - 1) / 2;
     const float *Gm = s->G + m * K, *G0 = s->G + b0 * K, *G1 = s->G + (b1 - 1) * K;
     float range = 0.0f;
+    int nan = 0;
     for (int d = 0; d < K; d++) {
         const float up = G0[d] - Gm[d], down = Gm[d] - G1[d];
         range = up > range ? up : range;
         range = down > range ? down : range;
+        nan |= Gm[d] != Gm[d];
     }
-    if (range <= KDA_DIAG_RANGE) {
+    if (range <= KDA_DIAG_RANGE && !nan) {
         row_factors(s, K, b0, b1, Gm);
         col_factors(s, K, b0, b1, Gm);
-        block_products(s, K, b0, b1, b0, b1, scale);
+        block_products(s, Aqk, K, b0, b1, b0, b1, scale);
     } else {
         for (int i = b0; i < b1; i++) {
             const float *Gi = s->G + i * K, *qi = s->q + i * K, *ki = s->k + i * K;
             for (int j = b0; j <= i; j++) {
                 const float *Gj = s->G + j * K, *kj = s->k + j * K;
-                float sa = 0.0f, sq = 0.0f;
+                float sa = 0.0f, sq = 0.0f, e[256];
+                kda_expf_row(e, Gi, Gj, K);
                 for (int d = 0; d < K; d++) {
-                    const float e = kj[d] * kda_expf(Gi[d] - Gj[d]);
-                    sa += ki[d] * e;
-                    sq += qi[d] * e;
+                    sa += ki[d] * (kj[d] * e[d]);
+                    sq += qi[d] * (kj[d] * e[d]);
                 }
                 s->A[i * KDA_CHUNK + j] = s->beta[i] * sa;
-                s->Aqk[i * KDA_CHUNK + j] = scale * sq;
+                Aqk[i * KDA_CHUNK + j] = scale * sq;
             }
         }
     }
@@ -189,14 +219,14 @@ KDA_INLINE void diagonal_block(scratch_t *s, int K, int b0, int b1, float scale)
         s->A[i * KDA_CHUNK + i] = 0.0f;
         for (int j = i + 1; j < b1; j++) {
             s->A[i * KDA_CHUNK + j] = 0.0f;
-            s->Aqk[i * KDA_CHUNK + j] = 0.0f;
+            Aqk[i * KDA_CHUNK + j] = 0.0f;
         }
     }
 }
 
-KDA_INLINE void intra_chunk_attention(scratch_t *s, int K, int c, float scale) {
+KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, float scale) {
     memset(s->A, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
-    memset(s->Aqk, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    memset(Aqk, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
     for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
         const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c;
         /* blocks left of the diagonal: reference = G at row b0 */
@@ -205,18 +235,15 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, int K, int c, float scale) {
             row_factors(s, K, b0, b1, R);
             for (int j0 = 0; j0 < b0; j0 += KDA_SUB) {
                 col_factors(s, K, j0, j0 + KDA_SUB, R);
-                block_products(s, K, b0, b1, j0, j0 + KDA_SUB, scale);
+                block_products(s, Aqk, K, b0, b1, j0, j0 + KDA_SUB, scale);
             }
         }
-        diagonal_block(s, K, b0, b1, scale);
+        diagonal_block(s, Aqk, K, b0, b1, scale);
     }
 }
 
-/* ---------------------------------------------------------------------------------------------------------
- * One chunk: T = (I + A)⁻¹, W, U, QΓ, K̃, γ, then the state step
- * ------------------------------------------------------------------------------------------------------- */
+/* T = (I + A)⁻¹ by rows: T[i] = e_i − Σ_{m<i} A[i][m] T[m] (only the structurally non-zero j ≤ m are formed) */
 KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
-    /* rows of T: T[i] = e_i − Σ_{m<i} A[i][m] T[m] */
     float *T = s->Tinv;
     for (int i = 0; i < c; i++) {
         float *Ti = T + i * KDA_CHUNK;
@@ -230,92 +257,251 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     }
 }
 
-KDA_INLINE void chunk_step(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
+/* ---------------------------------------------------------------------------------------------------------
+ * The two stages of a chunk. prep: everything that does not depend on the state (A, Aqk, T, W, U, QΓ, K̃, γ),
+ * chunks independent of each other. recurrence: the state step on a slice of the V columns, columns
+ * independent of each other (S, Δ, O are column-separable; the slices only read the prep).
+ * ------------------------------------------------------------------------------------------------------- */
+KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, const prep_t *o, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
+    const int K = a->head_dim_k, V = a->head_dim_v;
     const float scale = p->scale;
 
     load_chunk(p, s, t0, c, h);
-    intra_chunk_attention(s, K, c, scale);
+    intra_chunk_attention(s, o->Aqk, K, c, scale);
     solve_unit_lower(s, c);
 
     const float *Glast = s->G + (c - 1) * K;
-    for (int d = 0; d < K; d++) s->gamma[d] = kda_expf(Glast[d]);
+    kda_expf_row(o->gamma, Glast, NULL, K);
     for (int i = 0; i < c; i++) {
         const float *G = s->G + i * K, *q = s->q + i * K, *k = s->k + i * K;
-        float *bk = s->bk + i * K, *qg = s->QG + i * K, *kt = s->KT + i * K;
+        float *bk = s->bk + i * K, *qg = o->QG + i * K, *kt = o->KT + i * K, e[256], f[256];
         const float b = s->beta[i];
+        kda_expf_row(e, G, NULL, K);
+        kda_expf_row(f, Glast, G, K);
         for (int d = 0; d < K; d++) {
-            const float e = kda_expf(G[d]);
-            bk[d] = b * k[d] * e;
-            qg[d] = scale * q[d] * e;
-            kt[d] = k[d] * kda_expf(Glast[d] - G[d]);
+            bk[d] = b * k[d] * e[d];
+            qg[d] = scale * q[d] * e[d];
+            kt[d] = k[d] * f[d];
         }
         float *v = s->v + i * V;
         for (int j = 0; j < V; j++) v[j] *= b; /* v now holds β v */
     }
     /* W = T Diag(β) KΓ, U = T Diag(β) V (T lower triangular) */
-    kda_gemm_tri(c, K, c, s->Tinv, KDA_CHUNK, 1, s->bk, K, s->W, K, 0, 1);
-    kda_gemm_tri(c, V, c, s->Tinv, KDA_CHUNK, 1, s->v, V, s->U, V, 0, 1);
+    kda_gemm_tri(c, K, c, s->Tinv, KDA_CHUNK, 1, s->bk, K, o->W, K, 0, 1);
+    kda_gemm_tri(c, V, c, s->Tinv, KDA_CHUNK, 1, s->v, V, o->U, V, 0, 1);
+}
 
+/* Columns [j0, j0 + w) of one chunk's state step and outputs; D and O are c×w scratch. */
+KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float *S, int j0, int w, float *D,
+                                 float *O, int64_t t0, int c, int h) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
+    float *Sj = S + j0;
     /* Δ = U − W S */
-    kda_gemm(c, V, K, s->W, K, 1, s->S, V, s->D, V, 0);
-    for (int i = 0; i < c * V; i++) s->D[i] = s->U[i] - s->D[i];
+    kda_gemm(c, w, K, o->W, K, 1, Sj, V, D, w, 0);
+    for (int i = 0; i < c; i++) {
+        const float *u = o->U + i * V + j0;
+        float *d = D + i * w;
+        for (int j = 0; j < w; j++) d[j] = u[j] - d[j];
+    }
     /* O = QΓ S + Aqk Δ */
-    kda_gemm(c, V, K, s->QG, K, 1, s->S, V, s->O, V, 0);
-    kda_gemm_tri(c, V, c, s->Aqk, KDA_CHUNK, 1, s->D, V, s->O, V, 1, 1);
+    kda_gemm(c, w, K, o->QG, K, 1, Sj, V, O, w, 0);
+    kda_gemm_tri(c, w, c, o->Aqk, KDA_CHUNK, 1, D, w, O, w, 1, 1);
     /* S ← Diag(γ) S + K̃ᵀ Δ */
     for (int d = 0; d < K; d++) {
-        float *row = s->S + (int64_t)d * V;
-        const float gd = s->gamma[d];
-        for (int j = 0; j < V; j++) row[j] *= gd;
+        float *row = Sj + (int64_t)d * V;
+        const float gd = o->gamma[d];
+        for (int j = 0; j < w; j++) row[j] *= gd;
     }
-    kda_gemm(K, V, c, s->KT, 1, K, s->D, V, s->S, V, 1);
+    kda_gemm(K, w, c, o->KT, 1, K, D, w, Sj, V, 1);
 
-    for (int i = 0; i < c; i++) kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V, s->O + i * V, V);
+    for (int i = 0; i < c; i++) kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V + j0, O + i * w, w);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * One (sequence, head): load the state, run the chunks, store the state
+ * Scheduling. Many (sequence, head) tasks: one task per thread item, prep and recurrence chunk by chunk.
+ * Fewer tasks than threads: each task in turn, by windows of KDA_CPU_WINDOW chunks, pipelined: one pool run
+ * per window holds the window's recurrence over column slices (one item per slice, first) and the next
+ * window's preps (one item per chunk) into the other of two prep buffers; one barrier per window.
+ * Every output element is computed by the same operations in the same order on both schedules and for any
+ * slicing (gemm.h: one FMA chain per element), so results do not depend on the thread count.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_CPU_CLONES
-static void chunk_head(const kda_problem_t *p, int64_t n, int h, float *scratch) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
+#define KDA_CPU_WINDOW 16
+
+typedef struct {
+    const kda_problem_t *p;
+    char *ws;           /* per-thread scratch, then (split schedule) the window's preps and the state */
+    size_t per_thread;  /* bytes */
+    size_t per_prep;    /* bytes */
+    /* split schedule: the current task; the window whose recurrence runs (rec_*) and the one prepared */
+    int64_t n, bos, eos, rec_t, prep_t0;
+    int h, slice_w, nslices, rec_n, prep_n;
+    prep_t *rec_preps, *prep_preps;
+    float *S;
+} job_t;
+
+static void task_whole(void *arg, int64_t item, int thread) {
+    const job_t *job = (const job_t *)arg;
+    const kda_problem_t *p = job->p;
+    const int HV = p->a.num_v_heads, K = p->a.head_dim_k, V = p->a.head_dim_v;
+    const int64_t n = item / HV;
+    const int h = (int)(item % HV);
     scratch_t s;
-    carve(scratch, K, V, &s);
+    carve((float *)(job->ws + (size_t)thread * job->per_thread), K, V, &s);
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
-
     kda_cpu_load_state(p, slot, h, s.S);
     for (int64_t t0 = bos; t0 < eos; t0 += KDA_CHUNK) {
         const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
-        chunk_step(p, &s, t0, c, h);
+        chunk_prep(p, &s, &s.pr, t0, c, h);
+        chunk_recurrence(p, &s.pr, s.S, 0, V, s.D, s.O, t0, c, h);
     }
     kda_cpu_store_state(p, slot, h, s.S);
 }
 
-typedef struct {
-    const kda_problem_t *p;
-    char *ws;
-    size_t per_thread;
-} job_t;
-
-static void chunk_task(void *arg, int64_t item, int thread) {
+/* Items [0, rec_n ? nslices : 0): column slices of the window rec_*; then prep_n preps of the window prep_*. */
+static void task_pipe(void *arg, int64_t item, int thread) {
     const job_t *job = (const job_t *)arg;
-    const int HV = job->p->a.num_v_heads;
-    chunk_head(job->p, item / HV, (int)(item % HV), (float *)(job->ws + (size_t)thread * job->per_thread));
+    const kda_problem_t *p = job->p;
+    const int V = p->a.head_dim_v;
+    scratch_t s;
+    carve((float *)(job->ws + (size_t)thread * job->per_thread), p->a.head_dim_k, V, &s);
+    const int nrec = job->rec_n ? job->nslices : 0;
+    if (item < nrec) {
+        const int j0 = (int)item * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
+        for (int ci = 0; ci < job->rec_n; ci++) {
+            const int64_t t0 = job->rec_t + (int64_t)ci * KDA_CHUNK;
+            const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+            chunk_recurrence(p, &job->rec_preps[ci], job->S, j0, w, s.D, s.O, t0, c, job->h);
+        }
+    } else {
+        const int64_t ci = item - nrec, t0 = job->prep_t0 + ci * KDA_CHUNK;
+        const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+        chunk_prep(p, &s, &job->prep_preps[ci], t0, c, job->h);
+    }
+}
+
+/* The split schedule when there are fewer (sequence, head) tasks than threads and more than one thread. */
+static int split_schedule(const kda_context_t *ctx, const kda_problem_t *p) {
+    return ctx->num_threads > 1 && p->num_seqs * p->a.num_v_heads < ctx->num_threads;
+}
+
+/* Column slices of the split schedule: as many as threads, a multiple of KDA_GEMM_NR floats wide. */
+static int slice_width(const kda_context_t *ctx, const kda_problem_t *p) {
+    const int V = p->a.head_dim_v, nr = KDA_GEMM_NR;
+    int w = (V + ctx->num_threads - 1) / ctx->num_threads;
+    w = (w + nr - 1) / nr * nr;
+    return w < V ? w : V;
+}
+
+static size_t per_thread_bytes(const kda_problem_t *p) {
+    scratch_t s;
+    return carve(NULL, p->a.head_dim_k, p->a.head_dim_v, &s) * sizeof(float);
+}
+
+static size_t per_prep_bytes(const kda_problem_t *p) {
+    prep_t s;
+    return carve_prep(NULL, p->a.head_dim_k, p->a.head_dim_v, &s) * sizeof(float);
+}
+
+__attribute__((unused)) static size_t workspace_bytes(const kda_context_t *ctx, const kda_problem_t *p) {
+    size_t b = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
+    if (split_schedule(ctx, p))
+        b += 2 * KDA_CPU_WINDOW * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
+    return b;
+}
+
+static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
+    job_t job;
+    memset(&job, 0, sizeof job);
+    job.p = p;
+    job.ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    job.per_thread = per_thread_bytes(p);
+    if (!split_schedule(ctx, p)) {
+        kda_pool_run(ctx->pool, p->num_seqs * p->a.num_v_heads, task_whole, &job);
+        return;
+    }
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v;
+    char *base = job.ws + (size_t)ctx->num_threads * job.per_thread;
+    job.per_prep = per_prep_bytes(p);
+    prep_t preps[2][KDA_CPU_WINDOW];
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < KDA_CPU_WINDOW; i++)
+            carve_prep((float *)(base + (b * KDA_CPU_WINDOW + i) * job.per_prep), K, V, &preps[b][i]);
+    job.S = (float *)(base + 2 * KDA_CPU_WINDOW * job.per_prep);
+    job.slice_w = slice_width(ctx, p);
+    job.nslices = (V + job.slice_w - 1) / job.slice_w;
+    const int64_t win = (int64_t)KDA_CPU_WINDOW * KDA_CHUNK;
+    for (int64_t item = 0; item < p->num_seqs * p->a.num_v_heads; item++) {
+        job.n = item / p->a.num_v_heads;
+        job.h = (int)(item % p->a.num_v_heads);
+        kda_seq_bounds(p, job.n, &job.bos, &job.eos);
+        const int64_t slot = kda_state_slot(p, job.n);
+        kda_cpu_load_state(p, slot, job.h, job.S);
+        /* window w's recurrence beside window w+1's preps; w = -1 only prepares window 0 */
+        for (int64_t w = -1; job.bos + w * win < job.eos; w++) {
+            const int64_t rt = job.bos + w * win, pt = rt + win;
+            job.rec_t = rt;
+            job.rec_n = w < 0 ? 0 : (int)((job.eos - rt < win ? job.eos - rt : win) + KDA_CHUNK - 1) / KDA_CHUNK;
+            job.rec_preps = preps[(w + 2) % 2];
+            job.prep_t0 = pt;
+            job.prep_n = pt < job.eos ? (int)((job.eos - pt < win ? job.eos - pt : win) + KDA_CHUNK - 1) / KDA_CHUNK : 0;
+            job.prep_preps = preps[(w + 3) % 2];
+            kda_pool_run(ctx->pool, (job.rec_n ? job.nslices : 0) + job.prep_n, task_pipe, &job);
+        }
+        kda_cpu_store_state(p, slot, job.h, job.S);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Entry points. This file is compiled once per x86-64 target level (CMakeLists.txt: KDA_CPU_ISA = v4, v3 with
+ * -march=x86-64-v4/-v3, and the portable build without it); the portable object also holds the dispatcher,
+ * which picks the best object the CPU runs (a property of the machine, never of a setting).
+ * ------------------------------------------------------------------------------------------------------- */
+#define KDA_CAT2(a, b) a##_##b
+#define KDA_CAT(a, b) KDA_CAT2(a, b)
+
+void KDA_CAT(kda_cpu_chunk_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem_t *p, void *ws);
+void KDA_CAT(kda_cpu_chunk_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem_t *p, void *ws) { run(ctx, p, ws); }
+
+#ifdef KDA_CPU_ISA_PORTABLE
+#if KDA_CPU_MULTI_ISA
+void kda_cpu_chunk_run_v3(kda_context_t *ctx, const kda_problem_t *p, void *ws);
+void kda_cpu_chunk_run_v4(kda_context_t *ctx, const kda_problem_t *p, void *ws);
+#endif
+
+/* The target level the chunked path runs at on this CPU: 4, 3, or 0 (portable). */
+int kda_cpu_chunk_isa(void) {
+#if KDA_CPU_MULTI_ISA
+    __builtin_cpu_init();
+    /* v3 also has F16C, LZCNT, MOVBE: every CPU with AVX2, FMA and BMI2 has them (clang 14 cannot test F16C) */
+    const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512cd");
+    return v4 ? 4 : v3 ? 3 : 0;
+#else
+    return 0;
+#endif
 }
 
 kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    *bytes = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
+    *bytes = workspace_bytes(ctx, p);
     return KDA_STATUS_SUCCESS;
 }
 
 kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes) {
     (void)ws_bytes;
-    job_t job = {p, (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), per_thread_bytes(p)};
-    kda_pool_run(ctx->pool, p->num_seqs * p->a.num_v_heads, chunk_task, &job);
+    switch (kda_cpu_chunk_isa()) {
+#if KDA_CPU_MULTI_ISA
+    case 4: kda_cpu_chunk_run_v4(ctx, p, ws); break;
+    case 3: kda_cpu_chunk_run_v3(ctx, p, ws); break;
+#endif
+    default: kda_cpu_chunk_run_portable(ctx, p, ws); break;
+    }
     return KDA_STATUS_SUCCESS;
 }
+#endif

@@ -11,6 +11,8 @@ void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const floa
 
 kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
+/* The x86-64 level the chunked path runs at on this CPU (4, 3; 0 = the portable build, and on other CPUs). */
+int kda_cpu_chunk_isa(void);
 kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
 

@@ -3,12 +3,25 @@
  *
  *     C[m×n] = (accumulate ? C : 0) + A[m×kd] · B[kd×n]
  *
- * (kda_gemm_tri: A is lower triangular, A(i, l) = 0 for l > i, and those terms are skipped.)
+ * (kda_gemm_tri: A is lower triangular, A(i, l) = 0 for l > i. Those terms are never formed: row i of C only
+ * reads rows l ≤ i of B, so a non-finite value in a later row of B cannot reach it through 0·inf — the
+ * causality of docs/ALGORITHM.md's non-finite contract.)
  *
  * A is read through element strides (A(i, l) = A[i*rsa + l*csa]) so the same code serves A and Aᵀ; B and C are
- * row-major. Register tiles of 4 rows × 16 columns held in GCC vector registers (one AVX-512 register, two
- * AVX2 registers or four SSE registers, whichever the clone was built for). Header-only and always inlined,
- * so that it is compiled once per target of the function that calls it (see KDA_CPU_CLONES).
+ * row-major. Every element of C is one chain of fused multiply-adds over l = 0, 1, ... in order, whatever the
+ * tile, the column range or m: a product over a column slice gives the same bits as the full product (the
+ * column-split recurrence of chunk.c relies on it).
+ *
+ * Register tile: KDA_GEMM_MR rows × KDA_GEMM_NV vectors of KDA_GEMM_VW floats, sized to the register file of
+ * the target the including file is compiled for (accumulators + B vectors + one broadcast ≤ the registers):
+ *   AVX-512 (32 zmm):      4 × 2×16   (8 accumulators)
+ *   AVX/AVX2 (16 ymm):     4 × 2×8    (8 accumulators + 2 + 1 = 11)
+ *   SSE2 (16 xmm):         4 × 2×4    (8 + 2 + 1 = 11)
+ *   NEON (32 q):           4 × 4×4    (16 + 4 + 1 = 21)
+ The tile follows the macros of the file's compile target: a file built once for the default x86-64 target
+ * (or through KDA_CPU_CLONES, whose clones share the base target's macros) gets the SSE2 tile; chunk.c is
+ * compiled once per x86-64 level instead (CMakeLists.txt, KDA_CPU_ISA) and gets the tile of each.
+ * Header-only and always inlined.
  */
 #ifndef KDA_CPU_GEMM_H
 #define KDA_CPU_GEMM_H
@@ -23,70 +36,92 @@
 #endif
 #define KDA_INLINE static inline __attribute__((always_inline))
 
-typedef float kda_v16f __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+#define KDA_GEMM_VW 16
+#define KDA_GEMM_NV 2
+#elif defined(__AVX__)
+#define KDA_GEMM_VW 8
+#define KDA_GEMM_NV 2
+#define KDA_GEMM_MR 6
+#elif defined(__aarch64__)
+#define KDA_GEMM_VW 4
+#define KDA_GEMM_NV 4
+#else
+#define KDA_GEMM_VW 4
+#define KDA_GEMM_NV 2
+#endif
+#ifndef KDA_GEMM_MR
+#define KDA_GEMM_MR 4
+#endif
+#define KDA_GEMM_NR (KDA_GEMM_VW * KDA_GEMM_NV)
 
-KDA_INLINE kda_v16f kda_ld16(const float *p) {
-    kda_v16f v;
+typedef float kda_vf __attribute__((vector_size(4 * KDA_GEMM_VW)));
+
+KDA_INLINE kda_vf kda_ldv(const float *p) {
+    kda_vf v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-KDA_INLINE void kda_st16(float *p, kda_v16f v) { memcpy(p, &v, sizeof v); }
+KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
+
+/* One tile: rows a[0..MR) (row r of the tile may use l < lim[r]), NV vectors of columns from B + j. */
+#define KDA_GEMM_TILE(NVT)                                                                                   \
+    do {                                                                                                     \
+        kda_vf acc[KDA_GEMM_MR][NVT];                                                                        \
+        for (int r = 0; r < KDA_GEMM_MR; r++)                                                                \
+            for (int u = 0; u < NVT; u++) acc[r][u] = (kda_vf){0};                                           \
+        int l = 0;                                                                                           \
+        for (; l < lfull; l++) {                                                                             \
+            const float *b = B + (int64_t)l * ldb + j;                                                       \
+            kda_vf bv[NVT];                                                                                  \
+            for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                              \
+            const int64_t o = (int64_t)l * csa;                                                              \
+            for (int r = 0; r < KDA_GEMM_MR; r++) {                                                          \
+                const float x = ar[r][o];                                                                    \
+                for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                        \
+            }                                                                                                \
+        }                                                                                                    \
+        for (; l < lend; l++) { /* triangular edge: row r takes l only while l < lim[r] */                   \
+            const float *b = B + (int64_t)l * ldb + j;                                                       \
+            kda_vf bv[NVT];                                                                                  \
+            for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                              \
+            const int64_t o = (int64_t)l * csa;                                                              \
+            for (int r = 0; r < KDA_GEMM_MR; r++)                                                            \
+                if (l < lim[r]) {                                                                            \
+                    const float x = ar[r][o];                                                                \
+                    for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                    \
+                }                                                                                            \
+        }                                                                                                    \
+        for (int r = 0; r < mr; r++)                                                                         \
+            for (int u = 0; u < NVT; u++) {                                                                  \
+                float *c = cr + (int64_t)r * ldc + j + u * KDA_GEMM_VW;                                      \
+                kda_stv(c, accumulate ? kda_ldv(c) + acc[r][u] : acc[r][u]);                                 \
+            }                                                                                                \
+    } while (0)
 
 KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
                              int64_t ldb, float *C, int64_t ldc, int accumulate, int lower) {
-    const int n32 = n & ~31, n16 = n & ~15;
-    for (int i = 0; i < m; i += 4) {
-        const int mr = m - i < 4 ? m - i : 4;
-        const int kdi = lower && i + 4 < kd ? i + 4 : kd; /* lower triangular A: A(i, l) = 0 for l > i */
+    const int nr = n - n % KDA_GEMM_NR, nv = n - n % KDA_GEMM_VW;
+    for (int i = 0; i < m; i += KDA_GEMM_MR) {
+        const int mr = m - i < KDA_GEMM_MR ? m - i : KDA_GEMM_MR;
         /* rows past m repeat the last row: valid memory, results discarded */
-        const float *a0 = A + (int64_t)i * rsa;
-        const float *a1 = A + (int64_t)(mr > 1 ? i + 1 : i) * rsa;
-        const float *a2 = A + (int64_t)(mr > 2 ? i + 2 : i) * rsa;
-        const float *a3 = A + (int64_t)(mr > 3 ? i + 3 : i) * rsa;
+        const float *ar[KDA_GEMM_MR];
+        int lim[KDA_GEMM_MR];
+        for (int r = 0; r < KDA_GEMM_MR; r++) {
+            const int row = r < mr ? i + r : i + mr - 1;
+            ar[r] = A + (int64_t)row * rsa;
+            lim[r] = lower && row + 1 < kd ? row + 1 : kd;
+        }
+        const int lfull = lower ? (i < kd ? i + 1 : kd) : kd; /* every row of the tile takes l < lfull */
+        const int lend = lim[KDA_GEMM_MR - 1];
         float *cr = C + (int64_t)i * ldc;
-        for (int j = 0; j < n32; j += 32) {
-            kda_v16f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, d0 = {0}, d1 = {0}, d2 = {0}, d3 = {0};
-            for (int l = 0; l < kdi; l++) {
-                const kda_v16f b = kda_ld16(B + (int64_t)l * ldb + j), e = kda_ld16(B + (int64_t)l * ldb + j + 16);
-                const int64_t o = (int64_t)l * csa;
-                const float x0 = a0[o], x1 = a1[o], x2 = a2[o], x3 = a3[o];
-                c0 += x0 * b;
-                d0 += x0 * e;
-                c1 += x1 * b;
-                d1 += x1 * e;
-                c2 += x2 * b;
-                d2 += x2 * e;
-                c3 += x3 * b;
-                d3 += x3 * e;
-            }
-            kda_v16f *acc[4][2] = {{&c0, &d0}, {&c1, &d1}, {&c2, &d2}, {&c3, &d3}};
-            for (int r = 0; r < mr; r++)
-                for (int h = 0; h < 2; h++) {
-                    float *c = cr + (int64_t)r * ldc + j + 16 * h;
-                    kda_st16(c, accumulate ? *acc[r][h] + kda_ld16(c) : *acc[r][h]);
-                }
-        }
-        for (int j = n32; j < n16; j += 16) {
-            kda_v16f c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
-            for (int l = 0; l < kdi; l++) {
-                const kda_v16f b = kda_ld16(B + (int64_t)l * ldb + j);
-                const int64_t o = (int64_t)l * csa;
-                c0 += a0[o] * b;
-                c1 += a1[o] * b;
-                c2 += a2[o] * b;
-                c3 += a3[o] * b;
-            }
-            kda_v16f *acc[4] = {&c0, &c1, &c2, &c3};
-            for (int r = 0; r < mr; r++) {
-                float *c = cr + (int64_t)r * ldc + j;
-                kda_st16(c, accumulate ? *acc[r] + kda_ld16(c) : *acc[r]);
-            }
-        }
+        for (int j = 0; j < nr; j += KDA_GEMM_NR) KDA_GEMM_TILE(KDA_GEMM_NV);
+        for (int j = nr; j < nv; j += KDA_GEMM_VW) KDA_GEMM_TILE(1);
         for (int r = 0; r < mr; r++) {
-            for (int j = n16; j < n; j++) {
+            for (int j = nv; j < n; j++) {
                 float s = 0.0f;
-                for (int l = 0; l < kdi; l++) s += A[(int64_t)(i + r) * rsa + (int64_t)l * csa] * B[(int64_t)l * ldb + j];
+                for (int l = 0; l < lim[r]; l++) s += ar[r][(int64_t)l * csa] * B[(int64_t)l * ldb + j];
                 float *c = cr + (int64_t)r * ldc + j;
                 *c = accumulate ? *c + s : s;
             }

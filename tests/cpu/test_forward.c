@@ -418,3 +418,103 @@ TEST(fwd_threads_bitwise_equal) {
     kda_destroy(two);
     kda_synth_free(&s);
 }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The schedules of src/cpu/chunk.c: fewer (sequence, head) tasks than threads take the split schedule (preps in
+ * parallel over chunks, recurrence over column slices); its outputs and states must be the bits of the one-task-
+ * per-thread schedule (1 thread), for any thread count, across several windows of chunks and a ragged end.
+ * ------------------------------------------------------------------------------------------------------- */
+static void threads_bitwise(kda_synth_config_t c, const int *threads, int nthreads) {
+    kda_synth_t s;
+    kda_args_t a;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    void *o1 = malloc(s.o_bytes), *h1 = malloc(s.ht_bytes ? s.ht_bytes : 1);
+    for (int i = 0; i < nthreads; i++) {
+        kda_context_t *ctx = NULL;
+        CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "create");
+        CHECK(kda_set_num_threads(ctx, threads[i]) == KDA_STATUS_SUCCESS, "threads");
+        kda_synth_poison(s.o, c.o_dtype, (int64_t)(s.o_bytes / (c.o_dtype == KDA_FLOAT32 ? 4 : 2)));
+        CHECK(kda_run_host(ctx, &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%d threads: %s", threads[i],
+              kda_last_error());
+        if (i == 0) {
+            memcpy(o1, s.o, s.o_bytes);
+            if (s.ht_bytes) memcpy(h1, s.ht, s.ht_bytes);
+        } else {
+            CHECK(memcmp(o1, s.o, s.o_bytes) == 0, "%s: o differs between %d and %d threads", kda_describe(&c),
+                  threads[0], threads[i]);
+            CHECK(!s.ht_bytes || memcmp(h1, s.ht, s.ht_bytes) == 0, "%s: final state differs between %d and %d threads",
+                  kda_describe(&c), threads[0], threads[i]);
+        }
+        kda_destroy(ctx);
+    }
+    free(o1);
+    free(h1);
+    kda_synth_free(&s);
+}
+
+TEST(fwd_threads_bitwise_single_seq) {
+    kda_synth_config_t c = base();
+    c.batch = 1;
+    c.seq_len = 2 * 16 * 64 + 37; /* three windows of 16 chunks, the last chunk partial */
+    c.hqk = c.hv = 1;
+    c.gate = KDA_GATE_LOWER_BOUND;
+    c.l2norm = 1;
+    static const int th[] = {1, 2, 3, 5, 8};
+    threads_bitwise(c, th, 5);
+    c.k = 64;
+    c.v = 96;
+    c.seq_len = 300;
+    c.dtype = c.g_dtype = c.o_dtype = KDA_BFLOAT16;
+    threads_bitwise(c, th, 5);
+}
+
+TEST(fwd_threads_bitwise_few_heads) {
+    kda_synth_config_t c = base(); /* 2 sequences x 4 heads: split schedule from 9 threads on */
+    c.seq_len = 1100;
+    static const int th[] = {1, 2, 9, 16};
+    threads_bitwise(c, th, 4);
+}
+
+TEST(fwd_split_schedule_vs_oracle) {
+    kda_synth_config_t c = base();
+    c.batch = 1;
+    c.seq_len = 1500;
+    c.hqk = c.hv = 1;
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "create");
+    CHECK(kda_set_num_threads(ctx, 2) == KDA_STATUS_SUCCESS, "threads");
+    kda_compare_t r = kda_compare_host(ctx, &c, KDA_ALGO_FORWARD);
+    CHECK(r.status == KDA_STATUS_SUCCESS && r.o_unwritten == 0 && r.state_unwritten == 0, "%s", kda_describe(&c));
+    CHECK(r.o_err <= 1e-5 && r.state_err <= 1e-5, "%s: o err %.3g, state err %.3g", kda_describe(&c), r.o_err,
+          r.state_err);
+    kda_destroy(ctx);
+}
+
+/* Causality through the chunk's triangular products: a non-finite k at token t (any row of a 4- or 6-row tile,
+ * any position in its 16-token block) leaves every earlier output bit-identical to the clean run's. */
+TEST(fwd_nonfinite_k_causal) {
+    kda_synth_config_t c = base();
+    c.batch = 1;
+    c.seq_len = 128;
+    c.hqk = c.hv = 1;
+    c.l2norm = 0;
+    kda_synth_t s;
+    kda_args_t a;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    const int V = c.v, K = c.k;
+    float *clean = (float *)malloc(s.o_bytes);
+    CHECK(kda_run_host(cpu(), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "clean");
+    memcpy(clean, s.o, s.o_bytes);
+    static const int ts[] = {1, 2, 3, 5, 7, 17, 30, 63, 64, 66, 100};
+    for (unsigned n = 0; n < sizeof ts / sizeof ts[0]; n++) {
+        const int t = ts[n];
+        float *k = (float *)s.k + (int64_t)t * K;
+        const float saved = k[3];
+        k[3] = INFINITY;
+        CHECK(kda_run_host(cpu(), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "run");
+        CHECK(memcmp(clean, s.o, sizeof(float) * (size_t)t * V) == 0, "inf k at token %d changed an earlier output", t);
+        k[3] = saved;
+    }
+    free(clean);
+    kda_synth_free(&s);
+}
