@@ -478,7 +478,8 @@ TEST(gpu_decode_cuda_graph_capture) {
     float *pool = (float *)malloc(pool_bytes), *p1 = (float *)malloc(pool_bytes), *p2 = (float *)malloc(pool_bytes);
     for (int64_t i = 0; i < slots * per; i++) pool[i] = 0.3f * cosf((float)i * 0.013f);
     int32_t idx[16];
-    for (int i = 0; i < 16; i++) idx[i] = (i * 5 + 1) % slots;
+    for (int i = 0; i < 16; i++) idx[i] = (i * 7 + 1) % slots; /* distinct slots (i * 5 + 1 repeated slot 1 at i = 8:
+                                                                two sequences updating one slot in place race) */
     idx[3] = -1;
     kda_args_t d = a;
     d.q = to_dev(s.q, s.q_bytes);
