@@ -85,12 +85,35 @@ static size_t per_thread_bytes(const kda_problem_t *p) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk
+ * Non-finite inputs (docs/ALGORITHM.md, "Non-finite and out-of-range inputs"): from the first token with a
+ * non-finite q, k, v, clamped gate or β on, the outputs of the (sequence, head) and its final state are NaN.
+ * The chunk never computes with such a row: it and the rows after it are replaced by a neutral token (q = k =
+ * v = 0, gate 0, β = 0), the chunk runs on finite numbers (so nothing can leak into earlier rows through a
+ * product), and those rows' outputs are then overwritten with NaN.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
+KDA_INLINE void neutral_row(scratch_t *s, int K, int V, int i) {
+    memset(s->q + i * K, 0, sizeof(float) * K);
+    memset(s->k + i * K, 0, sizeof(float) * K);
+    memset(s->G + i * K, 0, sizeof(float) * K);
+    memset(s->v + i * V, 0, sizeof(float) * V);
+    s->beta[i] = 0.0f;
+}
+
+KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, int64_t t1, int h) {
+    const int V = p->a.head_dim_v;
+    for (int j = 0; j < V; j++) row[j] = NAN;
+    for (int64_t t = t0; t < t1; t++) kda_store_row(p->a.o, p->a.o_dtype, (t * p->a.num_v_heads + h) * V, row, V);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk. Returns the first row that
+ * poisons the head (c if none); that row and later ones are neutral.
+ * ------------------------------------------------------------------------------------------------------- */
+KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
+    int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
         float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
@@ -102,15 +125,15 @@ KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int
         }
         kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
         kda_cpu_gate_row(p, h, G);
-        for (int d = 0; d < K; d++) { /* NaN and -inf become KDA_GATE_MIN */
-            const float x = G[d] > KDA_GATE_MIN ? G[d] : KDA_GATE_MIN;
-            G[d] = x < 0.0f ? x : 0.0f;
-        }
-        if (i > 0)
-            for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
+        kda_cpu_gate_clamp(G, K);
         kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
         s->beta[i] = kda_cpu_beta(p, t, h);
+        if (bad == c && kda_cpu_token_poisons(q, k, s->v + i * V, G, s->beta[i], K, V)) bad = i;
+        if (i >= bad) neutral_row(s, K, V, i);
+        if (i > 0)
+            for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
+    return bad;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -230,12 +253,13 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     }
 }
 
-KDA_INLINE void chunk_step(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
+/* Returns the first row that poisons the head (c if none). */
+KDA_INLINE int chunk_step(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
     const float scale = p->scale;
 
-    load_chunk(p, s, t0, c, h);
+    const int bad = load_chunk(p, s, t0, c, h);
     intra_chunk_attention(s, K, c, scale);
     solve_unit_lower(s, c);
 
@@ -272,7 +296,9 @@ KDA_INLINE void chunk_step(const kda_problem_t *p, scratch_t *s, int64_t t0, int
     }
     kda_gemm(K, V, c, s->KT, 1, K, s->D, V, s->S, V, 1);
 
-    for (int i = 0; i < c; i++) kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V, s->O + i * V, V);
+    for (int i = 0; i < bad; i++) kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V, s->O + i * V, V);
+    if (bad < c) store_nan_rows(p, s->O, t0 + bad, t0 + c, h);
+    return bad;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -289,9 +315,18 @@ static void chunk_head(const kda_problem_t *p, int64_t n, int h, float *scratch)
     const int64_t slot = kda_state_slot(p, n);
 
     kda_cpu_load_state(p, slot, h, s.S);
-    for (int64_t t0 = bos; t0 < eos; t0 += KDA_CHUNK) {
+    int poisoned = !kda_cpu_all_finite(s.S, (int64_t)K * V);
+    int64_t nan_from = poisoned ? bos : eos; /* tokens from here on are NaN without arithmetic */
+    for (int64_t t0 = bos; t0 < nan_from; t0 += KDA_CHUNK) {
         const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
-        chunk_step(p, &s, t0, c, h);
+        if (chunk_step(p, &s, t0, c, h) < c) {
+            poisoned = 1;
+            nan_from = t0 + c;
+        }
+    }
+    if (poisoned) {
+        store_nan_rows(p, s.O, nan_from, eos, h);
+        for (int64_t i = 0; i < (int64_t)K * V; i++) s.S[i] = NAN;
     }
     kda_cpu_store_state(p, slot, h, s.S);
 }
