@@ -173,6 +173,9 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
              dtype_name(a->o_dtype), (int)a->o_dtype);
 
     /* -- sequences --------------------------------------------------------------------------------------- */
+    /* the states and the per-(sequence, head) work are bounded whatever seq_len (with seq_len = 0 nothing else
+       bounds batch), and before cu_seqlens is read */
+    const int64_t state_elems = (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; /* <= 2^31 * 2^16 */
     if (a->cu_seqlens) {
         p.varlen = 1;
         if (a->batch != 1)
@@ -182,6 +185,10 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_dtype", "%s is not int32 or int64",
                  dtype_name(a->cu_seqlens_dtype));
         if (a->num_seqs < 0) FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is negative", (long long)a->num_seqs);
+        if (a->num_seqs > KDA_MAX_ELEMS / state_elems)
+            FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld sequences of %d value heads of %d x %d states is too "
+                 "large (more than 2^52 state elements)", (long long)a->num_seqs, a->num_v_heads, a->head_dim_k,
+                 a->head_dim_v);
         if (a->cu_seqlens_host && host_readable)
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is for the CUDA backend; on the CPU pass the host "
                  "array as cu_seqlens");
@@ -197,15 +204,12 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is set but cu_seqlens is NULL", (long long)a->num_seqs);
         if (a->cu_seqlens_host)
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is set but cu_seqlens is NULL");
+        if (a->batch > KDA_MAX_ELEMS / state_elems)
+            FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld sequences of %d value heads of %d x %d states is too "
+                 "large (more than 2^52 state elements)", (long long)a->batch, a->num_v_heads, a->head_dim_k,
+                 a->head_dim_v);
         p.num_seqs = a->batch;
     }
-    /* the states and the per-(sequence, head) work: bounded whatever seq_len (with seq_len = 0 nothing else
-       bounds batch) */
-    const int64_t state_elems = (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; /* <= 2^31 * 2^16 */
-    if (p.num_seqs > KDA_MAX_ELEMS / state_elems)
-        FAIL(KDA_STATUS_INVALID_VALUE, p.varlen ? "num_seqs" : "batch", "%lld sequences of %d value heads of "
-             "%d x %d states is too large (more than 2^52 state elements)", (long long)p.num_seqs,
-             a->num_v_heads, a->head_dim_k, a->head_dim_v);
 
     /* -- tensors ----------------------------------------------------------------------------------------- */
     if (p.num_tokens > 0) {

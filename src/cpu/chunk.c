@@ -89,14 +89,16 @@ static size_t per_thread_bytes(const kda_problem_t *p) {
  * non-finite q, k, v, clamped gate or β on, the outputs of the (sequence, head) and its final state are NaN.
  * The chunk never computes with such a row: it and the rows after it are replaced by a neutral token (q = k =
  * v = 0, gate 0, β = 0), the chunk runs on finite numbers (so nothing can leak into earlier rows through a
- * product), and those rows' outputs are then overwritten with NaN.
+ * product), and those rows' outputs are then overwritten with NaN. (A row's finite gate is kept, so that the
+ * earlier rows' rounding does not depend on a later token's q, k, v or β either.)
  * ------------------------------------------------------------------------------------------------------- */
 KDA_INLINE void neutral_row(scratch_t *s, int K, int V, int i) {
     memset(s->q + i * K, 0, sizeof(float) * K);
     memset(s->k + i * K, 0, sizeof(float) * K);
-    memset(s->G + i * K, 0, sizeof(float) * K);
     memset(s->v + i * V, 0, sizeof(float) * V);
     s->beta[i] = 0.0f;
+    float *G = s->G + i * K; /* a finite gate is kept: the diagonal block's reference row stays as it was */
+    for (int d = 0; d < K; d++) G[d] = G[d] == G[d] ? G[d] : 0.0f;
 }
 
 KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, int64_t t1, int h) {
