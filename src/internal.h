@@ -42,7 +42,7 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
 #define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
 #define KDA_MAX_HEAD_DIM 256  /* largest K and V, every backend */
 #define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
-#define KDA_GATE_MIN (-80.0f) /* chunked paths clamp each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
+#define KDA_GATE_MIN (-80.0f) /* every path clamps each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
                                  below float32's resolution of anything it multiplies, and the bound keeps the
                                  chunk's cumulative sums small enough to subtract exactly */
 

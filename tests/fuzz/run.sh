@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the libFuzzer harness (clang; ASan + UBSan with float-cast-overflow, CUDA off) into build-fuzz/ and run it
-# for SECONDS (default 60) on 2 jobs-worth of one process, starting from the seed corpus in tests/fuzz/corpus.
+# for SECONDS (default 60) in one process, starting from the seed corpus in tests/fuzz/corpus.
 # New inputs go to build-fuzz/corpus (the seed directory is not modified). A report (crash, sanitizer error or
 # contract violation) leaves its reproducer as build-fuzz/crash-* and makes this script fail.
 #   tests/fuzz/run.sh            # CI: 60 s
@@ -12,8 +12,9 @@ SECONDS_TO_RUN=${1:-60}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 if ! command -v clang >/dev/null; then echo "fuzz: clang not found, skipped"; exit 0; fi
 GEN=$(command -v ninja >/dev/null && echo "-G Ninja" || true)
-CC=clang cmake -S . -B "$BUILD" $GEN -DKDA_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_TESTING=OFF \
-    -DKDA_FUZZ=ON -DKDA_SANITIZE="address;undefined" >/dev/null
+# the same configuration as .ci/run's sanitizer build, so that CI builds the library once for both
+CC=clang cmake -S . -B "$BUILD" $GEN -DKDA_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKDA_SANITIZE="address;undefined" -DKDA_FUZZ=ON >/dev/null
 cmake --build "$BUILD" --target fuzz_args -j "${JOBS:-2}"
 mkdir -p "$BUILD/corpus"
 cd "$BUILD"
