@@ -21,6 +21,20 @@
  *   value head h reads query/key head h / (HV/HQK), "GVA"), K key head size, V value head size.
  * With cu_seqlens, B is 1, T is the total number of tokens and sequence n holds tokens
  * [cu_seqlens[n], cu_seqlens[n+1]); without it, N = B and sequence n is batch row n.
+ *
+ * Memory: no output may overlap any input or the other output (checked by address ranges: INVALID_VALUE),
+ * except final_state == initial_state exactly (same address and dtype), the in-place state pool.
+ *
+ * Non-finite and out-of-range inputs (docs/ALGORITHM.md §7), the same on every entry point and backend:
+ *   - each log decay (g, or the in-kernel gate's result) is clamped into [-80, 0]: positive or +inf -> 0,
+ *     below -80 or -inf -> -80; NaN is kept;
+ *   - a token whose q, k, v, log decay or beta (after the in-kernel transforms) holds an inf or NaN, or an
+ *     initial state (slot) that does, "poisons" its (sequence, value head): o of that token and of every later
+ *     token, and the final state, are NaN; earlier tokens' outputs are exactly as without it; nothing else is
+ *     affected (a q or k poisons the value heads of its group);
+ *   - huge finite values whose float32 arithmetic overflows (e.g. 1e30) leave the outputs from that token on
+ *     unspecified, never earlier ones;
+ *   - state pool slots that no sequence names are left bit-identical.
  */
 #ifndef KDA_H
 #define KDA_H
@@ -133,7 +147,8 @@ typedef struct kda_args {
     size_t struct_size;           /* sizeof(kda_args_t) of the header the caller was built with */
 
     /* -- Problem size ------------------------------------------------------------------------------------ */
-    int64_t batch;                /* B >= 0: number of equal-length rows; must be 1 with cu_seqlens. Default 1 */
+    int64_t batch;                /* B >= 0: number of equal-length rows; must be 1 with cu_seqlens. N * HV * K
+                                     * V must not exceed 2^52, whatever seq_len. Default 1 */
     int64_t seq_len;              /* T >= 0: tokens per row (total tokens with cu_seqlens). Default 0 */
     int32_t num_qk_heads;         /* HQK >= 1: query/key heads. Default 1 */
     int32_t num_v_heads;          /* HV >= 1: value heads, a multiple of HQK (GVA when larger). Default 1 */
@@ -181,7 +196,9 @@ typedef struct kda_args {
                                      for speculative decoding: see state_indices_cols. On the CPU backends the
                                      contents are checked (range, distinct, O(N)); on CUDA they cannot be read
                                      without a sync: the kernels treat a slot outside [0, num_state_slots) as
-                                     negative and clamp num_accepted_tokens into [1, T_max]. Default NULL */
+                                     negative and clamp num_accepted_tokens into [1, T_max]; duplicate slots there are
+                                     the caller's error (concurrent writers: undefined contents in those
+                                     slots only). Default NULL */
     int64_t num_state_slots;      /* number of slots in the pools when state_indices is set. Default 0 */
 
     /* -- Options (FLA's chunk_kda flags, same meaning) --------------------------------------------------- */

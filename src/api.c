@@ -63,7 +63,7 @@ const char *kda_backend_name(kda_backend_t backend) {
  * Contexts
  * ------------------------------------------------------------------------------------------------------- */
 kda_status_t kda_cpu_default_threads(int *num_threads);
-kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads);
+kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads, const char *fn);
 
 kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device) {
     if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_create: argument 'ctx': NULL");
@@ -94,7 +94,7 @@ kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device) 
         c->ops = &kda_cpu_ops;
         int n = 1;
         st = kda_cpu_default_threads(&n);
-        if (st == KDA_STATUS_SUCCESS) st = kda_cpu_start(c, n);
+        if (st == KDA_STATUS_SUCCESS) st = kda_cpu_start(c, n, "kda_create");
     } else if (st == KDA_STATUS_SUCCESS && backend == KDA_BACKEND_REFERENCE) {
         c->backend = KDA_BACKEND_REFERENCE;
         c->ops = &kda_reference_ops;
@@ -131,7 +131,7 @@ kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads) {
     if (num_threads < 1 || num_threads > 1024)
         return kda_error(KDA_STATUS_INVALID_VALUE,
                          "kda_set_num_threads: argument 'num_threads': %d is outside [1, 1024]", num_threads);
-    return kda_cpu_start(ctx, num_threads);
+    return kda_cpu_start(ctx, num_threads, "kda_set_num_threads");
 }
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning) {
@@ -217,6 +217,7 @@ static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, si
         return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
                          "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, ws_bytes, need);
     if (need > 0 && !ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    if (p.num_tokens == 0 && !p.a.final_state) return KDA_STATUS_SUCCESS; /* nothing to write */
     return algo == ALGO_FORWARD ? ctx->ops->forward(ctx, &p, ws, ws_bytes, stream)
                                 : ctx->ops->decode(ctx, &p, ws, ws_bytes, stream);
 }

@@ -42,7 +42,7 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
 #define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
 #define KDA_MAX_HEAD_DIM 256  /* largest K and V, every backend */
 #define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
-#define KDA_GATE_MIN (-80.0f) /* chunked paths clamp each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
+#define KDA_GATE_MIN (-80.0f) /* every path clamps each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
                                  below float32's resolution of anything it multiplies, and the bound keeps the
                                  chunk's cumulative sums small enough to subtract exactly */
 
@@ -118,10 +118,15 @@ typedef struct kda_bwd_problem {
 kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
                                      int host_readable, kda_bwd_problem_t *out);
 
+/* Largest element count of any tensor (and of the states of all sequences, whatever seq_len): 2^52, so that
+ * every count times every element size fits in int64 and size_t, and a loop over them cannot overflow. */
+#define KDA_MAX_ELEMS ((int64_t)1 << 52)
+
 /* Validate `args` for entry point `fn` on `ctx` and fill `out`. `host_readable`: the pointers are host memory,
  * so the contents of cu_seqlens and state_indices can be checked as well. */
 kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn,
                             int host_readable, kda_problem_t *out);
+
 
 /* ---------------------------------------------------------------------------------------------------------
  * Backends

@@ -59,6 +59,63 @@ static kda_status_t check_cu_seqlens(const char *fn, const char *arg, const void
     return KDA_STATUS_SUCCESS;
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Aliasing: the byte range of every tensor; an output may overlap no input and no other output, except the
+ * in-place state pool (final_state exactly initial_state: same address, same dtype, hence the same range).
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    const char *name;
+    uintptr_t lo, hi; /* [lo, hi); empty when lo == hi */
+} extent_t;
+
+static extent_t extent(const char *name, const void *ptr, int64_t elems, size_t elem_size) {
+    extent_t e = {name, (uintptr_t)ptr, (uintptr_t)ptr};
+    if (!ptr || elems <= 0) return e;
+    const uint64_t bytes = (uint64_t)elems * elem_size; /* elems <= 2^52, elem_size <= 8 */
+    e.hi = bytes > UINTPTR_MAX - e.lo ? UINTPTR_MAX : e.lo + (uintptr_t)bytes;
+    return e;
+}
+
+static int overlap(extent_t x, extent_t y) { return x.lo < x.hi && y.lo < y.hi && x.lo < y.hi && y.lo < x.hi; }
+
+static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int need_o) {
+    const kda_args_t *a = &p->a;
+    const int64_t T = p->num_tokens, HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k,
+                  V = a->head_dim_v, N = p->num_seqs;
+    const int64_t slots = a->state_indices ? a->num_state_slots : N;
+    const size_t cu_size = kda_dtype_size(a->cu_seqlens_dtype);
+    const extent_t in[] = {
+        extent("initial_state", a->initial_state, slots * HV * K * V, kda_dtype_size(a->initial_state_dtype)),
+        extent("q", a->q, T * HQK * K, kda_dtype_size(a->dtype)),
+        extent("k", a->k, T * HQK * K, kda_dtype_size(a->dtype)),
+        extent("v", a->v, T * HV * V, kda_dtype_size(a->dtype)),
+        extent("g", a->g, T * HV * K, kda_dtype_size(a->g_dtype)),
+        extent("beta", a->beta, T * HV * (a->beta_headwise ? V : 1), kda_dtype_size(a->beta_dtype)),
+        extent("A_log", a->A_log, HV, sizeof(float)),
+        extent("dt_bias", a->dt_bias, HV * K, sizeof(float)),
+        extent("cu_seqlens", a->cu_seqlens, N + 1, cu_size),
+        extent("cu_seqlens_host", a->cu_seqlens_host, N + 1, cu_size),
+        extent("state_indices", a->state_indices,
+               a->state_indices_cols > 0 ? (N > 0 ? (N - 1) * p->idx_stride + a->state_indices_cols : 0) : N,
+               sizeof(int32_t)),
+        extent("num_accepted_tokens", a->num_accepted_tokens, N, sizeof(*a->num_accepted_tokens)),
+    };
+    const extent_t o = extent("o", need_o ? a->o : NULL, T * HV * V, kda_dtype_size(a->o_dtype));
+    const extent_t fs = extent("final_state", a->final_state, slots * HV * K * V,
+                               kda_dtype_size(a->final_state_dtype));
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
+        if (overlap(o, in[i]))
+            FAIL(KDA_STATUS_INVALID_VALUE, "o", "overlaps the memory of input '%s'", in[i].name);
+        const int is_initial_state = i == 0, in_place = is_initial_state && fs.lo == in[i].lo && fs.hi == in[i].hi;
+        if (overlap(fs, in[i]) && !in_place)
+            FAIL(KDA_STATUS_INVALID_VALUE, "final_state", "overlaps the memory of input '%s'%s", in[i].name,
+                 is_initial_state ? " (only final_state == initial_state exactly, an in-place update, is allowed)"
+                                  : "");
+    }
+    if (overlap(o, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "o", "overlaps the memory of output 'final_state'");
+    return KDA_STATUS_SUCCESS;
+}
+
 /* need_o: the entry point writes o (the forward and decode; the backward does not read it). */
 static kda_status_t check_problem(const kda_args_t *args, const char *fn, int host_readable, int need_o,
                                   kda_problem_t *out) {
@@ -96,7 +153,7 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "batch * seq_len = %lld * %lld is too large",
              (long long)a->batch, (long long)a->seq_len);
     p.num_tokens = a->batch * a->seq_len;
-    if (p.num_tokens > ((int64_t)1 << 52) / ((int64_t)a->num_v_heads * 256))
+    if (p.num_tokens > KDA_MAX_ELEMS / ((int64_t)a->num_v_heads * 256))
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld tokens of %d value heads is too large",
              (long long)p.num_tokens, a->num_v_heads);
     p.group = a->num_v_heads / a->num_qk_heads;
@@ -116,6 +173,9 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
              dtype_name(a->o_dtype), (int)a->o_dtype);
 
     /* -- sequences --------------------------------------------------------------------------------------- */
+    /* the states and the per-(sequence, head) work are bounded whatever seq_len (with seq_len = 0 nothing else
+       bounds batch), and before cu_seqlens is read */
+    const int64_t state_elems = (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; /* <= 2^31 * 2^16 */
     if (a->cu_seqlens) {
         p.varlen = 1;
         if (a->batch != 1)
@@ -125,6 +185,10 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_dtype", "%s is not int32 or int64",
                  dtype_name(a->cu_seqlens_dtype));
         if (a->num_seqs < 0) FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is negative", (long long)a->num_seqs);
+        if (a->num_seqs > KDA_MAX_ELEMS / state_elems)
+            FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld sequences of %d value heads of %d x %d states is too "
+                 "large (more than 2^52 state elements)", (long long)a->num_seqs, a->num_v_heads, a->head_dim_k,
+                 a->head_dim_v);
         if (a->cu_seqlens_host && host_readable)
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is for the CUDA backend; on the CPU pass the host "
                  "array as cu_seqlens");
@@ -140,6 +204,10 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is set but cu_seqlens is NULL", (long long)a->num_seqs);
         if (a->cu_seqlens_host)
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is set but cu_seqlens is NULL");
+        if (a->batch > KDA_MAX_ELEMS / state_elems)
+            FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld sequences of %d value heads of %d x %d states is too "
+                 "large (more than 2^52 state elements)", (long long)a->batch, a->num_v_heads, a->head_dim_k,
+                 a->head_dim_v);
         p.num_seqs = a->batch;
     }
 
@@ -151,8 +219,6 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (!a->g) FAIL(KDA_STATUS_INVALID_VALUE, "g", "NULL");
         if (!a->beta) FAIL(KDA_STATUS_INVALID_VALUE, "beta", "NULL");
         if (need_o && !a->o) FAIL(KDA_STATUS_INVALID_VALUE, "o", "NULL");
-        if (need_o && (a->o == a->q || a->o == a->k || a->o == a->v || a->o == a->g))
-            FAIL(KDA_STATUS_INVALID_VALUE, "o", "must not be the memory of an input");
     }
 
     /* -- states ------------------------------------------------------------------------------------------ */
@@ -191,6 +257,10 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (a->num_state_slots < 1)
             FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
                  (long long)a->num_state_slots);
+        if (a->num_state_slots > KDA_MAX_ELEMS / state_elems)
+            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld slots of %d value heads of %d x %d states is "
+                 "too large (more than 2^52 state elements)", (long long)a->num_state_slots, a->num_v_heads,
+                 a->head_dim_k, a->head_dim_v);
         const int64_t cols = a->state_indices_cols;
         if (cols > 0 && !p.varlen && a->seq_len > cols)
             FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
@@ -274,6 +344,9 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     }
     if (a->allow_neg_eigval && !a->use_beta_sigmoid)
         FAIL(KDA_STATUS_INVALID_VALUE, "allow_neg_eigval", "requires use_beta_sigmoid");
+
+    kda_status_t st = check_overlaps(fn, &p, need_o);
+    if (st != KDA_STATUS_SUCCESS) return st;
 
     *out = p;
     return KDA_STATUS_SUCCESS;

@@ -39,9 +39,9 @@ static void cpu_destroy(kda_context_t *ctx) {
     ctx->pool = NULL;
 }
 
-kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads) {
+kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads, const char *fn) {
     kda_threadpool_t *pool = kda_pool_create(num_threads);
-    if (!pool) return kda_error(KDA_STATUS_ALLOC_FAILED, "kda_create: could not start %d CPU threads", num_threads);
+    if (!pool) return kda_error(KDA_STATUS_ALLOC_FAILED, "%s: could not start %d CPU threads", fn, num_threads);
     cpu_destroy(ctx);
     ctx->pool = pool;
     ctx->num_threads = num_threads;

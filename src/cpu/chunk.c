@@ -52,6 +52,7 @@ typedef struct {
     float *QG;    /* C×K */
     float *KT;    /* C×K: K̃ */
     float *gamma; /* K */
+    int bad;      /* the chunk's first poisoned row (docs/ALGORITHM.md §7), c if none */
 } prep_t;
 
 /* Scratch of one thread. */
@@ -109,12 +110,37 @@ static size_t carve(float *base, int K, int V, scratch_t *s) {
 #undef TAKE
 
 /* ---------------------------------------------------------------------------------------------------------
- * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk
+ * Non-finite inputs (docs/ALGORITHM.md, "Non-finite and out-of-range inputs"): from the first token with a
+ * non-finite q, k, v, clamped gate or β on, the outputs of the (sequence, head) and its final state are NaN.
+ * The chunk never computes with such a row: it and the rows after it are replaced by a neutral token (q = k =
+ * v = 0, gate 0, β = 0), the chunk runs on finite numbers (so nothing can leak into earlier rows through a
+ * product), and those rows' outputs are then overwritten with NaN. (A row's finite gate is kept, so that the
+ * earlier rows' rounding does not depend on a later token's q, k, v or β either.)
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
+KDA_INLINE void neutral_row(scratch_t *s, int K, int V, int i) {
+    memset(s->q + i * K, 0, sizeof(float) * K);
+    memset(s->k + i * K, 0, sizeof(float) * K);
+    memset(s->v + i * V, 0, sizeof(float) * V);
+    s->beta[i] = 0.0f;
+    float *G = s->G + i * K; /* a finite gate is kept: the diagonal block's reference row stays as it was */
+    for (int d = 0; d < K; d++) G[d] = G[d] == G[d] ? G[d] : 0.0f;
+}
+
+KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, int64_t t1, int h) {
+    const int V = p->a.head_dim_v;
+    for (int j = 0; j < V; j++) row[j] = NAN;
+    for (int64_t t = t0; t < t1; t++) kda_store_row(p->a.o, p->a.o_dtype, (t * p->a.num_v_heads + h) * V, row, V);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk. Returns the first row that
+ * poisons the head (c if none); that row and later ones are neutral.
+ * ------------------------------------------------------------------------------------------------------- */
+KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
+    int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
         float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
@@ -126,15 +152,15 @@ KDA_INLINE void load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int
         }
         kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
         kda_cpu_gate_row(p, h, G);
-        for (int d = 0; d < K; d++) { /* NaN and -inf become KDA_GATE_MIN */
-            const float x = G[d] > KDA_GATE_MIN ? G[d] : KDA_GATE_MIN;
-            G[d] = x < 0.0f ? x : 0.0f;
-        }
-        if (i > 0)
-            for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
+        kda_cpu_gate_clamp(G, K);
         kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
         s->beta[i] = kda_cpu_beta(p, t, h);
+        if (bad == c && kda_cpu_token_poisons(q, k, s->v + i * V, G, s->beta[i], K, V)) bad = i;
+        if (i >= bad) neutral_row(s, K, V, i);
+        if (i > 0)
+            for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
+    return bad;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -259,15 +285,16 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
 
 /* ---------------------------------------------------------------------------------------------------------
  * The two stages of a chunk. prep: everything that does not depend on the state (A, Aqk, T, W, U, QΓ, K̃, γ),
- * chunks independent of each other. recurrence: the state step on a slice of the V columns, columns
- * independent of each other (S, Δ, O are column-separable; the slices only read the prep).
+ * chunks independent of each other, and the chunk's first poisoned row (o->bad, c if none; its rows and later
+ * ones are neutral). recurrence: the state step on a slice of the V columns, columns independent of each other
+ * (S, Δ, O are column-separable; the slices only read the prep); rows from o->bad on are stored as NaN.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, const prep_t *o, int64_t t0, int c, int h) {
+KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     const float scale = p->scale;
 
-    load_chunk(p, s, t0, c, h);
+    o->bad = load_chunk(p, s, t0, c, h);
     intra_chunk_attention(s, o->Aqk, K, c, scale);
     solve_unit_lower(s, c);
 
@@ -316,7 +343,12 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
     }
     kda_gemm(K, w, c, o->KT, 1, K, D, w, Sj, V, 1);
 
-    for (int i = 0; i < c; i++) kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V + j0, O + i * w, w);
+    for (int i = 0; i < c; i++) {
+        float *row = O + i * w;
+        if (i >= o->bad)
+            for (int j = 0; j < w; j++) row[j] = NAN;
+        kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V + j0, row, w);
+    }
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -353,10 +385,20 @@ static void task_whole(void *arg, int64_t item, int thread) {
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
     kda_cpu_load_state(p, slot, h, s.S);
-    for (int64_t t0 = bos; t0 < eos; t0 += KDA_CHUNK) {
+    int poisoned = !kda_cpu_all_finite(s.S, (int64_t)K * V);
+    int64_t nan_from = poisoned ? bos : eos; /* tokens from here on are NaN without arithmetic */
+    for (int64_t t0 = bos; t0 < nan_from; t0 += KDA_CHUNK) {
         const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
         chunk_prep(p, &s, &s.pr, t0, c, h);
         chunk_recurrence(p, &s.pr, s.S, 0, V, s.D, s.O, t0, c, h);
+        if (s.pr.bad < c) {
+            poisoned = 1;
+            nan_from = t0 + c;
+        }
+    }
+    if (poisoned) {
+        store_nan_rows(p, s.O, nan_from, eos, h);
+        for (int64_t i = 0; i < (int64_t)K * V; i++) s.S[i] = NAN;
     }
     kda_cpu_store_state(p, slot, h, s.S);
 }
@@ -440,8 +482,13 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
         kda_seq_bounds(p, job.n, &job.bos, &job.eos);
         const int64_t slot = kda_state_slot(p, job.n);
         kda_cpu_load_state(p, slot, job.h, job.S);
+        /* non-finite contract: a non-finite initial state poisons from the first token; a chunk's poisoned row
+           from the end of that chunk (its own rows are NaN from the row on), the later chunks' outputs written
+           as NaN over whatever the window computed for them */
+        int poisoned = !kda_cpu_all_finite(job.S, (int64_t)K * V);
+        int64_t nan_from = poisoned ? job.bos : job.eos; /* tokens from here on are NaN without arithmetic */
         /* window w's recurrence beside window w+1's preps; w = -1 only prepares window 0 */
-        for (int64_t w = -1; job.bos + w * win < job.eos; w++) {
+        for (int64_t w = -1; !poisoned && job.bos + w * win < job.eos; w++) {
             const int64_t rt = job.bos + w * win, pt = rt + win;
             job.rec_t = rt;
             job.rec_n = w < 0 ? 0 : (int)((job.eos - rt < win ? job.eos - rt : win) + KDA_CHUNK - 1) / KDA_CHUNK;
@@ -450,6 +497,20 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
             job.prep_n = pt < job.eos ? (int)((job.eos - pt < win ? job.eos - pt : win) + KDA_CHUNK - 1) / KDA_CHUNK : 0;
             job.prep_preps = preps[(w + 3) % 2];
             kda_pool_run(ctx->pool, (job.rec_n ? job.nslices : 0) + job.prep_n, task_pipe, &job);
+            for (int ci = 0; ci < job.rec_n && !poisoned; ci++) {
+                const int64_t t0 = rt + (int64_t)ci * KDA_CHUNK;
+                const int c = job.eos - t0 < KDA_CHUNK ? (int)(job.eos - t0) : KDA_CHUNK;
+                if (job.rec_preps[ci].bad < c) {
+                    poisoned = 1;
+                    nan_from = t0 + c;
+                }
+            }
+        }
+        if (poisoned) {
+            scratch_t s; /* thread 0's scratch: the pool is idle here */
+            carve((float *)job.ws, K, V, &s);
+            store_nan_rows(p, s.O, nan_from, job.eos, job.h);
+            for (int64_t i = 0; i < (int64_t)K * V; i++) job.S[i] = NAN;
         }
         kda_cpu_store_state(p, slot, job.h, job.S);
     }

@@ -13,10 +13,13 @@
 #include <stdint.h>
 #include <string.h>
 
-/* e^x; 0 below -87.3 (the smallest normal float), +inf above 88. */
+/* e^x; 0 below -87.3 (the smallest normal float), +inf above 88, NaN for NaN. The argument is clamped before
+ * the float -> int conversion of its exponent, and NaN is clamped too (x > lo is false for NaN), so the
+ * conversion is always defined; the NaN is put back at the end. */
 static inline float kda_expf(float x) {
     const float lo = -87.3f, hi = 88.0f;
-    float xc = x < lo ? lo : (x > hi ? hi : x);
+    float xc = x > lo ? x : lo; /* NaN -> lo */
+    xc = xc < hi ? xc : hi;
     float t = xc * 1.44269504088896341f;
     float n = (t + 12582912.0f) - 12582912.0f; /* round to nearest integer */
     float r = xc - n * 0.693145751953125f;     /* Cody-Waite: ln2 = hi + lo */
@@ -35,6 +38,7 @@ static inline float kda_expf(float x) {
     float y = p * s;
     y = x < lo ? 0.0f : y;
     y = x > hi ? INFINITY : y;
+    y = x == x ? y : x; /* NaN in, NaN out */
     return y;
 }
 

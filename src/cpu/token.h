@@ -6,6 +6,8 @@
 #define KDA_CPU_TOKEN_H
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "../internal.h"
 #include "dtype.h"
@@ -42,6 +44,35 @@ KDA_INLINE void kda_cpu_gate_row(const kda_problem_t *p, int h, float *g) {
     } else {
         for (int i = 0; i < K; i++) g[i] = -A * kda_softplusf(g[i]);
     }
+}
+
+/* The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs"), step 1: each log
+ * decay into [KDA_GATE_MIN, 0], positive or +inf -> 0, below KDA_GATE_MIN or -inf -> KDA_GATE_MIN; a NaN stays
+ * NaN (both comparisons are false for it) and poisons the token. */
+KDA_INLINE void kda_cpu_gate_clamp(float *g, int n) {
+    for (int i = 0; i < n; i++) {
+        const float x = g[i] < KDA_GATE_MIN ? KDA_GATE_MIN : g[i];
+        g[i] = x > 0.0f ? 0.0f : x;
+    }
+}
+
+/* 1 when every x[0..n) is finite (its exponent bits are not all ones): an integer OR, which vectorises. */
+KDA_INLINE int kda_cpu_all_finite(const float *x, int64_t n) {
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, x + i, 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+/* Step 2 of the contract: 1 when token t poisons its (sequence, value head): a non-finite q, k (after l2norm),
+ * v, log decay (after the gate transform and the clamp) or β (after its sigmoid). */
+KDA_INLINE int kda_cpu_token_poisons(const float *q, const float *k, const float *v, const float *gate, float beta,
+                                     int K, int V) {
+    return !(kda_cpu_all_finite(q, K) && kda_cpu_all_finite(k, K) && kda_cpu_all_finite(v, V) &&
+             kda_cpu_all_finite(gate, K) && kda_cpu_all_finite(&beta, 1));
 }
 
 /* β of token t (a row of the flattened tensors), value head h. */

@@ -105,6 +105,37 @@ BAD(bad_o_dtype, INVALID, "o_dtype", f->a.o_dtype = KDA_INT64)
 BAD(bad_q_null, INVALID, "q", f->a.q = NULL)
 BAD(bad_beta_null, INVALID, "beta", f->a.beta = NULL)
 BAD(bad_o_aliases_input, INVALID, "o", f->a.o = (void *)f->a.v)
+BAD(bad_o_aliases_beta, INVALID, "o", f->a.o = (void *)f->a.beta)
+BAD(bad_o_aliases_initial_state, INVALID, "o", f->a.o = (void *)f->a.initial_state)
+BAD(bad_o_partial_overlap_v, INVALID, "o", f->a.o = (char *)f->a.v + 2)
+BAD(bad_o_aliases_cu_seqlens, INVALID, "o", f->a.o = f->cu)
+BAD(bad_o_aliases_final_state, INVALID, "o", f->a.o = f->a.final_state)
+BAD(bad_final_state_aliases_q, INVALID, "final_state", f->a.final_state = (void *)f->a.q)
+BAD(bad_final_state_aliases_dt_bias, INVALID, "final_state", {
+    f->a.use_gate_in_kernel = 1;
+    f->a.A_log = f->s.A_log;
+    f->a.dt_bias = f->s.dt_bias;
+    f->a.final_state = (void *)((const char *)f->s.dt_bias - 8);
+})
+BAD(bad_final_state_partial_overlap_initial_state, INVALID, "final_state",
+    f->a.final_state = (float *)f->a.initial_state + 1)
+BAD(bad_final_state_aliases_state_indices, INVALID, "final_state", {
+    f->idx[0] = 0; f->idx[1] = -1; f->idx[2] = 1;
+    f->a.state_indices = f->idx;
+    f->a.num_state_slots = 2;
+    f->a.final_state = (char *)f->idx - 4;
+})
+BAD(bad_batch_huge_seq_len_zero, INVALID, "batch", {
+    f->a.cu_seqlens = NULL;
+    f->a.num_seqs = 0;
+    f->a.seq_len = 0;
+    f->a.batch = (int64_t)1 << 62;
+})
+BAD(bad_num_state_slots_huge, INVALID, "num_state_slots", {
+    f->idx[0] = 0; f->idx[1] = -1; f->idx[2] = 1;
+    f->a.state_indices = f->idx;
+    f->a.num_state_slots = (int64_t)1 << 60;
+})
 BAD(bad_cu_seqlens_not_start_zero, INVALID, "cu_seqlens", f->cu[0] = 1)
 BAD(bad_cu_seqlens_not_monotone, INVALID, "cu_seqlens", f->cu[2] = 3)
 BAD(bad_cu_seqlens_wrong_end, INVALID, "cu_seqlens", f->cu[3] = 24)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "compare.h"
+#include "contract.h"
 #include "cpu/dtype.h"
 #include "internal.h"
 #include "test_util.h"
@@ -493,6 +494,7 @@ TEST(gpu_head_size_out_of_range) {
     dproblem_free(&d);
 }
 
+<<<<<<< HEAD
 /* The CUDA backward is a later step: kda_backward answers NOT_SUPPORTED naming the backend, writes nothing. */
 TEST(gpu_bwd_not_supported_yet) {
     kda_synth_config_t c = base(128);
@@ -506,6 +508,65 @@ TEST(gpu_bwd_not_supported_yet) {
     CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
     CHECK(strstr(kda_last_error(), "cuda") != NULL, "%s", kda_last_error());
     dproblem_free(&d);
+=======
+/* ---------------------------------------------------------------------------------------------------------
+ * The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs") on CUDA: kda_forward
+ * and kda_decode on every input class of the table, against their own clean runs and the fp64 oracle
+ * (tests/common/contract.c; the CPU backends run the same check in contract_cpu_forward_decode_agree).
+ * ------------------------------------------------------------------------------------------------------- */
+static kda_status_t run_cuda(void *user, const kda_args_t *h, kda_algo_t algo) {
+    (void)user;
+    const int64_t T = h->batch * h->seq_len, HQK = h->num_qk_heads, HV = h->num_v_heads, K = h->head_dim_k,
+                  V = h->head_dim_v, N = h->cu_seqlens ? h->num_seqs : h->batch; /* float32 tensors only */
+    const size_t qb = (size_t)(T * HQK * K) * 4, vb = (size_t)(T * HV * V) * 4, gb = (size_t)(T * HV * K) * 4,
+                 bb = (size_t)(T * HV) * 4, sb = (size_t)(N * HV * K * V) * 4;
+    kda_args_t d = *h;
+    d.q = to_dev(h->q, qb);
+    d.k = to_dev(h->k, qb);
+    d.v = to_dev(h->v, vb);
+    d.g = to_dev(h->g, gb);
+    d.beta = to_dev(h->beta, bb);
+    d.o = to_dev(h->o, vb);
+    d.initial_state = to_dev(h->initial_state, sb);
+    d.final_state = to_dev(h->final_state, sb);
+    if (h->cu_seqlens) {
+        d.cu_seqlens = to_dev(h->cu_seqlens, (size_t)(N + 1) * kda_dtype_size(h->cu_seqlens_dtype));
+        d.cu_seqlens_host = h->cu_seqlens;
+    }
+    size_t need = 0;
+    void *ws = NULL;
+    kda_status_t st = algo == KDA_ALGO_DECODE ? kda_decode_workspace_size(gpu(), &d, &need)
+                                              : kda_forward_workspace_size(gpu(), &d, &need);
+    if (st == KDA_STATUS_SUCCESS) {
+        CUDA_OK(cudaMalloc(&ws, need ? need : 16));
+        st = algo == KDA_ALGO_DECODE ? kda_decode(gpu(), &d, ws, need, NULL) : kda_forward(gpu(), &d, ws, need, NULL);
+        CUDA_OK(cudaDeviceSynchronize());
+    }
+    if (st == KDA_STATUS_SUCCESS) {
+        CUDA_OK(cudaMemcpy(h->o, d.o, vb, cudaMemcpyDeviceToHost));
+        if (h->final_state) CUDA_OK(cudaMemcpy(h->final_state, d.final_state, sb, cudaMemcpyDeviceToHost));
+    }
+    cudaFree(ws);
+    cudaFree((void *)d.q);
+    cudaFree((void *)d.k);
+    cudaFree((void *)d.v);
+    cudaFree((void *)d.g);
+    cudaFree((void *)d.beta);
+    cudaFree(d.o);
+    cudaFree((void *)d.initial_state);
+    cudaFree(d.final_state);
+    cudaFree((void *)d.cu_seqlens);
+    return st;
+}
+
+TEST(gpu_contract_forward_decode_agree) {
+    (void)gpu();
+    for (int kd = 64; kd <= 128; kd += 64) {
+        kda_contract_backend_t be = {kd == 64 ? "cuda K=64" : "cuda K=128", run_cuda, NULL, kd, 2e-2, 1e-3};
+        kda_contract_check(&be, 30);
+        kda_contract_check(&be, 66);
+    }
+>>>>>>> d1dcc86 (docs: ALGORITHM.md §6 non-finite and out-of-range inputs (contract, input class x path tables, CI and fuzzing); kda.h: the contract, aliasing, the size bound and state_indices on CUDA; tests: gpu_contract_forward_decode_agree (the contract table on CUDA); CI: CPU tests under clang ASan+UBSan (float-cast-overflow) and a 60 s fuzz run after make test)
 }
 
 #else

@@ -1,0 +1,27 @@
+/*
+ * The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs"), checked on one
+ * backend: every input class of the table (finite, huge ±1e30, ±inf, NaN) in q, k, v, g, β and the initial
+ * state, injected at one token, through kda_forward and kda_decode, against the backend's own clean run and the
+ * fp64 oracle. Shared by the CPU test (host memory) and the GPU test (the runner copies to the device).
+ */
+#ifndef KDA_TEST_CONTRACT_H
+#define KDA_TEST_CONTRACT_H
+
+#include "compare.h"
+#include "kda.h"
+
+typedef struct {
+    const char *name;
+    /* Run `algo` for args (host pointers, float32 o and final_state); results back in args' host o and
+     * final_state. */
+    kda_status_t (*run)(void *user, const kda_args_t *args, kda_algo_t algo);
+    void *user;
+    int head_dim;     /* K = V */
+    double tol;       /* finite outputs against the fp64 oracle (relative to the largest |o|) */
+    double same_tol;  /* outputs that must not change against this backend's clean run (same, relative) */
+} kda_contract_backend_t;
+
+/* Check every class at tokens `t` of sequence 0 (a 70-token sequence beside a 9-token one); CHECKs inside. */
+void kda_contract_check(const kda_contract_backend_t *be, int t);
+
+#endif /* KDA_TEST_CONTRACT_H */
