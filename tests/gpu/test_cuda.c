@@ -494,7 +494,6 @@ TEST(gpu_head_size_out_of_range) {
     dproblem_free(&d);
 }
 
-<<<<<<< HEAD
 /* The CUDA backward is a later step: kda_backward answers NOT_SUPPORTED naming the backend, writes nothing. */
 TEST(gpu_bwd_not_supported_yet) {
     kda_synth_config_t c = base(128);
@@ -508,7 +507,8 @@ TEST(gpu_bwd_not_supported_yet) {
     CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
     CHECK(strstr(kda_last_error(), "cuda") != NULL, "%s", kda_last_error());
     dproblem_free(&d);
-=======
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs") on CUDA: kda_forward
  * and kda_decode on every input class of the table, against their own clean runs and the fp64 oracle
@@ -566,7 +566,6 @@ TEST(gpu_contract_forward_decode_agree) {
         kda_contract_check(&be, 30);
         kda_contract_check(&be, 66);
     }
->>>>>>> d1dcc86 (docs: ALGORITHM.md §6 non-finite and out-of-range inputs (contract, input class x path tables, CI and fuzzing); kda.h: the contract, aliasing, the size bound and state_indices on CUDA; tests: gpu_contract_forward_decode_agree (the contract table on CUDA); CI: CPU tests under clang ASan+UBSan (float-cast-overflow) and a 60 s fuzz run after make test)
 }
 
 #else
