@@ -218,20 +218,13 @@ DEV void gate_raw(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
 }
 
 /* The gate values (in-kernel gate, clamped into [KDA_GATE_MIN, 0] with NaN kept, in log2 units) summed down the
- * rows in place. NEUTRAL (the rare second pass of a chunk whose sums came out NaN): a NaN gate counts as 0 and the
- * first such row is returned (C if none), so that G stays finite for the rows before it. */
-template <int KD, int NEUTRAL>
-DEV int gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, int gr0, int nvalid, int nvalid_y,
+ * rows in place: a NaN gate makes its row's sum and every later one NaN (gate_cumsum repairs that, rarely). */
+template <int KD>
+DEV void gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, int gr0, int nvalid, int nvalid_y,
                            float A, float2 bias, float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)],
                            float *run0, float *run1) {
     constexpr int GROWS = GATE_ROWS(KD);
-    int bad = KDA_CHUNK;
     float r0 = 0.0f, r1 = 0.0f;
-#define GATE_NEUTRAL(x, u, nv)                                                                                 \
-    if (NEUTRAL && (x) != (x)) {                                                                               \
-        if ((u) < (nv) && gr0 + (u) < bad) bad = gr0 + (u);                                                    \
-        (x) = 0.0f;                                                                                            \
-    }
     if (p.gate_in_kernel && p.lower_bound != 0.0f) {
         /* lower_bound · sigmoid(A (g + bias)), straight in log2 units: it lies in [lower_bound, 0] (the
            validated lower_bound ≥ −5 is inside the clamp), so a NaN-keeping max is the whole clamp */
@@ -241,8 +234,6 @@ DEV int gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, i
             for (int u = 0; u < GROWS; u++) {
                 float x = fmax_nan(lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x))), lb2);
                 float y = fmax_nan(lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y))), lb2);
-                GATE_NEUTRAL(x, u, nvalid)
-                GATE_NEUTRAL(y, u, nvalid_y)
                 r0 += u < nvalid ? x : 0.0f;
                 r1 += u < nvalid_y ? y : 0.0f;
                 gx[u] = r0;
@@ -263,8 +254,6 @@ DEV int gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, i
                 /* clamp into [KDA_GATE_MIN, 0]: −inf becomes the minimum, +inf 0, NaN stays */
                 float x = fmin_nan(fmax_nan(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E;
                 float y = fmin_nan(fmax_nan(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E;
-                GATE_NEUTRAL(x, u, nvalid)
-                GATE_NEUTRAL(y, u, nvalid_y)
                 r0 += u < nvalid ? x : 0.0f;
                 r1 += u < nvalid_y ? y : 0.0f;
                 gx[u] = r0;
@@ -272,10 +261,26 @@ DEV int gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, i
             }
         }
     }
-#undef GATE_NEUTRAL
     *run0 = r0;
     *run1 = r1;
-    return bad;
+}
+
+/* A channel's running sums with a NaN from row u0 on (rare): the rows before are exact; from u0 on the sum is held
+ * at its last finite value (the gate counts as 0: those rows are neutral, ALGORITHM.md §7). Returns the first NaN
+ * row (GROWS if none) and repairs the part's total. */
+template <int KD>
+DEV int gate_repair(float (&gx)[GATE_ROWS(KD)], float *run) {
+    int first = GATE_ROWS(KD);
+    float last = 0.0f;
+    for (int u = 0; u < GATE_ROWS(KD); u++) {
+        if (gx[u] != gx[u]) {
+            if (first == GATE_ROWS(KD)) first = u;
+            gx[u] = last;
+        }
+        last = gx[u];
+    }
+    *run = last;
+    return first;
 }
 
 template <int KD, int EXACT>
@@ -298,12 +303,11 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     /* rows past the chunk's end and padded channels add 0 */
     const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
     float run0, run1;
-    gate_transform_sum<KD, 0>(p, ck, gr0, nvalid, nvalid_y, A, bias, gx, gy, &run0, &run1);
-    if (run0 != run0 || run1 != run1) { /* a NaN gate: poisoned from its row (ALGORITHM.md §6); the raw tile is
-                                           still there, read it again and keep G finite */
-        if (p.g_dtype == KDA_DT_F32) gate_raw<KD, EXACT, 1>(p, sm, ck, gd, gr0, gx, gy);
-        else gate_raw<KD, EXACT, 0>(p, sm, ck, gd, gr0, gx, gy);
-        atomicMin(sm.poison, gate_transform_sum<KD, 1>(p, ck, gr0, nvalid, nvalid_y, A, bias, gx, gy, &run0, &run1));
+    gate_transform_sum<KD>(p, ck, gr0, nvalid, nvalid_y, A, bias, gx, gy, &run0, &run1);
+    if (run0 != run0 || run1 != run1) { /* a NaN gate: the chunk is poisoned from its row (ALGORITHM.md §7) */
+        const int ux = gate_repair<KD>(gx, &run0), uy = gate_repair<KD>(gy, &run1);
+        const int u = ux < uy ? ux : uy;
+        if (u < GROWS) atomicMin(sm.poison, gr0 + u);
     }
     *(float2 *)&sm.tot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
 }
