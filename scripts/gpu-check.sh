@@ -58,9 +58,10 @@ for step in "$@"; do
     ;;
   ab)
     build build-base .base || exit 1
-    for r in 1 2; do for which in base gpu; do
+    for v in ${AB_VARIANTS:-}; do build build-$v .$v || exit 1; done
+    for r in 1 2; do for which in base gpu ${AB_VARIANTS:-}; do
       echo "$which (run $r):"
-      py=$PWD/python; [ $which = base ] && [ -d .base/python ] && py=$PWD/.base/python # the binding of its day
+      py=$PWD/python; [ $which != gpu ] && [ -d .$which/python ] && py=$PWD/.$which/python # the binding of its day
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py PYTHONUNBUFFERED=1 python3 bench/stages.py --sets all \
         --shapes ${AB_SHAPES:-B2T8192H64 B1T8192H64 B8T4096H32 B1T512H64 B1T32768H32 V6 V8x1024 GVA} 2>&1 |
         grep -v Warn | tee -a "$OUT/ab.log"

@@ -181,10 +181,6 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     pp.beta = a->beta;
     pp.A_log = a->use_gate_in_kernel ? a->A_log : NULL;
     pp.dt_bias = a->use_gate_in_kernel ? a->dt_bias : NULL;
-    pp.h0 = a->initial_state;
-    pp.h0_dtype = (int)a->initial_state_dtype;
-    pp.state_indices = a->state_indices;
-    pp.num_state_slots = a->num_state_slots;
     pp.dtype = (int)a->dtype;
     pp.g_dtype = (int)a->g_dtype;
     pp.beta_dtype = (int)a->beta_dtype;

@@ -75,18 +75,6 @@ DEV float lg2_approx(float x) {
     return y;
 }
 
-/* max / min that return NaN when either operand is NaN (fmaxf and fminf return the other operand) */
-DEV float fmax_nan(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-DEV float fmin_nan(float a, float b) {
-    float r;
-    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
 DEV float sigmoidf_(float x) { return rcp_approx(1.0f + ex2(-x * LOG2E)); }
 
 DEV float softplusf_(float x) {

@@ -88,10 +88,6 @@ typedef struct kda_prep_params {
     kda_cuda_blocks_t blocks;
     const void *q, *k, *v, *g, *beta;
     const float *A_log, *dt_bias;    /* NULL unless use_gate_in_kernel */
-    const void *h0;                  /* the initial states, read by each sequence's first chunk for non-finite values */
-    int h0_dtype;
-    const int32_t *state_indices;
-    int64_t num_state_slots;
     int dtype, g_dtype, beta_dtype;
     int hqk, hv, group, K, V;        /* the true head sizes (the kernel's template holds their classes) */
     int piece_qk, piece_v;           /* bytes in which 16-bit K (V) rows are copied: 16, 8, 4 or 2 (K % 8 == 0: 16) */
@@ -121,7 +117,6 @@ typedef struct kda_rec_params {
  *   W, QΓ, K̃   C×KC bf16 each, panel layout (common.cuh)     — copied to shared memory byte for byte
  *   Aqk        C×C bf16, panel layout
  *   γ          KC fp32
- *   poison     int32 (16 bytes): the chunk's first poisoned row (docs/ALGORITHM.md §6), C if none
  *   U          C×VC bf16, panel layout                       — each V tile copies the panels it needs
  * Rows past the end of a short chunk and padded columns are zero, so the recurrence needs no masks there.
  * ------------------------------------------------------------------------------------------------------- */
@@ -129,8 +124,7 @@ KDA_HD static inline int64_t kda_cuda_off_qg(int kc) { return (int64_t)KDA_CHUNK
 KDA_HD static inline int64_t kda_cuda_off_kt(int kc) { return (int64_t)2 * KDA_CHUNK * kc * 2; }
 KDA_HD static inline int64_t kda_cuda_off_aqk(int kc) { return (int64_t)3 * KDA_CHUNK * kc * 2; }
 KDA_HD static inline int64_t kda_cuda_off_gamma(int kc) { return kda_cuda_off_aqk(kc) + KDA_CHUNK * KDA_CHUNK * 2; }
-KDA_HD static inline int64_t kda_cuda_off_poison(int kc) { return kda_cuda_off_gamma(kc) + (int64_t)kc * 4; }
-KDA_HD static inline int64_t kda_cuda_off_u(int kc) { return kda_cuda_off_poison(kc) + 16; }
+KDA_HD static inline int64_t kda_cuda_off_u(int kc) { return kda_cuda_off_gamma(kc) + (int64_t)kc * 4; }
 KDA_HD static inline int64_t kda_cuda_block_bytes(int kc, int vc) {
     return kda_cuda_off_u(kc) + (int64_t)KDA_CHUNK * vc * 2;
 }

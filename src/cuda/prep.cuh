@@ -27,13 +27,7 @@
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
  *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II)
- *   β    fp32 [C], 512 floats for the partial sums of the gate, the first poisoned row
- *
- * The non-finite contract (ALGORITHM.md §6): a row with a non-finite q, k, v, β or gate (or any row, when the
- * sequence's initial state has a non-finite value) poisons the chunk from that row on. Its first such row t* is
- * found beside the normal work (NaN-keeping clamps; the gate sums, the l2norm sums and a bit test of v show it), the
- * rows from t* on are made neutral (q = k = v = β = 0, gate 0) so that no NaN reaches the rows before, and t* goes
- * to the block, where the recurrence writes NaN from it on. W and U rows that overflow to ±∞ poison likewise.
+ *   β    fp32 [C], and 512 floats for the partial sums of the gate
  */
 #include "common.cuh"
 #include "seq.cuh"
@@ -57,15 +51,13 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_A(KD, VD) (PREP_OFF_V(KD, VD) + KDA_CHUNK * PREP_S(VD) * 2)
 #define PREP_OFF_BETA(KD, VD) (PREP_OFF_A(KD, VD) + KDA_CHUNK * SA * 4)
 #define PREP_OFF_TOT(KD, VD) (PREP_OFF_BETA(KD, VD) + KDA_CHUNK * 4)
-#define PREP_OFF_POISON(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
-#define PREP_BYTES(KD, VD) (PREP_OFF_POISON(KD, VD) + 16)
+#define PREP_BYTES(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
 
 /* The shared-memory tiles and the chunk a CTA prepares */
 typedef struct {
     float *G;     /* R_G */
     bf16 *K, *Q, *V;
     float *A, *beta, *tot;
-    int *poison;  /* the chunk's first poisoned row (ALGORITHM.md §6), C if none */
 } prep_smem_t;
 
 typedef struct {
@@ -153,7 +145,6 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
 
 template <int KD, int VD>
 DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
-    if (tid == 0) *sm.poison = KDA_CHUNK; /* read after the copies' barrier */
     if (!KDA_SKIP(p, 512)) {
         if (p.dtype != KDA_DT_F32) {
             const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)ck.K;
@@ -186,14 +177,20 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
 #define GATE_PARTS(KD) (PREP_THREADS / GATE_PAIRS(KD))     /* row parts: 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
 #define GATE_ROWS(KD) (KDA_CHUNK / GATE_PARTS(KD))         /* rows of a part */
 
-/* The raw gate values of a thread's channel pair over its GROWS rows (0 for rows past the chunk's end and for
- * padded channels): fp32 gates from global memory, 16-bit ones from the raw tile (after the copies' barrier) */
-template <int KD, int EXACT, int F32>
-DEV void gate_raw(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int gd, int gr0,
-                  float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)]) {
-    constexpr int GROWS = GATE_ROWS(KD);
-    const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K;
-    if (F32) {
+template <int KD, int EXACT>
+DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
+                     float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)]) {
+    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD);
+    const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
+    const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
+    const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
+    float2 bias = make_float2(0.0f, 0.0f);
+    if (p.gate_in_kernel && p.dt_bias) {
+        const float *db = p.dt_bias + ck.h * (int64_t)ck.K + gd;
+        if ((ck.K & 1) == 0 && okx) bias = *(const float2 *)db;
+        else bias = make_float2(okx ? db[0] : 0.0f, oky ? db[1] : 0.0f);
+    }
+    if (p.g_dtype == KDA_DT_F32) {
         const float *gp = (const float *)p.g + (ck.t0 * p.hv + ck.h) * (int64_t)ck.K + gd;
         const int64_t rs = (int64_t)p.hv * ck.K;
         if ((ck.K & 1) == 0) {
@@ -210,34 +207,28 @@ DEV void gate_raw(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
                 gy[u] = gr0 + u < ck.clen && oky ? gp[(gr0 + u) * rs + 1] : 0.0f;
             }
         }
-    } else {
-        const uint32_t *graw = (const uint32_t *)sm.G + gd / 2 + gr0 * (KD / 2);
-        if (p.g_dtype == KDA_DT_F16) gate_pairs_to_f32<1, KD, GROWS>(graw, gx, gy);
-        else gate_pairs_to_f32<0, KD, GROWS>(graw, gx, gy);
     }
-}
-
-/* The gate values (in-kernel gate, clamped into [KDA_GATE_MIN, 0] with NaN kept, in log2 units) summed down the
- * rows in place: a NaN gate makes its row's sum and every later one NaN (gate_cumsum repairs that, rarely). */
-template <int KD>
-DEV void gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, int gr0, int nvalid, int nvalid_y,
-                           float A, float2 bias, float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)],
-                           float *run0, float *run1) {
-    constexpr int GROWS = GATE_ROWS(KD);
-    float r0 = 0.0f, r1 = 0.0f;
+    cp_async_wait_all();
+    __syncthreads(); /* the tiles were copied by all threads */
+    const uint32_t *graw = (const uint32_t *)sm.G + gd / 2;
+    if (p.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
+        gate_pairs_to_f32<1, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
+    else if (p.g_dtype == KDA_DT_BF16)
+        gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
+    /* rows past the chunk's end and padded channels add 0 */
+    const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
+    float run0 = 0.0f, run1 = 0.0f;
     if (p.gate_in_kernel && p.lower_bound != 0.0f) {
         /* lower_bound · sigmoid(A (g + bias)), straight in log2 units: it lies in [lower_bound, 0] (the
-           validated lower_bound ≥ −5 is inside the clamp), so a NaN-keeping max is the whole clamp */
+           validated lower_bound ≥ −5 is inside the clamp), so one fmaxf is the whole clamp (NaN → min) */
         const float za = -A * LOG2E, lb2 = p.lower_bound * LOG2E;
         if (!KDA_SKIP(p, 32)) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
-                float x = fmax_nan(lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x))), lb2);
-                float y = fmax_nan(lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y))), lb2);
-                r0 += u < nvalid ? x : 0.0f;
-                r1 += u < nvalid_y ? y : 0.0f;
-                gx[u] = r0;
-                gy[u] = r1;
+                run0 += u < nvalid ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x))), lb2) : 0.0f;
+                run1 += u < nvalid_y ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y))), lb2) : 0.0f;
+                gx[u] = run0;
+                gy[u] = run1;
             }
         }
     } else {
@@ -251,63 +242,13 @@ DEV void gate_transform_sum(const kda_prep_params_t &p, const prep_chunk_t &ck, 
         if (!KDA_SKIP(p, 32)) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
-                /* clamp into [KDA_GATE_MIN, 0]: −inf becomes the minimum, +inf 0, NaN stays */
-                float x = fmin_nan(fmax_nan(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E;
-                float y = fmin_nan(fmax_nan(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E;
-                r0 += u < nvalid ? x : 0.0f;
-                r1 += u < nvalid_y ? y : 0.0f;
-                gx[u] = r0;
-                gy[u] = r1;
+                /* clamp into [KDA_GATE_MIN, 0]: NaN and −inf become the minimum */
+                run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                run1 += u < nvalid_y ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+                gx[u] = run0;
+                gy[u] = run1;
             }
         }
-    }
-    *run0 = r0;
-    *run1 = r1;
-}
-
-/* A channel's running sums with a NaN from row u0 on (rare): the rows before are exact; from u0 on the sum is held
- * at its last finite value (the gate counts as 0: those rows are neutral, ALGORITHM.md §7). Returns the first NaN
- * row (GROWS if none) and repairs the part's total. */
-template <int KD>
-DEV int gate_repair(float (&gx)[GATE_ROWS(KD)], float *run) {
-    int first = GATE_ROWS(KD);
-    float last = 0.0f;
-    for (int u = 0; u < GATE_ROWS(KD); u++) {
-        if (gx[u] != gx[u]) {
-            if (first == GATE_ROWS(KD)) first = u;
-            gx[u] = last;
-        }
-        last = gx[u];
-    }
-    *run = last;
-    return first;
-}
-
-template <int KD, int EXACT>
-DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
-                     float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)]) {
-    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD);
-    const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
-    const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
-    const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
-    float2 bias = make_float2(0.0f, 0.0f);
-    if (p.gate_in_kernel && p.dt_bias) {
-        const float *db = p.dt_bias + ck.h * (int64_t)ck.K + gd;
-        if ((ck.K & 1) == 0 && okx) bias = *(const float2 *)db;
-        else bias = make_float2(okx ? db[0] : 0.0f, oky ? db[1] : 0.0f);
-    }
-    if (p.g_dtype == KDA_DT_F32) gate_raw<KD, EXACT, 1>(p, sm, ck, gd, gr0, gx, gy); /* in flight over the wait */
-    cp_async_wait_all();
-    __syncthreads(); /* the tiles were copied by all threads */
-    if (p.g_dtype != KDA_DT_F32) gate_raw<KD, EXACT, 0>(p, sm, ck, gd, gr0, gx, gy);
-    /* rows past the chunk's end and padded channels add 0 */
-    const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
-    float run0, run1;
-    gate_transform_sum<KD>(p, ck, gr0, nvalid, nvalid_y, A, bias, gx, gy, &run0, &run1);
-    if (run0 != run0 || run1 != run1) { /* a NaN gate: the chunk is poisoned from its row (ALGORITHM.md §7) */
-        const int ux = gate_repair<KD>(gx, &run0), uy = gate_repair<KD>(gy, &run1);
-        const int u = ux < uy ? ux : uy;
-        if (u < GROWS) atomicMin(sm.poison, gr0 + u);
     }
     *(float2 *)&sm.tot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
 }
@@ -334,7 +275,7 @@ DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GA
  * ------------------------------------------------------------------------------------------------------- */
 template <int W, int EXACT>
 DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
-                        bf16 *tile, int norm, float scale, int *poison, int tid) {
+                        bf16 *tile, int norm, float scale, int tid) {
     constexpr int CW = W / 4, S = PREP_S(W);
     const int r = tid >> 2, c0 = (tid & 3) * CW;
     float x[CW];
@@ -359,14 +300,16 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
     } else {
         row16_to_f32<0, CW>(tile + r * S + c0, x);
     }
-    /* Σ x² of the row: the l2norm's, and the test for non-finite (or overflowing) values of the row */
-    float ss = 0.0f;
+    float f = 1.0f;
+    if (norm) {
+        float ss = 0.0f;
 #pragma unroll
-    for (int c = 0; c < CW; c++) ss += x[c] * x[c];
-    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-    if (!(ss <= 3.402823466e38f) && (tid & 3) == 0 && r < clen) atomicMin(poison, r);
-    const float f = (norm ? rsqrtf(ss + 1e-6f) : 1.0f) * scale;
+        for (int c = 0; c < CW; c++) ss += x[c] * x[c];
+        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        f = rsqrtf(ss + 1e-6f);
+    }
+    f *= scale;
 #pragma unroll
     for (int c = 0; c < CW; c += 8)
         *(uint4 *)(tile + r * S + c0 + c) =
@@ -379,58 +322,9 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     if (KDA_SKIP(p, 64)) return;
     const int64_t row_qk = (ck.t0 + (tid >> 2)) * p.hqk + ck.hq, row_v = (ck.t0 + (tid >> 2)) * p.hv + ck.h;
     const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
-    normalize_tile<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, sm.poison, tid);
-    normalize_tile<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, sm.poison, tid);
-    if (p.dtype != KDA_DT_BF16) {
-        normalize_tile<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, 0, 1.0f, sm.poison, tid);
-    } else { /* bf16 v stays as copied: a bit test of its exponents (all ones: ±∞ or NaN), two values a word */
-        constexpr int CWV = VD / 4;
-        const int r = tid >> 2;
-        const bf16 *row = sm.V + r * PREP_S(VD) + (tid & 3) * CWV;
-        uint32_t acc = 0;
-#pragma unroll
-        for (int c = 0; c < CWV; c += 8) {
-            const uint4 w = *(const uint4 *)(row + c);
-            acc |= ((w.x & 0x7f807f80u) + 0x00800080u) | ((w.y & 0x7f807f80u) + 0x00800080u) |
-                   ((w.z & 0x7f807f80u) + 0x00800080u) | ((w.w & 0x7f807f80u) + 0x00800080u);
-        }
-        if ((acc & 0x80008000u) && r < ck.clen) atomicMin(sm.poison, r);
-    }
-    if (tid < ck.clen && !(fabsf(sm.beta[tid]) <= 3.402823466e38f)) atomicMin(sm.poison, tid);
-}
-
-/* The first chunk of a sequence reads its initial state (the whole K×V of the head's slot): a non-finite value
- * poisons the sequence from its first token (ALGORITHM.md §6), whichever V tile of the recurrence holds it */
-DEV void initial_state_check(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int64_t n,
-                             int tid) {
-    const int64_t slot = seq_slot(p.state_indices, p.num_state_slots, n);
-    if (slot < 0) return;
-    const int64_t per = (int64_t)ck.K * ck.V, base = (slot * p.hv + ck.h) * per;
-    int bad = 0;
-    if (p.h0_dtype == KDA_DT_F32) {
-        const float *h0 = (const float *)p.h0 + base;
-        for (int64_t i = tid; i < per; i += PREP_THREADS) bad |= !(fabsf(h0[i]) <= 3.402823466e38f);
-    } else {
-        const uint16_t *h0 = (const uint16_t *)p.h0 + base;
-        for (int64_t i = tid; i < per; i += PREP_THREADS) bad |= (h0[i] & 0x7f80) == 0x7f80;
-    }
-    if (bad) atomicMin(sm.poison, 0);
-}
-
-/* Rows t*.. of a poisoned chunk made neutral: q = k = v = β = 0 (G is finite there: NaN gates were counted as 0),
- * so that no non-finite value reaches the rows before t* through the triangular products */
-template <int KD, int VD>
-DEV void neutralize_rows(const prep_smem_t &sm, int tstar, int tid) {
-    for (int e = tid; e < KDA_CHUNK * (KD + 8); e += PREP_THREADS) {
-        const int r = e / (KD + 8);
-        if (r >= tstar) {
-            sm.Q[e] = __float2bfloat16_rn(0.0f);
-            sm.K[e] = __float2bfloat16_rn(0.0f);
-        }
-    }
-    for (int e = tid; e < KDA_CHUNK * (VD + 8); e += PREP_THREADS)
-        if (e / (VD + 8) >= tstar) sm.V[e] = __float2bfloat16_rn(0.0f);
-    if (tid < KDA_CHUNK && tid >= tstar) sm.beta[tid] = 0.0f;
+    normalize_tile<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid);
+    normalize_tile<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid);
+    if (p.dtype != KDA_DT_BF16) normalize_tile<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -784,8 +678,7 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
                             (bf16 *)(smem + PREP_OFF_V(KD, VD)),
                             (float *)(smem + PREP_OFF_A(KD, VD)),
                             (float *)(smem + PREP_OFF_BETA(KD, VD)),
-                            (float *)(smem + PREP_OFF_TOT(KD, VD)),
-                            (int *)(smem + PREP_OFF_POISON(KD, VD))};
+                            (float *)(smem + PREP_OFF_TOT(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     /* this CTA's chunk */
@@ -810,12 +703,8 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
     float gx[GATE_ROWS(KD)], gy[GATE_ROWS(KD)];
     gate_cumsum<KD, EXACT>(p, sm, ck, tid, gx, gy); /* waits for the copies */
     normalize_qkv<KD, VD, EXACT>(p, sm, ck, tid);
-    if (p.h0 && cid == seq_chunk0(p.seqs, n)) initial_state_check(p, sm, ck, n, tid);
-    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, q, k, v and the poison row are done */
+    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, and q, k, v are done */
     gate_cumsum_finish<KD>(sm, tid, gx, gy);
-    const int tstar = *sm.poison;
-    if (tstar < ck.clen) neutralize_rows<KD, VD>(sm, tstar, tid); /* rare */
-    if (tid == 0) *(int *)(ck.blk + kda_cuda_off_poison(KD)) = tstar < ck.clen ? tstar : KDA_CHUNK;
     for (int e = tid; e < KDA_CHUNK * SA / 4; e += PREP_THREADS) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 

@@ -37,12 +37,12 @@ typedef __nv_bfloat16 bf16;
 
 #define REC_MAX_THREADS 256
 
-/* One stage: W, QΓ, K̃ (C×KD), Aqk (C×C), γ (KD fp32), the poison row exactly as in the workspace (REC_LINEAR bytes), then
+/* One stage: W, QΓ, K̃ (C×KD), Aqk (C×C), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes), then
  * the panels of U that hold this CTA's columns (REC_UP(BV) of them: each panel is KDA_PANEL_BYTES and
  * contiguous in the workspace, common.cuh). NST stages (ring) or one (split), then the O staging rows (two
  * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage (split: two). */
 #define REC_PART_A(KD) (2 * KDA_CHUNK * (KD) * 2) /* W, QΓ */
-#define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4 + 16) /* + poison row */
+#define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4)
 #define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
 #define REC_STAGE_BYTES(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
 #define REC_O_STRIDE(BV) ((BV) + 8)
@@ -228,41 +228,6 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
     (void)s, (void)oacc, (void)st, (void)lane;
     __trap(); /* the host launches this path on sm_90 only */
 #endif
-}
-
-/* O rows (tokens) from `prow` on, and the whole state, set to NaN: rare, out of the main path */
-template <int KD>
-DEV void poison_from(float (&oacc)[8][4], float (&s)[KD / 8][4], int prow, int t) {
-    const float nan = __int_as_float(0x7fffffff);
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            if (8 * nt + 2 * t + (c & 1) >= prow) oacc[nt][c] = nan;
-#pragma unroll
-    for (int nt = 0; nt < KD / 8; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) s[nt][c] = nan;
-}
-
-/* A sequence of no tokens whose initial state (any column, not only this CTA's) holds a non-finite value writes a
- * NaN final state: the whole state is read here, since no chunk carries the news */
-template <int KD>
-DEV void poison_empty(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sbase) {
-    int bad = 0;
-    const int64_t n = (int64_t)p.K * p.V;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float x = p.h0_dtype == KDA_DT_F32 ? ((const float *)p.h0)[sbase + i]
-                                                 : bf16_bits_to_f32(((const uint16_t *)p.h0)[sbase + i]);
-        bad |= !(fabsf(x) <= 3.402823466e38f);
-    }
-    if (__syncthreads_or(bad)) {
-        const float nan = __int_as_float(0x7fffffff);
-#pragma unroll
-        for (int nt = 0; nt < KD / 8; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) s[nt][c] = nan;
-    }
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -466,10 +431,6 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
         }
         if (math && !WG) state_update_mma<KD>(s, dacc, oacc, st, lane);
-        /* the non-finite contract (ALGORITHM.md §6): from the chunk's first poisoned row on, O is NaN, and so is the
-           state after it (every later chunk and the final state follow by arithmetic) */
-        const int prow = *(const int *)(st.gam + KD);
-        if (prow < KDA_CHUNK) poison_from<KD>(oacc, s, prow, t);
         stage_o(oacc, sO, p.o_dtype, ostride, warp, g, t);
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
         if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
@@ -482,7 +443,6 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     }
 #undef REC_BLOCK
 
-    if (nchunks == 0 && p.h0 && slot >= 0) poison_empty<KD>(p, s, sbase);
     if (p.ht && slot >= 0) store_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
 }
 

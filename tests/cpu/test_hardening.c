@@ -291,12 +291,12 @@ static kda_status_t run_cpu(void *user, const kda_args_t *args, kda_algo_t algo)
 }
 
 TEST(contract_cpu_forward_decode_agree) {
-    kda_contract_backend_t be = {"cpu", run_cpu, cpu(), 32, 1e-4, 1e-5};
+    kda_contract_backend_t be = {"cpu", run_cpu, cpu(), 32, 1e-4, 1e-5, 0};
     kda_contract_check(&be, 30);
     kda_contract_check(&be, 66);
 }
 
 TEST(contract_reference_backend) {
-    kda_contract_backend_t be = {"reference", run_cpu, kda_test_reference(), 16, 1e-9, 1e-12};
+    kda_contract_backend_t be = {"reference", run_cpu, kda_test_reference(), 16, 1e-9, 1e-12, 0};
     kda_contract_check(&be, 30);
 }

@@ -562,7 +562,7 @@ static kda_status_t run_cuda(void *user, const kda_args_t *h, kda_algo_t algo) {
 TEST(gpu_contract_forward_decode_agree) {
     (void)gpu();
     for (int kd = 64; kd <= 128; kd += 64) {
-        kda_contract_backend_t be = {kd == 64 ? "cuda K=64" : "cuda K=128", run_cuda, NULL, kd, 2e-2, 1e-3, 1};
+        kda_contract_backend_t be = {kd == 64 ? "cuda K=64" : "cuda K=128", run_cuda, NULL, kd, 2e-2, 1e-3, 1 | 2};
         kda_contract_check(&be, 30);
         kda_contract_check(&be, 66);
     }
