@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kda  # noqa: E402
+from timing import back_to_back_ms  # noqa: E402
 
 try:
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as fla_fwd  # noqa: E402
@@ -121,19 +122,8 @@ def graph_us(fn, group=20, reps=15):
 
 
 def eager_us(fn, group=20, reps=15):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(group):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / group)
-    return statistics.median(ts)
+    """GPU µs per call of eager calls enqueued back to back (bench/timing.py)."""
+    return back_to_back_ms(fn, reps=reps, group=group) * 1e3
 
 
 def reference(x, pool0, mode, vfirst, HQK, HV, T):

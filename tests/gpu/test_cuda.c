@@ -18,6 +18,8 @@
 #ifdef KDA_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include "gpu_util.h"
+
 /* The CUDA context of every case. KDA_TEST_BV (a setting of this test program, not of the library) forces the
  * recurrence's tile width through the internal tuning, e.g. for sanitizer runs of each tiling. */
 static kda_context_t *gpu(void) {
@@ -34,22 +36,6 @@ static kda_context_t *gpu(void) {
     return ctx;
 }
 
-#define CUDA_OK(x)                                                                                          \
-    do {                                                                                                    \
-        cudaError_t e_ = (x);                                                                               \
-        if (e_ != cudaSuccess) {                                                                            \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));             \
-            exit(1);                                                                                        \
-        }                                                                                                   \
-    } while (0)
-
-static void *to_dev(const void *h, size_t bytes) {
-    if (!h) return NULL;
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 16));
-    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
 
 /* A synthetic problem mirrored on the device. */
 typedef struct {

@@ -19,28 +19,14 @@
 #ifdef KDA_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include "gpu_util.h"
+
 static kda_context_t *gpu(void) {
     static kda_context_t *ctx;
     if (!ctx && kda_create(&ctx, KDA_BACKEND_CUDA, 0) != KDA_STATUS_SUCCESS) SKIP("no CUDA device: %s", kda_last_error());
     return ctx;
 }
 
-#define CUDA_OK(x)                                                                                          \
-    do {                                                                                                    \
-        cudaError_t e_ = (x);                                                                               \
-        if (e_ != cudaSuccess) {                                                                            \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));             \
-            exit(1);                                                                                        \
-        }                                                                                                   \
-    } while (0)
-
-static void *to_dev(const void *h, size_t bytes) {
-    if (!h) return NULL;
-    void *d = NULL;
-    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 16));
-    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-}
 
 /* How the states are passed. */
 typedef enum { ST_PLAIN = 0, ST_POOL_1D = 1, ST_POOL_2D = 2 } st_mode_t;
