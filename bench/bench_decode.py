@@ -183,11 +183,38 @@ def git_commit():
         return "unknown"
 
 
+def crossover(reps):
+    """kda_decode's choice between its two kernels for bf16 inputs (KDA_DECODE_MAX_TOKENS_PER_SEQ): the
+    recurrent kernel (fused_recurrent_kda on fp32 copies of the inputs, which always takes it) against the
+    chunked kernels (chunk_kda, bf16) on the same problem, T tokens per sequence, fp32 V-first states, N
+    sequences of H32. Rows: (N, T, recurrent µs, chunked µs)."""
+    out = []
+    for N in (1, 32):
+        for T in (1, 4, 8, 16, 32, 64, 128, 256):
+            x = make_problem(N, 32, 32, T, "mtp", torch.float32, True, seed=1)
+            g = torch.nn.functional.logsigmoid(x["g"].float()).to(torch.bfloat16)
+            b = torch.sigmoid(x["beta"].float()).to(torch.bfloat16)
+            f32 = lambda t: t.float()
+            pool = x["pool"].clone()
+            q32, k32, v32, g32, b32 = f32(x["q"]), f32(x["k"]), f32(x["v"]), f32(g), f32(b)
+            rec = lambda: kda.fused_recurrent_kda(q32, k32, v32, g32, b32, initial_state=pool,
+                                                  inplace_final_state=True, state_v_first=True,
+                                                  use_qk_l2norm_in_kernel=True)
+            chk = lambda: kda.chunk_kda(x["q"], x["k"], x["v"], g, b, initial_state=pool, output_final_state=True,
+                                        state_v_first=True, use_qk_l2norm_in_kernel=True)
+            t_rec, t_chk = graph_us(rec, reps=reps), graph_us(chk, reps=reps)
+            out.append((N, T, t_rec, t_chk))
+            print(f"crossover N{N} H32 T{T}: recurrent {t_rec:.1f} us, chunked {t_chk:.1f} us", flush=True)
+            del x, pool
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default=None)
+    ap.add_argument("--no-crossover", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     reps = 7 if args.quick else 15
@@ -244,10 +271,11 @@ def main():
         del x
         torch.cuda.empty_cache()
 
+    cross = [] if args.no_crossover else crossover(reps)
     meta = dict(date=time.strftime("%Y-%m-%d"), card=card, commit=git_commit(), torch=torch.__version__,
                 fla=getattr(sys.modules.get("fla"), "__version__", "unknown"))
     with open(os.path.join(args.out, "results.json"), "w") as fh:
-        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+        json.dump(dict(meta=meta, rows=rows, crossover=cross), fh, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as fh:
         fh.write(f"# libkda decode vs FLA fused_recurrent_kda_fwd — {meta['date']}, {card}, commit {meta['commit']}\n\n")
         fh.write("K = V = 128, bf16 inputs, l2norm + gate in kernel (lower_bound -5) + beta sigmoid, vLLM pool in "
@@ -267,6 +295,12 @@ def main():
                 for who in ("ours", "fla") if r.get(who + "_graph_error")]
         if errs:
             fh.write("\n" + "\n".join(errs) + "\n")
+        if cross:
+            fh.write("\n## kda_decode's crossover (bf16 inputs): recurrent vs chunked kernels, fp32 V-first states, "
+                     "H32, T tokens per sequence, l2norm, GPU µs per call (graph)\n\n| N | T | recurrent µs | "
+                     "chunked µs |\n|---:|---:|---:|---:|\n")
+            for N, T, a, b in cross:
+                fh.write(f"| {N} | {T} | {a:.1f} | {b:.1f} |\n")
     print(f"wrote {args.out}/results.md", flush=True)
 
 

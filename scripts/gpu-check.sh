@@ -11,6 +11,7 @@
 #   dev       a development build (-DKDA_DEV=ON) and stage timings by skip bits (bench/stages.py STAGE_ARGS)
 #   devab     the same for .base (legacy KDA_DEV_* variables) and this tree, twice
 #   ncu       utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
+#   ncudec    ncu of the decode kernel and of FLA's fused_recurrent_kda_fwd_kernel on DEC_NCU_SHAPE
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
@@ -132,9 +133,9 @@ PY
   decode)
     (cd build-gpu && ctest -R '^gpu_decode' -V -j1 --timeout 600) >"$LOG/decode_tests.log" 2>&1
     grep -E "tests passed|tests failed" "$LOG/decode_tests.log"
-    grep -E "CHECK|FAIL|Failed|timing" "$LOG/decode_tests.log" | head -20
+    grep -E "CHECK|FAIL|Failed|timing" "$LOG/decode_tests.log" | head -20; cp "$LOG/decode_tests.log" "$OUT/"
     for tool in memcheck racecheck; do
-      for t in ${DEC_SAN_TESTS:-gpu_decode_spec_2d gpu_decode_mtp_varlen gpu_decode_vfirst_tile_widths}; do
+      for t in ${DEC_SAN_TESTS:-gpu_decode_spec_2d gpu_decode_mtp_varlen gpu_decode_persistent_ctas}; do
         compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu_decode $t >"$LOG/san_dec.log" 2>&1
         echo "decode $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san_dec.log" | head -1))"
       done
@@ -143,6 +144,23 @@ PY
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
       python3 bench/bench_decode.py --out "$OUT/decode" ${DEC_BENCH_ARGS:-} >"$LOG/bench_decode.log" 2>&1
     grep -vE "Warning|warn" "$LOG/bench_decode.log" | tail -20
+    ;;
+  ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
+    fla_site
+    for kn in kda_decode_kernel fused_recurrent_kda_fwd_kernel; do
+      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
+        ncu --clock-control none -k regex:$kn --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+        --section LaunchStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        python3 bench/bench_decode.py --out /tmp/ncu-bench --only "${DEC_NCU_SHAPE:-N256 H32 fp32 V-first}" \
+        --no-crossover --quick >"$OUT/ncu_$kn.txt" 2>&1
+      [ "$kn" = kda_decode_kernel ] && env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site \
+        ncu --clock-control none -k regex:$kn --launch-skip 3 --launch-count 1 --section WarpStateStats \
+        --section SourceCounters --page source --print-source sass --csv \
+        python3 bench/bench_decode.py --out /tmp/ncu-bench --only "${DEC_NCU_SHAPE:-N256 H32 fp32 V-first}" \
+        --no-crossover --quick >"$OUT/ncu_src.csv" 2>&1
+      grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Executed Ipc|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions |Block Limit|Grid Size|Dynamic Shared|L2 Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu_$kn.txt" | head -40
+    done
     ;;
   *) echo "unknown step $step" ;;
   esac

@@ -158,7 +158,8 @@ typedef struct kda_tuning {
     int rec_mma;  /* CUDA recurrence: 1 = mma.sync where warpgroup MMA would run (A/B of the two) */
     int stages;   /* CUDA recurrence: ring stages (2 or 3) */
     int dev_skip; /* development builds only (KDA_SKIP in src/cuda/kda_cuda.h): phases left out, results wrong */
-    int decode_bv; /* CUDA decode kernel, V-first states: V columns per CTA (16 or 32; the same bits either way) */
+    int decode_ctas; /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
+                        the same bits for any count */
 } kda_tuning_t;
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);

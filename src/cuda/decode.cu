@@ -1,8 +1,7 @@
 /*
  * CUDA recurrent decode (kda_decode for few tokens per sequence): the token recurrence of docs/ALGORITHM.md §1
- * with the state held in fp32 registers, fp32 arithmetic. One CTA of 128 threads per (sequence n, value head h,
- * tile of BV value columns); the CTA reads its K×BV tile of the state once, runs the sequence's tokens, and
- * writes the tile back (in place in a pool, or to another pool). Per token t, with the inputs of §2:
+ * with the state in fp32 registers and fp32 arithmetic. Per token t of a (sequence n, value head h), on a
+ * tile of BV value columns of the K×V state, with the inputs of §2:
  *
  *     q̂ = s · q_t / ‖q_t‖,  k̂ = k_t / ‖k_t‖       (l2norm optional; ‖x‖ = sqrt(Σx² + 1e−6))
  *     g = clamp(gate(g_t), KDA_GATE_MIN, 0),  α = exp(g)   (gate of §2; the clamp keeps NaN)
@@ -13,24 +12,37 @@
  *     S ← S + k̂ δᵀ
  *     o_t = Sᵀ q̂                                   (a second reduction over K)
  *
+ * Decode is a stream over the states: each tile is read once and written once, and the arithmetic is a few
+ * flops per byte, so the kernel is built for memory-level parallelism (docs/PERF.md "Decode"):
+ *   - a tile is DEC_TILE = 4096 state elements (BV = 4096 / KC columns of the K class KC: 64, 32 or 16);
+ *   - persistent CTAs of 128 threads walk the tiles (item i = blockIdx.x + k·gridDim.x); each CTA keeps
+ *     DEC_STAGES − 1 tiles of states in flight (cp.async into a ring of shared-memory stages) while it works
+ *     on the current one, and a tile's slot index and sequence bounds are read one item before its copy is
+ *     issued, so no copy waits on a dependent load;
+ *   - a token's inputs (q, k, g, v, β, the gate's A and dt_bias) are loaded into registers one (item, token)
+ *     ahead and transformed into shared memory behind the one barrier each token has;
+ *   - the state goes from its stage into registers (8 four-element chunks per thread), the tokens run there,
+ *     and it is stored from registers (streaming stores).
+ *
  * State slots: the tile is read from slot r_n (1-D state_indices[n]; 2-D state_indices[n][a_n − 1] with a_n
  * = num_accepted_tokens[n] clamped into [1, T_max]; none: n), or zeros when r_n is negative or outside the
  * pool; it is written after the last token to r_n (1-D, none), or after every token t to state_indices[n][t]
- * (2-D; nothing for a negative or out-of-pool entry, nothing for tokens past T_max). Device contents are never
- * validated here (that needs a host sync): the clamps above are all the kernel does with bad indices.
+ * (2-D; nothing for a negative or out-of-pool entry, nothing for tokens past T_max; an empty sequence reads and
+ * writes nothing). Device contents are never validated here (that needs a host sync): the clamps above are
+ * all the kernel does with bad indices.
  *
- * Non-finite contract: a token whose q, k, v, β (all V of them) or gate (after the clamp) has a non-finite
- * value turns the tile into NaN before that token, so o_t, later outputs and the state are NaN; earlier
- * outputs are unchanged. A non-finite value in the initial state poisons the tiles that hold it (each CTA
- * sees only its tile: with V > BV the other tiles of the head are not poisoned — a known deviation).
+ * Non-finite contract (ALGORITHM.md §7): a token whose q, k, v, β (all V of them) or gate (after the clamp)
+ * has a non-finite value turns the tile into NaN before that token, so o_t, later outputs and the state are
+ * NaN (every tile of the head sees the same inputs); earlier outputs are unchanged. A non-finite value in
+ * column j of the initial state makes column j NaN from the first token (value channel j of o and of the
+ * state; the recurrence never mixes columns).
  *
- * Thread layout (a "chunk" is 4 consecutive elements of a memory row: one 16-byte fp32 / 8-byte bf16 access):
- *   V-first ([V, K] rows, K contiguous): warp w, lane l hold rows j = j0 + w + 4s (s < SJ) and K elements
- *     i = 4l + 128r + c (r < RI, c < 4); reductions over K: a warp all-reduce (5 shuffles per value).
- *   K-first ([K, V] rows, V contiguous): thread (ti = tid / 8, tj = tid % 8) holds rows i = ti + 16a (a < NA)
- *     and columns j = j0 + 4tj + c; reductions over K: 2 shuffles, then the 4 warps through shared memory.
- * Every input of a token is in shared memory (128 threads load q, k, gate, v, β; the state loads are issued
- * first, so they are in flight while the inputs arrive); padding past K / V is zero, so masked elements stay 0.
+ * Thread layout (a "chunk" is 4 consecutive elements of a memory row; lane l of warp w):
+ *   V-first ([V, K] rows, K contiguous): 8 lanes per row; row j = 16·pass + 4w + (l >> 3), elements
+ *     i = 4(l & 7) + 32c (c < KC / 32); reductions over K: 3 shuffles within the 8 lanes.
+ *   K-first ([K, V] rows, V contiguous): CGW = BV / 16 column groups per warp; lane l holds columns
+ *     4(w·CGW + l % CGW) .. +3 and rows i = l / CGW + RG·a (RG = 32 / CGW, a < 8); reductions over K:
+ *     log2(RG) shuffles within the warp. The stage's rows are padded to 5BV/4 elements (no bank conflicts).
  */
 #include <string.h>
 
@@ -38,28 +50,62 @@
 #include "decode.h"
 
 #define DEC_THREADS 128
+#define DEC_TILE 4096 /* state elements per tile */
+#define DEC_NA 8      /* four-element chunks of a tile per thread: DEC_TILE / 4 / DEC_THREADS */
 
-struct dec_smem {
-    float q[2][256], k[2][256], a[2][256], v[2][256], b[2][256];
-    float red_d[4][32], red_o[4][32]; /* K-first: per-warp partial sums of d and o */
+/* Inputs of the current and the next token (double-buffered), and the ring of tile descriptors. */
+template <int KC>
+struct dec_io {
+    float q[2][KC], k[2][KC], a[2][KC], v[2][KDA_MAX_HEAD_DIM], b[2][KDA_MAX_HEAD_DIM];
+};
+
+struct dec_item {
+    int64_t n, bos, eos, rslot;
+    int h, vt, valid; /* valid: an item of this launch that reads or writes anything */
+    float beta0, A;   /* the first token's raw β (scalar β) and e^{A_log[h]} */
 };
 
 DEV int finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 
-DEV float warp_sum(float x) {
+DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+DEV void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/* Sum over the lanes whose lane bits from `from` up differ (xor shuffles from `from` to 16). */
+template <int FROM>
+DEV float lanes_sum(float x) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    for (int o = FROM; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+template <int FROM>
+DEV int lanes_or(int x) {
+#pragma unroll
+    for (int o = FROM; o < 32; o <<= 1) x |= __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+/* Sum over the 8 lanes of a V-first row (lane bits 0..2). */
+DEV float row8_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    return x;
+}
+DEV int row8_or(int x) {
+    x |= __shfl_xor_sync(0xffffffffu, x, 1);
+    x |= __shfl_xor_sync(0xffffffffu, x, 2);
+    x |= __shfl_xor_sync(0xffffffffu, x, 4);
     return x;
 }
 
-/* Four consecutive state elements starting at element `off` of a state tensor of dtype dt (vectorised when
- * `vec`), masked by `valid` (number of the four that exist, 0..4). */
+/* Four consecutive state elements at element `off` of a state tensor of dtype dt (vectorised when `vec`),
+ * masked by `valid` (how many of the four exist, 0..4). */
 DEV float4 load4(const void *base, int dt, int64_t off, int valid, int vec) {
     float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
     if (valid <= 0) return r;
     if (vec && valid == 4) {
-        if (dt == KDA_DT_F32) return __ldcs((const float4 *)((const float *)base + off));
-        const uint2 u = __ldcs((const uint2 *)((const uint16_t *)base + off));
+        if (dt == KDA_DT_F32) return *(const float4 *)((const float *)base + off);
+        const uint2 u = *(const uint2 *)((const uint16_t *)base + off);
         const float2 lo = unpack_bf16(u.x), hi = unpack_bf16(u.y);
         return make_float4(lo.x, lo.y, hi.x, hi.y);
     }
@@ -91,22 +137,61 @@ DEV void store4(void *base, int dt, int64_t off, int valid, int vec, float4 x) {
 
 DEV int clamp_valid(int n) { return n < 0 ? 0 : (n > 4 ? 4 : n); }
 
-/* Chunk a of thread tid in the V tile starting at column j0: its element offset within a head's state
- * block (*off) and how many of its 4 elements exist (the return value, 0..4). */
-template <int VF, int RI>
-DEV int chunk_at(int a, int K, int V, int j0, int tid, int64_t *off) {
+/* ---------------------------------------------------------------------------------------------------------
+ * Tile geometry: where chunk a of thread tid lies in the head's state block (global element offset and how
+ * many of its 4 elements exist) and in the stage (element offset).
+ * ------------------------------------------------------------------------------------------------------- */
+template <int VF, int KC>
+struct dec_geom {
+    static constexpr int BV = DEC_TILE / KC;                 /* columns of a tile */
+    static constexpr int CPR = KC / 32;                      /* V-first: chunks of a row per lane */
+    static constexpr int CGW = BV / 16;                      /* K-first: column groups per warp */
+    static constexpr int RG = 32 / CGW;                      /* K-first: lanes (row groups) per column group */
+    static constexpr int ROW = VF ? KC : BV + BV / 4;        /* stage elements per row */
+    static constexpr int ELEMS = VF ? DEC_TILE : KC * ROW;   /* stage elements */
+    static_assert(DEC_TILE % KC == 0 && KC % 32 == 0 && BV % 16 == 0, "decode tile geometry");
+    static_assert(VF ? (BV / 16) * CPR == DEC_NA : RG * DEC_NA == KC, "decode: 8 chunks per thread");
+};
+
+template <int VF, int KC>
+DEV int chunk_at(int a, int K, int V, int j0, int tid, int64_t *goff, int *soff) {
+    typedef dec_geom<VF, KC> G;
+    const int lane = tid & 31, w = tid >> 5;
     if (VF) {
-        const int s = a / RI, r = a % RI;
-        const int j = j0 + (tid >> 5) + 4 * s, i = 4 * (tid & 31) + 128 * r;
-        *off = (int64_t)j * K + i;
-        return j < V ? clamp_valid(K - i) : 0;
+        const int pass = a / G::CPR, c = a % G::CPR;
+        const int jl = 16 * pass + 4 * w + (lane >> 3), i = 4 * (lane & 7) + 32 * c;
+        *soff = jl * G::ROW + i;
+        *goff = (int64_t)(j0 + jl) * K + i;
+        return j0 + jl < V ? clamp_valid(K - i) : 0;
     }
-    const int i = (tid >> 3) + 16 * a, j = j0 + 4 * (tid & 7);
-    *off = (int64_t)i * V + j;
-    return i < K ? clamp_valid(V - j) : 0;
+    const int cg = w * G::CGW + lane % G::CGW, i = lane / G::CGW + G::RG * a;
+    *soff = i * G::ROW + 4 * cg;
+    *goff = (int64_t)i * V + j0 + 4 * cg;
+    return i < K ? clamp_valid(V - j0 - 4 * cg) : 0;
 }
 
-/* The slot of sequence n read at the start (-1: zeros). */
+/* Chunk r (memory order, r < DEC_NA) of the tile as copied by thread tid: consecutive threads take
+ * consecutive chunks of a row (coalesced). */
+template <int VF, int KC>
+DEV int copy_chunk_at(int r, int K, int V, int j0, int tid, int64_t *goff, int *soff) {
+    typedef dec_geom<VF, KC> G;
+    const int q = tid + DEC_THREADS * r;
+    if (VF) {
+        const int jl = q / (KC / 4), i = 4 * (q % (KC / 4));
+        *soff = jl * G::ROW + i;
+        *goff = (int64_t)(j0 + jl) * K + i;
+        return j0 + jl < V ? clamp_valid(K - i) : 0;
+    }
+    const int i = q / (G::BV / 4), jl = 4 * (q % (G::BV / 4));
+    *soff = i * G::ROW + jl;
+    *goff = (int64_t)i * V + j0 + jl;
+    return i < K ? clamp_valid(V - j0 - jl) : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Items: (sequence, value head, tile), tile fastest. The descriptor holds what the copies and the first
+ * token need that is not a row: bounds, slot, β (scalar β) and A = e^{A_log[h]} of the first token.
+ * ------------------------------------------------------------------------------------------------------- */
 DEV int64_t dec_read_slot(const kda_decode_params_t &p, int64_t n) {
     if (!p.state_indices) return n;
     int64_t s;
@@ -126,23 +211,172 @@ DEV int64_t dec_token_slot(const kda_decode_params_t &p, int64_t n, int64_t t) {
     return (s < 0 || s >= p.num_state_slots) ? -1 : s;
 }
 
-/* A token's raw inputs as this thread holds them between fetch_token (global loads, issued a token ahead so
- * that their latency hides behind the current token's arithmetic) and commit_token (transforms, shared memory):
- * elements e = tid and tid + 128 of q, k, g (K long), v and β (V long, or one β). */
+DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
+    dec_item d;
+    d.valid = 0;
+    d.n = d.bos = d.eos = 0;
+    d.rslot = -1;
+    d.h = d.vt = 0;
+    d.beta0 = 0.f;
+    d.A = 1.f;
+    const int64_t nitems = p.num_seqs * p.hv * ntiles;
+    if (it >= nitems) return d;
+    if (nitems < ((int64_t)1 << 31)) { /* 32-bit division: a few instructions instead of a 64-bit routine */
+        const uint32_t i32 = (uint32_t)it, r = i32 / (uint32_t)ntiles, hv = (uint32_t)p.hv;
+        d.vt = (int)(i32 - r * (uint32_t)ntiles);
+        d.n = r / hv;
+        d.h = (int)(r - (uint32_t)d.n * hv);
+    } else {
+        d.vt = (int)(it % ntiles);
+        d.h = (int)((it / ntiles) % p.hv);
+        d.n = it / ((int64_t)ntiles * p.hv);
+    }
+    if (!p.cu_seqlens) {
+        d.bos = d.n * p.seq_len;
+        d.eos = d.bos + p.seq_len;
+    } else {
+        int64_t a0 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[d.n] : ((const int32_t *)p.cu_seqlens)[d.n];
+        int64_t a1 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[d.n + 1]
+                                     : ((const int32_t *)p.cu_seqlens)[d.n + 1];
+        a0 = a0 < 0 ? 0 : (a0 > p.num_tokens ? p.num_tokens : a0);
+        a1 = a1 < a0 ? a0 : (a1 > p.num_tokens ? p.num_tokens : a1);
+        d.bos = a0;
+        d.eos = a1;
+    }
+    /* 2-D slots: nothing is read or written for an empty sequence */
+    if (p.state_indices && p.idx_cols > 0 && d.eos == d.bos) return d;
+    d.valid = 1;
+    d.rslot = dec_read_slot(p, d.n);
+    if (d.eos > d.bos) {
+        if (!p.beta_headwise) d.beta0 = load_elem(p.beta, p.beta_dtype, d.bos * p.hv + d.h);
+        if (p.A_log) d.A = expf(p.A_log[d.h]);
+    }
+    return d;
+}
+
+/* Copy item d's state tile into stage buffer `st`. With p.bulk, bulk copies (the Hopper copy engine, one per
+ * row, or one for the whole tile when rows are unpadded) completing on the stage's mbarrier `bar`: the copy
+ * engine keeps any number of bytes in flight, where per-thread copies are bounded by the SM's outstanding
+ * requests (docs/PERF.md "Decode"); the stage then holds stale data past K and V, which load_tile masks.
+ * Otherwise cp.async (zero-filled past K and V; waited for with the rows' group), or without 4-element aligned
+ * rows (p.vec == 0) element by element. Thread 0 always arrives on `bar` (0 bytes when nothing is copied). */
+template <int VF, int KC, int SF32>
+DEV void issue_stage(const kda_decode_params_t &p, const dec_item &d, unsigned char *st, uint32_t bar) {
+    typedef dec_geom<VF, KC> G;
+    constexpr int ES = SF32 ? 4 : 2;
+    const int has = d.valid && d.rslot >= 0 && p.h0;
+    const int K = p.kd, V = p.vd, tid = threadIdx.x, j0 = d.vt * G::BV;
+    const int64_t base = has ? (d.rslot * p.hv + d.h) * (int64_t)K * V : 0;
+    if (p.bulk) {
+        const char *h0 = (const char *)p.h0;
+        if (VF) {
+            const int rows = has ? (V - j0 < G::BV ? V - j0 : G::BV) : 0;
+            if (tid == 0) mbar_expect_tx(bar, (uint32_t)(rows * K * ES));
+            if (K == KC) {
+                if (tid == 0 && rows) bulk_g2s(smem_u32(st), h0 + (base + (int64_t)j0 * K) * ES, rows * K * ES, bar);
+            } else if (tid < rows) {
+                bulk_g2s(smem_u32(st + tid * G::ROW * ES), h0 + (base + (int64_t)(j0 + tid) * K) * ES, K * ES, bar);
+            }
+        } else {
+            const int cols = has ? (V - j0 < G::BV ? V - j0 : G::BV) : 0, rows = cols ? K : 0;
+            if (tid == 0) mbar_expect_tx(bar, (uint32_t)(rows * cols * ES));
+            for (int i = tid; i < rows; i += DEC_THREADS)
+                bulk_g2s(smem_u32(st + i * G::ROW * ES), h0 + (base + (int64_t)i * V + j0) * ES, cols * ES, bar);
+        }
+        return;
+    }
+    if (tid == 0) mbar_expect_tx(bar, 0);
+    if (!has) return;
+#pragma unroll
+    for (int r = 0; r < DEC_NA; r++) {
+        int64_t goff;
+        int soff;
+        const int nv = copy_chunk_at<VF, KC>(r, K, V, j0, tid, &goff, &soff);
+        if (p.vec) {
+            if (SF32) cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.h0 + (nv ? base + goff : 0),
+                                       nv ? 16 : 0);
+            else cp_async8_zfill(smem_u32((uint16_t *)st + soff), (const uint16_t *)p.h0 + (nv ? base + goff : 0),
+                                 nv ? 8 : 0);
+        } else {
+            const float4 x = load4(p.h0, p.h0_dtype, base + goff, nv, 0);
+            if (SF32) {
+                *(float4 *)((float *)st + soff) = x;
+            } else {
+                uint2 u;
+                u.x = pack_bf16(x.x, x.y);
+                u.y = pack_bf16(x.z, x.w);
+                *(uint2 *)((uint16_t *)st + soff) = u;
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Token inputs. Thread tid owns elements e = 2 tid and 2 tid + 1 of every input row (q, k, g, dt_bias: K long;
+ * v and headwise β: V long): it copies them, transforms them and writes them to shared memory, so the first
+ * token's rows can travel in the stage with the tile (cp.async, waited for by the thread that copied) and
+ * later tokens' rows in registers, one token ahead.
+ * ------------------------------------------------------------------------------------------------------- */
 struct tok_raw {
-    float q[2], k[2], g[2], v[2], b[2];
+    float q[2], k[2], g[2], v[2], b[2], bias[2];
+    float A;
 };
 
-DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h, int hq) {
-    const int K = p.kd, V = p.vd, tid = threadIdx.x;
+DEV void zero_token(tok_raw &r) {
+#pragma unroll
+    for (int u = 0; u < 2; u++) r.q[u] = r.k[u] = r.g[u] = r.v[u] = r.b[u] = r.bias[u] = 0.f;
+    r.A = 1.f;
+}
+
+DEV int dt_size(int dt) { return dt == KDA_DT_F32 ? 4 : 2; }
+
+/* Element pair (e, e + 1) of a row of `len` elements at element `row` of tensor `base` into shared memory at
+ * `dst` (cp.async of 4 or 8 bytes; an element past the row's end is zero; nothing when e >= len: the row's
+ * region holds only the row). */
+DEV void copy_pair(uint32_t dst, const void *base, int dt, int64_t row, int e, int len) {
+    if (e >= len) return;
+    const int es = dt_size(dt), n = len - e > 2 ? 2 : len - e;
+    const char *src = (const char *)base + (row + e) * es;
+    if (es == 4) cp_async8_zfill(dst, src, n * 4);
+    else cp_async4_zfill(dst, src, n * 2);
+}
+
+DEV float2 smem_pair(const unsigned char *src, int dt, int e, int len) {
+    if (e >= len) return make_float2(0.f, 0.f); /* not copied (copy_pair) */
+    if (dt == KDA_DT_F32) return *(const float2 *)src;
+    const uint32_t u = *(const uint32_t *)src;
+    if (dt == KDA_DT_BF16) return unpack_bf16(u);
+    return make_float2(f16_bits_to_f32((uint16_t)(u & 0xffffu)), f16_bits_to_f32((uint16_t)(u >> 16)));
+}
+
+/* The first token of item d: its rows into the stage's input region `in` (without aligned pairs, read_rows
+ * loads them later instead, synchronously: the rare path). */
+DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned char *in) {
+    if (!d.valid || d.eos == d.bos) return;
+    const int K = p.kd, V = p.vd, e = 2 * threadIdx.x, h = d.h, hq = d.h / p.group;
+    const int64_t t = d.bos;
+    if (!p.vec_in) return; /* read_rows loads them */
+    copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.dtype)), p.q, p.dtype, (t * p.hqk + hq) * K, e, K);
+    copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.dtype)), p.k, p.dtype, (t * p.hqk + hq) * K, e, K);
+    copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.g_dtype)), p.g, p.g_dtype, (t * p.hv + h) * K, e, K);
+    copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.dtype)), p.v, p.dtype, (t * p.hv + h) * V, e, V);
+    if (p.beta_headwise)
+        copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.beta_dtype)), p.beta, p.beta_dtype, (t * p.hv + h) * V, e, V);
+    if (p.dt_bias) copy_pair(smem_u32(in + p.raw_bias + e * 4), p.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
+}
+
+DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h) {
+    const int K = p.kd, V = p.vd, hq = h / p.group;
+    r.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
-        const int e = tid + u * DEC_THREADS;
-        r.q[u] = r.k[u] = r.g[u] = r.v[u] = r.b[u] = 0.f;
+        const int e = 2 * threadIdx.x + u;
+        r.q[u] = r.k[u] = r.g[u] = r.v[u] = r.b[u] = r.bias[u] = 0.f;
         if (e < K) {
             r.q[u] = load_elem(p.q, p.dtype, (t * p.hqk + hq) * K + e);
             r.k[u] = load_elem(p.k, p.dtype, (t * p.hqk + hq) * K + e);
             r.g[u] = load_elem(p.g, p.g_dtype, (t * p.hv + h) * K + e);
+            if (p.dt_bias) r.bias[u] = p.dt_bias[(int64_t)h * K + e];
         }
         if (e < V) r.v[u] = load_elem(p.v, p.dtype, (t * p.hv + h) * V + e);
         if (p.beta_headwise ? e < V : e == 0)
@@ -150,21 +384,57 @@ DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h,
     }
 }
 
-/* Gate (with bias[], this thread's dt_bias elements, and A), clamp, α = e^g, β transform into buffer `buf`;
- * returns nonzero if any of this thread's inputs is non-finite (the non-finite contract). */
-DEV int commit_token(const kda_decode_params_t &p, dec_smem &sm, int buf, const tok_raw &r, const float bias[2],
-                     float A) {
-    const int K = p.kd, V = p.vd, tid = threadIdx.x;
+/* The first token of item d into r: from the stage (after this thread's cp.async wait) or, on the rare path,
+ * from global memory. */
+DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsigned char *in, tok_raw &r) {
+    if (!d.valid || d.eos == d.bos) {
+        zero_token(r);
+        return;
+    }
+    if (!p.vec_in) {
+        fetch_token(p, r, d.bos, d.h);
+        return;
+    }
+    const int e = 2 * threadIdx.x, K = p.kd, V = p.vd;
+    float2 x = smem_pair(in + p.raw_q + e * dt_size(p.dtype), p.dtype, e, K);
+    r.q[0] = x.x, r.q[1] = x.y;
+    x = smem_pair(in + p.raw_k + e * dt_size(p.dtype), p.dtype, e, K);
+    r.k[0] = x.x, r.k[1] = x.y;
+    x = smem_pair(in + p.raw_g + e * dt_size(p.g_dtype), p.g_dtype, e, K);
+    r.g[0] = x.x, r.g[1] = x.y;
+    x = smem_pair(in + p.raw_v + e * dt_size(p.dtype), p.dtype, e, V);
+    r.v[0] = x.x, r.v[1] = x.y;
+    if (p.beta_headwise) {
+        x = smem_pair(in + p.raw_b + e * dt_size(p.beta_dtype), p.beta_dtype, e, V);
+        r.b[0] = x.x, r.b[1] = x.y;
+    } else {
+        r.b[0] = e == 0 ? d.beta0 : 0.f;
+        r.b[1] = 0.f;
+    }
+    if (p.dt_bias) {
+        x = smem_pair(in + p.raw_bias + e * 4, KDA_DT_F32, e, K);
+        r.bias[0] = x.x, r.bias[1] = x.y;
+    } else {
+        r.bias[0] = r.bias[1] = 0.f;
+    }
+    r.A = d.A;
+}
+
+/* Gate, clamp, α = e^g, β transform into buffer `buf`; returns nonzero if any of this thread's inputs is
+ * non-finite (the non-finite contract). */
+template <int KC>
+DEV int commit_token(const kda_decode_params_t &p, dec_io<KC> &io, int buf, const tok_raw &r) {
+    const int K = p.kd, V = p.vd;
     int bad = 0;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
-        const int e = tid + u * DEC_THREADS;
+        const int e = 2 * threadIdx.x + u;
         float a = 1.f, b = r.b[u];
         if (e < K) {
             float g = r.g[u];
             if (p.gate_in_kernel) {
-                const float x = g + bias[u];
-                g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+                const float x = g + r.bias[u];
+                g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(r.A * x) : -r.A * softplusf_(x);
             }
             g = g > 0.0f ? 0.0f : g; /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
             g = g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
@@ -176,17 +446,19 @@ DEV int commit_token(const kda_decode_params_t &p, dec_smem &sm, int buf, const 
             if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
             bad |= !finite_f(b);
         }
-        sm.q[buf][e] = r.q[u];
-        sm.k[buf][e] = r.k[u];
-        sm.a[buf][e] = a;
-        sm.v[buf][e] = r.v[u];
-        sm.b[buf][e] = b;
+        if (e < KC) {
+            io.q[buf][e] = r.q[u];
+            io.k[buf][e] = r.k[u];
+            io.a[buf][e] = a;
+        }
+        io.v[buf][e] = r.v[u];
+        io.b[buf][e] = b;
     }
     return bad;
 }
-
 /* Scale factors of q̂ and k̂ for buffer `buf` (every warp computes them for itself from shared memory). */
-DEV void token_norms(const kda_decode_params_t &p, const dec_smem &sm, int buf, float *sq, float *sk) {
+template <int KC>
+DEV void token_norms(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float *sq, float *sk) {
     if (!p.l2norm) {
         *sq = p.scale;
         *sk = 1.0f;
@@ -195,275 +467,382 @@ DEV void token_norms(const kda_decode_params_t &p, const dec_smem &sm, int buf, 
     const int lane = threadIdx.x & 31;
     float a = 0.f, b = 0.f;
     for (int e = lane; e < p.kd; e += 32) {
-        const float x = sm.q[buf][e], y = sm.k[buf][e];
+        const float x = io.q[buf][e], y = io.k[buf][e];
         a += x * x;
         b += y * y;
     }
-    a = warp_sum(a);
-    b = warp_sum(b);
+    a = lanes_sum<1>(a);
+    b = lanes_sum<1>(b);
     *sq = p.scale / sqrtf(a + 1e-6f);
     *sk = 1.0f / sqrtf(b + 1e-6f);
 }
 
-/* VF = 1: V-first, NA = SJ * RI chunks; VF = 0: K-first, NA rows (RI unused). */
-template <int VF, int NA, int RI>
-__global__ void __launch_bounds__(DEC_THREADS, NA <= 4 ? 7 : (NA <= 8 ? 5 : 3)) kda_decode_kernel(const kda_decode_params_t p) {
-    __shared__ __align__(16) dec_smem sm;
-    constexpr int SJ = VF ? NA / RI : 1;
-    const int K = p.kd, V = p.vd;
-    const int BV = p.bv, ntiles = (V + BV - 1) / BV;
-    const int64_t blk = blockIdx.x;
-    const int vt = (int)(blk % ntiles);
-    const int h = (int)((blk / ntiles) % p.hv);
-    const int64_t n = blk / ((int64_t)ntiles * p.hv);
-    const int hq = h / p.group;
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int j0 = vt * BV;
-
-    int64_t bos, eos;
-    if (!p.cu_seqlens) {
-        bos = n * p.seq_len;
-        eos = bos + p.seq_len;
-    } else {
-        int64_t a0 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[n] : ((const int32_t *)p.cu_seqlens)[n];
-        int64_t a1 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[n + 1]
-                                     : ((const int32_t *)p.cu_seqlens)[n + 1];
-        a0 = a0 < 0 ? 0 : (a0 > p.num_tokens ? p.num_tokens : a0);
-        a1 = a1 < a0 ? a0 : (a1 > p.num_tokens ? p.num_tokens : a1);
-        bos = a0;
-        eos = a1;
-    }
-    const int per_token = p.state_indices && p.idx_cols > 0;
-    if (per_token && eos == bos) return; /* 2-D: nothing is read or written for an empty sequence */
-
-    const int64_t head_elems = (int64_t)K * V;
-    /* the state tile: issue every load first */
-    float4 S[NA];
-    const int64_t rslot = dec_read_slot(p, n);
-    if (p.h0 && rslot >= 0) {
-        const int64_t base = (rslot * p.hv + h) * head_elems;
+/* ---------------------------------------------------------------------------------------------------------
+ * One token on the registers' tile: decay, d = Sᵀk̂, δ, S += k̂δᵀ, o = Sᵀq̂ (stored)
+ * ------------------------------------------------------------------------------------------------------- */
+template <int VF, int KC>
+DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float4 S[DEC_NA], int64_t t, int h,
+                    int j0) {
+    typedef dec_geom<VF, KC> G;
+    const int V = p.vd, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    float sq, sk;
+    token_norms(p, io, buf, &sq, &sk);
+    const float *qs = io.q[buf], *ks = io.k[buf], *as = io.a[buf], *vs = io.v[buf], *bs = io.b[buf];
+    if (VF) {
+        constexpr int NP = DEC_NA / G::CPR; /* rows per 8 lanes */
+        float d[NP], o[NP];
 #pragma unroll
-        for (int a = 0; a < NA; a++) {
-            int64_t off;
-            const int nv = chunk_at<VF, RI>(a, K, V, j0, tid, &off);
-            S[a] = load4(p.h0, p.h0_dtype, base + off, nv, p.vec);
+        for (int s = 0; s < NP; s++) d[s] = o[s] = 0.f;
+#pragma unroll
+        for (int a = 0; a < DEC_NA; a++) {
+            const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
+            const float4 al = *(const float4 *)(as + i), kk = *(const float4 *)(ks + i);
+            S[a].x *= al.x;
+            S[a].y *= al.y;
+            S[a].z *= al.z;
+            S[a].w *= al.w;
+            d[s] += (kk.x * S[a].x + kk.y * S[a].y) + (kk.z * S[a].z + kk.w * S[a].w);
+        }
+#pragma unroll
+        for (int s = 0; s < NP; s++) {
+            const int j = j0 + 16 * s + 4 * w + (lane >> 3), jj = j < V ? j : 0;
+            const float dd = row8_sum(d[s]) * sk;
+            d[s] = j < V ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd) * sk : 0.f; /* k̂ δ_j factor */
+        }
+#pragma unroll
+        for (int a = 0; a < DEC_NA; a++) {
+            const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
+            const float4 kk = *(const float4 *)(ks + i), qq = *(const float4 *)(qs + i);
+            S[a].x += kk.x * d[s];
+            S[a].y += kk.y * d[s];
+            S[a].z += kk.z * d[s];
+            S[a].w += kk.w * d[s];
+            o[s] += (qq.x * S[a].x + qq.y * S[a].y) + (qq.z * S[a].z + qq.w * S[a].w);
+        }
+#pragma unroll
+        for (int s = 0; s < NP; s++) {
+            const float os = row8_sum(o[s]) * sq;
+            const int j = j0 + 16 * s + 4 * w + (lane >> 3);
+            if ((lane & 7) == 0 && j < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os);
         }
     } else {
+        const int rg = lane / G::CGW, j = j0 + 4 * (w * G::CGW + lane % G::CGW);
+        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
 #pragma unroll
-        for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-
-    int bad_state = 0;
-    int64_t t = bos;
-    int buf = 0;
-    /* per head constants of the gate: A = e^{A_log[h]} (1 without), this thread's dt_bias elements */
-    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-    float bias[2] = {0.f, 0.f};
-    if (p.dt_bias) {
-        if (tid < K) bias[0] = p.dt_bias[(int64_t)h * K + tid];
-        if (tid + DEC_THREADS < K) bias[1] = p.dt_bias[(int64_t)h * K + tid + DEC_THREADS];
-    }
-    tok_raw raw;
-    int bad = 0;
-    if (eos > bos) {
-        fetch_token(p, raw, t, h, hq);
-        bad = commit_token(p, sm, 0, raw, bias, A);
-    }
-#pragma unroll
-    for (int a = 0; a < NA; a++)
-        bad_state |= !finite_f(S[a].x) | !finite_f(S[a].y) | !finite_f(S[a].z) | !finite_f(S[a].w);
-    bad = __syncthreads_or(bad | bad_state);
-
-    for (; t < eos; t++) {
-        if (bad) {
-#pragma unroll
-            for (int a = 0; a < NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
+        for (int a = 0; a < DEC_NA; a++) {
+            const int i = rg + G::RG * a;
+            const float al = as[i], kk = ks[i];
+            S[a].x *= al;
+            S[a].y *= al;
+            S[a].z *= al;
+            S[a].w *= al;
+            d0 += kk * S[a].x;
+            d1 += kk * S[a].y;
+            d2 += kk * S[a].z;
+            d3 += kk * S[a].w;
         }
-        if (t + 1 < eos) fetch_token(p, raw, t + 1, h, hq); /* in flight during this token's arithmetic */
-        float sq, sk;
-        token_norms(p, sm, buf, &sq, &sk);
-        const float *qs = sm.q[buf], *ks = sm.k[buf], *as = sm.a[buf], *vs = sm.v[buf], *bs = sm.b[buf];
+        d0 = lanes_sum<G::CGW>(d0);
+        d1 = lanes_sum<G::CGW>(d1);
+        d2 = lanes_sum<G::CGW>(d2);
+        d3 = lanes_sum<G::CGW>(d3);
+        float dl[4];
+        const float dd[4] = {d0, d1, d2, d3};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int jc = j + c, jj = jc < V ? jc : 0;
+            dl[c] = jc < V ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd[c] * sk) * sk : 0.f;
+        }
+        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+#pragma unroll
+        for (int a = 0; a < DEC_NA; a++) {
+            const int i = rg + G::RG * a;
+            const float kk = ks[i], qq = qs[i];
+            S[a].x += kk * dl[0];
+            S[a].y += kk * dl[1];
+            S[a].z += kk * dl[2];
+            S[a].w += kk * dl[3];
+            o0 += qq * S[a].x;
+            o1 += qq * S[a].y;
+            o2 += qq * S[a].z;
+            o3 += qq * S[a].w;
+        }
+        o0 = lanes_sum<G::CGW>(o0);
+        o1 = lanes_sum<G::CGW>(o1);
+        o2 = lanes_sum<G::CGW>(o2);
+        o3 = lanes_sum<G::CGW>(o3);
+        if (rg == 0) {
+            const float os[4] = {o0, o1, o2, o3};
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                if (j + c < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j + c, os[c] * sq);
+        }
+    }
+}
 
-        if (VF) {
-            /* decay and d = Sᵀk̂ per row j */
-            float d[SJ];
+/* Store the registers' tile to slot `slot` of the final-state tensor. */
+template <int VF, int KC>
+DEV void store_tile(const kda_decode_params_t &p, const float4 S[DEC_NA], int64_t slot, int h, int j0) {
+    const int64_t base = (slot * p.hv + h) * (int64_t)p.kd * p.vd;
 #pragma unroll
-            for (int s = 0; s < SJ; s++) d[s] = 0.f;
+    for (int a = 0; a < DEC_NA; a++) {
+        int64_t goff;
+        int soff;
+        const int nv = chunk_at<VF, KC>(a, p.kd, p.vd, j0, threadIdx.x, &goff, &soff);
+        store4(p.ht, p.ht_dtype, base + goff, nv, p.vec, S[a]);
+    }
+}
+
+/* The initial state of an item from its stage into registers; a non-finite element poisons its column. */
+template <int VF, int KC, int SF32>
+DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int has_state, float4 S[DEC_NA], int j0) {
+    typedef dec_geom<VF, KC> G;
+    const int tid = threadIdx.x;
+    int bad[4] = {0, 0, 0, 0}; /* V-first: per row pass; K-first: per column of the chunk */
 #pragma unroll
-            for (int a = 0; a < NA; a++) {
-                const int s = a / RI, r = a % RI, i = 4 * lane + 128 * r;
-                const float4 al = *(const float4 *)(as + i), kk = *(const float4 *)(ks + i);
-                S[a].x *= al.x;
-                S[a].y *= al.y;
-                S[a].z *= al.z;
-                S[a].w *= al.w;
-                d[s] += (kk.x * S[a].x + kk.y * S[a].y) + (kk.z * S[a].z + kk.w * S[a].w);
-            }
-            float o[SJ];
-#pragma unroll
-            for (int s = 0; s < SJ; s++) {
-                const int j = j0 + w + 4 * s;
-                const int jj = j < V ? j : 0;
-                const float dd = warp_sum(d[s]) * sk;
-                d[s] = (j < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd) : 0.f; /* δ_j */
-                o[s] = 0.f;
-            }
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                const int s = a / RI, r = a % RI, i = 4 * lane + 128 * r;
-                const float4 kk = *(const float4 *)(ks + i), qq = *(const float4 *)(qs + i);
-                const float dl = d[s] * sk;
-                S[a].x += kk.x * dl;
-                S[a].y += kk.y * dl;
-                S[a].z += kk.z * dl;
-                S[a].w += kk.w * dl;
-                o[s] += (qq.x * S[a].x + qq.y * S[a].y) + (qq.z * S[a].z + qq.w * S[a].w);
-            }
-#pragma unroll
-            for (int s = 0; s < SJ; s++) {
-                const float os = warp_sum(o[s]) * sq;
-                const int j = j0 + w + 4 * s;
-                if (lane == s && j < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os);
-            }
+    for (int a = 0; a < DEC_NA; a++) {
+        int64_t goff;
+        int soff;
+        const int nv = chunk_at<VF, KC>(a, p.kd, p.vd, j0, tid, &goff, &soff);
+        if (!has_state) {
+            S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
+            continue;
+        }
+        if (SF32) {
+            S[a] = *(const float4 *)((const float *)st + soff);
         } else {
-            const int ti = tid >> 3, tj = tid & 7;
-            float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                const int i = ti + 16 * a;
-                const float al = as[i], kk = ks[i];
-                S[a].x *= al;
-                S[a].y *= al;
-                S[a].z *= al;
-                S[a].w *= al;
-                d0 += kk * S[a].x;
-                d1 += kk * S[a].y;
-                d2 += kk * S[a].z;
-                d3 += kk * S[a].w;
-            }
-#pragma unroll
-            for (int o = 8; o < 32; o <<= 1) {
-                d0 += __shfl_xor_sync(0xffffffffu, d0, o);
-                d1 += __shfl_xor_sync(0xffffffffu, d1, o);
-                d2 += __shfl_xor_sync(0xffffffffu, d2, o);
-                d3 += __shfl_xor_sync(0xffffffffu, d3, o);
-            }
-            if (lane < 8) *(float4 *)&sm.red_d[w][4 * tj] = make_float4(d0, d1, d2, d3);
-            __syncthreads();
-            float dl[4];
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int j = j0 + 4 * tj + c, jj = j < V ? j : 0;
-                const float dd = (sm.red_d[0][4 * tj + c] + sm.red_d[1][4 * tj + c]) +
-                                 (sm.red_d[2][4 * tj + c] + sm.red_d[3][4 * tj + c]);
-                dl[c] = j < V ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd * sk) * sk : 0.f; /* k̂ δ factor */
-            }
-            float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                const int i = ti + 16 * a;
-                const float kk = ks[i], qq = qs[i];
-                S[a].x += kk * dl[0];
-                S[a].y += kk * dl[1];
-                S[a].z += kk * dl[2];
-                S[a].w += kk * dl[3];
-                o0 += qq * S[a].x;
-                o1 += qq * S[a].y;
-                o2 += qq * S[a].z;
-                o3 += qq * S[a].w;
-            }
-#pragma unroll
-            for (int o = 8; o < 32; o <<= 1) {
-                o0 += __shfl_xor_sync(0xffffffffu, o0, o);
-                o1 += __shfl_xor_sync(0xffffffffu, o1, o);
-                o2 += __shfl_xor_sync(0xffffffffu, o2, o);
-                o3 += __shfl_xor_sync(0xffffffffu, o3, o);
-            }
-            if (lane < 8) *(float4 *)&sm.red_o[w][4 * tj] = make_float4(o0, o1, o2, o3);
-            __syncthreads();
-            if (tid < 8) {
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int j = j0 + 4 * tj + c;
-                    const float os = (sm.red_o[0][4 * tj + c] + sm.red_o[1][4 * tj + c]) +
-                                     (sm.red_o[2][4 * tj + c] + sm.red_o[3][4 * tj + c]);
-                    if (j < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os * sq);
-                }
-            }
+            const uint2 u = *(const uint2 *)((const uint16_t *)st + soff);
+            const float2 lo = unpack_bf16(u.x), hi = unpack_bf16(u.y);
+            S[a] = make_float4(lo.x, lo.y, hi.x, hi.y);
         }
+        /* past K or V: zero (bulk copies leave stale data there) */
+        if (nv < 1) S[a].x = 0.f;
+        if (nv < 2) S[a].y = 0.f;
+        if (nv < 3) S[a].z = 0.f;
+        if (nv < 4) S[a].w = 0.f;
+        if (VF) {
+            bad[a / G::CPR] |= !finite_f(S[a].x) | !finite_f(S[a].y) | !finite_f(S[a].z) | !finite_f(S[a].w);
+        } else {
+            bad[0] |= !finite_f(S[a].x);
+            bad[1] |= !finite_f(S[a].y);
+            bad[2] |= !finite_f(S[a].z);
+            bad[3] |= !finite_f(S[a].w);
+        }
+    }
+    if (!has_state) return;
+#pragma unroll
+    for (int c = 0; c < 4; c++) bad[c] = VF ? row8_or(bad[c]) : lanes_or<G::CGW>(bad[c]);
+#pragma unroll
+    for (int a = 0; a < DEC_NA; a++) {
+        if (VF) {
+            if (bad[a / G::CPR]) S[a] = make_float4(NAN, NAN, NAN, NAN);
+        } else {
+            if (bad[0]) S[a].x = NAN;
+            if (bad[1]) S[a].y = NAN;
+            if (bad[2]) S[a].z = NAN;
+            if (bad[3]) S[a].w = NAN;
+        }
+    }
+}
 
-        /* speculative decoding: the state after this token to its own slot */
-        if (per_token && p.ht) {
-            const int64_t ws = dec_token_slot(p, n, t - bos);
-            if (ws >= 0) {
-                const int64_t base = (ws * p.hv + h) * head_elems;
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernel: VF layout, KC K class, SF32 stage dtype (the initial state's: fp32 or bf16). A stage is the
+ * tile (dec_geom ELEMS elements) followed by the first token's input rows (p.raw_*), p.stage_bytes in all.
+ * ------------------------------------------------------------------------------------------------------- */
+/* Stages: as many tiles as fit in 64 KB (V-first fp32 4, bf16 8; K-first, padded rows, 3 and 6), so that
+ * three CTAs of 128 threads share an SM: 6 to 21 tiles in flight per SM. */
+template <int VF, int KC, int SF32>
+struct dec_stages {
+    static constexpr int N = 65536 / (dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2));
+    static_assert(N >= 3, "decode: at least three stages");
+};
+
+template <int VF, int KC, int SF32>
+__global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_decode_params_t p) {
+    typedef dec_geom<VF, KC> G;
+    constexpr int NS = dec_stages<VF, KC, SF32>::N;
+    extern __shared__ __align__(16) unsigned char smem[];
+    dec_io<KC> &io = *(dec_io<KC> *)(smem + NS * p.stage_bytes);
+    dec_item *ring = (dec_item *)(smem + NS * p.stage_bytes + sizeof(dec_io<KC>));
+    uint64_t *bars = (uint64_t *)(ring + NS); /* one mbarrier per stage: its tile's bulk copies */
+    const int ntiles = (p.vd + G::BV - 1) / G::BV;
+    const int64_t nitems = p.num_seqs * p.hv * ntiles, grid = gridDim.x;
+    const int tid = threadIdx.x;
+    const int per_token = p.state_indices && p.idx_cols > 0;
+#define STAGE(k) (smem + (int)((k) % NS) * p.stage_bytes)
+#define ROWS(k) STAGE(k) /* p.raw_* count from the stage start */
+#define BAR(k) smem_u32(bars + (int)((k) % NS))
+#define BAR_WAIT(k) mbar_wait(BAR(k), (uint32_t)(((k) / NS) & 1))
+    if (tid == 0) {
+        for (int s = 0; s < NS; s++) mbar_init(smem_u32(bars + s), 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    /* prologue: the first NS − 1 items' tiles and first rows in flight, the first token committed */
+    tok_raw raw;
+#pragma unroll 1
+    for (int s = 0; s < NS - 1; s++) {
+        const dec_item d = make_item(p, blockIdx.x + s * grid, ntiles);
+        issue_stage<VF, KC, SF32>(p, d, STAGE(s), BAR(s));
+        issue_rows(p, d, ROWS(s));
+        cp_async_commit();
+        if (tid == 0) ring[s] = d;
+    }
+    dec_item dnext = make_item(p, blockIdx.x + (NS - 1) * grid, ntiles);
+    cp_async_wait<NS - 2>();
+    BAR_WAIT(0);
+    __syncthreads(); /* the ring */
+    read_rows(p, ring[0], ROWS(0), raw);
+    int buf = 0;
+    int bad = __syncthreads_or(commit_token(p, io, buf, raw));
+
+#pragma unroll 1
+    for (int64_t k = 0; blockIdx.x + k * grid < nitems; k++) {
+        const dec_item cur = ring[k % NS];
+        /* the tile NS − 1 items ahead into the stage item k − 1 used; the descriptor after it */
+        fence_proxy_async(); /* item k − 1's reads of that stage before the copy engine's writes */
+        issue_stage<VF, KC, SF32>(p, dnext, STAGE(k + NS - 1), BAR(k + NS - 1));
+        issue_rows(p, dnext, ROWS(k + NS - 1));
+        cp_async_commit();
+        if (tid == 0) ring[(k + NS - 1) % NS] = dnext;
+        dnext = make_item(p, blockIdx.x + (k + NS) * grid, ntiles);
+
+        const int j0 = cur.vt * G::BV;
+        float4 S[DEC_NA];
+        load_tile<VF, KC, SF32>(p, STAGE(k), cur.valid && p.h0 && cur.rslot >= 0, S, j0);
+        const int64_t T = cur.valid ? cur.eos - cur.bos : 0;
+#pragma unroll 1
+        for (int64_t t = 0;; t++) {
+            const int more = t + 1 < T;
+            if (more) fetch_token(p, raw, cur.bos + t + 1, cur.h); /* in flight during this token */
+            if (t < T) {
+                if (bad) {
 #pragma unroll
-                for (int a = 0; a < NA; a++) {
-                    int64_t off;
-                    const int nv = chunk_at<VF, RI>(a, K, V, j0, tid, &off);
-                    store4(p.ht, p.ht_dtype, base + off, nv, p.vec, S[a]);
+                    for (int a = 0; a < DEC_NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
+                }
+                token_step<VF, KC>(p, io, buf, S, cur.bos + t, cur.h, j0);
+                if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
+                    const int64_t ws = dec_token_slot(p, cur.n, t);
+                    if (ws >= 0) store_tile<VF, KC>(p, S, ws, cur.h, j0);
                 }
             }
-        }
-        /* the next token's inputs into the other buffer, one barrier */
-        if (t + 1 < eos) {
+            if (!more) {
+                if (cur.valid && !per_token && p.ht && cur.rslot >= 0) store_tile<VF, KC>(p, S, cur.rslot, cur.h, j0);
+                /* the next item's first token: its rows came with its tile (this thread's copies) */
+                cp_async_wait<NS - 2>();
+                if (blockIdx.x + (k + 1) * grid < nitems) {
+                    BAR_WAIT(k + 1);
+                    read_rows(p, ring[(k + 1) % NS], ROWS(k + 1), raw);
+                } else {
+                    zero_token(raw);
+                }
+            }
             buf ^= 1;
-            bad = __syncthreads_or(bad | commit_token(p, sm, buf, raw, bias, A));
+            bad = __syncthreads_or(commit_token(p, io, buf, raw)); /* also publishes the stage and the ring */
+            if (!more) break;
         }
     }
-
-    if (!per_token && p.ht && rslot >= 0) {
-        if (bad) {
-#pragma unroll
-            for (int a = 0; a < NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
-        }
-        const int64_t base = (rslot * p.hv + h) * head_elems;
-#pragma unroll
-        for (int a = 0; a < NA; a++) {
-            int64_t off;
-            const int nv = chunk_at<VF, RI>(a, K, V, j0, tid, &off);
-            store4(p.ht, p.ht_dtype, base + off, nv, p.vec, S[a]);
-        }
-    }
+    cp_async_wait<0>();
+#undef STAGE
+#undef ROWS
+#undef BAR
+#undef BAR_WAIT
 }
 
-static void decode_plan(kda_decode_params_t *p) {
-    const int row = p->v_first ? p->kd : p->vd; /* contiguous elements of a state row */
-    const int h0_ok = !p->h0 || ((uintptr_t)p->h0 % (p->h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    const int ht_ok = !p->ht || ((uintptr_t)p->ht % (p->ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    p->vec = row % 4 == 0 && h0_ok && ht_ok;
-    if (p->v_first) {
-        /* 16 columns per CTA when 32 would leave SMs idle (small N) */
-        const int64_t ctas32 = p->num_seqs * p->hv * ((p->vd + 31) / 32);
-        p->bv = ctas32 < 2 * (int64_t)p->sm_count ? 16 : 32;
-        /* a test's or benchmark's forced tile width (kda_tuning_t.decode_bv): the same bits either way, each
-           output being a warp reduction over K that does not depend on the tile */
-        if (p->forced_bv == 16 || p->forced_bv == 32) p->bv = p->forced_bv;
-        const int ri = p->kd > 128 ? 2 : 1;
-        p->na = p->bv / 4 * ri;
-    } else {
-        p->bv = 32;
-        p->na = p->kd <= 64 ? 4 : (p->kd <= 128 ? 8 : 16);
+/* Registers per thread of a kernel instance on a device (cached): with the shared memory, its CTAs per SM. */
+template <int VF, int KC, int SF32>
+static int launch(const kda_decode_params_t *p, int device, void *stream) {
+    typedef dec_geom<VF, KC> G;
+    constexpr int NS = dec_stages<VF, KC, SF32>::N;
+    static int done[KDA_MAX_DEVICES];
+    static int regs[KDA_MAX_DEVICES];
+    const void *fn = (const void *)kda_decode_kernel<VF, KC, SF32>;
+    kda_decode_params_t c = *p;
+    c.smem_bytes = NS * c.stage_bytes + (int)sizeof(dec_io<KC>) + NS * (int)(sizeof(dec_item) + 8);
+    cudaError_t e = kda_smem_limit(fn, c.smem_bytes, device, done);
+    if (e != cudaSuccess) return (int)e;
+    const int known = device >= 0 && device < KDA_MAX_DEVICES;
+    int r = known ? regs[device] : 0;
+    if (r <= 0) {
+        cudaFuncAttributes attr;
+        e = cudaFuncGetAttributes(&attr, fn);
+        if (e != cudaSuccess) return (int)e;
+        r = attr.numRegs > 0 ? attr.numRegs : 255;
+        if (known) regs[device] = r;
     }
-}
-
-template <int VF, int NA, int RI>
-static int launch(const kda_decode_params_t *p, void *stream) {
-    const int64_t ctas = p->num_seqs * p->hv * ((p->vd + p->bv - 1) / p->bv);
-    if (ctas == 0) return 0;
-    kda_decode_kernel<VF, NA, RI><<<(unsigned)ctas, DEC_THREADS, 0, (cudaStream_t)stream>>>(*p);
+    /* CTAs per SM: registers (allocated per warp in units of 256), shared memory (1 KB reserved per CTA) */
+    const int warp_regs = (r * 32 + 255) / 256 * 256;
+    int occ = 65536 / (warp_regs * (DEC_THREADS / 32));
+    const int by_smem = 233472 / (c.smem_bytes + 1024);
+    occ = occ < by_smem ? occ : by_smem;
+    occ = occ < 1 ? 1 : occ;
+    const int64_t items = c.num_seqs * c.hv * ((c.vd + G::BV - 1) / G::BV);
+    if (items == 0) return 0;
+    int64_t ctas = (int64_t)c.sm_count * occ;
+    if (c.forced_ctas > 0 && c.forced_ctas < ctas) ctas = c.forced_ctas;
+    if (ctas > items) ctas = items;
+    kda_decode_kernel<VF, KC, SF32><<<(unsigned)ctas, DEC_THREADS, c.smem_bytes, (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 
-static int launch_decode(const kda_decode_params_t *p, void *stream) {
-    if (p->v_first) {
-        const int ri = p->kd > 128 ? 2 : 1;
-        if (ri == 1) return p->na == 4 ? launch<1, 4, 1>(p, stream) : launch<1, 8, 1>(p, stream);
-        return p->na == 8 ? launch<1, 8, 2>(p, stream) : launch<1, 16, 2>(p, stream);
+/* The tile's stage bytes and the input rows' offsets after it: each row rounded up to 16 bytes. */
+template <int VF, int KC, int SF32>
+static void stage_layout(kda_decode_params_t *p) {
+    const int tile = dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2);
+    const int es = p->dtype == KDA_DT_F32 ? 4 : 2, eg = p->g_dtype == KDA_DT_F32 ? 4 : 2;
+    const int eb = p->beta_dtype == KDA_DT_F32 ? 4 : 2;
+    const int kp = (p->kd + 7) / 8 * 8, vp = (p->vd + 7) / 8 * 8;
+    int off = tile;
+#define ROW(field, bytes) (p->field = off, off += ((bytes) + 15) / 16 * 16)
+    ROW(raw_q, kp * es);
+    ROW(raw_k, kp * es);
+    ROW(raw_g, kp * eg);
+    ROW(raw_v, vp * es);
+    ROW(raw_b, p->beta_headwise ? vp * eb : 0);
+    ROW(raw_bias, p->dt_bias ? kp * 4 : 0);
+#undef ROW
+    p->stage_bytes = p->vec_in ? off : tile;
+    /* bulk copies: 16-byte rows (sizes and addresses) on both sides */
+    const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->kd : p->vd) * es_s;
+    const int srow = dec_geom<VF, KC>::ROW * es_s;
+    p->bulk = p->h0 && p->h0_dtype == (SF32 ? KDA_DT_F32 : KDA_DT_BF16) && rowb % 16 == 0 && srow % 16 == 0 &&
+              (uintptr_t)p->h0 % 16 == 0;
+}
+
+template <int VF, int KC>
+static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
+    if (p->h0 && p->h0_dtype == KDA_DT_BF16) {
+        stage_layout<VF, KC, 0>(p);
+        return launch<VF, KC, 0>(p, device, stream);
     }
-    if (p->na == 4) return launch<0, 4, 1>(p, stream);
-    if (p->na == 8) return launch<0, 8, 1>(p, stream);
-    return launch<0, 16, 1>(p, stream);
+    stage_layout<VF, KC, 1>(p);
+    return launch<VF, KC, 1>(p, device, stream);
+}
+
+static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
+    const int kc = kda_cuda_size_class(p->kd);
+    if (p->v_first) {
+        if (kc == 64) return launch_dt<1, 64>(p, device, stream);
+        if (kc == 128) return launch_dt<1, 128>(p, device, stream);
+        return launch_dt<1, 256>(p, device, stream);
+    }
+    if (kc == 64) return launch_dt<0, 64>(p, device, stream);
+    if (kc == 128) return launch_dt<0, 128>(p, device, stream);
+    return launch_dt<0, 256>(p, device, stream);
+}
+
+static void decode_plan(kda_decode_params_t *p) {
+    /* 4-element chunks of a state row are vector accesses when rows are whole chunks and the tensors aligned */
+    const int row = p->v_first ? p->kd : p->vd;
+    const int h0_ok = !p->h0 || ((uintptr_t)p->h0 % (p->h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
+    const int ht_ok = !p->ht || ((uintptr_t)p->ht % (p->ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
+    p->vec = row % 4 == 0 && h0_ok && ht_ok;
+    /* the first token's rows travel in the stage as element pairs (4 or 8 bytes): even rows, aligned bases */
+#define PAIR_OK(ptr, dt) (!(ptr) || (uintptr_t)(ptr) % (2 * ((dt) == KDA_DT_F32 ? 4 : 2)) == 0)
+    p->vec_in = p->kd % 2 == 0 && p->vd % 2 == 0 && PAIR_OK(p->q, p->dtype) && PAIR_OK(p->k, p->dtype) &&
+                PAIR_OK(p->v, p->dtype) && PAIR_OK(p->g, p->g_dtype) && PAIR_OK(p->dt_bias, KDA_DT_F32) &&
+                (!p->beta_headwise || PAIR_OK(p->beta, p->beta_dtype));
+#undef PAIR_OK
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -478,7 +857,7 @@ extern "C" int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode) {
     return p->num_tokens <= (int64_t)KDA_DECODE_MAX_TOKENS_PER_SEQ * p->num_seqs;
 }
 
-extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count, int forced_bv,
+extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count, int forced_ctas,
                                             void *stream, const char *fn) {
     const kda_args_t *a = &pr->a;
     kda_decode_params_t c;
@@ -523,17 +902,14 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     c.v_first = a->state_v_first != 0;
     c.beta_headwise = a->beta_headwise != 0;
     c.sm_count = sm_count;
-    c.forced_bv = forced_bv;
+    c.forced_ctas = forced_ctas;
     decode_plan(&c);
-    if (c.num_seqs * c.hv * ((c.vd + c.bv - 1) / c.bv) >= ((int64_t)1 << 31))
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'num_seqs': %lld sequences of %d heads exceed one "
-                         "launch", fn, (long long)c.num_seqs, c.hv);
 
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
-    const int err = launch_decode(&c, stream);
+    const int err = launch_decode(&c, device, stream);
     if (prev >= 0 && prev != device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the decode kernel: %s", fn,

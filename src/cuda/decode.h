@@ -37,12 +37,15 @@ typedef struct kda_decode_params {
     float scale, lower_bound;        /* lower_bound != 0: the sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first, beta_headwise;
 
-    /* launch shape (kda_cuda_decode_plan) */
+    /* launch shape (decode_plan) */
     int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
-    int bv;                          /* value columns per CTA: 16 or 32 */
-    int na;                          /* 4-element state chunks per thread: 4, 8 or 16 */
+    int bulk;                        /* state tiles by bulk copy (16-byte rows, aligned pool) */
+    int vec_in;                      /* K, V even and input bases 8-byte aligned: element pairs by cp.async */
+    int raw_q, raw_k, raw_g, raw_v, raw_b, raw_bias; /* byte offsets of a stage's input rows (after the tile) */
+    int stage_bytes;                 /* one stage: state tile + input rows (16-byte multiple) */
+    int smem_bytes;                  /* the kernel's dynamic shared memory */
     int sm_count;
-    int forced_bv;                   /* kda_tuning_t.decode_bv (tests): 16 or 32 forces bv, else 0 */
+    int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
 } kda_decode_params_t;
 
 /* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D
@@ -51,9 +54,9 @@ typedef struct kda_decode_params {
  * average. Such a call needs no workspace. */
 int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode);
 
-/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; forced_bv: the
- * context's kda_tuning_t.decode_bv). No allocation, no host sync. */
-kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_bv, void *stream,
+/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; forced_ctas: the
+ * context's kda_tuning_t.decode_ctas). No allocation, no host sync. */
+kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_ctas, void *stream,
                                  const char *fn);
 
 #ifdef __cplusplus

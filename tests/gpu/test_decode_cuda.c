@@ -385,25 +385,31 @@ TEST(gpu_decode_beta_headwise) {
     }
 }
 
-/* V-first states: both tile widths (16 columns per CTA, picked for few CTAs, and 32) on the same cases, forced
- * through the context's tuning; they must agree bit for bit (each output is the same warp reduction). */
-TEST(gpu_decode_vfirst_tile_widths) {
+/* Persistent CTAs: with 1 and 7 CTAs each walks many tiles through its ring of stages (items of several
+ * sequences, heads and tiles, an empty sequence among them), in both layouts; every case must match the
+ * oracle as with the default grid. */
+TEST(gpu_decode_persistent_ctas) {
     static const int sizes[][2] = {{128, 128}, {256, 256}, {64, 100}, {100, 60}};
-    for (int bv = 16; bv <= 32; bv += 16) {
+    static const int64_t lens[] = {2, 0, 3, 1, 2};
+    for (int ctas = 1; ctas <= 7; ctas += 6) {
         kda_tuning_t t = {0};
-        t.decode_bv = bv;
+        t.decode_ctas = ctas;
         kda_set_tuning(gpu(), &t);
         for (unsigned z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
-            dcase_t dc = base_case(sizes[z][0], sizes[z][1]);
-            dc.c.batch = 4;
-            dc.c.seq_len = 2;
-            dc.c.hv = 4;
-            dc.c.state_v_first = 1;
-            dc.c.dtype = dc.c.g_dtype = dc.c.beta_dtype = dc.c.o_dtype = KDA_FLOAT32;
-            dc.mode = ST_POOL_1D;
-            char name[64];
-            snprintf(name, sizeof name, "vfirst_bv%d_k%d_v%d", bv, sizes[z][0], sizes[z][1]);
-            run_case(name, &dc, 5e-5, 0);
+            for (int vf = 0; vf < 2; vf++) {
+                dcase_t dc = base_case(sizes[z][0], sizes[z][1]);
+                dc.c.num_seqs = 5;
+                dc.c.seqlens = lens;
+                dc.c.batch = 1;
+                dc.c.hv = 4;
+                dc.c.state_v_first = vf;
+                dc.c.dtype = dc.c.g_dtype = dc.c.beta_dtype = dc.c.o_dtype = KDA_FLOAT32;
+                dc.mode = ST_POOL_1D;
+                char name[64];
+                snprintf(name, sizeof name, "ctas%d_%s_k%d_v%d", ctas, vf ? "vfirst" : "kfirst", sizes[z][0],
+                         sizes[z][1]);
+                run_case(name, &dc, 5e-5, 0);
+            }
         }
     }
     kda_set_tuning(gpu(), NULL);
