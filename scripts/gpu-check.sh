@@ -11,6 +11,7 @@
 #   dev       a development build (-DKDA_DEV=ON) and stage timings by skip bits (bench/stages.py STAGE_ARGS)
 #   devab     the same for .base (legacy KDA_DEV_* variables) and this tree, twice
 #   ncu       utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
+#   decab     bench_decode (no crossover) for this tree and for .var1 (a variant)
 #   ncudec    ncu of the decode kernel and of FLA's fused_recurrent_kda_fwd_kernel on DEC_NCU_SHAPE
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
@@ -160,6 +161,15 @@ PY
         python3 bench/bench_decode.py --out /tmp/ncu-bench --only "${DEC_NCU_SHAPE:-N256 H32 fp32 V-first}" \
         --no-crossover --quick >"$OUT/ncu_src.csv" 2>&1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Executed Ipc|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions |Block Limit|Grid Size|Dynamic Shared|L2 Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu_$kn.txt" | head -40
+    done
+    ;;
+  decab) # the decode benchmark (no crossover) for this tree and for .var1 (a variant, carried)
+    build build-var1 .var1 || exit 1
+    fla_site
+    for which in gpu var1; do
+      env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
+        python3 bench/bench_decode.py --out "$OUT/decode-$which" --no-crossover >"$LOG/bench_decode_$which.log" 2>&1
+      echo "-- $which"; grep -E "ours" "$LOG/bench_decode_$which.log" | cut -c1-120
     done
     ;;
   *) echo "unknown step $step" ;;

@@ -52,6 +52,7 @@
 #define DEC_THREADS 128
 #define DEC_TILE 4096 /* state elements per tile */
 #define DEC_NA 8      /* four-element chunks of a tile per thread: DEC_TILE / 4 / DEC_THREADS */
+#define DEC_TS 4      /* at most this many tokens of an item travel in its stage (p.ts); later ones one ahead */
 
 /* Inputs of the current and the next token (double-buffered), and the ring of tile descriptors. */
 template <int KC>
@@ -62,7 +63,8 @@ struct dec_io {
 struct dec_item {
     int64_t n, bos, eos, rslot;
     int h, vt, valid; /* valid: an item of this launch that reads or writes anything */
-    float beta0, A;   /* the first token's raw β (scalar β) and e^{A_log[h]} */
+    int hq;           /* the q/k head of value head h */
+    float beta[DEC_TS], A; /* the staged tokens' raw β (scalar β) and e^{A_log[h]} */
 };
 
 DEV int finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
@@ -153,38 +155,40 @@ struct dec_geom {
     static_assert(VF ? (BV / 16) * CPR == DEC_NA : RG * DEC_NA == KC, "decode: 8 chunks per thread");
 };
 
-template <int VF, int KC>
-DEV int chunk_at(int a, int K, int V, int j0, int tid, int64_t *goff, int *soff) {
+/* EX (exact): K = KC and whole tiles (V a multiple of BV), so every chunk exists and offsets fold. */
+template <int VF, int KC, int EX>
+DEV int chunk_at(int a, int K, int V, int j0, int tid, int *goff, int *soff) {
     typedef dec_geom<VF, KC> G;
     const int lane = tid & 31, w = tid >> 5;
+    if (EX) K = KC;
     if (VF) {
         const int pass = a / G::CPR, c = a % G::CPR;
         const int jl = 16 * pass + 4 * w + (lane >> 3), i = 4 * (lane & 7) + 32 * c;
         *soff = jl * G::ROW + i;
-        *goff = (int64_t)(j0 + jl) * K + i;
-        return j0 + jl < V ? clamp_valid(K - i) : 0;
+        *goff = (j0 + jl) * K + i;
+        return EX ? 4 : (j0 + jl < V ? clamp_valid(K - i) : 0);
     }
     const int cg = w * G::CGW + lane % G::CGW, i = lane / G::CGW + G::RG * a;
     *soff = i * G::ROW + 4 * cg;
-    *goff = (int64_t)i * V + j0 + 4 * cg;
-    return i < K ? clamp_valid(V - j0 - 4 * cg) : 0;
+    *goff = i * V + j0 + 4 * cg;
+    return EX ? 4 : (i < K ? clamp_valid(V - j0 - 4 * cg) : 0);
 }
 
 /* Chunk r (memory order, r < DEC_NA) of the tile as copied by thread tid: consecutive threads take
  * consecutive chunks of a row (coalesced). */
 template <int VF, int KC>
-DEV int copy_chunk_at(int r, int K, int V, int j0, int tid, int64_t *goff, int *soff) {
+DEV int copy_chunk_at(int r, int K, int V, int j0, int tid, int *goff, int *soff) {
     typedef dec_geom<VF, KC> G;
     const int q = tid + DEC_THREADS * r;
     if (VF) {
         const int jl = q / (KC / 4), i = 4 * (q % (KC / 4));
         *soff = jl * G::ROW + i;
-        *goff = (int64_t)(j0 + jl) * K + i;
+        *goff = (j0 + jl) * K + i;
         return j0 + jl < V ? clamp_valid(K - i) : 0;
     }
     const int i = q / (G::BV / 4), jl = 4 * (q % (G::BV / 4));
     *soff = i * G::ROW + jl;
-    *goff = (int64_t)i * V + j0 + jl;
+    *goff = i * V + j0 + jl;
     return i < K ? clamp_valid(V - j0 - jl) : 0;
 }
 
@@ -217,7 +221,9 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
     d.n = d.bos = d.eos = 0;
     d.rslot = -1;
     d.h = d.vt = 0;
-    d.beta0 = 0.f;
+    d.hq = 0;
+#pragma unroll
+    for (int u = 0; u < DEC_TS; u++) d.beta[u] = 0.f;
     d.A = 1.f;
     const int64_t nitems = p.num_seqs * p.hv * ntiles;
     if (it >= nitems) return d;
@@ -247,8 +253,13 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
     if (p.state_indices && p.idx_cols > 0 && d.eos == d.bos) return d;
     d.valid = 1;
     d.rslot = dec_read_slot(p, d.n);
+    d.hq = d.h / p.group;
     if (d.eos > d.bos) {
-        if (!p.beta_headwise) d.beta0 = load_elem(p.beta, p.beta_dtype, d.bos * p.hv + d.h);
+        if (!p.beta_headwise) {
+#pragma unroll
+            for (int u = 0; u < DEC_TS; u++)
+                if (u < p.ts && d.bos + u < d.eos) d.beta[u] = load_elem(p.beta, p.beta_dtype, (d.bos + u) * p.hv + d.h);
+        }
         if (p.A_log) d.A = expf(p.A_log[d.h]);
     }
     return d;
@@ -289,8 +300,7 @@ DEV void issue_stage(const kda_decode_params_t &p, const dec_item &d, unsigned c
     if (!has) return;
 #pragma unroll
     for (int r = 0; r < DEC_NA; r++) {
-        int64_t goff;
-        int soff;
+        int goff, soff;
         const int nv = copy_chunk_at<VF, KC>(r, K, V, j0, tid, &goff, &soff);
         if (p.vec) {
             if (SF32) cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.h0 + (nv ? base + goff : 0),
@@ -349,20 +359,24 @@ DEV float2 smem_pair(const unsigned char *src, int dt, int e, int len) {
     return make_float2(f16_bits_to_f32((uint16_t)(u & 0xffffu)), f16_bits_to_f32((uint16_t)(u >> 16)));
 }
 
-/* The first token of item d: its rows into the stage's input region `in` (without aligned pairs, read_rows
- * loads them later instead, synchronously: the rare path). */
-DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned char *in) {
-    if (!d.valid || d.eos == d.bos) return;
-    const int K = p.kd, V = p.vd, e = 2 * threadIdx.x, h = d.h, hq = d.h / p.group;
-    const int64_t t = d.bos;
-    if (!p.vec_in) return; /* read_rows loads them */
-    copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.dtype)), p.q, p.dtype, (t * p.hqk + hq) * K, e, K);
-    copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.dtype)), p.k, p.dtype, (t * p.hqk + hq) * K, e, K);
-    copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.g_dtype)), p.g, p.g_dtype, (t * p.hv + h) * K, e, K);
-    copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.dtype)), p.v, p.dtype, (t * p.hv + h) * V, e, V);
-    if (p.beta_headwise)
-        copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.beta_dtype)), p.beta, p.beta_dtype, (t * p.hv + h) * V, e, V);
-    if (p.dt_bias) copy_pair(smem_u32(in + p.raw_bias + e * 4), p.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
+/* The first p.ts tokens of item d: their rows into the stage's input region (token u's block at p.raw_rows +
+ * u·p.raw_tok; without aligned pairs, read_rows loads them later instead, synchronously: the rare path). */
+DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned char *st) {
+    if (!d.valid || d.eos == d.bos || !p.vec_in) return;
+    const int K = p.kd, V = p.vd, e = 2 * threadIdx.x, h = d.h, hq = d.hq;
+    const int n = d.eos - d.bos < p.ts ? (int)(d.eos - d.bos) : p.ts;
+    for (int u = 0; u < n; u++) {
+        unsigned char *in = st + p.raw_rows + u * p.raw_tok;
+        const int64_t t = d.bos + u;
+        copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.dtype)), p.q, p.dtype, (t * p.hqk + hq) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.dtype)), p.k, p.dtype, (t * p.hqk + hq) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.g_dtype)), p.g, p.g_dtype, (t * p.hv + h) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.dtype)), p.v, p.dtype, (t * p.hv + h) * V, e, V);
+        if (p.beta_headwise)
+            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.beta_dtype)), p.beta, p.beta_dtype, (t * p.hv + h) * V, e,
+                      V);
+    }
+    if (p.dt_bias) copy_pair(smem_u32(st + p.raw_bias + e * 4), p.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
 }
 
 DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h) {
@@ -384,17 +398,18 @@ DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h)
     }
 }
 
-/* The first token of item d into r: from the stage (after this thread's cp.async wait) or, on the rare path,
+/* Token u of item d into r: from the stage (u < p.ts, after this thread's cp.async wait) or, on the rare path,
  * from global memory. */
-DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsigned char *in, tok_raw &r) {
+DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsigned char *st, tok_raw &r, int u) {
     if (!d.valid || d.eos == d.bos) {
         zero_token(r);
         return;
     }
     if (!p.vec_in) {
-        fetch_token(p, r, d.bos, d.h);
+        fetch_token(p, r, d.bos + u, d.h);
         return;
     }
+    const unsigned char *in = st + p.raw_rows + u * p.raw_tok;
     const int e = 2 * threadIdx.x, K = p.kd, V = p.vd;
     float2 x = smem_pair(in + p.raw_q + e * dt_size(p.dtype), p.dtype, e, K);
     r.q[0] = x.x, r.q[1] = x.y;
@@ -408,11 +423,14 @@ DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsign
         x = smem_pair(in + p.raw_b + e * dt_size(p.beta_dtype), p.beta_dtype, e, V);
         r.b[0] = x.x, r.b[1] = x.y;
     } else {
-        r.b[0] = e == 0 ? d.beta0 : 0.f;
+        float b = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_TS; w++) b = w == u ? d.beta[w] : b;
+        r.b[0] = e == 0 ? b : 0.f;
         r.b[1] = 0.f;
     }
     if (p.dt_bias) {
-        x = smem_pair(in + p.raw_bias + e * 4, KDA_DT_F32, e, K);
+        x = smem_pair(st + p.raw_bias + e * 4, KDA_DT_F32, e, K);
         r.bias[0] = x.x, r.bias[1] = x.y;
     } else {
         r.bias[0] = r.bias[1] = 0.f;
@@ -480,7 +498,7 @@ DEV void token_norms(const kda_decode_params_t &p, const dec_io<KC> &io, int buf
 /* ---------------------------------------------------------------------------------------------------------
  * One token on the registers' tile: decay, d = Sᵀk̂, δ, S += k̂δᵀ, o = Sᵀq̂ (stored)
  * ------------------------------------------------------------------------------------------------------- */
-template <int VF, int KC>
+template <int VF, int KC, int EX>
 DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float4 S[DEC_NA], int64_t t, int h,
                     int j0) {
     typedef dec_geom<VF, KC> G;
@@ -505,9 +523,9 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
         }
 #pragma unroll
         for (int s = 0; s < NP; s++) {
-            const int j = j0 + 16 * s + 4 * w + (lane >> 3), jj = j < V ? j : 0;
+            const int j = j0 + 16 * s + 4 * w + (lane >> 3), jj = (EX || j < V) ? j : 0;
             const float dd = row8_sum(d[s]) * sk;
-            d[s] = j < V ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd) * sk : 0.f; /* k̂ δ_j factor */
+            d[s] = (EX || j < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd) * sk : 0.f; /* k̂ δ_j factor */
         }
 #pragma unroll
         for (int a = 0; a < DEC_NA; a++) {
@@ -523,7 +541,7 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
         for (int s = 0; s < NP; s++) {
             const float os = row8_sum(o[s]) * sq;
             const int j = j0 + 16 * s + 4 * w + (lane >> 3);
-            if ((lane & 7) == 0 && j < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os);
+            if ((lane & 7) == 0 && (EX || j < V)) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os);
         }
     } else {
         const int rg = lane / G::CGW, j = j0 + 4 * (w * G::CGW + lane % G::CGW);
@@ -549,8 +567,8 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
         const float dd[4] = {d0, d1, d2, d3};
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int jc = j + c, jj = jc < V ? jc : 0;
-            dl[c] = jc < V ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd[c] * sk) * sk : 0.f;
+            const int jc = j + c, jj = (EX || jc < V) ? jc : 0;
+            dl[c] = (EX || jc < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd[c] * sk) * sk : 0.f;
         }
         float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
 #pragma unroll
@@ -574,35 +592,44 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
             const float os[4] = {o0, o1, o2, o3};
 #pragma unroll
             for (int c = 0; c < 4; c++)
-                if (j + c < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j + c, os[c] * sq);
+                if (EX || j + c < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j + c, os[c] * sq);
         }
     }
 }
 
-/* Store the registers' tile to slot `slot` of the final-state tensor. */
-template <int VF, int KC>
+/* Store the registers' tile to slot `slot` of the final-state tensor (EX: its dtype is the stage's, SF32). */
+template <int VF, int KC, int SF32, int EX>
 DEV void store_tile(const kda_decode_params_t &p, const float4 S[DEC_NA], int64_t slot, int h, int j0) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)p.kd * p.vd;
+    const int64_t base = (slot * p.hv + h) * (int64_t)(EX ? KC : p.kd) * p.vd;
 #pragma unroll
     for (int a = 0; a < DEC_NA; a++) {
-        int64_t goff;
-        int soff;
-        const int nv = chunk_at<VF, KC>(a, p.kd, p.vd, j0, threadIdx.x, &goff, &soff);
-        store4(p.ht, p.ht_dtype, base + goff, nv, p.vec, S[a]);
+        int goff, soff;
+        const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, threadIdx.x, &goff, &soff);
+        if (EX) {
+            if (SF32) {
+                __stcs((float4 *)p.ht + (base + goff) / 4, S[a]);
+            } else {
+                uint2 u;
+                u.x = pack_bf16(S[a].x, S[a].y);
+                u.y = pack_bf16(S[a].z, S[a].w);
+                __stcs((uint2 *)p.ht + (base + goff) / 4, u);
+            }
+        } else {
+            store4(p.ht, p.ht_dtype, base + goff, nv, p.vec, S[a]);
+        }
     }
 }
 
 /* The initial state of an item from its stage into registers; a non-finite element poisons its column. */
-template <int VF, int KC, int SF32>
+template <int VF, int KC, int SF32, int EX>
 DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int has_state, float4 S[DEC_NA], int j0) {
     typedef dec_geom<VF, KC> G;
     const int tid = threadIdx.x;
     int bad[4] = {0, 0, 0, 0}; /* V-first: per row pass; K-first: per column of the chunk */
 #pragma unroll
     for (int a = 0; a < DEC_NA; a++) {
-        int64_t goff;
-        int soff;
-        const int nv = chunk_at<VF, KC>(a, p.kd, p.vd, j0, tid, &goff, &soff);
+        int goff, soff;
+        const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, tid, &goff, &soff);
         if (!has_state) {
             S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
             continue;
@@ -614,11 +641,12 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
             const float2 lo = unpack_bf16(u.x), hi = unpack_bf16(u.y);
             S[a] = make_float4(lo.x, lo.y, hi.x, hi.y);
         }
-        /* past K or V: zero (bulk copies leave stale data there) */
-        if (nv < 1) S[a].x = 0.f;
-        if (nv < 2) S[a].y = 0.f;
-        if (nv < 3) S[a].z = 0.f;
-        if (nv < 4) S[a].w = 0.f;
+        if (!EX) { /* past K or V: zero (bulk copies leave stale data there) */
+            if (nv < 1) S[a].x = 0.f;
+            if (nv < 2) S[a].y = 0.f;
+            if (nv < 3) S[a].z = 0.f;
+            if (nv < 4) S[a].w = 0.f;
+        }
         if (VF) {
             bad[a / G::CPR] |= !finite_f(S[a].x) | !finite_f(S[a].y) | !finite_f(S[a].z) | !finite_f(S[a].w);
         } else {
@@ -648,15 +676,15 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
  * The kernel: VF layout, KC K class, SF32 stage dtype (the initial state's: fp32 or bf16). A stage is the
  * tile (dec_geom ELEMS elements) followed by the first token's input rows (p.raw_*), p.stage_bytes in all.
  * ------------------------------------------------------------------------------------------------------- */
-/* Stages: as many tiles as fit in 64 KB (V-first fp32 4, bf16 8; K-first, padded rows, 3 and 6), so that
- * three CTAs of 128 threads share an SM: 6 to 21 tiles in flight per SM. */
+/* Stages: 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM (the kernel is bound by
+ * its instructions and their latencies more than by bytes in flight: the copy engine keeps the tiles coming;
+ * four CTAs, at 128 registers, spill and measured slower: docs/PERF.md "Decode"). */
 template <int VF, int KC, int SF32>
 struct dec_stages {
-    static constexpr int N = 65536 / (dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2));
-    static_assert(N >= 3, "decode: at least three stages");
+    static constexpr int N = SF32 ? 3 : 4;
 };
 
-template <int VF, int KC, int SF32>
+template <int VF, int KC, int SF32, int EX>
 __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_decode_params_t p) {
     typedef dec_geom<VF, KC> G;
     constexpr int NS = dec_stages<VF, KC, SF32>::N;
@@ -692,7 +720,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
     cp_async_wait<NS - 2>();
     BAR_WAIT(0);
     __syncthreads(); /* the ring */
-    read_rows(p, ring[0], ROWS(0), raw);
+    read_rows(p, ring[0], ROWS(0), raw, 0);
     int buf = 0;
     int bad = __syncthreads_or(commit_token(p, io, buf, raw));
 
@@ -709,30 +737,33 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
 
         const int j0 = cur.vt * G::BV;
         float4 S[DEC_NA];
-        load_tile<VF, KC, SF32>(p, STAGE(k), cur.valid && p.h0 && cur.rslot >= 0, S, j0);
+        load_tile<VF, KC, SF32, EX>(p, STAGE(k), cur.valid && p.h0 && cur.rslot >= 0, S, j0);
         const int64_t T = cur.valid ? cur.eos - cur.bos : 0;
 #pragma unroll 1
         for (int64_t t = 0;; t++) {
             const int more = t + 1 < T;
-            if (more) fetch_token(p, raw, cur.bos + t + 1, cur.h); /* in flight during this token */
+            if (more) { /* the next token: staged, or loads in flight during this token */
+                if (t + 1 < p.ts) read_rows(p, cur, ROWS(k), raw, (int)t + 1);
+                else fetch_token(p, raw, cur.bos + t + 1, cur.h);
+            }
             if (t < T) {
                 if (bad) {
 #pragma unroll
                     for (int a = 0; a < DEC_NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
                 }
-                token_step<VF, KC>(p, io, buf, S, cur.bos + t, cur.h, j0);
+                token_step<VF, KC, EX>(p, io, buf, S, cur.bos + t, cur.h, j0);
                 if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
                     const int64_t ws = dec_token_slot(p, cur.n, t);
-                    if (ws >= 0) store_tile<VF, KC>(p, S, ws, cur.h, j0);
+                    if (ws >= 0) store_tile<VF, KC, SF32, EX>(p, S, ws, cur.h, j0);
                 }
             }
             if (!more) {
-                if (cur.valid && !per_token && p.ht && cur.rslot >= 0) store_tile<VF, KC>(p, S, cur.rslot, cur.h, j0);
+                if (cur.valid && !per_token && p.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
                 /* the next item's first token: its rows came with its tile (this thread's copies) */
                 cp_async_wait<NS - 2>();
                 if (blockIdx.x + (k + 1) * grid < nitems) {
                     BAR_WAIT(k + 1);
-                    read_rows(p, ring[(k + 1) % NS], ROWS(k + 1), raw);
+                    read_rows(p, ring[(k + 1) % NS], ROWS(k + 1), raw, 0);
                 } else {
                     zero_token(raw);
                 }
@@ -750,13 +781,13 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
 }
 
 /* Registers per thread of a kernel instance on a device (cached): with the shared memory, its CTAs per SM. */
-template <int VF, int KC, int SF32>
+template <int VF, int KC, int SF32, int EX>
 static int launch(const kda_decode_params_t *p, int device, void *stream) {
     typedef dec_geom<VF, KC> G;
     constexpr int NS = dec_stages<VF, KC, SF32>::N;
     static int done[KDA_MAX_DEVICES];
     static int regs[KDA_MAX_DEVICES];
-    const void *fn = (const void *)kda_decode_kernel<VF, KC, SF32>;
+    const void *fn = (const void *)kda_decode_kernel<VF, KC, SF32, EX>;
     kda_decode_params_t c = *p;
     c.smem_bytes = NS * c.stage_bytes + (int)sizeof(dec_io<KC>) + NS * (int)(sizeof(dec_item) + 8);
     cudaError_t e = kda_smem_limit(fn, c.smem_bytes, device, done);
@@ -781,27 +812,33 @@ static int launch(const kda_decode_params_t *p, int device, void *stream) {
     int64_t ctas = (int64_t)c.sm_count * occ;
     if (c.forced_ctas > 0 && c.forced_ctas < ctas) ctas = c.forced_ctas;
     if (ctas > items) ctas = items;
-    kda_decode_kernel<VF, KC, SF32><<<(unsigned)ctas, DEC_THREADS, c.smem_bytes, (cudaStream_t)stream>>>(c);
+    kda_decode_kernel<VF, KC, SF32, EX><<<(unsigned)ctas, DEC_THREADS, c.smem_bytes, (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 
-/* The tile's stage bytes and the input rows' offsets after it: each row rounded up to 16 bytes. */
+/* A stage: the tile, then p.ts token blocks (q, k, g, v, headwise β rows, each rounded up to 16 bytes), then
+ * dt_bias. p.ts: the tokens per sequence when all sequences have the same length, else the average rounded
+ * up, at most DEC_TS. */
 template <int VF, int KC, int SF32>
 static void stage_layout(kda_decode_params_t *p) {
     const int tile = dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2);
     const int es = p->dtype == KDA_DT_F32 ? 4 : 2, eg = p->g_dtype == KDA_DT_F32 ? 4 : 2;
     const int eb = p->beta_dtype == KDA_DT_F32 ? 4 : 2;
     const int kp = (p->kd + 7) / 8 * 8, vp = (p->vd + 7) / 8 * 8;
-    int off = tile;
+    const int64_t per = p->num_seqs > 0 ? (p->num_tokens + p->num_seqs - 1) / p->num_seqs : 1;
+    p->ts = per < 1 ? 1 : (per > DEC_TS ? DEC_TS : (int)per);
+    int off = 0;
 #define ROW(field, bytes) (p->field = off, off += ((bytes) + 15) / 16 * 16)
     ROW(raw_q, kp * es);
     ROW(raw_k, kp * es);
     ROW(raw_g, kp * eg);
     ROW(raw_v, vp * es);
     ROW(raw_b, p->beta_headwise ? vp * eb : 0);
-    ROW(raw_bias, p->dt_bias ? kp * 4 : 0);
 #undef ROW
-    p->stage_bytes = p->vec_in ? off : tile;
+    p->raw_tok = off;
+    p->raw_rows = tile;
+    p->raw_bias = tile + p->ts * p->raw_tok;
+    p->stage_bytes = p->vec_in ? p->raw_bias + (p->dt_bias ? (kp * 4 + 15) / 16 * 16 : 0) : tile;
     /* bulk copies: 16-byte rows (sizes and addresses) on both sides */
     const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->kd : p->vd) * es_s;
     const int srow = dec_geom<VF, KC>::ROW * es_s;
@@ -809,14 +846,22 @@ static void stage_layout(kda_decode_params_t *p) {
               (uintptr_t)p->h0 % 16 == 0;
 }
 
+/* The exact instance: K = KC, whole tiles, aligned 4-element rows, the final state (if any) of the stage's
+ * dtype and the initial state (if any) by bulk copy. */
+template <int VF, int KC, int SF32>
+static int launch_ex(kda_decode_params_t *p, int device, void *stream) {
+    stage_layout<VF, KC, SF32>(p);
+    const int sdt = SF32 ? KDA_DT_F32 : KDA_DT_BF16;
+    const int ex = p->kd == KC && p->vd % dec_geom<VF, KC>::BV == 0 && p->vec && (!p->h0 || p->bulk) &&
+                   (!p->ht || p->ht_dtype == sdt);
+    return ex ? launch<VF, KC, SF32, 1>(p, device, stream) : launch<VF, KC, SF32, 0>(p, device, stream);
+}
+
 template <int VF, int KC>
 static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
-    if (p->h0 && p->h0_dtype == KDA_DT_BF16) {
-        stage_layout<VF, KC, 0>(p);
-        return launch<VF, KC, 0>(p, device, stream);
-    }
-    stage_layout<VF, KC, 1>(p);
-    return launch<VF, KC, 1>(p, device, stream);
+    if (p->h0 ? p->h0_dtype == KDA_DT_BF16 : (p->ht && p->ht_dtype == KDA_DT_BF16))
+        return launch_ex<VF, KC, 0>(p, device, stream);
+    return launch_ex<VF, KC, 1>(p, device, stream);
 }
 
 static int launch_decode(kda_decode_params_t *p, int device, void *stream) {

@@ -41,7 +41,9 @@ typedef struct kda_decode_params {
     int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
     int bulk;                        /* state tiles by bulk copy (16-byte rows, aligned pool) */
     int vec_in;                      /* K, V even and input bases 8-byte aligned: element pairs by cp.async */
-    int raw_q, raw_k, raw_g, raw_v, raw_b, raw_bias; /* byte offsets of a stage's input rows (after the tile) */
+    int ts;                          /* tokens of an item whose rows travel in its stage (1..DEC_TS) */
+    int raw_rows, raw_tok, raw_bias; /* stage bytes: first token block, one token block, dt_bias */
+    int raw_q, raw_k, raw_g, raw_v, raw_b; /* byte offsets of the rows within a token block */
     int stage_bytes;                 /* one stage: state tile + input rows (16-byte multiple) */
     int smem_bytes;                  /* the kernel's dynamic shared memory */
     int sm_count;
