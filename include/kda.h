@@ -276,7 +276,7 @@ KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, voi
  * Speculative decoding (2-D state_indices, num_accepted_tokens) and headwise β run on every backend through
  * both entry points (kda_forward then takes the token recurrence).
  * CUDA: a dedicated recurrent kernel (fp32 arithmetic; any K, V in [1, 256], no alignment requirement) for
- * fp32 / fp16 inputs at any length and bf16 inputs up to 32 tokens per sequence on average (num_tokens / N,
+ * fp32 / fp16 inputs at any length and bf16 inputs up to 8 tokens per sequence on average (num_tokens / N,
  * KDA_DECODE_MAX_TOKENS_PER_SEQ in src/internal.h); longer bf16 problems run through the chunked kernels.
  * Workspace 0 for the recurrent kernel.
  * ------------------------------------------------------------------------------------------------------- */

@@ -48,9 +48,10 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
 
 /* CUDA kda_decode: the recurrent kernel (src/cuda/decode.cu) runs bf16 problems of up to this many tokens per
  * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
- * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). A first guess, to be measured
- * (bench/bench_decode.py). */
-#define KDA_DECODE_MAX_TOKENS_PER_SEQ 32
+ * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). Measured (H100, H32, fp32
+ * V-first states, bench/bench_decode.py's crossover table): the two kernels tie at 8 tokens for N = 1 (18.9 vs
+ * 19.2 µs), the chunked one wins from 8 for N = 32 (208 vs 177 µs), so the recurrent kernel keeps up to 8. */
+#define KDA_DECODE_MAX_TOKENS_PER_SEQ 8
 
 /* ---------------------------------------------------------------------------------------------------------
  * A checked problem: the caller's kda_args_t (copied, so that older/shorter structs read as defaults) plus
