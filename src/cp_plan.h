@@ -249,6 +249,43 @@ KDA_HD static inline int64_t kda_cp_slot_head_bytes(int32_t K, int32_t V) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Host: from a checked problem
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* The planner's problem for a checked kda_problem_t on a device of sm_count SMs. host_cu_seqlens: the offsets
+ * where the host can read them (CUDA: a->cu_seqlens_host; the CPU backends: a->cu_seqlens), else NULL. Returns 1
+ * when the chunk counts are exact (equal rows, or readable offsets), 0 when they are the bounds from num_tokens
+ * and num_seqs (the plan is then made on the device; size with kda_cp_capacity(out, 0)). */
+static inline int kda_cp_problem_from(const kda_problem_t *p, int32_t sm_count, const void *host_cu_seqlens,
+                                      kda_cp_problem_t *out) {
+    const kda_args_t *a = &p->a;
+    out->num_seqs = p->num_seqs;
+    out->num_v_heads = a->num_v_heads;
+    out->v_tiles = kda_cp_v_tiles(a->head_dim_v);
+    out->sm_count = sm_count;
+    out->mode = (int32_t)a->cp_mode;
+    out->piece_len = a->cp_piece_len;
+    if (p->varlen && !host_cu_seqlens) {
+        kda_cp_chunk_bounds(p->num_tokens, p->num_seqs, &out->total_chunks, &out->max_chunks);
+        return 0;
+    }
+    kda_cp_seqs_t s = {p->varlen ? host_cu_seqlens : NULL, a->cu_seqlens_dtype == KDA_INT64, p->num_seqs, a->seq_len,
+                       p->num_tokens};
+    if (p->varlen) {
+        kda_cp_chunk_counts(&s, &out->total_chunks, &out->max_chunks);
+    } else {
+        out->max_chunks = kda_cp_ceil_div(a->seq_len, KDA_CHUNK);
+        out->total_chunks = p->num_seqs * out->max_chunks;
+    }
+    return 1;
+}
+
+/* Workspace bytes of a plan's capacity: the piece table (rounded up to 256 bytes) and, per stored piece and value
+ * head, M, S_ext and the incoming state (kda_cp_slot_head_bytes of the head sizes the kernels store: pass the
+ * padded classes if they store padded tiles). */
+KDA_HD static inline int64_t kda_cp_workspace_bytes(kda_cp_capacity_t c, int32_t num_v_heads, int32_t K, int32_t V);
+
+/* ---------------------------------------------------------------------------------------------------------
  * The piece table
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct kda_cp_piece {
@@ -262,6 +299,11 @@ typedef struct kda_cp_piece {
                            whole; the slots of a split sequence are consecutive, in order */
     int64_t flags;      /* KDA_CP_FIRST | KDA_CP_LAST */
 } kda_cp_piece_t;
+
+KDA_HD static inline int64_t kda_cp_workspace_bytes(kda_cp_capacity_t c, int32_t num_v_heads, int32_t K, int32_t V) {
+    const int64_t table = (c.pieces * (int64_t)sizeof(kda_cp_piece_t) + 255) / 256 * 256;
+    return table + c.slots * num_v_heads * kda_cp_slot_head_bytes(K, V);
+}
 
 /* Write the pieces of sequence n at table[piece0 ..], its first chunk being chunk0 and its first slot slot0 (both
  * from prefix sums over the sequences before it: Σ ceil(c_m / C), Σ kda_cp_seq_pieces, Σ kda_cp_seq_slots).

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compare.h"
 #include "cp_plan.h"
 #include "test_util.h"
 
@@ -373,4 +374,48 @@ TEST(cp_plan_slot_bytes) {
     kda_cp_chunk_bounds((int64_t)1 << 24, 1, &p.total_chunks, &p.max_chunks);
     kda_cp_capacity_t c = kda_cp_capacity(&p, 0);
     CHECK(c.slots == kda_cp_auto_slot_limit(&p) && c.slots == 3 * 66, "16M tokens H4: %lld slots", (long long)c.slots);
+}
+
+/* From a checked problem: exact chunk counts when the host can read the lengths, the bounds otherwise; the
+ * caller's mode and piece length carried over; the workspace of the capacity. */
+TEST(cp_plan_problem_from_args) {
+    static const int64_t lens[] = {5000, 0, 64, 65};
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.num_seqs = 4;
+    c.seqlens = lens;
+    c.hv = 3;
+    c.k = 64;
+    c.v = 200;
+    kda_synth_t s;
+    kda_args_t a;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    a.cp_mode = KDA_CP_ON;
+    a.cp_piece_len = 640;
+    kda_problem_t p;
+    CHECK(kda_check_args(NULL, &a, "test", 1, &p) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    kda_cp_problem_t cp;
+    CHECK(kda_cp_problem_from(&p, 132, a.cu_seqlens, &cp) == 1, "host offsets: exact");
+    CHECK(cp.total_chunks == 79 + 0 + 1 + 2 && cp.max_chunks == 79, "exact counts %lld %lld",
+          (long long)cp.total_chunks, (long long)cp.max_chunks);
+    CHECK(cp.num_seqs == 4 && cp.num_v_heads == 3 && cp.v_tiles == 2 && cp.sm_count == 132, "shape");
+    CHECK(cp.mode == KDA_CP_ON && cp.piece_len == 640 && kda_cp_piece_chunks(&cp) == 10, "mode");
+    kda_cp_capacity_t cap = kda_cp_capacity(&cp, 1);
+    CHECK(cap.pieces == 4 + 8 && cap.slots == 8 + 7, "capacity %lld %lld", (long long)cap.pieces,
+          (long long)cap.slots);
+    CHECK(kda_cp_workspace_bytes(cap, 3, 64, 200) == 1024 + 15 * 3 * 4 * (64 * 64 + 2 * 64 * 200), "bytes %lld",
+          (long long)kda_cp_workspace_bytes(cap, 3, 64, 200));
+    CHECK(kda_cp_problem_from(&p, 132, NULL, &cp) == 0, "device offsets: bounds");
+    CHECK(cp.total_chunks == (5129 + 63 * 4) / 64 && cp.max_chunks == (5129 + 63) / 64, "bounds %lld %lld",
+          (long long)cp.total_chunks, (long long)cp.max_chunks);
+    kda_synth_free(&s);
+
+    kda_synth_defaults(&c); /* equal rows: exact without offsets */
+    c.batch = 3;
+    c.seq_len = 1000;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    CHECK(kda_check_args(NULL, &a, "test", 1, &p) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(kda_cp_problem_from(&p, 132, NULL, &cp) == 1 && cp.total_chunks == 48 && cp.max_chunks == 16 &&
+          cp.mode == KDA_CP_AUTO, "equal rows");
+    kda_synth_free(&s);
 }
