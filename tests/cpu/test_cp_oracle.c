@@ -323,3 +323,107 @@ TEST(cp_oracle_poison_and_headwise) {
     CHECK(kda_ref_cp_prescan(&f.p, NULL, 0, M, E) == KDA_STATUS_NOT_SUPPORTED, "headwise beta: prescan");
     kda_synth_free(&f.s);
 }
+
+/* docs/ALGORITHM.md §4's chunk form, which the CUDA pre-scan computes from the chunk's prepared blocks: a chunk
+ * maps its incoming state by M = Diag(γ) − K̃ᵀ W and S_ext = K̃ᵀ U (§3's W = T Diag(β) KΓ, U = T Diag(β) V,
+ * T = (I + A)⁻¹, K̃ rows k_j ⊙ e^{G_last − G_j}, γ = e^{G_last}). Built here in fp64 from those definitions and
+ * checked against the token-by-token map of every chunk (the last one short), every head. */
+static void chunk_form_vs_token_map(const char *what, const kda_problem_t *p) {
+    enum { C = KDA_CHUNK };
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v;
+    double *kk = malloc(sizeof(double) * C * K), *vv = malloc(sizeof(double) * C * V);
+    double *G = malloc(sizeof(double) * C * K), *b = malloc(sizeof(double) * C), *A = malloc(sizeof(double) * C * C);
+    double *W = malloc(sizeof(double) * C * K), *U = malloc(sizeof(double) * C * V);
+    double *M = malloc(sizeof(double) * K * K), *E = malloc(sizeof(double) * K * V);
+    double *Mt = malloc(sizeof(double) * K * K), *Et = malloc(sizeof(double) * K * V);
+    double q[256], gate[256], beta[256];
+    int chunks = 0;
+    for (int64_t n = 0; n < p->num_seqs; n++) {
+        int64_t bos, eos;
+        kda_seq_bounds(p, n, &bos, &eos);
+        for (int h = 0; h < p->a.num_v_heads; h++)
+            for (int64_t t0 = bos; t0 < eos; t0 += C) {
+                const int L = (int)(eos - t0 < C ? eos - t0 : C);
+                for (int i = 0; i < L; i++) { /* inputs and the cumulative log decay G */
+                    kda_ref_token(p, t0 + i, h, q, kk + i * K, vv + i * V, gate, beta);
+                    b[i] = beta[0];
+                    for (int d = 0; d < K; d++) G[i * K + d] = gate[d] + (i ? G[(i - 1) * K + d] : 0.0);
+                }
+                for (int i = 0; i < L; i++) /* A, strictly lower */
+                    for (int j = 0; j < L; j++) {
+                        double s = 0.0;
+                        if (j < i)
+                            for (int d = 0; d < K; d++) s += kk[i * K + d] * kk[j * K + d] * exp(G[i * K + d] - G[j * K + d]);
+                        A[i * C + j] = b[i] * s;
+                    }
+                for (int i = 0; i < L; i++) { /* (I + A) [W | U] = Diag(β) [KΓ | V], forward substitution */
+                    for (int d = 0; d < K; d++) {
+                        double s = b[i] * kk[i * K + d] * exp(G[i * K + d]);
+                        for (int j = 0; j < i; j++) s -= A[i * C + j] * W[j * K + d];
+                        W[i * K + d] = s;
+                    }
+                    for (int d = 0; d < V; d++) {
+                        double s = b[i] * vv[i * V + d];
+                        for (int j = 0; j < i; j++) s -= A[i * C + j] * U[j * V + d];
+                        U[i * V + d] = s;
+                    }
+                }
+                const double *Gl = G + (L - 1) * K;
+                for (int r = 0; r < K; r++) { /* M = Diag(γ) − K̃ᵀ W, E = K̃ᵀ U */
+                    for (int c = 0; c < K; c++) {
+                        double s = r == c ? exp(Gl[r]) : 0.0;
+                        for (int j = 0; j < L; j++) s -= kk[j * K + r] * exp(Gl[r] - G[j * K + r]) * W[j * K + c];
+                        M[r * K + c] = s;
+                    }
+                    for (int c = 0; c < V; c++) {
+                        double s = 0.0;
+                        for (int j = 0; j < L; j++) s += kk[j * K + r] * exp(Gl[r] - G[j * K + r]) * U[j * V + c];
+                        E[r * V + c] = s;
+                    }
+                }
+                kda_ref_cp_map(p, n, h, t0, t0 + L, Mt, Et);
+                const double dm = err(M, Mt, (int64_t)K * K), de = err(E, Et, (int64_t)K * V);
+                CHECK(dm <= TOL && de <= TOL, "%s: seq %lld head %d chunk at %lld (%d tokens): M err %.3g, S_ext err "
+                      "%.3g", what, (long long)n, h, (long long)t0, L, dm, de);
+                chunks++;
+            }
+    }
+    CHECK(chunks > 0, "%s: no chunk", what);
+    free(kk);
+    free(vv);
+    free(G);
+    free(b);
+    free(A);
+    free(W);
+    free(U);
+    free(M);
+    free(E);
+    free(Mt);
+    free(Et);
+}
+
+TEST(cp_oracle_chunk_form_matches_token_map) {
+    static const int64_t lens[] = {130, 1, 64};
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.num_seqs = 3;
+    c.seqlens = lens;
+    c.hqk = 1;
+    c.hv = 2;
+    c.k = 16;
+    c.v = 8;
+    c.gate = KDA_GATE_LOWER_BOUND;
+    c.l2norm = c.beta_sigmoid = 1;
+    fixture_t f;
+    make(&f, &c);
+    check(&f);
+    chunk_form_vs_token_map("lower-bound gate", &f.p);
+    kda_synth_free(&f.s);
+    c.gate = KDA_GATE_RAW;
+    c.decay = 30.0f;
+    c.allow_neg_eigval = 1;
+    make(&f, &c);
+    check(&f);
+    chunk_form_vs_token_map("strong raw decay, neg eigval", &f.p);
+    kda_synth_free(&f.s);
+}
