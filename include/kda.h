@@ -261,8 +261,9 @@ typedef struct kda_args {
      * exact: results do not depend on it beyond float rounding. KDA_CP_AUTO lets the library decide per call
      * from the sequence lengths, heads and SM count (no split for short sequences or when the (sequence,
      * head) grid already fills the card; in a mixed batch only the long sequences are split); the other
-     * modes are for tests and benchmarks. The CPU and reference backends accept these fields and ignore
-     * them. */
+     * modes are for tests and benchmarks. Problems the CUDA backend runs through its recurrent kernel
+     * (headwise β, 2-D state_indices, kda_decode's short sequences) are never split, whatever the mode. The
+     * CPU and reference backends accept these fields and ignore them. */
     kda_cp_mode_t cp_mode;        /* KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON. Default KDA_CP_AUTO (0) */
     int64_t cp_piece_len;         /* with KDA_CP_ON: tokens per piece, a multiple of KDA_CP_PIECE_MULTIPLE
                                      (the chunk, 64) in [64, KDA_CP_MAX_PIECE_LEN]; sequences no longer than it
