@@ -354,6 +354,15 @@ TEST(gpu_fwd_state_pool_inplace) {
     dproblem_free(&d);
 }
 
+/* kda_forward of d captured on stream s and instantiated (the caller destroys graph and exec). */
+static void capture_forward(dproblem_t *d, cudaStream_t s, cudaGraph_t *graph, cudaGraphExec_t *exec) {
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    kda_status_t st = kda_forward(gpu(), &d->dev, d->ws, d->ws_bytes, s);
+    CUDA_OK(cudaStreamEndCapture(s, graph));
+    CHECK(st == KDA_STATUS_SUCCESS, "capture: %s", kda_last_error());
+    CUDA_OK(cudaGraphInstantiate(exec, *graph, 0));
+}
+
 /* The forward captured in a CUDA graph and replayed gives the same bits as the direct call. */
 TEST(gpu_fwd_cuda_graph_capture) {
     static const int64_t lens[] = {300, 17, 0, 129};
@@ -371,11 +380,7 @@ TEST(gpu_fwd_cuda_graph_capture) {
     CUDA_OK(cudaMemset(d.dev.o, 0xff, d.s.o_bytes));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    kda_status_t st = kda_forward(gpu(), &d.dev, d.ws, d.ws_bytes, s);
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    CHECK(st == KDA_STATUS_SUCCESS, "capture: %s", kda_last_error());
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    capture_forward(&d, s, &graph, &exec);
     CUDA_OK(cudaGraphLaunch(exec, s));
     CUDA_OK(cudaStreamSynchronize(s));
     void *o2 = malloc(d.s.o_bytes);
@@ -643,11 +648,7 @@ TEST(gpu_fwd_cp_graph_other_lengths) {
     CHECK(dproblem_run(&d, s) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    kda_status_t st = kda_forward(gpu(), &d.dev, d.ws, d.ws_bytes, s);
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    CHECK(st == KDA_STATUS_SUCCESS, "capture: %s", kda_last_error());
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    capture_forward(&d, s, &graph, &exec);
     int64_t cu[5] = {0};
     for (int i = 0; i < 4; i++) cu[i + 1] = cu[i] + other[i];
     CUDA_OK(cudaMemcpy((void *)d.dev.cu_seqlens, cu, sizeof cu, cudaMemcpyHostToDevice));
