@@ -136,6 +136,21 @@ KDA_API kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads);
 KDA_API kda_status_t kda_get_num_threads(const kda_context_t *ctx, int *num_threads);
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Intra-card context parallelism: kda_args_t.cp_mode and cp_piece_len
+ * ------------------------------------------------------------------------------------------------------- */
+typedef enum kda_cp_mode {
+    KDA_CP_AUTO = 0, /* the library decides per call whether and how to split (the default) */
+    KDA_CP_OFF = 1,  /* never split: one serial chunk chain per (sequence, head) */
+    KDA_CP_ON = 2    /* always take the split path, with pieces of cp_piece_len tokens */
+} kda_cp_mode_t;
+
+#define KDA_CP_PIECE_MULTIPLE 64           /* cp_piece_len is a multiple of the chunk (tokens) */
+/* The largest cp_piece_len: 2^24 = 16,777,216 tokens (262,144 chunks). A piece that long splits nothing a
+ * card holds at a useful head count, and the bound keeps a piece's chunk and token counts far inside the
+ * 32-bit arithmetic of the kernels. */
+#define KDA_CP_MAX_PIECE_LEN (1 << 24)
+
+/* ---------------------------------------------------------------------------------------------------------
  * The problem: one struct for the chunked forward (kda_forward) and the recurrent decode (kda_decode)
  *
  * Initialise it with kda_args_init(), which sets every field to its default (the defaults are written
@@ -239,6 +254,20 @@ typedef struct kda_args {
     int beta_headwise;            /* 1: beta is [B, T, HV, V], one β per value channel (FLA's headwise β):
                                      S_t = S' + k_t (β_t ⊙ (v_t − S'ᵀ k_t))ᵀ with S' = Diag(exp(g_t)) S_{t−1}.
                                      Default 0 */
+
+    /* -- Intra-card context parallelism (appended; see struct_size) --------------------------------------
+     * CUDA kda_forward may split a long sequence into pieces of whole chunks that run in parallel (each
+     * piece's affine map of the state, then a short scan over the pieces: docs/ALGORITHM.md §4). The split is
+     * exact: results do not depend on it beyond float rounding. KDA_CP_AUTO lets the library decide per call
+     * from the sequence lengths, heads and SM count (no split for short sequences or when the (sequence,
+     * head) grid already fills the card; in a mixed batch only the long sequences are split); the other
+     * modes are for tests and benchmarks. Problems the CUDA backend runs through its recurrent kernel
+     * (headwise β, 2-D state_indices, kda_decode's short sequences) are never split, whatever the mode. The
+     * CPU and reference backends accept these fields and ignore them. */
+    kda_cp_mode_t cp_mode;        /* KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON. Default KDA_CP_AUTO (0) */
+    int64_t cp_piece_len;         /* with KDA_CP_ON: tokens per piece, a multiple of KDA_CP_PIECE_MULTIPLE
+                                     (the chunk, 64) in [64, KDA_CP_MAX_PIECE_LEN]; sequences no longer than it
+                                     stay whole. Must be 0 with the other modes. Default 0 */
 } kda_args_t;
 
 /* Fill `args` with the defaults written beside each field and set struct_size. kda_args_init passes the

@@ -12,6 +12,9 @@
 
 #include "internal.h"
 
+/* the public header's piece multiple is the chunk of every backend */
+_Static_assert(KDA_CP_PIECE_MULTIPLE == KDA_CHUNK, "KDA_CP_PIECE_MULTIPLE (kda.h) must equal KDA_CHUNK");
+
 #define FAIL(st, arg, ...) return fail_arg((st), fn, (arg), __VA_ARGS__)
 
 KDA_PRINTF(4, 5)
@@ -344,6 +347,26 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     }
     if (a->allow_neg_eigval && !a->use_beta_sigmoid)
         FAIL(KDA_STATUS_INVALID_VALUE, "allow_neg_eigval", "requires use_beta_sigmoid");
+
+    /* -- intra-card context parallelism (CUDA; the CPU backends ignore it, but a bad value is an error on
+       every backend, so that a program is portable) --------------------------------------------------------- */
+    if (a->cp_mode != KDA_CP_AUTO && a->cp_mode != KDA_CP_OFF && a->cp_mode != KDA_CP_ON)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_mode", "%d is not KDA_CP_AUTO (0), KDA_CP_OFF (1) or KDA_CP_ON (2)",
+             (int)a->cp_mode);
+    if (a->cp_mode == KDA_CP_ON) {
+        if (a->cp_piece_len <= 0)
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld must be positive with cp_mode = KDA_CP_ON (tokens "
+                 "per piece, a multiple of %d)", (long long)a->cp_piece_len, KDA_CP_PIECE_MULTIPLE);
+        if (a->cp_piece_len % KDA_CP_PIECE_MULTIPLE != 0)
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld is not a multiple of the chunk (%d tokens)",
+                 (long long)a->cp_piece_len, KDA_CP_PIECE_MULTIPLE);
+        if (a->cp_piece_len > KDA_CP_MAX_PIECE_LEN)
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld is larger than KDA_CP_MAX_PIECE_LEN = %d",
+                 (long long)a->cp_piece_len, KDA_CP_MAX_PIECE_LEN);
+    } else if (a->cp_piece_len != 0) {
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld is set but cp_mode is not KDA_CP_ON (it is %s)",
+             (long long)a->cp_piece_len, a->cp_mode == KDA_CP_OFF ? "KDA_CP_OFF" : "KDA_CP_AUTO");
+    }
 
     kda_status_t st = check_overlaps(fn, &p, need_o);
     if (st != KDA_STATUS_SUCCESS) return st;

@@ -46,6 +46,8 @@ static void usage(FILE *f) {
             "  --no-l2norm --no-beta-sigmoid --neg-eigval --no-initial-state --state-v-first\n"
             "  --state-dtype f32|bf16              initial/final state dtype [f32]\n"
             "  --decode                            the recurrent algorithm (kda_decode) instead of the chunked one\n"
+            "  --cp auto|off|N                     intra-card context parallelism (CUDA): the library's choice,\n"
+            "                                      never, or pieces of N tokens (a multiple of 64) [auto]\n"
             "  --threads N                         CPU threads [KDA_NUM_THREADS or all cores]\n"
             "  --iters N                           timed runs, median reported [CPU 3, CUDA 20]\n"
             "  --no-check                          skip the oracle (its time and the error)\n"
@@ -259,6 +261,8 @@ static int demo(int argc, char **argv) {
     kda_backend_t backend = KDA_BACKEND_AUTO;
     int json = 0, decode = 0, check = 1, threads = 0, iters = 0;
     int64_t lens[4096];
+    kda_cp_mode_t cp_mode = KDA_CP_AUTO;
+    int64_t cp_piece_len = 0;
 
     for (int i = 0; i < argc; i++) {
         const char *o = argv[i];
@@ -340,6 +344,17 @@ static int demo(int argc, char **argv) {
         else if (!strcmp(o, "--no-initial-state")) c.initial_state = 0;
         else if (!strcmp(o, "--state-v-first")) c.state_v_first = 1;
         else if (!strcmp(o, "--decode")) decode = 1;
+        else if (!strcmp(o, "--cp")) {
+            NEED_VALUE;
+            if (!strcmp(val, "auto")) cp_mode = KDA_CP_AUTO;
+            else if (!strcmp(val, "off")) cp_mode = KDA_CP_OFF;
+            else {
+                char *end;
+                cp_piece_len = strtoll(val, &end, 10);
+                if (end == val || *end) return fail("--cp takes auto, off or a piece length in tokens");
+                cp_mode = KDA_CP_ON; /* the library checks the length (a multiple of 64) */
+            }
+        }
         else if (!strcmp(o, "--no-check")) check = 0;
         else if (!strcmp(o, "--json")) json = 1;
         else {
@@ -394,6 +409,8 @@ static int demo(int argc, char **argv) {
     if (!host_args.final_state) args.final_state = NULL;
     if (!host_args.cu_seqlens) args.cu_seqlens = NULL;
     if (cuda && host_args.cu_seqlens) args.cu_seqlens_host = host_args.cu_seqlens;
+    args.cp_mode = cp_mode;
+    args.cp_piece_len = cp_piece_len;
 
     size_t ws_bytes = 0;
     st = decode ? kda_decode_workspace_size(ctx, &args, &ws_bytes) : kda_forward_workspace_size(ctx, &args, &ws_bytes);

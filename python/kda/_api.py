@@ -12,6 +12,7 @@ only when a torch tensor is passed, so the numpy path never imports torch).
 from __future__ import annotations
 
 import ctypes
+import operator
 import sys
 import warnings
 
@@ -193,7 +194,7 @@ def _seq_count(fn: str, cu_seqlens) -> int:
 # FLA's keywords that kda does not implement raise NotImplementedError where they are read.
 # ---------------------------------------------------------------------------------------------------------
 _KWARGS = {
-    "chunk_kda": ("A_log", "dt_bias", "chunk_size", "transpose_state_layout"),
+    "chunk_kda": ("A_log", "dt_bias", "chunk_size", "transpose_state_layout", "cp_piece_len"),
     "fused_recurrent_kda": ("transpose_state_layout", "ssm_state_indices", "inplace_final_state", "out",
                             "safe_gate", "cu_seqlens_cpu", "num_accepted_tokens"),
 }
@@ -217,6 +218,26 @@ def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
     plural = "s" if len(kwargs) > 1 else ""
     return KDATypeError(f"{fn}() got {'unexpected keyword arguments' if plural else 'an unexpected keyword argument'}"
                         f" {names}" + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def _cp_piece_len(fn: str, x) -> int:
+    """chunk_kda's cp_piece_len as the bindings pass it on (_lib.set_cp): -1 auto (None), 0 off, else the tokens per
+    piece, checked here so that the error speaks of the keyword."""
+    if x is None:
+        return -1
+    if isinstance(x, bool) or not hasattr(x, "__index__"):
+        raise KDATypeError(f"{fn}: `cp_piece_len` must be None, 0 or a whole number of tokens, got "
+                           f"{type(x).__name__} {x!r}")
+    n = operator.index(x)
+    if n < 0:
+        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be None (libkda decides), 0 (no split) or a positive "
+                                   f"multiple of {_lib.CP_PIECE_MULTIPLE}, got {n}")
+    if n % _lib.CP_PIECE_MULTIPLE != 0:
+        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be a multiple of the chunk, {_lib.CP_PIECE_MULTIPLE} "
+                                   f"tokens, got {n}")
+    if n > _lib.CP_MAX_PIECE_LEN:
+        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be at most {_lib.CP_MAX_PIECE_LEN} tokens, got {n}")
+    return n
 
 
 def _transpose_alias(kwargs: dict, state_v_first: bool) -> bool:
@@ -284,6 +305,10 @@ def chunk_kda(
         cu_seqlens: ``[N + 1]`` int32/int64 offsets of N packed sequences (B must be 1).
         cu_seqlens_cpu: optional host copy of ``cu_seqlens``; with CUDA tensors libkda validates it.
         chunk_size: 32 or 64 (keyword); the result does not depend on it.
+        cp_piece_len: libkda's keyword (not FLA's): intra-card context parallelism of the CUDA forward, which
+            may split a long sequence into pieces that run in parallel. None (default): libkda decides per call;
+            0: never split; a positive multiple of 64 up to 2**24: always split, into pieces of that many tokens
+            (for tests and benchmarks). The result does not depend on it beyond rounding; the CPU ignores it.
 
     Inputs may be torch tensors (CUDA: the CUDA backend on the tensors' device and current stream; CPU: the
     CPU backend) or numpy arrays (float32/float16, CPU backend; the outputs are numpy arrays then).
@@ -308,6 +333,7 @@ def chunk_kda(
     fn = "chunk_kda"
     A_log = dt_bias = None
     chunk_size = 64
+    cp = -1
     if kwargs:
         kwargs = dict(kwargs)
         if "transpose_state_layout" in kwargs:
@@ -315,6 +341,7 @@ def chunk_kda(
         A_log = kwargs.pop("A_log", None)
         dt_bias = kwargs.pop("dt_bias", None)
         chunk_size = kwargs.pop("chunk_size", 64)
+        cp = _cp_piece_len(fn, kwargs.pop("cp_piece_len", None))
         if kwargs:
             raise _unexpected_kwargs(fn, kwargs)
     if return_intermediate_states:
@@ -387,12 +414,12 @@ def chunk_kda(
         return _np_call(fn, False, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None,
                         1 if output_final_state else 0, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
                         use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first,
-                        B, T, H, K, HV, V, N)
+                        B, T, H, K, HV, V, N, cp=cp)
     from . import _torch
     return _torch.chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                             scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                             bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
-                            bool(safe_gate), lower_bound, bool(state_v_first), N, remember)
+                            bool(safe_gate), lower_bound, bool(state_v_first), N, remember, cp=cp)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -740,9 +767,10 @@ def _np_writable(fn: str, name: str, x):
 
 
 def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg,
-             safe, lb, vfirst, B, T, H, K, HV, V, N, nat=None):
+             safe, lb, vfirst, B, T, H, K, HV, V, N, nat=None, cp=-1):
     a, o, ht, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate,
                               bsig, neg, safe, lb, vfirst, B, T, H, K, HV, V, N, nat)
+    _lib.set_cp(a, cp)
     try:
         ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
         _lib.run(ctx, a, decode)

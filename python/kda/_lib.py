@@ -38,6 +38,13 @@ INT64 = 4
 
 _enum = c_int  # C enums of this header are int-sized
 
+# kda_cp_mode_t and the piece length's bounds (include/kda.h)
+CP_AUTO = 0
+CP_OFF = 1
+CP_ON = 2
+CP_PIECE_MULTIPLE = 64
+CP_MAX_PIECE_LEN = 1 << 24
+
 
 class KdaArgs(ctypes.Structure):
     """The ctypes mirror of ``kda_args_t``, field for field (tests/python/test_binding.py checks the layout)."""
@@ -91,7 +98,19 @@ class KdaArgs(ctypes.Structure):
         ("state_indices_row_stride", c_int64),
         ("num_accepted_tokens", c_void_p),
         ("beta_headwise", c_int),
+        # intra-card context parallelism (appended)
+        ("cp_mode", _enum),
+        ("cp_piece_len", c_int64),
     ]
+
+
+def set_cp(a: "KdaArgs", cp: int) -> None:
+    """kda_args_t's cp_mode and cp_piece_len from the bindings' one number: < 0 auto (the template's default), 0 off,
+    > 0 on with pieces of that many tokens (checked by the caller)."""
+    if cp == 0:
+        a.cp_mode = CP_OFF
+    elif cp > 0:
+        a.cp_mode, a.cp_piece_len = CP_ON, cp
 
 
 class KdaBackwardArgs(ctypes.Structure):

@@ -118,21 +118,22 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
 
 def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float,
             l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool,
-            checked: bool = False, nat=None) -> None:
+            checked: bool = False, nat=None, cp: int = -1) -> None:
     """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place). `checked`:
     the caller is an entry point that has made every check of _check_launch already (the eager fast path)."""
     if not checked:
         _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst, nat)
     a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale, l2, gate, bsig, neg, safe,
-              lower_bound, vfirst, nat)
+              lower_bound, vfirst, nat, cp)
     _run(fn, a, decode, q.device)
     if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
         o.zero_()
 
 
 def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float, l2: bool, gate: bool,
-          bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool, nat=None) -> KdaArgs:
-    """The kda_args_t of a launch (an empty ht: no final state; cu_cpu is passed on for CUDA tensors only)."""
+          bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool, nat=None, cp: int = -1) -> KdaArgs:
+    """The kda_args_t of a launch (an empty ht: no final state; cu_cpu is passed on for CUDA tensors only; cp: the
+    context-parallel setting, as _lib.set_cp reads it)."""
     a = KdaArgs.from_buffer_copy(_lib.library().template)
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
@@ -166,6 +167,7 @@ def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o,
         a.dt_bias = dt_bias.data_ptr()
     if cu_cpu is not None and q.is_cuda:
         a.cu_seqlens_host = cu_cpu.data_ptr()
+    _lib.set_cp(a, cp)
     return a
 
 
@@ -219,30 +221,32 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   cu_seqlens_cpu: Optional[Tensor], scale: float, output_final_state: bool,
                   use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: float,
-                  state_v_first: bool) -> Tuple[Tensor, Tensor]:
-    """libkda's chunked forward (kda_forward). lower_bound 0.0 means unset. Returns (o, final_state or [])."""
+                  state_v_first: bool, cp_piece_len: int = -1) -> Tuple[Tensor, Tensor]:
+    """libkda's chunked forward (kda_forward). lower_bound 0.0 means unset; cp_piece_len -1 auto, 0 off, else the
+    forced piece length in tokens. Returns (o, final_state or [])."""
     return _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
                                output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                               use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+                               use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first,
+                               cp=cp_piece_len)
 
 
 def _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False):
+                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False, cp=-1):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     n = _num_seqs(q, cu_seqlens) if output_final_state else 0
     ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
     _launch("chunk_kda", False, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens, cu_seqlens_cpu,
             None, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked)
+            allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked, cp=cp)
     return o, ht
 
 
 @chunk_kda_fwd.register_fake
 def _chunk_kda_fwd_fake(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, state_v_first):
+                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, cp_piece_len=-1):
     o = q.new_empty(v.shape)
     if output_final_state:
         ht = q.new_empty(_state_shape(q, v, _num_seqs(q, cu_seqlens), state_v_first), dtype=torch.float32)
@@ -429,7 +433,8 @@ def _make_backward(op: str, n_inputs: int):
 
 
 # chunk_kda_fwd's inputs: q k v g beta A_log dt_bias initial_state cu_seqlens cu_seqlens_cpu (0-9), then scale,
-# output_final_state, l2norm, gate, beta sigmoid, allow_neg_eigval, safe_gate, lower_bound, state_v_first (10-18)
+# output_final_state, l2norm, gate, beta sigmoid, allow_neg_eigval, safe_gate, lower_bound, state_v_first (10-18),
+# cp_piece_len (19)
 def _chunk_setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:10])
     ctx.flags = (inputs[10],) + tuple(inputs[12:19])
@@ -447,7 +452,7 @@ def _chunk_backward(ctx, do, dht):
         bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
         bool(need[6]) and dt_bias is not None and gate)
     return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None,
-            ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 11
+            ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 12
 
 
 chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
@@ -572,8 +577,9 @@ def _inputs(fn: str, q, k, v, g, beta):
 
 
 def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig, neg,
-              safe, lower_bound, vfirst, N, remember=None):
-    """`remember`: from chunk_kda_cached, (signature, the caller's tensors) of a call that may be cached."""
+              safe, lower_bound, vfirst, N, remember=None, cp=-1):
+    """`remember`: from chunk_kda_cached, (signature, the caller's tensors) of a call that may be cached. `cp`: the
+    context-parallel setting (_lib.set_cp)."""
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
     if h0 is not None:
@@ -587,13 +593,13 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
     lb = 0.0 if lower_bound is None else lower_bound
     if _eager(q, k, v, g, beta, A_log, dt_bias, h0):  # every argument was checked above and by kda.chunk_kda
         o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
-                                    gate, bsig, neg, safe, lb, vfirst, checked=True)
+                                    gate, bsig, neg, safe, lb, vfirst, checked=True, cp=cp)
         if remember is not None:
             _remember_chunk(remember, (q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu), o, ht, scale,
-                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst)
+                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst, cp)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale,
-                                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst)
+                                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst, cp)
     return o, (ht if output_final_state else None)
 
 
@@ -668,7 +674,7 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
 # signature (~5 us) and a cache entry that will not be used.
 # ---------------------------------------------------------------------------------------------------------
 _SCALARS = frozenset((type(None), bool, int, float))  # equal values of these mean the same to every check
-_CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size"))
+_CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
 _MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
 _chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
 _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
@@ -685,8 +691,10 @@ def chunk_kda_cached(q, k, v, g, beta, h0, cu, cu_cpu, kwargs, scale, ofs, l2, g
         return None, (shape, None, None)
     if ris is not False or cp is not None or (kwargs and not kwargs.keys() <= _CHUNK_KWARGS):
         return None, None  # errors, or a warning to give each time (transpose_state_layout)
-    A_log, dt_bias = kwargs.get("A_log"), kwargs.get("dt_bias")
-    flags = (scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst, use_graph, max_num_seqs, kwargs.get("chunk_size"))
+    A_log, dt_bias, cp = kwargs.get("A_log"), kwargs.get("dt_bias"), kwargs.get("cp_piece_len")
+    if cp is not None and type(cp) is not int:  # 64.0 == 64: let kda.chunk_kda judge every other type
+        return None, None
+    flags = (scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst, use_graph, max_num_seqs, kwargs.get("chunk_size"), cp)
     if not _SCALARS.issuperset(map(type, flags)):
         return None, None
     grad = torch.is_grad_enabled()
@@ -706,7 +714,7 @@ def chunk_kda_cached(q, k, v, g, beta, h0, cu, cu_cpu, kwargs, scale, ofs, l2, g
     return call(*tensors), None
 
 
-def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst) -> None:
+def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst, cp=-1) -> None:
     """After an eager chunk_kda call: note q's shape if new, else cache the call's signature if the launch used
     the caller's tensors as they came (no copy, conversion or replacement), or none in their place (an
     argument the call ignores)."""
@@ -724,7 +732,7 @@ def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe
             return
     q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu = used
     args = _fill("chunk_kda", q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, None, o, scale, l2, gate, bsig,
-                 neg, safe, lb, vfirst)
+                 neg, safe, lb, vfirst, cp=cp)
     # the optional pointers _fill set, as it decides
     sets = (ht.numel() > 0, h0 is not None, A_log is not None, dt_bias is not None, cu is not None,
             cu_cpu is not None and q.is_cuda)

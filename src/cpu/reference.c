@@ -24,10 +24,11 @@
 #include "cpu.h"
 #include "dtype.h"
 #include "fmath.h"
+#include "reference_cp.h"
 
-/* Scratch: S (K*V) and six vectors of up to 256, all double. */
+/* Scratch: S (K*V), double (the per-token vectors, up to 256 each, live on the stack). */
 static size_t ref_workspace(const kda_problem_t *p) {
-    return ((size_t)kda_state_head_elems(p) + 6 * 256) * sizeof(double);
+    return (size_t)kda_state_head_elems(p) * sizeof(double);
 }
 
 static kda_status_t ref_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
@@ -69,18 +70,12 @@ static int all_finite(const double *x, int n) {
     return 1;
 }
 
-static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double *q, double *k, double *gate,
-                     double *v, double *d, double *beta) {
+/* The initial state of value head h of sequence n into S (K×V, K-major): its slot's, or zeros. Returns 1 when it
+ * holds a non-finite value (the sequence is then poisoned from its first token). */
+int kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S) {
     const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
-    const int hq = h / p->group;
-    int64_t bos, eos;
-    kda_seq_bounds(p, n, &bos, &eos);
+    const int K = a->head_dim_k, V = a->head_dim_v;
     const int64_t slot = kda_state_slot(p, n);
-    const int per_token_slots = a->state_indices && a->state_indices_cols > 0;
-
-    /* S <- initial state, or zeros. A non-finite initial state poisons the sequence (docs: the non-finite
-       input contract): every output and the final state are NaN. */
     if (a->initial_state && slot >= 0) {
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++)
@@ -88,39 +83,66 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
     } else {
         memset(S, 0, sizeof(double) * (size_t)K * V);
     }
-    int poisoned = !all_finite(S, K * V);
+    return !all_finite(S, K * V);
+}
 
+/* Token t's inputs for value head h, as the oracle uses them: q, k (l2-normalised with use_qk_l2norm), v, the log
+ * decay (the in-kernel gate, then the clamp into [KDA_GATE_MIN, 0]) and β (after its sigmoid; V of them with
+ * beta_headwise). Returns 1 when the token poisons its (sequence, head): a non-finite q, k, v, gate or β. */
+int kda_ref_token(const kda_problem_t *p, int64_t t, int h, double *q, double *k, double *v, double *gate,
+                  double *beta) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
+    const int hq = h / p->group;
     const double A = a->A_log ? exp((double)a->A_log[h]) : 1.0;
-    for (int64_t t = bos; t < eos; t++) {
-        load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, 0);
-        load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, 0);
-        load_vec(v, a->v, a->dtype, (t * HV + h) * V, V, 0);
-        load_vec(gate, a->g, a->g_dtype, (t * HV + h) * K, K, 0);
-        if (a->use_gate_in_kernel) {
-            for (int i = 0; i < K; i++) {
-                double x = gate[i] + (a->dt_bias ? (double)a->dt_bias[h * K + i] : 0.0);
-                gate[i] = p->has_lower_bound ? (double)a->lower_bound * kda_sigmoid(A * x) : -A * kda_softplus(x);
-            }
+    load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, 0);
+    load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, 0);
+    load_vec(v, a->v, a->dtype, (t * HV + h) * V, V, 0);
+    load_vec(gate, a->g, a->g_dtype, (t * HV + h) * K, K, 0);
+    if (a->use_gate_in_kernel) {
+        for (int i = 0; i < K; i++) {
+            double x = gate[i] + (a->dt_bias ? (double)a->dt_bias[h * K + i] : 0.0);
+            gate[i] = p->has_lower_bound ? (double)a->lower_bound * kda_sigmoid(A * x) : -A * kda_softplus(x);
         }
-        for (int i = 0; i < K; i++) { /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
-            if (gate[i] > 0.0) gate[i] = 0.0;
-            if (gate[i] < (double)KDA_GATE_MIN) gate[i] = (double)KDA_GATE_MIN;
-        }
-        const int nb = a->beta_headwise ? V : 1;
-        for (int j = 0; j < nb; j++) {
-            double b = (double)kda_load_f32(a->beta, a->beta_dtype, (t * HV + h) * nb + j);
-            if (a->use_beta_sigmoid) b = (a->allow_neg_eigval ? 2.0 : 1.0) * kda_sigmoid(b);
-            beta[j] = b;
-        }
-        if (!all_finite(q, K) || !all_finite(k, K) || !all_finite(v, V) || !all_finite(gate, K) ||
-            !all_finite(beta, nb))
-            poisoned = 1;
-        if (poisoned) {
+    }
+    for (int i = 0; i < K; i++) { /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
+        if (gate[i] > 0.0) gate[i] = 0.0;
+        if (gate[i] < (double)KDA_GATE_MIN) gate[i] = (double)KDA_GATE_MIN;
+    }
+    const int nb = a->beta_headwise ? V : 1;
+    for (int j = 0; j < nb; j++) {
+        double b = (double)kda_load_f32(a->beta, a->beta_dtype, (t * HV + h) * nb + j);
+        if (a->use_beta_sigmoid) b = (a->allow_neg_eigval ? 2.0 : 1.0) * kda_sigmoid(b);
+        beta[j] = b;
+    }
+    if (!all_finite(q, K) || !all_finite(k, K) || !all_finite(v, V) || !all_finite(gate, K) || !all_finite(beta, nb))
+        return 1;
+    if (a->use_qk_l2norm) {
+        load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, 1);
+        load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, 1);
+    }
+    return 0;
+}
+
+/* Sequence n, value head h, tokens [bos, t_end): S ends as the state after token t_end − 1. `write`: store o of
+ * each token and the final state(s), as kda_forward does; else S is the only result (kda_ref_state_at). */
+static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, double *S, int write) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
+    double q[256], k[256], v[256], gate[256], d[256], beta[256];
+    int64_t bos, eos;
+    kda_seq_bounds(p, n, &bos, &eos);
+    const int64_t slot = kda_state_slot(p, n);
+    const int per_token_slots = a->state_indices && a->state_indices_cols > 0;
+
+    /* S <- initial state, or zeros. A non-finite initial state poisons the sequence (docs: the non-finite
+       input contract): every output and the final state are NaN. */
+    int poisoned = kda_ref_initial_state(p, n, h, S);
+
+    for (int64_t t = bos; t < t_end; t++) {
+        if (kda_ref_token(p, t, h, q, k, v, gate, beta)) poisoned = 1;
+        if (poisoned)
             for (int i = 0; i < K * V; i++) S[i] = NAN;
-        } else if (a->use_qk_l2norm) {
-            load_vec(q, a->q, a->dtype, (t * HQK + hq) * K, K, 1);
-            load_vec(k, a->k, a->dtype, (t * HQK + hq) * K, K, 1);
-        }
 
         /* S <- Diag(exp(gate)) S */
         for (int i = 0; i < K; i++) {
@@ -135,6 +157,7 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
         /* S <- S + k δᵀ */
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++) S[i * V + j] += k[i] * d[j];
+        if (!write) continue;
         /* o = scale Sᵀ q */
         for (int j = 0; j < V; j++) v[j] = 0.0;
         for (int i = 0; i < K; i++)
@@ -145,7 +168,11 @@ static void ref_head(const kda_problem_t *p, int64_t n, int h, double *S, double
         if (per_token_slots) store_state(p, kda_state_slot_after(p, n, t - bos), h, S);
     }
 
-    if (!per_token_slots) store_state(p, slot, h, S);
+    if (write && !per_token_slots) store_state(p, slot, h, S);
+}
+
+void kda_ref_state_at(const kda_problem_t *p, int64_t n, int h, int64_t t_end, double *S) {
+    ref_run(p, n, h, t_end, S, 0);
 }
 
 static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
@@ -154,10 +181,11 @@ static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void
     (void)ws_bytes;
     (void)stream;
     double *S = (double *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
-    double *vecs = S + kda_state_head_elems(p);
-    for (int64_t n = 0; n < p->num_seqs; n++)
-        for (int h = 0; h < p->a.num_v_heads; h++)
-            ref_head(p, n, h, S, vecs, vecs + 256, vecs + 512, vecs + 768, vecs + 1024, vecs + 1280);
+    for (int64_t n = 0; n < p->num_seqs; n++) {
+        int64_t bos, eos;
+        kda_seq_bounds(p, n, &bos, &eos);
+        for (int h = 0; h < p->a.num_v_heads; h++) ref_run(p, n, h, eos, S, 1);
+    }
     return KDA_STATUS_SUCCESS;
 }
 

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compare.h"
 #include "kda.h"
 #include "test_util.h"
 
@@ -114,6 +115,7 @@ TEST(api_args_init_defaults) {
     CHECK(a.batch == 1 && a.head_dim_k == 128 && a.dtype == KDA_BFLOAT16, "defaults");
     CHECK(a.q == NULL && a.cu_seqlens == NULL && a.lower_bound == 0.0f && a.scale == 0.0f, "zeros");
     CHECK(a.initial_state_dtype == KDA_FLOAT32, "state dtype");
+    CHECK(a.cp_mode == KDA_CP_AUTO && a.cp_piece_len == 0, "context parallelism: auto");
 }
 
 /* kda_args_init writes only the caller's struct: an older program's shorter struct is not overrun, a newer
@@ -146,3 +148,72 @@ TEST(api_args_init_sized) {
     CHECK(b.struct_size == sizeof b && b.o_dtype == KDA_BFLOAT16, "function form");
     kda_destroy(ctx);
 }
+
+/* Intra-card context parallelism (issue 9): an older program's struct, which ends before cp_mode, reads as
+ * KDA_CP_AUTO; the CPU and reference backends accept every valid setting and give the same bits with each. */
+TEST(api_cp_fields_old_struct_is_auto) {
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.seq_len = 200;
+    c.final_state = 1;
+    kda_synth_t s;
+    kda_args_t a;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    a.struct_size = offsetof(kda_args_t, cp_mode);
+    a.cp_mode = (kda_cp_mode_t)77; /* past the old struct: never read */
+    a.cp_piece_len = -5;
+    CHECK(kda_run_host(ctx, &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "old struct: %s", kda_last_error());
+    a.struct_size = sizeof a;
+    CHECK(kda_run_host(ctx, &a, KDA_ALGO_FORWARD) == KDA_STATUS_INVALID_VALUE, "cp_mode 77 accepted");
+    CHECK(strstr(kda_last_error(), "'cp_mode'") != NULL, "%s", kda_last_error());
+    kda_destroy(ctx);
+    kda_synth_free(&s);
+}
+
+static void cp_settings_same_bits(kda_backend_t backend) {
+    static const int64_t lens[] = {300, 0, 64, 129};
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.num_seqs = 4;
+    c.seqlens = lens;
+    c.hqk = 1;
+    c.hv = 2;
+    c.k = 64;
+    c.v = 32;
+    c.initial_state = c.final_state = 1;
+    c.gate = KDA_GATE_LOWER_BOUND;
+    kda_synth_t s;
+    kda_args_t a;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, backend, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    void *o0 = malloc(s.o_bytes), *h0 = malloc(s.ht_bytes);
+    static const kda_cp_mode_t modes[] = {KDA_CP_AUTO, KDA_CP_OFF, KDA_CP_ON, KDA_CP_ON, KDA_CP_ON};
+    static const int64_t lens_on[] = {0, 0, 64, 128, KDA_CP_MAX_PIECE_LEN};
+    for (int algo = 0; algo < 2; algo++)
+        for (int i = 0; i < 5; i++) {
+            a.cp_mode = modes[i];
+            a.cp_piece_len = lens_on[i];
+            kda_synth_poison(s.o, c.o_dtype, (int64_t)(s.o_bytes / 2));
+            CHECK(kda_run_host(ctx, &a, algo ? KDA_ALGO_DECODE : KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS,
+                  "mode %d len %lld: %s", (int)modes[i], (long long)lens_on[i], kda_last_error());
+            if (i == 0) {
+                memcpy(o0, s.o, s.o_bytes);
+                memcpy(h0, s.ht, s.ht_bytes);
+            } else {
+                CHECK(memcmp(o0, s.o, s.o_bytes) == 0, "%s: o differs with mode %d len %lld",
+                      kda_backend_name(backend), (int)modes[i], (long long)lens_on[i]);
+                CHECK(memcmp(h0, s.ht, s.ht_bytes) == 0, "%s: final state differs with mode %d len %lld",
+                      kda_backend_name(backend), (int)modes[i], (long long)lens_on[i]);
+            }
+        }
+    free(o0);
+    free(h0);
+    kda_destroy(ctx);
+    kda_synth_free(&s);
+}
+
+TEST(api_cp_fields_ignored_cpu) { cp_settings_same_bits(KDA_BACKEND_CPU); }
+TEST(api_cp_fields_ignored_reference) { cp_settings_same_bits(KDA_BACKEND_REFERENCE); }

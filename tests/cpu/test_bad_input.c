@@ -229,3 +229,20 @@ BAD(bad_state_indices_row_stride_below_cols, INVALID, "state_indices_row_stride"
     f->a.state_indices_row_stride = 19;
 })
 BAD(bad_beta_headwise_not_flag, INVALID, "beta_headwise", f->a.beta_headwise = 2)
+
+/* Intra-card context parallelism (issue 9): the fields are checked on every backend, the CPU ignores them */
+BAD(bad_cp_mode_out_of_range, INVALID, "cp_mode", f->a.cp_mode = (kda_cp_mode_t)3)
+BAD(bad_cp_mode_negative, INVALID, "cp_mode", f->a.cp_mode = (kda_cp_mode_t)-1)
+BAD(bad_cp_piece_len_zero_with_on, INVALID, "cp_piece_len", f->a.cp_mode = KDA_CP_ON)
+BAD(bad_cp_piece_len_negative_with_on, INVALID, "cp_piece_len", { f->a.cp_mode = KDA_CP_ON; f->a.cp_piece_len = -64; })
+BAD(bad_cp_piece_len_not_chunk_multiple, INVALID, "cp_piece_len", {
+    f->a.cp_mode = KDA_CP_ON;
+    f->a.cp_piece_len = 96;
+})
+BAD(bad_cp_piece_len_too_large, INVALID, "cp_piece_len", {
+    f->a.cp_mode = KDA_CP_ON;
+    f->a.cp_piece_len = (int64_t)KDA_CP_MAX_PIECE_LEN + 64;
+})
+BAD(bad_cp_piece_len_huge, INVALID, "cp_piece_len", { f->a.cp_mode = KDA_CP_ON; f->a.cp_piece_len = INT64_MAX - 63; })
+BAD(bad_cp_piece_len_without_on, INVALID, "cp_piece_len", f->a.cp_piece_len = 128)
+BAD(bad_cp_piece_len_with_off, INVALID, "cp_piece_len", { f->a.cp_mode = KDA_CP_OFF; f->a.cp_piece_len = 128; })

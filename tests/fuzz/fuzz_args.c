@@ -252,6 +252,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     a.scale = PICK(&r, scales);
     a.lower_bound = a.use_gate_in_kernel || (opts & 2) ? PICK(&r, bounds) : 0.0f;
     a.safe_gate = (opts >> 2) & 1;
+    /* intra-card context parallelism: checked on every backend, ignored by the CPU ones (drawn from a hash of the
+       input, so that the corpus keeps its meaning) */
+    static const kda_cp_mode_t cp_modes[] = {KDA_CP_AUTO, KDA_CP_AUTO, KDA_CP_OFF, KDA_CP_ON,
+                                             KDA_CP_ON,   KDA_CP_ON,   KDA_CP_ON,  (kda_cp_mode_t)3};
+    static const int64_t cp_lens[] = {0, 64, 0, 64, 128, 96, 0, (int64_t)KDA_CP_MAX_PIECE_LEN + 64};
+    a.cp_mode = cp_modes[(r.lcg >> 40) & 7];
+    a.cp_piece_len = cp_lens[(r.lcg >> 43) & 7];
+    if (a.cp_mode == KDA_CP_AUTO && ((r.lcg >> 46) & 3) != 0) a.cp_piece_len = 0; /* mostly valid */
     if ((opts & 0x38) == 0x38) a.struct_size = (misc & 0x80) ? sizeof(kda_args_t) + 8 : 16;
 
     buffers_t b;

@@ -354,6 +354,15 @@ TEST(gpu_fwd_state_pool_inplace) {
     dproblem_free(&d);
 }
 
+/* kda_forward of d captured on stream s and instantiated (the caller destroys graph and exec). */
+static void capture_forward(dproblem_t *d, cudaStream_t s, cudaGraph_t *graph, cudaGraphExec_t *exec) {
+    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    kda_status_t st = kda_forward(gpu(), &d->dev, d->ws, d->ws_bytes, s);
+    CUDA_OK(cudaStreamEndCapture(s, graph));
+    CHECK(st == KDA_STATUS_SUCCESS, "capture: %s", kda_last_error());
+    CUDA_OK(cudaGraphInstantiate(exec, *graph, 0));
+}
+
 /* The forward captured in a CUDA graph and replayed gives the same bits as the direct call. */
 TEST(gpu_fwd_cuda_graph_capture) {
     static const int64_t lens[] = {300, 17, 0, 129};
@@ -371,11 +380,7 @@ TEST(gpu_fwd_cuda_graph_capture) {
     CUDA_OK(cudaMemset(d.dev.o, 0xff, d.s.o_bytes));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-    kda_status_t st = kda_forward(gpu(), &d.dev, d.ws, d.ws_bytes, s);
-    CUDA_OK(cudaStreamEndCapture(s, &graph));
-    CHECK(st == KDA_STATUS_SUCCESS, "capture: %s", kda_last_error());
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    capture_forward(&d, s, &graph, &exec);
     CUDA_OK(cudaGraphLaunch(exec, s));
     CUDA_OK(cudaStreamSynchronize(s));
     void *o2 = malloc(d.s.o_bytes);
@@ -552,6 +557,129 @@ TEST(gpu_contract_forward_decode_agree) {
         kda_contract_check(&be, 30);
         kda_contract_check(&be, 66);
     }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Intra-card context parallelism (issue 9): the acceptance checks, written before the kernels. Forced on with
+ * pieces of 1 to many chunks (and auto), every case's relative errors of o and of the final state against the
+ * oracle must stay within 1.1x those of the same call with the split off. Until the CUDA backend splits, both
+ * calls take the same path and this only checks that the backend accepts the fields.
+ * ------------------------------------------------------------------------------------------------------- */
+static void cp_case(const char *name, const kda_synth_config_t *c, void (*edit)(dproblem_t *)) {
+    static const int64_t piece_lens[] = {64, 128, 640, 4096};
+    dproblem_t d;
+    dproblem_make(&d, c);
+    if (edit) edit(&d);
+    d.dev.cp_mode = KDA_CP_OFF;
+    CHECK(dproblem_run(&d, 0) == KDA_STATUS_SUCCESS, "%s off: %s", name, kda_last_error());
+    const kda_compare_t off = dproblem_check(&d, c);
+    for (int i = 0; i <= 4; i++) {
+        d.dev.cp_mode = i < 4 ? KDA_CP_ON : KDA_CP_AUTO;
+        d.dev.cp_piece_len = i < 4 ? piece_lens[i] : 0;
+        CUDA_OK(cudaMemset(d.dev.o, 0xff, d.s.o_bytes));
+        CHECK(dproblem_run(&d, 0) == KDA_STATUS_SUCCESS, "%s piece %lld: %s", name, (long long)d.dev.cp_piece_len,
+              kda_last_error());
+        const kda_compare_t on = dproblem_check(&d, c);
+        printf("case %-22s piece %5lld  o_err %.3e (off %.3e)  state_err %.3e (off %.3e)\n", name,
+               (long long)d.dev.cp_piece_len, on.o_err, off.o_err, on.state_err, off.state_err);
+        CHECK(on.o_unwritten == 0 && on.state_unwritten == 0, "%s piece %lld: non-finite outputs", name,
+              (long long)d.dev.cp_piece_len);
+        CHECK(on.o_err <= 1.1 * off.o_err + 1e-7, "%s piece %lld: o rel err %.3g > 1.1 x %.3g", name,
+              (long long)d.dev.cp_piece_len, on.o_err, off.o_err);
+        CHECK(on.state_err <= 1.1 * off.state_err + 1e-7, "%s piece %lld: state rel err %.3g > 1.1 x %.3g", name,
+              (long long)d.dev.cp_piece_len, on.state_err, off.state_err);
+    }
+    dproblem_free(&d);
+}
+
+static void cp_gates_near_minus_inf(dproblem_t *d) {
+    const int64_t rows = d->s.num_tokens * d->host.num_v_heads, K = d->host.head_dim_k;
+    for (int64_t r = 0; r < rows; r += 7)
+        for (int64_t k = 0; k < K; k += 3) ((float *)d->s.g)[r * K + k] = (r % 2) ? -1e30f : -INFINITY;
+    CUDA_OK(cudaMemcpy((void *)d->dev.g, d->s.g, d->s.g_bytes, cudaMemcpyHostToDevice));
+}
+
+TEST(gpu_fwd_cp_forced_accuracy) {
+    kda_synth_config_t c = base(128);
+    c.batch = 1;
+    c.seq_len = 4096 + 37; /* not a multiple of the chunk */
+    c.hqk = 1;
+    c.hv = 2;
+    cp_case("single_T4133", &c, NULL);
+    static const int64_t lens[] = {3000, 0, 65, 1, 2000};
+    kda_synth_config_t v = base(128);
+    v.num_seqs = 5;
+    v.seqlens = lens;
+    v.hqk = 1;
+    v.hv = 4;
+    v.state_v_first = 1;
+    cp_case("varlen_gva", &v, NULL);
+    v.k = v.v = 64;
+    cp_case("varlen_gva_k64", &v, NULL);
+    kda_synth_config_t s = c;
+    s.gate = KDA_GATE_SOFTPLUS;
+    s.decay = 200.0f;
+    cp_case("strong_softplus", &s, NULL);
+    s.gate = KDA_GATE_LOWER_BOUND;
+    s.decay = 0.05f; /* weak decay: the initial state travels far */
+    s.allow_neg_eigval = 1;
+    cp_case("weak_decay_neg_eigval", &s, NULL);
+    kda_synth_config_t m = c;
+    m.gate = KDA_GATE_RAW;
+    m.g_dtype = KDA_FLOAT32;
+    cp_case("gate_minus_inf", &m, cp_gates_near_minus_inf);
+}
+
+/* Captured once with device-only offsets and the split forced on, replayed after the offsets were changed to
+ * other lengths of the same total: the replay equals a direct call on the new lengths, bit for bit. */
+TEST(gpu_fwd_cp_graph_other_lengths) {
+    static const int64_t lens[] = {3000, 17, 0, 1079};
+    static const int64_t other[] = {0, 1000, 2000, 1096};
+    kda_synth_config_t c = base(128);
+    c.num_seqs = 4;
+    c.seqlens = lens;
+    dproblem_t d;
+    dproblem_make(&d, &c);
+    d.dev.cu_seqlens_host = NULL;
+    d.dev.cp_mode = KDA_CP_ON;
+    d.dev.cp_piece_len = 256;
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(dproblem_run(&d, s) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    capture_forward(&d, s, &graph, &exec);
+    int64_t cu[5] = {0};
+    for (int i = 0; i < 4; i++) cu[i + 1] = cu[i] + other[i];
+    CUDA_OK(cudaMemcpy((void *)d.dev.cu_seqlens, cu, sizeof cu, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(d.dev.o, 0xff, d.s.o_bytes));
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    void *o_graph = malloc(d.s.o_bytes), *h_graph = malloc(d.s.ht_bytes);
+    CUDA_OK(cudaMemcpy(o_graph, d.dev.o, d.s.o_bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_graph, d.dev.final_state, d.s.ht_bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemset(d.dev.o, 0xff, d.s.o_bytes));
+    CHECK(dproblem_run(&d, s) == KDA_STATUS_SUCCESS, "direct: %s", kda_last_error());
+    void *o_direct = malloc(d.s.o_bytes), *h_direct = malloc(d.s.ht_bytes);
+    CUDA_OK(cudaMemcpy(o_direct, d.dev.o, d.s.o_bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(h_direct, d.dev.final_state, d.s.ht_bytes, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(o_graph, o_direct, d.s.o_bytes) == 0, "o: graph replay on new lengths differs from a direct call");
+    CHECK(memcmp(h_graph, h_direct, d.s.ht_bytes) == 0, "final state: graph replay differs from a direct call");
+    /* and the new lengths against the oracle */
+    memcpy(d.s.cu_seqlens, cu, sizeof cu);
+    kda_synth_config_t c2 = c;
+    c2.seqlens = other;
+    kda_compare_t r = dproblem_check(&d, &c2);
+    printf("case %-28s o_err %.3e state_err %.3e\n", "cp_graph_other_lengths", r.o_err, r.state_err);
+    CHECK(r.o_err <= 1e-2 && r.state_err <= 1e-2, "errors %.3g %.3g", r.o_err, r.state_err);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    free(o_graph);
+    free(h_graph);
+    free(o_direct);
+    free(h_direct);
+    dproblem_free(&d);
 }
 
 #else

@@ -28,6 +28,19 @@ def test_args_struct_size_matches_the_library():
     assert L.library_args_size == ctypes.sizeof(KdaArgs)
 
 
+def test_set_cp_fills_the_context_parallel_fields():
+    """The bindings' one number for cp_piece_len (-1 auto, 0 off, > 0 on) as kda_args_t's two fields."""
+    a = KdaArgs.from_buffer_copy(_lib.library().template)
+    assert (a.cp_mode, a.cp_piece_len) == (_lib.CP_AUTO, 0)
+    _lib.set_cp(a, -1)
+    assert (a.cp_mode, a.cp_piece_len) == (_lib.CP_AUTO, 0)
+    _lib.set_cp(a, 0)
+    assert (a.cp_mode, a.cp_piece_len) == (_lib.CP_OFF, 0)
+    b = KdaArgs.from_buffer_copy(_lib.library().template)
+    _lib.set_cp(b, 128)
+    assert (b.cp_mode, b.cp_piece_len) == (_lib.CP_ON, 128)
+
+
 def test_args_init_defaults_land_in_the_right_fields():
     """kda_args_init on the ctypes struct itself (filled with 0xAB first): every field gets its documented
     default, so a field at a wrong offset would show up here."""

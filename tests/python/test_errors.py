@@ -305,3 +305,27 @@ def test_not_supported_from_the_library():
     except kda.KDAError as e:
         assert e.status in (_errors.NOT_SUPPORTED, _errors.BACKEND_ERROR) and e.message.startswith("kda_create")
         assert isinstance(e, NotImplementedError if e.status == _errors.NOT_SUPPORTED else RuntimeError)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# cp_piece_len (libkda's keyword: intra-card context parallelism), checked in the caller's terms
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad, exc, match", [
+    (100, ValueError, "multiple of the chunk, 64 tokens, got 100"),
+    (-64, ValueError, "positive multiple of 64, got -64"),
+    (2 ** 24 + 64, ValueError, f"at most {2 ** 24} tokens"),
+    (64.0, TypeError, "whole number of tokens, got float"),
+    (True, TypeError, "whole number of tokens, got bool"),
+    ("64", TypeError, "whole number of tokens, got str"),
+])
+def test_cp_piece_len_bad(bad, exc, match):
+    with pytest.raises(exc, match=match) as info:
+        kda.chunk_kda(**inputs(), cp_piece_len=bad)
+    assert "chunk_kda: `cp_piece_len`" in str(info.value) and isinstance(info.value, kda.KDAError)
+
+
+def test_cp_piece_len_is_chunk_kda_only():
+    with pytest.raises(TypeError, match="'cp_piece_len' is a keyword of chunk_kda"):
+        kda.fused_recurrent_kda(**inputs(), cp_piece_len=64)
+    with pytest.raises(TypeError, match="did you mean 'cp_piece_len'"):
+        kda.chunk_kda(**inputs(), cp_piece_length=64)

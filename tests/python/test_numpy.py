@@ -359,3 +359,15 @@ def test_headwise_beta(sigmoid):
     x["beta"] = np.ascontiguousarray(bh[..., 0])
     o3, _ = kda.fused_recurrent_kda(**x, use_beta_sigmoid_in_kernel=sigmoid)
     np.testing.assert_array_equal(o2, o3)
+
+
+def test_cp_piece_len_changes_nothing_on_cpu():
+    """cp_piece_len (None: auto, 0: off, a piece length: on) reaches libkda, which checks it; the CPU backend
+    ignores it, so every setting gives the same bits."""
+    rng = np.random.default_rng(8)
+    x = make_inputs(rng, 1, 300, 1, 2, 16, 16, state=True)
+    want = kda.chunk_kda(**x, output_final_state=True)
+    for cp in (None, 0, 64, 128, np.int64(192), 2 ** 24):
+        o, ht = kda.chunk_kda(**x, output_final_state=True, cp_piece_len=cp)
+        np.testing.assert_array_equal(o, want[0])
+        np.testing.assert_array_equal(ht, want[1])

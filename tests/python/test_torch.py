@@ -379,6 +379,8 @@ def test_opcheck():
     flags = (False, False, False, False, False, 0.0, False)
     torch.library.opcheck(torch.ops.kda.chunk_kda_fwd.default,
                           common + (x["initial_state"], cu, None, 0.25, True) + flags)
+    torch.library.opcheck(torch.ops.kda.chunk_kda_fwd.default,
+                          common + (x["initial_state"], cu, None, 0.25, True) + flags + (128,))
     torch.library.opcheck(torch.ops.kda.fused_recurrent_kda_fwd.default,
                           common + (x["initial_state"], cu, None, None, 0.25, True) + flags)
     do, dht = torch.randn(1, 19, 2, 16), torch.randn(2, 2, 16, 16)
@@ -636,6 +638,8 @@ FAST_SIGNATURES = [
     ("bounded_vfirst", None, {}),
     ("bounded_vfirst", None, dict(lower_bound=0.0, safe_gate=False)),  # g replaced by zeros: never cached
     ("t1", torch.float16, dict(initial_state=None)),
+    ("basic", None, dict(cp_piece_len=0)),
+    ("varlen_gva", None, dict(cp_piece_len=128)),
 ]
 
 
@@ -677,7 +681,9 @@ def test_fast_path_new_arguments_of_a_cached_shape(fast_path):
                 (xt, dict(kwargs, **params)),
                 (xt, dict(kwargs, use_beta_sigmoid_in_kernel=False)),
                 (xt, dict(kwargs, cu_seqlens=kwargs["cu_seqlens"].long())),
-                (xt, dict(kwargs, cu_seqlens=kwargs["cu_seqlens"].tolist()))]
+                (xt, dict(kwargs, cu_seqlens=kwargs["cu_seqlens"].tolist())),
+                (xt, dict(kwargs, cp_piece_len=64)),
+                (xt, dict(kwargs, cp_piece_len=np.int64(64)))]
     with torch.no_grad():  # the parameters require grad
         for args, kw in variants:
             assert_same(kda.chunk_kda(**args, **kw), uncached(kda.chunk_kda, **args, **kw))
@@ -686,7 +692,9 @@ def test_fast_path_new_arguments_of_a_cached_shape(fast_path):
               (dict(xt, beta=xt["beta"].double()), kwargs),
               (xt, dict(kwargs, dt_bias=kwargs["dt_bias"][:-1])),
               (xt, dict(kwargs, cu_seqlens=torch.tensor([0, 3, 2, 70, 90], dtype=torch.int32))),  # found by libkda
-              (xt, dict(kwargs, transpose_state_layout=True, state_v_first=True))]
+              (xt, dict(kwargs, transpose_state_layout=True, state_v_first=True)),
+              (xt, dict(kwargs, cp_piece_len=100)),
+              (xt, dict(kwargs, cp_piece_len=64.0))]
     for args, kw in errors:
         with pytest.raises(Exception) as cached_err:
             kda.chunk_kda(**args, **kw)
