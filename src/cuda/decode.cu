@@ -620,20 +620,22 @@ DEV void store_tile(const kda_decode_params_t &p, const float4 S[DEC_NA], int64_
     }
 }
 
-/* The initial state of an item from its stage into registers; a non-finite element poisons its column. */
+/* The initial state of an item from its stage into registers; a non-finite element poisons its column. The
+ * test accumulates x·0 (NaN exactly when some x is ±∞ or NaN): one FMA per element. */
 template <int VF, int KC, int SF32, int EX>
 DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int has_state, float4 S[DEC_NA], int j0) {
     typedef dec_geom<VF, KC> G;
     const int tid = threadIdx.x;
-    int bad[4] = {0, 0, 0, 0}; /* V-first: per row pass; K-first: per column of the chunk */
+    if (!has_state) {
+#pragma unroll
+        for (int a = 0; a < DEC_NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
+        return;
+    }
+    float z[4] = {0.f, 0.f, 0.f, 0.f}; /* V-first: per row pass; K-first: per column of the chunk */
 #pragma unroll
     for (int a = 0; a < DEC_NA; a++) {
         int goff, soff;
         const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, tid, &goff, &soff);
-        if (!has_state) {
-            S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
-            continue;
-        }
         if (SF32) {
             S[a] = *(const float4 *)((const float *)st + soff);
         } else {
@@ -648,17 +650,21 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
             if (nv < 4) S[a].w = 0.f;
         }
         if (VF) {
-            bad[a / G::CPR] |= !finite_f(S[a].x) | !finite_f(S[a].y) | !finite_f(S[a].z) | !finite_f(S[a].w);
+            float &zz = z[a / G::CPR];
+            zz = fmaf(S[a].x, 0.f, zz);
+            zz = fmaf(S[a].y, 0.f, zz);
+            zz = fmaf(S[a].z, 0.f, zz);
+            zz = fmaf(S[a].w, 0.f, zz);
         } else {
-            bad[0] |= !finite_f(S[a].x);
-            bad[1] |= !finite_f(S[a].y);
-            bad[2] |= !finite_f(S[a].z);
-            bad[3] |= !finite_f(S[a].w);
+            z[0] = fmaf(S[a].x, 0.f, z[0]);
+            z[1] = fmaf(S[a].y, 0.f, z[1]);
+            z[2] = fmaf(S[a].z, 0.f, z[2]);
+            z[3] = fmaf(S[a].w, 0.f, z[3]);
         }
     }
-    if (!has_state) return;
+    int bad[4];
 #pragma unroll
-    for (int c = 0; c < 4; c++) bad[c] = VF ? row8_or(bad[c]) : lanes_or<G::CGW>(bad[c]);
+    for (int c = 0; c < 4; c++) bad[c] = VF ? row8_or(z[c] != z[c]) : lanes_or<G::CGW>(z[c] != z[c]);
 #pragma unroll
     for (int a = 0; a < DEC_NA; a++) {
         if (VF) {
