@@ -171,6 +171,14 @@ FIXES = {
     "wu_full_t": "solve: FLA's way: all of T in fp32 then bf16(T) · bf16(β B) once",
     "a_split_col": "A/Aqk: column factor as hi + lo bf16 (two mma)",
     "a_split_row": "A/Aqk: row factors as hi + lo bf16 (two mma)",
+    "near0": "Aqk's diagonal q_i·k_i by an fp32 dot product (no factors)",
+    "near1": "near0, and A, Aqk at j = i − 1 by fp32 dot products (one exp per row and channel)",
+    "near2": "near1, and j = i − 2",
+    "aqk_diag_f32": "Aqk's diagonal kept in fp32 (not rounded to bf16 in the workspace)",
+    "wu_y_ident": "solve: X_I = Y_I + (T_II − I) bf16(Y_I): the accumulator starts at Y in fp32, the mma applies "
+                  "only the strictly lower part of T_II",
+    "wu_y_trick": "solve: X_I = T'_II B_I − T'_II bf16(Σ A'_IM X_M), T' = T_II Diag(β), A' = A without β: "
+                  "B (bf16 already) never rounded again, only the correction",
 }
 
 
@@ -249,6 +257,18 @@ def ours_prep(x, flags):
                 a_f, q_f = diag_exact(I)
             put(I, J, np.where(sp, a_s, a_f), np.where(sp, q_s, q_f))
 
+    # entries i − j <= m computed in fp32 (no factors)
+    m = 2 if "near2" in fix else 1 if "near1" in fix else 0 if "near0" in fix or "aqk_diag_f32" in fix else -1
+    for dlt in range(m + 1):
+        i = np.arange(dlt, C)
+        j = i - dlt
+        e = ex2(G[:, i] - G[:, j])
+        kj = (kc[:, j] * e).astype(np.float32)
+        aq = (qc[:, i] * kj).sum(-1, dtype=np.float32)
+        Aqk[:, i, j] = f32(aq) if dlt == 0 and "aqk_diag_f32" in fix else R(flags, "aqk_st", bf16)(aq)
+        if dlt > 0:
+            A[:, i, j] = (kc[:, i] * kj).sum(-1, dtype=np.float32) * bc[:, i]
+
     # decay factors
     GL = G[:, -1:, :]
     e_kt = ex2(GL - G)
@@ -275,7 +295,24 @@ def ours_prep(x, flags):
         U = bf16(mm(Tb, bf16(bc[:, :, None] * vc)))
         return dict(W=W, U=U, QG=QG, KT=KT, Aqk=Aqk, gam=gam)
 
+    def solve_trick(B):
+        X = np.zeros(B.shape, np.float32)
+        for I in range(4):
+            bI = blk(bc, I)
+            Tp = R(flags, "wu_t", bf16)(Tii[I] * bI[:, None, :])
+            acc = mm(Tp, blk(B, I))
+            if I > 0:
+                c = np.zeros((N, 16, B.shape[-1]), np.float32)
+                for M in range(I):
+                    ap = A[:, 16 * I:16 * I + 16, 16 * M:16 * M + 16] / bI[:, :, None]  # A' (stored so)
+                    c += mm(R(flags, "wu_a", bf16)(np.nan_to_num(ap)), X[:, 16 * M:16 * M + 16])
+                acc = acc - mm(Tp, R(flags, "wu_y", bf16)(c))
+            X[:, 16 * I:16 * I + 16] = R(flags, "wu_x", bf16)(acc)
+        return X
+
     def solve(B):
+        if "wu_y_trick" in fix:
+            return solve_trick(B)
         X = np.zeros(B.shape, np.float32)
         rx = R(flags, "wu_x", bf16)
         for I in range(4):
@@ -287,7 +324,10 @@ def ours_prep(x, flags):
                 else:
                     acc += mm(R(flags, "wu_a", bf16)(aim), X[:, 16 * M:16 * M + 16])
             y = (blk(bc, I)[:, :, None] * blk(B, I) - acc).astype(np.float32)
-            if "wu_t_split" in fix or "wu_y_split" in fix:
+            if "wu_y_ident" in fix:
+                L = Tii[I] - np.eye(16, dtype=np.float32)
+                xi = (y + mm(R(flags, "wu_t", bf16)(L), R(flags, "wu_y", bf16)(y))).astype(np.float32)
+            elif "wu_t_split" in fix or "wu_y_split" in fix:
                 xi = split_mm(Tii[I], y, "wu_t_split" in fix, "wu_y_split" in fix)
             else:
                 xi = mm(R(flags, "wu_t", bf16)(Tii[I]), R(flags, "wu_y", bf16)(y))
