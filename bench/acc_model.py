@@ -175,6 +175,11 @@ FIXES = {
     "near1": "near0, and A, Aqk at j = i − 1 by fp32 dot products (one exp per row and channel)",
     "near2": "near1, and j = i − 2",
     "aqk_diag_f32": "Aqk's diagonal kept in fp32 (not rounded to bf16 in the workspace)",
+    "exact_diag_blocks": "the diagonal blocks of A, Aqk in fp32 (as diag_block_exact)",
+    "exact_off_blocks": "the off-diagonal blocks of A, Aqk in fp32",
+    "single_fac_diag": "single_fac in the diagonal blocks only",
+    "single_col_diag": "the diagonal blocks' column factors k·e rounded once (row factors as today)",
+    "split_col_diag": "a_split_col in the diagonal blocks only (single-rounded factors there)",
     "wu_y_ident": "solve: X_I = Y_I + (T_II − I) bf16(Y_I): the accumulator starts at Y in fp32, the mma applies "
                   "only the strictly lower part of T_II",
     "wu_y_trick": "solve: X_I = T'_II B_I − T'_II bf16(Σ A'_IM X_M), T' = T_II Diag(β), A' = A without β: "
@@ -212,11 +217,21 @@ def ours_prep(x, flags):
 
     def by_factors(I, J, Rv):
         """the block (I, J) by split factors around reference R (N, K)"""
+        if J < I and "exact_off_blocks" in fix:
+            d = ex2(blk(G, I)[:, :, None, :] - blk(G, J)[:, None, :, :])
+            e = (blk(kc, J)[:, None, :, :] * d).astype(np.float32)
+            return ((blk(kc, I)[:, :, None, :] * e).sum(-1, dtype=np.float32),
+                    (blk(qc, I)[:, :, None, :] * e).sum(-1, dtype=np.float32))
         e_row = ex2(blk(G, I) - Rv[:, None])
         e_col = ex2(Rv[:, None] - blk(G, J))
-        fk, fq = fac(blk(kc, I), e_row), fac(blk(qc, I), e_row)
-        cb = fac(blk(kc, J), e_col)
-        sr, sc = "a_split_row" in fix, "a_split_col" in fix
+        f = fac
+        if J == I and ("single_fac_diag" in fix or "split_col_diag" in fix):
+            f = lambda kv, e: r_f(kv * e)
+        fk, fq = f(blk(kc, I), e_row), f(blk(qc, I), e_row)
+        cb = f(blk(kc, J), e_col)
+        if J == I and "single_col_diag" in fix:
+            cb = r_f(blk(kc, J) * e_col)
+        sr, sc = "a_split_row" in fix, "a_split_col" in fix or (J == I and "split_col_diag" in fix)
         if sr or sc:
             rf = lambda v, e: f32(v) * e  # unrounded factors for the split
             return (split_mm(rf(blk(kc, I), e_row), np.swapaxes(rf(blk(kc, J), e_col), 1, 2), sr, sc),
@@ -255,6 +270,8 @@ def ours_prep(x, flags):
                 a_f, q_f = by_factors(I, J, Rfirst)
             else:
                 a_f, q_f = diag_exact(I)
+            if J == I and "exact_diag_blocks" in fix:
+                a_s, q_s = a_f, q_f = diag_exact(I)
             put(I, J, np.where(sp, a_s, a_f), np.where(sp, q_s, q_f))
 
     # entries i − j <= m computed in fp32 (no factors)
