@@ -179,6 +179,8 @@ FIXES = {
     "exact_off_blocks": "the off-diagonal blocks of A, Aqk in fp32",
     "single_fac_diag": "single_fac in the diagonal blocks only",
     "single_col_diag": "the diagonal blocks' column factors k·e rounded once (row factors as today)",
+    "impl": "what prep.cuh does since issue 12: near0 (raw q·k products on the tensor cores) + single_fac_diag "
+            "(the row factors of the warps with a diagonal block included) + wu_y_ident",
     "split_col_diag": "a_split_col in the diagonal blocks only (single-rounded factors there)",
     "wu_y_ident": "solve: X_I = Y_I + (T_II − I) bf16(Y_I): the accumulator starts at Y in fp32, the mma applies "
                   "only the strictly lower part of T_II",
@@ -200,7 +202,9 @@ def split_mm(a, b, split_a, split_b, rnd=bf16):
 
 
 def ours_prep(x, flags):
-    off, fix = flags["off"], flags["fix"]
+    off, fix = flags["off"], set(flags["fix"])
+    if "impl" in fix:
+        fix |= {"near0", "single_fac_diag", "wu_y_ident"}
     qc, kc, vc, G, bc, s = prep_common(x, scale_in_q=True)
     N, _, K = kc.shape
     r_e = R(flags, "a_efac", bf16)
@@ -215,7 +219,7 @@ def ours_prep(x, flags):
     tril_s = np.tril(np.ones((16, 16), bool), -1)
     tril = np.tril(np.ones((16, 16), bool), 0)
 
-    def by_factors(I, J, Rv):
+    def by_factors(I, J, Rv, rows_single=False):
         """the block (I, J) by split factors around reference R (N, K)"""
         if J < I and "exact_off_blocks" in fix:
             d = ex2(blk(G, I)[:, :, None, :] - blk(G, J)[:, None, :, :])
@@ -228,6 +232,8 @@ def ours_prep(x, flags):
         if J == I and ("single_fac_diag" in fix or "split_col_diag" in fix):
             f = lambda kv, e: r_f(kv * e)
         fk, fq = f(blk(kc, I), e_row), f(blk(qc, I), e_row)
+        if rows_single:
+            fk, fq = r_f(blk(kc, I) * e_row), r_f(blk(qc, I) * e_row)
         cb = f(blk(kc, J), e_col)
         if J == I and "single_col_diag" in fix:
             cb = r_f(blk(kc, J) * e_col)
@@ -265,7 +271,7 @@ def ours_prep(x, flags):
         split = np.maximum(Gf - Gm, Gm - Gl).max(-1) <= DIAG_RANGE2  # (N,)
         sp = split[:, None, None]
         for J in range(J0, J0 + nb):
-            a_s, q_s = by_factors(I, J, G[:, 16 * I + 7])
+            a_s, q_s = by_factors(I, J, G[:, 16 * I + 7], rows_single="single_fac_diag" in fix)
             if J < I:
                 a_f, q_f = by_factors(I, J, Rfirst)
             else:
