@@ -179,8 +179,9 @@ FIXES = {
     "exact_off_blocks": "the off-diagonal blocks of A, Aqk in fp32",
     "single_fac_diag": "single_fac in the diagonal blocks only",
     "single_col_diag": "the diagonal blocks' column factors k·e rounded once (row factors as today)",
-    "impl": "what prep.cuh does since issue 12: near0 (raw q·k products on the tensor cores) + single_fac_diag "
-            "(the row factors of the warps with a diagonal block included) + wu_y_ident",
+    "impl1": "prep.cuh's first step in issue 12: near0 (raw q·k products on the tensor cores) + single_fac_diag "
+             "(the row factors of the warps with a diagonal block included) + wu_y_ident",
+    "impl": "what prep.cuh does since issue 12: impl1 + split_col_diag",
     "split_col_diag": "a_split_col in the diagonal blocks only (single-rounded factors there)",
     "wu_y_ident": "solve: X_I = Y_I + (T_II − I) bf16(Y_I): the accumulator starts at Y in fp32, the mma applies "
                   "only the strictly lower part of T_II",
@@ -204,6 +205,8 @@ def split_mm(a, b, split_a, split_b, rnd=bf16):
 def ours_prep(x, flags):
     off, fix = flags["off"], set(flags["fix"])
     if "impl" in fix:
+        fix |= {"impl1", "split_col_diag"}
+    if "impl1" in fix:
         fix |= {"near0", "single_fac_diag", "wu_y_ident"}
     qc, kc, vc, G, bc, s = prep_common(x, scale_in_q=True)
     N, _, K = kc.shape

@@ -360,11 +360,12 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
 }
 
 /* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7, and
- * (kr0, kr1) that of k itself. SINGLE (the diagonal block): the product in fp32, rounded once; else one bf16
- * product of k and the bf16-rounded exponential (off the diagonal the entries are small: docs/PERF.md). */
+ * (kr0, kr1) that of k itself. SINGLE (the diagonal block): the product in fp32, as a bf16 pair hi + lo
+ * (lo0, lo1: the rounding residual, so that hi + lo carries ~16 bits); else one bf16 product of k and the
+ * bf16-rounded exponential (off the diagonal blocks the entries are small: docs/PERF.md). */
 template <int KD, int SINGLE>
 DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
-                     uint32_t *b1, uint32_t *kr0, uint32_t *kr1) {
+                     uint32_t *b1, uint32_t *kr0, uint32_t *kr1, uint32_t *lo0, uint32_t *lo1) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
     const int row = row0 + g;
@@ -375,23 +376,26 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
         const float2 Rr = *(const float2 *)&R[col];
         const uint32_t kw = *(const uint32_t *)&sK[row * S + col];
         const float ex = ex2(Rr.x - G.x), ey = ex2(Rr.y - G.y);
-        uint32_t b;
+        uint32_t b, lo = 0;
         if (SINGLE) {
             const float2 kf = unpack_bf16(kw);
-            b = pack_bf16(kf.x * ex, kf.y * ey);
+            const float px = kf.x * ex, py = kf.y * ey;
+            b = pack_bf16(px, py);
+            const float2 bh = unpack_bf16(b);
+            lo = pack_bf16(px - bh.x, py - bh.y);
         } else {
             b = mul_bf16x2(kw, pack_bf16(ex, ey));
         }
-        if (h == 0) *b0 = b, *kr0 = kw;
-        else *b1 = b, *kr1 = kw;
+        if (h == 0) *b0 = b, *kr0 = kw, *lo0 = lo;
+        else *b1 = b, *kr1 = kw, *lo1 = lo;
     }
 }
 
 /* A and Aqk of the NB 16×16 blocks (rows row0.., columns col0 + 16 b..) by the split factors around reference
  * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
- * columns) on the tensor cores, into accA[b] / accQ[b]. DIAG: the last block is the diagonal block: its column
- * factors are rounded once, and accR gets its raw products q_i·k_j (exact in fp32: its diagonal is Aqk's, which
- * dominates o's error when formed from two rounded factors). */
+ * columns) on the tensor cores, into accA[b] / accQ[b]. DIAG: the last block is the diagonal block: its row
+ * factors are rounded once, its column factors go in as a hi + lo pair (two mma), and accR gets its raw products
+ * q_i·k_j (exact in fp32: its diagonal is Aqk's, the largest term of o, formed from rounded factors otherwise). */
 template <int KD, int NB, int DIAG>
 DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
                            int lane, float (*accA)[2][4], float (*accQ)[2][4], float (*accR)[4]) {
@@ -403,12 +407,14 @@ DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, cons
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                uint32_t b0, b1, k0, k1;
+                uint32_t b0, b1, k0, k1, l0, l1;
                 if (DIAG && b == NB - 1) {
-                    col_factors<KD, 1>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1, &k0, &k1);
+                    col_factors<KD, 1>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1, &k0, &k1, &l0, &l1);
                     mma_bf16(accR[nt], qr, k0, k1);
+                    mma_bf16(accA[b][nt], fk, l0, l1);
+                    mma_bf16(accQ[b][nt], fq, l0, l1);
                 } else {
-                    col_factors<KD, 0>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1, &k0, &k1);
+                    col_factors<KD, 0>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1, &k0, &k1, &l0, &l1);
                 }
                 mma_bf16(accA[b][nt], fk, b0, b1);
                 mma_bf16(accQ[b][nt], fq, b0, b1);
