@@ -182,6 +182,7 @@ FIXES = {
     "impl1": "prep.cuh's first step in issue 12: near0 (raw q·k products on the tensor cores) + single_fac_diag "
              "(the row factors of the warps with a diagonal block included) + wu_y_ident",
     "impl": "what prep.cuh does since issue 12: impl1 + split_col_diag",
+    "single_row_diag": "the diagonal blocks' row factors rounded once (column factors as before)",
     "split_col_diag": "a_split_col in the diagonal blocks only (single-rounded factors there)",
     "wu_y_ident": "solve: X_I = Y_I + (T_II − I) bf16(Y_I): the accumulator starts at Y in fp32, the mma applies "
                   "only the strictly lower part of T_II",
@@ -235,7 +236,7 @@ def ours_prep(x, flags):
         if J == I and ("single_fac_diag" in fix or "split_col_diag" in fix):
             f = lambda kv, e: r_f(kv * e)
         fk, fq = f(blk(kc, I), e_row), f(blk(qc, I), e_row)
-        if rows_single:
+        if rows_single or (J == I and "single_row_diag" in fix):
             fk, fq = r_f(blk(kc, I) * e_row), r_f(blk(qc, I) * e_row)
         cb = f(blk(kc, J), e_col)
         if J == I and "single_col_diag" in fix:

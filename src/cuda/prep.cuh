@@ -497,12 +497,14 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     const int nf = nb - (has_diag && !split); /* blocks by factors */
     float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}}, accR[2][4] = {{0.f}};
     const int raw = has_diag && split; /* the last block by factors is the diagonal one */
-    if (nf == 2) {
-        if (raw) blocks_by_factors<KD, 2, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
-        else blocks_by_factors<KD, 2, 0>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
-    } else if (nf == 1) {
-        if (raw) blocks_by_factors<KD, 1, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
-        else blocks_by_factors<KD, 1, 0>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
+    if (raw) { /* the diagonal block by factors: the last of the warp's blocks */
+        if (nb == 2) blocks_by_factors<KD, 2, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
+        else blocks_by_factors<KD, 1, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
+    } else if (nf > 0) {
+        /* two blocks (nb = 2 here): off the diagonal, or the second is the diagonal one unsplit (rare:
+           KDA_DIAG_RANGE), computed as though by factors and its accumulators (inf or NaN possibly) overwritten by
+           diag_block_exact below: one instance fewer of the unrolled loop (instruction cache) */
+        blocks_by_factors<KD, 2, 0>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
     }
     if (nf < nb) {
         if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[1], accQ[1]);
