@@ -330,13 +330,17 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
 /* ---------------------------------------------------------------------------------------------------------
  * intra_chunk_A: A and Aqk by 16×16 blocks with the split factors of ALGORITHM.md §3
  * ------------------------------------------------------------------------------------------------------- */
-/* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}; qraw: the A
- * fragment of q itself (for the raw products of the diagonal block). SINGLE (the rows of a diagonal block): each
- * product formed in fp32 and rounded once to bf16; else one bf16 product of k (q) and the bf16-rounded exponential
- * (two roundings: twice the error, which off the diagonal blocks costs little: docs/PERF.md). */
-template <int KD, int SINGLE>
+/* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}, and qraw,
+ * the A fragment of q itself. Off the diagonal blocks (DIAG 0): one bf16 product of k (q) and the bf16-rounded
+ * exponential: two roundings, twice the error, which costs little there (docs/PERF.md, accuracy).
+ * DIAG (the rows of a diagonal block): each product formed in fp32 and rounded once; and, since the diagonal
+ * block's columns are its rows, the same lane's loads give its column factors too: the B fragments
+ * cb[nt + 2h] of k_j e^{R − G_j} (tokens 8 nt + g of the block, k-columns 8 h + 2t) as a bf16 pair hi + lo
+ * (cl: the rounding residual), and kraw, those of k itself. */
+template <int KD, int DIAG>
 DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int kt, int lane,
-                     uint32_t fk[4], uint32_t fq[4], uint32_t qraw[4]) {
+                     uint32_t fk[4], uint32_t fq[4], uint32_t qraw[4], uint32_t cb[4], uint32_t cl[4],
+                     uint32_t kraw[4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -344,12 +348,18 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
         const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const float ex = ex2(G.x - Rr.x), ey = ex2(G.y - Rr.y);
+        const float xx = G.x - Rr.x, xy = G.y - Rr.y;
+        const float ex = ex2(xx), ey = ex2(xy);
         const uint32_t kw = *(const uint32_t *)&sK[row * S + col], qw = *(const uint32_t *)&sQ[row * S + col];
-        if (SINGLE) {
+        if (DIAG) {
             const float2 kf = unpack_bf16(kw), qf = unpack_bf16(qw);
             fk[r] = pack_bf16(kf.x * ex, kf.y * ey);
             fq[r] = pack_bf16(qf.x * ex, qf.y * ey);
+            const float px = kf.x * ex2(-xx), py = kf.y * ex2(-xy);
+            cb[r] = pack_bf16(px, py);
+            const float2 h = unpack_bf16(cb[r]);
+            cl[r] = pack_bf16(px - h.x, py - h.y);
+            kraw[r] = kw;
         } else {
             const uint32_t e = pack_bf16(ex, ey);
             fk[r] = mul_bf16x2(kw, e);
@@ -359,13 +369,11 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
     }
 }
 
-/* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7, and
- * (kr0, kr1) that of k itself. SINGLE (the diagonal block): the product in fp32, as a bf16 pair hi + lo
- * (lo0, lo1: the rounding residual, so that hi + lo carries ~16 bits); else one bf16 product of k and the
- * bf16-rounded exponential (off the diagonal blocks the entries are small: docs/PERF.md). */
-template <int KD, int SINGLE>
+/* Column factors (off the diagonal blocks) for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8
+ * tokens row0..row0+7, one bf16 product of k and the bf16-rounded exponential */
+template <int KD>
 DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
-                     uint32_t *b1, uint32_t *kr0, uint32_t *kr1, uint32_t *lo0, uint32_t *lo1) {
+                     uint32_t *b1) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
     const int row = row0 + g;
@@ -374,50 +382,40 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
         const int col = kt * 16 + 2 * t + 8 * h;
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const uint32_t kw = *(const uint32_t *)&sK[row * S + col];
-        const float ex = ex2(Rr.x - G.x), ey = ex2(Rr.y - G.y);
-        uint32_t b, lo = 0;
-        if (SINGLE) {
-            const float2 kf = unpack_bf16(kw);
-            const float px = kf.x * ex, py = kf.y * ey;
-            b = pack_bf16(px, py);
-            const float2 bh = unpack_bf16(b);
-            lo = pack_bf16(px - bh.x, py - bh.y);
-        } else {
-            b = mul_bf16x2(kw, pack_bf16(ex, ey));
-        }
-        if (h == 0) *b0 = b, *kr0 = kw, *lo0 = lo;
-        else *b1 = b, *kr1 = kw, *lo1 = lo;
+        const uint32_t b = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
+        if (h == 0) *b0 = b;
+        else *b1 = b;
     }
 }
 
 /* A and Aqk of the NB 16×16 blocks (rows row0.., columns col0 + 16 b..) by the split factors around reference
  * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
- * columns) on the tensor cores, into accA[b] / accQ[b]. DIAG: the last block is the diagonal block: its row
- * factors are rounded once, its column factors go in as a hi + lo pair (two mma), and accR gets its raw products
- * q_i·k_j (exact in fp32: its diagonal is Aqk's, the largest term of o, formed from rounded factors otherwise). */
+ * columns) on the tensor cores, into accA[b] / accQ[b]. DIAG: the last block is the diagonal block: its factors
+ * rounded once, the column factors as hi + lo (two mma), and accR gets its raw products q_i·k_j (exact in fp32:
+ * its diagonal is Aqk's, the largest term of o, otherwise formed from two rounded factors). */
 template <int KD, int NB, int DIAG>
 DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
                            int lane, float (*accA)[2][4], float (*accQ)[2][4], float (*accR)[4]) {
 #pragma unroll
     for (int kt = 0; kt < KD / 16; kt++) {
-        uint32_t fk[4], fq[4], qr[4];
-        row_factors<KD, DIAG>(sG, sK, sQ, R, row0, kt, lane, fk, fq, qr);
+        uint32_t fk[4], fq[4], qr[4], cb[4], cl[4], kr[4];
+        row_factors<KD, DIAG>(sG, sK, sQ, R, row0, kt, lane, fk, fq, qr, cb, cl, kr);
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                uint32_t b0, b1, k0, k1, l0, l1;
                 if (DIAG && b == NB - 1) {
-                    col_factors<KD, 1>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1, &k0, &k1, &l0, &l1);
-                    mma_bf16(accR[nt], qr, k0, k1);
-                    mma_bf16(accA[b][nt], fk, l0, l1);
-                    mma_bf16(accQ[b][nt], fq, l0, l1);
+                    mma_bf16(accR[nt], qr, kr[nt], kr[nt + 2]);
+                    mma_bf16(accA[b][nt], fk, cl[nt], cl[nt + 2]);
+                    mma_bf16(accQ[b][nt], fq, cl[nt], cl[nt + 2]);
+                    mma_bf16(accA[b][nt], fk, cb[nt], cb[nt + 2]);
+                    mma_bf16(accQ[b][nt], fq, cb[nt], cb[nt + 2]);
                 } else {
-                    col_factors<KD, 0>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1, &k0, &k1, &l0, &l1);
+                    uint32_t b0, b1;
+                    col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
+                    mma_bf16(accA[b][nt], fk, b0, b1);
+                    mma_bf16(accQ[b][nt], fq, b0, b1);
                 }
-                mma_bf16(accA[b][nt], fk, b0, b1);
-                mma_bf16(accQ[b][nt], fq, b0, b1);
             }
     }
 }
