@@ -10,7 +10,7 @@ time of ours (or of FLA's) replaced by fp32.
 
     python3 bench/acc_model.py                      # ours vs FLA, default case (T 1024, 8 heads, K = V = 128)
     python3 bench/acc_model.py --attribute          # the table of docs/PERF.md
-    python3 bench/acc_model.py --ours-fix wu_t     # ours with a candidate change (see FIXES)
+    python3 bench/acc_model.py --ours-fix impl     # ours as prep.cuh computes it now (FIXES: the candidates)
 
 No torch needed. Where the kernels differ from this model: fp32 accumulation order (the model sums in numpy's
 float32 GEMM order), approximate ex2/rcp (≈1e-7 relative), and tf32 operands are rounded to nearest here (the
