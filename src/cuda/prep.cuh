@@ -15,7 +15,7 @@
  *                      [the A warps]; Aqk → workspace
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
  *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
- *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, fp32 forward substitution, kept as T_II − I
+ *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
  *   store_w_u          W, U → workspace
  * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
