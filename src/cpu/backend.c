@@ -11,6 +11,7 @@
 #include "cpu.h"
 #include "dtype.h"
 #include "threadpool.h"
+#include "token.h"
 
 /* The thread count of a new CPU context: KDA_NUM_THREADS when set (a whole number in [1, 1024], else
  * kda_create fails naming it: a setting the user made is never ignored silently), else one per core. */
@@ -63,6 +64,7 @@ void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S) {
             for (int i = 0; i < K; i++)
                 S[(size_t)i * V + j] = kda_load_f32(a->initial_state, a->initial_state_dtype, base + (int64_t)j * K + i);
     }
+    kda_cpu_poison_columns(S, K, V); /* the non-finite contract (docs/ALGORITHM.md §7): per value channel */
 }
 
 void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S) {

@@ -384,9 +384,9 @@ static void task_whole(void *arg, int64_t item, int thread) {
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
-    kda_cpu_load_state(p, slot, h, s.S);
-    int poisoned = !kda_cpu_all_finite(s.S, (int64_t)K * V);
-    int64_t nan_from = poisoned ? bos : eos; /* tokens from here on are NaN without arithmetic */
+    kda_cpu_load_state(p, slot, h, s.S); /* a non-finite column is NaN now, and stays in its column */
+    int poisoned = 0;
+    int64_t nan_from = eos; /* tokens from here on are NaN without arithmetic */
     for (int64_t t0 = bos; t0 < nan_from; t0 += KDA_CHUNK) {
         const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
         chunk_prep(p, &s, &s.pr, t0, c, h);
@@ -482,11 +482,11 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
         kda_seq_bounds(p, job.n, &job.bos, &job.eos);
         const int64_t slot = kda_state_slot(p, job.n);
         kda_cpu_load_state(p, slot, job.h, job.S);
-        /* non-finite contract: a non-finite initial state poisons from the first token; a chunk's poisoned row
-           from the end of that chunk (its own rows are NaN from the row on), the later chunks' outputs written
-           as NaN over whatever the window computed for them */
-        int poisoned = !kda_cpu_all_finite(job.S, (int64_t)K * V);
-        int64_t nan_from = poisoned ? job.bos : job.eos; /* tokens from here on are NaN without arithmetic */
+        /* non-finite contract: a non-finite column of the initial state is NaN (kda_cpu_load_state) and stays
+           in its column; a chunk's poisoned row poisons from the end of that chunk (its own rows are NaN from
+           the row on), the later chunks' outputs written as NaN over whatever the window computed for them */
+        int poisoned = 0;
+        int64_t nan_from = job.eos; /* tokens from here on are NaN without arithmetic */
         /* window w's recurrence beside window w+1's preps; w = -1 only prepares window 0 */
         for (int64_t w = -1; !poisoned && job.bos + w * win < job.eos; w++) {
             const int64_t rt = job.bos + w * win, pt = rt + win;

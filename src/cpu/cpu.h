@@ -4,7 +4,9 @@
 
 #include "../internal.h"
 
-/* Load head h of state slot `slot` (negative or no initial_state: zeros) into S, K×V K-major float32. */
+/* Load head h of state slot `slot` (negative or no initial_state: zeros) into S, K×V K-major float32, with
+ * every column (value channel) that holds an inf or NaN set to NaN whole (kda_cpu_poison_columns, the
+ * non-finite contract): every CPU path, forward, decode and backward, reads its initial state through here. */
 void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S);
 /* Store S into head h of final_state slot `slot` (nothing when negative or no final_state). */
 void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S);
@@ -15,6 +17,10 @@ kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, v
 int kda_cpu_chunk_isa(void);
 kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
+
+/* The oracles' (reference.c, reference_bwd.c) initial state, K×V float64: each column j that holds an inf or
+ * NaN becomes NaN whole (value channel j is poisoned: the non-finite contract, docs/ALGORITHM.md §7). */
+void kda_reference_poison_columns(double *S, int K, int V);
 
 /* The backward: the fp64 oracle (reference_bwd.c) and the CPU backend's (chunk_bwd.c). */
 kda_status_t kda_reference_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);

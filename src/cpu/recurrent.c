@@ -6,7 +6,8 @@
  * Per token, with S K×V (K-major):  S ← Diag(e^{gate}) S;  δ = β ⊙ (v − Sᵀk);  S ← S + k δᵀ;  o = scale Sᵀq,
  * gate clamped into [KDA_GATE_MIN, 0] (NaN kept), β a scalar or (beta_headwise) a V-vector. Slots as the oracle
  * (reference.c): 2-D state_indices write the state after every token to its own slot. A non-finite input of a
- * token (or initial state) turns S into NaN from that token on (the non-finite contract).
+ * token turns S into NaN from that token on; a non-finite element in column j of the initial state makes
+ * column j NaN (kda_cpu_load_state), which the recurrence keeps in column j (the non-finite contract).
  */
 #include <math.h>
 #include <string.h>
@@ -43,8 +44,8 @@ static void recurrent_head(const kda_problem_t *p, int64_t n, int h, float *S) {
     const int nb = a->beta_headwise ? V : 1;
     const float bscale = a->allow_neg_eigval ? 2.0f : 1.0f;
 
-    kda_cpu_load_state(p, slot, h, S);
-    int poisoned = !finite_row(S, K * V); /* the non-finite contract: the initial state counts as token 0 */
+    kda_cpu_load_state(p, slot, h, S); /* a column (value channel) with an inf or NaN is NaN whole now */
+    int poisoned = 0;
     for (int64_t t = bos; t < eos; t++) {
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);

@@ -12,9 +12,11 @@
  *     o     <- scale · Sᵀ q
  * State slots: read from kda_state_slot (1-D state_indices, or 2-D: the slot of the last accepted token);
  * written after the last token (1-D), or after every token t to state_indices[n][t] (2-D).
- * Non-finite inputs (docs/ALGORITHM.md, the contract): a non-finite initial state, or a non-finite q, k, v,
- * gate (after the clamp) or β of token t sets S to NaN before token t, so o_t, every later output and the
- * final state are NaN while earlier outputs are untouched.
+ * Non-finite inputs (docs/ALGORITHM.md §7, the contract): a non-finite q, k, v, gate (after the clamp) or β of
+ * token t sets S to NaN before token t, so o_t, every later output and the final state are NaN while earlier
+ * outputs are untouched. A non-finite element in column j of the initial state (value channel j) sets that
+ * column to NaN before the first token: channel j of every output and of the final state is NaN, and the other
+ * channels, which never read column j, are as without it.
  * Readable over fast: every other backend is checked against this file.
  */
 #include <math.h>
@@ -70,9 +72,18 @@ static int all_finite(const double *x, int n) {
     return 1;
 }
 
-/* The initial state of value head h of sequence n into S (K×V, K-major): its slot's, or zeros. Returns 1 when it
- * holds a non-finite value (the sequence is then poisoned from its first token). */
-int kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S) {
+void kda_reference_poison_columns(double *S, int K, int V) {
+    for (int j = 0; j < V; j++) {
+        int bad = 0;
+        for (int i = 0; i < K; i++) bad |= !isfinite(S[i * V + j]);
+        if (bad)
+            for (int i = 0; i < K; i++) S[i * V + j] = NAN;
+    }
+}
+
+/* The initial state of value head h of sequence n into S (K×V, K-major): its slot's, or zeros; a column with a
+ * non-finite element is NaN whole (value channel j poisoned from the first token). */
+void kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     const int64_t slot = kda_state_slot(p, n);
@@ -83,7 +94,7 @@ int kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S) {
     } else {
         memset(S, 0, sizeof(double) * (size_t)K * V);
     }
-    return !all_finite(S, K * V);
+    kda_reference_poison_columns(S, K, V);
 }
 
 /* Token t's inputs for value head h, as the oracle uses them: q, k (l2-normalised with use_qk_l2norm), v, the log
@@ -135,9 +146,9 @@ static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, dou
     const int64_t slot = kda_state_slot(p, n);
     const int per_token_slots = a->state_indices && a->state_indices_cols > 0;
 
-    /* S <- initial state, or zeros. A non-finite initial state poisons the sequence (docs: the non-finite
-       input contract): every output and the final state are NaN. */
-    int poisoned = kda_ref_initial_state(p, n, h, S);
+    /* S <- initial state, or zeros; a column with a non-finite element is NaN (the non-finite contract) */
+    kda_ref_initial_state(p, n, h, S);
+    int poisoned = 0;
 
     for (int64_t t = bos; t < t_end; t++) {
         if (kda_ref_token(p, t, h, q, k, v, gate, beta)) poisoned = 1;

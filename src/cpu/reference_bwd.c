@@ -174,6 +174,7 @@ static void ref_bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
     } else {
         memset(S0, 0, sizeof(double) * (size_t)KV);
     }
+    kda_reference_poison_columns(S0, K, V); /* as the forward: a non-finite column is NaN whole */
     for (int64_t blk = 0; blk < nb; blk++) {
         memcpy(s->blk, s->ckpt + blk * KV, sizeof(double) * (size_t)KV);
         const int64_t t1 = bos + (blk + 1) * RB < eos ? bos + (blk + 1) * RB : eos;

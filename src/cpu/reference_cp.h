@@ -14,9 +14,10 @@
 
 /* ---- reference.c ------------------------------------------------------------------------------------------ */
 
-/* The initial state of value head h of sequence n (its slot's, zeros without one) into S. Returns 1 when it holds
- * a non-finite value (the sequence is then poisoned from its first token). */
-int kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S);
+/* The initial state of value head h of sequence n (its slot's, zeros without one) into S, each column (value
+ * channel) that holds a non-finite value set to NaN whole (kda_reference_poison_columns: the non-finite contract,
+ * docs/ALGORITHM.md §7; the maps of reference_cp.c keep it in its column). */
+void kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S);
 
 /* Token t's inputs for value head h exactly as the oracle uses them (l2norm, in-kernel gate and clamp, β
  * sigmoid): q, k, gate K each, v V, beta 1 (V with beta_headwise). Returns 1 when the token poisons. */

@@ -67,6 +67,20 @@ KDA_INLINE int kda_cpu_all_finite(const float *x, int64_t n) {
     return !bad;
 }
 
+/* Step 2 of the contract for the initial state, K×V (row i = key channel, column j = value channel j): a
+ * column holding an inf or NaN is set to NaN whole, the other columns are left as they are. The recurrence
+ * never mixes columns, so value channel j of o and of the final state is then NaN for every token, and the other
+ * channels are computed as if column j were absent. */
+KDA_INLINE void kda_cpu_poison_columns(float *S, int K, int V) {
+    if (kda_cpu_all_finite(S, (int64_t)K * V)) return;
+    unsigned char bad[KDA_MAX_HEAD_DIM] = {0};
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < V; j++) bad[j] |= !isfinite(S[(size_t)i * V + j]);
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < V; j++)
+            if (bad[j]) S[(size_t)i * V + j] = NAN;
+}
+
 /* Step 2 of the contract: 1 when token t poisons its (sequence, value head): a non-finite q, k (after l2norm),
  * v, log decay (after the gate transform and the clamp) or β (after its sigmoid). */
 KDA_INLINE int kda_cpu_token_poisons(const float *q, const float *k, const float *v, const float *gate, float beta,

@@ -1,8 +1,10 @@
 /*
- * The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs"), checked on one
+ * The non-finite input contract (docs/ALGORITHM.md §7, "Non-finite and out-of-range inputs"), checked on one
  * backend: every input class of the table (finite, huge ±1e30, ±inf, NaN) in q, k, v, g, β and the initial
- * state, injected at one token, through kda_forward and kda_decode, against the backend's own clean run and the
- * fp64 oracle. Shared by the CPU test (host memory) and the GPU test (the runner copies to the device).
+ * state, injected at one token (the initial state: one element, which poisons its value channel), through
+ * kda_forward and kda_decode, against the backend's own clean run and the fp64 oracle, with the states K-first
+ * and V-first, per sequence and in a pool (state_indices). Shared by the CPU test (host memory) and the GPU test
+ * (the runner copies to the device).
  */
 #ifndef KDA_TEST_CONTRACT_H
 #define KDA_TEST_CONTRACT_H
@@ -20,12 +22,15 @@ typedef struct {
     double tol;       /* finite outputs against the fp64 oracle (relative to the largest |o|) */
     double same_tol;  /* outputs that must not change against this backend's clean run (same, relative) */
     int known_gaps;   /* classes not checked, each with a message (issue 15's closing note):
-                         1: kda_decode with a non-finite initial state (the CUDA decode kernel poisons only the
-                            value tile that holds it); 2: kda_forward with any non-finite or huge input (the CUDA chunked
-                            kernels do not poison yet: a first version cost 8-19% of the forward's time) */
+                         2: kda_forward with a non-finite or huge q, k, v, g or β (the CUDA chunked kernels do
+                            not poison yet: a first version cost 8-19% of the forward's time);
+                         4: kda_forward with a non-finite or huge initial state (the CUDA chunked kernels do not
+                            set a non-finite column to NaN yet). (1, kda_decode with a non-finite initial state,
+                            is retired: the CUDA decode kernel poisons per value channel now.) */
 } kda_contract_backend_t;
 
-/* Check every class at tokens `t` of sequence 0 (a 70-token sequence beside a 9-token one); CHECKs inside. */
+/* Check every class at token `t` of sequence 0 (a 70-token sequence beside a 9-token one), in each of the four
+ * state configurations; CHECKs inside. */
 void kda_contract_check(const kda_contract_backend_t *be, int t);
 
 #endif /* KDA_TEST_CONTRACT_H */

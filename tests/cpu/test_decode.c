@@ -365,9 +365,10 @@ TEST(decode_beta_headwise_vs_oracle) {
     kda_synth_free(&s);
 }
 
-/* The non-finite contract on the decode paths: a NaN or inf input of token 2 (or an inf in the initial state)
- * makes o from that token on and the final state NaN; tokens before are exactly the clean run's. A +inf gate
- * clamps to 0 (no decay) and stays finite. */
+/* The non-finite contract on the decode paths: a NaN or inf input of token 2 makes o from that token on and the
+ * final state NaN; tokens before are exactly the clean run's. An inf in the initial state (key channel 0, value
+ * channel 7 of head 0) makes value channel 7 of head 0 NaN (o of every token, column 7 of the final state), and
+ * every other element exactly the clean run's. A +inf gate clamps to 0 (no decay) and stays finite. */
 static void check_poison(kda_context_t *ctx, int what) {
     kda_synth_config_t c;
     kda_synth_defaults(&c);
@@ -382,15 +383,17 @@ static void check_poison(kda_context_t *ctx, int what) {
     kda_synth_t s;
     kda_args_t a;
     CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    CHECK(!a.state_v_first, "the synthesiser's default layout is K-first");
     CHECK(kda_run_host(ctx, &a, KDA_ALGO_DECODE) == KDA_STATUS_SUCCESS, "clean: %s", kda_last_error());
-    float *clean = (float *)malloc(s.o_bytes);
+    float *clean = (float *)malloc(s.o_bytes), *clean_ht = (float *)malloc(sizeof(float) * 2 * 16 * 16);
     memcpy(clean, s.o, s.o_bytes);
+    memcpy(clean_ht, s.ht, sizeof(float) * 2 * 16 * 16);
     const int per_tok = c.hv * c.v;
     switch (what) {
     case 0: ((float *)s.v)[2 * per_tok + 3] = NAN; break;                 /* v of token 2, head 0 */
     case 1: ((float *)s.q)[2 * c.k + 1] = INFINITY; break;                /* q of token 2 */
     case 2: ((float *)s.g)[2 * c.hv * c.k + 5] = NAN; break;              /* gate of token 2, head 0 */
-    case 3: ((float *)s.h0)[7] = INFINITY; break;                         /* initial state of head 0 */
+    case 3: ((float *)s.h0)[7] = INFINITY; break;                         /* initial state of head 0: (0, 7) */
     case 4: ((float *)s.g)[2 * c.hv * c.k + 5] = INFINITY; break;         /* +inf gate: clamped to 0 */
     }
     CHECK(kda_run_host(ctx, &a, KDA_ALGO_DECODE) == KDA_STATUS_SUCCESS, "poisoned: %s", kda_last_error());
@@ -401,24 +404,31 @@ static void check_poison(kda_context_t *ctx, int what) {
             for (int j = 0; j < c.v; j++) {
                 const float x = o[(t * c.hv + h) * c.v + j], y = clean[(t * c.hv + h) * c.v + j];
                 if (what == 4) CHECK(isfinite(x), "+inf gate: o[%d][%d][%d] = %g", t, h, j, x);
-                else if (h < hp && t >= first) CHECK(isnan(x), "o[%d][%d][%d] = %g, expected NaN", t, h, j, x);
+                else if (h < hp && t >= first && (what != 3 || j == 7))
+                    CHECK(isnan(x), "o[%d][%d][%d] = %g, expected NaN", t, h, j, x);
                 else
                     CHECK(memcmp(&x, &y, 4) == 0, "o[%d][%d][%d] = %g changed (clean %g)", t, h, j, x, y);
             }
     const float *ht = (const float *)s.ht;
     for (int i = 0; i < c.k * c.v; i++) {
         if (what == 4) CHECK(isfinite(ht[i]), "+inf gate: final state not finite");
+        else if (what == 3)
+            CHECK(i % c.v == 7 ? isnan(ht[i]) : memcmp(ht + i, clean_ht + i, 4) == 0,
+                  "final state element %d of head 0: %g (clean %g; NaN exactly in column 7)", i, ht[i], clean_ht[i]);
         else CHECK(isnan(ht[i]) && (hp == 2 ? isnan(ht[c.k * c.v + i]) : isfinite(ht[c.k * c.v + i])),
                    "final state element %d: %g / %g", i, ht[i], ht[c.k * c.v + i]);
+        if (what == 3)
+            CHECK(memcmp(ht + c.k * c.v + i, clean_ht + c.k * c.v + i, 4) == 0, "final state of head 1 changed");
     }
     free(clean);
+    free(clean_ht);
     kda_synth_free(&s);
 }
 
 TEST(decode_nonfinite_v_poisons_later_tokens) { check_poison(cpu(), 0); check_poison(kda_test_reference(), 0); }
 TEST(decode_nonfinite_q_poisons_state) { check_poison(cpu(), 1); check_poison(kda_test_reference(), 1); }
 TEST(decode_nan_gate_poisons) { check_poison(cpu(), 2); check_poison(kda_test_reference(), 2); }
-TEST(decode_nonfinite_initial_state_poisons) { check_poison(cpu(), 3); check_poison(kda_test_reference(), 3); }
+TEST(decode_nonfinite_initial_state_poisons_its_channel) { check_poison(cpu(), 3); check_poison(kda_test_reference(), 3); }
 TEST(decode_inf_gate_clamped) { check_poison(cpu(), 4); check_poison(kda_test_reference(), 4); }
 
 /* The distinct-slot check is linear, for any N: 20000 one-token sequences, a duplicate at the two ends. */

@@ -502,15 +502,17 @@ TEST(gpu_bwd_not_supported_yet) {
 
 /* ---------------------------------------------------------------------------------------------------------
  * The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs") on CUDA: kda_forward
- * and kda_decode on every input class of the table, against their own clean runs and the fp64 oracle
- * (tests/common/contract.c; the CPU backends run the same check in contract_cpu_forward_decode_agree).
+ * and kda_decode on every input class of the table, in both state layouts and with a state pool, against their
+ * own clean runs and the fp64 oracle (tests/common/contract.c; the CPU backends run the same check in
+ * contract_cpu_forward_decode_agree). kda_forward's non-finite classes are known gaps (2, 4 in contract.h).
  * ------------------------------------------------------------------------------------------------------- */
 static kda_status_t run_cuda(void *user, const kda_args_t *h, kda_algo_t algo) {
     (void)user;
     const int64_t T = h->batch * h->seq_len, HQK = h->num_qk_heads, HV = h->num_v_heads, K = h->head_dim_k,
                   V = h->head_dim_v, N = h->cu_seqlens ? h->num_seqs : h->batch; /* float32 tensors only */
+    const int64_t slots = h->state_indices ? h->num_state_slots : N; /* 1-D state_indices only */
     const size_t qb = (size_t)(T * HQK * K) * 4, vb = (size_t)(T * HV * V) * 4, gb = (size_t)(T * HV * K) * 4,
-                 bb = (size_t)(T * HV) * 4, sb = (size_t)(N * HV * K * V) * 4;
+                 bb = (size_t)(T * HV) * 4, sb = (size_t)(slots * HV * K * V) * 4;
     kda_args_t d = *h;
     d.q = to_dev(h->q, qb);
     d.k = to_dev(h->k, qb);
@@ -520,6 +522,7 @@ static kda_status_t run_cuda(void *user, const kda_args_t *h, kda_algo_t algo) {
     d.o = to_dev(h->o, vb);
     d.initial_state = to_dev(h->initial_state, sb);
     d.final_state = to_dev(h->final_state, sb);
+    if (h->state_indices) d.state_indices = (const int32_t *)to_dev(h->state_indices, (size_t)N * sizeof(int32_t));
     if (h->cu_seqlens) {
         d.cu_seqlens = to_dev(h->cu_seqlens, (size_t)(N + 1) * kda_dtype_size(h->cu_seqlens_dtype));
         d.cu_seqlens_host = h->cu_seqlens;
@@ -547,13 +550,14 @@ static kda_status_t run_cuda(void *user, const kda_args_t *h, kda_algo_t algo) {
     cudaFree((void *)d.initial_state);
     cudaFree(d.final_state);
     cudaFree((void *)d.cu_seqlens);
+    cudaFree((void *)d.state_indices);
     return st;
 }
 
 TEST(gpu_contract_forward_decode_agree) {
     (void)gpu();
     for (int kd = 64; kd <= 128; kd += 64) {
-        kda_contract_backend_t be = {kd == 64 ? "cuda K=64" : "cuda K=128", run_cuda, NULL, kd, 2e-2, 1e-3, 1 | 2};
+        kda_contract_backend_t be = {kd == 64 ? "cuda K=64" : "cuda K=128", run_cuda, NULL, kd, 2e-2, 1e-3, 2 | 4};
         kda_contract_check(&be, 30);
         kda_contract_check(&be, 66);
     }
