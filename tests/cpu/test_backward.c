@@ -563,6 +563,86 @@ TEST(bwd_cpu_deterministic) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * The non-finite contract in the backward (docs/ALGORITHM.md §7): both backward backends set a column of the
+ * initial state holding an inf or NaN to NaN, as the forward does, then differentiate. Column j of every S_t
+ * is then NaN, so the gradients that pass through S — dq, dk, dg, dβ of every token of that (sequence, head),
+ * and its dA_log, ddt_bias — are NaN, while dv and d_initial_state (the backward's dS never reads S) and every
+ * other head and sequence are exactly the clean run's; +inf, −inf and NaN give the same bytes.
+ * ------------------------------------------------------------------------------------------------------- */
+static void nonfinite_state_case(int v_first, int pool) {
+    static const int64_t lens[] = {70, 9};
+    kda_synth_config_t cfg = medium(0);
+    cfg.num_seqs = 2;
+    cfg.seqlens = lens;
+    cfg.state_v_first = v_first;
+    cfg.gate = KDA_GATE_SOFTPLUS;
+    cfg.l2norm = 1;
+    const int K = cfg.k, V = cfg.v, HQK = cfg.hqk, HV = cfg.hv, G = HV / HQK;
+    static const float values[] = {INFINITY, -INFINITY, NAN};
+    for (int be = 0; be < 2; be++) {
+        kda_context_t *ctx = be ? cpu_ctx(2) : kda_test_reference();
+        const char *name = be ? "cpu" : "reference";
+        case_t clean, first;
+        make_case(&clean, &cfg, 1, pool);
+        CHECK(run_backward(ctx, &clean.b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        for (int vi = 0; vi < 3; vi++) {
+            case_t x;
+            make_case(&x, &cfg, 1, pool);
+            const int64_t slot = pool ? x.idx[0] : 0, i = 3, j = 7; /* sequence 0, head 0, element (3, 7) */
+            const int64_t at = slot * HV * K * V + (v_first ? j * K + i : i * V + j);
+            kda_store_f32((void *)x.a.initial_state, cfg.initial_state_dtype, at, values[vi]);
+            CHECK(run_backward(ctx, &x.b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+            const int64_t T0 = lens[0]; /* the tokens of sequence 0 */
+            struct {
+                const char *name;
+                const float *x, *c;
+                int64_t n, per_tok, heads, width; /* per token: heads × width; per_tok 0: not per token */
+                int qk;                           /* indexed by query/key head */
+            } out[] = {{"dq", x.dq, clean.dq, x.nq, 1, HQK, K, 1},    {"dk", x.dk, clean.dk, x.nq, 1, HQK, K, 1},
+                       {"dv", x.dv, clean.dv, x.nv, 1, HV, V, 0},     {"dg", x.dg, clean.dg, x.ng, 1, HV, K, 0},
+                       {"dbeta", x.dbeta, clean.dbeta, x.nb, 1, HV, 1, 0},
+                       {"d_initial_state", x.dh0, clean.dh0, x.ns, 0, 0, 0, 0},
+                       {"dA_log", x.dA, clean.dA, HV, 0, 0, 0, 0},   {"ddt_bias", x.ddt, clean.ddt, (int64_t)HV * K, 0, 0, 0, 0}};
+            for (size_t o = 0; o < sizeof out / sizeof out[0]; o++) {
+                int64_t wrong = 0, first_bad = -1;
+                for (int64_t e = 0; e < out[o].n; e++) {
+                    int want_nan;
+                    if (out[o].per_tok) {
+                        const int64_t t = e / (out[o].heads * out[o].width), hh = e / out[o].width % out[o].heads;
+                        /* value head 0 reads query/key head 0 */
+                        want_nan = o != 2 && t < T0 && (out[o].qk ? hh == 0 / G : hh == 0);
+                    } else {
+                        want_nan = o == 6 ? e == 0 : o == 7 ? e < K : 0; /* dA_log[0], ddt_bias[0, :] */
+                    }
+                    const int ok = want_nan ? isnan(out[o].x[e]) : memcmp(out[o].x + e, out[o].c + e, 4) == 0;
+                    if (!ok && first_bad < 0) first_bad = e;
+                    wrong += !ok;
+                }
+                CHECK(wrong == 0, "%s, initial state %g at (3, 7) of head 0 (%s%s): %s: %lld elements wrong (element "
+                      "%lld: %g, clean %g)", name, (double)values[vi], v_first ? "V-first" : "K-first",
+                      pool ? ", pool" : "", out[o].name, (long long)wrong, (long long)first_bad,
+                      first_bad >= 0 ? (double)out[o].x[first_bad] : 0.0,
+                      first_bad >= 0 ? (double)out[o].c[first_bad] : 0.0);
+            }
+            if (vi == 0) {
+                first = x;
+                continue;
+            }
+            /* ±inf and NaN: the same bytes (the column is NaN before anything is computed) */
+            CHECK(memcmp(x.dq, first.dq, (size_t)x.nq * 4) == 0 && memcmp(x.dk, first.dk, (size_t)x.nq * 4) == 0 &&
+                      memcmp(x.dg, first.dg, (size_t)x.ng * 4) == 0 && memcmp(x.dA, first.dA, (size_t)HV * 4) == 0,
+                  "%s: initial state %g and inf give different gradients", name, (double)values[vi]);
+            free_case(&x);
+        }
+        free_case(&first);
+        free_case(&clean);
+    }
+}
+
+TEST(bwd_nonfinite_initial_state_kfirst) { nonfinite_state_case(0, 0); }
+TEST(bwd_nonfinite_initial_state_vfirst_pool) { nonfinite_state_case(1, 1); }
+
+/* ---------------------------------------------------------------------------------------------------------
  * Bad input: one argument broken; the status, the message names the argument, no gradient byte written
  * ------------------------------------------------------------------------------------------------------- */
 static void expect_bad(void (*mutate)(case_t *), kda_status_t want, const char *arg) {
