@@ -28,10 +28,14 @@
  * Non-finite and out-of-range inputs (docs/ALGORITHM.md §7), the same on every entry point and backend:
  *   - each log decay (g, or the in-kernel gate's result) is clamped into [-80, 0]: positive or +inf -> 0,
  *     below -80 or -inf -> -80; NaN is kept;
- *   - a token whose q, k, v, log decay or beta (after the in-kernel transforms) holds an inf or NaN, or an
- *     initial state (slot) that does, "poisons" its (sequence, value head): o of that token and of every later
- *     token, and the final state, are NaN; earlier tokens' outputs are exactly as without it; nothing else is
- *     affected (a q or k poisons the value heads of its group);
+ *   - a token whose q, k, v, log decay or beta (after the in-kernel transforms) holds an inf or NaN "poisons"
+ *     its (sequence, value head): o of that token and of every later token, and the final state, are NaN;
+ *     earlier tokens' outputs are exactly as without it; nothing else is affected (a q or k poisons the value
+ *     heads of its group);
+ *   - an inf or NaN in column j of a (sequence, value head)'s initial state (value channel j; row j of the
+ *     [V, K] block with state_v_first) makes value channel j NaN: element j of o for every token of the
+ *     sequence and column j of its final state; the other channels are exactly as without that column (the
+ *     recurrence never mixes value channels);
  *   - huge finite values whose float32 arithmetic overflows (e.g. 1e30) leave the outputs from that token on
  *     unspecified, never earlier ones;
  *   - state pool slots that no sequence names are left bit-identical.
@@ -328,6 +332,9 @@ KDA_API kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void
  * β sigmoid, scale); the gate's clamp into [-80, 0] passes no gradient where it clamps. With GVA the G value
  * heads that share a query/key head sum into its dq and dk. dA_log and ddt_bias sum over every token and
  * sequence. Gradient outputs are fully written (d_initial_state too, zeros for slots no sequence reads).
+ * A column of initial_state holding an inf or NaN is NaN as in the forward; then for that (sequence, value
+ * head) dg and dbeta of its tokens, dq and dk of its query/key head at those tokens, and its dA_log and
+ * ddt_bias are NaN, while dv and d_initial_state are as without the column (docs/ALGORITHM.md §7).
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct kda_backward_args {
     size_t struct_size;            /* sizeof(kda_backward_args_t) of the header the caller was built with */
