@@ -283,8 +283,8 @@ TEST(hard_set_num_threads_failure_message) {
 
 /* ---------------------------------------------------------------------------------------------------------
  * The contract table on the CPU backends: kda_forward (chunked) and kda_decode (recurrent) against each other
- * and the oracle, for every input class; t = 30 shares a 4-row tile with tokens 28, 29; t = 66 is in the second
- * chunk.
+ * and the oracle, for every input class, in both state layouts and with a state pool; t = 30 shares a 4-row
+ * tile with tokens 28, 29; t = 66 is in the second chunk.
  * ------------------------------------------------------------------------------------------------------- */
 static kda_status_t run_cpu(void *user, const kda_args_t *args, kda_algo_t algo) {
     return kda_run_host((kda_context_t *)user, args, algo);
@@ -294,6 +294,18 @@ TEST(contract_cpu_forward_decode_agree) {
     kda_contract_backend_t be = {"cpu", run_cpu, cpu(), 32, 1e-4, 1e-5, 0};
     kda_contract_check(&be, 30);
     kda_contract_check(&be, 66);
+}
+
+/* The chunked path's split schedule (fewer (sequence, head) tasks than threads: preps over chunks, the
+ * recurrence over column slices; 8 threads for the contract problem's 4 tasks), where a poisoned value channel
+ * lies in one slice of its head's columns. */
+TEST(contract_cpu_split_schedule) {
+    kda_context_t *ctx = NULL;
+    CHECK(kda_create(&ctx, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(kda_set_num_threads(ctx, 8) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    kda_contract_backend_t be = {"cpu, 8 threads", run_cpu, ctx, 32, 1e-4, 1e-5, 0};
+    kda_contract_check(&be, 30);
+    kda_destroy(ctx);
 }
 
 TEST(contract_reference_backend) {
