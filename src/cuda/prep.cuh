@@ -15,7 +15,7 @@
  *                      [the A warps]; Aqk → workspace
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
  *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
- *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
+ *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, fp32 forward substitution
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
  *   store_w_u          W, U → workspace
  * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
@@ -26,7 +26,7 @@
  *   R_K  bf16 [C][KD+8]   k; later each warp's Y scratch
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
- *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
+ *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II)
  *   β    fp32 [C], and 512 floats for the partial sums of the gate
  */
 #include "common.cuh"
@@ -330,17 +330,10 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
 /* ---------------------------------------------------------------------------------------------------------
  * intra_chunk_A: A and Aqk by 16×16 blocks with the split factors of ALGORITHM.md §3
  * ------------------------------------------------------------------------------------------------------- */
-/* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}, and qraw,
- * the A fragment of q itself. Off the diagonal blocks (DIAG 0): one bf16 product of k (q) and the bf16-rounded
- * exponential: two roundings, twice the error, which costs little there (docs/PERF.md, accuracy).
- * DIAG (the rows of a diagonal block): each product formed in fp32 and rounded once; and, since the diagonal
- * block's columns are its rows, the same lane's loads give its column factors too: the B fragments
- * cb[nt + 2h] of k_j e^{R − G_j} (tokens 8 nt + g of the block, k-columns 8 h + 2t) as a bf16 pair hi + lo
- * (cl: the rounding residual), and kraw, those of k itself. */
-template <int KD, int DIAG>
+/* Row factors of a 16-row block for one k-tile: A fragments of k_i e^{G_i − R} and q_i e^{G_i − R}. */
+template <int KD>
 DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int kt, int lane,
-                     uint32_t fk[4], uint32_t fq[4], uint32_t qraw[4], uint32_t cb[4], uint32_t cl[4],
-                     uint32_t kraw[4]) {
+                     uint32_t fk[4], uint32_t fq[4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -348,29 +341,13 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
         const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const float xx = G.x - Rr.x, xy = G.y - Rr.y;
-        const float ex = ex2(xx), ey = ex2(xy);
-        const uint32_t kw = *(const uint32_t *)&sK[row * S + col], qw = *(const uint32_t *)&sQ[row * S + col];
-        if (DIAG) {
-            const float2 kf = unpack_bf16(kw), qf = unpack_bf16(qw);
-            fk[r] = pack_bf16(kf.x * ex, kf.y * ey);
-            fq[r] = pack_bf16(qf.x * ex, qf.y * ey);
-            const float px = kf.x * ex2(-xx), py = kf.y * ex2(-xy);
-            cb[r] = pack_bf16(px, py);
-            const float2 h = unpack_bf16(cb[r]);
-            cl[r] = pack_bf16(px - h.x, py - h.y);
-            kraw[r] = kw;
-        } else {
-            const uint32_t e = pack_bf16(ex, ey);
-            fk[r] = mul_bf16x2(kw, e);
-            fq[r] = mul_bf16x2(qw, e);
-        }
-        qraw[r] = qw;
+        const uint32_t e = pack_bf16(ex2(G.x - Rr.x), ex2(G.y - Rr.y));
+        fk[r] = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], e);
+        fq[r] = mul_bf16x2(*(const uint32_t *)&sQ[row * S + col], e);
     }
 }
 
-/* Column factors (off the diagonal blocks) for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8
- * tokens row0..row0+7, one bf16 product of k and the bf16-rounded exponential */
+/* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7. */
 template <int KD>
 DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
                      uint32_t *b1) {
@@ -390,32 +367,22 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
 
 /* A and Aqk of the NB 16×16 blocks (rows row0.., columns col0 + 16 b..) by the split factors around reference
  * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
- * columns) on the tensor cores, into accA[b] / accQ[b]. DIAG: the last block is the diagonal block: its factors
- * rounded once, the column factors as hi + lo (two mma), and accR gets its raw products q_i·k_j (exact in fp32:
- * its diagonal is Aqk's, the largest term of o, otherwise formed from two rounded factors). */
-template <int KD, int NB, int DIAG>
+ * columns) on the tensor cores, into accA[b] / accQ[b]. */
+template <int KD, int NB>
 DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
-                           int lane, float (*accA)[2][4], float (*accQ)[2][4], float (*accR)[4]) {
+                           int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
 #pragma unroll
     for (int kt = 0; kt < KD / 16; kt++) {
-        uint32_t fk[4], fq[4], qr[4], cb[4], cl[4], kr[4];
-        row_factors<KD, DIAG>(sG, sK, sQ, R, row0, kt, lane, fk, fq, qr, cb, cl, kr);
+        uint32_t fk[4], fq[4];
+        row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
 #pragma unroll
         for (int b = 0; b < NB; b++)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                if (DIAG && b == NB - 1) {
-                    mma_bf16(accR[nt], qr, kr[nt], kr[nt + 2]);
-                    mma_bf16(accA[b][nt], fk, cl[nt], cl[nt + 2]);
-                    mma_bf16(accQ[b][nt], fq, cl[nt], cl[nt + 2]);
-                    mma_bf16(accA[b][nt], fk, cb[nt], cb[nt + 2]);
-                    mma_bf16(accQ[b][nt], fq, cb[nt], cb[nt + 2]);
-                } else {
-                    uint32_t b0, b1;
-                    col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
-                    mma_bf16(accA[b][nt], fk, b0, b1);
-                    mma_bf16(accQ[b][nt], fq, b0, b1);
-                }
+                uint32_t b0, b1;
+                col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
+                mma_bf16(accA[b][nt], fk, b0, b1);
+                mma_bf16(accQ[b][nt], fq, b0, b1);
             }
     }
 }
@@ -444,11 +411,9 @@ DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D
 }
 
 /* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
- * into the workspace, from the accumulators of its two 8-column halves; raw: Aqk's diagonal from the raw
- * products accR */
+ * into the workspace, from the accumulators of its two 8-column halves. */
 DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int I, int J, int lane,
-                     const float accA[2][4], const float accQ[2][4], const float (&accR)[2][4], int raw,
-                     int diagonal) {
+                     const float accA[2][4], const float accQ[2][4], int diagonal) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
@@ -462,8 +427,6 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
                 if (j + 1 >= i) a1 = 0.0f;
                 if (j > i) q0 = 0.0f;
                 if (j + 1 > i) q1 = 0.0f;
-                if (raw && j == i) q0 = accR[nt][2 * hr];
-                if (raw && j + 1 == i) q1 = accR[nt][2 * hr + 1];
             }
             *(float2 *)&sA[i * SA + j] = make_float2(a0, a1);
             *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
@@ -493,26 +456,16 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     }
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
     const int nf = nb - (has_diag && !split); /* blocks by factors */
-    float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}}, accR[2][4] = {{0.f}};
-    const int raw = has_diag && split; /* the last block by factors is the diagonal one */
-    if (raw) { /* the diagonal block by factors: the last of the warp's blocks */
-        if (nb == 2) blocks_by_factors<KD, 2, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
-        else blocks_by_factors<KD, 1, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
-    } else if (nf > 0) {
-        /* two blocks (nb = 2 here): off the diagonal, or the second is the diagonal one unsplit (rare:
-           KDA_DIAG_RANGE), computed as though by factors and its accumulators (inf or NaN possibly) overwritten by
-           diag_block_exact below: one instance fewer of the unrolled loop (instruction cache) */
-        blocks_by_factors<KD, 2, 0>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ, accR);
-    }
+    float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
+    if (nf == 2) blocks_by_factors<KD, 2>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ);
+    else if (nf == 1) blocks_by_factors<KD, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ);
     if (nf < nb) {
         if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[1], accQ[1]);
         else diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[0], accQ[0]);
     }
 #pragma unroll
     for (int b = 0; b < 2; b++)
-        if (b < nb)
-            store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], accR, raw && b == nb - 1,
-                        J0 + b == I);
+        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -581,8 +534,7 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
 
 /* ---------------------------------------------------------------------------------------------------------
  * invert_diag_blocks: the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one
- * block each, a column per lane), written over A's diagonal blocks less their unit diagonal, as L_II = T_II − I
- * (solve_w_u reads only A_IM, M < I, and L_II)
+ * block each, a column per lane), written over A's diagonal blocks (solve_w_u reads only A_IM, M < I)
  * ------------------------------------------------------------------------------------------------------- */
 DEV void invert_diag_blocks(float *sA, int warp, int lane) {
     const int j = lane & 15, b = 16 * warp;
@@ -597,14 +549,12 @@ DEV void invert_diag_blocks(float *sA, int warp, int lane) {
     __syncwarp();
     if (lane < 16)
 #pragma unroll
-        for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = i == j ? 0.0f : tcol[i];
+        for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = tcol[i];
 }
 
 /* ---------------------------------------------------------------------------------------------------------
  * solve_w_u: [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
- *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I = Y_I + L_II Y_I.
- * Y_I stays in fp32 in the accumulators that L_II Y_I (Y_I rounded to bf16) is added to: with T_II's unit
- * diagonal on the tensor cores, Y's bf16 rounding went straight into X (docs/PERF.md, accuracy).
+ *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I.
  * A warp owns a slab of SLAB columns of W (warps 0-3, SLAB = KD/4) or of U (warps 4-7, SLAB = VD/4), so it needs
  * no other warp. X goes to `stage` (panel layout), Y through the warp's scratch rows (stride YS).
  * ------------------------------------------------------------------------------------------------------- */
@@ -634,7 +584,7 @@ DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sB
                 mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
             }
         }
-        /* Y = β ⊙ B − acc: fp32 in acc (X's accumulators from here), bf16 rows of the warp's scratch */
+        /* Y = β ⊙ B − acc, as bf16 rows of the warp's scratch */
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
@@ -642,17 +592,18 @@ DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sB
                 const int r = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
                 const float2 bb = unpack_bf16(*(const uint32_t *)&src[r * SRC_S + c]);
                 const float be = sBeta[r];
-                acc[nt][2 * hr] = be * bb.x - acc[nt][2 * hr];
-                acc[nt][2 * hr + 1] = be * bb.y - acc[nt][2 * hr + 1];
-                *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] =
+                    pack_bf16(be * bb.x - acc[nt][2 * hr], be * bb.y - acc[nt][2 * hr + 1]);
             }
         __syncwarp();
-        uint32_t a[4]; /* L_II */
+        uint32_t a[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
             a[r] = pack_bf16(v.x, v.y);
         }
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
         for (int pp = 0; pp < NTW / 2; pp++) {
             const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
