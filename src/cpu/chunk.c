@@ -31,6 +31,8 @@
 #define KDA_CPU_ISA_PORTABLE 1
 #endif
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -353,24 +355,31 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
 
 /* ---------------------------------------------------------------------------------------------------------
  * Scheduling. Many (sequence, head) tasks: one task per thread item, prep and recurrence chunk by chunk.
- * Fewer tasks than threads: each task in turn, by windows of KDA_CPU_WINDOW chunks, pipelined: one pool run
- * per window holds the window's recurrence over column slices (one item per slice, first) and the next
- * window's preps (one item per chunk) into the other of two prep buffers; one barrier per window.
+ * Fewer tasks than threads: each task in turn, on every thread at once, in one pool run without barriers
+ * (the flow schedule). Thread item r < nslices owns the column slice r of the recurrence and runs it chunk by
+ * chunk; the preps go to whichever thread is free: a thread whose next chunk is not prepared yet claims the
+ * next unprepared chunk (an atomic counter) and prepares it into a ring of KDA_CPU_RING prep buffers, so the
+ * preps spread over the threads and run ahead of the recurrence by up to the ring. A ring slot is reused once
+ * every slice has run the chunk it held. Thread items past nslices (more threads than slices) only prepare.
  * Every output element is computed by the same operations in the same order on both schedules and for any
  * slicing (gemm.h: one FMA chain per element), so results do not depend on the thread count.
  * ------------------------------------------------------------------------------------------------------- */
-#define KDA_CPU_WINDOW 16
+#define KDA_CPU_RING 16
+#define KDA_CPU_MAX_SLICES 64
 
 typedef struct {
     const kda_problem_t *p;
-    char *ws;           /* per-thread scratch, then (split schedule) the window's preps and the state */
+    char *ws;           /* per-thread scratch, then (flow schedule) the prep ring and the state */
     size_t per_thread;  /* bytes */
-    size_t per_prep;    /* bytes */
-    /* split schedule: the current task; the window whose recurrence runs (rec_*) and the one prepared */
-    int64_t n, bos, eos, rec_t, prep_t0;
-    int h, slice_w, nslices, rec_n, prep_n;
-    prep_t *rec_preps, *prep_preps;
+    /* flow schedule: the current task */
+    int64_t bos, eos, nchunks;
+    int h, slice_w, nslices;
+    prep_t *ring;       /* KDA_CPU_RING preps */
     float *S;
+    atomic_int_fast64_t next_prep;             /* the next chunk to prepare */
+    atomic_int_fast64_t ready[KDA_CPU_RING];   /* the chunk whose prep a slot holds, -1 none */
+    atomic_int_fast64_t done[KDA_CPU_MAX_SLICES]; /* chunks whose recurrence slice r has run */
+    atomic_int_fast64_t stop;                  /* 1 + the chunk with a poisoned row (0 none) */
 } job_t;
 
 static void task_whole(void *arg, int64_t item, int thread) {
@@ -403,37 +412,75 @@ static void task_whole(void *arg, int64_t item, int thread) {
     kda_cpu_store_state(p, slot, h, s.S);
 }
 
-/* Items [0, rec_n ? nslices : 0): column slices of the window rec_*; then prep_n preps of the window prep_*. */
-static void task_pipe(void *arg, int64_t item, int thread) {
-    const job_t *job = (const job_t *)arg;
+KDA_INLINE void spin_pause(unsigned *spins) {
+    if (++*spins % 1024 == 0) {
+        sched_yield(); /* the machine may be oversubscribed: let the thread we wait for run */
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Prepare the next unprepared chunk if its ring slot is free; 1 if a prep was done or claimed by another
+ * thread meanwhile (try again at once), 0 if there is nothing to prepare now. */
+static int flow_try_prep(job_t *job, scratch_t *s) {
+    const int64_t ci = atomic_load_explicit(&job->next_prep, memory_order_relaxed);
+    if (ci >= job->nchunks || atomic_load_explicit(&job->stop, memory_order_relaxed)) return 0;
+    for (int r = 0; r < job->nslices; r++) /* the slot's previous chunk, ci - RING, run by every slice */
+        if (atomic_load_explicit(&job->done[r], memory_order_acquire) <= ci - KDA_CPU_RING) return 0;
+    int_fast64_t expect = ci;
+    if (!atomic_compare_exchange_strong(&job->next_prep, &expect, ci + 1)) return 1;
+    const int64_t t0 = job->bos + ci * KDA_CHUNK;
+    const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+    chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h);
+    atomic_store_explicit(&job->ready[ci % KDA_CPU_RING], ci, memory_order_release);
+    return 1;
+}
+
+static void task_flow(void *arg, int64_t item, int thread) {
+    job_t *job = (job_t *)arg;
     const kda_problem_t *p = job->p;
     const int V = p->a.head_dim_v;
     scratch_t s;
     carve((float *)(job->ws + (size_t)thread * job->per_thread), p->a.head_dim_k, V, &s);
-    const int nrec = job->rec_n ? job->nslices : 0;
-    if (item < nrec) {
-        const int j0 = (int)item * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
-        for (int ci = 0; ci < job->rec_n; ci++) {
-            const int64_t t0 = job->rec_t + (int64_t)ci * KDA_CHUNK;
-            const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-            chunk_recurrence(p, &job->rec_preps[ci], job->S, j0, w, s.D, s.O, t0, c, job->h);
-        }
-    } else {
-        const int64_t ci = item - nrec, t0 = job->prep_t0 + ci * KDA_CHUNK;
+    unsigned spins = 0;
+    if (item >= job->nslices) { /* a thread without a slice: preps while there are any */
+        while (atomic_load_explicit(&job->next_prep, memory_order_relaxed) < job->nchunks &&
+               !atomic_load_explicit(&job->stop, memory_order_relaxed))
+            if (!flow_try_prep(job, &s)) spin_pause(&spins);
+        return;
+    }
+    const int r = (int)item, j0 = r * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
+    for (int64_t ci = 0; ci < job->nchunks; ci++) {
+        const prep_t *pr = &job->ring[ci % KDA_CPU_RING];
+        while (atomic_load_explicit(&job->ready[ci % KDA_CPU_RING], memory_order_acquire) != ci)
+            if (!flow_try_prep(job, &s)) spin_pause(&spins);
+        const int64_t t0 = job->bos + ci * KDA_CHUNK;
         const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-        chunk_prep(p, &s, &job->prep_preps[ci], t0, c, job->h);
+        chunk_recurrence(p, pr, job->S, j0, w, s.D, s.O, t0, c, job->h);
+        const int bad = pr->bad < c;
+        atomic_store_explicit(&job->done[r], ci + 1, memory_order_release);
+        if (bad) { /* every slice stops after this chunk (each reads the same flag) */
+            atomic_store_explicit(&job->stop, ci + 1, memory_order_relaxed);
+            return;
+        }
     }
 }
 
-/* The split schedule when there are fewer (sequence, head) tasks than threads and more than one thread. */
+/* The flow schedule when there are fewer (sequence, head) tasks than threads and more than one thread. */
 static int split_schedule(const kda_context_t *ctx, const kda_problem_t *p) {
     return ctx->num_threads > 1 && p->num_seqs * p->a.num_v_heads < ctx->num_threads;
 }
 
-/* Column slices of the split schedule: as many as threads, a multiple of KDA_GEMM_NR floats wide. */
+/* Column slices of the flow schedule: as many as threads (at most KDA_CPU_MAX_SLICES), a multiple of
+ * KDA_GEMM_NR floats wide. */
 static int slice_width(const kda_context_t *ctx, const kda_problem_t *p) {
     const int V = p->a.head_dim_v, nr = KDA_GEMM_NR;
-    int w = (V + ctx->num_threads - 1) / ctx->num_threads;
+    const int n = ctx->num_threads < KDA_CPU_MAX_SLICES ? ctx->num_threads : KDA_CPU_MAX_SLICES;
+    int w = (V + n - 1) / n;
     w = (w + nr - 1) / nr * nr;
     return w < V ? w : V;
 }
@@ -451,7 +498,7 @@ static size_t per_prep_bytes(const kda_problem_t *p) {
 __attribute__((unused)) static size_t workspace_bytes(const kda_context_t *ctx, const kda_problem_t *p) {
     size_t b = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
     if (split_schedule(ctx, p))
-        b += 2 * KDA_CPU_WINDOW * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
+        b += KDA_CPU_RING * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
     return b;
 }
 
@@ -467,43 +514,36 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     }
     const int K = p->a.head_dim_k, V = p->a.head_dim_v;
     char *base = job.ws + (size_t)ctx->num_threads * job.per_thread;
-    job.per_prep = per_prep_bytes(p);
-    prep_t preps[2][KDA_CPU_WINDOW];
-    for (int b = 0; b < 2; b++)
-        for (int i = 0; i < KDA_CPU_WINDOW; i++)
-            carve_prep((float *)(base + (b * KDA_CPU_WINDOW + i) * job.per_prep), K, V, &preps[b][i]);
-    job.S = (float *)(base + 2 * KDA_CPU_WINDOW * job.per_prep);
+    const size_t per_prep = per_prep_bytes(p);
+    prep_t ring[KDA_CPU_RING];
+    for (int i = 0; i < KDA_CPU_RING; i++) carve_prep((float *)(base + i * per_prep), K, V, &ring[i]);
+    job.ring = ring;
+    job.S = (float *)(base + KDA_CPU_RING * per_prep);
     job.slice_w = slice_width(ctx, p);
     job.nslices = (V + job.slice_w - 1) / job.slice_w;
-    const int64_t win = (int64_t)KDA_CPU_WINDOW * KDA_CHUNK;
     for (int64_t item = 0; item < p->num_seqs * p->a.num_v_heads; item++) {
-        job.n = item / p->a.num_v_heads;
+        const int64_t n = item / p->a.num_v_heads;
         job.h = (int)(item % p->a.num_v_heads);
-        kda_seq_bounds(p, job.n, &job.bos, &job.eos);
-        const int64_t slot = kda_state_slot(p, job.n);
+        kda_seq_bounds(p, n, &job.bos, &job.eos);
+        const int64_t slot = kda_state_slot(p, n);
         kda_cpu_load_state(p, slot, job.h, job.S);
         /* non-finite contract: a non-finite column of the initial state is NaN (kda_cpu_load_state) and stays
            in its column; a chunk's poisoned row poisons from the end of that chunk (its own rows are NaN from
-           the row on), the later chunks' outputs written as NaN over whatever the window computed for them */
+           the row on) */
         int poisoned = 0;
         int64_t nan_from = job.eos; /* tokens from here on are NaN without arithmetic */
-        /* window w's recurrence beside window w+1's preps; w = -1 only prepares window 0 */
-        for (int64_t w = -1; !poisoned && job.bos + w * win < job.eos; w++) {
-            const int64_t rt = job.bos + w * win, pt = rt + win;
-            job.rec_t = rt;
-            job.rec_n = w < 0 ? 0 : (int)((job.eos - rt < win ? job.eos - rt : win) + KDA_CHUNK - 1) / KDA_CHUNK;
-            job.rec_preps = preps[(w + 2) % 2];
-            job.prep_t0 = pt;
-            job.prep_n = pt < job.eos ? (int)((job.eos - pt < win ? job.eos - pt : win) + KDA_CHUNK - 1) / KDA_CHUNK : 0;
-            job.prep_preps = preps[(w + 3) % 2];
-            kda_pool_run(ctx->pool, (job.rec_n ? job.nslices : 0) + job.prep_n, task_pipe, &job);
-            for (int ci = 0; ci < job.rec_n && !poisoned; ci++) {
-                const int64_t t0 = rt + (int64_t)ci * KDA_CHUNK;
-                const int c = job.eos - t0 < KDA_CHUNK ? (int)(job.eos - t0) : KDA_CHUNK;
-                if (job.rec_preps[ci].bad < c) {
-                    poisoned = 1;
-                    nan_from = t0 + c;
-                }
+        if (job.eos > job.bos) {
+            job.nchunks = (job.eos - job.bos + KDA_CHUNK - 1) / KDA_CHUNK;
+            atomic_store(&job.next_prep, 0);
+            atomic_store(&job.stop, 0);
+            for (int i = 0; i < KDA_CPU_RING; i++) atomic_store(&job.ready[i], -1);
+            for (int r = 0; r < job.nslices; r++) atomic_store(&job.done[r], 0);
+            kda_pool_run(ctx->pool, ctx->num_threads, task_flow, &job);
+            const int64_t stop = atomic_load(&job.stop);
+            if (stop) {
+                poisoned = 1;
+                nan_from = job.bos + stop * KDA_CHUNK;
+                nan_from = nan_from < job.eos ? nan_from : job.eos;
             }
         }
         if (poisoned) {

@@ -424,10 +424,12 @@ TEST(fwd_threads_bitwise_equal) {
  * parallel over chunks, recurrence over column slices); its outputs and states must be the bits of the one-task-
  * per-thread schedule (1 thread), for any thread count, across several windows of chunks and a ragged end.
  * ------------------------------------------------------------------------------------------------------- */
-static void threads_bitwise(kda_synth_config_t c, const int *threads, int nthreads) {
+static void threads_bitwise_nan(kda_synth_config_t c, const int *threads, int nthreads, int64_t nan_v_token) {
     kda_synth_t s;
     kda_args_t a;
     CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    if (nan_v_token >= 0) /* a NaN v element at this token of head 0: the head's outputs are NaN from it on */
+        kda_synth_poison((char *)s.v + (size_t)nan_v_token * c.hv * c.v * (c.dtype == KDA_FLOAT32 ? 4 : 2), c.dtype, 1);
     void *o1 = malloc(s.o_bytes), *h1 = malloc(s.ht_bytes ? s.ht_bytes : 1);
     for (int i = 0; i < nthreads; i++) {
         kda_context_t *ctx = NULL;
@@ -436,6 +438,15 @@ static void threads_bitwise(kda_synth_config_t c, const int *threads, int nthrea
         kda_synth_poison(s.o, c.o_dtype, (int64_t)(s.o_bytes / (c.o_dtype == KDA_FLOAT32 ? 4 : 2)));
         CHECK(kda_run_host(ctx, &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%d threads: %s", threads[i],
               kda_last_error());
+        if (nan_v_token >= 0) { /* head 0: finite before the chunk of the token, NaN from the token on */
+            const int64_t row = (int64_t)c.hv * c.v, ob = c.o_dtype == KDA_FLOAT32 ? 4 : 2;
+            const int64_t clean = nan_v_token / 64 * 64;
+            CHECK(kda_count_nonfinite(s.o, c.o_dtype, clean * row) == 0, "%d threads: NaN before token %lld",
+                  threads[i], (long long)clean);
+            for (int64_t t = nan_v_token; t < c.seq_len; t++)
+                CHECK(kda_count_nonfinite((char *)s.o + (size_t)(t * row * ob), c.o_dtype, c.v) == c.v,
+                      "%d threads: token %lld of head 0 not NaN", threads[i], (long long)t);
+        }
         if (i == 0) {
             memcpy(o1, s.o, s.o_bytes);
             if (s.ht_bytes) memcpy(h1, s.ht, s.ht_bytes);
@@ -452,6 +463,10 @@ static void threads_bitwise(kda_synth_config_t c, const int *threads, int nthrea
     kda_synth_free(&s);
 }
 
+static void threads_bitwise(kda_synth_config_t c, const int *threads, int nthreads) {
+    threads_bitwise_nan(c, threads, nthreads, -1);
+}
+
 TEST(fwd_threads_bitwise_single_seq) {
     kda_synth_config_t c = base();
     c.batch = 1;
@@ -466,6 +481,19 @@ TEST(fwd_threads_bitwise_single_seq) {
     c.seq_len = 300;
     c.dtype = c.g_dtype = c.o_dtype = KDA_BFLOAT16;
     threads_bitwise(c, th, 5);
+}
+
+/* A poisoned token in a long single sequence: every thread count stops the recurrence at its chunk and writes
+ * the same NaN rows and NaN final state. */
+TEST(fwd_threads_bitwise_poisoned) {
+    kda_synth_config_t c = base();
+    c.batch = 1;
+    c.seq_len = 40 * 64 + 5;
+    c.hqk = c.hv = 1;
+    static const int th[] = {1, 2, 3, 9};
+    threads_bitwise_nan(c, th, 4, 21 * 64 + 30);
+    threads_bitwise_nan(c, th, 4, 3);
+    threads_bitwise_nan(c, th, 4, c.seq_len - 1);
 }
 
 TEST(fwd_threads_bitwise_few_heads) {
