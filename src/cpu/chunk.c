@@ -62,6 +62,7 @@ typedef struct {
     float *q, *k, *G;         /* C×K: normalised q, k; cumulative gate */
     float *v, *beta;          /* C×V (β v after prep), C */
     float *A, *Tinv;          /* C×C */
+    float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero) */
     float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×16 factors of 16 columns */
     float *bk;                /* C×K: β k ⊙ e^{G} */
     float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
@@ -99,6 +100,8 @@ static size_t carve(float *base, int K, int V, scratch_t *s) {
     TAKE(s->beta, C);
     TAKE(s->A, C * C);
     TAKE(s->Tinv, C * C);
+    TAKE(s->kT, C * K);
+    TAKE(s->GT, C * K);
     TAKE(s->fa, C * K);
     TAKE(s->fq, C * K);
     TAKE(s->fbt, 16 * K);
@@ -138,13 +141,35 @@ KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, i
  * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk. Returns the first row that
  * poisons the head (c if none); that row and later ones are neutral.
  * ------------------------------------------------------------------------------------------------------- */
+/* Ask for the lines of n elements of dtype dt from element off of src. */
+KDA_INLINE void prefetch_elems(const void *src, kda_dtype_t dt, int64_t off, int n) {
+    const size_t es = dt == KDA_FLOAT32 ? 4 : 2;
+    const char *b = (const char *)src + (size_t)off * es, *end = b + (size_t)n * es;
+    for (const char *l = (const char *)((uintptr_t)b & ~(uintptr_t)63); l < end; l += 64) __builtin_prefetch(l);
+}
+
+/* Token t's input rows: rows lie H heads apart (a page apart and more for H ≥ 8 at K = 128 bf16), too far for
+ * the hardware prefetcher, and the per-row work between the loads leaves one row in flight without this. */
+KDA_INLINE void prefetch_token(const kda_problem_t *p, int64_t t, int h) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads, hq = h / p->group;
+    prefetch_elems(a->q, a->dtype, (t * HQK + hq) * K, K);
+    prefetch_elems(a->k, a->dtype, (t * HQK + hq) * K, K);
+    prefetch_elems(a->g, a->g_dtype, (t * HV + h) * K, K);
+    prefetch_elems(a->v, a->dtype, (t * HV + h) * V, V);
+}
+
+#define KDA_CPU_PREFETCH_ROWS 8
+
 KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
     int bad = c;
+    for (int i = 0; i < KDA_CPU_PREFETCH_ROWS && i < c; i++) prefetch_token(p, t0 + i, h);
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
+        if (i + KDA_CPU_PREFETCH_ROWS < c) prefetch_token(p, t + KDA_CPU_PREFETCH_ROWS, h);
         float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
@@ -162,6 +187,19 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
         if (i > 0)
             for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
+    /* k and G transposed for the column factors, zero past the chunk's end up to its last 16-token block */
+    const int cpad = (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB;
+    for (int i = 0; i < cpad; i++) {
+        const float *k = s->k + i * K, *G = s->G + i * K;
+        float *kT = s->kT + i, *GT = s->GT + i;
+        if (i < c)
+            for (int d = 0; d < K; d++) {
+                kT[d * KDA_CHUNK] = k[d];
+                GT[d * KDA_CHUNK] = G[d];
+            }
+        else
+            for (int d = 0; d < K; d++) kT[d * KDA_CHUNK] = GT[d * KDA_CHUNK] = 0.0f;
+    }
     return bad;
 }
 
@@ -175,7 +213,7 @@ KDA_INLINE void row_factors(scratch_t *s, int K, int i0, int i1, const float *R)
     for (int i = i0; i < i1; i++) {
         const float *G = s->G + i * K, *q = s->q + i * K, *k = s->k + i * K;
         float *fa = s->fa + i * K, *fq = s->fq + i * K, e[256];
-        kda_expf_row(e, G, R, K);
+        kda_expf_row_fin(e, G, R, K);
         for (int d = 0; d < K; d++) {
             fa[d] = k[d] * e[d];
             fq[d] = q[d] * e[d];
@@ -183,15 +221,13 @@ KDA_INLINE void row_factors(scratch_t *s, int K, int i0, int i1, const float *R)
     }
 }
 
-KDA_INLINE void col_factors(scratch_t *s, int K, int j0, int j1, const float *R) {
-    float row[256];
-    for (int j = j0; j < j1; j++) {
-        const float *G = s->G + j * K, *k = s->k + j * K;
-        kda_expf_row(row, R, G, K);
-        for (int d = 0; d < K; d++) s->fbt[d * 16 + (j - j0)] = k[d] * row[d];
+KDA_INLINE void col_factors(scratch_t *s, int K, int j0, const float *R) {
+    for (int d = 0; d < K; d++) { /* from the transposed k and G: 16 columns of one channel are contiguous */
+        const float *restrict k = s->kT + d * KDA_CHUNK + j0, *restrict G = s->GT + d * KDA_CHUNK + j0;
+        float *restrict f = s->fbt + d * 16;
+        const float r = R[d];
+        for (int j = 0; j < 16; j++) f[j] = k[j] * kda_expf_fin(r - G[j]);
     }
-    for (int j = j1 - j0; j < 16; j++)
-        for (int d = 0; d < K; d++) s->fbt[d * 16 + j] = 0.0f;
 }
 
 /* A[i][j] (β-scaled) and Aqk[i][j] (scale-scaled) for i in block [i0,i1), j in [j0,j1), from fa/fq and fbt.
@@ -224,7 +260,7 @@ KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, 
     }
     if (range <= KDA_DIAG_RANGE && !nan) {
         row_factors(s, K, b0, b1, Gm);
-        col_factors(s, K, b0, b1, Gm);
+        col_factors(s, K, b0, Gm);
         block_products(s, Aqk, K, b0, b1, b0, b1, scale);
     } else {
         for (int i = b0; i < b1; i++) {
@@ -232,7 +268,7 @@ KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, 
             for (int j = b0; j <= i; j++) {
                 const float *Gj = s->G + j * K, *kj = s->k + j * K;
                 float sa = 0.0f, sq = 0.0f, e[256];
-                kda_expf_row(e, Gi, Gj, K);
+                kda_expf_row_fin(e, Gi, Gj, K);
                 for (int d = 0; d < K; d++) {
                     sa += ki[d] * (kj[d] * e[d]);
                     sq += qi[d] * (kj[d] * e[d]);
@@ -262,7 +298,7 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
             const float *R = s->G + b0 * K;
             row_factors(s, K, b0, b1, R);
             for (int j0 = 0; j0 < b0; j0 += KDA_SUB) {
-                col_factors(s, K, j0, j0 + KDA_SUB, R);
+                col_factors(s, K, j0, R);
                 block_products(s, Aqk, K, b0, b1, j0, j0 + KDA_SUB, scale);
             }
         }
@@ -301,13 +337,13 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
     solve_unit_lower(s, c);
 
     const float *Glast = s->G + (c - 1) * K;
-    kda_expf_row(o->gamma, Glast, NULL, K);
+    kda_expf_row_fin(o->gamma, Glast, NULL, K);
     for (int i = 0; i < c; i++) {
         const float *G = s->G + i * K, *q = s->q + i * K, *k = s->k + i * K;
         float *bk = s->bk + i * K, *qg = o->QG + i * K, *kt = o->KT + i * K, e[256], f[256];
         const float b = s->beta[i];
-        kda_expf_row(e, G, NULL, K);
-        kda_expf_row(f, Glast, G, K);
+        kda_expf_row_fin(e, G, NULL, K);
+        kda_expf_row_fin(f, Glast, G, K);
         for (int d = 0; d < K; d++) {
             bk[d] = b * k[d] * e[d];
             qg[d] = scale * q[d] * e[d];

@@ -42,6 +42,31 @@ static inline float kda_expf(float x) {
     return y;
 }
 
+/* kda_expf for a finite x ≤ 88, as every exponent of the chunked path's prep is (its rows are finite, docs/
+ * ALGORITHM.md §7, and its exponents are ≤ KDA_DIAG_RANGE): the same bits as kda_expf, without its NaN and
+ * overflow selects. */
+static inline float kda_expf_fin(float x) {
+    const float lo = -87.3f;
+    const float xc = x > lo ? x : lo;
+    float t = xc * 1.44269504088896341f;
+    float n = (t + 12582912.0f) - 12582912.0f;
+    float r = xc - n * 0.693145751953125f;
+    r = r - n * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = (int32_t)n + 127;
+    uint32_t bits = (uint32_t)e << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    const float y = p * s;
+    return x < lo ? 0.0f : y;
+}
+
 /* y[d] = e^{a[d] − b[d]} (b NULL: e^{a[d]}) for d < n: kept as a loop of its own, with restrict rows, so that
  * the compilers vectorise it (inside bigger loop bodies GCC 12 gives up on kda_expf's selects). */
 static inline __attribute__((always_inline)) void kda_expf_row(float *restrict y, const float *restrict a,
@@ -50,6 +75,15 @@ static inline __attribute__((always_inline)) void kda_expf_row(float *restrict y
         for (int d = 0; d < n; d++) y[d] = kda_expf(a[d] - b[d]);
     else
         for (int d = 0; d < n; d++) y[d] = kda_expf(a[d]);
+}
+
+/* kda_expf_row for finite differences ≤ 88 (kda_expf_fin): the same bits, fewer instructions. */
+static inline __attribute__((always_inline)) void kda_expf_row_fin(float *restrict y, const float *restrict a,
+                                                                   const float *restrict b, int n) {
+    if (b)
+        for (int d = 0; d < n; d++) y[d] = kda_expf_fin(a[d] - b[d]);
+    else
+        for (int d = 0; d < n; d++) y[d] = kda_expf_fin(a[d]);
 }
 
 /* log(1 + y) for y >= 0, accurate for small y: 2 atanh(y / (2 + y)) by its odd series (y <= 1 here). */

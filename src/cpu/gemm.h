@@ -15,7 +15,7 @@
  * Register tile: KDA_GEMM_MR rows × KDA_GEMM_NV vectors of KDA_GEMM_VW floats, sized to the register file of
  * the target the including file is compiled for (accumulators + B vectors + one broadcast ≤ the registers):
  *   AVX-512 (32 zmm):      4 × 2×16   (8 accumulators)
- *   AVX/AVX2 (16 ymm):     4 × 2×8    (8 accumulators + 2 + 1 = 11)
+ *   AVX/AVX2 (16 ymm):     6 × 2×8    (12 accumulators + 2 + 1 = 15; a short last tile of 4 rows)
  *   SSE2 (16 xmm):         4 × 2×4    (8 + 2 + 1 = 11)
  *   NEON (32 q):           4 × 4×4    (16 + 4 + 1 = 21)
  The tile follows the macros of the file's compile target: a file built once for the default x86-64 target
@@ -66,10 +66,10 @@ KDA_INLINE kda_vf kda_ldv(const float *p) {
 KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
 
 /* One tile: rows a[0..MR) (row r of the tile may use l < lim[r]), NV vectors of columns from B + j. */
-#define KDA_GEMM_TILE(NVT)                                                                                   \
+#define KDA_GEMM_TILE(MRT, NVT)                                                                                   \
     do {                                                                                                     \
-        kda_vf acc[KDA_GEMM_MR][NVT];                                                                        \
-        for (int r = 0; r < KDA_GEMM_MR; r++)                                                                \
+        kda_vf acc[MRT][NVT];                                                                                \
+        for (int r = 0; r < MRT; r++)                                                                        \
             for (int u = 0; u < NVT; u++) acc[r][u] = (kda_vf){0};                                           \
         int l = 0;                                                                                           \
         for (; l < lfull; l++) {                                                                             \
@@ -77,7 +77,7 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
             kda_vf bv[NVT];                                                                                  \
             for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                              \
             const int64_t o = (int64_t)l * csa;                                                              \
-            for (int r = 0; r < KDA_GEMM_MR; r++) {                                                          \
+            for (int r = 0; r < MRT; r++) {                                                                  \
                 const float x = ar[r][o];                                                                    \
                 for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                        \
             }                                                                                                \
@@ -87,7 +87,7 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
             kda_vf bv[NVT];                                                                                  \
             for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                              \
             const int64_t o = (int64_t)l * csa;                                                              \
-            for (int r = 0; r < KDA_GEMM_MR; r++)                                                            \
+            for (int r = 0; r < MRT; r++)                                                                    \
                 if (l < lim[r]) {                                                                            \
                     const float x = ar[r][o];                                                                \
                     for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                    \
@@ -114,10 +114,16 @@ KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, 
             lim[r] = lower && row + 1 < kd ? row + 1 : kd;
         }
         const int lfull = lower ? (i < kd ? i + 1 : kd) : kd; /* every row of the tile takes l < lfull */
-        const int lend = lim[KDA_GEMM_MR - 1];
         float *cr = C + (int64_t)i * ldc;
-        for (int j = 0; j < nr; j += KDA_GEMM_NR) KDA_GEMM_TILE(KDA_GEMM_NV);
-        for (int j = nr; j < nv; j += KDA_GEMM_VW) KDA_GEMM_TILE(1);
+        if (KDA_GEMM_MR > 4 && mr <= 4) { /* a short last tile: 4 rows (64 = 10·6 + 4, 16 = 2·6 + 4) */
+            const int lend = lim[3];
+            for (int j = 0; j < nr; j += KDA_GEMM_NR) KDA_GEMM_TILE(4, KDA_GEMM_NV);
+            for (int j = nr; j < nv; j += KDA_GEMM_VW) KDA_GEMM_TILE(4, 1);
+        } else {
+            const int lend = lim[KDA_GEMM_MR - 1];
+            for (int j = 0; j < nr; j += KDA_GEMM_NR) KDA_GEMM_TILE(KDA_GEMM_MR, KDA_GEMM_NV);
+            for (int j = nr; j < nv; j += KDA_GEMM_VW) KDA_GEMM_TILE(KDA_GEMM_MR, 1);
+        }
         for (int r = 0; r < mr; r++) {
             for (int j = nv; j < n; j++) {
                 float s = 0.0f;
