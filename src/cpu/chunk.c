@@ -141,35 +141,13 @@ KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, i
  * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk. Returns the first row that
  * poisons the head (c if none); that row and later ones are neutral.
  * ------------------------------------------------------------------------------------------------------- */
-/* Ask for the lines of n elements of dtype dt from element off of src. */
-KDA_INLINE void prefetch_elems(const void *src, kda_dtype_t dt, int64_t off, int n) {
-    const size_t es = dt == KDA_FLOAT32 ? 4 : 2;
-    const char *b = (const char *)src + (size_t)off * es, *end = b + (size_t)n * es;
-    for (const char *l = (const char *)((uintptr_t)b & ~(uintptr_t)63); l < end; l += 64) __builtin_prefetch(l);
-}
-
-/* Token t's input rows: rows lie H heads apart (a page apart and more for H ≥ 8 at K = 128 bf16), too far for
- * the hardware prefetcher, and the per-row work between the loads leaves one row in flight without this. */
-KDA_INLINE void prefetch_token(const kda_problem_t *p, int64_t t, int h) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads, hq = h / p->group;
-    prefetch_elems(a->q, a->dtype, (t * HQK + hq) * K, K);
-    prefetch_elems(a->k, a->dtype, (t * HQK + hq) * K, K);
-    prefetch_elems(a->g, a->g_dtype, (t * HV + h) * K, K);
-    prefetch_elems(a->v, a->dtype, (t * HV + h) * V, V);
-}
-
-#define KDA_CPU_PREFETCH_ROWS 8
-
 KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
     int bad = c;
-    for (int i = 0; i < KDA_CPU_PREFETCH_ROWS && i < c; i++) prefetch_token(p, t0 + i, h);
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
-        if (i + KDA_CPU_PREFETCH_ROWS < c) prefetch_token(p, t + KDA_CPU_PREFETCH_ROWS, h);
         float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
