@@ -167,17 +167,19 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
     }
     /* k and G transposed for the column factors, zero past the chunk's end up to its last 16-token block */
     const int cpad = (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB;
-    for (int i = 0; i < cpad; i++) {
-        const float *k = s->k + i * K, *G = s->G + i * K;
-        float *kT = s->kT + i, *GT = s->GT + i;
-        if (i < c)
-            for (int d = 0; d < K; d++) {
-                kT[d * KDA_CHUNK] = k[d];
-                GT[d * KDA_CHUNK] = G[d];
-            }
-        else
-            for (int d = 0; d < K; d++) kT[d * KDA_CHUNK] = GT[d * KDA_CHUNK] = 0.0f;
+    for (int i = c; i < cpad; i++) {
+        memset(s->k + i * K, 0, sizeof(float) * K);
+        memset(s->G + i * K, 0, sizeof(float) * K);
     }
+    for (int i0 = 0; i0 < cpad; i0 += 8) /* by 8 rows: one 8-float store per channel */
+        for (int d = 0; d < K; d++) {
+            float *restrict kT = s->kT + d * KDA_CHUNK + i0, *restrict GT = s->GT + d * KDA_CHUNK + i0;
+            const float *restrict k = s->k + i0 * K + d, *restrict G = s->G + i0 * K + d;
+            for (int u = 0; u < 8; u++) {
+                kT[u] = k[u * K];
+                GT[u] = G[u * K];
+            }
+        }
     return bad;
 }
 
@@ -189,8 +191,8 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
  * [j0, j1), transposed into fbt (K × 16) for the product. */
 KDA_INLINE void row_factors(scratch_t *s, int K, int i0, int i1, const float *R) {
     for (int i = i0; i < i1; i++) {
-        const float *G = s->G + i * K, *q = s->q + i * K, *k = s->k + i * K;
-        float *fa = s->fa + i * K, *fq = s->fq + i * K, e[256];
+        const float *restrict G = s->G + i * K, *restrict q = s->q + i * K, *restrict k = s->k + i * K;
+        float *restrict fa = s->fa + i * K, *restrict fq = s->fq + i * K, e[256];
         kda_expf_row_fin(e, G, R, K);
         for (int d = 0; d < K; d++) {
             fa[d] = k[d] * e[d];
@@ -288,12 +290,12 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
 KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     float *T = s->Tinv;
     for (int i = 0; i < c; i++) {
-        float *Ti = T + i * KDA_CHUNK;
+        float *restrict Ti = T + i * KDA_CHUNK; /* restrict: rows m < i only are read (clang vectorises then) */
         memset(Ti, 0, sizeof(float) * KDA_CHUNK);
         Ti[i] = 1.0f;
         for (int m = 0; m < i; m++) {
             const float aim = s->A[i * KDA_CHUNK + m];
-            const float *Tm = T + m * KDA_CHUNK;
+            const float *restrict Tm = T + m * KDA_CHUNK;
             for (int j = 0; j <= m; j++) Ti[j] -= aim * Tm[j];
         }
     }
@@ -317,8 +319,9 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
     const float *Glast = s->G + (c - 1) * K;
     kda_expf_row_fin(o->gamma, Glast, NULL, K);
     for (int i = 0; i < c; i++) {
-        const float *G = s->G + i * K, *q = s->q + i * K, *k = s->k + i * K;
-        float *bk = s->bk + i * K, *qg = o->QG + i * K, *kt = o->KT + i * K, e[256], f[256];
+        const float *restrict G = s->G + i * K, *restrict q = s->q + i * K, *restrict k = s->k + i * K;
+        float *restrict bk = s->bk + i * K, *restrict qg = o->QG + i * K, *restrict kt = o->KT + i * K;
+        float e[256], f[256];
         const float b = s->beta[i];
         kda_expf_row_fin(e, G, NULL, K);
         kda_expf_row_fin(f, Glast, G, K);
@@ -327,7 +330,7 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
             qg[d] = scale * q[d] * e[d];
             kt[d] = k[d] * f[d];
         }
-        float *v = s->v + i * V;
+        float *restrict v = s->v + i * V;
         for (int j = 0; j < V; j++) v[j] *= b; /* v now holds β v */
     }
     /* W = T Diag(β) KΓ, U = T Diag(β) V (T lower triangular) */
