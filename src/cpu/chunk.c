@@ -286,18 +286,31 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
     }
 }
 
+/* y[j] += a x[j], j < n. The loops with several row pointers are functions with restrict parameters: clang
+ * honours restrict only on parameters, and left these loops scalar without it (inlined, the qualifiers stay). */
+KDA_INLINE void row_axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int j = 0; j < n; j++) y[j] += a * x[j];
+}
+
 /* T = (I + A)⁻¹ by rows: T[i] = e_i − Σ_{m<i} A[i][m] T[m] (only the structurally non-zero j ≤ m are formed) */
 KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     float *T = s->Tinv;
     for (int i = 0; i < c; i++) {
-        float *restrict Ti = T + i * KDA_CHUNK; /* restrict: rows m < i only are read (clang vectorises then) */
+        float *Ti = T + i * KDA_CHUNK;
         memset(Ti, 0, sizeof(float) * KDA_CHUNK);
         Ti[i] = 1.0f;
-        for (int m = 0; m < i; m++) {
-            const float aim = s->A[i * KDA_CHUNK + m];
-            const float *restrict Tm = T + m * KDA_CHUNK;
-            for (int j = 0; j <= m; j++) Ti[j] -= aim * Tm[j];
-        }
+        for (int m = 0; m < i; m++) row_axpy(Ti, -s->A[i * KDA_CHUNK + m], T + m * KDA_CHUNK, m + 1);
+    }
+}
+
+/* Row i of βKΓ, QΓ and K̃ from e = e^{G_i}, f = e^{G_last − G_i}. */
+KDA_INLINE void prep_rows(float *restrict bk, float *restrict qg, float *restrict kt, const float *restrict k,
+                          const float *restrict q, const float *restrict e, const float *restrict f, float b,
+                          float scale, int K) {
+    for (int d = 0; d < K; d++) {
+        bk[d] = b * k[d] * e[d];
+        qg[d] = scale * q[d] * e[d];
+        kt[d] = k[d] * f[d];
     }
 }
 
@@ -319,18 +332,12 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
     const float *Glast = s->G + (c - 1) * K;
     kda_expf_row_fin(o->gamma, Glast, NULL, K);
     for (int i = 0; i < c; i++) {
-        const float *restrict G = s->G + i * K, *restrict q = s->q + i * K, *restrict k = s->k + i * K;
-        float *restrict bk = s->bk + i * K, *restrict qg = o->QG + i * K, *restrict kt = o->KT + i * K;
+        const float *G = s->G + i * K, b = s->beta[i];
         float e[256], f[256];
-        const float b = s->beta[i];
         kda_expf_row_fin(e, G, NULL, K);
         kda_expf_row_fin(f, Glast, G, K);
-        for (int d = 0; d < K; d++) {
-            bk[d] = b * k[d] * e[d];
-            qg[d] = scale * q[d] * e[d];
-            kt[d] = k[d] * f[d];
-        }
-        float *restrict v = s->v + i * V;
+        prep_rows(s->bk + i * K, o->QG + i * K, o->KT + i * K, s->k + i * K, s->q + i * K, e, f, b, scale, K);
+        float *v = s->v + i * V;
         for (int j = 0; j < V; j++) v[j] *= b; /* v now holds β v */
     }
     /* W = T Diag(β) KΓ, U = T Diag(β) V (T lower triangular) */
