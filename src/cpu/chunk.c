@@ -380,11 +380,12 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
 /* ---------------------------------------------------------------------------------------------------------
  * Scheduling. Many (sequence, head) tasks: one task per thread item, prep and recurrence chunk by chunk.
  * Fewer tasks than threads: each task in turn, on every thread at once, in one pool run without barriers
- * (the flow schedule). Thread item r < nslices owns the column slice r of the recurrence and runs it chunk by
- * chunk; the preps go to whichever thread is free: a thread whose next chunk is not prepared yet claims the
- * next unprepared chunk (an atomic counter) and prepares it into a ring of KDA_CPU_RING prep buffers, so the
- * preps spread over the threads and run ahead of the recurrence by up to the ring. A ring slot is reused once
- * every slice has run the chunk it held. Thread items past nslices (more threads than slices) only prepare.
+ * (the flow schedule). Thread item r < nslices (half the threads, rounded up) owns the column slice r of the
+ * recurrence and runs it chunk by chunk; the other items only prepare: each claims the next unprepared chunk
+ * (an atomic counter) and prepares it into a ring of KDA_CPU_RING prep buffers, running ahead of the
+ * recurrence by up to the ring; a slice owner whose next chunk is not prepared yet claims and prepares one
+ * too, so the preps spread over whichever threads are free. A ring slot is reused once every slice has run
+ * the chunk it held.
  * Every output element is computed by the same operations in the same order on both schedules and for any
  * slicing (gemm.h: one FMA chain per element), so results do not depend on the thread count.
  * ------------------------------------------------------------------------------------------------------- */
@@ -499,11 +500,15 @@ static int split_schedule(const kda_context_t *ctx, const kda_problem_t *p) {
     return ctx->num_threads > 1 && p->num_seqs * p->a.num_v_heads < ctx->num_threads;
 }
 
-/* Column slices of the flow schedule: as many as threads (at most KDA_CPU_MAX_SLICES), a multiple of
- * KDA_GEMM_NR floats wide. */
+/* Column slices of the flow schedule: half as many as threads, rounded up (at most KDA_CPU_MAX_SLICES), a
+ * multiple of KDA_GEMM_NR floats wide; the other threads only prepare. Prep and recurrence cost about the same
+ * at K = V = 128 (52 % and 48 % of a chunk on one thread), so on 2 threads one thread runs the whole-width
+ * recurrence (and prepares when its next chunk is not ready) while the other prepares: each prep crosses from
+ * one core to the other once, and the recurrence keeps its full-width tiles (docs/PERF.md: 1.90x against 1.77x
+ * with two column slices, T16384 HQK = HV = 1). */
 static int slice_width(const kda_context_t *ctx, const kda_problem_t *p) {
-    const int V = p->a.head_dim_v, nr = KDA_GEMM_NR;
-    const int n = ctx->num_threads < KDA_CPU_MAX_SLICES ? ctx->num_threads : KDA_CPU_MAX_SLICES;
+    const int V = p->a.head_dim_v, nr = KDA_GEMM_NR, half = (ctx->num_threads + 1) / 2;
+    const int n = half < KDA_CPU_MAX_SLICES ? half : KDA_CPU_MAX_SLICES;
     int w = (V + n - 1) / n;
     w = (w + nr - 1) / nr * nr;
     return w < V ? w : V;
