@@ -21,8 +21,8 @@
  *
  * A chunk is two stages (as on the GPU): prep, the state-independent products (A, Aqk, T, W, U, QΓ, K̃, γ),
  * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run one per
- * thread item; fewer tasks than threads run their preps in parallel over chunks and their recurrence in
- * parallel over column slices (see "Scheduling" below, and docs/PERF.md for why not the affine pieces of
+ * thread item; fewer tasks than threads run their preps on whichever thread is free and their recurrence over
+ * column slices, without barriers (the flow schedule: "Scheduling" below, and docs/PERF.md for why not the affine pieces of
  * ALGORITHM.md §4 on a CPU). Causality under non-finite inputs: no product forms a structurally-zero
  * coefficient times a later row (gemm.h's triangular products, the diagonal block's fallback).
  */
@@ -188,7 +188,7 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
  * ------------------------------------------------------------------------------------------------------- */
 
 /* fa[i] = k_i ⊙ e^{G_i − R}, fq[i] = q_i ⊙ e^{G_i − R} for rows [i0, i1); fb[j] = k_j ⊙ e^{R − G_j} for rows
- * [j0, j1), transposed into fbt (K × 16) for the product. */
+ * [j0, j0 + 16), from k and G transposed (load_chunk), into fbt (K × 16) for the product. */
 KDA_INLINE void row_factors(scratch_t *s, int K, int i0, int i1, const float *R) {
     for (int i = i0; i < i1; i++) {
         const float *restrict G = s->G + i * K, *restrict q = s->q + i * K, *restrict k = s->k + i * K;
