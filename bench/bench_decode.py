@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -29,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kda  # noqa: E402
-from timing import back_to_back_ms  # noqa: E402
+from timing import back_to_back_ms, git_commit, rel  # noqa: E402
 
 try:
     from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as fla_fwd  # noqa: E402
@@ -167,20 +166,6 @@ def written_slots(x, mode, N):
     if mode == "pool":
         return x["idx"].long()
     return x["idx"].long().flatten()
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def git_commit():
-    try:
-        c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0
-        return (c or "unknown") + ("+dirty" if dirty else "")
-    except Exception:
-        return "unknown"
 
 
 def crossover(reps):

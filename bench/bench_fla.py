@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 
@@ -23,7 +22,7 @@ if "--replot" not in sys.argv:  # the measurement needs them; redrawing a plot d
 
     import kda
     from fla.ops.kda import chunk_kda as fla_chunk_kda
-    from timing import time_ms
+    from timing import git_commit, rel, time_ms
 
 # FlashKDA's speed-up over FLA 0.5.2 on an H200 (issue 4 / shared PERF-NOTES), same flags.
 FLASHKDA = {
@@ -127,20 +126,6 @@ def reference_fp64(x, flags):
             o[bb, t] = torch.einsum("hk,hkv->hv", q[bb, t], S)
         hts.append(S.transpose(-1, -2))
     return o, torch.stack(hts)
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def git_commit():
-    try:
-        c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0
-        return (c or "unknown") + ("+dirty" if dirty else "")
-    except Exception:
-        return "unknown"
 
 
 def plot(rows, meta, path):

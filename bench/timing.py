@@ -1,6 +1,8 @@
-"""Timing shared by the benchmark scripts: CUDA events around single calls (time_ms) or around groups of calls
-enqueued back to back (back_to_back_ms), medians after warm-up."""
+"""What the benchmark scripts share: CUDA events around single calls (time_ms) or around groups of calls
+enqueued back to back (back_to_back_ms), medians after warm-up; the relative error they report (rel) and the
+commit they stamp their results with (git_commit)."""
 import statistics
+import subprocess
 
 import torch
 
@@ -37,3 +39,19 @@ def back_to_back_ms(fn, reps=15, group=8):
         e1.synchronize()
         ts.append(e0.elapsed_time(e1) / group)
     return sorted(ts)[len(ts) // 2]
+
+
+def rel(a, b):
+    """Relative error ||a - b|| / ||b|| in float64."""
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def git_commit():
+    """The short commit of the working tree, "+dirty" when it has uncommitted changes ("unknown" without git)."""
+    try:
+        c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0
+        return (c or "unknown") + ("+dirty" if dirty else "")
+    except Exception:
+        return "unknown"
