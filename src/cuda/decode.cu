@@ -12,15 +12,19 @@
  *     S ← S + k̂ δᵀ
  *     o_t = Sᵀ q̂                                   (a second reduction over K)
  *
- * Decode is a stream over the states: each tile is read once and written once, and the arithmetic is a few
- * flops per byte, so the kernel is built for memory-level parallelism (docs/PERF.md "Decode"):
+ * Decode is a stream over the states: each tile is read once and written once, at a few flops per byte; what
+ * bounds the kernel in practice is its instructions per tile and their latencies (docs/PERF.md "Decode kernel,
+ * second version"), so:
  *   - a tile is DEC_TILE = 4096 state elements (BV = 4096 / KC columns of the K class KC: 64, 32 or 16);
- *   - persistent CTAs of 128 threads walk the tiles (item i = blockIdx.x + k·gridDim.x); each CTA keeps
- *     DEC_STAGES − 1 tiles of states in flight (cp.async into a ring of shared-memory stages) while it works
- *     on the current one, and a tile's slot index and sequence bounds are read one item before its copy is
- *     issued, so no copy waits on a dependent load;
- *   - a token's inputs (q, k, g, v, β, the gate's A and dt_bias) are loaded into registers one (item, token)
- *     ahead and transformed into shared memory behind the one barrier each token has;
+ *   - persistent CTAs of 128 threads walk the tiles (item i = blockIdx.x + k·gridDim.x); each CTA keeps the
+ *     next NS − 1 tiles in flight in a ring of NS shared-memory stages (dec_stages: 3 for fp32, 4 for bf16),
+ *     by bulk copies completing on one mbarrier per stage (cp.async where rows are not 16-byte aligned), and
+ *     a tile's slot index, bounds, β and A are read one item before its copy is issued (the descriptor ring);
+ *   - the first p.ts (≤ DEC_TS) tokens' input rows travel in the stage with the tile (cp.async of element pairs
+ *     by the thread that later transforms them); later tokens' rows are loaded into registers a token ahead;
+ *     each token's inputs are transformed into shared memory behind the one barrier each token has;
+ *   - exact instances (EX: K = KC, whole tiles, aligned rows, the final state in the stage's dtype) fold the
+ *     offsets and drop the masks;
  *   - the state goes from its stage into registers (8 four-element chunks per thread), the tokens run there,
  *     and it is stored from registers (streaming stores).
  *
