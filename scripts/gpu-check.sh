@@ -13,6 +13,8 @@
 #   ncu       utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
 #   decab     bench_decode (no crossover) for this tree and for .var1 (a variant)
 #   ncudec    ncu of the decode kernel and of FLA's fused_recurrent_kda_fwd_kernel on DEC_NCU_SHAPE
+#   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
+#             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
@@ -145,6 +147,24 @@ PY
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
       python3 bench/bench_decode.py --out "$OUT/decode" ${DEC_BENCH_ARGS:-} >"$LOG/bench_decode.log" 2>&1
     grep -vE "Warning|warn" "$LOG/bench_decode.log" | tail -20
+    ;;
+  cp)
+    (cd build-gpu && ctest -R '^gpu_fwd_cp' -V -j1 --timeout 600) >"$LOG/cp_tests.log" 2>&1
+    grep -E "tests passed|tests failed" "$LOG/cp_tests.log"
+    grep -E "CHECK|FAIL|Failed" "$LOG/cp_tests.log" | head -20
+    grep -E "case " "$LOG/cp_tests.log" | cut -c1-140 | head -40; cp "$LOG/cp_tests.log" "$OUT/"
+    for tool in memcheck racecheck; do
+      for t in ${CP_SAN_TESTS:-gpu_fwd_cp_graph_other_lengths}; do
+        compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$LOG/san_cp.log" 2>&1
+        echo "cp $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san_cp.log" | head -1))"
+      done
+    done
+    if [ -z "${CP_NO_BENCH:-}" ]; then
+      fla_site
+      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site:$PWD/bench PYTHONUNBUFFERED=1 \
+        FLA_FLASH_KDA=0 python3 bench/bench_cp.py --out "$OUT/cp" ${CP_BENCH_ARGS:-} >"$LOG/bench_cp.log" 2>&1
+      grep -vE "Warning|warn" "$LOG/bench_cp.log" | tail -24
+    fi
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site

@@ -115,9 +115,30 @@ static int64_t block_bytes(const kda_problem_t *p) {
     return kda_cuda_block_bytes(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v));
 }
 
+/* Intra-card context parallelism (docs/ALGORITHM.md §4, src/cp_plan.h): the capacity the workspace holds for
+ * this problem. Zero slots: no sequence can be split, and kda_forward launches exactly what it did before CP
+ * existed. The lengths are exact with equal rows or cu_seqlens_host, else bounded from num_tokens; the plan itself
+ * is made on the device (cp_plan.cu) from the lengths it holds, within this capacity. */
+static kda_cp_capacity_t cp_capacity(const kda_context_t *ctx, const kda_problem_t *p) {
+    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+    kda_cp_problem_t cp;
+    const int known = kda_cp_problem_from(p, impl->sm_count, p->a.cu_seqlens_host, &cp);
+    return kda_cp_capacity(&cp, known);
+}
+
+/* The CP region after the blocks: a 256-byte header ([0] pieces, [1] P, [2] slots), the piece table, the slots. */
+static size_t cp_bytes(const kda_problem_t *p, kda_cp_capacity_t cap) {
+    if (cap.slots == 0) return 0;
+    const int kc = kda_cuda_size_class(p->a.head_dim_k), vc = kda_cuda_size_class(p->a.head_dim_v);
+    return 256 + (size_t)kda_cp_workspace_bytes(cap, p->a.num_v_heads, kc, vc);
+}
+
+static size_t blocks_bytes(const kda_problem_t *p) {
+    return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)block_bytes(p));
+}
+
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    (void)ctx;
-    *bytes = 256 + meta_bytes(p) + (size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)block_bytes(p);
+    *bytes = 256 + meta_bytes(p) + blocks_bytes(p) + cp_bytes(p, cp_capacity(ctx, p));
     return KDA_STATUS_SUCCESS;
 }
 
@@ -222,8 +243,40 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
     rp.dev_skip = tune.dev_skip;
 
+    /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
+    const kda_cp_capacity_t cap = cp_capacity(ctx, p);
+    kda_cp_params_t cpp;
+    memset(&cpp, 0, sizeof cpp);
+    if (cap.slots > 0) {
+        unsigned char *cpbase = base + meta_bytes(p) + blocks_bytes(p);
+        cpp.seqs = seqs;
+        cpp.header = (int64_t *)cpbase;
+        cpp.table = (kda_cp_piece_t *)(cpbase + 256);
+        cpp.slots = (float *)(cpbase + 256 + (cap.pieces * (int64_t)sizeof(kda_cp_piece_t) + 255) / 256 * 256);
+        cpp.cap_pieces = cap.pieces;
+        cpp.cap_slots = cap.slots;
+        cpp.mode = (int)a->cp_mode;
+        cpp.piece_len = a->cp_piece_len;
+        cpp.hv = a->num_v_heads;
+        cpp.v_tiles = kda_cp_v_tiles(V);
+        cpp.sm_count = impl->sm_count;
+        cpp.kc = kc;
+        cpp.vc = vc;
+        /* the pieces' recurrence: widest tiles (the split made the CTAs), in the K class's steps for M */
+        rp.cp_table = cpp.table;
+        rp.cp_header = cpp.header;
+        rp.cp_slots = cpp.slots;
+        rp.cp_capacity = cap.pieces;
+        rp.bv = vc < 128 ? vc : 128;
+        if (kc < rp.bv) rp.bv = kc;
+        rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
+        if (tune.stages == 2) rp.stages = 2;
+        rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
+    }
+
     if (blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
-        p->num_seqs * a->num_v_heads * (vc / 32) >= ((int64_t)1 << 31))
+        p->num_seqs * a->num_v_heads * (vc / 32) >= ((int64_t)1 << 31) ||
+        cap.pieces * a->num_v_heads * (kc / 64 + vc / 32) >= ((int64_t)1 << 31))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
@@ -235,7 +288,17 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     const char *stage = "";
     if (p->varlen && (err = kda_cuda_launch_meta(&seqs, stream)) != 0) stage = "meta";
     else if (!(tune.dev_skip & 8) && (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
-    else if (!(tune.dev_skip & 16) && (err = cfg->rec(&rp, ctx->device, stream)) != 0) stage = "recurrence";
+    else if (cap.slots == 0) {
+        if (!(tune.dev_skip & 16) && (err = cfg->rec(&rp, ctx->device, stream)) != 0) stage = "recurrence";
+    } else if ((err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) {
+        stage = "CP plan";
+    } else if ((rp.mode = KDA_REC_PRESCAN, err = cfg->rec(&rp, ctx->device, stream)) != 0) {
+        stage = "CP pre-scan";
+    } else if ((err = kda_cuda_launch_cp_merge(&cpp, ctx->device, stream)) != 0) {
+        stage = "CP merge";
+    } else if ((rp.mode = KDA_REC_PIECES, err = cfg->rec(&rp, ctx->device, stream)) != 0) {
+        stage = "CP pieces";
+    }
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

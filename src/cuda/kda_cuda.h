@@ -9,6 +9,12 @@
  *                  into a workspace block per (chunk, head); one instance per (K class, V class)
  *   recurrence.cuh one CTA per (sequence, value head, V tile): the chunk recurrence over the blocks; one
  *                  instance per K class (and MMA kind)
+ * and, when a long sequence is split into pieces (intra-card context parallelism, docs/ALGORITHM.md §4), between
+ * prep and a recurrence over the pieces:
+ *   cp_plan.cu     one CTA: the piece table (src/cp_plan.h's decision and layout, from the device's lengths)
+ *   recurrence.cuh KDA_REC_PRESCAN: per (piece, value head, tile) the piece's affine map S_out = M S_in + E
+ *   cp_merge.cu    per (split sequence, value head, 32 columns): S_in of every piece, in order, in fp32
+ *   recurrence.cuh KDA_REC_PIECES: per (piece, value head, V tile) the chunk recurrence from S_in, writing O
  *
  * Head sizes: any K and V in [1, KDA_MAX_HEAD_DIM], independently. Each is padded to its size class (64, 128 or
  * 256): loads zero-fill the padding and stores are masked, so a problem runs the kernels of its class. The
@@ -22,6 +28,7 @@
 #include <stdint.h>
 
 #include "../internal.h" /* KDA_CHUNK, KDA_SUB, KDA_DIAG_RANGE, KDA_GATE_MIN, KDA_MAX_HEAD_DIM */
+#include "../cp_plan.h"  /* kda_cp_piece_t: the piece table of intra-card context parallelism */
 
 #ifdef __cplusplus
 extern "C" {
@@ -96,6 +103,16 @@ typedef struct kda_prep_params {
     int dev_skip;                    /* KDA_SKIP */
 } kda_prep_params_t;
 
+/* What the recurrence kernel walks (kda_rec_params_t.mode) */
+#define KDA_REC_SEQ 0     /* whole sequences: one CTA per (sequence, value head, V tile) */
+#define KDA_REC_PRESCAN 1 /* pieces of split sequences: M (identity in, U = 0) and E (zero in; the first piece:
+                             the initial state) per (piece, value head, tile), no O */
+#define KDA_REC_PIECES 2  /* every piece of the table, from its incoming state (merged, or the initial state) */
+
+/* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d]), E (KC×VC, [d][v]),
+ * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
+KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (int64_t)kc * kc + (int64_t)2 * kc * vc; }
+
 typedef struct kda_rec_params {
     kda_cuda_seqs_t seqs;
     kda_cuda_blocks_t blocks;
@@ -110,7 +127,28 @@ typedef struct kda_rec_params {
     int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
     int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */
     int dev_skip;                    /* KDA_SKIP */
+    int mode;                        /* KDA_REC_SEQ, KDA_REC_PRESCAN or KDA_REC_PIECES */
+    const kda_cp_piece_t *cp_table;  /* the piece table (modes PRESCAN, PIECES) */
+    const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split) */
+    float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
+    int64_t cp_capacity;             /* table entries the grid covers */
 } kda_rec_params_t;
+
+/* The planning and merging kernels of intra-card context parallelism (cp_plan.cu, cp_merge.cu) */
+typedef struct kda_cp_params {
+    kda_cuda_seqs_t seqs;
+    kda_cp_piece_t *table;
+    int64_t *header;                 /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
+    float *slots;
+    int64_t cap_pieces, cap_slots;   /* the workspace's capacity (kda_cp_capacity) */
+    int mode;                        /* kda_cp_mode_t */
+    int64_t piece_len;               /* tokens, KDA_CP_ON */
+    int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
+    int kc, vc;                      /* size classes: the slots' tiles */
+} kda_cp_params_t;
+
+int kda_cuda_launch_cp_plan(const kda_cp_params_t *p, void *stream);
+int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream);
 
 /* ---------------------------------------------------------------------------------------------------------
  * One (chunk, head) block of the workspace for K class KC and V class VC, in this order (byte offsets below):

@@ -64,22 +64,30 @@ DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk
 
 /* Δᵀ = Uᵀ − (Sᵀ Wᵀ) in place, Uᵀ read in accumulator layout by ldmatrix.trans; then Δᵀ as bf16 A fragments over
  * the tokens. */
+template <int ZU>
 DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU, int ucol, int lane) {
+    if (ZU) { /* U = 0 (the pre-scan's M columns): Δᵀ = −Sᵀ Wᵀ */
 #pragma unroll
-    for (int np = 0; np < 4; np++) {
-        const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
-        const int col = ucol + ((lane >> 3) & 1) * 8;
-        uint32_t u[4];
-        ldsm_x4_t(u, sU + pan_off(row, col));
-        const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
-        dacc[2 * np][0] = u0.x - dacc[2 * np][0];
-        dacc[2 * np][1] = u0.y - dacc[2 * np][1];
-        dacc[2 * np][2] = u1.x - dacc[2 * np][2];
-        dacc[2 * np][3] = u1.y - dacc[2 * np][3];
-        dacc[2 * np + 1][0] = u2.x - dacc[2 * np + 1][0];
-        dacc[2 * np + 1][1] = u2.y - dacc[2 * np + 1][1];
-        dacc[2 * np + 1][2] = u3.x - dacc[2 * np + 1][2];
-        dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) dacc[nt][c] = -dacc[nt][c];
+    } else {
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8;
+            const int col = ucol + ((lane >> 3) & 1) * 8;
+            uint32_t u[4];
+            ldsm_x4_t(u, sU + pan_off(row, col));
+            const float2 u0 = unpack_bf16(u[0]), u1 = unpack_bf16(u[1]), u2 = unpack_bf16(u[2]), u3 = unpack_bf16(u[3]);
+            dacc[2 * np][0] = u0.x - dacc[2 * np][0];
+            dacc[2 * np][1] = u0.y - dacc[2 * np][1];
+            dacc[2 * np][2] = u1.x - dacc[2 * np][2];
+            dacc[2 * np][3] = u1.y - dacc[2 * np][3];
+            dacc[2 * np + 1][0] = u2.x - dacc[2 * np + 1][0];
+            dacc[2 * np + 1][1] = u2.y - dacc[2 * np + 1][1];
+            dacc[2 * np + 1][2] = u3.x - dacc[2 * np + 1][2];
+            dacc[2 * np + 1][3] = u3.y - dacc[2 * np + 1][3];
+        }
     }
 #pragma unroll
     for (int kt = 0; kt < 4; kt++)
@@ -110,7 +118,7 @@ typedef struct {
  * mma.sync, per warp (16 columns of Sᵀ): state_products gives dacc = Sᵀ Wᵀ and oacc = Sᵀ QΓᵀ (16 columns × 64
  * tokens, accumulator layout); state_update forms Δ, adds Δᵀ Aqkᵀ to oacc and updates s.
  * ------------------------------------------------------------------------------------------------------- */
-template <int KD>
+template <int KD, int WO>
 DEV void state_products_mma(const float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oacc)[8][4],
                             const rec_stage_t &st, int lane) {
 #pragma unroll
@@ -137,21 +145,23 @@ DEV void state_products_mma(const float (&s)[KD / 8][4], float (&dacc)[8][4], fl
             ldsm_x4(b, st.W + off);
             mma_bf16(dacc[2 * np], sa, b[0], b[1]);
             mma_bf16(dacc[2 * np + 1], sa, b[2], b[3]);
-            ldsm_x4(b, st.QG + off);
-            mma_bf16(oacc[2 * np], sa, b[0], b[1]);
-            mma_bf16(oacc[2 * np + 1], sa, b[2], b[3]);
+            if (WO) {
+                ldsm_x4(b, st.QG + off);
+                mma_bf16(oacc[2 * np], sa, b[0], b[1]);
+                mma_bf16(oacc[2 * np + 1], sa, b[2], b[3]);
+            }
         }
     }
 }
 
-template <int KD>
+template <int KD, int WO, int ZU>
 DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oacc)[8][4], const rec_stage_t &st,
                           int lane) {
     uint32_t da[4][4];
-    delta_fragments(dacc, da, st.U, st.ucol, lane);
+    delta_fragments<ZU>(dacc, da, st.U, st.ucol, lane);
     /* Oᵀ += Δᵀ Aqkᵀ: token tiles of Aqk rows i (n) against tokens j (k) ≤ i */
 #pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
+    for (int kt = 0; kt < 4 && WO; kt++) {
 #pragma unroll
         for (int np = 0; np < 4; np++) {
             if (np < kt) continue;
@@ -181,7 +191,7 @@ DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oa
 /* The same step by the warpgroup (all 4 warps call it; the warp's rows are the warpgroup's rows 16 (warp % 4)..).
  * Two commit groups for Sᵀ Wᵀ and Sᵀ QΓᵀ, so Δ is formed while the second still runs; then Δᵀ Aqkᵀ joins the
  * Oᵀ accumulators (in order behind Sᵀ QΓᵀ, same shape) and Δᵀ K̃ the decayed Sᵀ. K class 64 or 128. */
-template <int KD>
+template <int KD, int WO, int ZU>
 DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_t &st, int lane) {
 #ifdef KDA_WGMMA
     if (KD > 128) __trap(); /* instantiated but never launched: configs.def gives K class 256 no wgmma version */
@@ -202,19 +212,25 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
 #pragma unroll
     for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(st.W + (kt >> 2) * 8192 + (kt & 3) * 32));
     wg_commit();
+    if (WO) {
 #pragma unroll
-    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&oacc[0][0], sa[kt], wg_desc_kmaj(st.QG + (kt >> 2) * 8192 + (kt & 3) * 32));
-    wg_commit();
-    WG_WAIT(1);
+        for (int kt = 0; kt < NKT; kt++)
+            wgmma_n64_kmaj(&oacc[0][0], sa[kt], wg_desc_kmaj(st.QG + (kt >> 2) * 8192 + (kt & 3) * 32));
+        wg_commit();
+        WG_WAIT(1);
+    } else {
+        WG_WAIT(0);
+    }
     reg_fence(&dacc[0][0], 32);
 
     uint32_t da[4][4];
-    delta_fragments(dacc, da, st.U, st.ucol, lane);
+    delta_fragments<ZU>(dacc, da, st.U, st.ucol, lane);
     decay_state<KD>(s, st.gam, t);
     reg_fence(&s[0][0], NT * 4);
     wg_fence();
+    if (WO)
 #pragma unroll
-    for (int kt = 0; kt < 4; kt++) wgmma_n64_kmaj(&oacc[0][0], da[kt], wg_desc_kmaj(st.Aqk + kt * 32));
+        for (int kt = 0; kt < 4; kt++) wgmma_n64_kmaj(&oacc[0][0], da[kt], wg_desc_kmaj(st.Aqk + kt * 32));
 #pragma unroll
     for (int kt = 0; kt < 4; kt++) {
         if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
@@ -322,27 +338,92 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
     }
 }
 
+/* The CP storage (fp32, [d][v] with strides sd, sv) → s, or s → it: no masks (the tiles are the padded
+ * classes; padded rows and columns hold zeros) */
+template <int KD>
+DEV void load_slot(const float *src, float (&s)[KD / 8][4], int64_t sd, int64_t sv, int vw, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[nt][c] = src[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv];
+}
+
+template <int KD>
+DEV void store_slot(float *dst, const float (&s)[KD / 8][4], int64_t sd, int64_t sv, int vw, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dst[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv] = s[nt][c];
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
 /* EXACT: K and V are their classes: no masks, whole 16-byte O rows. Without it the kernel carries the masks and
  * the narrow stores, and its larger code slowed the common sizes (instruction fetch: +13% per step at BV 32,
- * +40% for 8-chunk sequences, measured). */
-template <int KD, int WG, int EXACT>
+ * +40% for 8-chunk sequences, measured).
+ * MODE (kda_cuda.h): KDA_REC_SEQ walks whole sequences. With a piece table (intra-card CP, ALGORITHM.md §4) a CTA
+ * is a (piece, value head, tile): KDA_REC_PRESCAN computes a split piece's map S_out = M S_in + E (tiles 0 ..
+ * KC/BV − 1 are M's columns, from the identity with U = 0; the rest E's, from zero, or from the initial state for
+ * a sequence's first piece, whose M is not needed) into the piece's slot, and writes no O; KDA_REC_PIECES runs
+ * every piece from its incoming state (the merged S_in of its slot, or the sequence's initial state) and writes
+ * O, and the final state from a sequence's last piece. The grids cover the table's capacity; CTAs past the
+ * pieces the plan made, or with nothing to do, return at once. */
+template <int KD, int WG, int EXACT, int MODE>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_rec_params_t p) {
     constexpr int NT = KD / 8; /* n-tiles of Sᵀ over K */
     constexpr int SPLIT = REC_SPLIT(KD);
+    constexpr int WO = MODE != KDA_REC_PRESCAN; /* the kernel writes O */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
 
     const int bv = p.bv, nvt = kda_cuda_size_class(p.V) / bv;
     const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int vt = (int)(blockIdx.x % nvt);
-    const int64_t rest = blockIdx.x / nvt;
-    const int h = (int)(rest % p.hv);
-    const int64_t n = rest / p.hv;
-    const int v0 = vt * bv;           /* first state column of this CTA */
+
+    int h, vt, mcols = 0; /* mcols: this CTA computes columns of M (pre-scan) */
+    int64_t n, bos, eos, nchunks, chunk0;
+    float *slot_base = NULL; /* this (piece, head)'s CP storage, or NULL */
+    int load_sin = 0, from_h0 = 1, store_final = 1;
+    if (MODE == KDA_REC_SEQ) {
+        vt = (int)(blockIdx.x % nvt);
+        const int64_t rest = blockIdx.x / nvt;
+        h = (int)(rest % p.hv);
+        n = rest / p.hv;
+        seq_bounds(p.seqs, n, &bos, &eos);
+        nchunks = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+        chunk0 = seq_chunk0(p.seqs, n);
+    } else {
+        const int mt = MODE == KDA_REC_PRESCAN ? KD / bv : 0, ntiles = mt + nvt;
+        const int tile = (int)(blockIdx.x % ntiles);
+        const int64_t rest = blockIdx.x / ntiles;
+        h = (int)(rest % p.hv);
+        const int64_t piece = rest / p.hv;
+        if (piece >= p.cp_header[0]) return;
+        const kda_cp_piece_t *e = &p.cp_table[piece];
+        const int64_t flags = e->flags, cslot = e->slot;
+        n = e->seq;
+        bos = e->bos;
+        eos = e->eos;
+        nchunks = e->num_chunks;
+        chunk0 = e->chunk0;
+        if (cslot >= 0)
+            slot_base = p.cp_slots + (cslot * p.hv + h) * kda_cuda_cp_slot_floats(KD, kda_cuda_size_class(p.V));
+        if (MODE == KDA_REC_PRESCAN) {
+            /* only split pieces before their sequence's last; a first piece has no M */
+            if (cslot < 0 || (flags & KDA_CP_LAST) || (tile < mt && (flags & KDA_CP_FIRST))) return;
+            mcols = tile < mt;
+            vt = mcols ? tile : tile - mt;
+            from_h0 = !mcols && (flags & KDA_CP_FIRST);
+            store_final = 0;
+        } else {
+            vt = tile;
+            load_sin = cslot >= 0 && !(flags & KDA_CP_FIRST);
+            from_h0 = !load_sin;
+            store_final = (flags & KDA_CP_LAST) != 0;
+        }
+    }
+    const int v0 = vt * bv;           /* first state column of this CTA (of M's columns when mcols) */
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
     const int stage_bytes = REC_STAGE_BYTES(KD, bv);
@@ -350,22 +431,31 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     unsigned char *sO0 = smem + nst * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
     const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
-
-    int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    const int64_t nchunks = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = seq_chunk0(p.seqs, n);
     const int64_t slot = seq_slot(p.state_indices, p.num_state_slots, n);
 
     float s[NT][4];
     const int64_t sd = p.v_first ? 1 : p.V, sv = p.v_first ? p.K : 1; /* strides of d and v in a state */
     const int64_t sbase = slot >= 0 ? (slot * p.hv + h) * (int64_t)p.K * p.V : 0;
+    const int vc = kda_cuda_size_class(p.V);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
     const int full = EXACT || (p.K == KD && v0 + bv <= p.V); /* no padded rows or columns in this CTA's part of S */
-    if (p.h0 && slot >= 0) load_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
-
+    if (mcols) { /* M's columns start from the identity (rows past K stay zero) */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int d = 8 * nt + 2 * t + (c & 1);
+                s[nt][c] = (d == vw + g + 8 * (c >> 1) && d < p.K) ? 1.0f : 0.0f;
+            }
+    } else if (load_sin) {
+        load_slot<KD>(slot_base + KD * KD + KD * vc, s, vc, 1, vw, g, t);
+    } else if (from_h0 && p.h0 && slot >= 0) {
+        /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
+        load_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
+    }
     const unsigned char *blocks = (const unsigned char *)p.blocks.base;
     const int64_t off_u = kda_cuda_off_u(KD);
     const uint32_t bars = smem_u32(sO0 + 2 * KDA_CHUNK * ostride * oes);
@@ -379,12 +469,12 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (SPLIT) {
             if (nchunks > 0) {
                 issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv);
-                issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), 1, off_u, v0, bv);
+                issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv);
             }
         } else {
             for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
-                issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), 1, off_u,
-                           v0, bv);
+                issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), !mcols,
+                           off_u, v0, bv);
         }
     }
     for (int64_t ci = 0; ci < nchunks; ci++) {
@@ -394,7 +484,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (!SPLIT) {
             if (tid == 0 && ahead < nchunks && !nocopy)
                 issue_copy(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst), REC_BLOCK(ahead), 0,
-                           REC_LINEAR(KD), 1, off_u, v0, bv);
+                           REC_LINEAR(KD), !mcols, off_u, v0, bv);
             if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * cur, (uint32_t)((ci / nst) & 1));
         } else if (!nocopy || ci == 0) {
             mbar_wait(bars, (uint32_t)(ci & 1));
@@ -420,9 +510,10 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
                 for (int c = 0; c < 4; c++) oacc[nt][c] = 0.0f;
         } else if (WG) {
-            step_wgmma<KD>(s, oacc, st, lane);
+            if (mcols) step_wgmma<KD, WO, 1>(s, oacc, st, lane);
+            else step_wgmma<KD, WO, 0>(s, oacc, st, lane);
         } else {
-            state_products_mma<KD>(s, dacc, oacc, st, lane);
+            state_products_mma<KD, WO>(s, dacc, oacc, st, lane);
         }
         if (SPLIT) {
             __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
@@ -430,21 +521,32 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv);
             if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
         }
-        if (math && !WG) state_update_mma<KD>(s, dacc, oacc, st, lane);
-        stage_o(oacc, sO, p.o_dtype, ostride, warp, g, t);
+        if (math && !WG) {
+            if (mcols) state_update_mma<KD, WO, 1>(s, dacc, oacc, st, lane);
+            else state_update_mma<KD, WO, 0>(s, dacc, oacc, st, lane);
+        }
+        if (WO) stage_o(oacc, sO, p.o_dtype, ostride, warp, g, t);
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
         if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
-            issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), 1, off_u, v0, bv);
+            issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv);
 
         /* O rows of this chunk → global */
-        const int64_t tok0 = bos + ci * KDA_CHUNK;
-        const int clen = (int)min((int64_t)KDA_CHUNK, eos - tok0);
-        store_o<EXACT>(p, sO, ostride, oes, tok0, clen, h, v0, bv, tid, nthreads);
+        if (WO) {
+            const int64_t tok0 = bos + ci * KDA_CHUNK;
+            const int clen = (int)min((int64_t)KDA_CHUNK, eos - tok0);
+            store_o<EXACT>(p, sO, ostride, oes, tok0, clen, h, v0, bv, tid, nthreads);
+        }
     }
 #undef REC_BLOCK
 
-    if (p.ht && slot >= 0) store_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
+    if (MODE == KDA_REC_PRESCAN) {
+        if (mcols) store_slot<KD>(slot_base, s, 1, KD, vw, g, t);       /* Mᵀ[e][d] */
+        else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
+    } else if (store_final && p.ht && slot >= 0) {
+        store_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
+    }
 }
+
 
 /* Shared memory of a recurrence CTA of this configuration with `stages` ring stages (split: one buffer) */
 template <int KD>
@@ -453,24 +555,30 @@ static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes);
 }
 
-/* The launcher of one K class: one CTA of 2·BV threads per (sequence, value head, V tile) */
+/* The launcher of one K class: one CTA of 2·BV threads per (sequence, value head, V tile); with a piece table
+ * (p->mode) per (table entry up to the capacity, value head, tile) */
 template <int KD, int HAS_WG>
 static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->seqs.num_seqs * p->hv * (kda_cuda_size_class(p->V) / p->bv);
+    const int64_t nvt = kda_cuda_size_class(p->V) / p->bv;
+    const int64_t ctas = p->mode == KDA_REC_SEQ       ? p->seqs.num_seqs * p->hv * nvt
+                         : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->hv * nvt
+                                                     : p->cp_capacity * p->hv * (KD / p->bv + nvt);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
-    static int done[4][KDA_MAX_DEVICES]; /* per kernel below */
+    static int done[3][4][KDA_MAX_DEVICES]; /* per kernel below */
     const int wg = HAS_WG && p->wgmma, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
-    const void *kernels[4] = {(const void *)kda_recurrence_kernel<KD, 0, 0>, (const void *)kda_recurrence_kernel<KD, 0, 1>,
-                              (const void *)kda_recurrence_kernel<KD, HAS_WG, 0>,
-                              (const void *)kda_recurrence_kernel<KD, HAS_WG, 1>};
-    const int which = 2 * wg + exact;
+#define REC_KERNELS(M)                                                                                          \
+    {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
+     (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>}
+    const void *kernels[3][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES)};
+#undef REC_KERNELS
+    const int which = 2 * wg + exact, mode = p->mode;
     cudaError_t err;
-    if ((err = kda_smem_limit(kernels[which], bytes, device, done[which])) != cudaSuccess) return (int)err;
+    if ((err = kda_smem_limit(kernels[mode][which], bytes, device, done[mode][which])) != cudaSuccess) return (int)err;
     void *args[] = {(void *)p};
-    if ((err = cudaLaunchKernel(kernels[which], dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
-                                (cudaStream_t)stream)) != cudaSuccess)
+    if ((err = cudaLaunchKernel(kernels[mode][which], dim3((unsigned)ctas), dim3((unsigned)threads), args,
+                                (size_t)bytes, (cudaStream_t)stream)) != cudaSuccess)
         return (int)err;
     return (int)cudaGetLastError();
 }
