@@ -15,6 +15,7 @@
 #   ncudec    ncu of the decode kernel and of FLA's fused_recurrent_kda_fwd_kernel on DEC_NCU_SHAPE
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
+#   cpprof    per-kernel durations (ncu) of one call of each CPPROF_SHAPES shape (bench/cp_kernels.py), auto and off
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
@@ -162,9 +163,19 @@ PY
     if [ -z "${CP_NO_BENCH:-}" ]; then
       fla_site
       env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site:$PWD/bench PYTHONUNBUFFERED=1 \
-        FLA_FLASH_KDA=0 python3 bench/bench_cp.py --out "$OUT/cp" ${CP_BENCH_ARGS:-} >"$LOG/bench_cp.log" 2>&1
-      grep -vE "Warning|warn" "$LOG/bench_cp.log" | tail -24
+        FLA_FLASH_KDA=0 timeout ${CP_BENCH_TIMEOUT:-400} python3 bench/bench_cp.py --out "$OUT/cp" ${CP_BENCH_ARGS:-} \
+        >"$OUT/bench_cp.log" 2>&1
+      grep -vE "Warning|warn" "$OUT/bench_cp.log" | tail -24
     fi
+    ;;
+  cpprof)
+    IFS=';' read -ra shapes <<< "${CPPROF_SHAPES:-single T65536 H8;single T131072 H4;B1 T32768 H32}"
+    for sh in "${shapes[@]}"; do for pl in None 0; do
+      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+        ncu --profile-from-start off --section SpeedOfLight python3 bench/cp_kernels.py "$sh" $pl >"$LOG/cpprof.txt" 2>&1
+      echo "-- $sh piece_len=$pl"
+      awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-40s %s %s\n", substr(k,1,40), $NF, $(NF-1); t+=$NF*($(NF-1)=="ms"?1000:($(NF-1)=="us"?1:0.001))} END{printf "   total %.1f us\n", t}' "$LOG/cpprof.txt"
+    done; done
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site

@@ -577,6 +577,13 @@ static void cp_case(const char *name, const kda_synth_config_t *c, void (*edit)(
     d.dev.cp_mode = KDA_CP_OFF;
     CHECK(dproblem_run(&d, 0) == KDA_STATUS_SUCCESS, "%s off: %s", name, kda_last_error());
     const kda_compare_t off = dproblem_check(&d, c);
+    void *o_off = malloc(d.s.o_bytes);
+    memcpy(o_off, d.s.o, d.s.o_bytes);
+    int64_t longest = 0; /* chunks of the longest sequence */
+    for (int64_t n = 0; n < d.s.num_seqs; n++) {
+        const int64_t len = c->seqlens ? c->seqlens[n] : c->seq_len;
+        if ((len + 63) / 64 > longest) longest = (len + 63) / 64;
+    }
     for (int i = 0; i <= 4; i++) {
         d.dev.cp_mode = i < 4 ? KDA_CP_ON : KDA_CP_AUTO;
         d.dev.cp_piece_len = i < 4 ? piece_lens[i] : 0;
@@ -584,8 +591,14 @@ static void cp_case(const char *name, const kda_synth_config_t *c, void (*edit)(
         CHECK(dproblem_run(&d, 0) == KDA_STATUS_SUCCESS, "%s piece %lld: %s", name, (long long)d.dev.cp_piece_len,
               kda_last_error());
         const kda_compare_t on = dproblem_check(&d, c);
-        printf("case %-22s piece %5lld  o_err %.3e (off %.3e)  state_err %.3e (off %.3e)\n", name,
-               (long long)d.dev.cp_piece_len, on.o_err, off.o_err, on.state_err, off.state_err);
+        /* the split rounds differently (the merge's fp32 products), so where the state carries across pieces o
+           differs in some bit exactly when it was taken: a forced piece shorter than the longest sequence must be */
+        const int split = memcmp(o_off, d.s.o, d.s.o_bytes) != 0;
+        printf("case %-22s piece %5lld  o_err %.3e (off %.3e)  state_err %.3e (off %.3e)  %s\n", name,
+               (long long)d.dev.cp_piece_len, on.o_err, off.o_err, on.state_err, off.state_err,
+               split ? "split" : "not split");
+        if (edit == cp_slow_decay && i < 4 && d.dev.cp_piece_len / 64 < longest - 1)
+            CHECK(split, "%s piece %lld: the split was not taken", name, (long long)d.dev.cp_piece_len);
         CHECK(on.o_unwritten == 0 && on.state_unwritten == 0, "%s piece %lld: non-finite outputs", name,
               (long long)d.dev.cp_piece_len);
         CHECK(on.o_err <= 1.1 * off.o_err + 1e-7, "%s piece %lld: o rel err %.3g > 1.1 x %.3g", name,
@@ -593,6 +606,7 @@ static void cp_case(const char *name, const kda_synth_config_t *c, void (*edit)(
         CHECK(on.state_err <= 1.1 * off.state_err + 1e-7, "%s piece %lld: state rel err %.3g > 1.1 x %.3g", name,
               (long long)d.dev.cp_piece_len, on.state_err, off.state_err);
     }
+    free(o_off);
     dproblem_free(&d);
 }
 
@@ -600,6 +614,15 @@ static void cp_gates_near_minus_inf(dproblem_t *d) {
     const int64_t rows = d->s.num_tokens * d->host.num_v_heads, K = d->host.head_dim_k;
     for (int64_t r = 0; r < rows; r += 7)
         for (int64_t k = 0; k < K; k += 3) ((float *)d->s.g)[r * K + k] = (r % 2) ? -1e30f : -INFINITY;
+    CUDA_OK(cudaMemcpy((void *)d->dev.g, d->s.g, d->s.g_bytes, cudaMemcpyHostToDevice));
+}
+
+/* Slow decay (raw log-gate −1e-3 per token and channel: e^{−0.064} a chunk): the state carries across many
+ * pieces, so every piece's incoming state really comes from the merge. (Typical and lower-bound gates forget a
+ * state within a chunk or two: there the split reproduces the unsplit output bit for bit.) */
+static void cp_slow_decay(dproblem_t *d) {
+    const int64_t n = d->s.num_tokens * d->host.num_v_heads * d->host.head_dim_k;
+    for (int64_t i = 0; i < n; i++) ((float *)d->s.g)[i] = -1e-3f * (float)(1 + i % 3);
     CUDA_OK(cudaMemcpy((void *)d->dev.g, d->s.g, d->s.g_bytes, cudaMemcpyHostToDevice));
 }
 
@@ -632,6 +655,14 @@ TEST(gpu_fwd_cp_forced_accuracy) {
     m.gate = KDA_GATE_RAW;
     m.g_dtype = KDA_FLOAT32;
     cp_case("gate_minus_inf", &m, cp_gates_near_minus_inf);
+    cp_case("slow_decay", &m, cp_slow_decay);
+    kda_synth_config_t w = v; /* varlen, GVA, K = V = 64, V-first states */
+    w.gate = KDA_GATE_RAW;
+    w.g_dtype = KDA_FLOAT32;
+    cp_case("slow_decay_varlen_k64", &w, cp_slow_decay);
+    w.k = w.v = 128;
+    w.allow_neg_eigval = 1;
+    cp_case("slow_decay_varlen_neg", &w, cp_slow_decay);
 }
 
 /* Captured once with device-only offsets and the split forced on, replayed after the offsets were changed to
