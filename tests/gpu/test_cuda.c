@@ -569,6 +569,8 @@ TEST(gpu_contract_forward_decode_agree) {
  * oracle must stay within 1.1x those of the same call with the split off. Until the CUDA backend splits, both
  * calls take the same path and this only checks that the backend accepts the fields.
  * ------------------------------------------------------------------------------------------------------- */
+static void cp_slow_decay(dproblem_t *d);
+
 static void cp_case(const char *name, const kda_synth_config_t *c, void (*edit)(dproblem_t *)) {
     static const int64_t piece_lens[] = {64, 128, 640, 4096};
     dproblem_t d;
