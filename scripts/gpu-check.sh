@@ -174,6 +174,8 @@ PY
       env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
         ncu --profile-from-start off --section SpeedOfLight python3 bench/cp_kernels.py "$sh" $pl >"$LOG/cpprof.txt" 2>&1
       echo "-- $sh piece_len=$pl"
+      [ "$pl" = None ] && [ "$sh" = "${shapes[0]}" ] && cp "$LOG/cpprof.txt" "$OUT/cpprof_first.txt"
+      grep -E "==PROF==|==ERROR==|Error" "$LOG/cpprof.txt" | head -3
       awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-40s %s %s\n", substr(k,1,40), $NF, $(NF-1); t+=$NF*($(NF-1)=="ms"?1000:($(NF-1)=="us"?1:0.001))} END{printf "   total %.1f us\n", t}' "$LOG/cpprof.txt"
     done; done
     ;;
