@@ -169,9 +169,10 @@ PY
     fi
     ;;
   cpprof)
+    fla_site # bench_cp.py, where the shapes are, imports FLA
     IFS=';' read -ra shapes <<< "${CPPROF_SHAPES:-single T65536 H8;single T131072 H4;B1 T32768 H32}"
     for sh in "${shapes[@]}"; do for pl in None 0; do
-      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site PYTHONUNBUFFERED=1 \
         ncu --profile-from-start off --section SpeedOfLight python3 bench/cp_kernels.py "$sh" $pl >"$LOG/cpprof.txt" 2>&1
       echo "-- $sh piece_len=$pl"
       [ "$pl" = None ] && [ "$sh" = "${shapes[0]}" ] && cp "$LOG/cpprof.txt" "$OUT/cpprof_first.txt"
