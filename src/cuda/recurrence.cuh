@@ -51,14 +51,30 @@ typedef __nv_bfloat16 bf16;
 #define REC_SPLIT(KD) ((KD) > 128)
 
 /* Bulk copies of chunk `blk` into a stage, completing on `bar` armed with their byte count (one thread).
- * first..last: the byte range of the linear part; with_u: the U panels too. */
+ * first..last: the byte range of the linear part; with_u: the U panels too. no_o (the pre-scan, which makes no
+ * O): QΓ and Aqk are left out of the range (a third fewer bytes), their places in the stage left stale. */
 DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int first, int last, int with_u,
-                    int64_t off_u, int v0, int bv) {
+                    int64_t off_u, int v0, int bv, int no_o = 0, int kd = 0) {
     const uint32_t dst = smem_u32(stage);
     const int ubytes = with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0;
     fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
-    mbar_expect_tx(bar, (uint32_t)(last - first + ubytes));
-    bulk_g2s(dst + first, blk + first, (uint32_t)(last - first), bar);
+    if (!no_o) {
+        mbar_expect_tx(bar, (uint32_t)(last - first + ubytes));
+        bulk_g2s(dst + first, blk + first, (uint32_t)(last - first), bar);
+    } else {
+        /* [first, last) less QΓ = [C·kd·2, 2·C·kd·2) and Aqk = [3·C·kd·2, 3·C·kd·2 + C·C·2) */
+        const int cut[2][2] = {{KDA_CHUNK * kd * 2, 2 * KDA_CHUNK * kd * 2},
+                               {3 * KDA_CHUNK * kd * 2, 3 * KDA_CHUNK * kd * 2 + KDA_CHUNK * KDA_CHUNK * 2}};
+        int lo[3], hi[3], n = 0, cur = first, bytes = ubytes;
+        for (int i = 0; i < 2; i++) {
+            const int e = min(cut[i][0], last);
+            if (e > cur) lo[n] = cur, hi[n] = e, bytes += e - cur, n++;
+            cur = max(cur, cut[i][1]);
+        }
+        if (last > cur) lo[n] = cur, hi[n] = last, bytes += last - cur, n++;
+        mbar_expect_tx(bar, (uint32_t)bytes);
+        for (int i = 0; i < n; i++) bulk_g2s(dst + lo[i], blk + lo[i], (uint32_t)(hi[i] - lo[i]), bar);
+    }
     if (with_u) bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)ubytes, bar);
 }
 
@@ -468,13 +484,14 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     if (tid == 0) {
         if (SPLIT) {
             if (nchunks > 0) {
-                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv);
-                issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv);
+                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD);
+                issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO,
+                           KD);
             }
         } else {
             for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
                 issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), !mcols,
-                           off_u, v0, bv);
+                           off_u, v0, bv, !WO, KD);
         }
     }
     for (int64_t ci = 0; ci < nchunks; ci++) {
@@ -484,7 +501,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (!SPLIT) {
             if (tid == 0 && ahead < nchunks && !nocopy)
                 issue_copy(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst), REC_BLOCK(ahead), 0,
-                           REC_LINEAR(KD), !mcols, off_u, v0, bv);
+                           REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO, KD);
             if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * cur, (uint32_t)((ci / nst) & 1));
         } else if (!nocopy || ci == 0) {
             mbar_wait(bars, (uint32_t)(ci & 1));
@@ -518,7 +535,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (SPLIT) {
             __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
             if (tid == 0 && ci + 1 < nchunks && !nocopy)
-                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv);
+                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD);
             if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
         }
         if (math && !WG) {
@@ -528,7 +545,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (WO) stage_o(oacc, sO, p.o_dtype, ostride, warp, g, t);
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
         if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
-            issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv);
+            issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv,
+                       !WO, KD);
 
         /* O rows of this chunk → global */
         if (WO) {
