@@ -10,21 +10,25 @@
  * multiply-adds (~2 k cycles at K = 128; the chain is np − 2 steps long). Each thread holds a 4×4 tile of S
  * (rows 4 tr .. 4 tr + 3, columns 4 tc ..); the CTA keeps S_in(j) in shared memory and streams Mᵀ_j (stored [e][d]
  * by the pre-scan, so 32 rows e are one contiguous block) through a ring of shared-memory stages by bulk copies,
- * two blocks ahead, across the step boundaries.
+ * up to two steps ahead, across the step boundaries.
  */
 #include "common.cuh"
 
 #define MERGE_COLS 16 /* state columns per CTA */
 #define MERGE_EB 32   /* rows of Mᵀ per streamed block */
-#define MERGE_NST 3   /* ring stages */
+/* Ring stages: a step's compute (~1 µs) is shorter than a block's copy latency, so the ring holds about two
+ * steps' blocks (128 KB) and the copies run up to that far ahead. */
+#define MERGE_NST(KC) ((KC) <= 128 ? 8 * 128 / (KC) : 4)
 
 /* shared memory: the ring of Mᵀ blocks, S_in(j) (KC × 16), the ring's barriers */
-static int merge_smem(int kc) { return MERGE_NST * MERGE_EB * kc * 4 + kc * MERGE_COLS * 4 + 8 * MERGE_NST; }
+static int merge_smem(int kc) {
+    return MERGE_NST(kc) * MERGE_EB * kc * 4 + kc * MERGE_COLS * 4 + 8 * MERGE_NST(kc);
+}
 
 /* KC: the K class (a compile-time size: each thread's rows live in registers) */
 template <int KC>
 __global__ void __launch_bounds__(KC) kda_cp_merge_kernel(const kda_cp_params_t p) {
-    constexpr int nb = KC / MERGE_EB;
+    constexpr int nb = KC / MERGE_EB, MERGE_NST = MERGE_NST(KC);
     extern __shared__ __align__(16) float msm[];
     const int VC = p.vc, nct = VC / MERGE_COLS;
     const int tid = threadIdx.x, tc = tid & 3, tr = tid >> 2;
