@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
 #pragma unroll
     for (int u = 0; u < VU; u++) y[u] = sm.D[r * VS + l4 + 4 * u];
-    #pragma unroll 1
+#pragma unroll 1
     for (int d = 0; d < KC; d++) {
         const float f = kr[d] * expf(Gr[d]);
         const float *Sd = S + (int64_t)d * VC + l4;
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* Δ = T Z */
 #pragma unroll
     for (int u = 0; u < VU; u++) y[u] = 0.0f;
-    #pragma unroll 1
+#pragma unroll 1
     for (int m = 0; m <= r; m++) {
         const float t = sm.T[r * CS + m];
 #pragma unroll
@@ -267,14 +267,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ (into y until dO is no longer needed) */
 #pragma unroll
     for (int u = 0; u < VU; u++) y[u] = 0.0f;
-    #pragma unroll 1
+#pragma unroll 1
     for (int m = r; m < C; m++) {
         const float a = sm.A2[m * CS + r];
 #pragma unroll
         for (int u = 0; u < VU; u++) y[u] += a * sm.R[m * VS + l4 + 4 * u];
     }
-    #pragma unroll 1
-    #pragma unroll 1
+#pragma unroll 1
     for (int d = 0; d < KC; d++) {
         const float f = kr[d] * expf(Gl[d] - Gr[d]);
         const float *dSd = dS + (int64_t)d * VC + l4;
@@ -291,7 +290,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dR = Tᵀ dΔ */
 #pragma unroll
     for (int u = 0; u < VU; u++) y[u] = 0.0f;
-    #pragma unroll 1
+#pragma unroll 1
     for (int m = r; m < C; m++) {
         const float t = sm.T[m * CS + r];
 #pragma unroll
@@ -356,7 +355,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int d = l4 + 4 * u;
         const float Grd = Gr[d], krd = kr[d], qrd = qr[d];
         float aq = 0.0f, ak = 0.0f, ag = 0.0f;
-        #pragma unroll 1
+    #pragma unroll 1
         for (int j = 0; j <= r; j++) {
             const float cm = j < r ? br * sm.T[r * CS + j] : 0.0f, cq = scale * sm.A2[r * CS + j];
             const float kk = sm.k[j * KS + d] * expf(Grd - sm.G[j * KS + d]);
@@ -364,7 +363,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             aq += cq * kk;
             ag += (cm * krd + cq * qrd) * kk;
         }
-        #pragma unroll 1
+    #pragma unroll 1
         for (int i = r; i < C; i++) {
             const float cm = i > r ? sm.beta[i] * sm.T[i * CS + r] : 0.0f, cq = scale * sm.A2[i * CS + r];
             const float ti = (cm * sm.k[i * KS + d] + cq * sm.q[i * KS + d]) * expf(sm.G[i * KS + d] - Grd);
