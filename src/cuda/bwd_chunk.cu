@@ -401,7 +401,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             if (i >= clen || d >= p.K) continue;
             const int64_t t = t0 + i;
             const float x = gate_input(p, t, h, d), lam = gate_value(p, A, x);
-            float gi = lam <= 0.0f && lam >= KDA_GATE_MIN ? acc : 0.0f;
+            float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
             if (p.gate_in_kernel) {
                 if (p.lower_bound != 0.0f) {
                     const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
