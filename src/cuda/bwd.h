@@ -4,7 +4,7 @@
  *
  * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
  * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace:
- *   bwd_states.cu  one CTA per (sequence, value head, 64-column V tile): S at every chunk start, fp32
+ *   bwd_states.cu  one CTA per (sequence, value head, 16-column V tile): S at every chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state
  *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward in fp32 from the inputs and S, then its
@@ -27,7 +27,8 @@ extern "C" {
 #endif
 
 #define KDA_BWD_MAX_HEAD_DIM 128 /* largest K and V of the CUDA backward */
-#define KDA_BWD_BV 64            /* V columns per CTA of the state kernels (one panel of the blocks' U) */
+#define KDA_BWD_BV 16            /* V columns per CTA of the state kernels: narrow, so that a long sequence with few
+                                    heads still gives the card ~V/16 CTAs per head for its sequential chain */
 
 typedef struct kda_bwd_params {
     kda_cuda_seqs_t seqs;

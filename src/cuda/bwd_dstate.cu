@@ -2,17 +2,17 @@
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
  * end of every chunk, fp32 into the workspace, and d_initial_state.
  *
- * One CTA of 256 threads per (sequence, value head, tile of 64 value columns), last chunk to first, from the
- * forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o:
+ * One CTA of 256 threads per (sequence, value head, tile of KDA_BWD_BV = 16 value columns), last chunk to
+ * first, from the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o:
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
- *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 64)
- *                                  dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ          (K × 64)
+ *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 16)
+ *                                  dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ          (K × 16)
  *     d_initial_state ← dS
  *
  * dS never reads S: this stage does not depend on stage 1 and d_initial_state stays finite where the initial
- * state is not (§7). CUDA cores, fp32, dS in shared memory [KC][64]; the chunk's panels copied in byte for
+ * state is not (§7). CUDA cores, fp32, dS in shared memory [KC][16]; the chunk's panels copied in byte for
  * byte as in bwd_states.cu.
  */
 #include "bwd.h"

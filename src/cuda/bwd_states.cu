@@ -2,17 +2,17 @@
  * Backward, stage 1: the state S at the start of every chunk (docs/ALGORITHM.md §3, §6), fp32 into the
  * workspace, for the chunk kernel (bwd_chunk.cu) to differentiate each chunk from.
  *
- * One CTA of 256 threads per (sequence, value head, tile of 64 value columns), chunk after chunk, from the
- * forward's chunk blocks (prep.cuh: W, K̃, U, γ in bf16):
+ * One CTA of 256 threads per (sequence, value head, tile of KDA_BWD_BV = 16 value columns), chunk after
+ * chunk, from the forward's chunk blocks (prep.cuh: W, K̃, U, γ in bf16):
  *
  *     S ← initial state (zeros without one; a column holding an inf or NaN becomes NaN whole, §7)
  *     for each chunk:  states[chunk] ← S
- *                      Δ = U − W S                  (C × 64)
- *                      S ← Diag(γ) S + K̃ᵀ Δ          (K × 64; skipped after the last chunk)
+ *                      Δ = U − W S                  (C × 16)
+ *                      S ← Diag(γ) S + K̃ᵀ Δ          (K × 16; skipped after the last chunk)
  *
  * The same products as the forward's recurrence, on CUDA cores in fp32 (a first version: the recurrence's
- * tensor-core steps are the model for the next one). S lives in shared memory, [KC][64] fp32; each chunk's W
- * and K̃ panels and the tile's U panel are copied in byte for byte and read through the panel layout.
+ * tensor-core steps are the model for the next one). S lives in shared memory, [KC][16] fp32; each chunk's W
+ * and K̃ panels and the U panel holding the tile are copied in byte for byte and read through the panel layout.
  */
 #include "bwd.h"
 #include "common.cuh"
@@ -26,7 +26,7 @@ template <int KC>
 struct states_smem {
     unsigned char w[KDA_CHUNK * KC * 2];  /* W panels */
     unsigned char kt[KDA_CHUNK * KC * 2]; /* K̃ panels */
-    unsigned char u[KDA_PANEL_BYTES];      /* the tile's U panel */
+    unsigned char u[KDA_PANEL_BYTES];      /* the U panel (64 columns) holding the tile */
     float S[KC * SS];
     float D[KDA_CHUNK * SS];
     float gamma[KC];
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(ST_THREADS, 1) kda_bwd_states_kernel(const kda
     if (nc == 0) return;
     load_initial_state<KC>(p, sm, seq_slot(p.state_indices, p.num_state_slots, n), h, c0, tid);
 
-    const int col = tid % BV, row0 = tid / BV; /* thread's column; rows row0, row0 + 4, ... */
+    const int col = tid % BV, row0 = tid / BV; /* thread's column; rows row0, row0 + 256 / BV, ... */
     for (int64_t ci = 0; ci < nc; ci++) {
         const int64_t cid = chunk0 + ci;
         const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
@@ -88,12 +88,12 @@ __global__ void __launch_bounds__(ST_THREADS, 1) kda_bwd_states_kernel(const kda
             ((uint4 *)sm.kt)[e] = ((const uint4 *)(blk + kda_cuda_off_kt(KC)))[e];
         }
         for (int e = tid; e < KDA_PANEL_BYTES / 16; e += ST_THREADS)
-            ((uint4 *)sm.u)[e] = ((const uint4 *)(blk + kda_cuda_off_u(KC) + (int64_t)tile * KDA_PANEL_BYTES))[e];
+            ((uint4 *)sm.u)[e] = ((const uint4 *)(blk + kda_cuda_off_u(KC) + (int64_t)(c0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES))[e];
         for (int d = tid; d < KC; d += ST_THREADS) sm.gamma[d] = ((const float *)(blk + kda_cuda_off_gamma(KC)))[d];
         __syncthreads();
         /* Δ = U − W S */
         for (int i = row0; i < KDA_CHUNK; i += ST_THREADS / BV) {
-            float acc = panel_at(sm.u, i, col);
+            float acc = panel_at(sm.u, i, c0 % KDA_PANEL_COLS + col);
             for (int d = 0; d < KC; d++) acc -= panel_at(sm.w, i, d) * sm.S[d * SS + col];
             sm.D[i * SS + col] = acc;
         }
