@@ -45,6 +45,9 @@ struct chunk_smem {
 /* accurate fp32 functions (the backward is compared with the fp64 oracle) */
 DEV float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 DEV float softplus_acc(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+/* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
+ * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
+DEV float gexp(float x) { return __expf(x); }
 
 /* the gate input x = g (+ dt_bias), and the log decay before the clamp */
 DEV float gate_input(const kda_bwd_params_t &p, int64_t t, int h, int d) {
@@ -150,7 +153,7 @@ DEV void pair_products(chunk_smem<KC, VC> &sm, float scale, int r, int l4) {
         if (j <= r) {
             const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
             for (int d = 0; d < KC; d++) {
-                const float kk = kj[d] * expf(Gi[d] - Gj[d]);
+                const float kk = kj[d] * gexp(Gi[d] - Gj[d]);
                 sa += ki[d] * kk;
                 sq += qi[d] * kk;
             }
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     for (int u = 0; u < VU; u++) y[u] = sm.D[r * VS + l4 + 4 * u];
 #pragma unroll 1
     for (int d = 0; d < KC; d++) {
-        const float f = kr[d] * expf(Gr[d]);
+        const float f = kr[d] * gexp(Gr[d]);
         const float *Sd = S + (int64_t)d * VC + l4;
 #pragma unroll
         for (int u = 0; u < VU; u++) y[u] -= f * __ldg(Sd + 4 * u);
@@ -245,7 +248,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
     }
     for (int d = tid; d < KC; d += CK_THREADS) {
-        sm.gam[d] = expf(Gl[d]);
+        sm.gam[d] = gexp(Gl[d]);
         float acc = 0.0f;
         for (int c = 0; c < VC; c++) acc += __ldg(dS + (int64_t)d * VC + c) * __ldg(S + (int64_t)d * VC + c);
         sm.dgam[d] = acc;
@@ -260,7 +263,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
     for (int u = 0; u < KU; u++) {
         const int d = l4 + 4 * u;
-        const float a = dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC), e = scale * expf(Gr[d]) * a;
+        const float a = dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC), e = scale * gexp(Gr[d]) * a;
         if (own) dqr[d] = e;
         dG[u] = qr[d] * e;
     }
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
 #pragma unroll 1
     for (int d = 0; d < KC; d++) {
-        const float f = kr[d] * expf(Gl[d] - Gr[d]);
+        const float f = kr[d] * gexp(Gl[d] - Gr[d]);
         const float *dSd = dS + (int64_t)d * VC + l4;
 #pragma unroll
         for (int u = 0; u < VU; u++) y[u] += f * __ldg(dSd + 4 * u);
@@ -325,7 +328,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int d = l4 + 4 * u;
         const float ax = -dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC);
         const float ak = dot4_g(sm.D + r * VS, dS + (int64_t)d * VC, VC);
-        const float e = expf(Gr[d]), f = expf(Gl[d] - Gr[d]), kd = kr[d];
+        const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
         if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
         db += kd * e * ax;
         const float kt = kd * f * ak;
@@ -348,34 +351,41 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         sm.ext[d] = acc;
     }
 
-    /* the pair products backward, column by column: row r as the later token i (pairs j ≤ r), then as the
-       earlier j (i ≥ r) */
+    /* the pair products backward: row r as the later token i (pairs j ≤ r), then as the earlier j (i ≥ r) */
+    float aq[KU], ak[KU];
 #pragma unroll
-    for (int u = 0; u < KU; u++) {
-        const int d = l4 + 4 * u;
-        const float Grd = Gr[d], krd = kr[d], qrd = qr[d];
-        float aq = 0.0f, ak = 0.0f, ag = 0.0f;
-    #pragma unroll 1
-        for (int j = 0; j <= r; j++) {
-            const float cm = j < r ? br * sm.T[r * CS + j] : 0.0f, cq = scale * sm.A2[r * CS + j];
-            const float kk = sm.k[j * KS + d] * expf(Grd - sm.G[j * KS + d]);
-            ak += cm * kk;
-            aq += cq * kk;
-            ag += (cm * krd + cq * qrd) * kk;
-        }
-    #pragma unroll 1
-        for (int i = r; i < C; i++) {
-            const float cm = i > r ? sm.beta[i] * sm.T[i * CS + r] : 0.0f, cq = scale * sm.A2[i * CS + r];
-            const float ti = (cm * sm.k[i * KS + d] + cq * sm.q[i * KS + d]) * expf(sm.G[i * KS + d] - Grd);
-            ak += ti;
-            ag -= ti * krd;
-        }
-        dG[u] += ag;
-        if (own) {
-            dqr[d] += aq;
-            dkr[d] += ak;
+    for (int u = 0; u < KU; u++) aq[u] = ak[u] = 0.0f;
+#pragma unroll 1
+    for (int j = 0; j <= r; j++) {
+        const float cm = j < r ? br * sm.T[r * CS + j] : 0.0f, cq = scale * sm.A2[r * CS + j];
+        const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int d = l4 + 4 * u;
+            const float kk = kj[d] * gexp(Gr[d] - Gj[d]);
+            ak[u] += cm * kk;
+            aq[u] += cq * kk;
+            dG[u] += (cm * kr[d] + cq * qr[d]) * kk;
         }
     }
+#pragma unroll 1
+    for (int i = r; i < C; i++) {
+        const float cm = i > r ? sm.beta[i] * sm.T[i * CS + r] : 0.0f, cq = scale * sm.A2[i * CS + r];
+        const float *ki = sm.k + i * KS, *qi = sm.q + i * KS, *Gi = sm.G + i * KS;
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int d = l4 + 4 * u;
+            const float ti = (cm * ki[d] + cq * qi[d]) * gexp(Gi[d] - Gr[d]);
+            ak[u] += ti;
+            dG[u] -= ti * kr[d];
+        }
+    }
+    if (own)
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            dqr[l4 + 4 * u] += aq[u];
+            dkr[l4 + 4 * u] += ak[u];
+        }
 
     /* dβ: the row's four threads sum; through the sigmoid */
     db += __shfl_xor_sync(0xffffffffu, db, 1);
