@@ -403,7 +403,7 @@ TEST(gpu_bwd_strong_decay) {
     }
 }
 
-TEST(gpu_bwd_fp32) {
+TEST(gpu_bwd_fp32_fp16) {
     for (int kd = 64; kd <= 128; kd *= 2) {
         kda_synth_config_t c = base(kd);
         c.dtype = c.g_dtype = c.beta_dtype = c.o_dtype = KDA_FLOAT32;
@@ -411,6 +411,13 @@ TEST(gpu_bwd_fp32) {
         opts_t o = TRAIN;
         o.grad_f32 = 1;
         expect_bwd("fp32", &c, &o, TOL_F32);
+    }
+    /* float16 inputs and gradients */
+    for (int kd = 64; kd <= 128; kd *= 2) {
+        kda_synth_config_t c = base(kd);
+        c.dtype = c.o_dtype = KDA_FLOAT16;
+        c.gate = KDA_GATE_SOFTPLUS;
+        expect_bwd("fp16", &c, &TRAIN, TOL_BF16);
     }
     /* bf16 inputs with float32 gradients */
     kda_synth_config_t c = base(128);
