@@ -26,8 +26,7 @@
  * phases, its dq̂ and dk̂ accumulate in its own rows of the scratch. CUDA cores only: the first version, for
  * correctness. The products are the tensor-core shapes of the next version (docs/PERF.md).
  */
-#include "bwd.h"
-#include "common.cuh"
+#include "bwd.cuh"
 #include "seq.cuh"
 
 #define CK_THREADS 256
@@ -58,12 +57,6 @@ DEV float gate_input(const kda_bwd_params_t &p, int64_t t, int h, int d) {
 DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
     if (!p.gate_in_kernel) return x;
     return p.lower_bound != 0.0f ? p.lower_bound * sigm(A * x) : -A * softplus_acc(x);
-}
-
-DEV float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
 }
 
 /* Σ_c a[c] b[c] over n (a multiple of 4) floats, both 16-byte aligned */

@@ -15,8 +15,7 @@
  * state is not (§7). CUDA cores, fp32, dS in shared memory [KC][16]; the chunk's panels copied in byte for
  * byte as in bwd_states.cu.
  */
-#include "bwd.h"
-#include "common.cuh"
+#include "bwd.cuh"
 #include "seq.cuh"
 
 #define DS_THREADS 256
@@ -34,15 +33,6 @@ struct dstate_smem {
     float dD[KDA_CHUNK * SS];
     float gamma[KC];
 };
-
-DEV float panel_at(const unsigned char *tile, int row, int col) {
-    return bf16_bits_to_f32(*(const uint16_t *)(tile + pan_off(row, col)));
-}
-
-DEV int64_t state_elem(const kda_bwd_params_t &p, int64_t slot, int h, int d, int c) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)p.K * p.V;
-    return base + (p.v_first ? (int64_t)c * p.K + d : (int64_t)d * p.V + c);
-}
 
 template <int KC>
 __global__ void __launch_bounds__(DS_THREADS, 1) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {

@@ -9,17 +9,10 @@
  *
  * No atomics: two identical calls give identical bytes.
  */
-#include "bwd.h"
-#include "common.cuh"
+#include "bwd.cuh"
 #include "seq.cuh"
 
 #define FIN_THREADS 256
-
-DEV float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
 
 /* dy (lanes' columns d = lane + 32 u) → dx through y = x / sqrt(Σx² + eps), in place */
 template <int KC>

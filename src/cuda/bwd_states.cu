@@ -14,8 +14,7 @@
  * tensor-core steps are the model for the next one). S lives in shared memory, [KC][16] fp32; each chunk's W
  * and K̃ panels and the U panel holding the tile are copied in byte for byte and read through the panel layout.
  */
-#include "bwd.h"
-#include "common.cuh"
+#include "bwd.cuh"
 #include "seq.cuh"
 
 #define ST_THREADS 256
@@ -32,16 +31,6 @@ struct states_smem {
     float gamma[KC];
     int bad[BV];
 };
-
-DEV float panel_at(const unsigned char *tile, int row, int col) {
-    return bf16_bits_to_f32(*(const uint16_t *)(tile + pan_off(row, col)));
-}
-
-/* Element (d, c) of head h's state in slot `slot` of a [slots][hv][K][V] (V-first: [V][K]) tensor. */
-DEV int64_t state_elem(const kda_bwd_params_t &p, int64_t slot, int h, int d, int c) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)p.K * p.V;
-    return base + (p.v_first ? (int64_t)c * p.K + d : (int64_t)d * p.V + c);
-}
 
 /* S ← the tile of the initial state; non-finite columns NaN (the per-channel rule of §7) */
 template <int KC>
