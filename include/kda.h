@@ -378,8 +378,8 @@ KDA_API void(kda_backward_args_init)(kda_backward_args_t *args);
 KDA_API kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args,
                                                  size_t *workspace_bytes);
 
-/* Compute every requested gradient. Workspace and stream as for kda_forward. The CUDA backend answers
- * KDA_STATUS_NOT_SUPPORTED for now. */
+/* Compute every requested gradient. Workspace and stream as for kda_forward. The CUDA backend takes K, V <= 128
+ * (KDA_STATUS_NOT_SUPPORTED naming head_dim_k or head_dim_v beyond) and needs no host sync (graph-capturable). */
 KDA_API kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
                                   size_t workspace_bytes, void *stream);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../internal.h"
+#include "bwd.h"
 #include "decode.h"
 #include "kda_cuda.h"
 
@@ -87,6 +88,10 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
     /* the recurrent kernel (decode.cu) takes any K, V in [1, 256] and any alignment */
     if (kda_cuda_decode_fits(p, strncmp(fn, "kda_decode", 10) == 0)) return KDA_STATUS_SUCCESS;
     const int kc = kda_cuda_size_class(a->head_dim_k), vc = kda_cuda_size_class(a->head_dim_v);
+    if (strncmp(fn, "kda_backward", 12) == 0 && (a->head_dim_k > KDA_BWD_MAX_HEAD_DIM || a->head_dim_v > KDA_BWD_MAX_HEAD_DIM))
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backward takes K, V <= %d (K = %d, V = %d); "
+                         "use the cpu backend for larger heads", fn, a->head_dim_k > KDA_BWD_MAX_HEAD_DIM ? "head_dim_k" : "head_dim_v",
+                         KDA_BWD_MAX_HEAD_DIM, a->head_dim_k, a->head_dim_v);
     if (!kda_cuda_find_config(kc, vc))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
                          "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
@@ -142,44 +147,11 @@ static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t
     return KDA_STATUS_SUCCESS;
 }
 
-/* Columns of the state per recurrence CTA: the widest tile (up to 128, within the V class) that still gives
- * ~80% of the SMs a CTA. */
-static int choose_bv(const cuda_impl_t *impl, const kda_problem_t *p, int vc) {
-    const int64_t heads = p->num_seqs * p->a.num_v_heads;
-    for (int bv = vc < 128 ? vc : 128; bv >= 32; bv /= 2)
-        if (heads * (vc / bv) * 5 >= (int64_t)impl->sm_count * 4) return bv;
-    return 32;
-}
-
-#ifdef KDA_DEV_BUILD
-/* Development builds only: a process-wide tuning a harness (bench/stages.py) sets through ctypes; a context's
- * own tuning (tests) takes precedence field by field. */
-static kda_tuning_t dev_tuning;
-KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
-    dev_tuning.dev_skip = dev_skip;
-    dev_tuning.bv = bv;
-    dev_tuning.rec_mma = rec_mma;
-    dev_tuning.stages = stages;
-}
-#endif
-
-static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
-    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+/* The sequences, the chunk blocks at `base` (after the varlen offsets) and the chunk preparation's params: the
+ * forward's first stages, which the backward runs too. */
+static void fill_prep_params(const kda_problem_t *p, unsigned char *base, int dev_skip, kda_prep_params_t *out) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
-    const int kc = kda_cuda_size_class(K), vc = kda_cuda_size_class(V);
-    const kda_cuda_config_t *cfg = kda_cuda_find_config(kc, vc); /* non-NULL: cuda_supports checked it */
-    kda_tuning_t tune = ctx->tuning;
-#ifdef KDA_DEV_BUILD
-    if (!tune.bv) tune.bv = dev_tuning.bv;
-    if (!tune.rec_mma) tune.rec_mma = dev_tuning.rec_mma;
-    if (!tune.stages) tune.stages = dev_tuning.stages;
-    if (!tune.dev_skip) tune.dev_skip = dev_tuning.dev_skip;
-#else
-    tune.dev_skip = 0;
-#endif
-
-    unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
     kda_cuda_seqs_t seqs;
     memset(&seqs, 0, sizeof seqs);
     seqs.cu_seqlens = a->cu_seqlens;
@@ -218,7 +190,52 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     pp.gate_in_kernel = a->use_gate_in_kernel != 0;
     pp.beta_sigmoid = a->use_beta_sigmoid != 0;
     pp.neg_eigval = a->allow_neg_eigval != 0;
-    pp.dev_skip = tune.dev_skip;
+    pp.dev_skip = dev_skip;
+    *out = pp;
+}
+
+/* Columns of the state per recurrence CTA: the widest tile (up to 128, within the V class) that still gives
+ * ~80% of the SMs a CTA. */
+static int choose_bv(const cuda_impl_t *impl, const kda_problem_t *p, int vc) {
+    const int64_t heads = p->num_seqs * p->a.num_v_heads;
+    for (int bv = vc < 128 ? vc : 128; bv >= 32; bv /= 2)
+        if (heads * (vc / bv) * 5 >= (int64_t)impl->sm_count * 4) return bv;
+    return 32;
+}
+
+#ifdef KDA_DEV_BUILD
+/* Development builds only: a process-wide tuning a harness (bench/stages.py) sets through ctypes; a context's
+ * own tuning (tests) takes precedence field by field. */
+static kda_tuning_t dev_tuning;
+KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
+    dev_tuning.dev_skip = dev_skip;
+    dev_tuning.bv = bv;
+    dev_tuning.rec_mma = rec_mma;
+    dev_tuning.stages = stages;
+}
+#endif
+
+static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
+    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    const int kc = kda_cuda_size_class(K), vc = kda_cuda_size_class(V);
+    const kda_cuda_config_t *cfg = kda_cuda_find_config(kc, vc); /* non-NULL: cuda_supports checked it */
+    kda_tuning_t tune = ctx->tuning;
+#ifdef KDA_DEV_BUILD
+    if (!tune.bv) tune.bv = dev_tuning.bv;
+    if (!tune.rec_mma) tune.rec_mma = dev_tuning.rec_mma;
+    if (!tune.stages) tune.stages = dev_tuning.stages;
+    if (!tune.dev_skip) tune.dev_skip = dev_tuning.dev_skip;
+#else
+    tune.dev_skip = 0;
+#endif
+
+    unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
+    kda_prep_params_t pp;
+    fill_prep_params(p, base, tune.dev_skip, &pp);
+    const kda_cuda_seqs_t seqs = pp.seqs;
+    const kda_cuda_blocks_t blocks = pp.blocks;
 
     kda_rec_params_t rp;
     memset(&rp, 0, sizeof rp);
@@ -333,6 +350,134 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
     return cuda_workspace(ctx, p, bytes);
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the four
+ * backward stages. Workspace, each region 256-byte aligned:
+ *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per
+ *   chunk and head) | dq̂, dk̂ per token and value head (fp32 2 × KC) | dA_log/ddt_bias partials per chunk and head
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    size_t blocks, states, dstates, dqk, part, total;
+} bwd_layout_t;
+
+static bwd_layout_t bwd_layout(const kda_problem_t *p) {
+    const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
+    const size_t heads = (size_t)max_chunks(p) * (size_t)p->a.num_v_heads;
+    bwd_layout_t l;
+    l.blocks = meta_bytes(p);
+    l.states = l.blocks + align256(heads * (size_t)block_bytes(p));
+    l.dstates = l.states + align256(heads * kc * vc * 4);
+    l.dqk = l.dstates + align256(heads * kc * vc * 4);
+    l.part = l.dqk + align256((size_t)p->num_tokens * (size_t)p->a.num_v_heads * 2 * kc * 4);
+    l.total = l.part + align256(heads * (kc + 1) * 4);
+    return l;
+}
+
+static kda_status_t cuda_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes) {
+    (void)ctx;
+    *bytes = 256 + bwd_layout(&p->f).total;
+    return KDA_STATUS_SUCCESS;
+}
+
+static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,
+                                  void *stream) {
+    (void)ws_bytes;
+    const char *fn = "kda_backward";
+    const kda_problem_t *p = &bp->f;
+    const kda_args_t *a = &p->a;
+    const kda_backward_args_t *b = &bp->b;
+    unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
+    const bwd_layout_t l = bwd_layout(p);
+    kda_prep_params_t pp;
+    fill_prep_params(p, base, 0, &pp);
+
+    kda_bwd_params_t bw;
+    memset(&bw, 0, sizeof bw);
+    bw.seqs = pp.seqs;
+    bw.blocks = pp.blocks;
+    bw.states = (float *)(base + l.states);
+    bw.dstates = (float *)(base + l.dstates);
+    bw.dqk = (float *)(base + l.dqk);
+    bw.part = (float *)(base + l.part);
+    bw.q = a->q;
+    bw.k = a->k;
+    bw.v = a->v;
+    bw.g = a->g;
+    bw.beta = a->beta;
+    bw.A_log = pp.A_log;
+    bw.dt_bias = pp.dt_bias;
+    bw.h0 = a->initial_state;
+    bw.dht = b->d_final_state;
+    bw.d_o = b->d_o;
+    bw.state_indices = a->state_indices;
+    bw.num_state_slots = a->num_state_slots;
+    bw.dtype = (int)a->dtype;
+    bw.g_dtype = (int)a->g_dtype;
+    bw.beta_dtype = (int)a->beta_dtype;
+    bw.h0_dtype = (int)a->initial_state_dtype;
+    bw.dht_dtype = (int)b->d_final_state_dtype;
+    bw.do_dtype = (int)b->d_o_dtype;
+    bw.dq = b->dq;
+    bw.dk = b->dk;
+    bw.dv = b->dv;
+    bw.dg = b->dg;
+    bw.dbeta = b->dbeta;
+    bw.dh0 = b->d_initial_state;
+    bw.dA_log = b->dA_log;
+    bw.ddt_bias = b->ddt_bias;
+    bw.dq_dtype = (int)b->dq_dtype;
+    bw.dk_dtype = (int)b->dk_dtype;
+    bw.dv_dtype = (int)b->dv_dtype;
+    bw.dg_dtype = (int)b->dg_dtype;
+    bw.dbeta_dtype = (int)b->dbeta_dtype;
+    bw.dh0_dtype = (int)b->d_initial_state_dtype;
+    bw.hqk = a->num_qk_heads;
+    bw.hv = a->num_v_heads;
+    bw.group = p->group;
+    bw.K = a->head_dim_k;
+    bw.V = a->head_dim_v;
+    bw.kc = kda_cuda_size_class(a->head_dim_k);
+    bw.vc = kda_cuda_size_class(a->head_dim_v);
+    bw.v_first = a->state_v_first != 0;
+    bw.scale = p->scale;
+    bw.lower_bound = pp.lower_bound;
+    bw.l2norm = pp.l2norm;
+    bw.gate_in_kernel = pp.gate_in_kernel;
+    bw.beta_sigmoid = pp.beta_sigmoid;
+    bw.neg_eigval = pp.neg_eigval;
+
+    const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
+    if (pp.blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
+        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
+        p->num_tokens * a->num_qk_heads >= ((int64_t)1 << 34)) /* the finish kernel: a warp per row, 8 per CTA */
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
+                         fn, (long long)p->num_tokens, a->num_v_heads);
+
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != ctx->device) e = cudaSetDevice(ctx->device);
+    if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
+    int err = 0;
+    const char *stage = "";
+    if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
+    else if ((err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
+    else if (bw.dh0 && a->state_indices &&
+             (err = (int)cudaMemsetAsync(bw.dh0, 0, (size_t)a->num_state_slots * (size_t)a->num_v_heads *
+                                                        (size_t)kda_state_head_elems(p) *
+                                                        kda_dtype_size(b->d_initial_state_dtype),
+                                         (cudaStream_t)stream)) != 0)
+        stage = "d_initial_state memset";
+    else if ((err = kda_bwd_launch_states(&bw, ctx->device, stream)) != 0) stage = "backward states";
+    else if ((err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0) stage = "backward state-gradient";
+    else if ((err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
+    else if ((err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
+    if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
+    if (err != 0)
+        return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,
+                         cudaGetErrorString((cudaError_t)err));
+    return KDA_STATUS_SUCCESS;
+}
+
 const kda_backend_ops_t kda_cuda_ops = {
     .name = "cuda",
     .forward_workspace = cuda_forward_workspace,
@@ -341,4 +486,6 @@ const kda_backend_ops_t kda_cuda_ops = {
     .decode = cuda_decode,
     .supports = cuda_supports,
     .destroy = cuda_destroy,
+    .backward_workspace = cuda_backward_workspace,
+    .backward = cuda_backward,
 };

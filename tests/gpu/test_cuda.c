@@ -485,21 +485,6 @@ TEST(gpu_head_size_out_of_range) {
     dproblem_free(&d);
 }
 
-/* The CUDA backward is a later step: kda_backward answers NOT_SUPPORTED naming the backend, writes nothing. */
-TEST(gpu_bwd_not_supported_yet) {
-    kda_synth_config_t c = base(128);
-    dproblem_t d;
-    dproblem_make(&d, &c);
-    kda_backward_args_t b;
-    kda_backward_args_init(&b);
-    b.problem = &d.dev;
-    size_t need = 0;
-    kda_status_t st = kda_backward_workspace_size(gpu(), &b, &need);
-    CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
-    CHECK(strstr(kda_last_error(), "cuda") != NULL, "%s", kda_last_error());
-    dproblem_free(&d);
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * The non-finite input contract (docs/ALGORITHM.md, "Non-finite and out-of-range inputs") on CUDA: kda_forward
  * and kda_decode on every input class of the table, in both state layouts and with a state pool, against their

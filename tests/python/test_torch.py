@@ -484,6 +484,35 @@ def cuda_call(fn, *args, **kwargs):
 
 
 @requires_gpu
+@pytest.mark.parametrize("name", list(TORCH_CASES))
+@pytest.mark.parametrize("KV", [64, 128])
+def test_cuda_chunk_gradients_against_cpu(name, KV):
+    """chunk_kda's gradients on CUDA tensors (libkda's CUDA backward) against the same call on CPU tensors (the CPU
+    backward, itself checked against float64 autograd above); float32 tensors, so the difference is the CUDA
+    forward's and backward's bf16 chunk blocks."""
+    x, cu, opts = case_inputs(name, seed=5, K_V=(KV, KV))
+    grads = {}
+    for dev in ("cpu", "cuda"):
+        xt = to_torch(x, dev)
+        kw = gate_to(opts, dev)
+        for key in ("A_log", "dt_bias"):
+            if key in kw:
+                xt[key] = kw.pop(key)
+        leaves = {key: xt[key].clone().requires_grad_() for key in GRAD_INPUTS if key in xt}
+        cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64, device=dev)
+        o, ht = cuda_call(kda.chunk_kda, **{**xt, **leaves}, cu_seqlens=cu_t, **kw)
+        gen = torch.Generator().manual_seed(9)
+        wo, wh = torch.randn(o.shape, generator=gen).to(dev), torch.randn(ht.shape, generator=gen).to(dev)
+        cuda_call(lambda: ((o * wo).sum() + (ht * wh).sum()).backward())
+        grads[dev] = {key: t.grad for key, t in leaves.items()}
+    for key, g_cpu in grads["cpu"].items():
+        g_gpu = grads["cuda"][key]
+        assert g_gpu is not None and g_gpu.dtype == g_cpu.dtype and g_gpu.shape == g_cpu.shape, key
+        err = rel_err(g_gpu.cpu().numpy(), g_cpu.numpy())
+        assert err <= 3e-2, f"{key}: relative error {err:.3g} against the CPU backward"
+
+
+@requires_gpu
 @pytest.mark.parametrize("entry", ["chunk", "fused"])
 @pytest.mark.parametrize("name", list(TORCH_CASES))
 @pytest.mark.parametrize("KV", [64, 128])

@@ -1,0 +1,68 @@
+/*
+ * The CUDA backward's host/device contract: one params struct shared by its four stages (filled by backend.c
+ * from a checked kda_bwd_problem_t, passed by value), the workspace regions, and the launchers.
+ *
+ * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
+ * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace:
+ *   bwd_states.cu  one CTA per (sequence, value head, 16-column V tile): S at every chunk start, fp32
+ *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
+ *                  end, fp32, and d_initial_state
+ *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward in fp32 from the inputs and S, then its
+ *                  gradients: dv, dg, dβ written, dq̂ and dk̂ of the value head into scratch, dA_log/ddt_bias
+ *                  partial sums per (chunk, head)
+ *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
+ *                  dA_log and ddt_bias summed over the chunks in order
+ * No float atomics anywhere: two identical calls give identical bytes.
+ *
+ * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
+ * its fp32 tiles in shared memory, which is what bounds the class.
+ */
+#ifndef KDA_CUDA_BWD_H
+#define KDA_CUDA_BWD_H
+
+#include "kda_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KDA_BWD_MAX_HEAD_DIM 128 /* largest K and V of the CUDA backward */
+#define KDA_BWD_BV 16            /* V columns per CTA of the state kernels: narrow, so that a long sequence with few
+                                    heads still gives the card ~V/16 CTAs per head for its sequential chain */
+
+typedef struct kda_bwd_params {
+    kda_cuda_seqs_t seqs;
+    kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
+    /* workspace regions, fp32 */
+    float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero) */
+    float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end */
+    float *dqk;                   /* [num_tokens][hv][2][KC]: dq̂, dk̂ of each value head (before the l2norm step) */
+    float *part;                  /* [max_chunks][hv][KC + 1]: per chunk Σ ∂L/∂A_log, then Σ ∂L/∂dt_bias[d] */
+    /* inputs */
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias; /* NULL unless use_gate_in_kernel */
+    const void *h0, *dht, *d_o;
+    const int32_t *state_indices;
+    int64_t num_state_slots;
+    int dtype, g_dtype, beta_dtype, h0_dtype, dht_dtype, do_dtype;
+    /* outputs */
+    void *dq, *dk, *dv, *dg, *dbeta, *dh0;
+    float *dA_log, *ddt_bias;
+    int dq_dtype, dk_dtype, dv_dtype, dg_dtype, dbeta_dtype, dh0_dtype;
+    /* the problem */
+    int hqk, hv, group, K, V, kc, vc, v_first;
+    float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
+    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
+} kda_bwd_params_t;
+
+/* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
+int kda_bwd_launch_states(const kda_bwd_params_t *p, int device, void *stream);
+int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
+int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
+int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KDA_CUDA_BWD_H */

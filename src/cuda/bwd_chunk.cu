@@ -1,0 +1,447 @@
+/*
+ * Backward, stage 3: the gradients of one chunk (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the
+ * same computation on the CPU).
+ *
+ * One CTA of 256 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's forward in
+ * fp32 from the inputs and the state S at its start (stage 1), then differentiates it with dS⁺ = ∂L/∂S at its
+ * end (stage 2). In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
+ *
+ *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
+ *              M[i][j] = Σ_d k_i k_j e^{G_i − G_j} (j < i),  Aqk[i][j] = s Σ_d q_i k_j e^{G_i − G_j} (j ≤ i)
+ *              T = (I + A)⁻¹,  Δ = T Z  (= U − W S)
+ *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dQΓ = dO Sᵀ      dK̃ = Δ dS⁺ᵀ
+ *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ     dγ = rowsum(dS⁺ ⊙ S)
+ *              dv = β dR;  dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
+ *              the factor rules (QΓ = s q e^G, X, K̃ = k e^{G_last − G}, γ = e^{G_last}) into dq̂, dk̂, dG;
+ *              the pair products M, Aqk pair by pair with e^{G_i − G_j} ≤ 1 (no split: any decay is safe);
+ *              dĝ = reverse cumsum of dG (+ the G_last terms, the same for every row); then the clamp and gate
+ * Written: dv, dg, dβ (through the sigmoid) of the chunk's tokens; dq̂, dk̂ of this value head into the scratch
+ * (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the chunk's sums of
+ * ∂L/∂A_log and ∂L/∂dt_bias.
+ *
+ * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ (first v, then Z) and a second
+ * C × VC tile (dO, then dΔ, then dR) in shared memory, fp32 (≤ 224 KB at KC = VC = 128); S and dS⁺ are read from
+ * the workspace (L1/L2) where used. Thread t owns row t / 4 and the columns ≡ t (mod 4) of every C-row tile it
+ * computes; its dG stays in registers through all
+ * phases, its dq̂ and dk̂ accumulate in its own rows of the scratch. CUDA cores only: the first version, for
+ * correctness. The products are the tensor-core shapes of the next version (docs/PERF.md).
+ */
+#include "bwd.cuh"
+#include "seq.cuh"
+
+#define CK_THREADS 256
+#define C KDA_CHUNK
+#define CS (C + 4) /* fp32 strides: rows 4 banks apart, so the 8 rows a warp reads fall in distinct banks */
+
+template <int KC, int VC>
+struct chunk_smem {
+    float q[C * (KC + 4)], k[C * (KC + 4)], G[C * (KC + 4)];
+    float M[C * CS], A2[C * CS], T[C * CS];
+    float D[C * (VC + 4)], R[C * (VC + 4)];
+    float beta[C], gam[KC], dgam[KC], ext[KC], dal[KC];
+};
+
+/* accurate fp32 functions (the backward is compared with the fp64 oracle) */
+DEV float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+DEV float softplus_acc(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+/* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
+ * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
+DEV float gexp(float x) { return __expf(x); }
+
+/* the gate input x = g (+ dt_bias), and the log decay before the clamp */
+DEV float gate_input(const kda_bwd_params_t &p, int64_t t, int h, int d) {
+    float x = load_elem(p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + d);
+    if (p.gate_in_kernel && p.dt_bias) x += p.dt_bias[(int64_t)h * p.K + d];
+    return x;
+}
+DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
+    if (!p.gate_in_kernel) return x;
+    return p.lower_bound != 0.0f ? p.lower_bound * sigm(A * x) : -A * softplus_acc(x);
+}
+
+/* Σ_c a[c] b[c] over n (a multiple of 4) floats, both 16-byte aligned */
+DEV float dot4(const float *a, const float *b, int n) {
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < n; c += 4) {
+        const float4 x = *(const float4 *)(a + c), y = *(const float4 *)(b + c);
+        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+    }
+    return acc;
+}
+DEV float dot4_g(const float *a, const float *__restrict__ b, int n) {
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < n; c += 4) {
+        const float4 x = *(const float4 *)(a + c), y = __ldg((const float4 *)(b + c));
+        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+    }
+    return acc;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Forward of the chunk
+ * ------------------------------------------------------------------------------------------------------- */
+/* q̂, k̂, the clamped log decay ĝ (into G), β, v (into D); rows past the chunk's end and padded columns zero */
+template <int KC, int VC>
+DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t t0, int clen, int h, float A, int tid) {
+    constexpr int KS = KC + 4, VS = VC + 4;
+    const int warp = tid >> 5, lane = tid & 31, hq = h / p.group;
+    for (int i = warp; i < C; i += CK_THREADS / 32) {
+        const int64_t t = t0 + i;
+        const bool row = i < clen;
+        float qv[KC / 32], kv[KC / 32], sq = 0.0f, sk = 0.0f;
+#pragma unroll
+        for (int u = 0; u < KC / 32; u++) {
+            const int d = lane + 32 * u;
+            const bool in = row && d < p.K;
+            const int64_t e = (t * p.hqk + hq) * (int64_t)p.K + d;
+            qv[u] = in ? load_elem(p.q, p.dtype, e) : 0.0f;
+            kv[u] = in ? load_elem(p.k, p.dtype, e) : 0.0f;
+            sq += qv[u] * qv[u];
+            sk += kv[u] * kv[u];
+            float y = 0.0f;
+            if (in) {
+                y = gate_value(p, A, gate_input(p, t, h, d));
+                y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
+                y = y < 0.0f ? y : 0.0f;
+            }
+            sm.G[i * KS + d] = y;
+        }
+        const float rq = p.l2norm ? 1.0f / sqrtf(warp_sum(sq) + 1e-6f) : 1.0f;
+        const float rk = p.l2norm ? 1.0f / sqrtf(warp_sum(sk) + 1e-6f) : 1.0f;
+#pragma unroll
+        for (int u = 0; u < KC / 32; u++) {
+            sm.q[i * KS + lane + 32 * u] = qv[u] * rq;
+            sm.k[i * KS + lane + 32 * u] = kv[u] * rk;
+        }
+        if (lane == 0) {
+            float b = 0.0f;
+            if (row) {
+                b = load_elem(p.beta, p.beta_dtype, t * p.hv + h);
+                if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigm(b);
+            }
+            sm.beta[i] = b;
+        }
+        for (int c = lane; c < VC; c += 32)
+            sm.D[i * VS + c] = row && c < p.V ? load_elem(p.v, p.dtype, (t * p.hv + h) * (int64_t)p.V + c) : 0.0f;
+    }
+}
+
+/* G = cumulative sum of ĝ down each channel */
+template <int KC>
+DEV void gate_cumsum(float *G, int tid) {
+    constexpr int KS = KC + 4;
+    for (int d = tid; d < KC; d += CK_THREADS)
+        for (int i = 1; i < C; i++) G[i * KS + d] += G[(i - 1) * KS + d];
+}
+
+/* M (strictly lower) and Aqk (lower, × s), pair by pair */
+template <int KC, int VC>
+DEV void pair_products(chunk_smem<KC, VC> &sm, float scale, int r, int l4) {
+    constexpr int KS = KC + 4;
+    const float *qi = sm.q + r * KS, *ki = sm.k + r * KS, *Gi = sm.G + r * KS;
+    for (int j = l4; j < C; j += 4) {
+        float sa = 0.0f, sq = 0.0f;
+        if (j <= r) {
+            const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
+            for (int d = 0; d < KC; d++) {
+                const float kk = kj[d] * gexp(Gi[d] - Gj[d]);
+                sa += ki[d] * kk;
+                sq += qi[d] * kk;
+            }
+        }
+        sm.M[r * CS + j] = j < r ? sa : 0.0f;
+        sm.A2[r * CS + j] = scale * sq;
+    }
+}
+
+/* T = (I + Diag(β) M)⁻¹ by forward substitution, row after row (all threads reach every barrier) */
+template <int KC, int VC>
+DEV void invert(chunk_smem<KC, VC> &sm, int tid) {
+    for (int e = tid; e < C * C; e += CK_THREADS) sm.T[(e / C) * CS + e % C] = e / C == e % C ? 1.0f : 0.0f;
+    __syncthreads();
+    for (int i = 1; i < C; i++) {
+        if (tid < i) {
+            const int j = tid;
+            float acc = 0.0f;
+            for (int m = j; m < i; m++) acc += sm.M[i * CS + m] * sm.T[m * CS + j];
+            sm.T[i * CS + j] = -sm.beta[i] * acc;
+        }
+        __syncthreads();
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernel
+ * ------------------------------------------------------------------------------------------------------- */
+template <int KC, int VC>
+__global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
+    constexpr int KS = KC + 4, VS = VC + 4, KU = KC / 4, VU = VC / 4;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)smem_raw;
+    const int tid = threadIdx.x, r = tid >> 2, l4 = tid & 3, lane = tid & 31, warp = tid >> 5;
+
+    const int64_t cid = blockIdx.x / p.hv;
+    const int h = (int)(blockIdx.x % p.hv);
+    const int64_t n = chunk_seq(p.seqs, cid);
+    if (n < 0) return;
+    int64_t bos, eos;
+    seq_bounds(p.seqs, n, &bos, &eos);
+    const int64_t t0 = bos + (cid - seq_chunk0(p.seqs, n)) * C;
+    const int clen = (int)min((int64_t)C, eos - t0);
+    if (clen <= 0) return;
+    const float scale = p.scale;
+    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+    const float *__restrict__ S = p.states + (cid * p.hv + h) * (int64_t)KC * VC;
+    const float *__restrict__ dS = p.dstates + (cid * p.hv + h) * (int64_t)KC * VC;
+
+    /* ---- forward ---- */
+    load_rows<KC, VC>(p, sm, t0, clen, h, A, tid);
+    __syncthreads();
+    gate_cumsum<KC>(sm.G, tid);
+    __syncthreads();
+    pair_products<KC, VC>(sm, scale, r, l4);
+    __syncthreads();
+    invert<KC, VC>(sm, tid);
+
+    const float *qr = sm.q + r * KS, *kr = sm.k + r * KS, *Gr = sm.G + r * KS, *Gl = sm.G + (C - 1) * KS;
+    const float br = sm.beta[r];
+    float y[VU];
+    /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
+#pragma unroll
+    for (int u = 0; u < VU; u++) y[u] = sm.D[r * VS + l4 + 4 * u];
+#pragma unroll 1
+    for (int d = 0; d < KC; d++) {
+        const float f = kr[d] * gexp(Gr[d]);
+        const float *Sd = S + (int64_t)d * VC + l4;
+#pragma unroll
+        for (int u = 0; u < VU; u++) y[u] -= f * __ldg(Sd + 4 * u);
+    }
+#pragma unroll
+    for (int u = 0; u < VU; u++) sm.D[r * VS + l4 + 4 * u] = br * y[u];
+    __syncthreads();
+    /* Δ = T Z */
+#pragma unroll
+    for (int u = 0; u < VU; u++) y[u] = 0.0f;
+#pragma unroll 1
+    for (int m = 0; m <= r; m++) {
+        const float t = sm.T[r * CS + m];
+#pragma unroll
+        for (int u = 0; u < VU; u++) y[u] += t * sm.D[m * VS + l4 + 4 * u];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < VU; u++) sm.D[r * VS + l4 + 4 * u] = y[u];
+
+    /* ---- backward ---- */
+    /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
+    for (int e = tid; e < C * VC; e += CK_THREADS) {
+        const int i = e / VC, c = e % VC;
+        sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
+    }
+    for (int d = tid; d < KC; d += CK_THREADS) {
+        sm.gam[d] = gexp(Gl[d]);
+        float acc = 0.0f;
+        for (int c = 0; c < VC; c++) acc += __ldg(dS + (int64_t)d * VC + c) * __ldg(S + (int64_t)d * VC + c);
+        sm.dgam[d] = acc;
+    }
+    __syncthreads();
+
+    /* dq̂, dk̂ of row r accumulate in its scratch row (rows past the chunk's end are dropped), dG in registers */
+    const bool own = r < clen;
+    float *dqr = p.dqk + ((t0 + (own ? r : 0)) * p.hv + h) * (int64_t)(2 * KC), *dkr = dqr + KC;
+    float dG[KU];
+    /* dQΓ = dO Sᵀ: dq̂ = s e^G dQΓ (its first term), dG = QΓ ⊙ dQΓ */
+#pragma unroll
+    for (int u = 0; u < KU; u++) {
+        const int d = l4 + 4 * u;
+        const float a = dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC), e = scale * gexp(Gr[d]) * a;
+        if (own) dqr[d] = e;
+        dG[u] = qr[d] * e;
+    }
+    /* dΔ = Aqkᵀ dO + K̃ dS⁺ (into y until dO is no longer needed) */
+#pragma unroll
+    for (int u = 0; u < VU; u++) y[u] = 0.0f;
+#pragma unroll 1
+    for (int m = r; m < C; m++) {
+        const float a = sm.A2[m * CS + r];
+#pragma unroll
+        for (int u = 0; u < VU; u++) y[u] += a * sm.R[m * VS + l4 + 4 * u];
+    }
+#pragma unroll 1
+    for (int d = 0; d < KC; d++) {
+        const float f = kr[d] * gexp(Gl[d] - Gr[d]);
+        const float *dSd = dS + (int64_t)d * VC + l4;
+#pragma unroll
+        for (int u = 0; u < VU; u++) y[u] += f * __ldg(dSd + 4 * u);
+    }
+    __syncthreads(); /* every read of Aqk is done */
+    /* dAqk = dO Δᵀ (lower) in place of Aqk */
+    for (int j = l4; j < C; j += 4) sm.A2[r * CS + j] = j <= r ? dot4(sm.R + r * VS, sm.D + j * VS, VC) : 0.0f;
+    __syncthreads(); /* every read of dO is done */
+#pragma unroll
+    for (int u = 0; u < VU; u++) sm.R[r * VS + l4 + 4 * u] = y[u];
+    __syncthreads();
+    /* dR = Tᵀ dΔ */
+#pragma unroll
+    for (int u = 0; u < VU; u++) y[u] = 0.0f;
+#pragma unroll 1
+    for (int m = r; m < C; m++) {
+        const float t = sm.T[m * CS + r];
+#pragma unroll
+        for (int u = 0; u < VU; u++) y[u] += t * sm.R[m * VS + l4 + 4 * u];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < VU; u++) sm.R[r * VS + l4 + 4 * u] = y[u];
+    __syncthreads();
+    /* dA = −dR Δᵀ (strictly lower) in place of T; dβ's pair term Σ_j dA M */
+    float db = 0.0f;
+    for (int j = l4; j < C; j += 4) {
+        const float a = j < r ? -dot4(sm.R + r * VS, sm.D + j * VS, VC) : 0.0f;
+        sm.T[r * CS + j] = a;
+        db += a * sm.M[r * CS + j];
+    }
+    __syncthreads(); /* M is free from here on: the scratch of the G_last reduction */
+
+    /* dv = β dR, dβ += v·dR */
+    if (r < clen) {
+        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
+        for (int c = l4; c < p.V; c += 4) {
+            const float dr = sm.R[r * VS + c];
+            store_elem(p.dv, p.dv_dtype, row + c, br * dr);
+            db += load_elem(p.v, p.dtype, row + c) * dr;
+        }
+    }
+    /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G} */
+    float ext[KU];
+#pragma unroll
+    for (int u = 0; u < KU; u++) {
+        const int d = l4 + 4 * u;
+        const float ax = -dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC);
+        const float ak = dot4_g(sm.D + r * VS, dS + (int64_t)d * VC, VC);
+        const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
+        if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
+        db += kd * e * ax;
+        const float kt = kd * f * ak;
+        dG[u] += br * kd * e * ax - kt;
+        ext[u] = kt;
+    }
+    /* Σ over the rows of K̃ ⊙ dK̃ (+ γ dγ): the G_last terms, added to every row's dĝ below */
+#pragma unroll
+    for (int u = 0; u < KU; u++) {
+        float x = ext[u];
+        x += __shfl_xor_sync(0xffffffffu, x, 4);
+        x += __shfl_xor_sync(0xffffffffu, x, 8);
+        x += __shfl_xor_sync(0xffffffffu, x, 16);
+        if (lane < 4) sm.M[warp * KC + l4 + 4 * u] = x;
+    }
+    __syncthreads();
+    for (int d = tid; d < KC; d += CK_THREADS) {
+        float acc = sm.gam[d] * sm.dgam[d];
+        for (int w = 0; w < CK_THREADS / 32; w++) acc += sm.M[w * KC + d];
+        sm.ext[d] = acc;
+    }
+
+    /* the pair products backward: row r as the later token i (pairs j ≤ r), then as the earlier j (i ≥ r) */
+    float aq[KU], ak[KU];
+#pragma unroll
+    for (int u = 0; u < KU; u++) aq[u] = ak[u] = 0.0f;
+#pragma unroll 1
+    for (int j = 0; j <= r; j++) {
+        const float cm = j < r ? br * sm.T[r * CS + j] : 0.0f, cq = scale * sm.A2[r * CS + j];
+        const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int d = l4 + 4 * u;
+            const float kk = kj[d] * gexp(Gr[d] - Gj[d]);
+            ak[u] += cm * kk;
+            aq[u] += cq * kk;
+            dG[u] += (cm * kr[d] + cq * qr[d]) * kk;
+        }
+    }
+#pragma unroll 1
+    for (int i = r; i < C; i++) {
+        const float cm = i > r ? sm.beta[i] * sm.T[i * CS + r] : 0.0f, cq = scale * sm.A2[i * CS + r];
+        const float *ki = sm.k + i * KS, *qi = sm.q + i * KS, *Gi = sm.G + i * KS;
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            const int d = l4 + 4 * u;
+            const float ti = (cm * ki[d] + cq * qi[d]) * gexp(Gi[d] - Gr[d]);
+            ak[u] += ti;
+            dG[u] -= ti * kr[d];
+        }
+    }
+    if (own)
+#pragma unroll
+        for (int u = 0; u < KU; u++) {
+            dqr[l4 + 4 * u] += aq[u];
+            dkr[l4 + 4 * u] += ak[u];
+        }
+
+    /* dβ: the row's four threads sum; through the sigmoid */
+    db += __shfl_xor_sync(0xffffffffu, db, 1);
+    db += __shfl_xor_sync(0xffffffffu, db, 2);
+    if (l4 == 0 && r < clen) {
+        const int64_t e = (t0 + r) * p.hv + h;
+        if (p.beta_sigmoid) {
+            const float sg = sigm(load_elem(p.beta, p.beta_dtype, e));
+            db *= (p.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
+        }
+        store_elem(p.dbeta, p.dbeta_dtype, e, db);
+    }
+    __syncthreads(); /* q̂ is free: it holds dG next */
+#pragma unroll
+    for (int u = 0; u < KU; u++) sm.q[r * KS + l4 + 4 * u] = dG[u];
+    __syncthreads();
+
+    /* dĝ = reverse cumsum of dG + the G_last terms; then the clamp and the gate, column by column */
+    for (int d = tid; d < KC; d += CK_THREADS) {
+        float acc = sm.ext[d], dbias = 0.0f, dAl = 0.0f;
+        for (int i = C - 1; i >= 0; i--) {
+            acc += sm.q[i * KS + d];
+            if (i >= clen || d >= p.K) continue;
+            const int64_t t = t0 + i;
+            const float x = gate_input(p, t, h, d), lam = gate_value(p, A, x);
+            float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
+            if (p.gate_in_kernel) {
+                if (p.lower_bound != 0.0f) {
+                    const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
+                    dAl += gi * ds * x;
+                    gi *= ds;
+                } else {
+                    dAl += -gi * A * softplus_acc(x);
+                    gi *= -A * sigm(x);
+                }
+                dbias += gi;
+            }
+            store_elem(p.dg, p.dg_dtype, (t * p.hv + h) * (int64_t)p.K + d, gi);
+        }
+        sm.dal[d] = dAl;
+        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + d] = dbias;
+    }
+    __syncthreads();
+    if (tid == 0 && p.part) {
+        float acc = 0.0f;
+        for (int d = 0; d < KC; d++) acc += sm.dal[d];
+        p.part[(cid * p.hv + h) * (int64_t)(KC + 1)] = acc;
+    }
+}
+
+template <int KC, int VC>
+static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
+    const int64_t ctas = p->blocks.max_chunks * p->hv;
+    if (ctas == 0) return 0;
+    static int done[KDA_MAX_DEVICES];
+    const int bytes = (int)sizeof(chunk_smem<KC, VC>);
+    cudaError_t err = kda_smem_limit((const void *)kda_bwd_chunk_kernel<KC, VC>, bytes, device, done);
+    if (err != cudaSuccess) return (int)err;
+    kda_bwd_chunk_kernel<KC, VC><<<(unsigned)ctas, CK_THREADS, bytes, (cudaStream_t)stream>>>(*p);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
+    if (p->kc == 64) return p->vc == 64 ? launch_chunk<64, 64>(p, device, stream) : launch_chunk<64, 128>(p, device, stream);
+    return p->vc == 64 ? launch_chunk<128, 64>(p, device, stream) : launch_chunk<128, 128>(p, device, stream);
+}

@@ -1,0 +1,92 @@
+/*
+ * Backward, stage 4: what sums over value heads and over chunks (docs/ALGORITHM.md §6), in a fixed order.
+ *
+ *   dq, dk   one warp per (token, query/key head): dq̂ = Σ over its G value heads h = hq·G … hq·G + G − 1 (in
+ *            that order) of the chunk kernel's per-head dq̂; likewise dk̂; then the l2norm step
+ *            dx = r (dy − y (y·dy)), y = r x, r = (Σ x² + 1e−6)^−½, and the store in the gradient's dtype
+ *   dA_log,  one thread per (value head, entry): the chunk kernel's partial sums summed over the chunks in
+ *   ddt_bias chunk order (entry 0: ∂L/∂A_log, entry 1 + d: ∂L/∂dt_bias[d]); zeros when there are no tokens
+ *
+ * No atomics: two identical calls give identical bytes.
+ */
+#include "bwd.cuh"
+#include "seq.cuh"
+
+#define FIN_THREADS 256
+
+/* dy (lanes' columns d = lane + 32 u) → dx through y = x / sqrt(Σx² + eps), in place */
+template <int KC>
+DEV void l2norm_backward(float dy[KC / 32], const float x[KC / 32]) {
+    float ss = 0.0f, xdy = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KC / 32; u++) {
+        ss += x[u] * x[u];
+        xdy += x[u] * dy[u];
+    }
+    const float r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), ydy = warp_sum(xdy) * r;
+#pragma unroll
+    for (int u = 0; u < KC / 32; u++) dy[u] = r * (dy[u] - r * x[u] * ydy);
+}
+
+template <int KC>
+__global__ void __launch_bounds__(FIN_THREADS) kda_bwd_qk_kernel(const kda_bwd_params_t p) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (FIN_THREADS / 32) + (threadIdx.x >> 5);
+    if (row >= p.seqs.num_tokens * p.hqk) return;
+    const int64_t t = row / p.hqk;
+    const int hq = (int)(row % p.hqk);
+    for (int which = 0; which < 2; which++) {
+        float dy[KC / 32], x[KC / 32];
+#pragma unroll
+        for (int u = 0; u < KC / 32; u++) dy[u] = 0.0f;
+        for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
+            const float *src = p.dqk + ((t * p.hv + h) * 2 + which) * (int64_t)KC;
+#pragma unroll
+            for (int u = 0; u < KC / 32; u++) dy[u] += src[lane + 32 * u];
+        }
+        const void *in = which ? p.k : p.q;
+        if (p.l2norm) {
+#pragma unroll
+            for (int u = 0; u < KC / 32; u++) {
+                const int d = lane + 32 * u;
+                x[u] = d < p.K ? load_elem(in, p.dtype, row * p.K + d) : 0.0f;
+            }
+            l2norm_backward<KC>(dy, x);
+        }
+        void *out = which ? p.dk : p.dq;
+        const int dt = which ? p.dk_dtype : p.dq_dtype;
+#pragma unroll
+        for (int u = 0; u < KC / 32; u++) {
+            const int d = lane + 32 * u;
+            if (d < p.K) store_elem(out, dt, row * p.K + d, dy[u]);
+        }
+    }
+}
+
+__global__ void __launch_bounds__(FIN_THREADS) kda_bwd_gate_params_kernel(const kda_bwd_params_t p) {
+    const int h = blockIdx.x, e = threadIdx.x; /* e: 0 = A_log, 1 + d = dt_bias[d] */
+    if (e > p.kc) return;
+    const int64_t chunks = p.seqs.cu_seqlens ? (int64_t)p.seqs.chunk_offsets[p.seqs.num_seqs]
+                                             : p.seqs.num_seqs * p.seqs.chunks_per_row;
+    float acc = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) acc += p.part[(c * p.hv + h) * (int64_t)(p.kc + 1) + e];
+    if (e == 0 && p.dA_log) p.dA_log[h] = acc;
+    if (e > 0 && e <= p.K && p.ddt_bias) p.ddt_bias[(int64_t)h * p.K + e - 1] = acc;
+}
+
+extern "C" int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream) {
+    (void)device;
+    const int64_t rows = p->seqs.num_tokens * p->hqk, per = FIN_THREADS / 32;
+    if (rows > 0) {
+        const unsigned blocks = (unsigned)((rows + per - 1) / per);
+        if (p->kc == 64) kda_bwd_qk_kernel<64><<<blocks, FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
+        else kda_bwd_qk_kernel<128><<<blocks, FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return (int)err;
+    }
+    if (p->dA_log || p->ddt_bias) {
+        kda_bwd_gate_params_kernel<<<(unsigned)p->hv, FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
+        return (int)cudaGetLastError();
+    }
+    return 0;
+}
