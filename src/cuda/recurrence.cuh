@@ -29,6 +29,11 @@
  *     second part is used, and its second part while the O rows are stored and the next products run.
  * O goes through shared memory so that its global stores are whole rows. Columns past V and tokens past a
  * sequence's end are never stored.
+ *
+ * Intra-card context parallelism (ALGORITHM.md §4) runs the same step over pieces of sequences (the kernel's MODE):
+ * the pre-scan forms a piece's map S_out = M S_in + E (M's columns from the identity with U = 0, E's from zero),
+ * Δᵀ = −Sᵀ Wᵀ and no O for M's columns, no O at all, QΓ and Aqk not copied; the pieces' pass is this kernel from
+ * each piece's merged incoming state.
  */
 #include "common.cuh"
 #include "seq.cuh"
