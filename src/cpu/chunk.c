@@ -52,7 +52,7 @@ typedef struct {
     float *Aqk;   /* C×C: scale-scaled, lower with its diagonal */
     float *W, *U; /* C×K, C×V */
     float *QG;    /* C×K */
-    float *KT;    /* C×K: K̃ */
+    float *KT;    /* K×C: K̃ transposed (row d holds k_j[d] e^{G_last[d] − G_j[d]}, j < c) */
     float *gamma; /* K */
     int bad;      /* the chunk's first poisoned row (docs/ALGORITHM.md §7), c if none */
 } prep_t;
@@ -63,7 +63,9 @@ typedef struct {
     float *v, *beta;          /* C×V (β v after prep), C */
     float *A, *Tinv;          /* C×C */
     float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero) */
-    float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×16 factors of 16 columns */
+    float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×C factors of columns */
+    float *fa2, *fq2;         /* 16×K: a block's off-diagonal row factors (shared factors, chunk_factors) */
+    float *fbd, *kc;          /* K×16: a block's diagonal column factors; K×C: k_j ⊙ e^{E_J − G_j} */
     float *bk;                /* C×K: β k ⊙ e^{G} */
     float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
     float *S;                 /* K×V: the state of the (sequence, head) task */
@@ -104,7 +106,11 @@ static size_t carve(float *base, int K, int V, scratch_t *s) {
     TAKE(s->GT, C * K);
     TAKE(s->fa, C * K);
     TAKE(s->fq, C * K);
-    TAKE(s->fbt, 16 * K);
+    TAKE(s->fbt, C * K);
+    TAKE(s->fa2, 16 * K);
+    TAKE(s->fq2, 16 * K);
+    TAKE(s->fbd, 16 * K);
+    TAKE(s->kc, C * K);
     TAKE(s->bk, C * K);
     TAKE(s->D, C * V);
     TAKE(s->O, C * V);
@@ -286,6 +292,149 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Shared factors (the usual path: every diagonal block fits). Per 16-token block J with rows [b0, b1), first
+ * row P = G_{b0}, middle row M = G_m, last row E = G_{b1−1} (all K-vectors, P ≥ M ≥ E), one exponential per
+ * token and channel on each side:
+ *   a_i = e^{G_i − M}  (rows),  b_j = e^{M − G_j}  (columns)                 both within e^{±KDA_DIAG_RANGE}
+ * and from them, by per-channel scales of one exponential per channel and block (every factor ≤ 1 but a, b):
+ *   diagonal block       A_JJ[i][j]  = Σ_d (β_i k_i a_i)[d] (k_j b_j)[d]
+ *   row factor           e^{G_i − P_I} = a_i ⊙ e^{M_I − P_I}                       (≤ 1)
+ *   column factor        k_j ⊙ e^{E_J − G_j} = (k_j b_j) ⊙ e^{E_J − M_J}  = kc_j   (≤ 1)
+ *   block I > J          A_IJ[i][j]  = Σ_d (β_i k_i e^{G_i − P_I})[d] (kc_j ⊙ e^{P_I − E_J})[d]
+ *   βKΓ, QΓ rows         β_i k_i e^{G_i} = (β_i k_i e^{G_i − P_J}) ⊙ e^{P_J}
+ *   K̃ (transposed)      k_j e^{G_last − G_j} = kc_j ⊙ e^{G_last − E_J}
+ * (Aqk the same with scale·q_i for β_i k_i.) Every product of two factors is a product of numbers within
+ * e^{±64}, or of two factors ≤ 1, so it loses nothing unless its true value is below the smallest normal float.
+ * ~19 K exponentials a chunk at K = 128 against ~50 K when each block pair took its own (docs/PERF.md).
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* The products of shared_factors, out of line: inlined there, GCC 12 keeps the exponential's constants in
+ * registers across them and spills two of the tile's accumulators. */
+static __attribute__((noinline)) void factor_gemm(int m, int n, const float *A, int K, const float *B, int ldb,
+                                                  float *C) {
+    kda_gemm(m, n, K, A, K, 1, B, ldb, C, KDA_CHUNK, 0);
+}
+
+/* 1 when every 16-token block of the chunk passes the diagonal block's test (diagonal_block). */
+KDA_INLINE int blocks_fit(const scratch_t *s, int K, int c) {
+    for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
+        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = b0 + (b1 - b0 - 1) / 2;
+        const float *Gm = s->G + m * K, *G0 = s->G + b0 * K, *G1 = s->G + (b1 - 1) * K;
+        float range = 0.0f;
+        int nan = 0;
+        for (int d = 0; d < K; d++) {
+            const float up = G0[d] - Gm[d], down = Gm[d] - G1[d];
+            range = up > range ? up : range;
+            range = down > range ? down : range;
+            nan |= Gm[d] != Gm[d];
+        }
+        if (!(range <= KDA_DIAG_RANGE) || nan) return 0;
+    }
+    return 1;
+}
+
+/* Row i's factors from e = e^{G_i − M}, sp = e^{M − P}, ep = e^{P}: fa = β k e, fq = s q e (diagonal block),
+ * fa2 = fa ⊙ sp, fq2 = fq ⊙ sp (blocks left of it), bk = fa2 ⊙ ep, qg = fq2 ⊙ ep. */
+KDA_INLINE void shared_row(float *restrict fa, float *restrict fq, float *restrict fa2, float *restrict fq2,
+                           float *restrict bk, float *restrict qg, const float *restrict k, const float *restrict q,
+                           const float *restrict e, const float *restrict sp, const float *restrict ep, float b,
+                           float scale, int K) {
+    for (int d = 0; d < K; d++) {
+        const float x = b * k[d] * e[d], y = scale * q[d] * e[d];
+        const float x2 = x * sp[d], y2 = y * sp[d];
+        fa[d] = x;
+        fq[d] = y;
+        fa2[d] = x2;
+        fq2[d] = y2;
+        bk[d] = x2 * ep[d];
+        qg[d] = y2 * ep[d];
+    }
+}
+
+/* Channel d's 16 columns of block [b0, b0 + 16): fbd = k b, kc = fbd se (se = e^{E − M}), kt = kc el
+ * (el = e^{G_last − E}). Columns past the chunk's end have k = 0. */
+KDA_INLINE void shared_cols(float *restrict fbd, float *restrict kc, float *restrict kt, const float *restrict k,
+                            const float *restrict G, float m, float se, float el) {
+    for (int j = 0; j < 16; j++) {
+        const float x = k[j] * kda_expf_fin(m - G[j]), y = x * se;
+        fbd[j] = x;
+        kc[j] = y;
+        kt[j] = y * el;
+    }
+}
+
+/* f = kc sc over 16 columns, in vectors along the columns (as a plain loop GCC 12 vectorised the caller's loop
+ * over channels instead, with a permute per element: 20 % of the chunk's time). */
+KDA_INLINE void scale_cols(float *f, const float *kc, float sc) {
+    for (int j = 0; j < 16; j += KDA_GEMM_VW) kda_stv(f + j, kda_ldv(kc + j) * sc);
+}
+
+/* A, Aqk, βKΓ, QΓ and K̃ (transposed) of a chunk whose blocks all fit (blocks_fit). */
+KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scale) {
+    float *Aqk = o->Aqk;
+    memset(s->A, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    memset(Aqk, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    const float *Glast = s->G + (c - 1) * K;
+    float sp[KDA_MAX_HEAD_DIM], ep[KDA_MAX_HEAD_DIM], se[KDA_MAX_HEAD_DIM], el[KDA_MAX_HEAD_DIM];
+    float e[KDA_MAX_HEAD_DIM];
+    for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
+        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = b0 + (b1 - b0 - 1) / 2, ni = b1 - b0;
+        const float *P = s->G + b0 * K, *M = s->G + m * K, *E = s->G + (b1 - 1) * K;
+        kda_expf_row_fin(sp, M, P, K);
+        kda_expf_row_fin(ep, P, NULL, K);
+        kda_expf_row_fin(se, E, M, K);
+        kda_expf_row_fin(el, Glast, E, K);
+        for (int i = b0; i < b1; i++) {
+            kda_expf_row_fin(e, s->G + i * K, M, K);
+            shared_row(s->fa + i * K, s->fq + i * K, s->fa2 + (i - b0) * K, s->fq2 + (i - b0) * K, s->bk + i * K,
+                       o->QG + i * K, s->k + i * K, s->q + i * K, e, sp, ep, s->beta[i], scale, K);
+        }
+        for (int d = 0; d < K; d++)
+            shared_cols(s->fbd + d * 16, s->kc + d * KDA_CHUNK + b0, o->KT + d * KDA_CHUNK + b0,
+                        s->kT + d * KDA_CHUNK + b0, s->GT + d * KDA_CHUNK + b0, M[d], se[d], el[d]);
+        /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal) */
+        factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CHUNK + b0);
+        factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CHUNK + b0);
+        for (int i = b0; i < b1; i++) {
+            s->A[i * KDA_CHUNK + i] = 0.0f;
+            for (int j = i + 1; j < b0 + 16; j++) {
+                s->A[i * KDA_CHUNK + j] = 0.0f;
+                Aqk[i * KDA_CHUNK + j] = 0.0f;
+            }
+        }
+        if (b0 == 0) continue;
+        /* blocks left of the diagonal, one product: columns of block J scaled by e^{P − E_J} */
+        for (int j0 = 0; j0 < b0; j0 += KDA_SUB) {
+            kda_expf_row_fin(e, P, s->G + (j0 + KDA_SUB - 1) * K, K);
+            for (int d = 0; d < K; d++) scale_cols(s->fbt + d * KDA_CHUNK + j0, s->kc + d * KDA_CHUNK + j0, e[d]);
+        }
+        factor_gemm(ni, b0, s->fa2, K, s->fbt, KDA_CHUNK, s->A + b0 * KDA_CHUNK);
+        factor_gemm(ni, b0, s->fq2, K, s->fbt, KDA_CHUNK, Aqk + b0 * KDA_CHUNK);
+    }
+}
+
+/* βKΓ, QΓ and K̃ (transposed) when some block does not fit: one exponential each. */
+KDA_INLINE void direct_factors(scratch_t *s, prep_t *o, int K, int c, float scale) {
+    const float *Glast = s->G + (c - 1) * K;
+    for (int i = 0; i < c; i++) {
+        const float *G = s->G + i * K, *k = s->k + i * K, *q = s->q + i * K, b = s->beta[i];
+        float e[KDA_MAX_HEAD_DIM];
+        kda_expf_row_fin(e, G, NULL, K);
+        float *restrict bk = s->bk + i * K, *restrict qg = o->QG + i * K;
+        for (int d = 0; d < K; d++) {
+            bk[d] = b * k[d] * e[d];
+            qg[d] = scale * q[d] * e[d];
+        }
+    }
+    for (int d = 0; d < K; d++) {
+        const float *restrict k = s->kT + d * KDA_CHUNK, *restrict G = s->GT + d * KDA_CHUNK;
+        float *restrict kt = o->KT + d * KDA_CHUNK;
+        const float gl = Glast[d];
+        for (int j = 0; j < c; j++) kt[j] = k[j] * kda_expf_fin(gl - G[j]);
+    }
+}
+
 /* y[j] += a x[j], j < n. The loops with several row pointers are functions with restrict parameters: clang
  * honours restrict only on parameters, and left these loops scalar without it (inlined, the qualifiers stay). */
 KDA_INLINE void row_axpy(float *restrict y, float a, const float *restrict x, int n) {
@@ -303,17 +452,6 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     }
 }
 
-/* Row i of βKΓ, QΓ and K̃ from e = e^{G_i}, f = e^{G_last − G_i}. */
-KDA_INLINE void prep_rows(float *restrict bk, float *restrict qg, float *restrict kt, const float *restrict k,
-                          const float *restrict q, const float *restrict e, const float *restrict f, float b,
-                          float scale, int K) {
-    for (int d = 0; d < K; d++) {
-        bk[d] = b * k[d] * e[d];
-        qg[d] = scale * q[d] * e[d];
-        kt[d] = k[d] * f[d];
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * The two stages of a chunk. prep: everything that does not depend on the state (A, Aqk, T, W, U, QΓ, K̃, γ),
  * chunks independent of each other, and the chunk's first poisoned row (o->bad, c if none; its rows and later
@@ -326,18 +464,17 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
     const float scale = p->scale;
 
     o->bad = load_chunk(p, s, t0, c, h);
-    intra_chunk_attention(s, o->Aqk, K, c, scale);
+    if (blocks_fit(s, K, c)) {
+        shared_factors(s, o, K, c, scale);
+    } else {
+        intra_chunk_attention(s, o->Aqk, K, c, scale);
+        direct_factors(s, o, K, c, scale);
+    }
     solve_unit_lower(s, c);
-
-    const float *Glast = s->G + (c - 1) * K;
-    kda_expf_row_fin(o->gamma, Glast, NULL, K);
+    kda_expf_row_fin(o->gamma, s->G + (c - 1) * K, NULL, K);
     for (int i = 0; i < c; i++) {
-        const float *G = s->G + i * K, b = s->beta[i];
-        float e[256], f[256];
-        kda_expf_row_fin(e, G, NULL, K);
-        kda_expf_row_fin(f, Glast, G, K);
-        prep_rows(s->bk + i * K, o->QG + i * K, o->KT + i * K, s->k + i * K, s->q + i * K, e, f, b, scale, K);
-        float *v = s->v + i * V;
+        float *restrict v = s->v + i * V;
+        const float b = s->beta[i];
         for (int j = 0; j < V; j++) v[j] *= b; /* v now holds β v */
     }
     /* W = T Diag(β) KΓ, U = T Diag(β) V (T lower triangular) */
@@ -367,7 +504,7 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
         const float gd = o->gamma[d];
         for (int j = 0; j < w; j++) row[j] *= gd;
     }
-    kda_gemm(K, w, c, o->KT, 1, K, D, w, Sj, V, 1);
+    kda_gemm(K, w, c, o->KT, KDA_CHUNK, 1, D, w, Sj, V, 1);
 
     for (int i = 0; i < c; i++) {
         float *row = O + i * w;
