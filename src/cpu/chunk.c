@@ -44,6 +44,9 @@
 #include "threadpool.h"
 #include "token.h"
 
+/* Value heads per task of the many-task schedule (task_whole), at most. */
+#define KDA_CPU_GROUP 4
+
 /* ---------------------------------------------------------------------------------------------------------
  * Storage
  * ------------------------------------------------------------------------------------------------------- */
@@ -68,7 +71,7 @@ typedef struct {
     float *fbd, *kc;          /* K×16: a block's diagonal column factors; K×C: k_j ⊙ e^{E_J − G_j} */
     float *bk;                /* C×K: β k ⊙ e^{G} */
     float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
-    float *S;                 /* K×V: the state of the (sequence, head) task */
+    float *S;                 /* KDA_CPU_GROUP × K×V: the states of the task's heads */
     prep_t pr;                /* the prep of the task's current chunk */
 } scratch_t;
 
@@ -114,7 +117,7 @@ static size_t carve(float *base, int K, int V, scratch_t *s) {
     TAKE(s->bk, C * K);
     TAKE(s->D, C * V);
     TAKE(s->O, C * V);
-    TAKE(s->S, (size_t)K * V);
+    TAKE(s->S, (size_t)KDA_CPU_GROUP * K * V);
     off += carve_prep(base ? base + off : NULL, K, V, &s->pr);
     return off;
 }
@@ -147,13 +150,30 @@ KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, i
  * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk. Returns the first row that
  * poisons the head (c if none); that row and later ones are neutral.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
+/* Prefetch the rows of token t, value head h (q, k, g, v: what load_chunk reads next for that head). */
+KDA_INLINE void prefetch_token(const kda_problem_t *p, int64_t t, int h) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
+    const int hq = h / p->group, e = a->dtype == KDA_FLOAT32 ? 4 : 2, eg = a->g_dtype == KDA_FLOAT32 ? 4 : 2;
+    const char *q = (const char *)a->q + (t * HQK + hq) * K * e, *k = (const char *)a->k + (t * HQK + hq) * K * e;
+    const char *g = (const char *)a->g + (t * HV + h) * K * eg, *v = (const char *)a->v + (t * HV + h) * V * e;
+    for (int b = 0; b < K * e; b += 64) {
+        __builtin_prefetch(q + b);
+        __builtin_prefetch(k + b);
+    }
+    for (int b = 0; b < K * eg; b += 64) __builtin_prefetch(g + b);
+    for (int b = 0; b < V * e; b += 64) __builtin_prefetch(v + b);
+}
+
+KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
+                          int pf_c) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
     int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
+        if (i < pf_c) prefetch_token(p, pf_t0 + i, pf_h); /* the rows the task loads next */
         float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
@@ -458,12 +478,13 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
  * ones are neutral). recurrence: the state step on a slice of the V columns, columns independent of each other
  * (S, Δ, O are column-separable; the slices only read the prep); rows from o->bad on are stored as NaN.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int64_t t0, int c, int h) {
+KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int64_t t0, int c, int h, int64_t pf_t0,
+                           int pf_h, int pf_c) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     const float scale = p->scale;
 
-    o->bad = load_chunk(p, s, t0, c, h);
+    o->bad = load_chunk(p, s, t0, c, h, pf_t0, pf_h, pf_c);
     if (blocks_fit(s, K, c)) {
         shared_factors(s, o, K, c, scale);
     } else {
@@ -536,6 +557,7 @@ typedef struct {
     /* flow schedule: the current task */
     int64_t bos, eos, nchunks;
     int h, slice_w, nslices;
+    int group;          /* many-task schedule: value heads per task */
     prep_t *ring;       /* KDA_CPU_RING preps */
     float *S;
     atomic_int_fast64_t next_prep;             /* the next chunk to prepare */
@@ -547,31 +569,49 @@ typedef struct {
 static void task_whole(void *arg, int64_t item, int thread) {
     const job_t *job = (const job_t *)arg;
     const kda_problem_t *p = job->p;
-    const int HV = p->a.num_v_heads, K = p->a.head_dim_k, V = p->a.head_dim_v;
-    const int64_t n = item / HV;
-    const int h = (int)(item % HV);
+    const int HV = p->a.num_v_heads, K = p->a.head_dim_k, V = p->a.head_dim_v, G = job->group;
+    const int ngroups = (HV + G - 1) / G;
+    const int64_t n = item / ngroups;
+    const int h0 = (int)(item % ngroups) * G, nh = HV - h0 < G ? HV - h0 : G;
     scratch_t s;
     carve((float *)(job->ws + (size_t)thread * job->per_thread), K, V, &s);
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
-    kda_cpu_load_state(p, slot, h, s.S); /* a non-finite column is NaN now, and stays in its column */
-    int poisoned = 0;
-    int64_t nan_from = eos; /* tokens from here on are NaN without arithmetic */
-    for (int64_t t0 = bos; t0 < nan_from; t0 += KDA_CHUNK) {
+    int64_t nan_from[KDA_CPU_GROUP]; /* per head: tokens from here on are NaN without arithmetic */
+    int poisoned[KDA_CPU_GROUP];
+    for (int u = 0; u < nh; u++) {
+        /* a non-finite column is NaN now, and stays in its column */
+        kda_cpu_load_state(p, slot, h0 + u, s.S + (size_t)u * K * V);
+        nan_from[u] = eos;
+        poisoned[u] = 0;
+    }
+    for (int64_t t0 = bos; t0 < eos; t0 += KDA_CHUNK) {
         const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
-        chunk_prep(p, &s, &s.pr, t0, c, h);
-        chunk_recurrence(p, &s.pr, s.S, 0, V, s.D, s.O, t0, c, h);
-        if (s.pr.bad < c) {
-            poisoned = 1;
-            nan_from = t0 + c;
+        int live = 0;
+        for (int u = 0; u < nh; u++) { /* the heads of the group chunk by chunk: a token's rows share pages */
+            if (t0 >= nan_from[u]) continue;
+            live = 1;
+            /* prefetch the next head's rows of this chunk (the same pages), or the first head's of the next */
+            const int64_t nt0 = u + 1 < nh ? t0 : t0 + c;
+            const int nc = eos - nt0 < KDA_CHUNK ? (int)(eos - nt0) : KDA_CHUNK;
+            chunk_prep(p, &s, &s.pr, t0, c, h0 + u, nt0, u + 1 < nh ? h0 + u + 1 : h0, nh > 1 ? nc : 0);
+            chunk_recurrence(p, &s.pr, s.S + (size_t)u * K * V, 0, V, s.D, s.O, t0, c, h0 + u);
+            if (s.pr.bad < c) {
+                poisoned[u] = 1;
+                nan_from[u] = t0 + c;
+            }
         }
+        if (!live) break;
     }
-    if (poisoned) {
-        store_nan_rows(p, s.O, nan_from, eos, h);
-        for (int64_t i = 0; i < (int64_t)K * V; i++) s.S[i] = NAN;
+    for (int u = 0; u < nh; u++) {
+        float *S = s.S + (size_t)u * K * V;
+        if (poisoned[u]) {
+            store_nan_rows(p, s.O, nan_from[u], eos, h0 + u);
+            for (int64_t i = 0; i < (int64_t)K * V; i++) S[i] = NAN;
+        }
+        kda_cpu_store_state(p, slot, h0 + u, S);
     }
-    kda_cpu_store_state(p, slot, h, s.S);
 }
 
 KDA_INLINE void spin_pause(unsigned *spins) {
@@ -597,7 +637,7 @@ static int flow_try_prep(job_t *job, scratch_t *s) {
     if (!atomic_compare_exchange_strong(&job->next_prep, &expect, ci + 1)) return 1;
     const int64_t t0 = job->bos + ci * KDA_CHUNK;
     const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-    chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h);
+    chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h, 0, 0, 0);
     atomic_store_explicit(&job->ready[ci % KDA_CPU_RING], ci, memory_order_release);
     return 1;
 }
@@ -635,6 +675,16 @@ static void task_flow(void *arg, int64_t item, int thread) {
 /* The flow schedule when there are fewer (sequence, head) tasks than threads and more than one thread. */
 static int split_schedule(const kda_context_t *ctx, const kda_problem_t *p) {
     return ctx->num_threads > 1 && p->num_seqs * p->a.num_v_heads < ctx->num_threads;
+}
+
+/* Value heads per task of the many-task schedule: 4, 2 or 1, the most that still gives every thread two tasks
+ * (16 heads on 2 threads: 4 tasks of 4 heads). A task runs its heads chunk by chunk, so the rows of a token
+ * that the heads load lie on the same pages (at H16 each token's row of one head is a new 4 KB page). The
+ * heads' arithmetic does not depend on the grouping: results are the same for any thread count. */
+static int head_group(const kda_context_t *ctx, const kda_problem_t *p) {
+    for (int g = KDA_CPU_GROUP; g > 1; g /= 2)
+        if (p->num_seqs * ((p->a.num_v_heads + g - 1) / g) >= 2 * (int64_t)ctx->num_threads) return g;
+    return 1;
 }
 
 /* Column slices of the flow schedule: half as many as threads, rounded up (at most KDA_CPU_MAX_SLICES), a
@@ -675,7 +725,9 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     job.ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     job.per_thread = per_thread_bytes(p);
     if (!split_schedule(ctx, p)) {
-        kda_pool_run(ctx->pool, p->num_seqs * p->a.num_v_heads, task_whole, &job);
+        job.group = head_group(ctx, p);
+        const int64_t ngroups = (p->a.num_v_heads + job.group - 1) / job.group;
+        kda_pool_run(ctx->pool, p->num_seqs * ngroups, task_whole, &job);
         return;
     }
     const int K = p->a.head_dim_k, V = p->a.head_dim_v;
