@@ -65,10 +65,12 @@ typedef struct {
     float *q, *k, *G;         /* C×K: normalised q, k; cumulative gate */
     float *v, *beta;          /* C×V (β v after prep), C */
     float *A, *Tinv;          /* C×C */
-    float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero) */
+    float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero; GT only when a block
+                                 does not fit) */
     float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×C factors of columns */
     float *fa2, *fq2;         /* 16×K: a block's off-diagonal row factors (shared factors, chunk_factors) */
     float *fbd, *kc;          /* K×16: a block's diagonal column factors; K×C: k_j ⊙ e^{E_J − G_j} */
+    float *ea, *eaT;          /* 16×K: a block's e^{G_i − M}; K×16: the same transposed */
     float *bk;                /* C×K: β k ⊙ e^{G} */
     float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
     float *S;                 /* KDA_CPU_GROUP × K×V: the states of the task's heads */
@@ -114,6 +116,8 @@ static size_t carve(float *base, int K, int V, scratch_t *s) {
     TAKE(s->fq2, 16 * K);
     TAKE(s->fbd, 16 * K);
     TAKE(s->kc, C * K);
+    TAKE(s->ea, 16 * K);
+    TAKE(s->eaT, 16 * K);
     TAKE(s->bk, C * K);
     TAKE(s->D, C * V);
     TAKE(s->O, C * V);
@@ -144,6 +148,16 @@ KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, i
     const int V = p->a.head_dim_v;
     for (int j = 0; j < V; j++) row[j] = NAN;
     for (int64_t t = t0; t < t1; t++) kda_store_row(p->a.o, p->a.o_dtype, (t * p->a.num_v_heads + h) * V, row, V);
+}
+
+/* dst[d][u] = src[u][d] for u < n (a multiple of 8), d < K: src n×K row-major, dst K rows of stride ld. */
+KDA_INLINE void transpose_rows(float *restrict dst, int ld, const float *restrict src, int K, int n) {
+    for (int i0 = 0; i0 < n; i0 += 8) /* by 8 rows: one 8-float store per channel */
+        for (int d = 0; d < K; d++) {
+            float *restrict t = dst + d * ld + i0;
+            const float *restrict x = src + i0 * K + d;
+            for (int u = 0; u < 8; u++) t[u] = x[u * K];
+        }
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -191,21 +205,13 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
         if (i > 0)
             for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
-    /* k and G transposed for the column factors, zero past the chunk's end up to its last 16-token block */
+    /* k transposed for the column factors, zero past the chunk's end up to its last 16-token block */
     const int cpad = (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB;
     for (int i = c; i < cpad; i++) {
         memset(s->k + i * K, 0, sizeof(float) * K);
         memset(s->G + i * K, 0, sizeof(float) * K);
     }
-    for (int i0 = 0; i0 < cpad; i0 += 8) /* by 8 rows: one 8-float store per channel */
-        for (int d = 0; d < K; d++) {
-            float *restrict kT = s->kT + d * KDA_CHUNK + i0, *restrict GT = s->GT + d * KDA_CHUNK + i0;
-            const float *restrict k = s->k + i0 * K + d, *restrict G = s->G + i0 * K + d;
-            for (int u = 0; u < 8; u++) {
-                kT[u] = k[u * K];
-                GT[u] = G[u * K];
-            }
-        }
+    transpose_rows(s->kT, KDA_CHUNK, s->k, K, cpad);
     return bad;
 }
 
@@ -372,15 +378,14 @@ KDA_INLINE void shared_row(float *restrict fa, float *restrict fq, float *restri
     }
 }
 
-/* Channel d's 16 columns of block [b0, b0 + 16): fbd = k b, kc = fbd se (se = e^{E − M}), kt = kc el
- * (el = e^{G_last − E}). Columns past the chunk's end have k = 0. */
-KDA_INLINE void shared_cols(float *restrict fbd, float *restrict kc, float *restrict kt, const float *restrict k,
-                            const float *restrict G, float m, float se, float el) {
-    for (int j = 0; j < 16; j++) {
-        const float x = k[j] * kda_expf_fin(m - G[j]), y = x * se;
-        fbd[j] = x;
-        kc[j] = y;
-        kt[j] = y * el;
+/* Channel d's 16 columns of block [b0, b0 + 16): fbd = k b with b = 1 / a = e^{M − G_j}, kc = fbd se
+ * (se = e^{E − M}), kt = kc el (el = e^{G_last − E}). Columns past the chunk's end have k = 0 (and a = 1). */
+KDA_INLINE void shared_cols(float *fbd, float *kc, float *kt, const float *k, const float *a, float se, float el) {
+    for (int j = 0; j < 16; j += KDA_GEMM_VW) { /* vectors along the columns (see scale_cols) */
+        const kda_vf x = kda_ldv(k + j) / kda_ldv(a + j), y = x * se;
+        kda_stv(fbd + j, x);
+        kda_stv(kc + j, y);
+        kda_stv(kt + j, y * el);
     }
 }
 
@@ -406,13 +411,17 @@ KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scal
         kda_expf_row_fin(se, E, M, K);
         kda_expf_row_fin(el, Glast, E, K);
         for (int i = b0; i < b1; i++) {
-            kda_expf_row_fin(e, s->G + i * K, M, K);
+            float *ei = s->ea + (i - b0) * K;
+            kda_expf_row_fin(ei, s->G + i * K, M, K);
             shared_row(s->fa + i * K, s->fq + i * K, s->fa2 + (i - b0) * K, s->fq2 + (i - b0) * K, s->bk + i * K,
-                       o->QG + i * K, s->k + i * K, s->q + i * K, e, sp, ep, s->beta[i], scale, K);
+                       o->QG + i * K, s->k + i * K, s->q + i * K, ei, sp, ep, s->beta[i], scale, K);
         }
+        for (int i = b1; i < b0 + 16; i++) /* past the chunk's end */
+            for (int d = 0; d < K; d++) s->ea[(i - b0) * K + d] = 1.0f;
+        transpose_rows(s->eaT, 16, s->ea, K, 16);
         for (int d = 0; d < K; d++)
             shared_cols(s->fbd + d * 16, s->kc + d * KDA_CHUNK + b0, o->KT + d * KDA_CHUNK + b0,
-                        s->kT + d * KDA_CHUNK + b0, s->GT + d * KDA_CHUNK + b0, M[d], se[d], el[d]);
+                        s->kT + d * KDA_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
         /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal) */
         factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CHUNK + b0);
         factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CHUNK + b0);
@@ -488,6 +497,7 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
     if (blocks_fit(s, K, c)) {
         shared_factors(s, o, K, c, scale);
     } else {
+        transpose_rows(s->GT, KDA_CHUNK, s->G, K, (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB);
         intra_chunk_attention(s, o->Aqk, K, c, scale);
         direct_factors(s, o, K, c, scale);
     }
