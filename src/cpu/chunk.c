@@ -1,5 +1,5 @@
 /*
- * CPU chunked forward: the WY (chunk) form of KDA, float32 arithmetic, one (sequence, value head) per task.
+ * CPU chunked forward: the WY (chunk) form of KDA, float32 arithmetic, (sequence, value head) tasks.
  *
  * Notation of docs/ALGORITHM.md. A sequence is cut into chunks of C = 64 tokens (the last may be shorter).
  * Inside a chunk, with G_i = g_0 + ... + g_i the cumulative log decay (a K-vector) and Γ_i = Diag(exp(G_i)):
@@ -18,10 +18,13 @@
  * token in some channel) the block falls back to per-pair exponentials. The CUDA kernels use the same
  * blocking and the same fallback rule, so the CPU tests exercise both paths (they also take the middle-row
  * reference for the off-diagonal blocks of a row whose diagonal block splits: factors ≤ e^{KDA_DIAG_RANGE}).
+ * When every diagonal block of a chunk fits (the usual case), all these factors and those of βKΓ, QΓ and K̃
+ * come from one exponential per token and channel, e^{G_i − M}, by its reciprocal and per-channel scales
+ * ("Shared factors" below); a chunk with a block that does not fit takes the per-block exponentials.
  *
  * A chunk is two stages (as on the GPU): prep, the state-independent products (A, Aqk, T, W, U, QΓ, K̃, γ),
- * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run one per
- * thread item; fewer tasks than threads run their preps on whichever thread is free and their recurrence over
+ * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run in groups
+ * of up to KDA_CPU_GROUP heads per thread item, chunk by chunk; fewer tasks than threads run their preps on whichever thread is free and their recurrence over
  * column slices, without barriers (the flow schedule: "Scheduling" below, and docs/PERF.md for why not the affine pieces of
  * ALGORITHM.md §4 on a CPU). Causality under non-finite inputs: no product forms a structurally-zero
  * coefficient times a later row (gemm.h's triangular products, the diagonal block's fallback).
@@ -355,8 +358,8 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
 /* ---------------------------------------------------------------------------------------------------------
  * Shared factors (the usual path: every diagonal block fits). Per 16-token block J with rows [b0, b1), first
  * row P = G_{b0}, middle row M = G_m, last row E = G_{b1−1} (all K-vectors, P ≥ M ≥ E), one exponential per
- * token and channel on each side:
- *   a_i = e^{G_i − M}  (rows),  b_j = e^{M − G_j}  (columns)                 both within e^{±KDA_DIAG_RANGE}
+ * token and channel:
+ *   a_i = e^{G_i − M}  (rows),  b_j = 1 / a_j = e^{M − G_j}  (columns)       both within e^{±KDA_DIAG_RANGE}
  * and from them, by per-channel scales of one exponential per channel and block (every factor ≤ 1 but a, b):
  *   diagonal block       A_JJ[i][j]  = Σ_d (β_i k_i a_i)[d] (k_j b_j)[d]
  *   row factor           e^{G_i − P_I} = a_i ⊙ e^{M_I − P_I}                       (≤ 1)
@@ -366,7 +369,7 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
  *   K̃ (transposed)      k_j e^{G_last − G_j} = kc_j ⊙ e^{G_last − E_J}
  * (Aqk the same with scale·q_i for β_i k_i.) Every product of two factors is a product of numbers within
  * e^{±64}, or of two factors ≤ 1, so it loses nothing unless its true value is below the smallest normal float.
- * ~19 K exponentials a chunk at K = 128 against ~50 K when each block pair took its own (docs/PERF.md).
+ * ~11 K exponentials a chunk at K = 128 against ~50 K when each block pair took its own (docs/PERF.md).
  * ------------------------------------------------------------------------------------------------------- */
 
 /* The products of shared_factors, out of line: inlined there, GCC 12 keeps the exponential's constants in
