@@ -582,41 +582,6 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
     }
 }
 
-/* The flow schedule's halves of chunk_recurrence, the same operations in the same order: the state step of
- * columns [j0, j0 + w), which also leaves the state before it in Sc and Δ in Dc (both C/K rows of stride V);
- * and the outputs of those columns from Sc and Dc, which any thread can run once the state step is done. */
-KDA_INLINE void chunk_state_step(const prep_t *o, float *S, int K, int V, int j0, int w, float *Sc, float *Dc,
-                                 int c) {
-    float *Sj = S + j0, *D = Dc + j0;
-    for (int d = 0; d < K; d++) memcpy(Sc + (int64_t)d * V + j0, Sj + (int64_t)d * V, sizeof(float) * w);
-    kda_gemm(c, w, K, o->W, K, 1, Sj, V, D, V, 0);
-    for (int i = 0; i < c; i++) {
-        const float *u = o->U + i * V + j0;
-        float *d = D + i * V;
-        for (int j = 0; j < w; j++) d[j] = u[j] - d[j];
-    }
-    for (int d = 0; d < K; d++) {
-        float *row = Sj + (int64_t)d * V;
-        const float gd = o->gamma[d];
-        for (int j = 0; j < w; j++) row[j] *= gd;
-    }
-    kda_gemm(K, w, c, o->KT, KDA_CHUNK, 1, D, V, Sj, V, 1);
-}
-
-KDA_INLINE void chunk_outputs(const kda_problem_t *p, const prep_t *o, const float *Sc, const float *Dc, int j0,
-                              int w, float *O, int64_t t0, int c, int h) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
-    kda_gemm(c, w, K, o->QG, K, 1, Sc + j0, V, O, w, 0);
-    kda_gemm_tri(c, w, c, o->Aqk, KDA_CHUNK, 1, Dc + j0, V, O, w, 1, 1);
-    for (int i = 0; i < c; i++) {
-        float *row = O + i * w;
-        if (i >= o->bad)
-            for (int j = 0; j < w; j++) row[j] = NAN;
-        kda_store_row(a->o, a->o_dtype, ((t0 + i) * HV + h) * V + j0, row, w);
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * Scheduling. Many (sequence, head) tasks: one task per thread item, prep and recurrence chunk by chunk.
  * Fewer tasks than threads: each task in turn, on every thread at once, in one pool run without barriers
@@ -641,14 +606,11 @@ typedef struct {
     int h, slice_w, nslices;
     int group;          /* many-task schedule: value heads per task */
     prep_t *ring;       /* KDA_CPU_RING preps */
-    float *Sc, *Dc;     /* per ring slot: the state before the chunk (K×V) and its Δ (C×V) */
     float *S;
     atomic_int_fast64_t next_prep;             /* the next chunk to prepare */
     atomic_int_fast64_t ready[KDA_CPU_RING];   /* the chunk whose prep a slot holds, -1 none */
     atomic_int_fast64_t done[KDA_CPU_MAX_SLICES]; /* chunks whose recurrence slice r has run */
     atomic_int_fast64_t stop;                  /* 1 + the chunk with a poisoned row (0 none) */
-    atomic_int_fast64_t next_out;              /* the next output unit (chunk × nslices + slice) */
-    atomic_int_fast64_t outs[KDA_CPU_RING];    /* output units done of the chunk a slot holds */
 } job_t;
 
 static void task_whole(void *arg, int64_t item, int thread) {
@@ -711,85 +673,50 @@ KDA_INLINE void spin_pause(unsigned *spins) {
 #endif
 }
 
-/* Prepare the next unprepared chunk if its ring slot is free (every output unit of the chunk it held done);
- * 1 if a prep was done or claimed by another thread meanwhile (try again at once), 0 if there is nothing to
- * prepare now. */
+/* Prepare the next unprepared chunk if its ring slot is free; 1 if a prep was done or claimed by another
+ * thread meanwhile (try again at once), 0 if there is nothing to prepare now. */
 static int flow_try_prep(job_t *job, scratch_t *s) {
     const int64_t ci = atomic_load_explicit(&job->next_prep, memory_order_relaxed);
     if (ci >= job->nchunks || atomic_load_explicit(&job->stop, memory_order_relaxed)) return 0;
-    const int slot = (int)(ci % KDA_CPU_RING);
-    /* the slot holds chunk ci − RING, prepared (not still being prepared) and all its output units done */
-    if (ci >= KDA_CPU_RING && (atomic_load_explicit(&job->ready[slot], memory_order_acquire) != ci - KDA_CPU_RING ||
-                               atomic_load_explicit(&job->outs[slot], memory_order_acquire) < job->nslices))
-        return 0;
+    for (int r = 0; r < job->nslices; r++) /* the slot's previous chunk, ci - RING, run by every slice */
+        if (atomic_load_explicit(&job->done[r], memory_order_acquire) <= ci - KDA_CPU_RING) return 0;
     int_fast64_t expect = ci;
     if (!atomic_compare_exchange_strong(&job->next_prep, &expect, ci + 1)) return 1;
     const int64_t t0 = job->bos + ci * KDA_CHUNK;
     const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-    chunk_prep(job->p, s, &job->ring[slot], t0, c, job->h, 0, 0, 0);
-    atomic_store_explicit(&job->outs[slot], 0, memory_order_relaxed);
-    atomic_store_explicit(&job->ready[slot], ci, memory_order_release);
+    chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h, 0, 0, 0);
+    atomic_store_explicit(&job->ready[ci % KDA_CPU_RING], ci, memory_order_release);
     return 1;
 }
 
-/* The output units still to claim: every chunk's, or up to the poisoned chunk's. */
-static int flow_outs_left(job_t *job) {
-    const int64_t stop = atomic_load_explicit(&job->stop, memory_order_acquire);
-    const int64_t lim = (stop ? stop : job->nchunks) * job->nslices;
-    return atomic_load_explicit(&job->next_out, memory_order_relaxed) < lim;
-}
-
-/* Run the next output unit (the outputs of one chunk's column slice) if its state step is done; 1 if one was
- * run or claimed by another thread meanwhile, 0 if none is ready. */
-static int flow_try_out(job_t *job, scratch_t *s) {
-    const int64_t u = atomic_load_explicit(&job->next_out, memory_order_relaxed);
-    if (!flow_outs_left(job)) return 0;
-    const int64_t ci = u / job->nslices;
-    const int r = (int)(u % job->nslices), slot = (int)(ci % KDA_CPU_RING);
-    if (atomic_load_explicit(&job->done[r], memory_order_acquire) <= ci) return 0;
-    int_fast64_t expect = u;
-    if (!atomic_compare_exchange_strong(&job->next_out, &expect, u + 1)) return 1;
-    const int K = job->p->a.head_dim_k, V = job->p->a.head_dim_v;
-    const int j0 = r * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
-    const int64_t t0 = job->bos + ci * KDA_CHUNK;
-    const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-    chunk_outputs(job->p, &job->ring[slot], job->Sc + (size_t)slot * K * V, job->Dc + (size_t)slot * KDA_CHUNK * V,
-                  j0, w, s->O, t0, c, job->h);
-    atomic_fetch_add_explicit(&job->outs[slot], 1, memory_order_release);
-    return 1;
-}
-
-/* Thread item r < nslices runs the state steps of column slice r chunk by chunk, preparing (or running output
- * units) while its next chunk is not prepared; every thread runs output units and preps while any are left.
- * The state step is the serial part (Δ and the state's update: 4.2 of a chunk's 9.0 MFLOP at K = V = 128);
- * the outputs (2.6 MFLOP) and the prep go to whichever thread is free. */
 static void task_flow(void *arg, int64_t item, int thread) {
     job_t *job = (job_t *)arg;
     const kda_problem_t *p = job->p;
-    const int K = p->a.head_dim_k, V = p->a.head_dim_v;
+    const int V = p->a.head_dim_v;
     scratch_t s;
-    carve((float *)(job->ws + (size_t)thread * job->per_thread), K, V, &s);
+    carve((float *)(job->ws + (size_t)thread * job->per_thread), p->a.head_dim_k, V, &s);
     unsigned spins = 0;
-    if (item < job->nslices) {
-        const int r = (int)item, j0 = r * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
-        for (int64_t ci = 0; ci < job->nchunks; ci++) {
-            const int slot = (int)(ci % KDA_CPU_RING);
-            while (atomic_load_explicit(&job->ready[slot], memory_order_acquire) != ci)
-                if (!flow_try_prep(job, &s) && !flow_try_out(job, &s)) spin_pause(&spins);
-            const prep_t *pr = &job->ring[slot];
-            const int64_t t0 = job->bos + ci * KDA_CHUNK;
-            const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-            chunk_state_step(pr, job->S, K, V, j0, w, job->Sc + (size_t)slot * K * V,
-                             job->Dc + (size_t)slot * KDA_CHUNK * V, c);
-            const int bad = pr->bad < c;
-            if (bad) /* every slice stops after this chunk (each reads the same flag) */
-                atomic_store_explicit(&job->stop, ci + 1, memory_order_release);
-            atomic_store_explicit(&job->done[r], ci + 1, memory_order_release);
-            if (bad) break;
+    if (item >= job->nslices) { /* a thread without a slice: preps while there are any */
+        while (atomic_load_explicit(&job->next_prep, memory_order_relaxed) < job->nchunks &&
+               !atomic_load_explicit(&job->stop, memory_order_relaxed))
+            if (!flow_try_prep(job, &s)) spin_pause(&spins);
+        return;
+    }
+    const int r = (int)item, j0 = r * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
+    for (int64_t ci = 0; ci < job->nchunks; ci++) {
+        const prep_t *pr = &job->ring[ci % KDA_CPU_RING];
+        while (atomic_load_explicit(&job->ready[ci % KDA_CPU_RING], memory_order_acquire) != ci)
+            if (!flow_try_prep(job, &s)) spin_pause(&spins);
+        const int64_t t0 = job->bos + ci * KDA_CHUNK;
+        const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+        chunk_recurrence(p, pr, job->S, j0, w, s.D, s.O, t0, c, job->h);
+        const int bad = pr->bad < c;
+        atomic_store_explicit(&job->done[r], ci + 1, memory_order_release);
+        if (bad) { /* every slice stops after this chunk (each reads the same flag) */
+            atomic_store_explicit(&job->stop, ci + 1, memory_order_relaxed);
+            return;
         }
     }
-    while (flow_outs_left(job))
-        if (!flow_try_out(job, &s) && !flow_try_prep(job, &s)) spin_pause(&spins);
 }
 
 /* The flow schedule when there are fewer (sequence, head) tasks than threads and more than one thread. */
@@ -834,8 +761,7 @@ static size_t per_prep_bytes(const kda_problem_t *p) {
 __attribute__((unused)) static size_t workspace_bytes(const kda_context_t *ctx, const kda_problem_t *p) {
     size_t b = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
     if (split_schedule(ctx, p))
-        b += KDA_CPU_RING * (per_prep_bytes(p) + ((size_t)p->a.head_dim_k + KDA_CHUNK) * p->a.head_dim_v * sizeof(float)) +
-             (size_t)kda_state_head_elems(p) * sizeof(float);
+        b += KDA_CPU_RING * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
     return b;
 }
 
@@ -857,9 +783,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     prep_t ring[KDA_CPU_RING];
     for (int i = 0; i < KDA_CPU_RING; i++) carve_prep((float *)(base + i * per_prep), K, V, &ring[i]);
     job.ring = ring;
-    job.Sc = (float *)(base + KDA_CPU_RING * per_prep);
-    job.Dc = job.Sc + (size_t)KDA_CPU_RING * K * V;
-    job.S = job.Dc + (size_t)KDA_CPU_RING * KDA_CHUNK * V;
+    job.S = (float *)(base + KDA_CPU_RING * per_prep);
     job.slice_w = slice_width(ctx, p);
     job.nslices = (V + job.slice_w - 1) / job.slice_w;
     for (int64_t item = 0; item < p->num_seqs * p->a.num_v_heads; item++) {
@@ -877,11 +801,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
             job.nchunks = (job.eos - job.bos + KDA_CHUNK - 1) / KDA_CHUNK;
             atomic_store(&job.next_prep, 0);
             atomic_store(&job.stop, 0);
-            for (int i = 0; i < KDA_CPU_RING; i++) {
-                atomic_store(&job.ready[i], -1);
-                atomic_store(&job.outs[i], job.nslices); /* free */
-            }
-            atomic_store(&job.next_out, 0);
+            for (int i = 0; i < KDA_CPU_RING; i++) atomic_store(&job.ready[i], -1);
             for (int r = 0; r < job.nslices; r++) atomic_store(&job.done[r], 0);
             kda_pool_run(ctx->pool, ctx->num_threads, task_flow, &job);
             const int64_t stop = atomic_load(&job.stop);
