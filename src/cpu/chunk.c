@@ -1,5 +1,5 @@
 /*
- * CPU chunked forward: the WY (chunk) form of KDA, float32 arithmetic, one (sequence, value head) per task.
+ * CPU chunked forward: the WY (chunk) form of KDA, float32 arithmetic, (sequence, value head) tasks.
  *
  * Notation of docs/ALGORITHM.md. A sequence is cut into chunks of C = 64 tokens (the last may be shorter).
  * Inside a chunk, with G_i = g_0 + ... + g_i the cumulative log decay (a K-vector) and Γ_i = Diag(exp(G_i)):
@@ -18,10 +18,13 @@
  * token in some channel) the block falls back to per-pair exponentials. The CUDA kernels use the same
  * blocking and the same fallback rule, so the CPU tests exercise both paths (they also take the middle-row
  * reference for the off-diagonal blocks of a row whose diagonal block splits: factors ≤ e^{KDA_DIAG_RANGE}).
+ * When every diagonal block of a chunk fits (the usual case), all these factors and those of βKΓ, QΓ and K̃
+ * come from one exponential per token and channel, e^{G_i − M}, by its reciprocal and per-channel scales
+ * ("Shared factors" below); a chunk with a block that does not fit takes the per-block exponentials.
  *
  * A chunk is two stages (as on the GPU): prep, the state-independent products (A, Aqk, T, W, U, QΓ, K̃, γ),
- * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run one per
- * thread item; fewer tasks than threads run their preps on whichever thread is free and their recurrence over
+ * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run in groups
+ * of up to KDA_CPU_GROUP heads per thread item, chunk by chunk; fewer tasks than threads run their preps on whichever thread is free and their recurrence over
  * column slices, without barriers (the flow schedule: "Scheduling" below, and docs/PERF.md for why not the affine pieces of
  * ALGORITHM.md §4 on a CPU). Causality under non-finite inputs: no product forms a structurally-zero
  * coefficient times a later row (gemm.h's triangular products, the diagonal block's fallback).
@@ -44,6 +47,9 @@
 #include "threadpool.h"
 #include "token.h"
 
+/* Value heads per task of the many-task schedule (task_whole), at most. */
+#define KDA_CPU_GROUP 4
+
 /* ---------------------------------------------------------------------------------------------------------
  * Storage
  * ------------------------------------------------------------------------------------------------------- */
@@ -52,7 +58,7 @@ typedef struct {
     float *Aqk;   /* C×C: scale-scaled, lower with its diagonal */
     float *W, *U; /* C×K, C×V */
     float *QG;    /* C×K */
-    float *KT;    /* C×K: K̃ */
+    float *KT;    /* K×C: K̃ transposed (row d holds k_j[d] e^{G_last[d] − G_j[d]}, j < c) */
     float *gamma; /* K */
     int bad;      /* the chunk's first poisoned row (docs/ALGORITHM.md §7), c if none */
 } prep_t;
@@ -62,11 +68,15 @@ typedef struct {
     float *q, *k, *G;         /* C×K: normalised q, k; cumulative gate */
     float *v, *beta;          /* C×V (β v after prep), C */
     float *A, *Tinv;          /* C×C */
-    float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero) */
-    float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×16 factors of 16 columns */
+    float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero; GT only when a block
+                                 does not fit) */
+    float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×C factors of columns */
+    float *fa2, *fq2;         /* 16×K: a block's off-diagonal row factors (shared factors, chunk_factors) */
+    float *fbd, *kc;          /* K×16: a block's diagonal column factors; K×C: k_j ⊙ e^{E_J − G_j} */
+    float *ea, *eaT;          /* 16×K: a block's e^{G_i − M}; K×16: the same transposed */
     float *bk;                /* C×K: β k ⊙ e^{G} */
     float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
-    float *S;                 /* K×V: the state of the (sequence, head) task */
+    float *S;                 /* KDA_CPU_GROUP × K×V: the states of the task's heads */
     prep_t pr;                /* the prep of the task's current chunk */
 } scratch_t;
 
@@ -104,11 +114,17 @@ static size_t carve(float *base, int K, int V, scratch_t *s) {
     TAKE(s->GT, C * K);
     TAKE(s->fa, C * K);
     TAKE(s->fq, C * K);
-    TAKE(s->fbt, 16 * K);
+    TAKE(s->fbt, C * K);
+    TAKE(s->fa2, 16 * K);
+    TAKE(s->fq2, 16 * K);
+    TAKE(s->fbd, 16 * K);
+    TAKE(s->kc, C * K);
+    TAKE(s->ea, 16 * K);
+    TAKE(s->eaT, 16 * K);
     TAKE(s->bk, C * K);
     TAKE(s->D, C * V);
     TAKE(s->O, C * V);
-    TAKE(s->S, (size_t)K * V);
+    TAKE(s->S, (size_t)KDA_CPU_GROUP * K * V);
     off += carve_prep(base ? base + off : NULL, K, V, &s->pr);
     return off;
 }
@@ -137,17 +153,78 @@ KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, i
     for (int64_t t = t0; t < t1; t++) kda_store_row(p->a.o, p->a.o_dtype, (t * p->a.num_v_heads + h) * V, row, V);
 }
 
+/* dst[d][u] = src[u][d] for u < n (a multiple of 8), d < K: src n×K row-major, dst K rows of stride ld. With
+ * 8-float vectors, by 8×8 tiles in registers (three rounds of shuffles; the scalar loop was 3 % of a chunk). */
+#if KDA_GEMM_VW == 8
+#if defined(__clang__)
+#define KDA_SHUF8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+typedef int32_t kda_vi8 __attribute__((vector_size(32)));
+#define KDA_SHUF8(a, b, ...) __builtin_shuffle(a, b, (kda_vi8){__VA_ARGS__})
+#endif
+KDA_INLINE void transpose_rows(float *restrict dst, int ld, const float *restrict src, int K, int n) {
+    for (int i0 = 0; i0 < n; i0 += 8)
+        for (int d = 0; d + 8 <= K; d += 8) {
+            kda_vf r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++) r[i] = kda_ldv(src + (i0 + i) * K + d);
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = KDA_SHUF8(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+                t[i + 1] = KDA_SHUF8(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = KDA_SHUF8(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 1] = KDA_SHUF8(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+                u[i + 2] = KDA_SHUF8(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 3] = KDA_SHUF8(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+            }
+            for (int j = 0; j < 4; j++) {
+                kda_stv(dst + (d + j) * ld + i0, KDA_SHUF8(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+                kda_stv(dst + (d + j + 4) * ld + i0, KDA_SHUF8(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+            }
+        }
+    for (int d = K - K % 8; d < K; d++) /* K not a multiple of 8 */
+        for (int u = 0; u < n; u++) dst[d * ld + u] = src[u * K + d];
+}
+#undef KDA_SHUF8
+#else
+KDA_INLINE void transpose_rows(float *restrict dst, int ld, const float *restrict src, int K, int n) {
+    for (int i0 = 0; i0 < n; i0 += 8) /* by 8 rows: one 8-float store per channel */
+        for (int d = 0; d < K; d++) {
+            float *restrict t = dst + d * ld + i0;
+            const float *restrict x = src + i0 * K + d;
+            for (int u = 0; u < 8; u++) t[u] = x[u * K];
+        }
+}
+#endif
+
 /* ---------------------------------------------------------------------------------------------------------
  * Per-token inputs: q, k (normalised), gate, β, v of the rows of one chunk. Returns the first row that
  * poisons the head (c if none); that row and later ones are neutral.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h) {
+/* Prefetch the rows of token t, value head h (q, k, g, v: what load_chunk reads next for that head). */
+KDA_INLINE void prefetch_token(const kda_problem_t *p, int64_t t, int h) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
+    const int hq = h / p->group, e = a->dtype == KDA_FLOAT32 ? 4 : 2, eg = a->g_dtype == KDA_FLOAT32 ? 4 : 2;
+    const char *q = (const char *)a->q + (t * HQK + hq) * K * e, *k = (const char *)a->k + (t * HQK + hq) * K * e;
+    const char *g = (const char *)a->g + (t * HV + h) * K * eg, *v = (const char *)a->v + (t * HV + h) * V * e;
+    for (int b = 0; b < K * e; b += 64) {
+        __builtin_prefetch(q + b);
+        __builtin_prefetch(k + b);
+    }
+    for (int b = 0; b < K * eg; b += 64) __builtin_prefetch(g + b);
+    for (int b = 0; b < V * e; b += 64) __builtin_prefetch(v + b);
+}
+
+KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
+                          int pf_c) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
     int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
+        if (i < pf_c) prefetch_token(p, pf_t0 + i, pf_h); /* the rows the task loads next */
         float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
         kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
         kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
@@ -165,21 +242,13 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
         if (i > 0)
             for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
-    /* k and G transposed for the column factors, zero past the chunk's end up to its last 16-token block */
+    /* k transposed for the column factors, zero past the chunk's end up to its last 16-token block */
     const int cpad = (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB;
     for (int i = c; i < cpad; i++) {
         memset(s->k + i * K, 0, sizeof(float) * K);
         memset(s->G + i * K, 0, sizeof(float) * K);
     }
-    for (int i0 = 0; i0 < cpad; i0 += 8) /* by 8 rows: one 8-float store per channel */
-        for (int d = 0; d < K; d++) {
-            float *restrict kT = s->kT + d * KDA_CHUNK + i0, *restrict GT = s->GT + d * KDA_CHUNK + i0;
-            const float *restrict k = s->k + i0 * K + d, *restrict G = s->G + i0 * K + d;
-            for (int u = 0; u < 8; u++) {
-                kT[u] = k[u * K];
-                GT[u] = G[u * K];
-            }
-        }
+    transpose_rows(s->kT, KDA_CHUNK, s->k, K, cpad);
     return bad;
 }
 
@@ -286,6 +355,152 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * Shared factors (the usual path: every diagonal block fits). Per 16-token block J with rows [b0, b1), first
+ * row P = G_{b0}, middle row M = G_m, last row E = G_{b1−1} (all K-vectors, P ≥ M ≥ E), one exponential per
+ * token and channel:
+ *   a_i = e^{G_i − M}  (rows),  b_j = 1 / a_j = e^{M − G_j}  (columns)       both within e^{±KDA_DIAG_RANGE}
+ * and from them, by per-channel scales of one exponential per channel and block (every factor ≤ 1 but a, b):
+ *   diagonal block       A_JJ[i][j]  = Σ_d (β_i k_i a_i)[d] (k_j b_j)[d]
+ *   row factor           e^{G_i − P_I} = a_i ⊙ e^{M_I − P_I}                       (≤ 1)
+ *   column factor        k_j ⊙ e^{E_J − G_j} = (k_j b_j) ⊙ e^{E_J − M_J}  = kc_j   (≤ 1)
+ *   block I > J          A_IJ[i][j]  = Σ_d (β_i k_i e^{G_i − P_I})[d] (kc_j ⊙ e^{P_I − E_J})[d]
+ *   βKΓ, QΓ rows         β_i k_i e^{G_i} = (β_i k_i e^{G_i − P_J}) ⊙ e^{P_J}
+ *   K̃ (transposed)      k_j e^{G_last − G_j} = kc_j ⊙ e^{G_last − E_J}
+ * (Aqk the same with scale·q_i for β_i k_i.) Every product of two factors is a product of numbers within
+ * e^{±64}, or of two factors ≤ 1, so it loses nothing unless its true value is below the smallest normal float.
+ * ~11 K exponentials a chunk at K = 128 against ~50 K when each block pair took its own (docs/PERF.md).
+ * ------------------------------------------------------------------------------------------------------- */
+
+/* The products of shared_factors, out of line: inlined there, GCC 12 keeps the exponential's constants in
+ * registers across them and spills two of the tile's accumulators. */
+static __attribute__((noinline)) void factor_gemm(int m, int n, const float *A, int K, const float *B, int ldb,
+                                                  float *C) {
+    kda_gemm(m, n, K, A, K, 1, B, ldb, C, KDA_CHUNK, 0);
+}
+
+/* 1 when every 16-token block of the chunk passes the diagonal block's test (diagonal_block). */
+KDA_INLINE int blocks_fit(const scratch_t *s, int K, int c) {
+    for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
+        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = b0 + (b1 - b0 - 1) / 2;
+        const float *Gm = s->G + m * K, *G0 = s->G + b0 * K, *G1 = s->G + (b1 - 1) * K;
+        float range = 0.0f;
+        int nan = 0;
+        for (int d = 0; d < K; d++) {
+            const float up = G0[d] - Gm[d], down = Gm[d] - G1[d];
+            range = up > range ? up : range;
+            range = down > range ? down : range;
+            nan |= Gm[d] != Gm[d];
+        }
+        if (!(range <= KDA_DIAG_RANGE) || nan) return 0;
+    }
+    return 1;
+}
+
+/* Row i's factors from e = e^{G_i − M}, sp = e^{M − P}, ep = e^{P}: fa = β k e, fq = s q e (diagonal block),
+ * fa2 = fa ⊙ sp, fq2 = fq ⊙ sp (blocks left of it), bk = fa2 ⊙ ep, qg = fq2 ⊙ ep. */
+KDA_INLINE void shared_row(float *restrict fa, float *restrict fq, float *restrict fa2, float *restrict fq2,
+                           float *restrict bk, float *restrict qg, const float *restrict k, const float *restrict q,
+                           const float *restrict e, const float *restrict sp, const float *restrict ep, float b,
+                           float scale, int K) {
+    for (int d = 0; d < K; d++) {
+        const float x = b * k[d] * e[d], y = scale * q[d] * e[d];
+        const float x2 = x * sp[d], y2 = y * sp[d];
+        fa[d] = x;
+        fq[d] = y;
+        fa2[d] = x2;
+        fq2[d] = y2;
+        bk[d] = x2 * ep[d];
+        qg[d] = y2 * ep[d];
+    }
+}
+
+/* Channel d's 16 columns of block [b0, b0 + 16): fbd = k b with b = 1 / a = e^{M − G_j}, kc = fbd se
+ * (se = e^{E − M}), kt = kc el (el = e^{G_last − E}). Columns past the chunk's end have k = 0 (and a = 1). */
+KDA_INLINE void shared_cols(float *fbd, float *kc, float *kt, const float *k, const float *a, float se, float el) {
+    for (int j = 0; j < 16; j += KDA_GEMM_VW) { /* vectors along the columns (see scale_cols) */
+        const kda_vf x = kda_ldv(k + j) / kda_ldv(a + j), y = x * se;
+        kda_stv(fbd + j, x);
+        kda_stv(kc + j, y);
+        kda_stv(kt + j, y * el);
+    }
+}
+
+/* f = kc sc over 16 columns, in vectors along the columns (as a plain loop GCC 12 vectorised the caller's loop
+ * over channels instead, with a permute per element: 20 % of the chunk's time). */
+KDA_INLINE void scale_cols(float *f, const float *kc, float sc) {
+    for (int j = 0; j < 16; j += KDA_GEMM_VW) kda_stv(f + j, kda_ldv(kc + j) * sc);
+}
+
+/* A, Aqk, βKΓ, QΓ and K̃ (transposed) of a chunk whose blocks all fit (blocks_fit). */
+KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scale) {
+    float *Aqk = o->Aqk;
+    memset(s->A, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    memset(Aqk, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    const float *Glast = s->G + (c - 1) * K;
+    float sp[KDA_MAX_HEAD_DIM], ep[KDA_MAX_HEAD_DIM], se[KDA_MAX_HEAD_DIM], el[KDA_MAX_HEAD_DIM];
+    float e[KDA_MAX_HEAD_DIM];
+    for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
+        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = b0 + (b1 - b0 - 1) / 2, ni = b1 - b0;
+        const float *P = s->G + b0 * K, *M = s->G + m * K, *E = s->G + (b1 - 1) * K;
+        kda_expf_row_fin(sp, M, P, K);
+        kda_expf_row_fin(ep, P, NULL, K);
+        kda_expf_row_fin(se, E, M, K);
+        kda_expf_row_fin(el, Glast, E, K);
+        for (int i = b0; i < b1; i++) {
+            float *ei = s->ea + (i - b0) * K;
+            kda_expf_row_fin(ei, s->G + i * K, M, K);
+            shared_row(s->fa + i * K, s->fq + i * K, s->fa2 + (i - b0) * K, s->fq2 + (i - b0) * K, s->bk + i * K,
+                       o->QG + i * K, s->k + i * K, s->q + i * K, ei, sp, ep, s->beta[i], scale, K);
+        }
+        for (int i = b1; i < b0 + 16; i++) /* past the chunk's end */
+            for (int d = 0; d < K; d++) s->ea[(i - b0) * K + d] = 1.0f;
+        transpose_rows(s->eaT, 16, s->ea, K, 16);
+        for (int d = 0; d < K; d++)
+            shared_cols(s->fbd + d * 16, s->kc + d * KDA_CHUNK + b0, o->KT + d * KDA_CHUNK + b0,
+                        s->kT + d * KDA_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
+        /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal) */
+        factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CHUNK + b0);
+        factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CHUNK + b0);
+        for (int i = b0; i < b1; i++) {
+            s->A[i * KDA_CHUNK + i] = 0.0f;
+            for (int j = i + 1; j < b0 + 16; j++) {
+                s->A[i * KDA_CHUNK + j] = 0.0f;
+                Aqk[i * KDA_CHUNK + j] = 0.0f;
+            }
+        }
+        if (b0 == 0) continue;
+        /* blocks left of the diagonal, one product: columns of block J scaled by e^{P − E_J} */
+        for (int j0 = 0; j0 < b0; j0 += KDA_SUB) {
+            kda_expf_row_fin(e, P, s->G + (j0 + KDA_SUB - 1) * K, K);
+            for (int d = 0; d < K; d++) scale_cols(s->fbt + d * KDA_CHUNK + j0, s->kc + d * KDA_CHUNK + j0, e[d]);
+        }
+        factor_gemm(ni, b0, s->fa2, K, s->fbt, KDA_CHUNK, s->A + b0 * KDA_CHUNK);
+        factor_gemm(ni, b0, s->fq2, K, s->fbt, KDA_CHUNK, Aqk + b0 * KDA_CHUNK);
+    }
+}
+
+/* βKΓ, QΓ and K̃ (transposed) when some block does not fit: one exponential each. */
+KDA_INLINE void direct_factors(scratch_t *s, prep_t *o, int K, int c, float scale) {
+    const float *Glast = s->G + (c - 1) * K;
+    for (int i = 0; i < c; i++) {
+        const float *G = s->G + i * K, *k = s->k + i * K, *q = s->q + i * K, b = s->beta[i];
+        float e[KDA_MAX_HEAD_DIM];
+        kda_expf_row_fin(e, G, NULL, K);
+        float *restrict bk = s->bk + i * K, *restrict qg = o->QG + i * K;
+        for (int d = 0; d < K; d++) {
+            bk[d] = b * k[d] * e[d];
+            qg[d] = scale * q[d] * e[d];
+        }
+    }
+    for (int d = 0; d < K; d++) {
+        const float *restrict k = s->kT + d * KDA_CHUNK, *restrict G = s->GT + d * KDA_CHUNK;
+        float *restrict kt = o->KT + d * KDA_CHUNK;
+        const float gl = Glast[d];
+        for (int j = 0; j < c; j++) kt[j] = k[j] * kda_expf_fin(gl - G[j]);
+    }
+}
+
 /* y[j] += a x[j], j < n. The loops with several row pointers are functions with restrict parameters: clang
  * honours restrict only on parameters, and left these loops scalar without it (inlined, the qualifiers stay). */
 KDA_INLINE void row_axpy(float *restrict y, float a, const float *restrict x, int n) {
@@ -303,41 +518,31 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     }
 }
 
-/* Row i of βKΓ, QΓ and K̃ from e = e^{G_i}, f = e^{G_last − G_i}. */
-KDA_INLINE void prep_rows(float *restrict bk, float *restrict qg, float *restrict kt, const float *restrict k,
-                          const float *restrict q, const float *restrict e, const float *restrict f, float b,
-                          float scale, int K) {
-    for (int d = 0; d < K; d++) {
-        bk[d] = b * k[d] * e[d];
-        qg[d] = scale * q[d] * e[d];
-        kt[d] = k[d] * f[d];
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * The two stages of a chunk. prep: everything that does not depend on the state (A, Aqk, T, W, U, QΓ, K̃, γ),
  * chunks independent of each other, and the chunk's first poisoned row (o->bad, c if none; its rows and later
  * ones are neutral). recurrence: the state step on a slice of the V columns, columns independent of each other
  * (S, Δ, O are column-separable; the slices only read the prep); rows from o->bad on are stored as NaN.
  * ------------------------------------------------------------------------------------------------------- */
-KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int64_t t0, int c, int h) {
+KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int64_t t0, int c, int h, int64_t pf_t0,
+                           int pf_h, int pf_c) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     const float scale = p->scale;
 
-    o->bad = load_chunk(p, s, t0, c, h);
-    intra_chunk_attention(s, o->Aqk, K, c, scale);
+    o->bad = load_chunk(p, s, t0, c, h, pf_t0, pf_h, pf_c);
+    if (blocks_fit(s, K, c)) {
+        shared_factors(s, o, K, c, scale);
+    } else {
+        transpose_rows(s->GT, KDA_CHUNK, s->G, K, (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB);
+        intra_chunk_attention(s, o->Aqk, K, c, scale);
+        direct_factors(s, o, K, c, scale);
+    }
     solve_unit_lower(s, c);
-
-    const float *Glast = s->G + (c - 1) * K;
-    kda_expf_row_fin(o->gamma, Glast, NULL, K);
+    kda_expf_row_fin(o->gamma, s->G + (c - 1) * K, NULL, K);
     for (int i = 0; i < c; i++) {
-        const float *G = s->G + i * K, b = s->beta[i];
-        float e[256], f[256];
-        kda_expf_row_fin(e, G, NULL, K);
-        kda_expf_row_fin(f, Glast, G, K);
-        prep_rows(s->bk + i * K, o->QG + i * K, o->KT + i * K, s->k + i * K, s->q + i * K, e, f, b, scale, K);
-        float *v = s->v + i * V;
+        float *restrict v = s->v + i * V;
+        const float b = s->beta[i];
         for (int j = 0; j < V; j++) v[j] *= b; /* v now holds β v */
     }
     /* W = T Diag(β) KΓ, U = T Diag(β) V (T lower triangular) */
@@ -367,7 +572,7 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
         const float gd = o->gamma[d];
         for (int j = 0; j < w; j++) row[j] *= gd;
     }
-    kda_gemm(K, w, c, o->KT, 1, K, D, w, Sj, V, 1);
+    kda_gemm(K, w, c, o->KT, KDA_CHUNK, 1, D, w, Sj, V, 1);
 
     for (int i = 0; i < c; i++) {
         float *row = O + i * w;
@@ -399,6 +604,7 @@ typedef struct {
     /* flow schedule: the current task */
     int64_t bos, eos, nchunks;
     int h, slice_w, nslices;
+    int group;          /* many-task schedule: value heads per task */
     prep_t *ring;       /* KDA_CPU_RING preps */
     float *S;
     atomic_int_fast64_t next_prep;             /* the next chunk to prepare */
@@ -410,31 +616,49 @@ typedef struct {
 static void task_whole(void *arg, int64_t item, int thread) {
     const job_t *job = (const job_t *)arg;
     const kda_problem_t *p = job->p;
-    const int HV = p->a.num_v_heads, K = p->a.head_dim_k, V = p->a.head_dim_v;
-    const int64_t n = item / HV;
-    const int h = (int)(item % HV);
+    const int HV = p->a.num_v_heads, K = p->a.head_dim_k, V = p->a.head_dim_v, G = job->group;
+    const int ngroups = (HV + G - 1) / G;
+    const int64_t n = item / ngroups;
+    const int h0 = (int)(item % ngroups) * G, nh = HV - h0 < G ? HV - h0 : G;
     scratch_t s;
     carve((float *)(job->ws + (size_t)thread * job->per_thread), K, V, &s);
     int64_t bos, eos;
     kda_seq_bounds(p, n, &bos, &eos);
     const int64_t slot = kda_state_slot(p, n);
-    kda_cpu_load_state(p, slot, h, s.S); /* a non-finite column is NaN now, and stays in its column */
-    int poisoned = 0;
-    int64_t nan_from = eos; /* tokens from here on are NaN without arithmetic */
-    for (int64_t t0 = bos; t0 < nan_from; t0 += KDA_CHUNK) {
+    int64_t nan_from[KDA_CPU_GROUP]; /* per head: tokens from here on are NaN without arithmetic */
+    int poisoned[KDA_CPU_GROUP];
+    for (int u = 0; u < nh; u++) {
+        /* a non-finite column is NaN now, and stays in its column */
+        kda_cpu_load_state(p, slot, h0 + u, s.S + (size_t)u * K * V);
+        nan_from[u] = eos;
+        poisoned[u] = 0;
+    }
+    for (int64_t t0 = bos; t0 < eos; t0 += KDA_CHUNK) {
         const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
-        chunk_prep(p, &s, &s.pr, t0, c, h);
-        chunk_recurrence(p, &s.pr, s.S, 0, V, s.D, s.O, t0, c, h);
-        if (s.pr.bad < c) {
-            poisoned = 1;
-            nan_from = t0 + c;
+        int live = 0;
+        for (int u = 0; u < nh; u++) { /* the heads of the group chunk by chunk: a token's rows share pages */
+            if (t0 >= nan_from[u]) continue;
+            live = 1;
+            /* prefetch the next head's rows of this chunk (the same pages), or the first head's of the next */
+            const int64_t nt0 = u + 1 < nh ? t0 : t0 + c;
+            const int nc = eos - nt0 < KDA_CHUNK ? (int)(eos - nt0) : KDA_CHUNK;
+            chunk_prep(p, &s, &s.pr, t0, c, h0 + u, nt0, u + 1 < nh ? h0 + u + 1 : h0, nh > 1 ? nc : 0);
+            chunk_recurrence(p, &s.pr, s.S + (size_t)u * K * V, 0, V, s.D, s.O, t0, c, h0 + u);
+            if (s.pr.bad < c) {
+                poisoned[u] = 1;
+                nan_from[u] = t0 + c;
+            }
         }
+        if (!live) break;
     }
-    if (poisoned) {
-        store_nan_rows(p, s.O, nan_from, eos, h);
-        for (int64_t i = 0; i < (int64_t)K * V; i++) s.S[i] = NAN;
+    for (int u = 0; u < nh; u++) {
+        float *S = s.S + (size_t)u * K * V;
+        if (poisoned[u]) {
+            store_nan_rows(p, s.O, nan_from[u], eos, h0 + u);
+            for (int64_t i = 0; i < (int64_t)K * V; i++) S[i] = NAN;
+        }
+        kda_cpu_store_state(p, slot, h0 + u, S);
     }
-    kda_cpu_store_state(p, slot, h, s.S);
 }
 
 KDA_INLINE void spin_pause(unsigned *spins) {
@@ -460,7 +684,7 @@ static int flow_try_prep(job_t *job, scratch_t *s) {
     if (!atomic_compare_exchange_strong(&job->next_prep, &expect, ci + 1)) return 1;
     const int64_t t0 = job->bos + ci * KDA_CHUNK;
     const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-    chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h);
+    chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h, 0, 0, 0);
     atomic_store_explicit(&job->ready[ci % KDA_CPU_RING], ci, memory_order_release);
     return 1;
 }
@@ -498,6 +722,16 @@ static void task_flow(void *arg, int64_t item, int thread) {
 /* The flow schedule when there are fewer (sequence, head) tasks than threads and more than one thread. */
 static int split_schedule(const kda_context_t *ctx, const kda_problem_t *p) {
     return ctx->num_threads > 1 && p->num_seqs * p->a.num_v_heads < ctx->num_threads;
+}
+
+/* Value heads per task of the many-task schedule: 4, 2 or 1, the most that still gives every thread two tasks
+ * (16 heads on 2 threads: 4 tasks of 4 heads). A task runs its heads chunk by chunk, so the rows of a token
+ * that the heads load lie on the same pages (at H16 each token's row of one head is a new 4 KB page). The
+ * heads' arithmetic does not depend on the grouping: results are the same for any thread count. */
+static int head_group(const kda_context_t *ctx, const kda_problem_t *p) {
+    for (int g = KDA_CPU_GROUP; g > 1; g /= 2)
+        if (p->num_seqs * ((p->a.num_v_heads + g - 1) / g) >= 2 * (int64_t)ctx->num_threads) return g;
+    return 1;
 }
 
 /* Column slices of the flow schedule: half as many as threads, rounded up (at most KDA_CPU_MAX_SLICES), a
@@ -538,7 +772,9 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     job.ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     job.per_thread = per_thread_bytes(p);
     if (!split_schedule(ctx, p)) {
-        kda_pool_run(ctx->pool, p->num_seqs * p->a.num_v_heads, task_whole, &job);
+        job.group = head_group(ctx, p);
+        const int64_t ngroups = (p->a.num_v_heads + job.group - 1) / job.group;
+        kda_pool_run(ctx->pool, p->num_seqs * ngroups, task_whole, &job);
         return;
     }
     const int K = p->a.head_dim_k, V = p->a.head_dim_v;

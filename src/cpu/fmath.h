@@ -24,13 +24,9 @@ static inline float kda_expf(float x) {
     float n = (t + 12582912.0f) - 12582912.0f; /* round to nearest integer */
     float r = xc - n * 0.693145751953125f;     /* Cody-Waite: ln2 = hi + lo */
     r = r - n * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const float r2 = r * r; /* the degree-6 Taylor polynomial by Estrin's scheme: 3 dependent steps, not 6 */
+    const float p01 = 1.0f + r, p23 = 0.5f + r * (1.0f / 6.0f), p45 = 1.0f / 24.0f + r * (1.0f / 120.0f);
+    const float p = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0f / 720.0f)));
     int32_t e = (int32_t)n + 127;
     uint32_t bits = (uint32_t)e << 23;
     float s;
@@ -52,13 +48,9 @@ static inline float kda_expf_fin(float x) {
     float n = (t + 12582912.0f) - 12582912.0f;
     float r = xc - n * 0.693145751953125f;
     r = r - n * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    const float r2 = r * r; /* the degree-6 Taylor polynomial by Estrin's scheme: 3 dependent steps, not 6 */
+    const float p01 = 1.0f + r, p23 = 0.5f + r * (1.0f / 6.0f), p45 = 1.0f / 24.0f + r * (1.0f / 120.0f);
+    const float p = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0f / 720.0f)));
     int32_t e = (int32_t)n + 127;
     uint32_t bits = (uint32_t)e << 23;
     float s;

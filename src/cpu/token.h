@@ -40,7 +40,12 @@ KDA_INLINE void kda_cpu_gate_row(const kda_problem_t *p, int h, float *g) {
         for (int i = 0; i < K; i++) g[i] += bias[i];
     if (p->has_lower_bound) {
         const float lb = a->lower_bound;
-        for (int i = 0; i < K; i++) g[i] = lb * kda_sigmoidf(A * g[i]);
+        int fin = 1; /* every e^{-A g} argument finite and ≤ 88 (NaN fails): kda_expf_fin gives kda_expf's bits */
+        for (int i = 0; i < K; i++) fin &= A * g[i] >= -88.0f;
+        if (fin)
+            for (int i = 0; i < K; i++) g[i] = lb * (1.0f / (1.0f + kda_expf_fin(-(A * g[i]))));
+        else
+            for (int i = 0; i < K; i++) g[i] = lb * kda_sigmoidf(A * g[i]);
     } else {
         for (int i = 0; i < K; i++) g[i] = -A * kda_softplusf(g[i]);
     }
