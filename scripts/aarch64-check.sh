@@ -29,5 +29,5 @@ cmake --build "$BUILD" -j "$(nproc)"
 file "$BUILD/kda" | grep -q aarch64 || { echo "aarch64-check: $BUILD/kda is not an aarch64 binary" >&2; exit 1; }
 cd "$BUILD"
 # the CPU tests (the GPU binary is built but its cases skip without CUDA; leave them out), and the CLI's demo
-ctest --output-on-failure -j "$(nproc)" -E '^(gpu_|install_)' ${CTEST_ARGS:-}
+KDA_TEST_EMULATED=1 ctest --output-on-failure -j "$(nproc)" -E '^(gpu_|install_)' ${CTEST_ARGS:-}
 qemu-aarch64-static -L /usr/aarch64-linux-gnu ./kda demo --backend cpu --T 256 --hqk 2 --hv 2 --iters 1
