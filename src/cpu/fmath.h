@@ -13,6 +13,23 @@
 #include <stdint.h>
 #include <string.h>
 
+/* e^xc for xc in [-87.3, 88] (the callers clamp): Cody-Waite range reduction, the degree-6 Taylor polynomial by
+ * Estrin's scheme (3 dependent steps, not 6), the exponent put in by bits. kda_expf and kda_expf_fin both end
+ * here, so they give the same bits wherever both are defined. */
+static inline float kda_expf_core(float xc) {
+    const float t = xc * 1.44269504088896341f;
+    const float n = (t + 12582912.0f) - 12582912.0f; /* round to nearest integer */
+    float r = xc - n * 0.693145751953125f;           /* Cody-Waite: ln2 = hi + lo */
+    r = r - n * 1.428606765330187e-06f;
+    const float r2 = r * r;
+    const float p01 = 1.0f + r, p23 = 0.5f + r * (1.0f / 6.0f), p45 = 1.0f / 24.0f + r * (1.0f / 120.0f);
+    const float p = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0f / 720.0f)));
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, 4);
+    return p * s;
+}
+
 /* e^x; 0 below -87.3 (the smallest normal float), +inf above 88, NaN for NaN. The argument is clamped before
  * the float -> int conversion of its exponent, and NaN is clamped too (x > lo is false for NaN), so the
  * conversion is always defined; the NaN is put back at the end. */
@@ -20,18 +37,7 @@ static inline float kda_expf(float x) {
     const float lo = -87.3f, hi = 88.0f;
     float xc = x > lo ? x : lo; /* NaN -> lo */
     xc = xc < hi ? xc : hi;
-    float t = xc * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f; /* round to nearest integer */
-    float r = xc - n * 0.693145751953125f;     /* Cody-Waite: ln2 = hi + lo */
-    r = r - n * 1.428606765330187e-06f;
-    const float r2 = r * r; /* the degree-6 Taylor polynomial by Estrin's scheme: 3 dependent steps, not 6 */
-    const float p01 = 1.0f + r, p23 = 0.5f + r * (1.0f / 6.0f), p45 = 1.0f / 24.0f + r * (1.0f / 120.0f);
-    const float p = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0f / 720.0f)));
-    int32_t e = (int32_t)n + 127;
-    uint32_t bits = (uint32_t)e << 23;
-    float s;
-    memcpy(&s, &bits, 4);
-    float y = p * s;
+    float y = kda_expf_core(xc);
     y = x < lo ? 0.0f : y;
     y = x > hi ? INFINITY : y;
     y = x == x ? y : x; /* NaN in, NaN out */
@@ -43,19 +49,7 @@ static inline float kda_expf(float x) {
  * overflow selects. */
 static inline float kda_expf_fin(float x) {
     const float lo = -87.3f;
-    const float xc = x > lo ? x : lo;
-    float t = xc * 1.44269504088896341f;
-    float n = (t + 12582912.0f) - 12582912.0f;
-    float r = xc - n * 0.693145751953125f;
-    r = r - n * 1.428606765330187e-06f;
-    const float r2 = r * r; /* the degree-6 Taylor polynomial by Estrin's scheme: 3 dependent steps, not 6 */
-    const float p01 = 1.0f + r, p23 = 0.5f + r * (1.0f / 6.0f), p45 = 1.0f / 24.0f + r * (1.0f / 120.0f);
-    const float p = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0f / 720.0f)));
-    int32_t e = (int32_t)n + 127;
-    uint32_t bits = (uint32_t)e << 23;
-    float s;
-    memcpy(&s, &bits, 4);
-    const float y = p * s;
+    const float y = kda_expf_core(x > lo ? x : lo);
     return x < lo ? 0.0f : y;
 }
 
