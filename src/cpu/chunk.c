@@ -293,12 +293,13 @@ KDA_INLINE void block_products(scratch_t *s, float *Aqk, int K, int i0, int i1, 
         for (int j = 0; j < nj; j++) Aqk[(i0 + i) * KDA_CHUNK + j0 + j] = scale * prod[i * 16 + j];
 }
 
-/* The diagonal block [b0, b1): the middle-row reference when every exponent fits, else per-pair exponentials.
- * A NaN log decay at the middle row (or before it) takes the per-pair path, so that rows before a NaN gate
- * never see it through their factors e^{G_i − G_m}. */
-KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, float scale) {
-    const int m = b0 + (b1 - b0 - 1) / 2;
-    const float *Gm = s->G + m * K, *G0 = s->G + b0 * K, *G1 = s->G + (b1 - 1) * K;
+/* The middle row of the 16-token block [b0, b1): the reference of its split exponentials. */
+KDA_INLINE int block_mid(int b0, int b1) { return b0 + (b1 - b0 - 1) / 2; }
+
+/* 1 when the block [b0, b1) may use its middle row as the reference: every exponent G_i − G_m of its rows within
+ * KDA_DIAG_RANGE, and the middle row's log decay not NaN. */
+KDA_INLINE int block_fits(const scratch_t *s, int K, int b0, int b1) {
+    const float *Gm = s->G + block_mid(b0, b1) * K, *G0 = s->G + b0 * K, *G1 = s->G + (b1 - 1) * K;
     float range = 0.0f;
     int nan = 0;
     for (int d = 0; d < K; d++) {
@@ -307,7 +308,15 @@ KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, 
         range = down > range ? down : range;
         nan |= Gm[d] != Gm[d];
     }
-    if (range <= KDA_DIAG_RANGE && !nan) {
+    return range <= KDA_DIAG_RANGE && !nan;
+}
+
+/* The diagonal block [b0, b1): the middle-row reference when every exponent fits, else per-pair exponentials.
+ * A NaN log decay at the middle row (or before it) takes the per-pair path, so that rows before a NaN gate
+ * never see it through their factors e^{G_i − G_m}. */
+KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, float scale) {
+    const float *Gm = s->G + block_mid(b0, b1) * K;
+    if (block_fits(s, K, b0, b1)) {
         row_factors(s, K, b0, b1, Gm);
         col_factors(s, K, b0, Gm);
         block_products(s, Aqk, K, b0, b1, b0, b1, scale);
@@ -381,19 +390,8 @@ static __attribute__((noinline)) void factor_gemm(int m, int n, const float *A, 
 
 /* 1 when every 16-token block of the chunk passes the diagonal block's test (diagonal_block). */
 KDA_INLINE int blocks_fit(const scratch_t *s, int K, int c) {
-    for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
-        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = b0 + (b1 - b0 - 1) / 2;
-        const float *Gm = s->G + m * K, *G0 = s->G + b0 * K, *G1 = s->G + (b1 - 1) * K;
-        float range = 0.0f;
-        int nan = 0;
-        for (int d = 0; d < K; d++) {
-            const float up = G0[d] - Gm[d], down = Gm[d] - G1[d];
-            range = up > range ? up : range;
-            range = down > range ? down : range;
-            nan |= Gm[d] != Gm[d];
-        }
-        if (!(range <= KDA_DIAG_RANGE) || nan) return 0;
-    }
+    for (int b0 = 0; b0 < c; b0 += KDA_SUB)
+        if (!block_fits(s, K, b0, b0 + KDA_SUB < c ? b0 + KDA_SUB : c)) return 0;
     return 1;
 }
 
@@ -441,7 +439,7 @@ KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scal
     float sp[KDA_MAX_HEAD_DIM], ep[KDA_MAX_HEAD_DIM], se[KDA_MAX_HEAD_DIM], el[KDA_MAX_HEAD_DIM];
     float e[KDA_MAX_HEAD_DIM];
     for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
-        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = b0 + (b1 - b0 - 1) / 2, ni = b1 - b0;
+        const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c, m = block_mid(b0, b1), ni = b1 - b0;
         const float *P = s->G + b0 * K, *M = s->G + m * K, *E = s->G + (b1 - 1) * K;
         kda_expf_row_fin(sp, M, P, K);
         kda_expf_row_fin(ep, P, NULL, K);
