@@ -162,13 +162,18 @@ KDA_HD static inline void kda_cp_seq_bounds(const kda_cp_seqs_t *s, int64_t n, i
     *eos = b;
 }
 
+/* Chunks of sequence n: ceil(len_n / C) of its clamped bounds. */
+KDA_HD static inline int64_t kda_cp_seq_chunks(const kda_cp_seqs_t *s, int64_t n) {
+    int64_t bos, eos;
+    kda_cp_seq_bounds(s, n, &bos, &eos);
+    return kda_cp_ceil_div(eos - bos, KDA_CHUNK);
+}
+
 /* The exact chunk counts of the sequences (one pass; a host loop or one thread). */
 KDA_HD static inline void kda_cp_chunk_counts(const kda_cp_seqs_t *s, int64_t *total, int64_t *max) {
     int64_t t = 0, m = 0;
     for (int64_t n = 0; n < s->num_seqs; n++) {
-        int64_t bos, eos;
-        kda_cp_seq_bounds(s, n, &bos, &eos);
-        const int64_t c = kda_cp_ceil_div(eos - bos, KDA_CHUNK);
+        const int64_t c = kda_cp_seq_chunks(s, n);
         t += c;
         m = c > m ? c : m;
     }
@@ -346,9 +351,7 @@ KDA_HD static inline kda_cp_plan_t kda_cp_fill_table(const kda_cp_seqs_t *s, int
                                                      int64_t capacity) {
     kda_cp_plan_t r = {0, 0, 0};
     for (int64_t n = 0; n < s->num_seqs; n++) {
-        int64_t bos, eos;
-        kda_cp_seq_bounds(s, n, &bos, &eos);
-        const int64_t chunks = kda_cp_ceil_div(eos - bos, KDA_CHUNK);
+        const int64_t chunks = kda_cp_seq_chunks(s, n);
         r.num_pieces += kda_cp_write_seq(s, n, P, r.num_chunks, r.num_pieces, r.num_slots, table, capacity);
         r.num_slots += kda_cp_seq_slots(chunks, P);
         r.num_chunks += chunks;

@@ -55,9 +55,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
     /* the decision's counts */
     int64_t chunks = 0, mx = 0;
     for (int64_t n = begin; n < end; n++) {
-        int64_t bos, eos;
-        kda_cp_seq_bounds(&s, n, &bos, &eos);
-        const int64_t c = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+        const int64_t c = kda_cp_seq_chunks(&s, n);
         chunks += c;
         mx = c > mx ? c : mx;
     }
@@ -87,9 +85,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
     for (;;) {
         int64_t pieces = 0, slots = 0;
         for (int64_t n = begin; n < end; n++) {
-            int64_t bos, eos;
-            kda_cp_seq_bounds(&s, n, &bos, &eos);
-            const int64_t c = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+            const int64_t c = kda_cp_seq_chunks(&s, n);
             pieces += kda_cp_seq_pieces(c, P);
             slots += kda_cp_seq_slots(c, P);
         }
@@ -101,9 +97,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
     int64_t unused;
     chunk0 = block_exclusive_scan(chunks, scratch, &unused);
     for (int64_t n = begin; n < end; n++) {
-        int64_t bos, eos;
-        kda_cp_seq_bounds(&s, n, &bos, &eos);
-        const int64_t c = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+        const int64_t c = kda_cp_seq_chunks(&s, n);
         piece0 += kda_cp_write_seq(&s, n, P, chunk0, piece0, slot0, p.table, p.cap_pieces);
         slot0 += kda_cp_seq_slots(c, P);
         chunk0 += c;
