@@ -253,15 +253,21 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.K = K;
     rp.V = V;
     rp.v_first = a->state_v_first != 0;
-    rp.bv = choose_bv(impl, p, vc);
-    if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
+    /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
+    const kda_cp_capacity_t cap = cp_capacity(ctx, p);
+    if (cap.slots > 0) { /* the pieces' recurrence: the widest tiles (the split made the CTAs); M's columns come in
+                            tiles of the same width, so no wider than the K class */
+        rp.bv = vc < 128 ? vc : 128;
+        if (kc < rp.bv) rp.bv = kc;
+    } else {
+        rp.bv = choose_bv(impl, p, vc);
+        if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
+    }
     rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
     if (tune.stages == 2) rp.stages = 2;
     rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
     rp.dev_skip = tune.dev_skip;
 
-    /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
-    const kda_cp_capacity_t cap = cp_capacity(ctx, p);
     kda_cp_params_t cpp;
     memset(&cpp, 0, sizeof cpp);
     if (cap.slots > 0) {
@@ -279,16 +285,10 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
         cpp.sm_count = impl->sm_count;
         cpp.kc = kc;
         cpp.vc = vc;
-        /* the pieces' recurrence: widest tiles (the split made the CTAs), in the K class's steps for M */
         rp.cp_table = cpp.table;
         rp.cp_header = cpp.header;
         rp.cp_slots = cpp.slots;
         rp.cp_capacity = cap.pieces;
-        rp.bv = vc < 128 ? vc : 128;
-        if (kc < rp.bv) rp.bv = kc;
-        rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-        if (tune.stages == 2) rp.stages = 2;
-        rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
     }
 
     if (blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
