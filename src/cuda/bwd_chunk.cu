@@ -435,10 +435,7 @@ static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(chunk_smem<KC, VC>);
-    cudaError_t err = kda_smem_limit((const void *)kda_bwd_chunk_kernel<KC, VC>, bytes, device, done);
-    if (err != cudaSuccess) return (int)err;
-    kda_bwd_chunk_kernel<KC, VC><<<(unsigned)ctas, CK_THREADS, bytes, (cudaStream_t)stream>>>(*p);
-    return (int)cudaGetLastError();
+    return kda_launch((const void *)kda_bwd_chunk_kernel<KC, VC>, ctas, CK_THREADS, bytes, p, device, done, stream);
 }
 
 extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {

@@ -108,10 +108,7 @@ static int launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(dstate_smem<KC>);
-    cudaError_t err = kda_smem_limit((const void *)kda_bwd_dstate_kernel<KC>, bytes, device, done);
-    if (err != cudaSuccess) return (int)err;
-    kda_bwd_dstate_kernel<KC><<<(unsigned)ctas, DS_THREADS, bytes, (cudaStream_t)stream>>>(*p);
-    return (int)cudaGetLastError();
+    return kda_launch((const void *)kda_bwd_dstate_kernel<KC>, ctas, DS_THREADS, bytes, p, device, done, stream);
 }
 
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {

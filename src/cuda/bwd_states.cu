@@ -103,10 +103,7 @@ static int launch_states(const kda_bwd_params_t *p, int device, void *stream) {
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(states_smem<KC>);
-    cudaError_t err = kda_smem_limit((const void *)kda_bwd_states_kernel<KC>, bytes, device, done);
-    if (err != cudaSuccess) return (int)err;
-    kda_bwd_states_kernel<KC><<<(unsigned)ctas, ST_THREADS, bytes, (cudaStream_t)stream>>>(*p);
-    return (int)cudaGetLastError();
+    return kda_launch((const void *)kda_bwd_states_kernel<KC>, ctas, ST_THREADS, bytes, p, device, done, stream);
 }
 
 extern "C" int kda_bwd_launch_states(const kda_bwd_params_t *p, int device, void *stream) {

@@ -273,4 +273,16 @@ static inline cudaError_t kda_smem_limit(const void *kernel, int bytes, int devi
     return err;
 }
 
+/* Launch `kernel`, whose one argument is the params struct at `params`, on `ctas` CTAs of `threads` threads with
+ * `bytes` of dynamic shared memory (its limit raised once per device through `done`): 0 or the cudaError_t. */
+static inline int kda_launch(const void *kernel, int64_t ctas, int threads, int bytes, const void *params, int device,
+                             int done[KDA_MAX_DEVICES], void *stream) {
+    cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
+    if (err != cudaSuccess) return (int)err;
+    void *args[] = {(void *)params};
+    err = cudaLaunchKernel(kernel, dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
+                           (cudaStream_t)stream);
+    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
+}
+
 #endif /* KDA_CUDA_COMMON_CUH */

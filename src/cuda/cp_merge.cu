@@ -122,11 +122,5 @@ extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, vo
     const void *kernels[3] = {(const void *)kda_cp_merge_kernel<64>, (const void *)kda_cp_merge_kernel<128>,
                               (const void *)kda_cp_merge_kernel<256>};
     static int done[3][KDA_MAX_DEVICES];
-    cudaError_t err;
-    if ((err = kda_smem_limit(kernels[which], bytes, device, done[which])) != cudaSuccess) return (int)err;
-    void *args[] = {(void *)p};
-    if ((err = cudaLaunchKernel(kernels[which], dim3((unsigned)ctas), dim3((unsigned)p->kc), args, (size_t)bytes,
-                                (cudaStream_t)stream)) != cudaSuccess)
-        return (int)err;
-    return (int)cudaGetLastError();
+    return kda_launch(kernels[which], ctas, p->kc, bytes, p, device, done[which], stream);
 }

@@ -730,9 +730,5 @@ static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream)
     const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
-    cudaError_t err = kda_smem_limit(kernel, bytes, device, done[exact]);
-    if (err != cudaSuccess) return (int)err;
-    if (exact) kda_prep_kernel<KD, VD, 1><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
-    else kda_prep_kernel<KD, VD, 0><<<(unsigned)ctas, PREP_THREADS, bytes, (cudaStream_t)stream>>>(*p);
-    return (int)cudaGetLastError();
+    return kda_launch(kernel, ctas, PREP_THREADS, bytes, p, device, done[exact], stream);
 }

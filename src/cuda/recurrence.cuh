@@ -597,11 +597,5 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const void *kernels[3][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES)};
 #undef REC_KERNELS
     const int which = 2 * wg + exact, mode = p->mode;
-    cudaError_t err;
-    if ((err = kda_smem_limit(kernels[mode][which], bytes, device, done[mode][which])) != cudaSuccess) return (int)err;
-    void *args[] = {(void *)p};
-    if ((err = cudaLaunchKernel(kernels[mode][which], dim3((unsigned)ctas), dim3((unsigned)threads), args,
-                                (size_t)bytes, (cudaStream_t)stream)) != cudaSuccess)
-        return (int)err;
-    return (int)cudaGetLastError();
+    return kda_launch(kernels[mode][which], ctas, threads, bytes, p, device, done[mode][which], stream);
 }
