@@ -59,7 +59,7 @@ typedef __nv_bfloat16 bf16;
  * first..last: the byte range of the linear part; with_u: the U panels too. no_o (the pre-scan, which makes no
  * O): QΓ and Aqk are left out of the range (a third fewer bytes), their places in the stage left stale. */
 DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int first, int last, int with_u,
-                    int64_t off_u, int v0, int bv, int no_o = 0, int kd = 0) {
+                    int64_t off_u, int v0, int bv, int no_o, int kd) {
     const uint32_t dst = smem_u32(stage);
     const int ubytes = with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0;
     fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
