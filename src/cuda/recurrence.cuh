@@ -300,6 +300,25 @@ DEV void load_state(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sb
 #undef REC_LOAD_STATE
 }
 
+/* The non-finite rule of the initial state (ALGORITHM.md §7, 3): a ±∞ or NaN element poisons its value column,
+ * which is set to NaN before the first chunk. A column's K elements lie in this thread (nt, c & 1) and the three
+ * other lanes of its quad (t): an OR over both. Once per sequence (or piece), beside the state's load. */
+template <int KD>
+DEV void poison_columns(float (&s)[KD / 8][4]) {
+#pragma unroll
+    for (int half = 0; half < 2; half++) { /* c >> 1: columns g and g + 8 of the warp */
+        int bad = 0;
+#pragma unroll
+        for (int nt = 0; nt < KD / 8; nt++)
+            bad |= !isfinite(s[nt][2 * half]) | !isfinite(s[nt][2 * half + 1]);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, 1);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, 2);
+        if (bad)
+#pragma unroll
+            for (int nt = 0; nt < KD / 8; nt++) s[nt][2 * half] = s[nt][2 * half + 1] = __int_as_float(0x7fffffff);
+    }
+}
+
 template <int KD>
 DEV void store_state(const kda_rec_params_t &p, const float (&s)[KD / 8][4], int64_t sbase, int64_t sd, int64_t sv,
                      int vw, int g, int t, int full) {
@@ -476,6 +495,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     } else if (from_h0 && p.h0 && slot >= 0) {
         /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
         load_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
+        poison_columns<KD>(s);
     }
     const unsigned char *blocks = (const unsigned char *)p.blocks.base;
     const int64_t off_u = kda_cuda_off_u(KD);
