@@ -1,0 +1,89 @@
+"""Per-stage GPU times of the CUDA backward (kda_backward), issue 11's training flags and shapes.
+
+    KDA_LIBRARY=build-dev/libkda.so PYTHONPATH=python:bench python3 bench/bwd_stages.py [--shapes ...] [--reps N]
+    ncu --profile-from-start off --section SpeedOfLight python3 bench/bwd_stages.py --profile "B2 T8192 H32"
+
+A development build (cmake -DKDA_DEV=ON) exports kda_dev_bwd_timing / kda_dev_bwd_stage_ms: each kda_backward
+then records a CUDA event before each of its stages (meta, prep, d_initial_state memset, states, dstate, chunk,
+finish) and after the last; this prints the median of each stage's ms over --reps training steps (forward,
+then torch.autograd.backward with do and dht, as bench/bench_bwd.py), and the whole backward. A shipped build
+has no such symbols: then only the step time is printed. --profile runs one step of one shape between
+cudaProfilerStart/Stop (for ncu, scripts/gpu-check.sh bwdprof) and prints nothing.
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+
+import torch
+
+import kda
+from bench_bwd import SHAPES, make_inputs, step
+from timing import time_ms
+
+STAGES = ("meta", "prep", "dh0-memset", "states", "dstate", "chunk", "finish")
+
+
+def dev_timing():
+    lib = ctypes.CDLL(os.environ.get("KDA_LIBRARY", "libkda.so"))
+    try:
+        on, get = lib.kda_dev_bwd_timing, lib.kda_dev_bwd_stage_ms
+    except AttributeError:
+        return None, None
+    on.argtypes = [ctypes.c_int]
+    get.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int]
+    return on, get
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="*", default=["B2 T8192 H32", "B1 T32768 H16"])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--profile", default=None, help="one step of this shape between cudaProfilerStart/Stop")
+    a = ap.parse_args()
+    if a.profile:
+        name, B, T, HQK, HV = next(s for s in SHAPES if s[0] == a.profile)
+        x, w, flags = make_inputs(B, T, HQK, HV)
+        for _ in range(2):
+            step(kda.chunk_kda, x, w, flags)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        step(kda.chunk_kda, x, w, flags)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        return
+    on, get = dev_timing()
+    if on is None:
+        print("no kda_dev_bwd_timing: a shipped build (cmake -DKDA_DEV=ON for the stage times)", file=sys.stderr)
+    for s in a.shapes:
+        name, B, T, HQK, HV = next(r for r in SHAPES if r[0] == s)
+        x, w, flags = make_inputs(B, T, HQK, HV)
+        with torch.no_grad():
+            fwd = time_ms(lambda: kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                                initial_state=x["initial_state"], A_log=x["A_log"],
+                                                dt_bias=x["dt_bias"], **flags), reps=a.reps)
+        total = time_ms(lambda: step(kda.chunk_kda, x, w, flags), reps=a.reps)
+        line = "%-16s fwd %.3f  fwd+bwd %.3f ms" % (name, fwd, total)
+        if on is not None:
+            if on(1) != 0:
+                raise SystemExit("kda_dev_bwd_timing failed")
+            per = [[] for _ in STAGES]
+            buf = (ctypes.c_float * len(STAGES))()
+            for _ in range(a.reps):
+                step(kda.chunk_kda, x, w, flags)
+                torch.cuda.synchronize()
+                if get(buf, len(STAGES)) != 0:
+                    raise SystemExit("kda_dev_bwd_stage_ms failed")
+                for i in range(len(STAGES)):
+                    per[i].append(buf[i])
+            on(0)
+            med = [statistics.median(p) for p in per]
+            line += "  | bwd %.3f: " % sum(med) + "  ".join("%s %.3f" % (n, m) for n, m in zip(STAGES, med))
+        print(line, flush=True)
+        del x, w
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
