@@ -32,6 +32,10 @@
 #define CK_THREADS 256
 #define C KDA_CHUNK
 #define CS (C + 4) /* fp32 strides: rows 4 banks apart, so the 8 rows a warp reads fall in distinct banks */
+#ifndef BWD_D_UNROLL
+#define BWD_D_UNROLL 4 /* rows of S (dS⁺) in flight in the K-long loops of Z and dΔ (registers: see PERF.md) */
+#endif
+static constexpr int d_unroll = BWD_D_UNROLL; /* #pragma unroll takes a constant, not a macro */
 
 template <int KC, int VC>
 struct chunk_smem {
@@ -71,7 +75,7 @@ DEV float dot4(const float *a, const float *b, int n) {
 }
 DEV float dot4_g(const float *a, const float *__restrict__ b, int n) {
     float acc = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
     for (int c = 0; c < n; c += 4) {
         const float4 x = *(const float4 *)(a + c), y = __ldg((const float4 *)(b + c));
         acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
@@ -211,7 +215,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
 #pragma unroll
     for (int u = 0; u < VU; u++) y[u] = sm.D[r * VS + l4 + 4 * u];
-#pragma unroll 1
+#pragma unroll d_unroll
     for (int d = 0; d < KC; d++) {
         const float f = kr[d] * gexp(Gr[d]);
         const float *Sd = S + (int64_t)d * VC + l4;
@@ -243,6 +247,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     for (int d = tid; d < KC; d += CK_THREADS) {
         sm.gam[d] = gexp(Gl[d]);
         float acc = 0.0f;
+#pragma unroll 8
         for (int c = 0; c < VC; c++) acc += __ldg(dS + (int64_t)d * VC + c) * __ldg(S + (int64_t)d * VC + c);
         sm.dgam[d] = acc;
     }
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int u = 0; u < VU; u++) y[u] += a * sm.R[m * VS + l4 + 4 * u];
     }
-#pragma unroll 1
+#pragma unroll d_unroll
     for (int d = 0; d < KC; d++) {
         const float f = kr[d] * gexp(Gl[d] - Gr[d]);
         const float *dSd = dS + (int64_t)d * VC + l4;
@@ -308,11 +313,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dv = β dR, dβ += v·dR */
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
-        for (int c = l4; c < p.V; c += 4) {
-            const float dr = sm.R[r * VS + c];
-            store_elem(p.dv, p.dv_dtype, row + c, br * dr);
-            db += load_elem(p.v, p.dtype, row + c) * dr;
-        }
+        for (int c = l4; c < p.V; c += 4) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
+        for (int c = l4; c < p.V; c += 4) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
     /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G} */
     float ext[KU];
@@ -391,9 +393,14 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
         store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
-    __syncthreads(); /* q̂ is free: it holds dG next */
+    __syncthreads(); /* q̂ is free: it holds dG next; G holds the gate inputs x (loaded by all threads at once,
+                        not in the column loop below, where each load would wait on the store before it) */
 #pragma unroll
     for (int u = 0; u < KU; u++) sm.q[r * KS + l4 + 4 * u] = dG[u];
+    for (int e = tid; e < C * KC; e += CK_THREADS) {
+        const int i = e / KC, d = e % KC;
+        sm.G[i * KS + d] = i < clen && d < p.K ? gate_input(p, t0 + i, h, d) : 0.0f;
+    }
     __syncthreads();
 
     /* dĝ = reverse cumsum of dG + the G_last terms; then the clamp and the gate, column by column */
@@ -403,7 +410,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             acc += sm.q[i * KS + d];
             if (i >= clen || d >= p.K) continue;
             const int64_t t = t0 + i;
-            const float x = gate_input(p, t, h, d), lam = gate_value(p, A, x);
+            const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
             float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
             if (p.gate_in_kernel) {
                 if (p.lower_bound != 0.0f) {

@@ -50,7 +50,7 @@ DEV void load_initial_state(const kda_bwd_params_t &p, states_smem<KC> &sm, int6
 }
 
 template <int KC>
-__global__ void __launch_bounds__(ST_THREADS, 1) kda_bwd_states_kernel(const kda_bwd_params_t p) {
+__global__ void __launch_bounds__(ST_THREADS, 4) kda_bwd_states_kernel(const kda_bwd_params_t p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     states_smem<KC> &sm = *(states_smem<KC> *)smem_raw;
     const int tid = threadIdx.x;
