@@ -410,8 +410,42 @@ static int bwd_mark(int i, void *stream) {
     return 0;
 }
 #define BWD_MARK(i) bwd_mark((i), stream)
+
+/* dev_skip bit 12 (bench/bwd_stages.py --v2-states): the backward's stage 1 by the forward's recurrence kernel
+ * (KDA_REC_STATES: wgmma / mma.sync, S at each chunk start stored from its fp32 accumulators) instead of
+ * bwd_states.cu. Differences: the products use S rounded to bf16 (as the forward's), and a non-finite initial
+ * state propagates as in the forward rather than by §7's whole-column rule. */
+#define KDA_DEV_BWD_V2_STATES 4096
+static int bwd_states_v2(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw,
+                         const kda_cuda_config_t *cfg, int device, void *stream) {
+    kda_rec_params_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.seqs = bw->seqs;
+    rp.blocks = bw->blocks;
+    rp.h0 = bw->h0;
+    rp.state_indices = bw->state_indices;
+    rp.num_state_slots = bw->num_state_slots;
+    rp.o_dtype = (int)KDA_DT_BF16; /* no O is written; sizes the (unused) staging rows */
+    rp.h0_dtype = bw->h0_dtype;
+    rp.ht_dtype = (int)KDA_DT_F32;
+    rp.hv = bw->hv;
+    rp.K = bw->K;
+    rp.V = bw->V;
+    rp.v_first = bw->v_first;
+    rp.bv = choose_bv(impl, p, bw->vc);
+    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
+    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma;
+    rp.mode = KDA_REC_STATES;
+    rp.chunk_states = bw->states;
+    return cfg->rec(&rp, device, stream);
+}
+#define BWD_STATES()                                                                                           \
+    (dev_tuning.dev_skip & KDA_DEV_BWD_V2_STATES ? bwd_states_v2((const cuda_impl_t *)ctx->impl, p, &bw, cfg,      \
+                                                                 ctx->device, stream)                         \
+                                                 : kda_bwd_launch_states(&bw, ctx->device, stream))
 #else
 #define BWD_MARK(i) 0
+#define BWD_STATES() kda_bwd_launch_states(&bw, ctx->device, stream)
 #endif
 
 static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,
@@ -503,7 +537,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
                                                         kda_dtype_size(b->d_initial_state_dtype),
                                          (cudaStream_t)stream)) != 0))
         stage = "d_initial_state memset";
-    else if (BWD_MARK(3) || (err = kda_bwd_launch_states(&bw, ctx->device, stream)) != 0) stage = "backward states";
+    else if (BWD_MARK(3) || (err = BWD_STATES()) != 0) stage = "backward states";
     else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
         stage = "backward state-gradient";
     else if (BWD_MARK(5) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
