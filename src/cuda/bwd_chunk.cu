@@ -73,14 +73,32 @@ DEV float dot4(const float *a, const float *b, int n) {
     }
     return acc;
 }
-DEV float dot4_g(const float *a, const float *__restrict__ b, int n) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int c = 0; c < n; c += 4) {
-        const float4 x = *(const float4 *)(a + c), y = __ldg((const float4 *)(b + c));
-        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+
+/* acc[u] = Σ_c a[c] b[(l4 + 4 (u0 + u)) VC + c] for u < NU, each in dot4's order: the c loop outside, so that
+ * the NU rows' loads of one step are independent and in flight together (a loop per row waited on each) */
+template <int NU, int VC>
+DEV void dots4_g(const float *a, const float *__restrict__ b, int l4, int u0, float (&acc)[NU]) {
+#pragma unroll
+    for (int u = 0; u < NU; u++) acc[u] = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < VC; c += 4) {
+        const float4 x = *(const float4 *)(a + c);
+#pragma unroll
+        for (int u = 0; u < NU; u++) {
+            const float4 y = __ldg((const float4 *)(b + (int64_t)(l4 + 4 * (u0 + u)) * VC + c));
+            acc[u] += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+        }
     }
-    return acc;
+}
+
+/* A hint that this CTA will read [p, p + bytes) soon: into L2 (no-op in a host emulation) */
+DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
+#ifdef __CUDA_ARCH__
+    for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)CK_THREADS * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+#else
+    (void)p, (void)bytes, (void)tid;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -201,6 +219,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float *__restrict__ dS = p.dstates + (cid * p.hv + h) * (int64_t)KC * VC;
 
     /* ---- forward ---- */
+    /* S and dS⁺ (written by stages 1-2, 128 KB, in HBM) are first read after the chunk's forward: have them in L2 */
+    prefetch_l2(S, (int64_t)KC * VC * 4, tid);
+    prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
     load_rows<KC, VC>(p, sm, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
@@ -259,11 +280,16 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     float dG[KU];
     /* dQΓ = dO Sᵀ: dq̂ = s e^G dQΓ (its first term), dG = QΓ ⊙ dQΓ */
 #pragma unroll
-    for (int u = 0; u < KU; u++) {
-        const int d = l4 + 4 * u;
-        const float a = dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC), e = scale * gexp(Gr[d]) * a;
-        if (own) dqr[d] = e;
-        dG[u] = qr[d] * e;
+    for (int h2 = 0; h2 < 2; h2++) { /* two halves of the row's KU columns: 16 loads in flight per step */
+        float a[KU / 2];
+        dots4_g<KU / 2, VC>(sm.R + r * VS, S, l4, h2 * (KU / 2), a);
+#pragma unroll
+        for (int uu = 0; uu < KU / 2; uu++) {
+            const int u = h2 * (KU / 2) + uu, d = l4 + 4 * u;
+            const float e = scale * gexp(Gr[d]) * a[uu];
+            if (own) dqr[d] = e;
+            dG[u] = qr[d] * e;
+        }
     }
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ (into y until dO is no longer needed) */
 #pragma unroll
@@ -319,16 +345,24 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G} */
     float ext[KU];
 #pragma unroll
-    for (int u = 0; u < KU; u++) {
-        const int d = l4 + 4 * u;
-        const float ax = -dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC);
-        const float ak = dot4_g(sm.D + r * VS, dS + (int64_t)d * VC, VC);
-        const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
-        if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
-        db += kd * e * ax;
-        const float kt = kd * f * ak;
-        dG[u] += br * kd * e * ax - kt;
-        ext[u] = kt;
+    for (int u = 0; u < KU; u++) ext[u] = 0.0f;
+#pragma unroll
+    for (int h2 = 0; h2 < 4; h2++) { /* quarters of the row's KU columns: 2 × KU/4 loads in flight per step */
+        float axs[KU / 4], aks[KU / 4];
+        dots4_g<KU / 4, VC>(sm.R + r * VS, S, l4, h2 * (KU / 4), axs);
+        dots4_g<KU / 4, VC>(sm.D + r * VS, dS, l4, h2 * (KU / 4), aks);
+#pragma unroll
+        for (int uu = 0; uu < KU / 4; uu++) {
+            const int u = h2 * (KU / 4) + uu, d = l4 + 4 * u;
+            const float ax = -axs[uu];
+            const float ak = aks[uu];
+            const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
+            if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
+            db += kd * e * ax;
+            const float kt = kd * f * ak;
+            dG[u] += br * kd * e * ax - kt;
+            ext[u] = kt;
+        }
     }
     /* Σ over the rows of K̃ ⊙ dK̃ (+ γ dγ): the G_last terms, added to every row's dĝ below */
 #pragma unroll
