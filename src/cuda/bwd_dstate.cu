@@ -34,24 +34,6 @@ struct dstate_smem {
     float gamma[KC];
 };
 
-/* N (8 or 4) consecutive bf16 of a panel row from column d0 (a multiple of N), as fp32: one 16- (8-) byte load */
-template <int N>
-DEV void panel_run(const unsigned char *tile, int row, int d0, float (&x)[N]) {
-    uint32_t w[N / 2];
-    if constexpr (N == 8) {
-        const uint4 v = *(const uint4 *)(tile + pan_off(row, d0));
-        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    } else {
-        const uint2 v = *(const uint2 *)(tile + pan_off(row, d0));
-        w[0] = v.x, w[1] = v.y;
-    }
-#pragma unroll
-    for (int j = 0; j < N / 2; j++) {
-        x[2 * j] = __uint_as_float(w[j] << 16);
-        x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
 template <int KC>
 __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
