@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 
     /* ---- backward ---- */
     /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
+#pragma unroll 8 /* 8 loads in flight per thread (a loop step waited on each) */
     for (int e = tid; e < C * VC; e += CK_THREADS) {
         const int i = e / VC, c = e % VC;
         sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
@@ -339,6 +340,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dv = β dR, dβ += v·dR */
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
+#pragma unroll 8
         for (int c = l4; c < p.V; c += 4) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
         for (int c = l4; c < p.V; c += 4) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
@@ -431,6 +433,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                         not in the column loop below, where each load would wait on the store before it) */
 #pragma unroll
     for (int u = 0; u < KU; u++) sm.q[r * KS + l4 + 4 * u] = dG[u];
+#pragma unroll 8
     for (int e = tid; e < C * KC; e += CK_THREADS) {
         const int i = e / KC, d = e % KC;
         sm.G[i * KS + d] = i < clen && d < p.K ? gate_input(p, t0 + i, h, d) : 0.0f;
