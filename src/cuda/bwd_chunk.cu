@@ -158,23 +158,33 @@ DEV void gate_cumsum(float *G, int tid) {
         for (int i = 1; i < C; i++) G[i * KS + d] += G[(i - 1) * KS + d];
 }
 
-/* M (strictly lower) and Aqk (lower, × s), pair by pair */
+/* M (strictly lower) and Aqk (lower, × s), pair by pair: row r's pairs j = l4 + 4 m ≤ r, the channel loop
+ * outside so that row r's own q̂, k̂, G are read once per channel for its 16 pairs */
 template <int KC, int VC>
 DEV void pair_products(chunk_smem<KC, VC> &sm, float scale, int r, int l4) {
-    constexpr int KS = KC + 4;
+    constexpr int KS = KC + 4, NJ = C / 4;
     const float *qi = sm.q + r * KS, *ki = sm.k + r * KS, *Gi = sm.G + r * KS;
-    for (int j = l4; j < C; j += 4) {
-        float sa = 0.0f, sq = 0.0f;
-        if (j <= r) {
-            const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
-            for (int d = 0; d < KC; d++) {
-                const float kk = kj[d] * gexp(Gi[d] - Gj[d]);
-                sa += ki[d] * kk;
-                sq += qi[d] * kk;
+    float sa[NJ], sq[NJ];
+#pragma unroll
+    for (int m = 0; m < NJ; m++) sa[m] = sq[m] = 0.0f;
+#pragma unroll 1
+    for (int d = 0; d < KC; d++) {
+        const float gi = Gi[d], kid = ki[d], qid = qi[d];
+#pragma unroll
+        for (int m = 0; m < NJ; m++) {
+            const int j = l4 + 4 * m;
+            if (j <= r) {
+                const float kk = sm.k[j * KS + d] * gexp(gi - sm.G[j * KS + d]);
+                sa[m] += kid * kk;
+                sq[m] += qid * kk;
             }
         }
-        sm.M[r * CS + j] = j < r ? sa : 0.0f;
-        sm.A2[r * CS + j] = scale * sq;
+    }
+#pragma unroll
+    for (int m = 0; m < NJ; m++) {
+        const int j = l4 + 4 * m;
+        sm.M[r * CS + j] = j < r ? sa[m] : 0.0f;
+        sm.A2[r * CS + j] = scale * sq[m];
     }
 }
 
