@@ -32,10 +32,8 @@
 #define CK_THREADS 256
 #define C KDA_CHUNK
 #define CS (C + 4) /* fp32 strides: rows 4 banks apart, so the 8 rows a warp reads fall in distinct banks */
-#ifndef BWD_D_UNROLL
-#define BWD_D_UNROLL 4 /* rows of S (dS⁺) in flight in the K-long loops of Z and dΔ (registers: see PERF.md) */
-#endif
-static constexpr int d_unroll = BWD_D_UNROLL; /* #pragma unroll takes a constant, not a macro */
+static constexpr int d_unroll = 4; /* rows of S (dS⁺) in flight in the K-long loops of Z and dΔ (255 registers
+                                      at KC = VC = 128 with 4; a constant, as #pragma unroll takes no macro) */
 
 template <int KC, int VC>
 struct chunk_smem {
