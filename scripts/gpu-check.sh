@@ -16,6 +16,9 @@
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
 #   cpprof    per-kernel durations (ncu) of one call of each CPPROF_SHAPES shape (bench/cp_kernels.py), auto and off
+#   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py; v1,
+#             and v2-states: stage 1 by the recurrence kernel, with its gradients against v1) of
+#             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
@@ -179,6 +182,18 @@ PY
       grep -E "==PROF==|==ERROR==|Error" "$LOG/cpprof.txt" | head -3
       awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-40s %s %s\n", substr(k,1,40), $NF, $(NF-1); t+=$NF*($(NF-1)=="ms"?1000:($(NF-1)=="us"?1:0.001))} END{printf "   total %.1f us\n", t}' "$LOG/cpprof.txt"
     done; done
+    ;;
+  bwdprof)
+    build build-dev . -DKDA_DEV=ON || exit 1
+    IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
+    env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+      python3 bench/bwd_stages.py --v2-states --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+      ncu --profile-from-start off --section SpeedOfLight --section LaunchStats --section Occupancy \
+      python3 bench/bwd_stages.py --profile "${shapes[0]}" >"$LOG/bwdprof.txt" 2>&1
+    cp "$LOG/bwdprof.txt" "$OUT/bwdprof_ncu.txt"
+    grep -E "==PROF==|==ERROR==|Error" "$LOG/bwdprof.txt" | head -3
+    awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-44s %s %s\n", substr(k,1,44), $NF, $(NF-1)} /Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Waves Per SM/{printf "      %s\n", $0}' "$LOG/bwdprof.txt" | cut -c1-110
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site

@@ -379,6 +379,75 @@ static kda_status_t cuda_backward_workspace(const kda_context_t *ctx, const kda_
     return KDA_STATUS_SUCCESS;
 }
 
+#ifdef KDA_DEV_BUILD
+/* Development builds only: per-stage GPU times of the backward (bench/bwd_stages.py). kda_dev_bwd_timing(1)
+ * makes each following kda_backward record a CUDA event before each stage (meta, prep, dh0 memset, states,
+ * dstate, chunk, finish) and after the last, on its stream (the events of the device current at the first
+ * call); kda_dev_bwd_stage_ms waits for the last call's events and writes the 7 stage times in ms. The shipped
+ * library has neither. */
+#define BWD_EVENTS 8
+static cudaEvent_t bwd_ev[BWD_EVENTS];
+static int bwd_timing;
+KDA_API int kda_dev_bwd_timing(int enable) {
+    if (enable && !bwd_ev[0])
+        for (int i = 0; i < BWD_EVENTS; i++) {
+            const cudaError_t e = cudaEventCreate(&bwd_ev[i]);
+            if (e != cudaSuccess) return (int)e;
+        }
+    bwd_timing = enable;
+    return 0;
+}
+KDA_API int kda_dev_bwd_stage_ms(float *ms, int n) {
+    if (!bwd_ev[0]) return -1;
+    cudaError_t e = cudaEventSynchronize(bwd_ev[BWD_EVENTS - 1]);
+    for (int i = 0; i < n && i < BWD_EVENTS - 1 && e == cudaSuccess; i++)
+        e = cudaEventElapsedTime(&ms[i], bwd_ev[i], bwd_ev[i + 1]);
+    return (int)e;
+}
+/* records event i on the stream (timing on); always 0, so that it can stand in a condition */
+static int bwd_mark(int i, void *stream) {
+    if (bwd_timing) (void)cudaEventRecord(bwd_ev[i], (cudaStream_t)stream);
+    return 0;
+}
+#define BWD_MARK(i) bwd_mark((i), stream)
+
+/* dev_skip bit 12 (bench/bwd_stages.py --v2-states): the backward's stage 1 by the forward's recurrence kernel
+ * (KDA_REC_STATES: wgmma / mma.sync, S at each chunk start stored from its fp32 accumulators) instead of
+ * bwd_states.cu. Differences: the products use S rounded to bf16 (as the forward's), and a non-finite initial
+ * state propagates as in the forward rather than by §7's whole-column rule. */
+#define KDA_DEV_BWD_V2_STATES 4096
+static int bwd_states_v2(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw,
+                         const kda_cuda_config_t *cfg, int device, void *stream) {
+    kda_rec_params_t rp;
+    memset(&rp, 0, sizeof rp);
+    rp.seqs = bw->seqs;
+    rp.blocks = bw->blocks;
+    rp.h0 = bw->h0;
+    rp.state_indices = bw->state_indices;
+    rp.num_state_slots = bw->num_state_slots;
+    rp.o_dtype = (int)KDA_DT_BF16; /* no O is written; sizes the (unused) staging rows */
+    rp.h0_dtype = bw->h0_dtype;
+    rp.ht_dtype = (int)KDA_DT_F32;
+    rp.hv = bw->hv;
+    rp.K = bw->K;
+    rp.V = bw->V;
+    rp.v_first = bw->v_first;
+    rp.bv = choose_bv(impl, p, bw->vc);
+    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
+    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma;
+    rp.mode = KDA_REC_STATES;
+    rp.chunk_states = bw->states;
+    return cfg->rec(&rp, device, stream);
+}
+#define BWD_STATES()                                                                                           \
+    (dev_tuning.dev_skip & KDA_DEV_BWD_V2_STATES ? bwd_states_v2((const cuda_impl_t *)ctx->impl, p, &bw, cfg,      \
+                                                                 ctx->device, stream)                         \
+                                                 : kda_bwd_launch_states(&bw, ctx->device, stream))
+#else
+#define BWD_MARK(i) 0
+#define BWD_STATES() kda_bwd_launch_states(&bw, ctx->device, stream)
+#endif
+
 static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,
                                   void *stream) {
     (void)ws_bytes;
@@ -459,18 +528,21 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     int err = 0;
     const char *stage = "";
+    (void)BWD_MARK(0);
     if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
-    else if ((err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
-    else if (bw.dh0 && a->state_indices &&
+    else if (BWD_MARK(1) || (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
+    else if (BWD_MARK(2) || (bw.dh0 && a->state_indices &&
              (err = (int)cudaMemsetAsync(bw.dh0, 0, (size_t)a->num_state_slots * (size_t)a->num_v_heads *
                                                         (size_t)kda_state_head_elems(p) *
                                                         kda_dtype_size(b->d_initial_state_dtype),
-                                         (cudaStream_t)stream)) != 0)
+                                         (cudaStream_t)stream)) != 0))
         stage = "d_initial_state memset";
-    else if ((err = kda_bwd_launch_states(&bw, ctx->device, stream)) != 0) stage = "backward states";
-    else if ((err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0) stage = "backward state-gradient";
-    else if ((err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
-    else if ((err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
+    else if (BWD_MARK(3) || (err = BWD_STATES()) != 0) stage = "backward states";
+    else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
+        stage = "backward state-gradient";
+    else if (BWD_MARK(5) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
+    else if (BWD_MARK(6) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
+    (void)BWD_MARK(7);
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

@@ -32,6 +32,8 @@
 #define CK_THREADS 256
 #define C KDA_CHUNK
 #define CS (C + 4) /* fp32 strides: rows 4 banks apart, so the 8 rows a warp reads fall in distinct banks */
+static constexpr int d_unroll = 4; /* rows of S (dS⁺) in flight in the K-long loops of Z and dΔ (255 registers
+                                      at KC = VC = 128 with 4; a constant, as #pragma unroll takes no macro) */
 
 template <int KC, int VC>
 struct chunk_smem {
@@ -69,14 +71,32 @@ DEV float dot4(const float *a, const float *b, int n) {
     }
     return acc;
 }
-DEV float dot4_g(const float *a, const float *__restrict__ b, int n) {
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < n; c += 4) {
-        const float4 x = *(const float4 *)(a + c), y = __ldg((const float4 *)(b + c));
-        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+
+/* acc[u] = Σ_c a[c] b[(l4 + 4 (u0 + u)) VC + c] for u < NU, each in dot4's order: the c loop outside, so that
+ * the NU rows' loads of one step are independent and in flight together (a loop per row waited on each) */
+template <int NU, int VC>
+DEV void dots4_g(const float *a, const float *__restrict__ b, int l4, int u0, float (&acc)[NU]) {
+#pragma unroll
+    for (int u = 0; u < NU; u++) acc[u] = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < VC; c += 4) {
+        const float4 x = *(const float4 *)(a + c);
+#pragma unroll
+        for (int u = 0; u < NU; u++) {
+            const float4 y = __ldg((const float4 *)(b + (int64_t)(l4 + 4 * (u0 + u)) * VC + c));
+            acc[u] += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+        }
     }
-    return acc;
+}
+
+/* A hint that this CTA will read [p, p + bytes) soon: into L2 (no-op in a host emulation) */
+DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
+#ifdef __CUDA_ARCH__
+    for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)CK_THREADS * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+#else
+    (void)p, (void)bytes, (void)tid;
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -136,23 +156,33 @@ DEV void gate_cumsum(float *G, int tid) {
         for (int i = 1; i < C; i++) G[i * KS + d] += G[(i - 1) * KS + d];
 }
 
-/* M (strictly lower) and Aqk (lower, × s), pair by pair */
+/* M (strictly lower) and Aqk (lower, × s), pair by pair: row r's pairs j = l4 + 4 m ≤ r, the channel loop
+ * outside so that row r's own q̂, k̂, G are read once per channel for its 16 pairs */
 template <int KC, int VC>
 DEV void pair_products(chunk_smem<KC, VC> &sm, float scale, int r, int l4) {
-    constexpr int KS = KC + 4;
+    constexpr int KS = KC + 4, NJ = C / 4;
     const float *qi = sm.q + r * KS, *ki = sm.k + r * KS, *Gi = sm.G + r * KS;
-    for (int j = l4; j < C; j += 4) {
-        float sa = 0.0f, sq = 0.0f;
-        if (j <= r) {
-            const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
-            for (int d = 0; d < KC; d++) {
-                const float kk = kj[d] * gexp(Gi[d] - Gj[d]);
-                sa += ki[d] * kk;
-                sq += qi[d] * kk;
+    float sa[NJ], sq[NJ];
+#pragma unroll
+    for (int m = 0; m < NJ; m++) sa[m] = sq[m] = 0.0f;
+#pragma unroll 1
+    for (int d = 0; d < KC; d++) {
+        const float gi = Gi[d], kid = ki[d], qid = qi[d];
+#pragma unroll
+        for (int m = 0; m < NJ; m++) {
+            const int j = l4 + 4 * m;
+            if (j <= r) {
+                const float kk = sm.k[j * KS + d] * gexp(gi - sm.G[j * KS + d]);
+                sa[m] += kid * kk;
+                sq[m] += qid * kk;
             }
         }
-        sm.M[r * CS + j] = j < r ? sa : 0.0f;
-        sm.A2[r * CS + j] = scale * sq;
+    }
+#pragma unroll
+    for (int m = 0; m < NJ; m++) {
+        const int j = l4 + 4 * m;
+        sm.M[r * CS + j] = j < r ? sa[m] : 0.0f;
+        sm.A2[r * CS + j] = scale * sq[m];
     }
 }
 
@@ -197,6 +227,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float *__restrict__ dS = p.dstates + (cid * p.hv + h) * (int64_t)KC * VC;
 
     /* ---- forward ---- */
+    /* S and dS⁺ (written by stages 1-2, 128 KB, in HBM) are first read after the chunk's forward: have them in L2 */
+    prefetch_l2(S, (int64_t)KC * VC * 4, tid);
+    prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
     load_rows<KC, VC>(p, sm, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
@@ -211,7 +244,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
 #pragma unroll
     for (int u = 0; u < VU; u++) y[u] = sm.D[r * VS + l4 + 4 * u];
-#pragma unroll 1
+#pragma unroll d_unroll
     for (int d = 0; d < KC; d++) {
         const float f = kr[d] * gexp(Gr[d]);
         const float *Sd = S + (int64_t)d * VC + l4;
@@ -236,6 +269,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 
     /* ---- backward ---- */
     /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
+#pragma unroll 8 /* 8 loads in flight per thread (a loop step waited on each) */
     for (int e = tid; e < C * VC; e += CK_THREADS) {
         const int i = e / VC, c = e % VC;
         sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
@@ -243,6 +277,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     for (int d = tid; d < KC; d += CK_THREADS) {
         sm.gam[d] = gexp(Gl[d]);
         float acc = 0.0f;
+#pragma unroll 8
         for (int c = 0; c < VC; c++) acc += __ldg(dS + (int64_t)d * VC + c) * __ldg(S + (int64_t)d * VC + c);
         sm.dgam[d] = acc;
     }
@@ -254,11 +289,16 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     float dG[KU];
     /* dQΓ = dO Sᵀ: dq̂ = s e^G dQΓ (its first term), dG = QΓ ⊙ dQΓ */
 #pragma unroll
-    for (int u = 0; u < KU; u++) {
-        const int d = l4 + 4 * u;
-        const float a = dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC), e = scale * gexp(Gr[d]) * a;
-        if (own) dqr[d] = e;
-        dG[u] = qr[d] * e;
+    for (int h2 = 0; h2 < 2; h2++) { /* two halves of the row's KU columns: 16 loads in flight per step */
+        float a[KU / 2];
+        dots4_g<KU / 2, VC>(sm.R + r * VS, S, l4, h2 * (KU / 2), a);
+#pragma unroll
+        for (int uu = 0; uu < KU / 2; uu++) {
+            const int u = h2 * (KU / 2) + uu, d = l4 + 4 * u;
+            const float e = scale * gexp(Gr[d]) * a[uu];
+            if (own) dqr[d] = e;
+            dG[u] = qr[d] * e;
+        }
     }
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ (into y until dO is no longer needed) */
 #pragma unroll
@@ -269,7 +309,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int u = 0; u < VU; u++) y[u] += a * sm.R[m * VS + l4 + 4 * u];
     }
-#pragma unroll 1
+#pragma unroll d_unroll
     for (int d = 0; d < KC; d++) {
         const float f = kr[d] * gexp(Gl[d] - Gr[d]);
         const float *dSd = dS + (int64_t)d * VC + l4;
@@ -308,25 +348,31 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dv = β dR, dβ += v·dR */
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
-        for (int c = l4; c < p.V; c += 4) {
-            const float dr = sm.R[r * VS + c];
-            store_elem(p.dv, p.dv_dtype, row + c, br * dr);
-            db += load_elem(p.v, p.dtype, row + c) * dr;
-        }
+#pragma unroll 8
+        for (int c = l4; c < p.V; c += 4) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
+        for (int c = l4; c < p.V; c += 4) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
     /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G} */
     float ext[KU];
 #pragma unroll
-    for (int u = 0; u < KU; u++) {
-        const int d = l4 + 4 * u;
-        const float ax = -dot4_g(sm.R + r * VS, S + (int64_t)d * VC, VC);
-        const float ak = dot4_g(sm.D + r * VS, dS + (int64_t)d * VC, VC);
-        const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
-        if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
-        db += kd * e * ax;
-        const float kt = kd * f * ak;
-        dG[u] += br * kd * e * ax - kt;
-        ext[u] = kt;
+    for (int u = 0; u < KU; u++) ext[u] = 0.0f;
+#pragma unroll
+    for (int h2 = 0; h2 < 4; h2++) { /* quarters of the row's KU columns: 2 × KU/4 loads in flight per step */
+        float axs[KU / 4], aks[KU / 4];
+        dots4_g<KU / 4, VC>(sm.R + r * VS, S, l4, h2 * (KU / 4), axs);
+        dots4_g<KU / 4, VC>(sm.D + r * VS, dS, l4, h2 * (KU / 4), aks);
+#pragma unroll
+        for (int uu = 0; uu < KU / 4; uu++) {
+            const int u = h2 * (KU / 4) + uu, d = l4 + 4 * u;
+            const float ax = -axs[uu];
+            const float ak = aks[uu];
+            const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
+            if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
+            db += kd * e * ax;
+            const float kt = kd * f * ak;
+            dG[u] += br * kd * e * ax - kt;
+            ext[u] = kt;
+        }
     }
     /* Σ over the rows of K̃ ⊙ dK̃ (+ γ dγ): the G_last terms, added to every row's dĝ below */
 #pragma unroll
@@ -391,9 +437,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
         store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
-    __syncthreads(); /* q̂ is free: it holds dG next */
+    __syncthreads(); /* q̂ is free: it holds dG next; G holds the gate inputs x (loaded by all threads at once,
+                        not in the column loop below, where each load would wait on the store before it) */
 #pragma unroll
     for (int u = 0; u < KU; u++) sm.q[r * KS + l4 + 4 * u] = dG[u];
+#pragma unroll 8
+    for (int e = tid; e < C * KC; e += CK_THREADS) {
+        const int i = e / KC, d = e % KC;
+        sm.G[i * KS + d] = i < clen && d < p.K ? gate_input(p, t0 + i, h, d) : 0.0f;
+    }
     __syncthreads();
 
     /* dĝ = reverse cumsum of dG + the G_last terms; then the clamp and the gate, column by column */
@@ -403,7 +455,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             acc += sm.q[i * KS + d];
             if (i >= clen || d >= p.K) continue;
             const int64_t t = t0 + i;
-            const float x = gate_input(p, t, h, d), lam = gate_value(p, A, x);
+            const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
             float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
             if (p.gate_in_kernel) {
                 if (p.lower_bound != 0.0f) {

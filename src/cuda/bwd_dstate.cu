@@ -35,7 +35,7 @@ struct dstate_smem {
 };
 
 template <int KC>
-__global__ void __launch_bounds__(DS_THREADS, 1) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
+__global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     dstate_smem<KC> &sm = *(dstate_smem<KC> *)smem_raw;
     const int tid = threadIdx.x;
@@ -57,6 +57,9 @@ __global__ void __launch_bounds__(DS_THREADS, 1) kda_bwd_dstate_kernel(const kda
     __syncthreads();
 
     const int col = tid % BV, row0 = tid / BV;
+    constexpr int RSTEP = DS_THREADS / BV, RI = KDA_CHUNK / RSTEP, RD = KC / RSTEP; /* 16 row groups: 4 rows of dΔ,
+                                                                                   KC / 16 rows of dS per thread */
+    static_assert(RI == 4 && (RD == 8 || RD == 4), "dstate: 256 threads, 16 columns, C = 64, KC 64 or 128");
     for (int64_t ci = nc - 1; ci >= 0; ci--) {
         const int64_t cid = chunk0 + ci, t0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - t0);
@@ -78,20 +81,50 @@ __global__ void __launch_bounds__(DS_THREADS, 1) kda_bwd_dstate_kernel(const kda
             sm.dO[i * SS + c] = x;
         }
         __syncthreads();
-        /* dΔ = Aqkᵀ dO + K̃ dS (Aqk lower: rows m ≥ i) */
-        for (int i = row0; i < KDA_CHUNK; i += DS_THREADS / BV) {
-            float acc = 0.0f;
-            for (int m = i; m < KDA_CHUNK; m++) acc += panel_at(sm.aqk, m, i) * sm.dO[m * SS + col];
-            for (int d = 0; d < KC; d++) acc += panel_at(sm.kt, i, d) * sm.dS[d * SS + col];
-            sm.dD[i * SS + col] = acc;
+        /* dΔ = Aqkᵀ dO + K̃ dS (Aqk lower: rows m ≥ i) for the thread's rows i = row0 + 16 r: the triangle row
+           by row, then K̃ dS with each dS element read once for the four rows and K̃ 8 columns per load */
+        float acc[RI];
+#pragma unroll
+        for (int r = 0; r < RI; r++) {
+            const int i = row0 + RSTEP * r;
+            float a = 0.0f;
+            for (int m = i; m < KDA_CHUNK; m++) a += panel_at(sm.aqk, m, i) * sm.dO[m * SS + col];
+            acc[r] = a;
         }
+#pragma unroll 2
+        for (int d0 = 0; d0 < KC; d0 += 8) {
+            float s8[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) s8[j] = sm.dS[(d0 + j) * SS + col];
+#pragma unroll
+            for (int r = 0; r < RI; r++) {
+                float k8[8];
+                panel_run<8>(sm.kt, row0 + RSTEP * r, d0, k8);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[r] += k8[j] * s8[j];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < RI; r++) sm.dD[(row0 + RSTEP * r) * SS + col] = acc[r];
         __syncthreads();
-        /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ (owner-only updates) */
-        for (int d = row0; d < KC; d += DS_THREADS / BV) {
-            float acc = sm.gamma[d] * sm.dS[d * SS + col];
-            for (int i = 0; i < KDA_CHUNK; i++)
-                acc += panel_at(sm.qg, i, d) * sm.dO[i * SS + col] - panel_at(sm.w, i, d) * sm.dD[i * SS + col];
-            sm.dS[d * SS + col] = acc;
+        /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ (owner-only updates) for the thread's RD consecutive rows
+           d = RD row0 + j: each dO and dΔ element read once for them, QΓ and W RD columns per load */
+        {
+            const int d0 = RD * row0;
+            float ad[RD];
+#pragma unroll
+            for (int j = 0; j < RD; j++) ad[j] = sm.gamma[d0 + j] * sm.dS[(d0 + j) * SS + col];
+#pragma unroll 2
+            for (int i = 0; i < KDA_CHUNK; i++) {
+                const float o = sm.dO[i * SS + col], e = sm.dD[i * SS + col];
+                float q[RD], w[RD];
+                panel_run<RD>(sm.qg, i, d0, q);
+                panel_run<RD>(sm.w, i, d0, w);
+#pragma unroll
+                for (int j = 0; j < RD; j++) ad[j] += q[j] * o - w[j] * e;
+            }
+#pragma unroll
+            for (int j = 0; j < RD; j++) sm.dS[(d0 + j) * SS + col] = ad[j];
         }
         __syncthreads();
     }

@@ -50,7 +50,7 @@ DEV void load_initial_state(const kda_bwd_params_t &p, states_smem<KC> &sm, int6
 }
 
 template <int KC>
-__global__ void __launch_bounds__(ST_THREADS, 1) kda_bwd_states_kernel(const kda_bwd_params_t p) {
+__global__ void __launch_bounds__(ST_THREADS, 4) kda_bwd_states_kernel(const kda_bwd_params_t p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     states_smem<KC> &sm = *(states_smem<KC> *)smem_raw;
     const int tid = threadIdx.x;
@@ -64,7 +64,9 @@ __global__ void __launch_bounds__(ST_THREADS, 1) kda_bwd_states_kernel(const kda
     if (nc == 0) return;
     load_initial_state<KC>(p, sm, seq_slot(p.state_indices, p.num_state_slots, n), h, c0, tid);
 
-    const int col = tid % BV, row0 = tid / BV; /* thread's column; rows row0, row0 + 256 / BV, ... */
+    const int col = tid % BV, row0 = tid / BV; /* thread's column; its row group (16 of them) */
+    constexpr int RSTEP = ST_THREADS / BV, RI = KDA_CHUNK / RSTEP, RD = KC / RSTEP;
+    static_assert(RI == 4 && (RD == 8 || RD == 4), "states: 256 threads, 16 columns, C = 64, KC 64 or 128");
     for (int64_t ci = 0; ci < nc; ci++) {
         const int64_t cid = chunk0 + ci;
         const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
@@ -80,18 +82,44 @@ __global__ void __launch_bounds__(ST_THREADS, 1) kda_bwd_states_kernel(const kda
             ((uint4 *)sm.u)[e] = ((const uint4 *)(blk + kda_cuda_off_u(KC) + (int64_t)(c0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES))[e];
         for (int d = tid; d < KC; d += ST_THREADS) sm.gamma[d] = ((const float *)(blk + kda_cuda_off_gamma(KC)))[d];
         __syncthreads();
-        /* Δ = U − W S */
-        for (int i = row0; i < KDA_CHUNK; i += ST_THREADS / BV) {
-            float acc = panel_at(sm.u, i, c0 % KDA_PANEL_COLS + col);
-            for (int d = 0; d < KC; d++) acc -= panel_at(sm.w, i, d) * sm.S[d * SS + col];
-            sm.D[i * SS + col] = acc;
+        /* Δ = U − W S for the thread's rows i = row0 + 16 r: each S element read once for the four rows, W 8
+           columns per 16-byte load */
+        float acc[RI];
+#pragma unroll
+        for (int r = 0; r < RI; r++) acc[r] = panel_at(sm.u, row0 + RSTEP * r, c0 % KDA_PANEL_COLS + col);
+#pragma unroll 1
+        for (int d0 = 0; d0 < KC; d0 += 8) {
+            float s8[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) s8[j] = sm.S[(d0 + j) * SS + col];
+#pragma unroll
+            for (int r = 0; r < RI; r++) {
+                float w8[8];
+                panel_run<8>(sm.w, row0 + RSTEP * r, d0, w8);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[r] -= w8[j] * s8[j];
+            }
         }
+#pragma unroll
+        for (int r = 0; r < RI; r++) sm.D[(row0 + RSTEP * r) * SS + col] = acc[r];
         __syncthreads();
-        /* S ← Diag(γ) S + K̃ᵀ Δ (each thread updates only the elements it owns) */
-        for (int d = row0; d < KC; d += ST_THREADS / BV) {
-            float acc = sm.gamma[d] * sm.S[d * SS + col];
-            for (int i = 0; i < KDA_CHUNK; i++) acc += panel_at(sm.kt, i, d) * sm.D[i * SS + col];
-            sm.S[d * SS + col] = acc;
+        /* S ← Diag(γ) S + K̃ᵀ Δ (each thread updates only the elements it owns: its RD consecutive rows
+           d = RD row0 + j, each Δ element read once for them, K̃ a run per load) */
+        {
+            const int d0 = RD * row0;
+            float ad[RD];
+#pragma unroll
+            for (int j = 0; j < RD; j++) ad[j] = sm.gamma[d0 + j] * sm.S[(d0 + j) * SS + col];
+#pragma unroll 1
+            for (int i = 0; i < KDA_CHUNK; i++) {
+                const float e = sm.D[i * SS + col];
+                float k[RD];
+                panel_run<RD>(sm.kt, i, d0, k);
+#pragma unroll
+                for (int j = 0; j < RD; j++) ad[j] += k[j] * e;
+            }
+#pragma unroll
+            for (int j = 0; j < RD; j++) sm.S[(d0 + j) * SS + col] = ad[j];
         }
         __syncthreads();
     }

@@ -413,7 +413,7 @@ template <int KD, int WG, int EXACT, int MODE>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_rec_params_t p) {
     constexpr int NT = KD / 8; /* n-tiles of Sᵀ over K */
     constexpr int SPLIT = REC_SPLIT(KD);
-    constexpr int WO = MODE != KDA_REC_PRESCAN; /* the kernel writes O */
+    constexpr int WO = MODE != KDA_REC_PRESCAN && MODE != KDA_REC_STATES; /* the kernel writes O */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
 
@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     int64_t n, bos, eos, nchunks, chunk0;
     float *slot_base = NULL; /* this (piece, head)'s CP storage, or NULL */
     int load_sin = 0, from_h0 = 1, store_final = 1;
-    if (MODE == KDA_REC_SEQ) {
+    if (MODE == KDA_REC_SEQ || MODE == KDA_REC_STATES) {
         vt = (int)(blockIdx.x % nvt);
         const int64_t rest = blockIdx.x / nvt;
         h = (int)(rest % p.hv);
@@ -531,6 +531,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         } else if (!nocopy || ci == 0) {
             mbar_wait(bars, (uint32_t)(ci & 1));
         }
+        if (MODE == KDA_REC_STATES) /* S at this chunk's start, for the backward (fp32, [KC][VC]) */
+            store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
            closing barrier, which it must have to get here */
         unsigned char *sO = sO0 + (ci & 1) * KDA_CHUNK * ostride * oes;
@@ -585,7 +587,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     if (MODE == KDA_REC_PRESCAN) {
         if (mcols) store_slot<KD>(slot_base, s, 1, KD, vw, g, t);       /* Mᵀ[e][d] */
         else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
-    } else if (store_final && p.ht && slot >= 0) {
+    } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
         store_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
     }
 }
@@ -603,18 +605,24 @@ static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
 template <int KD, int HAS_WG>
 static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const int64_t nvt = kda_cuda_size_class(p->V) / p->bv;
-    const int64_t ctas = p->mode == KDA_REC_SEQ       ? p->seqs.num_seqs * p->hv * nvt
+    const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->seqs.num_seqs * p->hv * nvt
                          : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->hv * nvt
                                                      : p->cp_capacity * p->hv * (KD / p->bv + nvt);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
-    static int done[3][4][KDA_MAX_DEVICES]; /* per kernel below */
+    static int done[4][4][KDA_MAX_DEVICES]; /* per kernel below */
     const int wg = HAS_WG && p->wgmma, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
      (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>}
+#ifdef KDA_DEV_BUILD
+    const void *kernels[4][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
+                                 REC_KERNELS(KDA_REC_STATES)};
+#else
     const void *kernels[3][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES)};
+    if (p->mode == KDA_REC_STATES) return (int)cudaErrorNotSupported;
+#endif
 #undef REC_KERNELS
     const int which = 2 * wg + exact, mode = p->mode;
     return kda_launch(kernels[mode][which], ctas, threads, bytes, p, device, done[mode][which], stream);
