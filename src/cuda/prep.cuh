@@ -10,6 +10,9 @@
  *   load_inputs        q, k, v (16-bit: into their tiles), the raw 16-bit gate tile, β (sigmoid in kernel)
  *   gate_cumsum        the gate (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel: G
  *   normalize_qkv      q ← s·q/‖q‖, k ← k/‖k‖ (l2norm), v: all as bf16 tiles
+ *   neutral_rows       [rare] the non-finite contract (ALGORITHM.md §7): the chunk's first poisoning row t*
+ *                      (NaN gate; q, k, v, β non-finite or |x| ≥ 2^56, found beside the three steps above);
+ *                      rows from t* on become neutral (q = k = v = β = 0), so no row before t* reads them
  *   intra_chunk_A      A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i) by 16×16
  *                      blocks on the tensor cores, the factor split around a reference R (ALGORITHM.md §3)
  *                      [the A warps]; Aqk → workspace
@@ -18,6 +21,8 @@
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, fp32 forward substitution
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
  *   store_w_u          W, U → workspace
+ *   poison_block       [rare] QΓ rows from t* on and γ set to NaN: the recurrence, unchanged, then writes NaN
+ *                      in o from t* on and carries a NaN state to every later token and the final state
  * Rows past the end of a short chunk are zeros (k = q = v = β = 0, G = G_last), so every output row there is
  * zero and the recurrence needs no masks.
  *
@@ -27,7 +32,7 @@
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
  *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II)
- *   β    fp32 [C], and 512 floats for the partial sums of the gate
+ *   β    fp32 [C], and 512 floats for the partial sums of the gate, and t* (an int)
  */
 #include "common.cuh"
 #include "seq.cuh"
@@ -51,13 +56,20 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_A(KD, VD) (PREP_OFF_V(KD, VD) + KDA_CHUNK * PREP_S(VD) * 2)
 #define PREP_OFF_BETA(KD, VD) (PREP_OFF_A(KD, VD) + KDA_CHUNK * SA * 4)
 #define PREP_OFF_TOT(KD, VD) (PREP_OFF_BETA(KD, VD) + KDA_CHUNK * 4)
-#define PREP_BYTES(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
+#define PREP_OFF_TSTAR(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
+#define PREP_BYTES(KD, VD) (PREP_OFF_TSTAR(KD, VD) + 16)
+
+/* The contract's bound for q, k, v, β (ALGORITHM.md §7, 4): a row holding an element with |x| ≥ 2^56 (after the
+ * l2norm and the scale, β after its sigmoid), ±∞ or NaN poisons its token. Below it no product of the chunk
+ * overflows (k·k over 256 channels times β ≤ 2 stays under 2^121), so no 0·∞ reaches an earlier row. */
+#define PREP_HUGE 0x1p56f
 
 /* The shared-memory tiles and the chunk a CTA prepares */
 typedef struct {
     float *G;     /* R_G */
     bf16 *K, *Q, *V;
     float *A, *beta, *tot;
+    int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
 } prep_smem_t;
 
 typedef struct {
@@ -144,7 +156,8 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
 }
 
 template <int KD, int VD>
-DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid, int &bad) {
+    if (tid == 0) *sm.tstar = KDA_CHUNK; /* lowered only after gate_cumsum's barrier */
     if (!KDA_SKIP(p, 512)) {
         if (p.dtype != KDA_DT_F32) {
             const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)ck.K;
@@ -162,6 +175,7 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if (tid < ck.clen) {
             b = load_elem(p.beta, p.beta_dtype, (ck.t0 + tid) * p.hv + ck.h);
             if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+            if (!(fabsf(b) < PREP_HUGE)) bad = tid;
         }
         sm.beta[tid] = b;
     }
@@ -179,7 +193,7 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
 
 template <int KD, int EXACT>
 DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
-                     float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)]) {
+                     float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)], int &bad) {
     constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD);
     const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
     const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
@@ -225,8 +239,12 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if (!KDA_SKIP(p, 32)) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
-                run0 += u < nvalid ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x))), lb2) : 0.0f;
-                run1 += u < nvalid_y ? fmaxf(lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y))), lb2) : 0.0f;
+                const float vx = lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
+                const float vy = lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
+                if (vx != vx || vy != vy) bad = min(bad, gr0 + u); /* a NaN gate poisons (rows past the end and
+                                                                       padded channels hold finite zeros) */
+                run0 += u < nvalid ? fmaxf(vx, lb2) : 0.0f;
+                run1 += u < nvalid_y ? fmaxf(vy, lb2) : 0.0f;
                 gx[u] = run0;
                 gy[u] = run1;
             }
@@ -242,7 +260,8 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if (!KDA_SKIP(p, 32)) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
-                /* clamp into [KDA_GATE_MIN, 0]: NaN and −inf become the minimum */
+                if (gx[u] != gx[u] || gy[u] != gy[u]) bad = min(bad, gr0 + u); /* NaN poisons */
+                /* clamp into [KDA_GATE_MIN, 0]: −inf becomes the minimum (NaN too: its rows are neutral) */
                 run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
                 run1 += u < nvalid_y ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
                 gx[u] = run0;
@@ -275,7 +294,7 @@ DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GA
  * ------------------------------------------------------------------------------------------------------- */
 template <int W, int EXACT>
 DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
-                        bf16 *tile, int norm, float scale, int tid) {
+                        bf16 *tile, int norm, float scale, int tid, int &bad) {
     constexpr int CW = W / 4, S = PREP_S(W);
     const int r = tid >> 2, c0 = (tid & 3) * CW;
     float x[CW];
@@ -310,6 +329,10 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
         f = rsqrtf(ss + 1e-6f);
     }
     f *= scale;
+    bool huge = false;
+#pragma unroll
+    for (int c = 0; c < CW; c++) huge |= !(fabsf(x[c] * f) < PREP_HUGE);
+    if (huge) bad = min(bad, r);
 #pragma unroll
     for (int c = 0; c < CW; c += 8)
         *(uint4 *)(tile + r * S + c0 + c) =
@@ -317,14 +340,49 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
                        pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
 }
 
+/* bf16 v stays as copied: its bound by the exponent bits, 8 elements a 16-byte load (a half is at or above
+ * 2^56, ±∞ or NaN iff its exponent field is ≥ 183: adding 0x2480 to the field carries into the half's top bit) */
+template <int W>
+DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
+    constexpr int CW = W / 4, S = PREP_S(W);
+    const int r = tid >> 2, c0 = (tid & 3) * CW;
+    uint32_t acc = 0;
+#pragma unroll
+    for (int c = 0; c < CW; c += 8) {
+        const uint4 w = *(const uint4 *)(tile + r * S + c0 + c);
+        acc |= ((w.x & 0x7f807f80u) + 0x24802480u) | ((w.y & 0x7f807f80u) + 0x24802480u) |
+               ((w.z & 0x7f807f80u) + 0x24802480u) | ((w.w & 0x7f807f80u) + 0x24802480u);
+    }
+    if (acc & 0x80008000u) bad = min(bad, r);
+}
+
 template <int KD, int VD, int EXACT>
-DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid, int &bad) {
     if (KDA_SKIP(p, 64)) return;
     const int64_t row_qk = (ck.t0 + (tid >> 2)) * p.hqk + ck.hq, row_v = (ck.t0 + (tid >> 2)) * p.hv + ck.h;
     const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
-    normalize_tile<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid);
-    normalize_tile<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid);
-    if (p.dtype != KDA_DT_BF16) normalize_tile<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid);
+    normalize_tile<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid, bad);
+    normalize_tile<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid, bad);
+    if (p.dtype != KDA_DT_BF16) normalize_tile<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid, bad);
+    else huge_bf16_rows<VD>(sm.V, tid, bad);
+}
+
+/* neutral_rows [rare]: rows t* .. C − 1 of q, k, v and β zeroed, so that they add nothing to any product (the
+ * tensor-core products also run over the structural zeros of the triangles: a non-finite row would make 0·∞
+ * in the rows before it). Their gate stays (finite after the clamp). */
+template <int KD, int VD>
+DEV void neutral_rows(const prep_smem_t &sm, int tstar, int tid) {
+    constexpr int SK = PREP_S(KD), SV = PREP_S(VD);
+    for (int e = tid; e < (KDA_CHUNK - tstar) * (KD / 8); e += PREP_THREADS) {
+        const int r = tstar + e / (KD / 8), c = (e % (KD / 8)) * 8;
+        *(uint4 *)(sm.Q + r * SK + c) = make_uint4(0, 0, 0, 0);
+        *(uint4 *)(sm.K + r * SK + c) = make_uint4(0, 0, 0, 0);
+    }
+    for (int e = tid; e < (KDA_CHUNK - tstar) * (VD / 8); e += PREP_THREADS) {
+        const int r = tstar + e / (VD / 8), c = (e % (VD / 8)) * 8;
+        *(uint4 *)(sm.V + r * SV + c) = make_uint4(0, 0, 0, 0);
+    }
+    if (tid >= tstar && tid < KDA_CHUNK) sm.beta[tid] = 0.0f;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -661,6 +719,23 @@ DEV void store_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, const prep
     }
 }
 
+/* poison_block [rare]: QΓ rows t* .. C − 1 and γ → NaN in the workspace block (after every thread's own stores
+ * of them, which earlier barriers ordered). The recurrence needs no test of its own: o of those rows reads their
+ * QΓ row, and γ S makes the state NaN, hence every later output of the sequence (later CP pieces through the
+ * pre-scan's maps and the merge) and its final state. */
+template <int KD>
+DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
+    constexpr int row_chunks = KD / 8;
+    unsigned char *blk_qg = ck.blk + kda_cuda_off_qg(KD);
+    const uint32_t nan2 = 0x7fc07fc0u; /* two bf16 NaNs */
+    for (int e = tid; e < (KDA_CHUNK - tstar) * row_chunks; e += PREP_THREADS) {
+        const int r = tstar + e / row_chunks, c = e % row_chunks;
+        *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(nan2, nan2, nan2, nan2);
+    }
+    float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
+    for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = __int_as_float(0x7fffffff);
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
@@ -678,7 +753,8 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
                             (bf16 *)(smem + PREP_OFF_V(KD, VD)),
                             (float *)(smem + PREP_OFF_A(KD, VD)),
                             (float *)(smem + PREP_OFF_BETA(KD, VD)),
-                            (float *)(smem + PREP_OFF_TOT(KD, VD))};
+                            (float *)(smem + PREP_OFF_TOT(KD, VD)),
+                            (int *)(smem + PREP_OFF_TSTAR(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     /* this CTA's chunk */
@@ -699,11 +775,15 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
     ck.hq = ck.h / p.group;
     ck.blk = (unsigned char *)p.blocks.base + (cid * p.hv + ck.h) * p.blocks.block_bytes;
 
-    load_inputs<KD, VD>(p, sm, ck, tid);
+    int bad = KDA_CHUNK; /* the first poisoning row this thread saw */
+    load_inputs<KD, VD>(p, sm, ck, tid, bad);
     float gx[GATE_ROWS(KD)], gy[GATE_ROWS(KD)];
-    gate_cumsum<KD, EXACT>(p, sm, ck, tid, gx, gy); /* waits for the copies */
-    normalize_qkv<KD, VD, EXACT>(p, sm, ck, tid);
-    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, and q, k, v are done */
+    gate_cumsum<KD, EXACT>(p, sm, ck, tid, gx, gy, bad); /* waits for the copies */
+    normalize_qkv<KD, VD, EXACT>(p, sm, ck, tid, bad);
+    if (bad < ck.clen) atomicMin(sm.tstar, bad);
+    __syncthreads(); /* the parts' totals, the raw gate tile's last reads, q, k, v and t* are done */
+    const int tstar = *sm.tstar;
+    if (tstar < ck.clen) neutral_rows<KD, VD>(sm, tstar, tid);
     gate_cumsum_finish<KD>(sm, tid, gx, gy);
     for (int e = tid; e < KDA_CHUNK * SA / 4; e += PREP_THREADS) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
@@ -720,6 +800,7 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
     solve_w_u<KD, VD>(p, sm, warp, lane);
     __syncthreads();
     store_w_u<KD, VD>(p, sm, ck, tid);
+    if (tstar < ck.clen) poison_block<KD>(ck, tstar, tid);
 }
 
 /* The launcher of one configuration: one CTA per (chunk, value head) */
