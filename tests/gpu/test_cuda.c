@@ -560,7 +560,10 @@ TEST(gpu_fwd_poison_bf16_cp) {
                             const int64_t i = (t * HV + h) * V + j;
                             const float x = elem_get(d.s.o, c.o_dtype, i);
                             if (!hit || t < at) {
-                                if (!(fabsf(x - o0[i]) <= 1e-3f * omax)) (hit ? bad_early : bad_other)++;
+                                if (!(fabsf(x - o0[i]) <= 1e-3f * omax)) {
+                                    if (hit) bad_early++;
+                                    else bad_other++;
+                                }
                             } else if (vi < 2 && !isnan(x)) {
                                 not_nan++;
                             }
