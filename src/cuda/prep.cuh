@@ -319,20 +319,25 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
     } else {
         row16_to_f32<0, CW>(tile + r * S + c0, x);
     }
-    float f = 1.0f;
+    float f = 1.0f, ss_row = 0.0f;
     if (norm) {
         float ss = 0.0f;
 #pragma unroll
         for (int c = 0; c < CW; c++) ss += x[c] * x[c];
         ss += __shfl_xor_sync(0xffffffffu, ss, 1);
         ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+        ss_row = ss;
         f = rsqrtf(ss + 1e-6f);
     }
     f *= scale;
-    bool huge = false;
+    /* with the l2norm a finite Σx² bounds every |x f| by the scale, so only a non-finite Σx² needs the elements
+       (then ±∞ gives NaN, a huge finite element 0); without it every element is tested */
+    if (!norm || !(ss_row < INFINITY)) {
+        bool huge = false;
 #pragma unroll
-    for (int c = 0; c < CW; c++) huge |= !(fabsf(x[c] * f) < PREP_HUGE);
-    if (huge) bad = min(bad, r);
+        for (int c = 0; c < CW; c++) huge |= !(fabsf(x[c] * f) < PREP_HUGE);
+        if (huge) bad = min(bad, r);
+    }
 #pragma unroll
     for (int c = 0; c < CW; c += 8)
         *(uint4 *)(tile + r * S + c0 + c) =
