@@ -37,7 +37,8 @@
  *     sequence and column j of its final state; the other channels are exactly as without that column (the
  *     recurrence never mixes value channels);
  *   - huge finite values whose float32 arithmetic overflows (e.g. 1e30) leave the outputs from that token on
- *     unspecified, never earlier ones;
+ *     unspecified, never earlier ones (the CUDA chunked forward treats an element of q, k, v or beta with
+ *     |x| >= 2^56, after the in-kernel transforms, as poisoning: NaN from that token on);
  *   - state pool slots that no sequence names are left bit-identical.
  */
 #ifndef KDA_H

@@ -21,12 +21,10 @@ typedef struct {
     int head_dim;     /* K = V */
     double tol;       /* finite outputs against the fp64 oracle (relative to the largest |o|) */
     double same_tol;  /* outputs that must not change against this backend's clean run (same, relative) */
-    int known_gaps;   /* classes not checked, each with a message (issue 15's closing note):
-                         2: kda_forward with a non-finite or huge q, k, v, g or β (the CUDA chunked kernels do
-                            not poison yet: a first version cost 8-19% of the forward's time);
-                         4: kda_forward with a non-finite or huge initial state (the CUDA chunked kernels do not
-                            set a non-finite column to NaN yet). (1, kda_decode with a non-finite initial state,
-                            is retired: the CUDA decode kernel poisons per value channel now.) */
+    int known_gaps;   /* classes not checked, each with a message: 2: kda_forward with a non-finite or huge q, k,
+                         v, g or β; 4: kda_forward with a non-finite or huge initial state. No backend has a
+                         gap left (the CUDA chunked kernels closed 4, then 2; 1, kda_decode with a non-finite
+                         initial state on CUDA, was retired before). */
 } kda_contract_backend_t;
 
 /* Check every class at token `t` of sequence 0 (a 70-token sequence beside a 9-token one), in each of the four
