@@ -216,9 +216,11 @@ typedef struct kda_args {
                                      for speculative decoding: see state_indices_cols. On the CPU backends the
                                      contents are checked (range, distinct, O(N)); on CUDA they cannot be read
                                      without a sync: the kernels treat a slot outside [0, num_state_slots) as
-                                     negative and clamp num_accepted_tokens into [1, T_max]; duplicate slots there are
-                                     the caller's error (concurrent writers: undefined contents in those
-                                     slots only). Default NULL */
+                                     negative and clamp num_accepted_tokens into [1, T_max]; a slot named by
+                                     several rows belongs to the last of them (highest sequence index), and
+                                     the other rows' entries naming it act as negative (start from zeros,
+                                     write nothing): the same bytes on every run. That takes one int32 of
+                                     workspace per slot (num_state_slots) when N >= 2. Default NULL */
     int64_t num_state_slots;      /* number of slots in the pools when state_indices is set. Default 0 */
 
     /* -- Options (FLA's chunk_kda flags, same meaning) --------------------------------------------------- */

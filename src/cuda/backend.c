@@ -143,7 +143,7 @@ static size_t blocks_bytes(const kda_problem_t *p) {
 }
 
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    *bytes = 256 + meta_bytes(p) + blocks_bytes(p) + cp_bytes(p, cp_capacity(ctx, p));
+    *bytes = 256 + meta_bytes(p) + blocks_bytes(p) + cp_bytes(p, cp_capacity(ctx, p)) + kda_cuda_claim_bytes(p);
     return KDA_STATUS_SUCCESS;
 }
 
@@ -246,6 +246,11 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.ht = a->final_state;
     rp.state_indices = a->state_indices;
     rp.num_state_slots = a->num_state_slots;
+    /* slot ownership (slots.cu) at the workspace's end */
+    const kda_cp_capacity_t cap = cp_capacity(ctx, p);
+    kda_claim_params_t cl = {a->state_indices, p->num_seqs, 1, 1, a->num_state_slots, NULL};
+    if (kda_cuda_claim_bytes(p) > 0) cl.claim = (int32_t *)(base + meta_bytes(p) + blocks_bytes(p) + cp_bytes(p, cap));
+    rp.claim = cl.claim;
     rp.o_dtype = (int)a->o_dtype;
     rp.h0_dtype = (int)a->initial_state_dtype;
     rp.ht_dtype = (int)a->final_state_dtype;
@@ -254,7 +259,6 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.V = V;
     rp.v_first = a->state_v_first != 0;
     /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
-    const kda_cp_capacity_t cap = cp_capacity(ctx, p);
     if (cap.slots > 0) { /* the pieces' recurrence: the widest tiles (the split made the CTAs); M's columns come in
                             tiles of the same width, so no wider than the K class */
         rp.bv = vc < 128 ? vc : 128;
@@ -304,6 +308,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     int err = 0;
     const char *stage = "";
     if (p->varlen && (err = kda_cuda_launch_meta(&seqs, stream)) != 0) stage = "meta";
+    else if ((err = kda_cuda_launch_claim(&cl, stream)) != 0) stage = "slot ownership";
     else if (!(tune.dev_skip & 8) && (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
     else if (cap.slots == 0) {
         if (!(tune.dev_skip & 16) && (err = cfg->rec(&rp, ctx->device, stream)) != 0) stage = "recurrence";
@@ -323,11 +328,20 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     return KDA_STATUS_SUCCESS;
 }
 
+/* The decode kernel's workspace is the slot-ownership array alone (256-aligned within it), or nothing */
+static size_t decode_ws_bytes(const kda_problem_t *p) {
+    const size_t b = kda_cuda_claim_bytes(p);
+    return b ? b + 256 : 0;
+}
+static int32_t *decode_claim(const kda_problem_t *p, void *ws) {
+    return kda_cuda_claim_bytes(p) ? (int32_t *)(((uintptr_t)ws + 255) & ~(uintptr_t)255) : NULL;
+}
+
 static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
     if (kda_cuda_decode_fits(p, 0)) /* headwise β, 2-D state_indices: only the recurrent kernel has them */
         return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, ctx->tuning.decode_ctas,
-                                   stream, "kda_forward");
+                                   decode_claim(p, ws), stream, "kda_forward");
     return cuda_run(ctx, p, ws, stream, "kda_forward");
 }
 
@@ -336,17 +350,17 @@ static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void
     (void)ws_bytes;
     if (kda_cuda_decode_fits(p, 1))
         return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, ctx->tuning.decode_ctas,
-                                   stream, "kda_decode");
+                                   decode_claim(p, ws), stream, "kda_decode");
     return cuda_run(ctx, p, ws, stream, "kda_decode");
 }
 
 static kda_status_t cuda_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    if (kda_cuda_decode_fits(p, 0)) return *bytes = 0, KDA_STATUS_SUCCESS;
+    if (kda_cuda_decode_fits(p, 0)) return *bytes = decode_ws_bytes(p), KDA_STATUS_SUCCESS;
     return cuda_workspace(ctx, p, bytes);
 }
 
 static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    if (kda_cuda_decode_fits(p, 1)) return *bytes = 0, KDA_STATUS_SUCCESS;
+    if (kda_cuda_decode_fits(p, 1)) return *bytes = decode_ws_bytes(p), KDA_STATUS_SUCCESS;
     return cuda_workspace(ctx, p, bytes);
 }
 

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
     int64_t bos, eos;
     seq_bounds(p.seqs, n, &bos, &eos);
     const int64_t nc = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = nc > 0 ? seq_chunk0(p.seqs, n) : 0;
-    const int64_t slot = seq_slot(p.state_indices, p.num_state_slots, n);
+    const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, n);
 
     for (int e = tid; e < KC * BV; e += DS_THREADS) {
         const int d = e / BV, c = e % BV;

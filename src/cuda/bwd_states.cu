@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(ST_THREADS, 4) kda_bwd_states_kernel(const kda
     seq_bounds(p.seqs, n, &bos, &eos);
     const int64_t nc = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = nc > 0 ? seq_chunk0(p.seqs, n) : 0;
     if (nc == 0) return;
-    load_initial_state<KC>(p, sm, seq_slot(p.state_indices, p.num_state_slots, n), h, c0, tid);
+    load_initial_state<KC>(p, sm, seq_slot(p.state_indices, NULL, p.num_state_slots, n), h, c0, tid);
 
     const int col = tid % BV, row0 = tid / BV; /* thread's column; its row group (16 of them) */
     constexpr int RSTEP = ST_THREADS / BV, RI = KDA_CHUNK / RSTEP, RD = KC / RSTEP;

@@ -210,13 +210,15 @@ DEV int64_t dec_read_slot(const kda_decode_params_t &p, int64_t n) {
         col = col < 0 ? 0 : (col >= p.idx_cols ? p.idx_cols - 1 : col);
         s = p.state_indices[n * p.idx_stride + col];
     }
-    return (s < 0 || s >= p.num_state_slots) ? -1 : s;
+    if (s < 0 || s >= p.num_state_slots) return -1;
+    return p.claim && p.claim[s] != (int32_t)n ? -1 : s; /* a later row names it too: slots.cu */
 }
 
 DEV int64_t dec_token_slot(const kda_decode_params_t &p, int64_t n, int64_t t) {
     if (t >= p.idx_cols) return -1;
     const int64_t s = p.state_indices[n * p.idx_stride + t];
-    return (s < 0 || s >= p.num_state_slots) ? -1 : s;
+    if (s < 0 || s >= p.num_state_slots) return -1;
+    return p.claim && p.claim[s] != (int32_t)n ? -1 : s;
 }
 
 DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
@@ -912,8 +914,13 @@ extern "C" int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode) {
     return p->num_tokens <= (int64_t)KDA_DECODE_MAX_TOKENS_PER_SEQ * p->num_seqs;
 }
 
+extern "C" size_t kda_cuda_claim_bytes(const kda_problem_t *p) {
+    if (!p->a.state_indices || p->num_seqs < 2) return 0; /* one row cannot collide with another */
+    return ((size_t)p->a.num_state_slots * sizeof(int32_t) + 255) & ~(size_t)255;
+}
+
 extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count, int forced_ctas,
-                                            void *stream, const char *fn) {
+                                            int32_t *claim, void *stream, const char *fn) {
     const kda_args_t *a = &pr->a;
     kda_decode_params_t c;
     memset(&c, 0, sizeof c);
@@ -931,6 +938,7 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     c.cu_seqlens_64 = a->cu_seqlens_dtype == KDA_INT64;
     c.state_indices = a->state_indices;
     c.num_accepted = a->num_accepted_tokens;
+    c.claim = claim;
     c.idx_cols = a->state_indices ? a->state_indices_cols : 0;
     c.idx_stride = pr->idx_stride;
     c.num_state_slots = a->state_indices ? a->num_state_slots : pr->num_seqs;
@@ -964,7 +972,10 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     cudaError_t e = cudaGetDevice(&prev);
     if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
-    const int err = launch_decode(&c, device, stream);
+    kda_claim_params_t cl = {a->state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
+                             c.idx_cols > 0 ? c.idx_stride : 1, c.num_state_slots, claim};
+    int err = kda_cuda_launch_claim(&cl, stream);
+    if (err == 0) err = launch_decode(&c, device, stream);
     if (prev >= 0 && prev != device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the decode kernel: %s", fn,

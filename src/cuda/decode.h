@@ -5,6 +5,7 @@
 #ifndef KDA_CUDA_DECODE_H
 #define KDA_CUDA_DECODE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../internal.h"
@@ -23,6 +24,7 @@ typedef struct kda_decode_params {
     const void *cu_seqlens;          /* NULL: equal-length rows of seq_len tokens */
     const int32_t *state_indices;    /* NULL: sequence n is state n */
     const int32_t *num_accepted;     /* 2-D indices only; NULL: column 0 */
+    const int32_t *claim;            /* slots.cu: an entry's slot counts for row n only if claim[slot] == n; NULL: all */
     int64_t idx_cols;                /* 0: 1-D state_indices; else T_max of the 2-D [N, T_max] */
     int64_t idx_stride;              /* elements between rows of the 2-D indices */
     int64_t num_state_slots;
@@ -53,13 +55,18 @@ typedef struct kda_decode_params {
 /* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D
  * state_indices); for kda_decode (is_decode) also for fp32 / fp16 inputs at any length (fp32 arithmetic, as
  * FLA's fused_recurrent_kda) and for bf16 inputs up to KDA_DECODE_MAX_TOKENS_PER_SEQ tokens per sequence on
- * average. Such a call needs no workspace. */
+ * average. Such a call needs only the slot-ownership workspace (kda_cuda_claim_bytes). */
 int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode);
 
+/* Bytes of the slot-ownership array (slots.cu) a call with state_indices needs, 256-aligned: one int32 per pool
+ * slot when two or more rows could name one slot, else 0. */
+size_t kda_cuda_claim_bytes(const kda_problem_t *p);
+
 /* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; forced_ctas: the
- * context's kda_tuning_t.decode_ctas). No allocation, no host sync. */
-kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_ctas, void *stream,
-                                 const char *fn);
+ * context's kda_tuning_t.decode_ctas; claim: kda_cuda_claim_bytes of workspace, or NULL when that is 0). No
+ * allocation, no host sync. */
+kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_ctas, int32_t *claim,
+                                 void *stream, const char *fn);
 
 #ifdef __cplusplus
 }

@@ -122,6 +122,7 @@ typedef struct kda_rec_params {
     const void *h0;
     void *ht;
     const int32_t *state_indices;
+    const int32_t *claim;            /* slots.cu: a slot counts for sequence n only if claim[slot] == n; NULL: all */
     int64_t num_state_slots;
     int o_dtype, h0_dtype, ht_dtype;
     int hv, K, V, v_first;
@@ -195,6 +196,14 @@ const kda_cuda_config_t *kda_cuda_find_config(int kc, int vc);
 #define KDA_REC_SMEM_MAX 232448 /* bytes of shared memory a CTA may use on sm_90 and sm_100 */
 
 int kda_cuda_launch_meta(const kda_cuda_seqs_t *s, void *stream);
+
+/* Slot ownership with device-only state_indices (slots.cu): claim[s] = the last row naming slot s */
+typedef struct {
+    const int32_t *state_indices; /* [num_seqs][cols] with row stride `stride` (1-D: cols = stride = 1) */
+    int64_t num_seqs, cols, stride, num_state_slots;
+    int32_t *claim;               /* [num_state_slots] in the workspace; NULL: nothing to do */
+} kda_claim_params_t;
+int kda_cuda_launch_claim(const kda_claim_params_t *p, void *stream);
 
 #ifdef __cplusplus
 }

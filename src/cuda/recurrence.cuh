@@ -471,7 +471,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     unsigned char *sO0 = smem + nst * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
     const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
-    const int64_t slot = seq_slot(p.state_indices, p.num_state_slots, n);
+    const int64_t slot = seq_slot(p.state_indices, p.claim, p.num_state_slots, n);
 
     float s[NT][4];
     const int64_t sd = p.v_first ? 1 : p.V, sv = p.v_first ? p.K : 1; /* strides of d and v in a state */

@@ -47,11 +47,13 @@ DEV int64_t chunk_seq(const kda_cuda_seqs_t &s, int64_t c) {
     return lo;
 }
 
-/* The state slot of sequence n, or -1 for none (negative index, or one past the pool: clamped, see above). */
-DEV int64_t seq_slot(const int32_t *state_indices, int64_t num_state_slots, int64_t n) {
+/* The state slot of sequence n, or -1 for none (negative index, or one past the pool: clamped, see above; or a
+ * slot that a later sequence names too, when `claim` is given: slots.cu). */
+DEV int64_t seq_slot(const int32_t *state_indices, const int32_t *claim, int64_t num_state_slots, int64_t n) {
     if (!state_indices) return n;
     int64_t s = state_indices[n];
-    return (s < 0 || s >= num_state_slots) ? -1 : s;
+    if (s < 0 || s >= num_state_slots) return -1;
+    return claim && claim[s] != (int32_t)n ? -1 : s;
 }
 
 #endif /* KDA_CUDA_SEQ_CUH */

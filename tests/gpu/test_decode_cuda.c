@@ -486,14 +486,16 @@ TEST(gpu_decode_cuda_graph_capture) {
     d.initial_state = d.final_state = dpool;
     d.state_indices = (const int32_t *)to_dev(idx, sizeof idx);
     d.num_state_slots = slots;
-    size_t need = 1;
-    CHECK(kda_decode_workspace_size(gpu(), &d, &need) == KDA_STATUS_SUCCESS && need == 0, "workspace %zu: %s", need,
-          kda_last_error());
+    size_t need = 1; /* the slot-ownership array (16 rows could name one slot): one int32 per slot, 256-aligned */
+    CHECK(kda_decode_workspace_size(gpu(), &d, &need) == KDA_STATUS_SUCCESS && need > 0 && need <= (size_t)(512 + 4 * slots),
+          "workspace %zu: %s", need, kda_last_error());
+    void *ws = NULL;
+    CUDA_OK(cudaMalloc(&ws, need));
     cudaStream_t st;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     /* direct: two steps */
-    CHECK(kda_decode(gpu(), &d, NULL, 0, st) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    CHECK(kda_decode(gpu(), &d, NULL, 0, st) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(kda_decode(gpu(), &d, ws, need, st) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(kda_decode(gpu(), &d, ws, need, st) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
     CUDA_OK(cudaStreamSynchronize(st));
     void *o1 = malloc(s.o_bytes), *o2 = malloc(s.o_bytes);
     CUDA_OK(cudaMemcpy(p1, dpool, pool_bytes, cudaMemcpyDeviceToHost));
@@ -504,7 +506,7 @@ TEST(gpu_decode_cuda_graph_capture) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    kda_status_t cs = kda_decode(gpu(), &d, NULL, 0, st);
+    kda_status_t cs = kda_decode(gpu(), &d, ws, need, st);
     CUDA_OK(cudaStreamEndCapture(st, &graph));
     CHECK(cs == KDA_STATUS_SUCCESS, "capture: %s", kda_last_error());
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
@@ -530,6 +532,7 @@ TEST(gpu_decode_cuda_graph_capture) {
     cudaFree((void *)d.A_log);
     cudaFree((void *)d.dt_bias);
     cudaFree(dpool);
+    cudaFree(ws);
     cudaFree((void *)d.state_indices);
     free(pool);
     free(p1);
@@ -537,6 +540,107 @@ TEST(gpu_decode_cuda_graph_capture) {
     free(o1);
     free(o2);
     kda_synth_free(&s);
+}
+
+/* Duplicate slots in device-only state_indices (slots.cu, include/kda.h): of the rows naming one slot, the last
+ * owns it and the others behave as if their entry were negative. Five sequences over a pool of 4 slots updated
+ * in place, indices {1, 3, 1, 0, 1}: two runs give the same bytes (o and pool), and the same bytes as indices
+ * {−1, 3, −1, 0, 1}. kda_decode with one token per sequence (the recurrent kernel), kda_forward with 100 tokens
+ * (the chunked kernels), and the 2-D slots of speculative decoding: rows {1, 2}, {1, 3}, {2, 0} behave as
+ * {−1, −1}, {1, 3}, {2, 0} (slot 1 belongs to row 1, slot 2 to row 2). */
+static void dup_run(const kda_synth_config_t *c, const int32_t *idx, int64_t n_idx, int64_t cols, int forward,
+                    void *pool_out, void *o_out, size_t *pool_bytes_out, size_t *o_bytes_out) {
+    kda_synth_t s;
+    kda_args_t a;
+    if (kda_synth_make(c, &s, &a) != 0) exit(1);
+    const int64_t slots = 4, per = (int64_t)c->hv * c->k * c->v;
+    const size_t pool_bytes = sizeof(float) * (size_t)(slots * per);
+    float *pool = (float *)malloc(pool_bytes);
+    for (int64_t i = 0; i < slots * per; i++) pool[i] = 0.2f * sinf((float)i * 0.011f);
+    kda_args_t d = a;
+    d.q = to_dev(s.q, s.q_bytes);
+    d.k = to_dev(s.k, s.q_bytes);
+    d.v = to_dev(s.v, s.v_bytes);
+    d.g = to_dev(s.g, s.g_bytes);
+    d.beta = to_dev(s.beta, s.beta_bytes);
+    d.o = to_dev(s.o, s.o_bytes);
+    if (a.A_log) d.A_log = (const float *)to_dev(a.A_log, sizeof(float) * (size_t)c->hv);
+    if (a.dt_bias) d.dt_bias = (const float *)to_dev(a.dt_bias, sizeof(float) * (size_t)c->hv * c->k);
+    void *dpool = to_dev(pool, pool_bytes);
+    d.initial_state = d.final_state = dpool;
+    d.initial_state_dtype = d.final_state_dtype = KDA_FLOAT32;
+    d.state_indices = (const int32_t *)to_dev(idx, sizeof(int32_t) * (size_t)n_idx);
+    d.state_indices_cols = cols;
+    d.num_state_slots = slots;
+    size_t need = 0;
+    kda_status_t st = forward ? kda_forward_workspace_size(gpu(), &d, &need) : kda_decode_workspace_size(gpu(), &d, &need);
+    CHECK(st == KDA_STATUS_SUCCESS, "workspace: %s", kda_last_error());
+    void *ws = NULL;
+    if (need) CUDA_OK(cudaMalloc(&ws, need));
+    st = forward ? kda_forward(gpu(), &d, ws, need, NULL) : kda_decode(gpu(), &d, ws, need, NULL);
+    CHECK(st == KDA_STATUS_SUCCESS, "run: %s", kda_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(pool_out, dpool, pool_bytes, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(o_out, d.o, s.o_bytes, cudaMemcpyDeviceToHost));
+    *pool_bytes_out = pool_bytes;
+    *o_bytes_out = s.o_bytes;
+    cudaFree(ws);
+    cudaFree(dpool);
+    cudaFree((void *)d.q);
+    cudaFree((void *)d.k);
+    cudaFree((void *)d.v);
+    cudaFree((void *)d.g);
+    cudaFree((void *)d.beta);
+    cudaFree(d.o);
+    cudaFree((void *)d.A_log);
+    cudaFree((void *)d.dt_bias);
+    cudaFree((void *)d.state_indices);
+    free(pool);
+    kda_synth_free(&s);
+}
+
+static void dup_case(const char *name, const kda_synth_config_t *c, const int32_t *idx, const int32_t *ref, int64_t n_idx,
+                     int64_t cols, int forward) {
+    const size_t cap = (size_t)64 << 20;
+    unsigned char *p1 = (unsigned char *)malloc(cap), *p2 = (unsigned char *)malloc(cap), *p3 = (unsigned char *)malloc(cap);
+    unsigned char *o1 = (unsigned char *)malloc(cap), *o2 = (unsigned char *)malloc(cap), *o3 = (unsigned char *)malloc(cap);
+    size_t pb = 0, ob = 0;
+    dup_run(c, idx, n_idx, cols, forward, p1, o1, &pb, &ob);
+    dup_run(c, idx, n_idx, cols, forward, p2, o2, &pb, &ob);
+    dup_run(c, ref, n_idx, cols, forward, p3, o3, &pb, &ob);
+    const int same = memcmp(p1, p2, pb) == 0 && memcmp(o1, o2, ob) == 0;
+    const int rule = memcmp(p1, p3, pb) == 0 && memcmp(o1, o3, ob) == 0;
+    printf("case %-28s two runs equal: %s; equal to the negative-entry run: %s\n", name, same ? "yes" : "no",
+           rule ? "yes" : "no");
+    CHECK(same, "%s: two runs with duplicate slots differ", name);
+    CHECK(rule, "%s: duplicate slots do not behave as the documented negative entries", name);
+    free(p1);
+    free(p2);
+    free(p3);
+    free(o1);
+    free(o2);
+    free(o3);
+}
+
+TEST(gpu_duplicate_slots_deterministic) {
+    (void)gpu();
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.batch = 5;
+    c.seq_len = 1;
+    c.hqk = 2;
+    c.hv = 4;
+    c.gate = KDA_GATE_LOWER_BOUND;
+    c.l2norm = c.beta_sigmoid = 1;
+    c.seed = 29;
+    static const int32_t idx[5] = {1, 3, 1, 0, 1}, ref[5] = {-1, 3, -1, 0, 1};
+    dup_case("decode_1d", &c, idx, ref, 5, 0, 0);
+    c.seq_len = 100; /* the chunked kernels */
+    dup_case("forward_1d_chunked", &c, idx, ref, 5, 0, 1);
+    c.batch = 3;
+    c.seq_len = 2; /* 2-D slots: the recurrent kernel */
+    static const int32_t idx2[6] = {1, 2, 1, 3, 2, 0}, ref2[6] = {-1, -1, 1, 3, 2, 0};
+    dup_case("decode_2d_spec", &c, idx2, ref2, 6, 2, 0);
 }
 
 /* GPU time of one decode step from C: N sequences, H32, K = V = 128, bf16 inputs, fp32 V-first pool in place,
@@ -572,15 +676,19 @@ static double time_decode(int64_t N, int v_first) {
     d.initial_state = d.final_state = dpool;
     d.state_indices = (const int32_t *)to_dev(idx, sizeof(int32_t) * (size_t)N);
     d.num_state_slots = slots;
+    size_t need = 0; /* N > 1: the slot-ownership array */
+    CHECK(kda_decode_workspace_size(gpu(), &d, &need) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    void *ws = NULL;
+    if (need) CUDA_OK(cudaMalloc(&ws, need));
     cudaStream_t st;
     CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t e0, e1;
     CUDA_OK(cudaEventCreate(&e0));
     CUDA_OK(cudaEventCreate(&e1));
-    for (int i = 0; i < 20; i++) CHECK(kda_decode(gpu(), &d, NULL, 0, st) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    for (int i = 0; i < 20; i++) CHECK(kda_decode(gpu(), &d, ws, need, st) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
     const int calls = 1000;
     CUDA_OK(cudaEventRecord(e0, st));
-    for (int i = 0; i < calls; i++) kda_decode(gpu(), &d, NULL, 0, st);
+    for (int i = 0; i < calls; i++) kda_decode(gpu(), &d, ws, need, st);
     CUDA_OK(cudaEventRecord(e1, st));
     CUDA_OK(cudaEventSynchronize(e1));
     float ms_direct = 0.f;
@@ -588,7 +696,7 @@ static double time_decode(int64_t N, int v_first) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < 50; i++) kda_decode(gpu(), &d, NULL, 0, st);
+    for (int i = 0; i < 50; i++) kda_decode(gpu(), &d, ws, need, st);
     CUDA_OK(cudaStreamEndCapture(st, &graph));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     CUDA_OK(cudaGraphLaunch(exec, st));
@@ -619,6 +727,7 @@ static double time_decode(int64_t N, int v_first) {
     cudaFree((void *)d.A_log);
     cudaFree((void *)d.dt_bias);
     cudaFree(dpool);
+    cudaFree(ws);
     cudaFree((void *)d.state_indices);
     free(idx);
     kda_synth_free(&s);
