@@ -187,7 +187,7 @@ PY
     build build-dev . -DKDA_DEV=ON || exit 1
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
     env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-      python3 bench/bwd_stages.py --v2-states --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
+      python3 bench/bwd_stages.py --v1-chunk --v2-states --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
       ncu --profile-from-start off --section SpeedOfLight --section LaunchStats --section Occupancy \
       python3 bench/bwd_stages.py --profile "${shapes[0]}" >"$LOG/bwdprof.txt" 2>&1

@@ -186,6 +186,26 @@ DEV void mma16(float c[4], const frag_t a[4], frag_t b0, frag_t b1) {
     mma_tf32(c, a[2].x, a[3].x, a[2].y, a[3].y, b1.x, b1.y);
 }
 
+/* The diagonal blocks of the pair products hold their largest terms (e^{G_i − G_j} near 1), and dĝ sums them
+ * with cancellation: there each operand x is split into tf32 parts hi + lo (lo = x − hi, rounded), and
+ * A B ≈ Ah Bh + Ah Bl + Al Bh (3 products, ~fp32 accurate). In the emulation, tf32 there left dg, dA_log,
+ * ddt_bias 5-40x less accurate than fp32 diagonal blocks (ddt_bias 9.8e-3 against 2.5e-4 at K = V = 128). */
+DEV void split2(frag_t x, frag_t *hi, frag_t *lo) {
+    *hi = tf2(x.x, x.y);
+    *lo = tf2(x.x - hi->x, x.y - hi->y);
+}
+/* c += A B, A given as parts (ah, al), B unrounded (b0, b1); the 3-product form when x3, else Ah B */
+DEV void mma16_x3(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1, int x3) {
+    frag_t bh0, bl0, bh1, bl1;
+    split2(b0, &bh0, &bl0);
+    split2(b1, &bh1, &bl1);
+    if (x3) {
+        mma16(c, al, bh0, bh1);
+        mma16(c, ah, bl0, bl1);
+    }
+    mma16(c, ah, bh0, bh1);
+}
+
 template <int GLB>
 DEV float ld(const float *p) {
     if (GLB) return __ldg(p);
@@ -306,15 +326,15 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
     if (use0 || use1) {
 #pragma unroll 1
         for (int d0 = 0; d0 < KC; d0 += 16) {
-            frag_t fk[4], fq[4];
+            frag_t fk[4], fq[4], fkl[4], fql[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const int row = 16 * I + g + 8 * (r & 1), col = d0 + 2 * t + 8 * (r >> 1);
                 const float2 gx = *(const float2 *)&sm.G[row * KS + col], rf = *(const float2 *)&R[col];
                 const float e0 = gexp(gx.x - rf.x), e1 = gexp(gx.y - rf.y);
                 const float2 kx = *(const float2 *)&sm.k[row * KS + col], qx = *(const float2 *)&sm.q[row * KS + col];
-                fk[r] = tf2(kx.x * e0, kx.y * e1);
-                fq[r] = tf2(qx.x * e0, qx.y * e1);
+                split2(make_float2(kx.x * e0, kx.y * e1), &fk[r], &fkl[r]);
+                split2(make_float2(qx.x * e0, qx.y * e1), &fq[r], &fql[r]);
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
@@ -326,10 +346,11 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
                     const int col = d0 + 2 * t + 8 * hh;
                     const float2 gx = *(const float2 *)&sm.G[j * KS + col], rf = *(const float2 *)&R[col];
                     const float2 kx = *(const float2 *)&sm.k[j * KS + col];
-                    bf[hh] = tf2(kx.x * gexp(rf.x - gx.x), kx.y * gexp(rf.y - gx.y));
+                    bf[hh] = make_float2(kx.x * gexp(rf.x - gx.x), kx.y * gexp(rf.y - gx.y));
                 }
-                mma16(am[nt], fk, bf[0], bf[1]);
-                mma16(aq[nt], fq, bf[0], bf[1]);
+                const int x3 = jb0 + (nt >> 1) == I; /* the diagonal block */
+                mma16_x3(am[nt], fk, fkl, bf[0], bf[1], x3);
+                mma16_x3(aq[nt], fq, fql, bf[0], bf[1], x3);
             }
         }
     }
@@ -419,14 +440,15 @@ DEV void pairs_later(chunk_smem<KC, VC> &sm, float scale, int I, int split, int 
     const int jend = split ? 16 * (I + 1) : 16 * I;
 #pragma unroll 1
     for (int j0 = 0; j0 < jend; j0 += 16) {
-        frag_t fq[4], fm[4];
+        const int x3 = j0 == 16 * I; /* the diagonal block */
+        frag_t fq[4], fm[4], fql[4], fml[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
             const float2 a = *(const float2 *)&sm.A2[row * CS + col], m = *(const float2 *)&sm.T[row * CS + col];
             const float b = sm.beta[row];
-            fq[r] = tf2(scale * a.x, scale * a.y);
-            fm[r] = tf2(b * m.x, b * m.y);
+            split2(make_float2(scale * a.x, scale * a.y), &fq[r], &fql[r]);
+            split2(make_float2(b * m.x, b * m.y), &fm[r], &fml[r]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -435,11 +457,11 @@ DEV void pairs_later(chunk_smem<KC, VC> &sm, float scale, int I, int split, int 
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int j = j0 + 2 * t + 8 * hh;
-                bf[hh] = tf2(sm.k[j * KS + d] * gexp(R[d] - sm.G[j * KS + d]),
-                                   sm.k[(j + 1) * KS + d] * gexp(R[d] - sm.G[(j + 1) * KS + d]));
+                bf[hh] = make_float2(sm.k[j * KS + d] * gexp(R[d] - sm.G[j * KS + d]),
+                                     sm.k[(j + 1) * KS + d] * gexp(R[d] - sm.G[(j + 1) * KS + d]));
             }
-            mma16(pq[nt], fq, bf[0], bf[1]);
-            mma16(pk[nt], fm, bf[0], bf[1]);
+            mma16_x3(pq[nt], fq, fql, bf[0], bf[1], x3);
+            mma16_x3(pk[nt], fm, fml, bf[0], bf[1], x3);
         }
     }
 #pragma unroll
@@ -470,12 +492,13 @@ DEV void pairs_earlier(chunk_smem<KC, VC> &sm, float scale, int J, int split, in
     zero_acc<NT>(pe);
 #pragma unroll 1
     for (int i0 = split ? 16 * J : 16 * (J + 1); i0 < C; i0 += 16) {
-        frag_t fq[4], fm[4];
+        const int x3 = i0 == 16 * J; /* the diagonal block */
+        frag_t fq[4], fm[4], fql[4], fml[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) { /* A(j, i) = coefficient (i, j): transposed reads */
             const int j = 16 * J + g + 8 * (r & 1), i = i0 + 2 * t + 8 * (r >> 1);
-            fq[r] = tf2(scale * sm.A2[i * CS + j], scale * sm.A2[(i + 1) * CS + j]);
-            fm[r] = tf2(sm.beta[i] * sm.T[i * CS + j], sm.beta[i + 1] * sm.T[(i + 1) * CS + j]);
+            split2(make_float2(scale * sm.A2[i * CS + j], scale * sm.A2[(i + 1) * CS + j]), &fq[r], &fql[r]);
+            split2(make_float2(sm.beta[i] * sm.T[i * CS + j], sm.beta[i + 1] * sm.T[(i + 1) * CS + j]), &fm[r], &fml[r]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -485,11 +508,11 @@ DEV void pairs_earlier(chunk_smem<KC, VC> &sm, float scale, int J, int split, in
             for (int hh = 0; hh < 2; hh++) {
                 const int i = i0 + 2 * t + 8 * hh;
                 const float e0 = gexp(sm.G[i * KS + d] - R[d]), e1 = gexp(sm.G[(i + 1) * KS + d] - R[d]);
-                bk[hh] = tf2(sm.k[i * KS + d] * e0, sm.k[(i + 1) * KS + d] * e1);
-                bq[hh] = tf2(sm.q[i * KS + d] * e0, sm.q[(i + 1) * KS + d] * e1);
+                bk[hh] = make_float2(sm.k[i * KS + d] * e0, sm.k[(i + 1) * KS + d] * e1);
+                bq[hh] = make_float2(sm.q[i * KS + d] * e0, sm.q[(i + 1) * KS + d] * e1);
             }
-            mma16(pe[nt], fm, bk[0], bk[1]);
-            mma16(pe[nt], fq, bq[0], bq[1]);
+            mma16_x3(pe[nt], fm, fml, bk[0], bk[1], x3);
+            mma16_x3(pe[nt], fq, fql, bq[0], bq[1], x3);
         }
     }
 #pragma unroll
