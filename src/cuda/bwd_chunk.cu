@@ -224,7 +224,7 @@ template <int NT, int AT, int BT, int GLB>
 DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
                   int lane) {
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll 1
+#pragma unroll(GLB ? 2 : 1) /* global B: two k-steps' loads in flight (an L2 round trip per step otherwise) */
     for (int k = k0; k < k1; k += 16) {
         frag_t af[4];
 #pragma unroll
@@ -253,6 +253,33 @@ DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int 
     }
 }
 
+/* Two products of that form in one k loop (their L2 loads in flight together): acc1[nt] += Σ_k a1(i, k) b1(n, k),
+ * acc2[nt] += Σ_k a2(i, k) b2(n, k) over k < kn; a1, a2 shared (row-major), b1, b2 global (BT) */
+template <int NT>
+DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const float *a2, int lda, const float *b1,
+                     const float *b2, int ldb, int i0, int n0, int kn, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+    for (int k = 0; k < kn; k += 16) {
+        frag_t f1[4], f2[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
+            const float2 x = *(const float2 *)&a1[row * lda + col], y = *(const float2 *)&a2[row * lda + col];
+            f1[r] = tf2(x.x, x.y);
+            f2[r] = tf2(y.x, y.y);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = n0 + 8 * nt + g, kk = k + 2 * t;
+            const float2 x0 = __ldg((const float2 *)&b1[n * ldb + kk]), x1 = __ldg((const float2 *)&b1[n * ldb + kk + 8]);
+            const float2 y0 = __ldg((const float2 *)&b2[n * ldb + kk]), y1 = __ldg((const float2 *)&b2[n * ldb + kk + 8]);
+            mma16(acc1[nt], f1, tf2(x0.x, x0.y), tf2(x1.x, x1.y));
+            mma16(acc2[nt], f2, tf2(y0.x, y0.y), tf2(y1.x, y1.y));
+        }
+    }
+}
+
 template <int NT>
 DEV void zero_acc(float (*acc)[4]) {
 #pragma unroll
@@ -266,7 +293,7 @@ DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, cons
                            int ldb, int i0, int n0, int lane) {
     constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll 1
+#pragma unroll 2
     for (int d0 = 0; d0 < KC; d0 += 16) {
         frag_t af[4];
 #pragma unroll
@@ -604,12 +631,22 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int i = e / VC, c = e % VC;
         sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
     }
-    for (int d = tid; d < KC; d += CK_THREADS) {
-        sm.gam[d] = gexp(Gl[d]);
+    {   /* TPR threads per row of S, dS⁺ (adjacent lanes), all their float4 loads in flight */
+        constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
+        const int d = tid / TPR, c0 = (tid % TPR) * NC;
         float s = 0.0f;
-#pragma unroll 8
-        for (int c = 0; c < VC; c++) s += __ldg(dS + (int64_t)d * VC + c) * __ldg(S + (int64_t)d * VC + c);
-        sm.dgam[d] = s;
+#pragma unroll
+        for (int c = 0; c < NC; c += 4) {
+            const float4 x = __ldg((const float4 *)(dS + (int64_t)d * VC + c0 + c));
+            const float4 y = __ldg((const float4 *)(S + (int64_t)d * VC + c0 + c));
+            s += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+        }
+#pragma unroll
+        for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (tid % TPR == 0) {
+            sm.gam[d] = gexp(Gl[d]);
+            sm.dgam[d] = s;
+        }
     }
     __syncthreads();
 
@@ -712,8 +749,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             float ax[NH][4], ak[NH][4];
             zero_acc<NH>(ax);
             zero_acc<NH>(ak);
-            mma_rows<NH, 0, 1, 1>(ax, sm.R, VS, S, VC, 16 * I, n0, 0, VC, lane);
-            mma_rows<NH, 0, 1, 1>(ak, sm.D, VS, dS, VC, 16 * I, n0, 0, VC, lane);
+            mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
 #pragma unroll
             for (int nt = 0; nt < NH; nt++) {
                 float ext[2] = {0.0f, 0.0f};
