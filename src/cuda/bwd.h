@@ -4,7 +4,8 @@
  *
  * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
  * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace:
- *   bwd_states.cu  one CTA per (sequence, value head, 16-column V tile): S at every chunk start, fp32
+ *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
+ *                  chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state
  *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward in fp32 from the inputs and S, then its
@@ -59,7 +60,6 @@ typedef struct kda_bwd_params {
 #define KDA_DEV_BWD_V1_CHUNK 8192 /* dev_skip bit 13: stage 3 by the CUDA-core kernel (bwd_chunk_v1.cuh) */
 
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
-int kda_bwd_launch_states(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream);

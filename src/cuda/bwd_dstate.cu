@@ -13,7 +13,7 @@
  *
  * dS never reads S: this stage does not depend on stage 1 and d_initial_state stays finite where the initial
  * state is not (§7). CUDA cores, fp32, dS in shared memory [KC][16]; the chunk's panels copied in byte for
- * byte as in bwd_states.cu.
+ * byte.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
