@@ -8,9 +8,9 @@
  *                  chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state
- *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward in fp32 from the inputs and S, then its
+ *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward from the inputs and S, then its
  *                  gradients: dv, dg, dβ written, dq̂ and dk̂ of the value head into scratch, dA_log/ddt_bias
- *                  partial sums per (chunk, head)
+ *                  partial sums per (chunk, head); tensor cores (tf32 operands, fp32 sums)
  *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
  *                  dA_log and ddt_bias summed over the chunks in order
  * No float atomics anywhere: two identical calls give identical bytes.

@@ -13,18 +13,25 @@
  *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ     dγ = rowsum(dS⁺ ⊙ S)
  *              dv = β dR;  dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
  *              the factor rules (QΓ = s q e^G, X, K̃ = k e^{G_last − G}, γ = e^{G_last}) into dq̂, dk̂, dG;
- *              the pair products M, Aqk pair by pair with e^{G_i − G_j} ≤ 1 (no split: any decay is safe);
+ *              the pair products M, Aqk and their backward by split factors e^{G_i − R} · e^{R − G_j} around a
+ *              reference row R of each 16-row block (block_split: any decay is safe);
  *              dĝ = reverse cumsum of dG (+ the G_last terms, the same for every row); then the clamp and gate
  * Written: dv, dg, dβ (through the sigmoid) of the chunk's tokens; dq̂, dk̂ of this value head into the scratch
  * (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the chunk's sums of
  * ∂L/∂A_log and ∂L/∂dt_bias.
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ (first v, then Z) and a second
- * C × VC tile (dO, then dΔ, then dR) in shared memory, fp32 (≤ 224 KB at KC = VC = 128); S and dS⁺ are read from
- * the workspace (L1/L2) where used. Thread t owns row t / 4 and the columns ≡ t (mod 4) of every C-row tile it
- * computes; its dG stays in registers through all
- * phases, its dq̂ and dk̂ accumulate in its own rows of the scratch. CUDA cores only: the first version, for
- * correctness. The products are the tensor-core shapes of the next version (docs/PERF.md).
+ * C × VC tile (dO, then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S and
+ * dS⁺ are read from the workspace (L2: prefetched at the start) as tensor-core operands.
+ *
+ * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
+ * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): warp w computes rows
+ * 16 (w mod 4).. of every C-row product and half of its columns (w / 4). Its dG stays in registers (fragment
+ * layout) through all phases; its dq̂ and dk̂ accumulate in its rows of the scratch. Exponentials: ~2·C·K per
+ * product set (the split factors) instead of one per (pair, channel): ~0.19 M per chunk and head instead of 0.83 M
+ * at K = 128. T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). Development builds keep the first, CUDA-core
+ * version (bwd_chunk_v1.cuh, dev_skip bit KDA_DEV_BWD_V1_CHUNK) to A/B against (bench/bwd_stages.py --v1-chunk);
+ * dev/bwd_emu runs both on the host against the fp64 oracle.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
