@@ -14,4 +14,3 @@ void run_chunk(const kda_bwd_params_t &p) {
     else launch<128, 128>(p, blocks);
 }
 void run_states(const struct kda_bwd_params &) {}
-void run_dstate(const struct kda_bwd_params &) {}

@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad.data(); }
     if (use_blocks) {
         p.blocks.base = blocks.data(); p.blocks.block_bytes = bbytes;
+        st2 = states; /* stage 1 (the recurrence kernel) is not emulated: exact S */
         p.states = st2.data(); p.dstates = dst2.data();
         run_states(p);
         run_dstate(p);
