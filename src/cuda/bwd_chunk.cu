@@ -180,19 +180,8 @@ DEV void gate_backward(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_
  *
  * The operands are tf32 (10-bit mantissa, rounded to nearest): with bf16 operands (8 bits) the emulated
  * gradients of the gate parameters were off by up to 7.6e-2 of their norm (sums over the tokens that cancel),
- * above the GPU tests' bound of 6e-2. A k-step of 16 is two m16n8k8 tf32 products; a lane feeds its k pair
- * (2t, 2t + 1) into the slots t and t + 4 of one of them (the sum over k does not depend on the order), so that
- * its fragments are read as in the bf16 layout: A rows g, g + 8 at k 2t, 2t + 1 (and + 8), B column g.
+ * above the GPU tests' bound of 6e-2. frag_t, tf2, mma16: bwd.cuh.
  * ------------------------------------------------------------------------------------------------------- */
-typedef float2 frag_t; /* a lane's k pair of one operand row/column, tf32 */
-DEV frag_t tf2(float lo, float hi) { return make_float2(to_tf32(lo), to_tf32(hi)); }
-/* c += A B over a k-step of 16: a[0..3] = A(g, 2t..), A(g + 8, 2t..), A(g, 2t + 8..), A(g + 8, 2t + 8..);
- * b0 = B(2t.., g), b1 = B(2t + 8.., g) */
-DEV void mma16(float c[4], const frag_t a[4], frag_t b0, frag_t b1) {
-    mma_tf32(c, a[0].x, a[1].x, a[0].y, a[1].y, b0.x, b0.y);
-    mma_tf32(c, a[2].x, a[3].x, a[2].y, a[3].y, b1.x, b1.y);
-}
-
 /* The diagonal blocks of the pair products hold their largest terms (e^{G_i − G_j} near 1), and dĝ sums them
  * with cancellation: there each operand x is split into tf32 parts hi + lo (lo = x − hi, rounded), and
  * A B ≈ Ah Bh + Ah Bl + Al Bh (3 products, ~fp32 accurate). In the emulation, tf32 there left dg, dA_log,
