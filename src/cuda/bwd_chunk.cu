@@ -134,20 +134,30 @@ DEV void gate_cumsum(float *G, int tid) {
         for (int i = 1; i < C; i++) G[i * KS + d] += G[(i - 1) * KS + d];
 }
 
-/* dĝ = reverse cumsum of dG (in q̂'s tile) + the G_last terms (ext); then the clamp and the gate (inputs x in G's
- * tile), column by column: dg written, the chunk's sums of ∂L/∂A_log and ∂L/∂dt_bias into the partials */
+/* dĝ = reverse cumsum of dG (in q̂'s tile) + the G_last terms (ext), a column per thread (adds only, in place);
+ * then the clamp and the gate (inputs x in G's tile) element by element by all threads — thread t owns column
+ * t mod KC and every (CK_THREADS / KC)-th row from t / KC, independent steps instead of v1's one serial chain of
+ * C gate derivatives per column: dg written, the chunk's sums of ∂L/∂A_log and ∂L/∂dt_bias into the partials
+ * (the per-thread sums through `scr`, 2 · CK_THREADS floats) */
 template <int KC, int VC>
-DEV void gate_backward(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t cid, int64_t t0, int clen, int h,
-                       float A, int tid) {
-    constexpr int KS = KC + 4;
+DEV void gate_backward_par(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, float *scr, int64_t cid, int64_t t0,
+                           int clen, int h, float A, int tid) {
+    constexpr int KS = KC + 4, TPC = CK_THREADS / KC;
     for (int d = tid; d < KC; d += CK_THREADS) {
-        float acc = sm.ext[d], dbias = 0.0f, dAl = 0.0f;
+        float acc = sm.ext[d];
         for (int i = C - 1; i >= 0; i--) {
             acc += sm.q[i * KS + d];
-            if (i >= clen || d >= p.K) continue;
-            const int64_t t = t0 + i;
+            sm.q[i * KS + d] = acc;
+        }
+    }
+    __syncthreads();
+    const int d = tid % KC;
+    float dbias = 0.0f, dAl = 0.0f;
+    if (d < p.K)
+#pragma unroll 4
+        for (int i = tid / KC; i < clen; i += TPC) {
             const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
-            float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
+            float gi = sm.q[i * KS + d] * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* NaN stays NaN */
             if (p.gate_in_kernel) {
                 if (p.lower_bound != 0.0f) {
                     const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
@@ -159,23 +169,32 @@ DEV void gate_backward(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_
                 }
                 dbias += gi;
             }
-            store_elem(p.dg, p.dg_dtype, (t * p.hv + h) * (int64_t)p.K + d, gi);
+            store_elem(p.dg, p.dg_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d, gi);
         }
-        sm.dal[d] = dAl;
-        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + d] = dbias;
+    scr[tid] = dbias;
+    scr[CK_THREADS + tid] = dAl;
+    __syncthreads();
+    if (tid < KC) {
+        float b = 0.0f, al = 0.0f;
+        for (int u = 0; u < TPC; u++) {
+            b += scr[u * KC + tid];
+            al += scr[CK_THREADS + u * KC + tid];
+        }
+        sm.dal[tid] = al;
+        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + tid] = b;
     }
     __syncthreads();
     if (tid == 0 && p.part) {
         float acc = 0.0f;
-        for (int d = 0; d < KC; d++) acc += sm.dal[d];
+        for (int k = 0; k < KC; k++) acc += sm.dal[k];
         p.part[(cid * p.hv + h) * (int64_t)(KC + 1)] = acc;
     }
 }
 
 /* ---------------------------------------------------------------------------------------------------------
  * Tensor-core helpers. A warp owns a 16-row block of every C-row product (rows 16 I.., I = warp mod 4) and one
- * half of its columns (warp / 4); mma.sync m16n8k16 with bf16 operands packed from the fp32 tiles as they are
- * read, fp32 sums. Lane (g, t) = (lane / 4, lane mod 4) holds, of an 8-column tile, rows g, g + 8 and columns
+ * half of its columns (warp / 4); mma.sync with tf32 operands rounded from the fp32 tiles as they are read,
+ * fp32 sums. Lane (g, t) = (lane / 4, lane mod 4) holds, of an 8-column tile, rows g, g + 8 and columns
  * 2t, 2t + 1 (element c: row g + 8 (c / 2), column 2t + c mod 2).
  *
  * The operands are tf32 (10-bit mantissa, rounded to nearest): with bf16 operands (8 bits) the emulated
@@ -833,7 +852,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         sm.G[i * KS + d] = i < clen && d < p.K ? gate_input(p, t0 + i, h, d) : 0.0f;
     }
     __syncthreads();
-    gate_backward<KC, VC>(p, sm, cid, t0, clen, h, A, tid);
+    gate_backward_par<KC, VC>(p, sm, sm.M, cid, t0, clen, h, A, tid); /* M is free since the G_last sums */
 }
 
 #ifdef KDA_DEV_BUILD

@@ -5,6 +5,44 @@
  * Thread t owns row t / 4 and the columns ≡ t (mod 4) of every C-row tile it computes. Included by
  * bwd_chunk.cu after the helpers it shares (chunk_smem, load_rows, gate_cumsum, gexp, ...).
  */
+/* dĝ = reverse cumsum of dG (in q̂'s tile) + the G_last terms (ext); then the clamp and the gate (inputs x in G's
+ * tile), column by column: dg written, the chunk's sums of ∂L/∂A_log and ∂L/∂dt_bias into the partials */
+template <int KC, int VC>
+DEV void gate_backward(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t cid, int64_t t0, int clen, int h,
+                       float A, int tid) {
+    constexpr int KS = KC + 4;
+    for (int d = tid; d < KC; d += CK_THREADS) {
+        float acc = sm.ext[d], dbias = 0.0f, dAl = 0.0f;
+        for (int i = C - 1; i >= 0; i--) {
+            acc += sm.q[i * KS + d];
+            if (i >= clen || d >= p.K) continue;
+            const int64_t t = t0 + i;
+            const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
+            float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
+            if (p.gate_in_kernel) {
+                if (p.lower_bound != 0.0f) {
+                    const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
+                    dAl += gi * ds * x;
+                    gi *= ds;
+                } else {
+                    dAl += -gi * A * softplus_acc(x);
+                    gi *= -A * sigm(x);
+                }
+                dbias += gi;
+            }
+            store_elem(p.dg, p.dg_dtype, (t * p.hv + h) * (int64_t)p.K + d, gi);
+        }
+        sm.dal[d] = dAl;
+        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + d] = dbias;
+    }
+    __syncthreads();
+    if (tid == 0 && p.part) {
+        float acc = 0.0f;
+        for (int d = 0; d < KC; d++) acc += sm.dal[d];
+        p.part[(cid * p.hv + h) * (int64_t)(KC + 1)] = acc;
+    }
+}
+
 static constexpr int d_unroll = 4; /* rows of S (dS⁺) in flight in the K-long loops of Z and dΔ (255 registers
                                       at KC = VC = 128 with 4; a constant, as #pragma unroll takes no macro) */
 
