@@ -85,6 +85,7 @@ template <int KC, int VC>
 DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t t0, int clen, int h, float A, int tid) {
     constexpr int KS = KC + 4, VS = VC + 4;
     const int warp = tid >> 5, lane = tid & 31, hq = h / p.group;
+#pragma unroll 4 /* four rows' loads in flight per warp */
     for (int i = warp; i < C; i += CK_THREADS / 32) {
         const int64_t t = t0 + i;
         const bool row = i < clen;
@@ -239,7 +240,7 @@ template <int NT, int AT, int BT, int GLB>
 DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
                   int lane) {
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll(GLB ? 2 : 1) /* global B: two k-steps' loads in flight (an L2 round trip per step otherwise) */
+#pragma unroll(GLB ? 4 : 1) /* global B: four k-steps' loads in flight (an L2 round trip per step otherwise) */
     for (int k = k0; k < k1; k += 16) {
         frag_t af[4];
 #pragma unroll
