@@ -10,9 +10,11 @@ then torch.autograd.backward with do and dht, as bench/bench_bwd.py), and the wh
 has no such symbols: then only the step time is printed. --profile runs one step of one shape between
 cudaProfilerStart/Stop (for ncu, scripts/gpu-check.sh bwdprof) and prints nothing.
 
---v2-states also times the backward with its stage 1 by the forward's recurrence kernel (dev_skip bit 12,
-backend.c bwd_states_v2) and prints each gradient's relative difference to the v1 backward's on the same inputs
-(both against each other, not the oracle: expect bf16-level, ~1e-3; larger means the v2 path is wrong).
+Stage 1 is the forward's recurrence kernel (KDA_REC_STATES; the CUDA-core bwd_states.cu and its --v2-states
+switch are gone). --v1-chunk also times the backward with its stage 3 by the v1 CUDA-core kernel (dev_skip bit 13,
+bwd_chunk_v1.cuh); the reference of the "vs v1" columns is then the all-v1 backward (v1 chunk kernel), and the
+default variant ("v3", the tensor-core chunk kernel) is compared with it too (expect ~1e-3 from its tf32
+operands).
 """
 import argparse
 import ctypes
@@ -29,7 +31,7 @@ from timing import time_ms
 STAGES = ("meta", "prep", "dh0-memset", "states", "dstate", "chunk", "finish")
 
 
-V2_STATES = 4096  # dev_skip bit: backward stage 1 by the recurrence kernel (KDA_REC_STATES)
+V1_CHUNK = 8192  # dev_skip bit: backward stage 3 by the v1 CUDA-core kernel (bwd_chunk_v1.cuh)
 
 
 def dev_tuning():
@@ -68,7 +70,7 @@ def main():
     ap.add_argument("--shapes", nargs="*", default=["B2 T8192 H32", "B1 T32768 H16"])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--profile", default=None, help="one step of this shape between cudaProfilerStart/Stop")
-    ap.add_argument("--v2-states", action="store_true", help="also stage 1 by the recurrence kernel (dev build)")
+    ap.add_argument("--v1-chunk", action="store_true", help="also stage 3 by the v1 kernel (dev build)")
     a = ap.parse_args()
     if a.profile:
         name, B, T, HQK, HV = next(s for s in SHAPES if s[0] == a.profile)
@@ -83,7 +85,7 @@ def main():
         return
     on, get = dev_timing()
     tune = dev_tuning()
-    variants = [("v1", 0)] + ([("v2-states", V2_STATES)] if a.v2_states and tune else [])
+    variants = [("v3", 0)] + ([("v1-chunk", V1_CHUNK)] if a.v1_chunk and tune else [])
     if on is None:
         print("no kda_dev_bwd_timing: a shipped build (cmake -DKDA_DEV=ON for the stage times)", file=sys.stderr)
     for s in a.shapes:
@@ -93,7 +95,10 @@ def main():
             fwd = time_ms(lambda: kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                                 initial_state=x["initial_state"], A_log=x["A_log"],
                                                 dt_bias=x["dt_bias"], **flags), reps=a.reps)
-        ref = grads(x, w, flags) if len(variants) > 1 else None
+        ref = None
+        if len(variants) > 1:  # the reference: the backward with the v1 chunk kernel
+            tune(V1_CHUNK, 0, 0, 0)
+            ref = grads(x, w, flags)
         for vname, bits in variants:
             if tune:
                 tune(bits, 0, 0, 0)
@@ -122,7 +127,7 @@ def measure(a, name, x, w, flags, fwd, on, get, vname, ref):
         on(0)
         med = [statistics.median(p) for p in per]
         line += "  | bwd %.3f: " % sum(med) + "  ".join("%s %.3f" % (n, m) for n, m in zip(STAGES, med))
-    if ref is not None and vname != "v1":
+    if ref is not None and vname != "v1-chunk":
         g = grads(x, w, flags)
         line += "  | vs v1: " + " ".join("%s %.1e" % (k, rel(g[k], ref[k])) for k in ref)
     print(line, flush=True)

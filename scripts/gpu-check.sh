@@ -16,8 +16,8 @@
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
 #   cpprof    per-kernel durations (ncu) of one call of each CPPROF_SHAPES shape (bench/cp_kernels.py), auto and off
-#   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py; v1,
-#             and v2-states: stage 1 by the recurrence kernel, with its gradients against v1) of
+#   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py; v3,
+#             and v1-chunk: stage 3 by the v1 CUDA-core kernel, with v3's gradients against it) of
 #             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
@@ -187,7 +187,7 @@ PY
     build build-dev . -DKDA_DEV=ON || exit 1
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
     env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-      python3 bench/bwd_stages.py --v2-states --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
+      python3 bench/bwd_stages.py --v1-chunk --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
       ncu --profile-from-start off --section SpeedOfLight --section LaunchStats --section Occupancy \
       python3 bench/bwd_stages.py --profile "${shapes[0]}" >"$LOG/bwdprof.txt" 2>&1

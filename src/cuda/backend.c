@@ -425,13 +425,17 @@ static int bwd_mark(int i, void *stream) {
 }
 #define BWD_MARK(i) bwd_mark((i), stream)
 
-/* dev_skip bit 12 (bench/bwd_stages.py --v2-states): the backward's stage 1 by the forward's recurrence kernel
- * (KDA_REC_STATES: wgmma / mma.sync, S at each chunk start stored from its fp32 accumulators) instead of
- * bwd_states.cu. Differences: the products use S rounded to bf16 (as the forward's), and a non-finite initial
- * state propagates as in the forward rather than by §7's whole-column rule. */
-#define KDA_DEV_BWD_V2_STATES 4096
-static int bwd_states_v2(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw,
-                         const kda_cuda_config_t *cfg, int device, void *stream) {
+#else
+#define BWD_MARK(i) 0
+#endif
+
+/* The backward's stage 1: S at every chunk start, by the forward's recurrence kernel in KDA_REC_STATES mode
+ * (wgmma / mma.sync, the same products as the forward's, S stored from its fp32 accumulators; a non-finite
+ * initial-state element poisons its value column as in the forward, ALGORITHM.md §7). Measured on an H100 (dev
+ * build, B2 T8192 H32): 0.36 ms against 2.45 for the CUDA-core kernel it replaced (bwd_states.cu, removed),
+ * gradients within 2e-5 of it; B1 T32768 H16: 0.84 against 4.14 ms. */
+static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw,
+                      const kda_cuda_config_t *cfg, int device, void *stream) {
     kda_rec_params_t rp;
     memset(&rp, 0, sizeof rp);
     rp.seqs = bw->seqs;
@@ -453,14 +457,6 @@ static int bwd_states_v2(const cuda_impl_t *impl, const kda_problem_t *p, const 
     rp.chunk_states = bw->states;
     return cfg->rec(&rp, device, stream);
 }
-#define BWD_STATES()                                                                                           \
-    (dev_tuning.dev_skip & KDA_DEV_BWD_V2_STATES ? bwd_states_v2((const cuda_impl_t *)ctx->impl, p, &bw, cfg,      \
-                                                                 ctx->device, stream)                         \
-                                                 : kda_bwd_launch_states(&bw, ctx->device, stream))
-#else
-#define BWD_MARK(i) 0
-#define BWD_STATES() kda_bwd_launch_states(&bw, ctx->device, stream)
-#endif
 
 static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,
                                   void *stream) {
@@ -528,6 +524,9 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.gate_in_kernel = pp.gate_in_kernel;
     bw.beta_sigmoid = pp.beta_sigmoid;
     bw.neg_eigval = pp.neg_eigval;
+#ifdef KDA_DEV_BUILD
+    bw.dev_skip = dev_tuning.dev_skip; /* KDA_DEV_BWD_V1_CHUNK: stage 3 by the v1 kernel */
+#endif
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
     if (pp.blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
@@ -551,7 +550,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
                                                         kda_dtype_size(b->d_initial_state_dtype),
                                          (cudaStream_t)stream)) != 0))
         stage = "d_initial_state memset";
-    else if (BWD_MARK(3) || (err = BWD_STATES()) != 0) stage = "backward states";
+    else if (BWD_MARK(3) || (err = bwd_states((const cuda_impl_t *)ctx->impl, p, &bw, cfg, ctx->device, stream)) != 0)
+        stage = "backward states";
     else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
         stage = "backward state-gradient";
     else if (BWD_MARK(5) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";

@@ -37,6 +37,30 @@ DEV int64_t state_elem(const kda_bwd_params_t &p, int64_t slot, int h, int d, in
     return base + (p.v_first ? (int64_t)c * p.K + d : (int64_t)d * p.V + c);
 }
 
+/* tf32 tensor-core products of the backward (bwd_chunk.cu, bwd_dstate.cu): a k-step of 16 is two m16n8k8 tf32
+ * products; a lane feeds its k pair (2t, 2t + 1) into the slots t and t + 4 of one of them (the sum over k does
+ * not depend on the order), so that its fragments are read as in the bf16 m16n8k16 layout: A rows g, g + 8 at
+ * k 2t, 2t + 1 (and + 8), B column g (lane = 4g + t). */
+typedef float2 frag_t; /* a lane's k pair of one operand row/column, tf32 */
+DEV frag_t tf2(float lo, float hi) { return make_float2(to_tf32(lo), to_tf32(hi)); }
+/* c += A B over a k-step of 16: a[0..3] = A(g, 2t..), A(g + 8, 2t..), A(g, 2t + 8..), A(g + 8, 2t + 8..);
+ * b0 = B(2t.., g), b1 = B(2t + 8.., g) */
+DEV void mma16(float c[4], const frag_t a[4], frag_t b0, frag_t b1) {
+    mma_tf32(c, a[0].x, a[1].x, a[0].y, a[1].y, b0.x, b0.y);
+    mma_tf32(c, a[2].x, a[3].x, a[2].y, a[3].y, b1.x, b1.y);
+}
+
+/* (row, col), (row, col + 1) of a bf16 panel tile (col even), exact in tf32 */
+DEV float2 panel_pair(const unsigned char *tile, int row, int col) {
+    const uint32_t w = *(const uint32_t *)(tile + pan_off(row, col));
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+
+/* (row, col), (row + 1, col) of a bf16 panel tile, exact in tf32 */
+DEV float2 panel_col_pair(const unsigned char *tile, int row, int col) {
+    return make_float2(panel_at(tile, row, col), panel_at(tile, row + 1, col));
+}
+
 /* Σ over the warp's 32 lanes, the same order on every lane */
 DEV float warp_sum(float x) {
 #pragma unroll

@@ -4,12 +4,13 @@
  *
  * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
  * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace:
- *   bwd_states.cu  one CTA per (sequence, value head, 16-column V tile): S at every chunk start, fp32
+ *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
+ *                  chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state
- *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward in fp32 from the inputs and S, then its
+ *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward from the inputs and S, then its
  *                  gradients: dv, dg, dβ written, dq̂ and dk̂ of the value head into scratch, dA_log/ddt_bias
- *                  partial sums per (chunk, head)
+ *                  partial sums per (chunk, head); tensor cores (tf32 operands, fp32 sums)
  *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
  *                  dA_log and ddt_bias summed over the chunks in order
  * No float atomics anywhere: two identical calls give identical bytes.
@@ -53,10 +54,12 @@ typedef struct kda_bwd_params {
     int hqk, hv, group, K, V, kc, vc, v_first;
     float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
+    int dev_skip;                 /* development builds: KDA_DEV_BWD_* below (0 in the shipped library) */
 } kda_bwd_params_t;
 
+#define KDA_DEV_BWD_V1_CHUNK 8192 /* dev_skip bit 13: stage 3 by the CUDA-core kernel (bwd_chunk_v1.cuh) */
+
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
-int kda_bwd_launch_states(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream);

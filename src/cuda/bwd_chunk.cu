@@ -13,18 +13,25 @@
  *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ     dγ = rowsum(dS⁺ ⊙ S)
  *              dv = β dR;  dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
  *              the factor rules (QΓ = s q e^G, X, K̃ = k e^{G_last − G}, γ = e^{G_last}) into dq̂, dk̂, dG;
- *              the pair products M, Aqk pair by pair with e^{G_i − G_j} ≤ 1 (no split: any decay is safe);
+ *              the pair products M, Aqk and their backward by split factors e^{G_i − R} · e^{R − G_j} around a
+ *              reference row R of each 16-row block (block_split: any decay is safe);
  *              dĝ = reverse cumsum of dG (+ the G_last terms, the same for every row); then the clamp and gate
  * Written: dv, dg, dβ (through the sigmoid) of the chunk's tokens; dq̂, dk̂ of this value head into the scratch
  * (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the chunk's sums of
  * ∂L/∂A_log and ∂L/∂dt_bias.
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ (first v, then Z) and a second
- * C × VC tile (dO, then dΔ, then dR) in shared memory, fp32 (≤ 224 KB at KC = VC = 128); S and dS⁺ are read from
- * the workspace (L1/L2) where used. Thread t owns row t / 4 and the columns ≡ t (mod 4) of every C-row tile it
- * computes; its dG stays in registers through all
- * phases, its dq̂ and dk̂ accumulate in its own rows of the scratch. CUDA cores only: the first version, for
- * correctness. The products are the tensor-core shapes of the next version (docs/PERF.md).
+ * C × VC tile (dO, then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S and
+ * dS⁺ are read from the workspace (L2: prefetched at the start) as tensor-core operands.
+ *
+ * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
+ * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): warp w computes rows
+ * 16 (w mod 4).. of every C-row product and half of its columns (w / 4). Its dG stays in registers (fragment
+ * layout) through all phases; its dq̂ and dk̂ accumulate in its rows of the scratch. Exponentials: ~2·C·K per
+ * product set (the split factors) instead of one per (pair, channel): ~0.19 M per chunk and head instead of 0.83 M
+ * at K = 128. T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). Development builds keep the first, CUDA-core
+ * version (bwd_chunk_v1.cuh, dev_skip bit KDA_DEV_BWD_V1_CHUNK) to A/B against (bench/bwd_stages.py --v1-chunk);
+ * dev/bwd_emu runs both on the host against the fp64 oracle.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -32,8 +39,6 @@
 #define CK_THREADS 256
 #define C KDA_CHUNK
 #define CS (C + 4) /* fp32 strides: rows 4 banks apart, so the 8 rows a warp reads fall in distinct banks */
-static constexpr int d_unroll = 4; /* rows of S (dS⁺) in flight in the K-long loops of Z and dΔ (255 registers
-                                      at KC = VC = 128 with 4; a constant, as #pragma unroll takes no macro) */
 
 template <int KC, int VC>
 struct chunk_smem {
@@ -41,6 +46,7 @@ struct chunk_smem {
     float M[C * CS], A2[C * CS], T[C * CS];
     float D[C * (VC + 4)], R[C * (VC + 4)];
     float beta[C], gam[KC], dgam[KC], ext[KC], dal[KC];
+    float dbp[4][C]; /* tensor-core kernel: dβ's pair and dX terms per row, by column half */
 };
 
 /* accurate fp32 functions (the backward is compared with the fp64 oracle) */
@@ -61,34 +67,6 @@ DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
     return p.lower_bound != 0.0f ? p.lower_bound * sigm(A * x) : -A * softplus_acc(x);
 }
 
-/* Σ_c a[c] b[c] over n (a multiple of 4) floats, both 16-byte aligned */
-DEV float dot4(const float *a, const float *b, int n) {
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int c = 0; c < n; c += 4) {
-        const float4 x = *(const float4 *)(a + c), y = *(const float4 *)(b + c);
-        acc += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-    }
-    return acc;
-}
-
-/* acc[u] = Σ_c a[c] b[(l4 + 4 (u0 + u)) VC + c] for u < NU, each in dot4's order: the c loop outside, so that
- * the NU rows' loads of one step are independent and in flight together (a loop per row waited on each) */
-template <int NU, int VC>
-DEV void dots4_g(const float *a, const float *__restrict__ b, int l4, int u0, float (&acc)[NU]) {
-#pragma unroll
-    for (int u = 0; u < NU; u++) acc[u] = 0.0f;
-#pragma unroll 1
-    for (int c = 0; c < VC; c += 4) {
-        const float4 x = *(const float4 *)(a + c);
-#pragma unroll
-        for (int u = 0; u < NU; u++) {
-            const float4 y = __ldg((const float4 *)(b + (int64_t)(l4 + 4 * (u0 + u)) * VC + c));
-            acc[u] += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-        }
-    }
-}
-
 /* A hint that this CTA will read [p, p + bytes) soon: into L2 (no-op in a host emulation) */
 DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
 #ifdef __CUDA_ARCH__
@@ -107,6 +85,7 @@ template <int KC, int VC>
 DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t t0, int clen, int h, float A, int tid) {
     constexpr int KS = KC + 4, VS = VC + 4;
     const int warp = tid >> 5, lane = tid & 31, hq = h / p.group;
+#pragma unroll 4 /* four rows' loads in flight per warp */
     for (int i = warp; i < C; i += CK_THREADS / 32) {
         const int64_t t = t0 + i;
         const bool row = i < clen;
@@ -156,50 +135,448 @@ DEV void gate_cumsum(float *G, int tid) {
         for (int i = 1; i < C; i++) G[i * KS + d] += G[(i - 1) * KS + d];
 }
 
-/* M (strictly lower) and Aqk (lower, × s), pair by pair: row r's pairs j = l4 + 4 m ≤ r, the channel loop
- * outside so that row r's own q̂, k̂, G are read once per channel for its 16 pairs */
+/* dĝ = reverse cumsum of dG (in q̂'s tile) + the G_last terms (ext), a column per thread (adds only, in place);
+ * then the clamp and the gate (inputs x in G's tile) element by element by all threads — thread t owns column
+ * t mod KC and every (CK_THREADS / KC)-th row from t / KC, independent steps instead of v1's one serial chain of
+ * C gate derivatives per column: dg written, the chunk's sums of ∂L/∂A_log and ∂L/∂dt_bias into the partials
+ * (the per-thread sums through `scr`, 2 · CK_THREADS floats) */
 template <int KC, int VC>
-DEV void pair_products(chunk_smem<KC, VC> &sm, float scale, int r, int l4) {
-    constexpr int KS = KC + 4, NJ = C / 4;
-    const float *qi = sm.q + r * KS, *ki = sm.k + r * KS, *Gi = sm.G + r * KS;
-    float sa[NJ], sq[NJ];
-#pragma unroll
-    for (int m = 0; m < NJ; m++) sa[m] = sq[m] = 0.0f;
-#pragma unroll 1
-    for (int d = 0; d < KC; d++) {
-        const float gi = Gi[d], kid = ki[d], qid = qi[d];
-#pragma unroll
-        for (int m = 0; m < NJ; m++) {
-            const int j = l4 + 4 * m;
-            if (j <= r) {
-                const float kk = sm.k[j * KS + d] * gexp(gi - sm.G[j * KS + d]);
-                sa[m] += kid * kk;
-                sq[m] += qid * kk;
-            }
+DEV void gate_backward_par(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, float *scr, int64_t cid, int64_t t0,
+                           int clen, int h, float A, int tid) {
+    constexpr int KS = KC + 4, TPC = CK_THREADS / KC;
+    for (int d = tid; d < KC; d += CK_THREADS) {
+        float acc = sm.ext[d];
+        for (int i = C - 1; i >= 0; i--) {
+            acc += sm.q[i * KS + d];
+            sm.q[i * KS + d] = acc;
         }
     }
-#pragma unroll
-    for (int m = 0; m < NJ; m++) {
-        const int j = l4 + 4 * m;
-        sm.M[r * CS + j] = j < r ? sa[m] : 0.0f;
-        sm.A2[r * CS + j] = scale * sq[m];
+    __syncthreads();
+    const int d = tid % KC;
+    float dbias = 0.0f, dAl = 0.0f;
+    if (d < p.K)
+#pragma unroll 4
+        for (int i = tid / KC; i < clen; i += TPC) {
+            const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
+            float gi = sm.q[i * KS + d] * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* NaN stays NaN */
+            if (p.gate_in_kernel) {
+                if (p.lower_bound != 0.0f) {
+                    const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
+                    dAl += gi * ds * x;
+                    gi *= ds;
+                } else {
+                    dAl += -gi * A * softplus_acc(x);
+                    gi *= -A * sigm(x);
+                }
+                dbias += gi;
+            }
+            store_elem(p.dg, p.dg_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d, gi);
+        }
+    scr[tid] = dbias;
+    scr[CK_THREADS + tid] = dAl;
+    __syncthreads();
+    if (tid < KC) {
+        float b = 0.0f, al = 0.0f;
+        for (int u = 0; u < TPC; u++) {
+            b += scr[u * KC + tid];
+            al += scr[CK_THREADS + u * KC + tid];
+        }
+        sm.dal[tid] = al;
+        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + tid] = b;
+    }
+    __syncthreads();
+    if (tid == 0 && p.part) {
+        float acc = 0.0f;
+        for (int k = 0; k < KC; k++) acc += sm.dal[k];
+        p.part[(cid * p.hv + h) * (int64_t)(KC + 1)] = acc;
     }
 }
 
-/* T = (I + Diag(β) M)⁻¹ by forward substitution, row after row (all threads reach every barrier) */
+/* ---------------------------------------------------------------------------------------------------------
+ * Tensor-core helpers. A warp owns a 16-row block of every C-row product (rows 16 I.., I = warp mod 4) and one
+ * half of its columns (warp / 4); mma.sync with tf32 operands rounded from the fp32 tiles as they are read,
+ * fp32 sums. Lane (g, t) = (lane / 4, lane mod 4) holds, of an 8-column tile, rows g, g + 8 and columns
+ * 2t, 2t + 1 (element c: row g + 8 (c / 2), column 2t + c mod 2).
+ *
+ * The operands are tf32 (10-bit mantissa, rounded to nearest): with bf16 operands (8 bits) the emulated
+ * gradients of the gate parameters were off by up to 7.6e-2 of their norm (sums over the tokens that cancel),
+ * above the GPU tests' bound of 6e-2. frag_t, tf2, mma16: bwd.cuh.
+ * ------------------------------------------------------------------------------------------------------- */
+/* The diagonal blocks of the pair products hold their largest terms (e^{G_i − G_j} near 1), and dĝ sums them
+ * with cancellation: there each operand x is split into tf32 parts hi + lo (lo = x − hi, rounded), and
+ * A B ≈ Ah Bh + Ah Bl + Al Bh (3 products, ~fp32 accurate). In the emulation, tf32 there left dg, dA_log,
+ * ddt_bias 5-40x less accurate than fp32 diagonal blocks (ddt_bias 9.8e-3 against 2.5e-4 at K = V = 128). */
+DEV void split2(frag_t x, frag_t *hi, frag_t *lo) {
+    *hi = tf2(x.x, x.y);
+    *lo = tf2(x.x - hi->x, x.y - hi->y);
+}
+/* c += A B, A given as parts (ah, al), B unrounded (b0, b1); the 3-product form when x3, else Ah B */
+DEV void mma16_x3(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1, int x3) {
+    frag_t bh0, bl0, bh1, bl1;
+    split2(b0, &bh0, &bl0);
+    split2(b1, &bh1, &bl1);
+    if (x3) {
+        mma16(c, al, bh0, bh1);
+        mma16(c, ah, bl0, bl1);
+    }
+    mma16(c, ah, bh0, bh1);
+}
+
+template <int GLB>
+DEV float ld(const float *p) {
+    if (GLB) return __ldg(p);
+    return *p;
+}
+template <int GLB>
+DEV float2 ld2(const float *p) {
+    if (GLB) return __ldg((const float2 *)p);
+    return *(const float2 *)p;
+}
+
+/* acc[nt] += Σ_{k ∈ [k0, k1)} A(i, k) B(k, n) for rows i0..i0+15 and columns n0 + 8 nt.., nt < NT, k1 − k0 a
+ * multiple of 16; A(i, k) = a[i lda + k] (AT: a[k lda + i]), B(k, n) = b[k ldb + n] (BT: b[n ldb + k]); b in
+ * global memory when GLB */
+template <int NT, int AT, int BT, int GLB>
+DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
+                  int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll(GLB ? 4 : 1) /* global B: four k-steps' loads in flight (an L2 round trip per step otherwise) */
+    for (int k = k0; k < k1; k += 16) {
+        frag_t af[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
+            if (AT) af[r] = tf2(a[col * lda + row], a[(col + 1) * lda + row]);
+            else {
+                const float2 x = *(const float2 *)&a[row * lda + col];
+                af[r] = tf2(x.x, x.y);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = n0 + 8 * nt + g;
+            frag_t bf[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int kk = k + 2 * t + 8 * hh;
+                if (BT) {
+                    const float2 x = ld2<GLB>(&b[n * ldb + kk]);
+                    bf[hh] = tf2(x.x, x.y);
+                } else bf[hh] = tf2(ld<GLB>(&b[kk * ldb + n]), ld<GLB>(&b[(kk + 1) * ldb + n]));
+            }
+            mma16(acc[nt], af, bf[0], bf[1]);
+        }
+    }
+}
+
+/* Two products of that form in one k loop (their L2 loads in flight together): acc1[nt] += Σ_k a1(i, k) b1(n, k),
+ * acc2[nt] += Σ_k a2(i, k) b2(n, k) over k < kn; a1, a2 shared (row-major), b1, b2 global (BT) */
+template <int NT>
+DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const float *a2, int lda, const float *b1,
+                     const float *b2, int ldb, int i0, int n0, int kn, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+    for (int k = 0; k < kn; k += 16) {
+        frag_t f1[4], f2[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
+            const float2 x = *(const float2 *)&a1[row * lda + col], y = *(const float2 *)&a2[row * lda + col];
+            f1[r] = tf2(x.x, x.y);
+            f2[r] = tf2(y.x, y.y);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = n0 + 8 * nt + g, kk = k + 2 * t;
+            const float2 x0 = __ldg((const float2 *)&b1[n * ldb + kk]), x1 = __ldg((const float2 *)&b1[n * ldb + kk + 8]);
+            const float2 y0 = __ldg((const float2 *)&b2[n * ldb + kk]), y1 = __ldg((const float2 *)&b2[n * ldb + kk + 8]);
+            mma16(acc1[nt], f1, tf2(x0.x, x0.y), tf2(x1.x, x1.y));
+            mma16(acc2[nt], f2, tf2(y0.x, y0.y), tf2(y1.x, y1.y));
+        }
+    }
+}
+
+template <int NT>
+DEV void zero_acc(float (*acc)[4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+}
+
+/* acc[nt] += Σ_d (k_i f_i)_d B(d, n) for rows i0.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref = G_last: K̃);
+ * B(d, n) = b[d ldb + n], a state tile in global memory (Z's X S, dΔ's K̃ dS⁺) */
+template <int NT, int KC>
+DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, const float *ref, const float *b,
+                           int ldb, int i0, int n0, int lane) {
+    constexpr int KS = KC + 4;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll 2
+    for (int d0 = 0; d0 < KC; d0 += 16) {
+        frag_t af[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = i0 + g + 8 * (r & 1), col = d0 + 2 * t + 8 * (r >> 1);
+            const float2 kx = *(const float2 *)&k[row * KS + col], gx = *(const float2 *)&G[row * KS + col];
+            float2 ex;
+            if (ref) {
+                const float2 rf = *(const float2 *)&ref[col];
+                ex = make_float2(gexp(rf.x - gx.x), gexp(rf.y - gx.y));
+            } else ex = make_float2(gexp(gx.x), gexp(gx.y));
+            af[r] = tf2(kx.x * ex.x, kx.y * ex.y);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int n = n0 + 8 * nt + g;
+            const int kk = d0 + 2 * t;
+            const frag_t b0 = tf2(__ldg(&b[kk * ldb + n]), __ldg(&b[(kk + 1) * ldb + n]));
+            const frag_t b1 = tf2(__ldg(&b[(kk + 8) * ldb + n]), __ldg(&b[(kk + 9) * ldb + n]));
+            mma16(acc[nt], af, b0, b1);
+        }
+    }
+}
+
+/* The reference rows of 16-row block B for the split e^{G_i − G_j} = e^{G_i − R} e^{R − G_j}: its middle row when
+ * the block's exponents stay within ±KDA_DIAG_RANGE (every factor of the block's pairs then ≤ e^{KDA_DIAG_RANGE},
+ * those with earlier or later blocks ≤ 1); otherwise the diagonal block's pairs take one exponential each and
+ * the others are split around the block's first row (pairs with earlier tokens) or last row (with later ones),
+ * every factor ≤ 1. Warp-uniform. */
+template <int KC>
+DEV int block_split(const float *G, int B, int lane) {
+    constexpr int KS = KC + 4;
+    const float *Gf = G + (16 * B) * KS, *Gm = G + (16 * B + 7) * KS, *Gl = G + (16 * B + 15) * KS;
+    float range = 0.0f;
+    for (int d = lane; d < KC; d += 32) range = fmaxf(range, fmaxf(Gf[d] - Gm[d], Gm[d] - Gl[d]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
+    return range <= KDA_DIAG_RANGE; /* NaN: not split */
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Forward of the chunk on the tensor cores
+ * ------------------------------------------------------------------------------------------------------- */
+/* M (strictly lower) and Aqk (lower, × s) of the warp's row block I, columns 32 hf..: Σ_d (k_i, q_i) e^{G_i − R}
+ * · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by exponentials per pair when not split */
 template <int KC, int VC>
-DEV void invert(chunk_smem<KC, VC> &sm, int tid) {
-    for (int e = tid; e < C * C; e += CK_THREADS) sm.T[(e / C) * CS + e % C] = e / C == e % C ? 1.0f : 0.0f;
+DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, int split, int lane) {
+    constexpr int KS = KC + 4;
+    const int g = lane >> 2, t = lane & 3;
+    const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
+    float am[4][4], aq[4][4];
+    zero_acc<4>(am);
+    zero_acc<4>(aq);
+    /* tile nt (columns 32 hf + 8 nt..) by the split factors when its block J < I, or J == I when split */
+    const int jb0 = 2 * hf; /* block of tiles 0, 1; tiles 2, 3 are in block jb0 + 1 */
+    const int use0 = jb0 < I || (jb0 == I && split), use1 = jb0 + 1 < I || (jb0 + 1 == I && split);
+    if (use0 || use1) {
+#pragma unroll 1
+        for (int d0 = 0; d0 < KC; d0 += 16) {
+            frag_t fk[4], fq[4], fkl[4], fql[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = 16 * I + g + 8 * (r & 1), col = d0 + 2 * t + 8 * (r >> 1);
+                const float2 gx = *(const float2 *)&sm.G[row * KS + col], rf = *(const float2 *)&R[col];
+                const float e0 = gexp(gx.x - rf.x), e1 = gexp(gx.y - rf.y);
+                const float2 kx = *(const float2 *)&sm.k[row * KS + col], qx = *(const float2 *)&sm.q[row * KS + col];
+                split2(make_float2(kx.x * e0, kx.y * e1), &fk[r], &fkl[r]);
+                split2(make_float2(qx.x * e0, qx.y * e1), &fq[r], &fql[r]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                if (!(nt < 2 ? use0 : use1)) continue;
+                const int j = 32 * hf + 8 * nt + g;
+                frag_t bf[2];
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int col = d0 + 2 * t + 8 * hh;
+                    const float2 gx = *(const float2 *)&sm.G[j * KS + col], rf = *(const float2 *)&R[col];
+                    const float2 kx = *(const float2 *)&sm.k[j * KS + col];
+                    bf[hh] = make_float2(kx.x * gexp(rf.x - gx.x), kx.y * gexp(rf.y - gx.y));
+                }
+                const int x3 = jb0 + (nt >> 1) == I; /* the diagonal block */
+                mma16_x3(am[nt], fk, fkl, bf[0], bf[1], x3);
+                mma16_x3(aq[nt], fq, fql, bf[0], bf[1], x3);
+            }
+        }
+    }
+    if (!split && (jb0 == I || jb0 + 1 == I)) { /* the diagonal block, pair by pair */
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                if (jb0 + (nt >> 1) != I) continue; /* constant indices: the accumulators stay in registers */
+                const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+                float sa = 0.0f, sq = 0.0f;
+                if (j <= i)
+                    for (int d = 0; d < KC; d++) {
+                        const float kk = sm.k[j * KS + d] * gexp(sm.G[i * KS + d] - sm.G[j * KS + d]);
+                        sa += sm.k[i * KS + d] * kk;
+                        sq += sm.q[i * KS + d] * kk;
+                    }
+                am[nt][c] = sa;
+                aq[nt][c] = sq;
+            }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+            sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f; /* tiles of later blocks stayed 0 */
+            sm.A2[i * CS + j] = j <= i ? scale * aq[nt][c] : 0.0f;
+        }
+}
+
+/* T = (I + Diag(β) M)⁻¹ by 16-row blocks: the diagonal blocks T_II by forward substitution (warps 0-3, a column
+ * per lane), then for I = 1..3: Y_IJ = Σ_{J ≤ L < I} Diag(β_I) M_IL T_LJ (into `scr`), T_IJ = −T_II Y_IJ. fp32. */
+template <int KC, int VC>
+DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
+    const int warp = tid >> 5, lane = tid & 31;
+    for (int e = tid; e < C * C; e += CK_THREADS) {
+        const int i = e / C, j = e % C;
+        if ((j >> 4) > (i >> 4)) sm.T[i * CS + j] = 0.0f;
+    }
+    if (warp < 4 && lane < 16) {
+        const int b = 16 * warp, j = lane;
+        float tcol[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int m = 0; m < i; m++) s += sm.M[(b + i) * CS + b + m] * tcol[m];
+            tcol[i] = i == j ? 1.0f : (i > j ? -sm.beta[b + i] * s : 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) sm.T[(b + i) * CS + b + j] = tcol[i];
+    }
     __syncthreads();
-    for (int i = 1; i < C; i++) {
-        if (tid < i) {
-            const int j = tid;
-            float acc = 0.0f;
-            for (int m = j; m < i; m++) acc += sm.M[i * CS + m] * sm.T[m * CS + j];
-            sm.T[i * CS + j] = -sm.beta[i] * acc;
+    for (int I = 1; I < 4; I++) {
+        for (int e = tid; e < I * 256; e += CK_THREADS) { /* Y_IJ, J < I: element (i, j) of the 16 × 16I strip */
+            const int i = 16 * I + (e >> 4) % 16, j = 16 * (e >> 8) + (e & 15), J = j >> 4;
+            float s = 0.0f;
+            for (int m = 16 * J; m < 16 * I; m++) s += sm.M[i * CS + m] * sm.T[m * CS + j];
+            scr[(i - 16 * I) * 64 + j] = sm.beta[i] * s;
+        }
+        __syncthreads();
+        for (int e = tid; e < I * 256; e += CK_THREADS) {
+            const int i = 16 * I + (e >> 4) % 16, j = 16 * (e >> 8) + (e & 15);
+            float s = 0.0f;
+            for (int m = 16 * I; m <= i; m++) s += sm.T[i * CS + m] * scr[(m - 16 * I) * 64 + j];
+            sm.T[i * CS + j] = -s;
         }
         __syncthreads();
     }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The pair products backward (the factor rules of M and Aqk), on the tensor cores with the split factors
+ * ------------------------------------------------------------------------------------------------------- */
+/* Row i (block I) as the later token, columns n0 + 8 nt.. of dq̂ and dk̂:
+ *   Pq_i = Σ_{j ≤ i} s dAqk_ij k_j e^{G_i − G_j},  Pk_i = Σ_{j < i} β_i dA_ij k_j e^{G_i − G_j}
+ * (dA in T, dAqk in A2, zero where they do not apply) */
+template <int NT, int KC, int VC>
+DEV void pairs_later(chunk_smem<KC, VC> &sm, float scale, int I, int split, int n0, int lane, float (*pq)[4],
+                     float (*pk)[4]) {
+    constexpr int KS = KC + 4;
+    const int g = lane >> 2, t = lane & 3;
+    const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
+    zero_acc<NT>(pq);
+    zero_acc<NT>(pk);
+    const int jend = split ? 16 * (I + 1) : 16 * I;
+#pragma unroll 1
+    for (int j0 = 0; j0 < jend; j0 += 16) {
+        const int x3 = j0 == 16 * I; /* the diagonal block */
+        frag_t fq[4], fm[4], fql[4], fml[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
+            const float2 a = *(const float2 *)&sm.A2[row * CS + col], m = *(const float2 *)&sm.T[row * CS + col];
+            const float b = sm.beta[row];
+            split2(make_float2(scale * a.x, scale * a.y), &fq[r], &fql[r]);
+            split2(make_float2(b * m.x, b * m.y), &fm[r], &fml[r]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int d = n0 + 8 * nt + g;
+            frag_t bf[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int j = j0 + 2 * t + 8 * hh;
+                bf[hh] = make_float2(sm.k[j * KS + d] * gexp(R[d] - sm.G[j * KS + d]),
+                                     sm.k[(j + 1) * KS + d] * gexp(R[d] - sm.G[(j + 1) * KS + d]));
+            }
+            mma16_x3(pq[nt], fq, fql, bf[0], bf[1], x3);
+            mma16_x3(pk[nt], fm, fml, bf[0], bf[1], x3);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
+            const float f = gexp(sm.G[i * KS + d] - R[d]);
+            float sq = f * pq[nt][c], sk = f * pk[nt][c];
+            if (!split) /* the diagonal block, pair by pair */
+                for (int j = 16 * I; j <= i; j++) {
+                    const float kk = sm.k[j * KS + d] * gexp(sm.G[i * KS + d] - sm.G[j * KS + d]);
+                    sq += scale * sm.A2[i * CS + j] * kk;
+                    sk += sm.beta[i] * sm.T[i * CS + j] * kk;
+                }
+            pq[nt][c] = sq;
+            pk[nt][c] = sk;
+        }
+}
+
+/* Row j (block J) as the earlier token, columns n0 + 8 nt..:
+ *   E_j = Σ_{i ≥ j} (β_i dA_ij k_i + s dAqk_ij q_i) e^{G_i − G_j} */
+template <int NT, int KC, int VC>
+DEV void pairs_earlier(chunk_smem<KC, VC> &sm, float scale, int J, int split, int n0, int lane, float (*pe)[4]) {
+    constexpr int KS = KC + 4;
+    const int g = lane >> 2, t = lane & 3;
+    const float *R = sm.G + (16 * J + (split ? 7 : 15)) * KS;
+    zero_acc<NT>(pe);
+#pragma unroll 1
+    for (int i0 = split ? 16 * J : 16 * (J + 1); i0 < C; i0 += 16) {
+        const int x3 = i0 == 16 * J; /* the diagonal block */
+        frag_t fq[4], fm[4], fql[4], fml[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) { /* A(j, i) = coefficient (i, j): transposed reads */
+            const int j = 16 * J + g + 8 * (r & 1), i = i0 + 2 * t + 8 * (r >> 1);
+            split2(make_float2(scale * sm.A2[i * CS + j], scale * sm.A2[(i + 1) * CS + j]), &fq[r], &fql[r]);
+            split2(make_float2(sm.beta[i] * sm.T[i * CS + j], sm.beta[i + 1] * sm.T[(i + 1) * CS + j]), &fm[r], &fml[r]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int d = n0 + 8 * nt + g;
+            frag_t bk[2], bq[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int i = i0 + 2 * t + 8 * hh;
+                const float e0 = gexp(sm.G[i * KS + d] - R[d]), e1 = gexp(sm.G[(i + 1) * KS + d] - R[d]);
+                bk[hh] = make_float2(sm.k[i * KS + d] * e0, sm.k[(i + 1) * KS + d] * e1);
+                bq[hh] = make_float2(sm.q[i * KS + d] * e0, sm.q[(i + 1) * KS + d] * e1);
+            }
+            mma16_x3(pe[nt], fm, fml, bk[0], bk[1], x3);
+            mma16_x3(pe[nt], fq, fql, bq[0], bq[1], x3);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int j = 16 * J + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
+            float s = gexp(R[d] - sm.G[j * KS + d]) * pe[nt][c];
+            if (!split)
+                for (int i = j; i < 16 * (J + 1); i++)
+                    s += (sm.beta[i] * sm.T[i * CS + j] * sm.k[i * KS + d] + scale * sm.A2[i * CS + j] * sm.q[i * KS + d]) *
+                         gexp(sm.G[i * KS + d] - sm.G[j * KS + d]);
+            pe[nt][c] = s;
+        }
+}
+
+/* Σ over the lanes of one t (the rows g) of a per-row value: the 4 lanes of a row (t = 0..3) summed */
+DEV float row_sum4(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    return x;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -207,10 +584,11 @@ DEV void invert(chunk_smem<KC, VC> &sm, int tid) {
  * ------------------------------------------------------------------------------------------------------- */
 template <int KC, int VC>
 __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
-    constexpr int KS = KC + 4, VS = VC + 4, KU = KC / 4, VU = VC / 4;
+    constexpr int KS = KC + 4, VS = VC + 4, KN = KC / 16, VN = VC / 16; /* n-tiles of a column half */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)smem_raw;
-    const int tid = threadIdx.x, r = tid >> 2, l4 = tid & 3, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int I = warp & 3, hf = warp >> 2, g = lane >> 2, t = lane & 3;
 
     const int64_t cid = blockIdx.x / p.hv;
     const int h = (int)(blockIdx.x % p.hv);
@@ -225,211 +603,237 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
     const float *__restrict__ S = p.states + (cid * p.hv + h) * (int64_t)KC * VC;
     const float *__restrict__ dS = p.dstates + (cid * p.hv + h) * (int64_t)KC * VC;
+    const int nv0 = hf * (VC / 2), nk0 = hf * (KC / 2); /* the warp's first V / K column */
 
     /* ---- forward ---- */
-    /* S and dS⁺ (written by stages 1-2, 128 KB, in HBM) are first read after the chunk's forward: have them in L2 */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
     prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
     load_rows<KC, VC>(p, sm, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
-    pair_products<KC, VC>(sm, scale, r, l4);
+    const int split = block_split<KC>(sm.G, I, lane);
+    pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
-    invert<KC, VC>(sm, tid);
+    invert_blocks<KC, VC>(sm, sm.R, tid);
 
-    const float *qr = sm.q + r * KS, *kr = sm.k + r * KS, *Gr = sm.G + r * KS, *Gl = sm.G + (C - 1) * KS;
-    const float br = sm.beta[r];
-    float y[VU];
+    float acc[VN][4];
     /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
+    zero_acc<VN>(acc);
+    mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, lane);
 #pragma unroll
-    for (int u = 0; u < VU; u++) y[u] = sm.D[r * VS + l4 + 4 * u];
-#pragma unroll d_unroll
-    for (int d = 0; d < KC; d++) {
-        const float f = kr[d] * gexp(Gr[d]);
-        const float *Sd = S + (int64_t)d * VC + l4;
+    for (int nt = 0; nt < VN; nt++)
 #pragma unroll
-        for (int u = 0; u < VU; u++) y[u] -= f * __ldg(Sd + 4 * u);
-    }
-#pragma unroll
-    for (int u = 0; u < VU; u++) sm.D[r * VS + l4 + 4 * u] = br * y[u];
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * I + g + 8 * (c >> 1), col = nv0 + 8 * nt + 2 * t + (c & 1);
+            sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][c]);
+        }
     __syncthreads();
     /* Δ = T Z */
-#pragma unroll
-    for (int u = 0; u < VU; u++) y[u] = 0.0f;
-#pragma unroll 1
-    for (int m = 0; m <= r; m++) {
-        const float t = sm.T[r * CS + m];
-#pragma unroll
-        for (int u = 0; u < VU; u++) y[u] += t * sm.D[m * VS + l4 + 4 * u];
-    }
+    zero_acc<VN>(acc);
+    mma_rows<VN, 0, 0, 0>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
     __syncthreads();
 #pragma unroll
-    for (int u = 0; u < VU; u++) sm.D[r * VS + l4 + 4 * u] = y[u];
+    for (int nt = 0; nt < VN; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            sm.D[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
 
     /* ---- backward ---- */
     /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
-#pragma unroll 8 /* 8 loads in flight per thread (a loop step waited on each) */
+    const float *Gl = sm.G + (C - 1) * KS;
+#pragma unroll 8
     for (int e = tid; e < C * VC; e += CK_THREADS) {
         const int i = e / VC, c = e % VC;
         sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
     }
-    for (int d = tid; d < KC; d += CK_THREADS) {
-        sm.gam[d] = gexp(Gl[d]);
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int c = 0; c < VC; c++) acc += __ldg(dS + (int64_t)d * VC + c) * __ldg(S + (int64_t)d * VC + c);
-        sm.dgam[d] = acc;
+    {   /* TPR threads per row of S, dS⁺ (adjacent lanes), all their float4 loads in flight */
+        constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
+        const int d = tid / TPR, c0 = (tid % TPR) * NC;
+        float s = 0.0f;
+#pragma unroll
+        for (int c = 0; c < NC; c += 4) {
+            const float4 x = __ldg((const float4 *)(dS + (int64_t)d * VC + c0 + c));
+            const float4 y = __ldg((const float4 *)(S + (int64_t)d * VC + c0 + c));
+            s += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+        }
+#pragma unroll
+        for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (tid % TPR == 0) {
+            sm.gam[d] = gexp(Gl[d]);
+            sm.dgam[d] = s;
+        }
     }
     __syncthreads();
 
-    /* dq̂, dk̂ of row r accumulate in its scratch row (rows past the chunk's end are dropped), dG in registers */
-    const bool own = r < clen;
-    float *dqr = p.dqk + ((t0 + (own ? r : 0)) * p.hv + h) * (int64_t)(2 * KC), *dkr = dqr + KC;
-    float dG[KU];
-    /* dQΓ = dO Sᵀ: dq̂ = s e^G dQΓ (its first term), dG = QΓ ⊙ dQΓ */
+    /* the lane's rows g, g + 8 of block I: dq̂, dk̂ accumulate in their scratch rows (rows past the chunk's end
+       are dropped); dG of its elements in registers */
+    float *dq_row[2];
 #pragma unroll
-    for (int h2 = 0; h2 < 2; h2++) { /* two halves of the row's KU columns: 16 loads in flight per step */
-        float a[KU / 2];
-        dots4_g<KU / 2, VC>(sm.R + r * VS, S, l4, h2 * (KU / 2), a);
-#pragma unroll
-        for (int uu = 0; uu < KU / 2; uu++) {
-            const int u = h2 * (KU / 2) + uu, d = l4 + 4 * u;
-            const float e = scale * gexp(Gr[d]) * a[uu];
-            if (own) dqr[d] = e;
-            dG[u] = qr[d] * e;
-        }
+    for (int hr = 0; hr < 2; hr++) {
+        const int i = 16 * I + g + 8 * hr;
+        dq_row[hr] = p.dqk + ((t0 + (i < clen ? i : 0)) * p.hv + h) * (int64_t)(2 * KC);
     }
-    /* dΔ = Aqkᵀ dO + K̃ dS⁺ (into y until dO is no longer needed) */
+    float dG[KN][4];
+    {   /* dQΓ = dO Sᵀ: dq̂ = s e^G dQΓ (its first term), dG = QΓ ⊙ dQΓ */
+        float a[KN][4];
+        zero_acc<KN>(a);
+        mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);
 #pragma unroll
-    for (int u = 0; u < VU; u++) y[u] = 0.0f;
-#pragma unroll 1
-    for (int m = r; m < C; m++) {
-        const float a = sm.A2[m * CS + r];
+        for (int nt = 0; nt < KN; nt++)
 #pragma unroll
-        for (int u = 0; u < VU; u++) y[u] += a * sm.R[m * VS + l4 + 4 * u];
+            for (int c = 0; c < 4; c++) {
+                const int i = 16 * I + g + 8 * (c >> 1), d = nk0 + 8 * nt + 2 * t + (c & 1);
+                const float e = scale * gexp(sm.G[i * KS + d]) * a[nt][c];
+                if (i < clen) dq_row[c >> 1][d] = e;
+                dG[nt][c] = sm.q[i * KS + d] * e;
+            }
     }
-#pragma unroll d_unroll
-    for (int d = 0; d < KC; d++) {
-        const float f = kr[d] * gexp(Gl[d] - Gr[d]);
-        const float *dSd = dS + (int64_t)d * VC + l4;
-#pragma unroll
-        for (int u = 0; u < VU; u++) y[u] += f * __ldg(dSd + 4 * u);
-    }
+    /* dΔ = Aqkᵀ dO + K̃ dS⁺ (in acc until dO is no longer needed) */
+    zero_acc<VN>(acc);
+    mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
+    mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
     __syncthreads(); /* every read of Aqk is done */
-    /* dAqk = dO Δᵀ (lower) in place of Aqk */
-    for (int j = l4; j < C; j += 4) sm.A2[r * CS + j] = j <= r ? dot4(sm.R + r * VS, sm.D + j * VS, VC) : 0.0f;
+    {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's 4 tiles of columns 32 hf.. */
+        float a[4][4];
+        zero_acc<4>(a);
+        if (2 * hf <= I) mma_rows<4, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, 32 * hf, 0, VC, lane);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+                sm.A2[i * CS + j] = j <= i ? a[nt][c] : 0.0f;
+            }
+    }
     __syncthreads(); /* every read of dO is done */
 #pragma unroll
-    for (int u = 0; u < VU; u++) sm.R[r * VS + l4 + 4 * u] = y[u];
+    for (int nt = 0; nt < VN; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     __syncthreads();
     /* dR = Tᵀ dΔ */
-#pragma unroll
-    for (int u = 0; u < VU; u++) y[u] = 0.0f;
-#pragma unroll 1
-    for (int m = r; m < C; m++) {
-        const float t = sm.T[m * CS + r];
-#pragma unroll
-        for (int u = 0; u < VU; u++) y[u] += t * sm.R[m * VS + l4 + 4 * u];
-    }
+    zero_acc<VN>(acc);
+    mma_rows<VN, 1, 0, 0>(acc, sm.T, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
     __syncthreads();
 #pragma unroll
-    for (int u = 0; u < VU; u++) sm.R[r * VS + l4 + 4 * u] = y[u];
+    for (int nt = 0; nt < VN; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     __syncthreads();
-    /* dA = −dR Δᵀ (strictly lower) in place of T; dβ's pair term Σ_j dA M */
-    float db = 0.0f;
-    for (int j = l4; j < C; j += 4) {
-        const float a = j < r ? -dot4(sm.R + r * VS, sm.D + j * VS, VC) : 0.0f;
-        sm.T[r * CS + j] = a;
-        db += a * sm.M[r * CS + j];
+    {   /* dA = −dR Δᵀ (strictly lower) in place of T; dβ's pair term Σ_j dA M */
+        float a[4][4];
+        zero_acc<4>(a);
+        if (2 * hf <= I) mma_rows<4, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, 32 * hf, 0, VC, lane);
+        float db[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+                const float x = j < i ? -a[nt][c] : 0.0f;
+                sm.T[i * CS + j] = x;
+                db[c >> 1] += x * sm.M[i * CS + j];
+            }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float s = row_sum4(db[hr]);
+            if (t == 0) sm.dbp[hf][16 * I + g + 8 * hr] = s;
+        }
     }
     __syncthreads(); /* M is free from here on: the scratch of the G_last reduction */
 
-    /* dv = β dR, dβ += v·dR */
+    /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / 4, tid mod 4) */
+    const int r = tid >> 2, l4 = tid & 3;
+    float db = 0.0f;
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
+        const float br = sm.beta[r];
 #pragma unroll 8
         for (int c = l4; c < p.V; c += 4) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
         for (int c = l4; c < p.V; c += 4) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
-    /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G} */
-    float ext[KU];
+    /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G}, by halves of the warp's columns */
+    {
+        float dbx[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int u = 0; u < KU; u++) ext[u] = 0.0f;
+        for (int q2 = 0; q2 < 2; q2++) {
+            constexpr int NH = KN / 2;
+            const int n0 = nk0 + q2 * (KC / 4);
+            float ax[NH][4], ak[NH][4];
+            zero_acc<NH>(ax);
+            zero_acc<NH>(ak);
+            mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
 #pragma unroll
-    for (int h2 = 0; h2 < 4; h2++) { /* quarters of the row's KU columns: 2 × KU/4 loads in flight per step */
-        float axs[KU / 4], aks[KU / 4];
-        dots4_g<KU / 4, VC>(sm.R + r * VS, S, l4, h2 * (KU / 4), axs);
-        dots4_g<KU / 4, VC>(sm.D + r * VS, dS, l4, h2 * (KU / 4), aks);
+            for (int nt = 0; nt < NH; nt++) {
+                float ext[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int uu = 0; uu < KU / 4; uu++) {
-            const int u = h2 * (KU / 4) + uu, d = l4 + 4 * u;
-            const float ax = -axs[uu];
-            const float ak = aks[uu];
-            const float e = gexp(Gr[d]), f = gexp(Gl[d] - Gr[d]), kd = kr[d];
-            if (own) dkr[d] = br * e * ax + f * ak; /* dk̂'s first term */
-            db += kd * e * ax;
-            const float kt = kd * f * ak;
-            dG[u] += br * kd * e * ax - kt;
-            ext[u] = kt;
+                for (int c = 0; c < 4; c++) {
+                    const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
+                    const float x = -ax[nt][c], y = ak[nt][c], b = sm.beta[i];
+                    const float e = gexp(sm.G[i * KS + d]), f = gexp(Gl[d] - sm.G[i * KS + d]), kd = sm.k[i * KS + d];
+                    if (i < clen) dq_row[c >> 1][KC + d] = b * e * x + f * y; /* dk̂'s first term */
+                    dbx[c >> 1] += kd * e * x;
+                    const float kt = kd * f * y;
+                    dG[q2 * NH + nt][c] += b * kd * e * x - kt;
+                    ext[c & 1] += kt;
+                }
+                /* Σ over the block's 16 rows of K̃ ⊙ dK̃ for columns 2t, 2t + 1: the lanes of one t */
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    float x = ext[u];
+                    x += __shfl_xor_sync(0xffffffffu, x, 4);
+                    x += __shfl_xor_sync(0xffffffffu, x, 8);
+                    x += __shfl_xor_sync(0xffffffffu, x, 16);
+                    if (g == 0) sm.M[I * KC + n0 + 8 * nt + 2 * t + u] = x;
+                }
+            }
         }
-    }
-    /* Σ over the rows of K̃ ⊙ dK̃ (+ γ dγ): the G_last terms, added to every row's dĝ below */
 #pragma unroll
-    for (int u = 0; u < KU; u++) {
-        float x = ext[u];
-        x += __shfl_xor_sync(0xffffffffu, x, 4);
-        x += __shfl_xor_sync(0xffffffffu, x, 8);
-        x += __shfl_xor_sync(0xffffffffu, x, 16);
-        if (lane < 4) sm.M[warp * KC + l4 + 4 * u] = x;
+        for (int hr = 0; hr < 2; hr++) {
+            const float s = row_sum4(dbx[hr]);
+            if (t == 0) sm.dbp[2 + hf][16 * I + g + 8 * hr] = s;
+        }
     }
     __syncthreads();
-    for (int d = tid; d < KC; d += CK_THREADS) {
-        float acc = sm.gam[d] * sm.dgam[d];
-        for (int w = 0; w < CK_THREADS / 32; w++) acc += sm.M[w * KC + d];
-        sm.ext[d] = acc;
+    for (int d = tid; d < KC; d += CK_THREADS) /* the G_last terms, added to every row's dĝ below */
+        sm.ext[d] = sm.gam[d] * sm.dgam[d] + sm.M[d] + sm.M[KC + d] + sm.M[2 * KC + d] + sm.M[3 * KC + d];
+
+    /* the pair products backward: row i as the later token (pairs j ≤ i), then as the earlier one (i ≥ j) */
+#pragma unroll
+    for (int q2 = 0; q2 < 2; q2++) {
+        constexpr int NH = KN / 2;
+        const int n0 = nk0 + q2 * (KC / 4);
+        float pq[NH][4], pk[NH][4];
+        pairs_later<NH, KC, VC>(sm, scale, I, split, n0, lane, pq, pk);
+#pragma unroll
+        for (int nt = 0; nt < NH; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
+                dG[q2 * NH + nt][c] += sm.k[i * KS + d] * pk[nt][c] + sm.q[i * KS + d] * pq[nt][c];
+                if (i < clen) {
+                    dq_row[c >> 1][d] += pq[nt][c];
+                    dq_row[c >> 1][KC + d] += pk[nt][c];
+                }
+            }
+        pairs_earlier<NH, KC, VC>(sm, scale, I, split, n0, lane, pq);
+#pragma unroll
+        for (int nt = 0; nt < NH; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
+                dG[q2 * NH + nt][c] -= sm.k[i * KS + d] * pq[nt][c];
+                if (i < clen) dq_row[c >> 1][KC + d] += pq[nt][c];
+            }
     }
 
-    /* the pair products backward: row r as the later token i (pairs j ≤ r), then as the earlier j (i ≥ r) */
-    float aq[KU], ak[KU];
-#pragma unroll
-    for (int u = 0; u < KU; u++) aq[u] = ak[u] = 0.0f;
-#pragma unroll 1
-    for (int j = 0; j <= r; j++) {
-        const float cm = j < r ? br * sm.T[r * CS + j] : 0.0f, cq = scale * sm.A2[r * CS + j];
-        const float *kj = sm.k + j * KS, *Gj = sm.G + j * KS;
-#pragma unroll
-        for (int u = 0; u < KU; u++) {
-            const int d = l4 + 4 * u;
-            const float kk = kj[d] * gexp(Gr[d] - Gj[d]);
-            ak[u] += cm * kk;
-            aq[u] += cq * kk;
-            dG[u] += (cm * kr[d] + cq * qr[d]) * kk;
-        }
-    }
-#pragma unroll 1
-    for (int i = r; i < C; i++) {
-        const float cm = i > r ? sm.beta[i] * sm.T[i * CS + r] : 0.0f, cq = scale * sm.A2[i * CS + r];
-        const float *ki = sm.k + i * KS, *qi = sm.q + i * KS, *Gi = sm.G + i * KS;
-#pragma unroll
-        for (int u = 0; u < KU; u++) {
-            const int d = l4 + 4 * u;
-            const float ti = (cm * ki[d] + cq * qi[d]) * gexp(Gi[d] - Gr[d]);
-            ak[u] += ti;
-            dG[u] -= ti * kr[d];
-        }
-    }
-    if (own)
-#pragma unroll
-        for (int u = 0; u < KU; u++) {
-            dqr[l4 + 4 * u] += aq[u];
-            dkr[l4 + 4 * u] += ak[u];
-        }
-
-    /* dβ: the row's four threads sum; through the sigmoid */
-    db += __shfl_xor_sync(0xffffffffu, db, 1);
-    db += __shfl_xor_sync(0xffffffffu, db, 2);
+    /* dβ: the row's four threads sum, with the terms by column half; through the sigmoid */
+    db = row_sum4(db);
     if (l4 == 0 && r < clen) {
+        db += sm.dbp[0][r] + sm.dbp[1][r] + sm.dbp[2][r] + sm.dbp[3][r];
         const int64_t e = (t0 + r) * p.hv + h;
         if (p.beta_sigmoid) {
             const float sg = sigm(load_elem(p.beta, p.beta_dtype, e));
@@ -437,49 +841,24 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
         store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
-    __syncthreads(); /* q̂ is free: it holds dG next; G holds the gate inputs x (loaded by all threads at once,
-                        not in the column loop below, where each load would wait on the store before it) */
+    __syncthreads(); /* q̂ is free: it holds dG next; G holds the gate inputs x */
 #pragma unroll
-    for (int u = 0; u < KU; u++) sm.q[r * KS + l4 + 4 * u] = dG[u];
+    for (int nt = 0; nt < KN; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            sm.q[(16 * I + g + 8 * (c >> 1)) * KS + nk0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
 #pragma unroll 8
     for (int e = tid; e < C * KC; e += CK_THREADS) {
         const int i = e / KC, d = e % KC;
         sm.G[i * KS + d] = i < clen && d < p.K ? gate_input(p, t0 + i, h, d) : 0.0f;
     }
     __syncthreads();
-
-    /* dĝ = reverse cumsum of dG + the G_last terms; then the clamp and the gate, column by column */
-    for (int d = tid; d < KC; d += CK_THREADS) {
-        float acc = sm.ext[d], dbias = 0.0f, dAl = 0.0f;
-        for (int i = C - 1; i >= 0; i--) {
-            acc += sm.q[i * KS + d];
-            if (i >= clen || d >= p.K) continue;
-            const int64_t t = t0 + i;
-            const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
-            float gi = acc * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* as chunk_bwd.c: NaN stays NaN */
-            if (p.gate_in_kernel) {
-                if (p.lower_bound != 0.0f) {
-                    const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
-                    dAl += gi * ds * x;
-                    gi *= ds;
-                } else {
-                    dAl += -gi * A * softplus_acc(x);
-                    gi *= -A * sigm(x);
-                }
-                dbias += gi;
-            }
-            store_elem(p.dg, p.dg_dtype, (t * p.hv + h) * (int64_t)p.K + d, gi);
-        }
-        sm.dal[d] = dAl;
-        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + d] = dbias;
-    }
-    __syncthreads();
-    if (tid == 0 && p.part) {
-        float acc = 0.0f;
-        for (int d = 0; d < KC; d++) acc += sm.dal[d];
-        p.part[(cid * p.hv + h) * (int64_t)(KC + 1)] = acc;
-    }
+    gate_backward_par<KC, VC>(p, sm, sm.M, cid, t0, clen, h, A, tid); /* M is free since the G_last sums */
 }
+
+#ifdef KDA_DEV_BUILD
+#include "bwd_chunk_v1.cuh"
+#endif
 
 template <int KC, int VC>
 static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
@@ -487,6 +866,13 @@ static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(chunk_smem<KC, VC>);
+#ifdef KDA_DEV_BUILD
+    if (p->dev_skip & KDA_DEV_BWD_V1_CHUNK) {
+        static int done1[KDA_MAX_DEVICES];
+        return kda_launch((const void *)kda_bwd_chunk_kernel_v1<KC, VC>, ctas, CK_THREADS, bytes, p, device, done1,
+                          stream);
+    }
+#endif
     return kda_launch((const void *)kda_bwd_chunk_kernel<KC, VC>, ctas, CK_THREADS, bytes, p, device, done, stream);
 }
 

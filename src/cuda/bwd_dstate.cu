@@ -12,8 +12,11 @@
  *     d_initial_state ← dS
  *
  * dS never reads S: this stage does not depend on stage 1 and d_initial_state stays finite where the initial
- * state is not (§7). CUDA cores, fp32, dS in shared memory [KC][16]; the chunk's panels copied in byte for
- * byte as in bwd_states.cu.
+ * state is not (§7). dS in shared memory [KC][16], fp32; the chunk's panels copied in byte for byte (the next
+ * chunk's block prefetched into L2 meanwhile). The products on the tensor cores (bwd.cuh mma16: tf32, which
+ * holds the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 8 tiles of 16 × 8, one per
+ * warp; the dS update as KC/8 tiles, KC/64 per warp. The first version (CUDA cores, fp32) took ~32 k cycles per
+ * chunk step at 2 CTAs/SM (4.66 ms at B2 T8192 H32 on an H100); the same dS⁺ to 1e-6 in the host emulation.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -33,6 +36,21 @@ struct dstate_smem {
     float dD[KDA_CHUNK * SS];
     float gamma[KC];
 };
+
+/* A hint that this CTA reads chunk block `blk`'s W, QΓ, K̃ and Aqk panels next: into L2 */
+DEV void prefetch_block_l2(const unsigned char *blk, int KC, int tid) {
+#ifdef __CUDA_ARCH__
+    const int64_t panels = (int64_t)KDA_CHUNK * KC * 2;
+    const int64_t offs[4] = {0, kda_cuda_off_qg(KC), kda_cuda_off_kt(KC), kda_cuda_off_aqk(KC)};
+    for (int r = 0; r < 4; r++) {
+        const int64_t bytes = r < 3 ? panels : KDA_PANEL_BYTES;
+        for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)DS_THREADS * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(blk + offs[r] + o));
+    }
+#else
+    (void)blk, (void)KC, (void)tid;
+#endif
+}
 
 template <int KC>
 __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
@@ -56,10 +74,8 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
     }
     __syncthreads();
 
-    const int col = tid % BV, row0 = tid / BV;
-    constexpr int RSTEP = DS_THREADS / BV, RI = KDA_CHUNK / RSTEP, RD = KC / RSTEP; /* 16 row groups: 4 rows of dΔ,
-                                                                                   KC / 16 rows of dS per thread */
-    static_assert(RI == 4 && (RD == 8 || RD == 4), "dstate: 256 threads, 16 columns, C = 64, KC 64 or 128");
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    static_assert(BV == 16 && DS_THREADS == 256 && KDA_CHUNK == 64, "dstate: 8 warps, 16 columns, C = 64");
     for (int64_t ci = nc - 1; ci >= 0; ci--) {
         const int64_t cid = chunk0 + ci, t0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - t0);
@@ -80,51 +96,63 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
             if (i < clen && c0 + c < p.V) x = load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c0 + c);
             sm.dO[i * SS + c] = x;
         }
+        if (ci > 0) /* the next (earlier) chunk's block into L2 while this one is computed */
+            prefetch_block_l2(blk - (int64_t)p.hv * p.blocks.block_bytes, KC, tid);
         __syncthreads();
-        /* dΔ = Aqkᵀ dO + K̃ dS (Aqk lower: rows m ≥ i) for the thread's rows i = row0 + 16 r: the triangle row
-           by row, then K̃ dS with each dS element read once for the four rows and K̃ 8 columns per load */
-        float acc[RI];
-#pragma unroll
-        for (int r = 0; r < RI; r++) {
-            const int i = row0 + RSTEP * r;
-            float a = 0.0f;
-            for (int m = i; m < KDA_CHUNK; m++) a += panel_at(sm.aqk, m, i) * sm.dO[m * SS + col];
-            acc[r] = a;
-        }
-#pragma unroll 2
-        for (int d0 = 0; d0 < KC; d0 += 8) {
-            float s8[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) s8[j] = sm.dS[(d0 + j) * SS + col];
-#pragma unroll
-            for (int r = 0; r < RI; r++) {
-                float k8[8];
-                panel_run<8>(sm.kt, row0 + RSTEP * r, d0, k8);
-#pragma unroll
-                for (int j = 0; j < 8; j++) acc[r] += k8[j] * s8[j];
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < RI; r++) sm.dD[(row0 + RSTEP * r) * SS + col] = acc[r];
-        __syncthreads();
-        /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ (owner-only updates) for the thread's RD consecutive rows
-           d = RD row0 + j: each dO and dΔ element read once for them, QΓ and W RD columns per load */
+        /* dΔ = Aqkᵀ dO + K̃ dS: warp (I, nt) = (warp mod 4, warp / 4) computes rows 16 I.., columns 8 nt.. on the
+           tensor cores (tf32: the bf16 panels exactly, dO and dS rounded) */
         {
-            const int d0 = RD * row0;
-            float ad[RD];
+            const int I = warp & 3, nt = warp >> 2, n = 8 * nt + g;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+            for (int m0 = 16 * I; m0 < KDA_CHUNK; m0 += 16) { /* Aqk lower: rows m ≥ i */
+                frag_t a[4];
 #pragma unroll
-            for (int j = 0; j < RD; j++) ad[j] = sm.gamma[d0 + j] * sm.dS[(d0 + j) * SS + col];
+                for (int r = 0; r < 4; r++) /* A(i, m) = Aqk[m][i] */
+                    a[r] = panel_col_pair(sm.aqk, m0 + 2 * t + 8 * (r >> 1), 16 * I + g + 8 * (r & 1));
+                const int k = m0 + 2 * t;
+                mma16(acc, a, tf2(sm.dO[k * SS + n], sm.dO[(k + 1) * SS + n]),
+                      tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));
+            }
 #pragma unroll 2
-            for (int i = 0; i < KDA_CHUNK; i++) {
-                const float o = sm.dO[i * SS + col], e = sm.dD[i * SS + col];
-                float q[RD], w[RD];
-                panel_run<RD>(sm.qg, i, d0, q);
-                panel_run<RD>(sm.w, i, d0, w);
+            for (int d0 = 0; d0 < KC; d0 += 16) {
+                frag_t a[4];
 #pragma unroll
-                for (int j = 0; j < RD; j++) ad[j] += q[j] * o - w[j] * e;
+                for (int r = 0; r < 4; r++) a[r] = panel_pair(sm.kt, 16 * I + g + 8 * (r & 1), d0 + 2 * t + 8 * (r >> 1));
+                const int k = d0 + 2 * t;
+                mma16(acc, a, tf2(sm.dS[k * SS + n], sm.dS[(k + 1) * SS + n]),
+                      tf2(sm.dS[(k + 8) * SS + n], sm.dS[(k + 9) * SS + n]));
             }
 #pragma unroll
-            for (int j = 0; j < RD; j++) sm.dS[(d0 + j) * SS + col] = ad[j];
+            for (int c = 0; c < 4; c++) sm.dD[(16 * I + g + 8 * (c >> 1)) * SS + 8 * nt + 2 * t + (c & 1)] = acc[c];
+        }
+        __syncthreads();
+        /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ: KC/16 row blocks × 2 column tiles, KC/64 per warp (each element read
+           and written by its owner only) */
+#pragma unroll
+        for (int u = 0; u < KC / 64; u++) {
+            const int tile = warp * (KC / 64) + u, rb = tile >> 1, nt = tile & 1, n = 8 * nt + g;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 2
+            for (int i0 = 0; i0 < KDA_CHUNK; i0 += 16) {
+                frag_t aq[4], aw[4];
+#pragma unroll
+                for (int r = 0; r < 4; r++) { /* A(d, i) = QΓ[i][d], W[i][d] */
+                    const int i = i0 + 2 * t + 8 * (r >> 1), d = 16 * rb + g + 8 * (r & 1);
+                    aq[r] = panel_col_pair(sm.qg, i, d);
+                    aw[r] = panel_col_pair(sm.w, i, d);
+                }
+                const int k = i0 + 2 * t;
+                mma16(acc, aq, tf2(sm.dO[k * SS + n], sm.dO[(k + 1) * SS + n]),
+                      tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));
+                mma16(acc, aw, tf2(-sm.dD[k * SS + n], -sm.dD[(k + 1) * SS + n]),
+                      tf2(-sm.dD[(k + 8) * SS + n], -sm.dD[(k + 9) * SS + n]));
+            }
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int d = 16 * rb + g + 8 * (c >> 1), col = 8 * nt + 2 * t + (c & 1);
+                sm.dS[d * SS + col] = sm.gamma[d] * sm.dS[d * SS + col] + acc[c];
+            }
         }
         __syncthreads();
     }

@@ -107,6 +107,23 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* x rounded to tf32 (nearest, ties away), as an fp32 bit pattern */
+DEV float to_tf32(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return __uint_as_float(r);
+}
+
+/* c += A B, m16n8k8 with tf32 operands: a0..a3 = A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4);
+ * b0, b1 = B(t, g), B(t + 4, g) (lane = 4g + t) */
+DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(__float_as_uint(a0)), "r"(__float_as_uint(a1)), "r"(__float_as_uint(a2)),
+                   "r"(__float_as_uint(a3)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
+}
+
 /* Two C tiles side by side (columns 16k..16k+15), packed to bf16: the A fragment over those columns (the C → A
  * reuse above; also wgmma's register A operand from its accumulators) */
 DEV void acc_pair_to_a(const float c0[4], const float c1[4], uint32_t a[4]) {

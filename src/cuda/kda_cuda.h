@@ -62,7 +62,8 @@ KDA_HD static inline int kda_cuda_size_class(int n) {
  * holds can change a result.
  *   bit 0 prep A/Aqk, bit 1 prep T_II, bit 2 prep W/U solve, bit 3 prep kernel, bit 4 recurrence kernel,
  *   bit 5 gate sums, bit 6 normalisation, bit 7 QΓ/K̃/γ, bit 8 W/U copy-out, bit 9 input copies;
- *   recurrence: bit 10 copies after the first stages, bit 11 the math
+ *   recurrence: bit 10 copies after the first stages, bit 11 the math; backward: bit 13 the v1 chunk kernel
+ *   (bwd.h KDA_DEV_BWD_V1_CHUNK)
  * ------------------------------------------------------------------------------------------------------- */
 #ifdef KDA_DEV_BUILD
 #define KDA_SKIP(p, bit) ((p).dev_skip & (bit))
@@ -108,8 +109,8 @@ typedef struct kda_prep_params {
 #define KDA_REC_PRESCAN 1 /* pieces of split sequences: M (identity in, U = 0) and E (zero in; the first piece:
                              the initial state) per (piece, value head, tile), no O */
 #define KDA_REC_PIECES 2  /* every piece of the table, from its incoming state (merged, or the initial state) */
-#define KDA_REC_STATES 3  /* development builds only (backward v2, stage 1): whole sequences as KDA_REC_SEQ, no O
-                             and no final state; S at every chunk start into chunk_states (fp32 [KC][VC]) */
+#define KDA_REC_STATES 3  /* the backward's stage 1: whole sequences as KDA_REC_SEQ, no O and no final state; S at
+                             every chunk start into chunk_states (fp32 [KC][VC]) */
 
 /* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d]), E (KC×VC, [d][v]),
  * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */

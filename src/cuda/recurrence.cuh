@@ -37,6 +37,7 @@
  */
 #include "common.cuh"
 #include "seq.cuh"
+#include "bwd.h" /* KDA_BWD_MAX_HEAD_DIM: the KDA_REC_STATES instances */
 
 typedef __nv_bfloat16 bf16;
 
@@ -600,6 +601,13 @@ static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes);
 }
 
+/* The KDA_REC_STATES kernel of a configuration, or NULL above the backward's head sizes */
+template <int KD, int WG, int EXACT>
+static const void *rec_states_kernel(void) {
+    if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM) return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
+    else return NULL;
+}
+
 /* The launcher of one K class: one CTA of 2·BV threads per (sequence, value head, V tile); with a piece table
  * (p->mode) per (table entry up to the capacity, value head, tile) */
 template <int KD, int HAS_WG>
@@ -616,14 +624,15 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
      (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>}
-#ifdef KDA_DEV_BUILD
+    /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM): no K = 256 instances */
+#define REC_STATES_KERNELS                                                                                      \
+    {rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),          \
+     rec_states_kernel<KD, HAS_WG, 1>()}
     const void *kernels[4][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
-                                 REC_KERNELS(KDA_REC_STATES)};
-#else
-    const void *kernels[3][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES)};
-    if (p->mode == KDA_REC_STATES) return (int)cudaErrorNotSupported;
-#endif
+                                 REC_STATES_KERNELS};
 #undef REC_KERNELS
+#undef REC_STATES_KERNELS
     const int which = 2 * wg + exact, mode = p->mode;
+    if (!kernels[mode][which]) return (int)cudaErrorNotSupported;
     return kda_launch(kernels[mode][which], ctas, threads, bytes, p, device, done[mode][which], stream);
 }

@@ -1,0 +1,35 @@
+#!/bin/sh
+# Host emulation of the CUDA backward's stages 3-4 (bwd_chunk.cu, bwd_finish.cu): one host thread per CUDA
+# thread, mma.sync emulated from its fragment layouts (common.cuh here), against the fp64 oracle with exact
+# S and dS+ per chunk; use_blocks = 1: dS+ by the emulated bwd_dstate.cu from the synthesized bf16 chunk
+# blocks (S stays exact: stage 1 is the forward's recurrence kernel, not emulated here). No GPU needed; about a minute per case on two cores.
+#   dev/bwd_emu/run.sh [build|suite|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
+# EMU_V1=1 runs the v1 (CUDA-core) chunk kernel instead. Needs a CPU build in build-c (libkda.a).
+set -e
+W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/bwd_emu; B=$W/build-emu
+mkdir -p $B
+build() {
+  python3 - "$W" "$B" <<'PY'
+import sys; w, b = sys.argv[1], sys.argv[2]
+for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
+               ('bwd_dstate.cu', 'template <int KC>\nstatic int launch_dstate')]:
+    s = open(w + '/src/cuda/' + f).read()
+    open(b + '/' + f.replace('.cu', '.emu.h'), 'w').write(s[:s.index(cut)])
+PY
+  cp $W/src/cuda/bwd.cuh $W/src/cuda/seq.cuh $E/common.cuh $E/shim.h $B/ # their "common.cuh": the stand-in
+  F="-w -std=c++17 -O1 -DKDA_DEV_BUILD=1 -I$B -I$E -I$W/src/cuda -I$W/src -I$W/include -I$W/tools -I$W/tests/common -I/usr/local/cuda/include"
+  for f in emu_chunk emu_finish emu_dstate harness; do g++ $F -c $E/$f.cpp -o $B/$f.o; done
+  gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tools -c $W/tools/synth.c -o $B/synth.o
+  gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tests/common -I$W/tools -c $W/tests/common/compare.c -o $B/compare.o
+  g++ -o $B/harness $B/harness.o $B/emu_chunk.o $B/emu_finish.o $B/emu_dstate.o $B/synth.o $B/compare.o $W/build-c/libkda.a -lpthread -lm
+}
+case "${1:-suite}" in
+  build) build ;;
+  suite)
+    build
+    for args in "64 64 1" "128 128 2" "100 72 3 1" "64 128 1 1 0 2 2 8" "128 64 0 0 0 1" "64 64 1 0 0 0 1 2 30" "64 64 1 0 0 3" \
+                "128 128 2 0 1" "100 72 3 1 1" "64 128 1 1 1 2 2 8"; do
+      printf "%-28s " "$args"; $B/harness $args | tr '\n' ' ' | sed 's/ (nonfinite 0)//g'; echo
+    done ;;
+  *) $B/harness "$@" ;;
+esac
