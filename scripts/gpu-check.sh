@@ -19,6 +19,7 @@
 #   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py; v3,
 #             and v1-chunk: stage 3 by the v1 CUDA-core kernel, with v3's gradients against it) of
 #             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
+#   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
@@ -194,6 +195,19 @@ PY
     cp "$LOG/bwdprof.txt" "$OUT/bwdprof_ncu.txt"
     grep -E "==PROF==|==ERROR==|Error" "$LOG/bwdprof.txt" | head -3
     awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-44s %s %s\n", substr(k,1,44), $NF, $(NF-1)} /Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Waves Per SM/{printf "      %s\n", $0}' "$LOG/bwdprof.txt" | cut -c1-110
+    ;;
+  bwdsrc) # the backward kernels' source lines by warp-stall samples (ncu source counters, one training step)
+    for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_dstate_kernel}; do
+      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+        ncu --profile-from-start off -k regex:$kn --launch-count 1 --section SourceCounters --section WarpStateStats \
+        --section SpeedOfLight -o "$LOG/$kn" -f python3 bench/bwd_stages.py --profile "${BWD_SRC_SHAPE:-B2 T8192 H32}" \
+        >"$LOG/ncu_$kn.log" 2>&1 || tail -5 "$LOG/ncu_$kn.log"
+      ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source cuda >"$OUT/src_$kn.csv" 2>>"$LOG/ncu_$kn.log"
+      ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source sass >"$LOG/sass_$kn.csv" 2>/dev/null; gzip -c "$LOG/sass_$kn.csv" >"$OUT/sass_$kn.csv.gz"
+      ncu --import "$LOG/$kn.ncu-rep" --page details >"$OUT/det_$kn.txt" 2>>"$LOG/ncu_$kn.log"
+      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
+      python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
+    done
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site
