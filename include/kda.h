@@ -149,6 +149,7 @@ typedef enum kda_cp_mode {
     KDA_CP_ON = 2    /* always take the split path, with pieces of cp_piece_len tokens */
 } kda_cp_mode_t;
 
+#define KDA_CHUNK_SIZE 64                  /* tokens per chunk of the chunked algorithm: chunk_states' rows */
 #define KDA_CP_PIECE_MULTIPLE 64           /* cp_piece_len is a multiple of the chunk (tokens) */
 /* The largest cp_piece_len: 2^24 = 16,777,216 tokens (262,144 chunks). A piece that long splits nothing a
  * card holds at a useful head count, and the bound keeps a piece's chunk and token counts far inside the
@@ -275,6 +276,20 @@ typedef struct kda_args {
     int64_t cp_piece_len;         /* with KDA_CP_ON: tokens per piece, a multiple of KDA_CP_PIECE_MULTIPLE
                                      (the chunk, 64) in [64, KDA_CP_MAX_PIECE_LEN]; sequences no longer than it
                                      stay whole. Must be 0 with the other modes. Default 0 */
+
+    /* -- Chunk-start states (appended; see struct_size) --------------------------------------------------
+     * For prefix caching in serving engines (FLA's return_intermediate_states): kda_forward also writes the
+     * state before every chunk of KDA_CHUNK_SIZE tokens of every sequence, S at token 0, 64, 128, ... of the
+     * sequence, read or written in the layout of the other states (state_v_first). Sequence n's chunks are rows
+     * rows_n .. rows_n + ceil(len_n / 64) − 1, with rows_n = Σ_{m<n} ceil(len_m / 64) (equal-length rows:
+     * b · ceil(T / 64) + c), so row rows_n is the sequence's initial state (zeros without one) and an empty
+     * sequence has no row. Under the non-finite contract (docs/ALGORITHM.md §7) a chunk's row is the state
+     * before its tokens: rows after a poisoning token are NaN. kda_forward only (kda_decode refuses it); not
+     * with beta_headwise or a 2-D state_indices (KDA_STATUS_NOT_SUPPORTED); the CUDA backend writes it for
+     * K <= 128, with one more pass of its recurrence kernel (no O products). */
+    void *chunk_states;           /* [Σ_n ceil(len_n / 64), HV, K, V] (V-first: [.., HV, V, K]) or NULL: not
+                                     written. Default NULL */
+    kda_dtype_t chunk_states_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
 } kda_args_t;
 
 /* Fill `args` with the defaults written beside each field and set struct_size. kda_args_init passes the

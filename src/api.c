@@ -178,6 +178,7 @@ void(kda_args_init)(kda_args_t *args) {
     args->o_dtype = KDA_BFLOAT16;
     args->initial_state_dtype = KDA_FLOAT32;
     args->final_state_dtype = KDA_FLOAT32;
+    args->chunk_states_dtype = KDA_FLOAT32;
 }
 
 typedef enum { ALGO_FORWARD, ALGO_DECODE } algo_t;

@@ -39,6 +39,9 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
  * ------------------------------------------------------------------------------------------------------- */
 #define KDA_CHUNK 64          /* tokens per chunk of the recurrence */
+#if KDA_CHUNK != KDA_CHUNK_SIZE
+#error "the public chunk size (chunk_states' rows) is the algorithm's"
+#endif
 #define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
 #define KDA_MAX_HEAD_DIM 256  /* largest K and V, every backend */
 #define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
@@ -66,6 +69,8 @@ typedef struct kda_problem {
     int varlen;            /* cu_seqlens given */
     int has_lower_bound;   /* a.lower_bound != 0 (sigmoid gate) */
     int64_t idx_stride;    /* 2-D state_indices: elements between rows (0 for 1-D) */
+    int64_t chunk_rows;    /* with chunk_states: its rows, Σ ceil(len_n / 64), when the lengths are host-readable;
+                              else ceil(T / 64), a lower bound (the aliasing check only) */
 } kda_problem_t;
 
 /* First and last+1 token (row of the flattened [B*T] tensors) of sequence n. The CPU backends call this with
@@ -81,6 +86,23 @@ static inline void kda_seq_bounds(const kda_problem_t *p, int64_t n, int64_t *bo
         *bos = ((const int32_t *)p->a.cu_seqlens)[n];
         *eos = ((const int32_t *)p->a.cu_seqlens)[n + 1];
     }
+}
+
+/* chunk_states: the row of each sequence's first chunk, rows[n] = Σ_{m<n} ceil(len_m / KDA_CHUNK), from host
+ * lengths (the CPU backends), into kda_chunk_rows_bytes of workspace at `mem`; NULL when chunk_states is unset. */
+static inline size_t kda_chunk_rows_bytes(const kda_problem_t *p) {
+    return p->a.chunk_states ? (size_t)p->num_seqs * sizeof(int64_t) + 8 : 0;
+}
+static inline int64_t *kda_chunk_rows(const kda_problem_t *p, void *mem) {
+    if (!p->a.chunk_states) return NULL;
+    int64_t *rows = (int64_t *)(((uintptr_t)mem + 7) & ~(uintptr_t)7), r = 0;
+    for (int64_t n = 0; n < p->num_seqs; n++) {
+        int64_t bos, eos;
+        kda_seq_bounds(p, n, &bos, &eos);
+        rows[n] = r;
+        r += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+    }
+    return rows;
 }
 
 /* Elements of one head's state (K * V) and the row stride of the state tensors (per sequence or slot). */

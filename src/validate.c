@@ -116,6 +116,13 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
                                   : "");
     }
     if (overlap(o, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "o", "overlaps the memory of output 'final_state'");
+    const extent_t cs = extent("chunk_states", a->chunk_states, p->chunk_rows * HV * K * V,
+                               kda_dtype_size(a->chunk_states_dtype));
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        if (overlap(cs, in[i]))
+            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of input '%s'", in[i].name);
+    if (overlap(cs, o)) FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of output 'o'");
+    if (overlap(cs, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of output 'final_state'");
     return KDA_STATUS_SUCCESS;
 }
 
@@ -314,6 +321,35 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     } else if (a->num_state_slots != 0) {
         FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld is set but state_indices is NULL",
              (long long)a->num_state_slots);
+    }
+
+    /* -- chunk-start states (kda_forward only) ------------------------------------------------------------ */
+    if (a->chunk_states) {
+        if (!is_state_dtype(a->chunk_states_dtype))
+            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states_dtype", "%s is not float32 or bfloat16",
+                 dtype_name(a->chunk_states_dtype));
+        if (a->beta_headwise)
+            FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with beta_headwise (the token "
+                 "recurrence runs those calls)");
+        if (a->state_indices && a->state_indices_cols > 0)
+            FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
+                 "decoding keeps a state per token instead)");
+        if (!need_o || strncmp(fn, "kda_decode", 10) == 0)
+            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
+        const void *lens = !p.varlen ? NULL : host_readable ? a->cu_seqlens : a->cu_seqlens_host;
+        if (!p.varlen) {
+            p.chunk_rows = a->batch * ((a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK);
+        } else if (lens) {
+            kda_problem_t q = p; /* the lengths as the CPU backends read them */
+            q.a.cu_seqlens = lens;
+            for (int64_t n = 0; n < p.num_seqs; n++) {
+                int64_t bos, eos;
+                kda_seq_bounds(&q, n, &bos, &eos);
+                p.chunk_rows += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+            }
+        } else {
+            p.chunk_rows = (p.num_tokens + KDA_CHUNK - 1) / KDA_CHUNK;
+        }
     }
 
     /* -- options ----------------------------------------------------------------------------------------- */

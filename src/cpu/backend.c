@@ -3,6 +3,7 @@
  * kda_backend_ops_t table (forward = chunked, decode = recurrent).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,6 +80,23 @@ void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const floa
             for (int i = 0; i < K; i++)
                 kda_store_f32(a->final_state, a->final_state_dtype, base + (int64_t)j * K + i, S[(size_t)i * V + j]);
     }
+}
+
+void kda_cpu_store_chunk_state(const kda_problem_t *p, int64_t row, int h, const float *S, int j0, int w) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    const int64_t base = (row * a->num_v_heads + h) * (int64_t)K * V;
+    for (int i = 0; i < K; i++)
+        for (int j = j0; j < j0 + w; j++)
+            kda_store_f32(a->chunk_states, a->chunk_states_dtype,
+                          base + (a->state_v_first ? (int64_t)j * K + i : (int64_t)i * V + j),
+                          S ? S[(size_t)i * V + j] : NAN);
+}
+
+void kda_cpu_nan_chunk_states(const kda_problem_t *p, int64_t row0, int64_t bos, int64_t t0, int64_t eos, int h) {
+    if (!p->a.chunk_states) return;
+    for (int64_t c = (t0 - bos + KDA_CHUNK - 1) / KDA_CHUNK; bos + c * KDA_CHUNK < eos; c++)
+        kda_cpu_store_chunk_state(p, row0 + c, h, NULL, 0, p->a.head_dim_v);
 }
 
 /* Headwise β (one β per value channel: a T = (I + A)⁻¹ per channel) and per-token state slots (2-D

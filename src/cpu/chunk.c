@@ -608,6 +608,8 @@ typedef struct {
     int64_t bos, eos, nchunks;
     int h, slice_w, nslices;
     int group;          /* many-task schedule: value heads per task */
+    const int64_t *rows; /* chunk_states: each sequence's first row (kda_chunk_rows), or NULL */
+    int64_t row0;       /* flow schedule: the current sequence's first row */
     prep_t *ring;       /* KDA_CPU_RING preps */
     float *S;
     atomic_int_fast64_t next_prep;             /* the next chunk to prepare */
@@ -646,6 +648,8 @@ static void task_whole(void *arg, int64_t item, int thread) {
             const int64_t nt0 = u + 1 < nh ? t0 : t0 + c;
             const int nc = eos - nt0 < KDA_CHUNK ? (int)(eos - nt0) : KDA_CHUNK;
             chunk_prep(p, &s, &s.pr, t0, c, h0 + u, nt0, u + 1 < nh ? h0 + u + 1 : h0, nh > 1 ? nc : 0);
+            if (job->rows) /* the state before this chunk */
+                kda_cpu_store_chunk_state(p, job->rows[n] + (t0 - bos) / KDA_CHUNK, h0 + u, s.S + (size_t)u * K * V, 0, V);
             chunk_recurrence(p, &s.pr, s.S + (size_t)u * K * V, 0, V, s.D, s.O, t0, c, h0 + u);
             if (s.pr.bad < c) {
                 poisoned[u] = 1;
@@ -659,6 +663,7 @@ static void task_whole(void *arg, int64_t item, int thread) {
         if (poisoned[u]) {
             store_nan_rows(p, s.O, nan_from[u], eos, h0 + u);
             for (int64_t i = 0; i < (int64_t)K * V; i++) S[i] = NAN;
+            if (job->rows) kda_cpu_nan_chunk_states(p, job->rows[n], bos, nan_from[u], eos, h0 + u);
         }
         kda_cpu_store_state(p, slot, h0 + u, S);
     }
@@ -712,6 +717,7 @@ static void task_flow(void *arg, int64_t item, int thread) {
             if (!flow_try_prep(job, &s)) spin_pause(&spins);
         const int64_t t0 = job->bos + ci * KDA_CHUNK;
         const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+        if (job->rows) kda_cpu_store_chunk_state(p, job->row0 + ci, job->h, job->S, j0, w); /* before the chunk */
         chunk_recurrence(p, pr, job->S, j0, w, s.D, s.O, t0, c, job->h);
         const int bad = pr->bad < c;
         atomic_store_explicit(&job->done[r], ci + 1, memory_order_release);
@@ -765,7 +771,7 @@ __attribute__((unused)) static size_t workspace_bytes(const kda_context_t *ctx, 
     size_t b = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
     if (split_schedule(ctx, p))
         b += KDA_CPU_RING * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
-    return b;
+    return b + kda_chunk_rows_bytes(p); /* last: chunk_states' rows */
 }
 
 static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
@@ -774,6 +780,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     job.p = p;
     job.ws = (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
     job.per_thread = per_thread_bytes(p);
+    job.rows = kda_chunk_rows(p, (char *)ws + workspace_bytes(ctx, p) - kda_chunk_rows_bytes(p));
     if (!split_schedule(ctx, p)) {
         job.group = head_group(ctx, p);
         const int64_t ngroups = (p->a.num_v_heads + job.group - 1) / job.group;
@@ -793,6 +800,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
         const int64_t n = item / p->a.num_v_heads;
         job.h = (int)(item % p->a.num_v_heads);
         kda_seq_bounds(p, n, &job.bos, &job.eos);
+        job.row0 = job.rows ? job.rows[n] : 0;
         const int64_t slot = kda_state_slot(p, n);
         kda_cpu_load_state(p, slot, job.h, job.S);
         /* non-finite contract: a non-finite column of the initial state is NaN (kda_cpu_load_state) and stays
@@ -819,6 +827,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
             carve((float *)job.ws, K, V, &s);
             store_nan_rows(p, s.O, nan_from, job.eos, job.h);
             for (int64_t i = 0; i < (int64_t)K * V; i++) job.S[i] = NAN;
+            if (job.rows) kda_cpu_nan_chunk_states(p, job.row0, job.bos, nan_from, job.eos, job.h);
         }
         kda_cpu_store_state(p, slot, job.h, job.S);
     }

@@ -12,6 +12,7 @@
  *     o     <- scale · Sᵀ q
  * State slots: read from kda_state_slot (1-D state_indices, or 2-D: the slot of the last accepted token);
  * written after the last token (1-D), or after every token t to state_indices[n][t] (2-D).
+ * chunk_states (kda_forward): S before tokens 0, 64, 128, ... of each sequence, into the sequence's rows.
  * Non-finite inputs (docs/ALGORITHM.md §7, the contract): a non-finite q, k, v, gate (after the clamp) or β of
  * token t sets S to NaN before token t, so o_t, every later output and the final state are NaN while earlier
  * outputs are untouched. A non-finite element in column j of the initial state (value channel j) sets that
@@ -64,6 +65,17 @@ static void store_state(const kda_problem_t *p, int64_t slot, int h, const doubl
     for (int i = 0; i < K; i++)
         for (int j = 0; j < V; j++)
             kda_store_f32(a->final_state, a->final_state_dtype, state_index(p, slot, h, i, j), (float)S[i * V + j]);
+}
+
+/* S (K×V, K-major) as row `row` of chunk_states, value head h, in its dtype and layout */
+static void store_chunk_state(const kda_problem_t *p, int64_t row, int h, const double *S) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    const int64_t base = (row * a->num_v_heads + h) * (int64_t)K * V;
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < V; j++)
+            kda_store_f32(a->chunk_states, a->chunk_states_dtype,
+                          base + (a->state_v_first ? (int64_t)j * K + i : (int64_t)i * V + j), (float)S[i * V + j]);
 }
 
 static int all_finite(const double *x, int n) {
@@ -136,8 +148,9 @@ int kda_ref_token(const kda_problem_t *p, int64_t t, int h, double *q, double *k
 }
 
 /* Sequence n, value head h, tokens [bos, t_end): S ends as the state after token t_end − 1. `write`: store o of
- * each token and the final state(s), as kda_forward does; else S is the only result (kda_ref_state_at). */
-static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, double *S, int write) {
+ * each token and the final state(s), as kda_forward does, and with chunk_states the state before each chunk
+ * into rows row0, row0 + 1, ...; else S is the only result (kda_ref_state_at). */
+static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, double *S, int write, int64_t row0) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
     double q[256], k[256], v[256], gate[256], d[256], beta[256];
@@ -151,6 +164,8 @@ static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, dou
     int poisoned = 0;
 
     for (int64_t t = bos; t < t_end; t++) {
+        if (write && a->chunk_states && (t - bos) % KDA_CHUNK == 0) /* the state before this chunk's tokens */
+            store_chunk_state(p, row0 + (t - bos) / KDA_CHUNK, h, S);
         if (kda_ref_token(p, t, h, q, k, v, gate, beta)) poisoned = 1;
         if (poisoned)
             for (int i = 0; i < K * V; i++) S[i] = NAN;
@@ -183,7 +198,7 @@ static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, dou
 }
 
 void kda_ref_state_at(const kda_problem_t *p, int64_t n, int h, int64_t t_end, double *S) {
-    ref_run(p, n, h, t_end, S, 0);
+    ref_run(p, n, h, t_end, S, 0, 0);
 }
 
 static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
@@ -192,10 +207,12 @@ static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void
     (void)ws_bytes;
     (void)stream;
     double *S = (double *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    int64_t row0 = 0; /* chunk_states: the first row of sequence n */
     for (int64_t n = 0; n < p->num_seqs; n++) {
         int64_t bos, eos;
         kda_seq_bounds(p, n, &bos, &eos);
-        for (int h = 0; h < p->a.num_v_heads; h++) ref_run(p, n, h, eos, S, 1);
+        for (int h = 0; h < p->a.num_v_heads; h++) ref_run(p, n, h, eos, S, 1, row0);
+        row0 += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
     }
     return KDA_STATUS_SUCCESS;
 }

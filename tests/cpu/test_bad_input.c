@@ -246,3 +246,16 @@ BAD(bad_cp_piece_len_too_large, INVALID, "cp_piece_len", {
 BAD(bad_cp_piece_len_huge, INVALID, "cp_piece_len", { f->a.cp_mode = KDA_CP_ON; f->a.cp_piece_len = INT64_MAX - 63; })
 BAD(bad_cp_piece_len_without_on, INVALID, "cp_piece_len", f->a.cp_piece_len = 128)
 BAD(bad_cp_piece_len_with_off, INVALID, "cp_piece_len", { f->a.cp_mode = KDA_CP_OFF; f->a.cp_piece_len = 128; })
+/* chunk_states (kda_forward only: kda_decode refuses any, so every case names the field on both entry points) */
+static float chunk_states_buf[4 * 2 * 64 * 64];
+BAD(bad_chunk_states_dtype, INVALID, "chunk_states_dtype", {
+    f->a.chunk_states = chunk_states_buf;
+    f->a.chunk_states_dtype = KDA_FLOAT16;
+})
+BAD(bad_chunk_states_headwise_beta, KDA_STATUS_NOT_SUPPORTED, "chunk_states", {
+    f->a.chunk_states = chunk_states_buf;
+    f->a.beta_headwise = 1;
+})
+BAD(bad_chunk_states_aliases_o, INVALID, "chunk_states", f->a.chunk_states = f->a.o)
+BAD(bad_chunk_states_aliases_k, INVALID, "chunk_states", f->a.chunk_states = (char *)f->a.k + 4)
+BAD(bad_chunk_states_aliases_final_state, INVALID, "chunk_states", f->a.chunk_states = f->a.final_state)
