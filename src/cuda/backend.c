@@ -92,6 +92,9 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backward takes K, V <= %d (K = %d, V = %d); "
                          "use the cpu backend for larger heads", fn, a->head_dim_k > KDA_BWD_MAX_HEAD_DIM ? "head_dim_k" : "head_dim_v",
                          KDA_BWD_MAX_HEAD_DIM, a->head_dim_k, a->head_dim_v);
+    if (a->chunk_states && a->head_dim_k > KDA_BWD_MAX_HEAD_DIM)
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'chunk_states': the CUDA backend writes it for K <= %d "
+                         "(K = %d); use the cpu backend for larger heads", fn, KDA_BWD_MAX_HEAD_DIM, a->head_dim_k);
     if (!kda_cuda_find_config(kc, vc))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
                          "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
@@ -215,6 +218,22 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 }
 #endif
 
+/* chunk_states: S before every chunk, by the recurrence kernel in KDA_REC_STATES mode over the prep's blocks (no O
+ * products), into the caller's tensor. It runs before the forward's own recurrence, which may overwrite an
+ * in-place initial state; whole sequences, whatever the CP split of the forward. */
+static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
+                             const kda_rec_params_t *fwd, int device, void *stream) {
+    kda_rec_params_t rp = *fwd;
+    rp.mode = KDA_REC_STATES;
+    rp.bv = choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
+    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
+    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma;
+    rp.chunk_states = NULL;
+    rp.states_out = p->a.chunk_states;
+    rp.states_out_dtype = (int)p->a.chunk_states_dtype;
+    return cfg->rec(&rp, device, stream);
+}
+
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
     const kda_args_t *a = &p->a;
@@ -310,6 +329,8 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     if (p->varlen && (err = kda_cuda_launch_meta(&seqs, stream)) != 0) stage = "meta";
     else if ((err = kda_cuda_launch_claim(&cl, stream)) != 0) stage = "slot ownership";
     else if (!(tune.dev_skip & 8) && (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
+    else if (a->chunk_states && (err = chunk_states_pass(impl, p, cfg, &rp, ctx->device, stream)) != 0)
+        stage = "chunk states";
     else if (cap.slots == 0) {
         if (!(tune.dev_skip & 16) && (err = cfg->rec(&rp, ctx->device, stream)) != 0) stage = "recurrence";
     } else if ((err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) {

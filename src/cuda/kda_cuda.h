@@ -109,8 +109,9 @@ typedef struct kda_prep_params {
 #define KDA_REC_PRESCAN 1 /* pieces of split sequences: M (identity in, U = 0) and E (zero in; the first piece:
                              the initial state) per (piece, value head, tile), no O */
 #define KDA_REC_PIECES 2  /* every piece of the table, from its incoming state (merged, or the initial state) */
-#define KDA_REC_STATES 3  /* the backward's stage 1: whole sequences as KDA_REC_SEQ, no O and no final state; S at
-                             every chunk start into chunk_states (fp32 [KC][VC]) */
+#define KDA_REC_STATES 3  /* whole sequences as KDA_REC_SEQ, no O and no final state; S at every chunk start into
+                             chunk_states (the backward's stage 1: fp32 [KC][VC]) or, when set, into states_out (the
+                             caller's kda_args_t.chunk_states: its dtype and layout, masked to K × V) */
 
 /* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d]), E (KC×VC, [d][v]),
  * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
@@ -137,6 +138,9 @@ typedef struct kda_rec_params {
     float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
     int64_t cp_capacity;             /* table entries the grid covers */
     float *chunk_states;             /* KDA_REC_STATES: [max_chunks][hv][KC][VC], S at each chunk start */
+    void *states_out;                /* KDA_REC_STATES: instead, the caller's chunk_states ([rows][hv][K][V], V-first
+                                        [rows][hv][V][K]) in states_out_dtype */
+    int states_out_dtype;
 } kda_rec_params_t;
 
 /* The planning and merging kernels of intra-card context parallelism (cp_plan.cu, cp_merge.cu) */

@@ -321,14 +321,14 @@ DEV void poison_columns(float (&s)[KD / 8][4]) {
 }
 
 template <int KD>
-DEV void store_state(const kda_rec_params_t &p, const float (&s)[KD / 8][4], int64_t sbase, int64_t sd, int64_t sv,
-                     int vw, int g, int t, int full) {
+DEV void store_state(const kda_rec_params_t &p, void *dst, int dtype, const float (&s)[KD / 8][4], int64_t sbase,
+                     int64_t sd, int64_t sv, int vw, int g, int t, int full) {
 #pragma unroll
     for (int nt = 0; nt < KD / 8; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-            if (full || (d < p.K && v < p.V)) store_elem(p.ht, p.ht_dtype, sbase + d * sd + v * sv, s[nt][c]);
+            if (full || (d < p.K && v < p.V)) store_elem(dst, dtype, sbase + d * sd + v * sv, s[nt][c]);
         }
 }
 
@@ -532,8 +532,13 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         } else if (!nocopy || ci == 0) {
             mbar_wait(bars, (uint32_t)(ci & 1));
         }
-        if (MODE == KDA_REC_STATES) /* S at this chunk's start, for the backward (fp32, [KC][VC]) */
-            store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
+        if (MODE == KDA_REC_STATES) { /* S at this chunk's start: the caller's chunk_states, or the backward's */
+            if (p.states_out)
+                store_state<KD>(p, p.states_out, p.states_out_dtype, s, ((chunk0 + ci) * p.hv + h) * (int64_t)p.K * p.V,
+                                sd, sv, vw, g, t, full);
+            else
+                store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
+        }
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
            closing barrier, which it must have to get here */
         unsigned char *sO = sO0 + (ci & 1) * KDA_CHUNK * ostride * oes;
@@ -589,7 +594,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (mcols) store_slot<KD>(slot_base, s, 1, KD, vw, g, t);       /* Mᵀ[e][d] */
         else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
     } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
-        store_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
+        store_state<KD>(p, p.ht, p.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
     }
 }
 

@@ -812,6 +812,152 @@ TEST(gpu_fwd_cp_graph_other_lengths) {
     dproblem_free(&d);
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * chunk_states: the state before every 64-token chunk (prefix caching), by the recurrence kernel's
+ * KDA_REC_STATES pass before the forward's own recurrence; against the oracle's rows.
+ * ------------------------------------------------------------------------------------------------------- */
+static int64_t cs_rows(const kda_synth_config_t *c) {
+    if (!c->seqlens) return c->batch * ((c->seq_len + 63) / 64);
+    int64_t r = 0;
+    for (int64_t n = 0; n < c->num_seqs; n++) r += (c->seqlens[n] + 63) / 64;
+    return r;
+}
+
+/* cp_piece: 0 auto, else forced pieces of that many tokens; pool: the states in a pool of 6 slots, updated in
+ * place (initial_state == final_state) through indices {4, -1, 1, ...}: each sequence's first row must be its
+ * slot's state from before the call */
+static void chunk_states_case(const char *name, const kda_synth_config_t *c, kda_dtype_t dt, int64_t cp_piece,
+                              int pool, int64_t nan_token) {
+    dproblem_t d;
+    dproblem_make(&d, c);
+    const int64_t per = (int64_t)c->hv * c->k * c->v, rows = cs_rows(c), n = rows * per;
+    const size_t es = dt == KDA_FLOAT32 ? 4 : 2;
+    void *dcs = NULL, *dpool = NULL, *didx = NULL;
+    float *pool_h = NULL;
+    int32_t idx[8] = {4, -1, 1, 5, 0, 2, 3, -1};
+    CUDA_OK(cudaMalloc(&dcs, (size_t)(n > 0 ? n : 1) * es));
+    CUDA_OK(cudaMemset(dcs, 0xff, (size_t)(n > 0 ? n : 1) * es));
+    if (nan_token >= 0) { /* a NaN v element of value head 0 at this row */
+        kda_synth_poison((char *)d.s.v + (size_t)(nan_token * c->hv * c->v) * kda_dtype_size(c->dtype), c->dtype, 1);
+        CUDA_OK(cudaMemcpy((void *)d.dev.v, d.s.v, d.s.v_bytes, cudaMemcpyHostToDevice));
+    }
+    if (pool) {
+        pool_h = (float *)malloc(sizeof(float) * (size_t)(6 * per));
+        for (int64_t i = 0; i < 6 * per; i++) pool_h[i] = sinf((float)i * 0.37f) * 0.3f;
+        dpool = to_dev(pool_h, sizeof(float) * (size_t)(6 * per));
+        didx = to_dev(idx, sizeof idx);
+        cudaFree((void *)d.dev.initial_state);
+        cudaFree(d.dev.final_state);
+        d.dev.initial_state = d.dev.final_state = dpool;
+        d.dev.initial_state_dtype = d.dev.final_state_dtype = KDA_FLOAT32;
+        d.dev.state_indices = (const int32_t *)didx;
+        d.dev.num_state_slots = 6;
+    }
+    d.dev.chunk_states = dcs;
+    d.dev.chunk_states_dtype = dt;
+    if (cp_piece) {
+        d.dev.cp_mode = KDA_CP_ON;
+        d.dev.cp_piece_len = cp_piece;
+    }
+    kda_status_t st = dproblem_run(&d, 0);
+    CHECK(st == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
+    void *got = malloc((size_t)(n > 0 ? n : 1) * es);
+    float *ref = (float *)malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    CUDA_OK(cudaMemcpy(got, dcs, (size_t)n * es, cudaMemcpyDeviceToHost));
+    kda_args_t ra = d.host;
+    const int64_t o_elems = d.s.num_tokens * c->hv * c->v;
+    float *o_ref = (float *)malloc(sizeof(float) * (size_t)(o_elems ? o_elems : 1));
+    ra.o = o_ref;
+    ra.o_dtype = KDA_FLOAT32;
+    ra.final_state = NULL;
+    ra.chunk_states = ref;
+    ra.chunk_states_dtype = KDA_FLOAT32;
+    if (pool) {
+        ra.initial_state = pool_h;
+        ra.initial_state_dtype = KDA_FLOAT32;
+        ra.state_indices = idx;
+        ra.num_state_slots = 6;
+    }
+    CHECK(kda_run_host(kda_test_reference(), &ra, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "reference: %s",
+          kda_last_error());
+    const int64_t bad = kda_count_nonfinite(got, dt, n), bad_ref = kda_count_nonfinite(ref, KDA_FLOAT32, n);
+    double e = 0.0;
+    if (nan_token < 0) e = kda_rel_err(got, dt, ref, KDA_FLOAT32, n);
+    else { /* rows up to the token's chunk are finite and close; later rows NaN, as the oracle's */
+        const int64_t clean = (nan_token / 64 + 1) * per;
+        e = kda_rel_err(got, dt, ref, KDA_FLOAT32, clean);
+        CHECK(kda_count_nonfinite(got, dt, clean) == 0, "%s: NaN in the rows before the token", name);
+    }
+    printf("case %-28s rows %lld  chunk_states err %.3e  non-finite %lld (oracle %lld)  %s\n", name, (long long)rows,
+           e, (long long)bad, (long long)bad_ref, kda_describe(c));
+    CHECK(bad == bad_ref, "%s: %lld non-finite chunk_states elements, the oracle %lld", name, (long long)bad,
+          (long long)bad_ref);
+    CHECK(e <= 1e-2, "%s: chunk_states rel err %.3g", name, e);
+    if (pool && dt == KDA_FLOAT32) { /* each sequence's first row is its slot's state from before the call */
+        int64_t row = 0;
+        for (int64_t q = 0; q < d.s.num_seqs; q++) {
+            const int64_t len = c->seqlens ? c->seqlens[q] : c->seq_len;
+            if (len == 0) continue;
+            const float *r0 = (const float *)got + row * per;
+            if (idx[q] >= 0)
+                CHECK(memcmp(r0, pool_h + idx[q] * per, sizeof(float) * (size_t)per) == 0,
+                      "%s: sequence %lld's first row is not slot %d's state before the call", name, (long long)q, idx[q]);
+            else
+                for (int64_t i = 0; i < per; i++) CHECK(r0[i] == 0.0f, "%s: a negative slot's first row not zero", name);
+            row += (len + 63) / 64;
+        }
+    }
+    if (pool) d.dev.initial_state = d.dev.final_state = NULL; /* dpool, freed below */
+    cudaFree(dcs);
+    cudaFree(dpool);
+    cudaFree(didx);
+    free(pool_h);
+    free(got);
+    free(ref);
+    free(o_ref);
+    dproblem_free(&d);
+}
+
+TEST(gpu_fwd_chunk_states) {
+    static const int64_t lens[] = {130, 0, 64, 1, 200};
+    kda_synth_config_t c = base(128);
+    c.num_seqs = 5;
+    c.seqlens = lens;
+    c.hqk = 1;
+    c.hv = 4;
+    c.decay = 0.05f; /* states carry across chunks */
+    chunk_states_case("varlen_gva_f32", &c, KDA_FLOAT32, 0, 0, -1);
+    chunk_states_case("varlen_gva_cp64", &c, KDA_FLOAT32, 64, 0, -1);
+    c.state_v_first = 1;
+    chunk_states_case("varlen_vfirst_bf16", &c, KDA_BFLOAT16, 0, 0, -1);
+    chunk_states_case("varlen_pool_inplace", &c, KDA_FLOAT32, 128, 1, -1);
+    kda_synth_config_t g = base(64);
+    g.v = 100; /* the masked (general) instance */
+    g.seq_len = 333;
+    g.gate = KDA_GATE_SOFTPLUS;
+    chunk_states_case("k64_v100", &g, KDA_FLOAT32, 0, 0, -1);
+    g.batch = 1;
+    g.hqk = g.hv = 1;
+    chunk_states_case("nan_token", &g, KDA_FLOAT32, 0, 0, 2 * 64 + 9);
+}
+
+TEST(gpu_fwd_chunk_states_k256_not_supported) {
+    kda_synth_config_t c = base(128);
+    c.k = 256;
+    c.seq_len = 64;
+    dproblem_t d;
+    dproblem_make(&d, &c);
+    void *dcs = NULL;
+    CUDA_OK(cudaMalloc(&dcs, sizeof(float) * (size_t)(c.batch * c.hv * 256 * 128)));
+    d.dev.chunk_states = dcs;
+    size_t need = 0;
+    const kda_status_t st = kda_forward_workspace_size(gpu(), &d.dev, &need);
+    CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
+    CHECK(strstr(kda_last_error(), "'chunk_states'") != NULL, "message: %s", kda_last_error());
+    cudaFree(dcs);
+    dproblem_free(&d);
+}
+
 #else
 /* Built without CUDA: every case CTest names from this file is skipped. */
 const char *kda_test_skip_missing = "libkda was built without CUDA (no nvcc when CMake configured it, or KDA_WITH_CUDA=OFF)";
