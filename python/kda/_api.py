@@ -300,7 +300,11 @@ def chunk_kda(
             ``lower_bound`` in [-5, 0). No effect on the result.
         disable_recompute, use_graph, max_num_seqs: accepted; they change nothing in a forward pass (FLA's
             ``max_num_seqs`` padding check is made).
-        return_intermediate_states, cp_context: not implemented (NotImplementedError).
+        return_intermediate_states: inference mode only (torch.inference_mode()): also return h, the state
+            before every chunk of 64 tokens of every sequence, ``[B, ceil(T / 64), HV, K, V]`` (varlen: ``[1,
+            Σ ceil(len / 64), HV, K, V]``; ``[.., V, K]`` with ``state_v_first``) in q's dtype (kda_args_t's
+            chunk_states). The CUDA backend writes it for K <= 128.
+        cp_context: not implemented (NotImplementedError).
         state_v_first: states stored ``[V, K]`` per head. ``transpose_state_layout`` is its deprecated alias.
         cu_seqlens: ``[N + 1]`` int32/int64 offsets of N packed sequences (B must be 1).
         cu_seqlens_cpu: optional host copy of ``cu_seqlens``; with CUDA tensors libkda validates it.
@@ -315,7 +319,7 @@ def chunk_kda(
 
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state float32, or None unless
-        ``output_final_state``.
+        ``output_final_state``. With ``return_intermediate_states``: ``(o, final_state, h)``.
 
     With torch tensors the call is differentiable: ``.backward()`` gives q, k, v, g, beta, A_log, dt_bias and
     initial_state their gradients (libkda's kda_backward; CPU tensors for now, the CUDA backward is to come).
@@ -344,13 +348,17 @@ def chunk_kda(
         cp = _cp_piece_len(fn, kwargs.pop("cp_piece_len", None))
         if kwargs:
             raise _unexpected_kwargs(fn, kwargs)
-    if return_intermediate_states:
-        raise KDANotSupportedError(f"{fn}: return_intermediate_states=True is not implemented by kda (the "
-                                   f"per-chunk states h are not produced yet)")
     if cp_context is not None:
         raise KDANotSupportedError(f"{fn}: cp_context (context parallelism) is not implemented by kda")
 
     kind = _kind(fn, q)
+    if return_intermediate_states:  # FLA's two conditions, in FLA's words
+        if kind == "numpy":
+            raise KDANotSupportedError(f"{fn}: return_intermediate_states=True needs torch tensors (inference mode)")
+        if not _torch_module().is_inference_mode_enabled():
+            raise KDAAssertionError(f"{fn}: return_intermediate_states is only allowed in inference mode")
+        if disable_recompute:
+            raise KDAAssertionError(f"{fn}: return_intermediate_states must be used with disable_recompute=False")
     _check_ndim(fn, q, k, v, g, beta, fused=False)
 
     # FLA's checks, in FLA's order
@@ -419,7 +427,8 @@ def chunk_kda(
     return _torch.chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                             scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
                             bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
-                            bool(safe_gate), lower_bound, bool(state_v_first), N, remember, cp=cp)
+                            bool(safe_gate), lower_bound, bool(state_v_first), N, remember, cp=cp,
+                            states=bool(return_intermediate_states))
 
 
 # ---------------------------------------------------------------------------------------------------------

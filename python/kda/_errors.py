@@ -150,6 +150,7 @@ ARGUMENT_OF_FIELD = {
     "initial_state_dtype": "initial_state", "num_state_slots": "initial_state",
     "state_indices": "ssm_state_indices",
     "use_qk_l2norm": "use_qk_l2norm_in_kernel", "use_beta_sigmoid": "use_beta_sigmoid_in_kernel",
+    "chunk_states": "return_intermediate_states", "chunk_states_dtype": "return_intermediate_states",
     "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",  # kda_backward_args_t
 }
 # C names inside a message's detail, and what the caller knows them as

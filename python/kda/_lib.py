@@ -101,6 +101,9 @@ class KdaArgs(ctypes.Structure):
         # intra-card context parallelism (appended)
         ("cp_mode", _enum),
         ("cp_piece_len", c_int64),
+        # chunk-start states (appended)
+        ("chunk_states", c_void_p),
+        ("chunk_states_dtype", _enum),
     ]
 
 

@@ -118,13 +118,16 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
 
 def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float,
             l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool,
-            checked: bool = False, nat=None, cp: int = -1) -> None:
+            checked: bool = False, nat=None, cp: int = -1, hs=None) -> None:
     """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place). `checked`:
-    the caller is an entry point that has made every check of _check_launch already (the eager fast path)."""
+    the caller is an entry point that has made every check of _check_launch already (the eager fast path).
+    `hs`: a contiguous float32 or bfloat16 tensor for kda_args_t.chunk_states (the states before each chunk)."""
     if not checked:
         _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst, nat)
     a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale, l2, gate, bsig, neg, safe,
               lower_bound, vfirst, nat, cp)
+    if hs is not None:
+        a.chunk_states, a.chunk_states_dtype = hs.data_ptr(), _code(fn, "h", hs, _STATE)
     _run(fn, a, decode, q.device)
     if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
         o.zero_()
@@ -232,15 +235,31 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 
 def _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False, cp=-1):
+                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False, cp=-1, hs=None):
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     n = _num_seqs(q, cu_seqlens) if output_final_state else 0
     ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
     _launch("chunk_kda", False, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens, cu_seqlens_cpu,
             None, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked, cp=cp)
+            allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked, cp=cp, hs=hs)
     return o, ht
+
+
+def _chunk_states_tensor(q, v, cu, cu_cpu, vfirst):
+    """FLA's h of return_intermediate_states: [B, NT, HV, K, V] ([.., V, K] V-first), NT = ceil(T / 64); varlen:
+    [1, Σ ceil(len / 64), HV, K, V]; in q's dtype. Returns (h, the tensor libkda writes: h, or a float32 one when
+    q is float16)."""
+    B, T = q.shape[0], q.shape[1]
+    if cu is None:
+        nt = (T + 63) // 64
+    else:
+        lens = (cu_cpu if cu_cpu is not None else cu.cpu()).to(torch.int64)  # the host's lengths (FLA's too)
+        nt = int(((lens[1:] - lens[:-1] + 63) // 64).sum())
+    K, HV, V = q.shape[3], v.shape[2], v.shape[3]
+    shape = (B, nt, HV) + ((V, K) if vfirst else (K, V))
+    h = torch.empty(shape, dtype=q.dtype, device=q.device)
+    return h, (h if q.dtype != torch.float16 else torch.empty(shape, dtype=torch.float32, device=q.device))
 
 
 @chunk_kda_fwd.register_fake
@@ -577,9 +596,10 @@ def _inputs(fn: str, q, k, v, g, beta):
 
 
 def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig, neg,
-              safe, lower_bound, vfirst, N, remember=None, cp=-1):
+              safe, lower_bound, vfirst, N, remember=None, cp=-1, states=False):
     """`remember`: from chunk_kda_cached, (signature, the caller's tensors) of a call that may be cached. `cp`: the
-    context-parallel setting (_lib.set_cp)."""
+    context-parallel setting (_lib.set_cp). `states`: return_intermediate_states (inference mode: no autograd),
+    the result is then (o, final_state, h)."""
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
     if h0 is not None:
@@ -591,6 +611,13 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
     else:
         cu_cpu = None
     lb = 0.0 if lower_bound is None else lower_bound
+    if states:  # kda.chunk_kda checked torch.is_inference_mode_enabled()
+        h, hs = _chunk_states_tensor(q, v, cu, cu_cpu, vfirst)
+        o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
+                                    gate, bsig, neg, safe, lb, vfirst, cp=cp, hs=hs)
+        if hs is not h:
+            h.copy_(hs)
+        return o, (ht if output_final_state else None), h
     if _eager(q, k, v, g, beta, A_log, dt_bias, h0):  # every argument was checked above and by kda.chunk_kda
         o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
                                     gate, bsig, neg, safe, lb, vfirst, checked=True, cp=cp)

@@ -815,3 +815,57 @@ def test_cuda_fast_path(fast_path):
             f(**dict(xt, q=misaligned), **kw)
         errs.append(str(e.value))
     assert errs[0] == errs[1] and "aligned" in errs[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# return_intermediate_states (kda_args_t.chunk_states): the state before every 64-token chunk, inference only
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("vfirst", [False, True])
+def test_return_intermediate_states(device, varlen, vfirst):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    rng = np.random.default_rng(5)
+    B, T, H, HV, K, V = (1, 300, 1, 2, 64, 64) if varlen else (2, 150, 1, 2, 64, 64)
+    lens = [130, 0, 64, 106] if varlen else None
+    cu = None if lens is None else np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    N = len(lens) if varlen else B
+    x = make_inputs(rng, B, T, H, HV, K, V, state=True, N=N, state_v_first=vfirst)
+    xt = to_torch(x, device, torch.bfloat16)
+    cu_t = None if cu is None else torch.from_numpy(cu).to(device)
+    opts = dict(cu_seqlens=cu_t, output_final_state=True, state_v_first=vfirst)
+    with pytest.raises(AssertionError, match="inference mode"):
+        kda.chunk_kda(**xt, return_intermediate_states=True, **opts)
+    with torch.inference_mode():
+        with pytest.raises(AssertionError, match="disable_recompute"):
+            kda.chunk_kda(**xt, return_intermediate_states=True, disable_recompute=True, **opts)
+        o, ht, h = kda.chunk_kda(**xt, return_intermediate_states=True, **opts)
+        o2, ht2 = kda.chunk_kda(**xt, **opts)
+    seq_lens = lens if varlen else [T] * B
+    nt = sum((n + 63) // 64 for n in seq_lens) if varlen else (T + 63) // 64
+    tail = (V, K) if vfirst else (K, V)
+    assert h.shape == ((1, nt, HV) + tail if varlen else (B, nt, HV) + tail) and h.dtype == torch.bfloat16
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    rows = h.reshape(-1, HV, *tail).float().cpu()
+    # each sequence's rows: its initial state, then the final state of its first 64 c tokens
+    row, off = 0, 0
+    for n, L in enumerate(seq_lens):
+        for c in range((L + 63) // 64):
+            if c == 0:
+                want = xt["initial_state"][n].float().cpu()
+            else:
+                sl = slice(off, off + 64 * c)
+                if varlen:
+                    part = {k: t[:, sl] for k, t in xt.items() if k != "initial_state"}
+                else:
+                    part = {k: t[n:n + 1, :64 * c] for k, t in xt.items() if k != "initial_state"}
+                with torch.inference_mode():
+                    _, want = kda.chunk_kda(**part, initial_state=xt["initial_state"][n:n + 1], output_final_state=True,
+                                            state_v_first=vfirst)
+                want = want[0].cpu()
+            err = ((rows[row] - want).norm() / want.norm()).item()
+            assert err <= 1e-2, f"sequence {n} chunk {c}: {err:.3g}"
+            row += 1
+        off += L
+    assert row == nt
