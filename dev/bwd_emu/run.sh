@@ -25,6 +25,17 @@ PY
 }
 case "${1:-suite}" in
   build) build ;;
+  profile) # executions per source line of the chunk kernel (gcov of the emulation, summed over CUDA threads)
+    build
+    shift
+    args="$*"
+    [ -n "$args" ] || args="128 128 2 0 0 3 1 2"
+    rm -f $B/*.gcda
+    g++ $F --coverage -fprofile-update=atomic -c $E/emu_chunk.cpp -o $B/emu_chunk_cov.o
+    g++ --coverage -o $B/harness_cov $B/harness.o $B/emu_chunk_cov.o $B/emu_finish.o $B/emu_dstate.o $B/synth.o \
+      $B/compare.o $W/build-c/libkda.a -lpthread -lm
+    (cd $B && ./harness_cov $args >/dev/null && gcov -o . emu_chunk_cov.o >/dev/null 2>&1 &&
+      python3 $E/line_profile.py bwd_chunk.emu.h.gcov) ;;
   suite)
     build
     for args in "64 64 1" "128 128 2" "100 72 3 1" "64 128 1 1 0 2 2 8" "128 64 0 0 0 1" "64 64 1 0 0 0 1 2 30" "64 64 1 0 0 3" \
