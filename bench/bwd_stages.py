@@ -10,11 +10,9 @@ then torch.autograd.backward with do and dht, as bench/bench_bwd.py), and the wh
 has no such symbols: then only the step time is printed. --profile runs one step of one shape between
 cudaProfilerStart/Stop (for ncu, scripts/gpu-check.sh bwdprof) and prints nothing.
 
-Stage 1 is the forward's recurrence kernel (KDA_REC_STATES; the CUDA-core bwd_states.cu and its --v2-states
-switch are gone). --v1-chunk also times the backward with its stage 3 by the v1 CUDA-core kernel (dev_skip bit 13,
-bwd_chunk_v1.cuh); the reference of the "vs v1" columns is then the all-v1 backward (v1 chunk kernel), and the
-default variant ("v3", the tensor-core chunk kernel) is compared with it too (expect ~1e-3 from its tf32
-operands).
+Stage 1 is the forward's recurrence kernel (KDA_REC_STATES). To A/B two builds (scripts/gpu-check.sh bwdab), run
+one with --save-grads FILE and the other with --ref-grads FILE: the second prints each gradient's relative
+difference to the first's ("vs ref"), same inputs (fixed seeds).
 """
 import argparse
 import ctypes
@@ -29,19 +27,6 @@ from bench_bwd import SHAPES, make_inputs, step
 from timing import time_ms
 
 STAGES = ("meta", "prep", "dh0-memset", "states", "dstate", "chunk", "finish")
-
-
-V1_CHUNK = 8192  # dev_skip bit: backward stage 3 by the v1 CUDA-core kernel (bwd_chunk_v1.cuh)
-
-
-def dev_tuning():
-    lib = ctypes.CDLL(os.environ.get("KDA_LIBRARY", "libkda.so"))
-    try:
-        f = lib.kda_dev_set_tuning
-    except AttributeError:
-        return None
-    f.argtypes = [ctypes.c_int] * 4
-    return f
 
 
 def grads(x, w, flags):
@@ -70,7 +55,8 @@ def main():
     ap.add_argument("--shapes", nargs="*", default=["B2 T8192 H32", "B1 T32768 H16"])
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--profile", default=None, help="one step of this shape between cudaProfilerStart/Stop")
-    ap.add_argument("--v1-chunk", action="store_true", help="also stage 3 by the v1 kernel (dev build)")
+    ap.add_argument("--save-grads", default=None, help="save each shape's gradients to this file (torch.save)")
+    ap.add_argument("--ref-grads", default=None, help="compare the gradients with those saved in this file")
     a = ap.parse_args()
     if a.profile:
         name, B, T, HQK, HV = next(s for s in SHAPES if s[0] == a.profile)
@@ -84,8 +70,7 @@ def main():
         torch.cuda.profiler.stop()
         return
     on, get = dev_timing()
-    tune = dev_tuning()
-    variants = [("v3", 0)] + ([("v1-chunk", V1_CHUNK)] if a.v1_chunk and tune else [])
+    saved, refs = {}, (torch.load(a.ref_grads) if a.ref_grads else {})
     if on is None:
         print("no kda_dev_bwd_timing: a shipped build (cmake -DKDA_DEV=ON for the stage times)", file=sys.stderr)
     for s in a.shapes:
@@ -95,18 +80,13 @@ def main():
             fwd = time_ms(lambda: kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                                 initial_state=x["initial_state"], A_log=x["A_log"],
                                                 dt_bias=x["dt_bias"], **flags), reps=a.reps)
-        ref = None
-        if len(variants) > 1:  # the reference: the backward with the v1 chunk kernel
-            tune(V1_CHUNK, 0, 0, 0)
-            ref = grads(x, w, flags)
-        for vname, bits in variants:
-            if tune:
-                tune(bits, 0, 0, 0)
-            measure(a, name, x, w, flags, fwd, on, get, vname, ref)
-        if tune:
-            tune(0, 0, 0, 0)
+        measure(a, name, x, w, flags, fwd, on, get, "", refs.get(name))
+        if a.save_grads:
+            saved[name] = {k: v.cpu() for k, v in grads(x, w, flags).items()}
         del x, w
         torch.cuda.empty_cache()
+    if a.save_grads:
+        torch.save(saved, a.save_grads)
 
 
 def measure(a, name, x, w, flags, fwd, on, get, vname, ref):
@@ -127,9 +107,9 @@ def measure(a, name, x, w, flags, fwd, on, get, vname, ref):
         on(0)
         med = [statistics.median(p) for p in per]
         line += "  | bwd %.3f: " % sum(med) + "  ".join("%s %.3f" % (n, m) for n, m in zip(STAGES, med))
-    if ref is not None and vname != "v1-chunk":
+    if ref is not None:
         g = grads(x, w, flags)
-        line += "  | vs v1: " + " ".join("%s %.1e" % (k, rel(g[k], ref[k])) for k in ref)
+        line += "  | vs ref: " + " ".join("%s %.1e" % (k, rel(g[k].cpu(), ref[k])) for k in ref)
     print(line, flush=True)
 
 

@@ -16,9 +16,10 @@
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
 #   cpprof    per-kernel durations (ncu) of one call of each CPPROF_SHAPES shape (bench/cp_kernels.py), auto and off
-#   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py; v3,
-#             and v1-chunk: stage 3 by the v1 CUDA-core kernel, with v3's gradients against it) of
+#   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py) of
 #             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
+#   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried) and of this tree, two rounds, dev
+#             builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
@@ -126,7 +127,8 @@ PY
     [ -d build-base ] || build build-base .base || exit 1
     for v in ${NCU_VARIANTS:-}; do build build-$v .$v || exit 1; done
     for shape in ${NCU_SHAPES:-B1T512H64 B1T32768H32}; do for which in base gpu ${NCU_VARIANTS:-}; do
-      env KDA_LIBRARY=$PWD/build-$which/libkda.so $PYENV ncu --clock-control none -k regex:"prep|recurrence" \
+      py=$PWD/python; [ $which != gpu ] && [ -d .$which/python ] && py=$PWD/.$which/python # its own package
+      env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py PYTHONUNBUFFERED=1 ncu --clock-control none -k regex:"prep|recurrence" \
         --launch-skip 4 --launch-count 4 --metrics gpu__time_duration.sum,launch__registers_per_thread --csv \
         python3 bench/stages.py --shapes $shape --sets all --reps 1 >"$LOG/ncu.csv" 2>"$LOG/ncu.err"
       python3 - "$LOG/ncu.csv" "$shape $which" <<'PY'
@@ -188,13 +190,25 @@ PY
     build build-dev . -DKDA_DEV=ON || exit 1
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
     env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-      python3 bench/bwd_stages.py --v1-chunk --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
+      python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
       ncu --profile-from-start off --section SpeedOfLight --section LaunchStats --section Occupancy \
       python3 bench/bwd_stages.py --profile "${shapes[0]}" >"$LOG/bwdprof.txt" 2>&1
     cp "$LOG/bwdprof.txt" "$OUT/bwdprof_ncu.txt"
     grep -E "==PROF==|==ERROR==|Error" "$LOG/bwdprof.txt" | head -3
     awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-44s %s %s\n", substr(k,1,44), $NF, $(NF-1)} /Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Waves Per SM/{printf "      %s\n", $0}' "$LOG/bwdprof.txt" | cut -c1-110
+    ;;
+  bwdab)
+    build build-dev . -DKDA_DEV=ON || exit 1
+    build build-var1dev .var1 -DKDA_DEV=ON || exit 1
+    IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
+    for r in 1 2; do for which in var1dev dev; do
+      if [ $which = var1dev ]; then g="--save-grads /tmp/ref_grads.pt"; py=$PWD/.var1/python
+      else g="--ref-grads /tmp/ref_grads.pt"; py=$PWD/python; fi  # each library with its own package
+      echo "-- $which (round $r)"
+      env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:$PWD/bench PYTHONUNBUFFERED=1 \
+        python3 bench/bwd_stages.py $g --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_ab.log"
+    done; done
     ;;
   bwdsrc) # the backward kernels' source lines by warp-stall samples (ncu source counters, one training step)
     for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_dstate_kernel}; do
@@ -230,7 +244,8 @@ PY
     build build-var1 .var1 || exit 1
     fla_site
     for which in gpu var1; do
-      env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
+      py=$PWD/python; [ $which = var1 ] && py=$PWD/.var1/python # each library with its own package
+      env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:/tmp/site PYTHONUNBUFFERED=1 \
         python3 bench/bench_decode.py --out "$OUT/decode-$which" --no-crossover >"$LOG/bench_decode_$which.log" 2>&1
       echo "-- $which"; grep -E "ours" "$LOG/bench_decode_$which.log" | cut -c1-120
     done

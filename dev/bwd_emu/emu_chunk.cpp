@@ -1,10 +1,9 @@
-/* the chunk kernel (bwd_chunk.cu, cut before its launcher) under the emulator; EMU_V1=1: the v1 kernel */
+/* the chunk kernel (bwd_chunk.cu, cut before its launcher) under the emulator */
 #include "bwd_chunk.emu.h"
 #include <cstdlib>
 template <int KC, int VC>
 static void launch(const kda_bwd_params_t &p, unsigned blocks) {
-    if (getenv("EMU_V1") && atoi(getenv("EMU_V1"))) emu_launch(blocks, 256, [&]() { kda_bwd_chunk_kernel_v1<KC, VC>(p); });
-    else emu_launch(blocks, 256, [&]() { kda_bwd_chunk_kernel<KC, VC>(p); });
+    emu_launch(blocks, CK_THREADS, [&]() { kda_bwd_chunk_kernel<KC, VC>(p); });
 }
 void run_chunk(const kda_bwd_params_t &p) {
     unsigned blocks = (unsigned)(p.blocks.max_chunks * p.hv);

@@ -213,8 +213,7 @@ int main(int argc, char **argv) {
         for (int64_t e = 0; e < n[i]; e++) { double d = got[i][e] - ref[i][e]; if (!std::isfinite(got[i][e])) nf++; num += d * d; den += (double)ref[i][e] * ref[i][e]; }
         double err = sqrt(num / den);
         printf("%s %.3e (nonfinite %lld)\n", names[i], err, (long long)nf);
-        const char *v1 = getenv("EMU_V1");
-        bad |= !(err < (use_blocks ? 3e-2 : v1 && atoi(v1) ? 1e-4 : 1e-2)) || nf; /* v2: bf16 operands */
+        bad |= !(err < (use_blocks ? 3e-2 : 1e-2)) || nf;
     }
     if (inject) {
         int64_t nan_dg = 0, nan_other = 0;

@@ -4,7 +4,7 @@
 # S and dS+ per chunk; use_blocks = 1: dS+ by the emulated bwd_dstate.cu from the synthesized bf16 chunk
 # blocks (S stays exact: stage 1 is the forward's recurrence kernel, not emulated here). No GPU needed; about a minute per case on two cores.
 #   dev/bwd_emu/run.sh [build|suite|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
-# EMU_V1=1 runs the v1 (CUDA-core) chunk kernel instead. Needs a CPU build in build-c (libkda.a).
+# Needs a CPU build in build-c (libkda.a).
 set -e
 W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/bwd_emu; B=$W/build-emu
 mkdir -p $B

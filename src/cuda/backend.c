@@ -546,7 +546,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.beta_sigmoid = pp.beta_sigmoid;
     bw.neg_eigval = pp.neg_eigval;
 #ifdef KDA_DEV_BUILD
-    bw.dev_skip = dev_tuning.dev_skip; /* KDA_DEV_BWD_V1_CHUNK: stage 3 by the v1 kernel */
+    bw.dev_skip = dev_tuning.dev_skip;
 #endif
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */

@@ -57,7 +57,6 @@ typedef struct kda_bwd_params {
     int dev_skip;                 /* development builds: KDA_DEV_BWD_* below (0 in the shipped library) */
 } kda_bwd_params_t;
 
-#define KDA_DEV_BWD_V1_CHUNK 8192 /* dev_skip bit 13: stage 3 by the CUDA-core kernel (bwd_chunk_v1.cuh) */
 
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);

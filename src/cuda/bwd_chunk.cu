@@ -29,9 +29,8 @@
  * 16 (w mod 4).. of every C-row product and half of its columns (w / 4). Its dG stays in registers (fragment
  * layout) through all phases; its dq̂ and dk̂ accumulate in its rows of the scratch. Exponentials: ~2·C·K per
  * product set (the split factors) instead of one per (pair, channel): ~0.19 M per chunk and head instead of 0.83 M
- * at K = 128. T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). Development builds keep the first, CUDA-core
- * version (bwd_chunk_v1.cuh, dev_skip bit KDA_DEV_BWD_V1_CHUNK) to A/B against (bench/bwd_stages.py --v1-chunk);
- * dev/bwd_emu runs both on the host against the fp64 oracle.
+ * at K = 128. T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). dev/bwd_emu runs the kernel on the host
+ * against the fp64 oracle (and `run.sh profile` counts its source lines' executions).
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -856,23 +855,12 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     gate_backward_par<KC, VC>(p, sm, sm.M, cid, t0, clen, h, A, tid); /* M is free since the G_last sums */
 }
 
-#ifdef KDA_DEV_BUILD
-#include "bwd_chunk_v1.cuh"
-#endif
-
 template <int KC, int VC>
 static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hv;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(chunk_smem<KC, VC>);
-#ifdef KDA_DEV_BUILD
-    if (p->dev_skip & KDA_DEV_BWD_V1_CHUNK) {
-        static int done1[KDA_MAX_DEVICES];
-        return kda_launch((const void *)kda_bwd_chunk_kernel_v1<KC, VC>, ctas, CK_THREADS, bytes, p, device, done1,
-                          stream);
-    }
-#endif
     return kda_launch((const void *)kda_bwd_chunk_kernel<KC, VC>, ctas, CK_THREADS, bytes, p, device, done, stream);
 }
 
