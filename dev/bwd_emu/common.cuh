@@ -25,7 +25,7 @@ DEV void store_elem(void *p, int dtype, int64_t i, float x) {
  * fragments, then computes its own four outputs from the whole warp's (the PTX fragment layouts) */
 DEV uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f32_to_bf16_bits(lo) | ((uint32_t)f32_to_bf16_bits(hi) << 16); }
 struct emu_mma_frag { uint32_t a[4], b[2]; };
-extern emu_mma_frag emu_mma[8][32];
+extern emu_mma_frag emu_mma[16][32];
 DEV float emu_half(uint32_t w, int hi) { return bf16_bits_to_f32((uint16_t)(hi ? w >> 16 : w & 0xffff)); }
 DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -52,7 +52,7 @@ DEV float to_tf32(float x) {
     float y; memcpy(&y, &u, 4); return y;
 }
 struct emu_tf32_frag { float a[4], b[2]; };
-extern emu_tf32_frag emu_tf32[8][32];
+extern emu_tf32_frag emu_tf32[16][32];
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     emu_tf32_frag &f = emu_tf32[w][lane];

@@ -9,10 +9,10 @@ extern "C" {
 #include "compare.h"
 }
 thread_local emu_dim threadIdx, blockIdx;
-pthread_barrier_t emu_block_bar, emu_warp_bar[8];
-float emu_warp_x[8][32];
-emu_mma_frag emu_mma[8][32];
-emu_tf32_frag emu_tf32[8][32];
+pthread_barrier_t emu_block_bar, emu_warp_bar[16];
+float emu_warp_x[16][32];
+emu_mma_frag emu_mma[16][32];
+emu_tf32_frag emu_tf32[16][32];
 alignas(16) unsigned char smem_raw[232448];
 void run_chunk(const kda_bwd_params_t &p);
 void run_finish(const kda_bwd_params_t &p);

@@ -18,8 +18,8 @@
 struct emu_dim { unsigned x, y, z; };
 extern thread_local emu_dim threadIdx, blockIdx;
 extern pthread_barrier_t emu_block_bar;
-extern pthread_barrier_t emu_warp_bar[8];
-extern float emu_warp_x[8][32];
+extern pthread_barrier_t emu_warp_bar[16];
+extern float emu_warp_x[16][32];
 inline void __syncthreads() { pthread_barrier_wait(&emu_block_bar); }
 inline float __shfl_xor_sync(unsigned, float x, int o) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -40,14 +40,14 @@ extern unsigned char smem_raw[];
 template <class F> void emu_launch(unsigned blocks, unsigned threads, F call) {
     for (unsigned b = 0; b < blocks; b++) {
         pthread_barrier_init(&emu_block_bar, NULL, threads);
-        for (int w = 0; w < 8; w++) pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
+        for (int w = 0; w < 16; w++) pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
         memset(smem_raw, 0xff, 232448); /* poison shared memory */
         std::vector<std::thread> ts;
         for (unsigned t = 0; t < threads; t++)
             ts.emplace_back([=]() { threadIdx = {t, 0, 0}; blockIdx = {b, 0, 0}; call(); });
         for (auto &t : ts) t.join();
         pthread_barrier_destroy(&emu_block_bar);
-        for (int w = 0; w < 8; w++) pthread_barrier_destroy(&emu_warp_bar[w]);
+        for (int w = 0; w < 16; w++) pthread_barrier_destroy(&emu_warp_bar[w]);
     }
 }
 inline float __expf(float x) { return expf(x); }

@@ -25,8 +25,10 @@
  * dS⁺ are read from the workspace (L2: prefetched at the start) as tensor-core operands.
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
- * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): warp w computes rows
- * 16 (w mod 4).. of every C-row product and half of its columns (w / 4). Its dG stays in registers (fragment
+ * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
+ * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts; 8 warps and
+ * halves until the instruction count showed the kernel latency-bound at 2 warps per scheduler: docs/PERF.md,
+ * "the v3 chunk kernel ... without a GPU"). Its dG stays in registers (fragment
  * layout) through all phases; its dq̂ and dk̂ accumulate in its rows of the scratch. Exponentials: ~2·C·K per
  * product set (the split factors) instead of one per (pair, channel): ~0.19 M per chunk and head instead of 0.83 M
  * at K = 128. T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). dev/bwd_emu runs the kernel on the host
@@ -35,7 +37,8 @@
 #include "bwd.cuh"
 #include "seq.cuh"
 
-#define CK_THREADS 256
+#define CK_THREADS 512
+#define CK_NQ (CK_THREADS / 128) /* column parts: warp w owns row block w mod 4 and column part w / 4 */
 #define C KDA_CHUNK
 #define CS (C + 4) /* fp32 strides: rows 4 banks apart, so the 8 rows a warp reads fall in distinct banks */
 
@@ -45,7 +48,7 @@ struct chunk_smem {
     float M[C * CS], A2[C * CS], T[C * CS];
     float D[C * (VC + 4)], R[C * (VC + 4)];
     float beta[C], gam[KC], dgam[KC], ext[KC], dal[KC];
-    float dbp[4][C]; /* tensor-core kernel: dβ's pair and dX terms per row, by column half */
+    float dbp[2 * CK_NQ][C]; /* dβ's pair terms (by column part) and dX terms (CK_NQ + part) per row */
 };
 
 /* accurate fp32 functions (the backward is compared with the fp64 oracle) */
@@ -239,7 +242,7 @@ template <int NT, int AT, int BT, int GLB>
 DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
                   int lane) {
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll(GLB ? 4 : 1) /* global B: four k-steps' loads in flight (an L2 round trip per step otherwise) */
+#pragma unroll(GLB ? 2 : 1) /* global B: two k-steps' loads in flight (an L2 round trip per step otherwise) */
     for (int k = k0; k < k1; k += 16) {
         frag_t af[4];
 #pragma unroll
@@ -274,7 +277,7 @@ template <int NT>
 DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const float *a2, int lda, const float *b1,
                      const float *b2, int ldb, int i0, int n0, int kn, int lane) {
     const int g = lane >> 2, t = lane & 3;
-#pragma unroll 2
+#pragma unroll 1
     for (int k = 0; k < kn; k += 16) {
         frag_t f1[4], f2[4];
 #pragma unroll
@@ -352,20 +355,27 @@ DEV int block_split(const float *G, int B, int lane) {
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk on the tensor cores
  * ------------------------------------------------------------------------------------------------------- */
-/* M (strictly lower) and Aqk (lower, × s) of the warp's row block I, columns 32 hf..: Σ_d (k_i, q_i) e^{G_i − R}
+/* M (strictly lower) and Aqk (lower, × s) of the warp's row block I, columns (C / CK_NQ) hf..: Σ_d (k_i, q_i) e^{G_i − R}
  * · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by exponentials per pair when not split */
 template <int KC, int VC>
 DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, int split, int lane) {
     constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
-    float am[4][4], aq[4][4];
-    zero_acc<4>(am);
-    zero_acc<4>(aq);
-    /* tile nt (columns 32 hf + 8 nt..) by the split factors when its block J < I, or J == I when split */
-    const int jb0 = 2 * hf; /* block of tiles 0, 1; tiles 2, 3 are in block jb0 + 1 */
-    const int use0 = jb0 < I || (jb0 == I && split), use1 = jb0 + 1 < I || (jb0 + 1 == I && split);
-    if (use0 || use1) {
+    constexpr int CT = C / 8 / CK_NQ; /* 8-column tiles of the warp's columns */
+    const int jc0 = (C / CK_NQ) * hf;
+    float am[CT][4], aq[CT][4];
+    zero_acc<CT>(am);
+    zero_acc<CT>(aq);
+    /* tile nt (columns jc0 + 8 nt.., block J = (jc0 + 8 nt) / 16) by the split factors when J < I, or J == I when
+       split; the tiles of later blocks stay 0 */
+    int any = 0;
+#pragma unroll
+    for (int nt = 0; nt < CT; nt++) {
+        const int J = (jc0 + 8 * nt) >> 4;
+        any |= J < I || (J == I && split);
+    }
+    if (any) {
 #pragma unroll 1
         for (int d0 = 0; d0 < KC; d0 += 16) {
             frag_t fk[4], fq[4], fkl[4], fql[4];
@@ -379,9 +389,10 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
                 split2(make_float2(qx.x * e0, qx.y * e1), &fq[r], &fql[r]);
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                if (!(nt < 2 ? use0 : use1)) continue;
-                const int j = 32 * hf + 8 * nt + g;
+            for (int nt = 0; nt < CT; nt++) {
+                const int J = (jc0 + 8 * nt) >> 4;
+                if (!(J < I || (J == I && split))) continue;
+                const int j = jc0 + 8 * nt + g;
                 frag_t bf[2];
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
@@ -390,19 +401,19 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
                     const float2 kx = *(const float2 *)&sm.k[j * KS + col];
                     bf[hh] = make_float2(kx.x * gexp(rf.x - gx.x), kx.y * gexp(rf.y - gx.y));
                 }
-                const int x3 = jb0 + (nt >> 1) == I; /* the diagonal block */
+                const int x3 = J == I; /* the diagonal block */
                 mma16_x3(am[nt], fk, fkl, bf[0], bf[1], x3);
                 mma16_x3(aq[nt], fq, fql, bf[0], bf[1], x3);
             }
         }
     }
-    if (!split && (jb0 == I || jb0 + 1 == I)) { /* the diagonal block, pair by pair */
+    if (!split) { /* the diagonal block, pair by pair */
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < CT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                if (jb0 + (nt >> 1) != I) continue; /* constant indices: the accumulators stay in registers */
-                const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+                if (((jc0 + 8 * nt) >> 4) != I) continue; /* constant indices: the accumulators stay in registers */
+                const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
                 float sa = 0.0f, sq = 0.0f;
                 if (j <= i)
                     for (int d = 0; d < KC; d++) {
@@ -415,11 +426,11 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
             }
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < CT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
-            sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f; /* tiles of later blocks stayed 0 */
+            const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
+            sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f;
             sm.A2[i * CS + j] = j <= i ? scale * aq[nt][c] : 0.0f;
         }
 }
@@ -583,7 +594,8 @@ DEV float row_sum4(float x) {
  * ------------------------------------------------------------------------------------------------------- */
 template <int KC, int VC>
 __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
-    constexpr int KS = KC + 4, VS = VC + 4, KN = KC / 16, VN = VC / 16; /* n-tiles of a column half */
+    constexpr int KS = KC + 4, VS = VC + 4, KN = KC / 8 / CK_NQ, VN = VC / 8 / CK_NQ; /* n-tiles of a column part */
+    constexpr int CT = C / 8 / CK_NQ, TPRW = CK_THREADS / C; /* C-column tiles of a part; threads per row */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)smem_raw;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -602,7 +614,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
     const float *__restrict__ S = p.states + (cid * p.hv + h) * (int64_t)KC * VC;
     const float *__restrict__ dS = p.dstates + (cid * p.hv + h) * (int64_t)KC * VC;
-    const int nv0 = hf * (VC / 2), nk0 = hf * (KC / 2); /* the warp's first V / K column */
+    const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
@@ -693,15 +705,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
     mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
     __syncthreads(); /* every read of Aqk is done */
-    {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's 4 tiles of columns 32 hf.. */
-        float a[4][4];
-        zero_acc<4>(a);
-        if (2 * hf <= I) mma_rows<4, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, 32 * hf, 0, VC, lane);
+    {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
+        float a[CT][4];
+        zero_acc<CT>(a);
+        if ((jc0 >> 4) <= I) mma_rows<CT, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, jc0, 0, VC, lane);
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < CT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+                const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
                 sm.A2[i * CS + j] = j <= i ? a[nt][c] : 0.0f;
             }
     }
@@ -723,15 +735,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     __syncthreads();
     {   /* dA = −dR Δᵀ (strictly lower) in place of T; dβ's pair term Σ_j dA M */
-        float a[4][4];
-        zero_acc<4>(a);
-        if (2 * hf <= I) mma_rows<4, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, 32 * hf, 0, VC, lane);
+        float a[CT][4];
+        zero_acc<CT>(a);
+        if ((jc0 >> 4) <= I) mma_rows<CT, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, jc0, 0, VC, lane);
         float db[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++)
+        for (int nt = 0; nt < CT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), j = 32 * hf + 8 * nt + 2 * t + (c & 1);
+                const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
                 const float x = j < i ? -a[nt][c] : 0.0f;
                 sm.T[i * CS + j] = x;
                 db[c >> 1] += x * sm.M[i * CS + j];
@@ -744,15 +756,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
     __syncthreads(); /* M is free from here on: the scratch of the G_last reduction */
 
-    /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / 4, tid mod 4) */
-    const int r = tid >> 2, l4 = tid & 3;
+    /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
+    const int r = tid / TPRW, l4 = tid % TPRW;
     float db = 0.0f;
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
         const float br = sm.beta[r];
 #pragma unroll 8
-        for (int c = l4; c < p.V; c += 4) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
-        for (int c = l4; c < p.V; c += 4) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
+        for (int c = l4; c < p.V; c += TPRW) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
+        for (int c = l4; c < p.V; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
     /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G}, by halves of the warp's columns */
     {
@@ -760,7 +772,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int q2 = 0; q2 < 2; q2++) {
             constexpr int NH = KN / 2;
-            const int n0 = nk0 + q2 * (KC / 4);
+            const int n0 = nk0 + q2 * (KC / 2 / CK_NQ);
             float ax[NH][4], ak[NH][4];
             zero_acc<NH>(ax);
             zero_acc<NH>(ak);
@@ -793,7 +805,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const float s = row_sum4(dbx[hr]);
-            if (t == 0) sm.dbp[2 + hf][16 * I + g + 8 * hr] = s;
+            if (t == 0) sm.dbp[CK_NQ + hf][16 * I + g + 8 * hr] = s;
         }
     }
     __syncthreads();
@@ -804,7 +816,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
     for (int q2 = 0; q2 < 2; q2++) {
         constexpr int NH = KN / 2;
-        const int n0 = nk0 + q2 * (KC / 4);
+        const int n0 = nk0 + q2 * (KC / 2 / CK_NQ);
         float pq[NH][4], pk[NH][4];
         pairs_later<NH, KC, VC>(sm, scale, I, split, n0, lane, pq, pk);
 #pragma unroll
@@ -829,10 +841,12 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             }
     }
 
-    /* dβ: the row's four threads sum, with the terms by column half; through the sigmoid */
-    db = row_sum4(db);
+    /* dβ: the row's TPRW threads sum, with the terms by column part; through the sigmoid */
+#pragma unroll
+    for (int o = 1; o < TPRW; o <<= 1) db += __shfl_xor_sync(0xffffffffu, db, o);
     if (l4 == 0 && r < clen) {
-        db += sm.dbp[0][r] + sm.dbp[1][r] + sm.dbp[2][r] + sm.dbp[3][r];
+#pragma unroll
+        for (int u = 0; u < 2 * CK_NQ; u++) db += sm.dbp[u][r];
         const int64_t e = (t0 + r) * p.hv + h;
         if (p.beta_sigmoid) {
             const float sg = sigm(load_elem(p.beta, p.beta_dtype, e));
