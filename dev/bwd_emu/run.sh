@@ -12,7 +12,7 @@ build() {
   python3 - "$W" "$B" <<'PY'
 import sys; w, b = sys.argv[1], sys.argv[2]
 for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
-               ('bwd_dstate.cu', 'template <int KC>\nstatic int launch_dstate')]:
+               ('bwd_dstate.cu', 'template <int KC, int BV>\nstatic int launch_dstate')]:
     s = open(w + '/src/cuda/' + f).read()
     open(b + '/' + f.replace('.cu', '.emu.h'), 'w').write(s[:s.index(cut)])
 PY

@@ -536,6 +536,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.group = p->group;
     bw.K = a->head_dim_k;
     bw.V = a->head_dim_v;
+    bw.sm_count = ((const cuda_impl_t *)ctx->impl)->sm_count;
     bw.kc = kda_cuda_size_class(a->head_dim_k);
     bw.vc = kda_cuda_size_class(a->head_dim_v);
     bw.v_first = a->state_v_first != 0;

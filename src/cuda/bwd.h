@@ -28,8 +28,10 @@ extern "C" {
 #endif
 
 #define KDA_BWD_MAX_HEAD_DIM 128 /* largest K and V of the CUDA backward */
-#define KDA_BWD_BV 16            /* V columns per CTA of the state kernels: narrow, so that a long sequence with few
-                                    heads still gives the card ~V/16 CTAs per head for its sequential chain */
+#define KDA_BWD_BV 16            /* V columns per CTA of the dstate kernel: narrow, so that a long sequence with few
+                                    heads still gives the card ~V/16 CTAs per head for its sequential chain; 32
+                                    (KDA_BWD_BV_WIDE) when the (sequence, head) pairs fill the card anyway */
+#define KDA_BWD_BV_WIDE 32
 
 typedef struct kda_bwd_params {
     kda_cuda_seqs_t seqs;
@@ -54,7 +56,8 @@ typedef struct kda_bwd_params {
     int hqk, hv, group, K, V, kc, vc, v_first;
     float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
-    int dev_skip;                 /* development builds: KDA_DEV_BWD_* below (0 in the shipped library) */
+    int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
+    int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 
 

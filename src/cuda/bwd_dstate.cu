@@ -2,8 +2,9 @@
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
  * end of every chunk, fp32 into the workspace, and d_initial_state.
  *
- * One CTA of 256 threads per (sequence, value head, tile of KDA_BWD_BV = 16 value columns), last chunk to
- * first, from the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o:
+ * One CTA of 256 threads per (sequence, value head, tile of BV value columns), last chunk to first (BV =
+ * KDA_BWD_BV = 16, or 32 when the (sequence, head) pairs alone give a CTA per SM: each CTA copies the chunk's
+ * panels for its columns, so wider tiles copy them fewer times), from the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o:
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
@@ -14,19 +15,19 @@
  * dS never reads S: this stage does not depend on stage 1 and d_initial_state stays finite where the initial
  * state is not (§7). dS in shared memory [KC][16], fp32; the chunk's panels copied in byte for byte (the next
  * chunk's block prefetched into L2 meanwhile). The products on the tensor cores (bwd.cuh mma16: tf32, which
- * holds the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 8 tiles of 16 × 8, one per
- * warp; the dS update as KC/8 tiles, KC/64 per warp. The first version (CUDA cores, fp32) took ~32 k cycles per
- * chunk step at 2 CTAs/SM (4.66 ms at B2 T8192 H32 on an H100); the same dS⁺ to 1e-6 in the host emulation.
+ * holds the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 4 · BV/8 tiles of 16 × 8,
+ * BV/16 per warp; the dS update as KC/16 · BV/8 tiles, KC · BV/1024 per warp. The first version (CUDA cores,
+ * fp32) took ~32 k cycles per chunk step at 2 CTAs/SM (4.66 ms at B2 T8192 H32 on an H100); the same dS⁺ to
+ * 1e-6 in the host emulation.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
 
 #define DS_THREADS 256
-#define BV KDA_BWD_BV
-#define SS (BV + 4)
 
-template <int KC>
+template <int KC, int BV>
 struct dstate_smem {
+    static constexpr int SS = BV + 4;
     unsigned char w[KDA_CHUNK * KC * 2];
     unsigned char qg[KDA_CHUNK * KC * 2];
     unsigned char kt[KDA_CHUNK * KC * 2];
@@ -52,10 +53,11 @@ DEV void prefetch_block_l2(const unsigned char *blk, int KC, int tid) {
 #endif
 }
 
-template <int KC>
+template <int KC, int BV>
 __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
+    constexpr int SS = BV + 4, NTL = BV / 8; /* 8-column tiles */
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    dstate_smem<KC> &sm = *(dstate_smem<KC> *)smem_raw;
+    dstate_smem<KC, BV> &sm = *(dstate_smem<KC, BV> *)smem_raw;
     const int tid = threadIdx.x;
     const int tiles = p.vc / BV;
     const int tile = (int)(blockIdx.x % tiles), h = (int)(blockIdx.x / tiles % p.hv);
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
     __syncthreads();
 
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    static_assert(BV == 16 && DS_THREADS == 256 && KDA_CHUNK == 64, "dstate: 8 warps, 16 columns, C = 64");
+    static_assert((BV == 16 || BV == 32) && DS_THREADS == 256 && KDA_CHUNK == 64, "dstate: 8 warps, C = 64");
     for (int64_t ci = nc - 1; ci >= 0; ci--) {
         const int64_t cid = chunk0 + ci, t0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - t0);
@@ -99,11 +101,15 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
         if (ci > 0) /* the next (earlier) chunk's block into L2 while this one is computed */
             prefetch_block_l2(blk - (int64_t)p.hv * p.blocks.block_bytes, KC, tid);
         __syncthreads();
-        /* dΔ = Aqkᵀ dO + K̃ dS: warp (I, nt) = (warp mod 4, warp / 4) computes rows 16 I.., columns 8 nt.. on the
-           tensor cores (tf32: the bf16 panels exactly, dO and dS rounded) */
+        /* dΔ = Aqkᵀ dO + K̃ dS: warp w computes rows 16 I.. (I = w mod 4) of the column tiles w / 4 + 2u, u <
+           BV/16, on the tensor cores (tf32: the bf16 panels exactly, dO and dS rounded); the row block's A fragments
+           once for its tiles */
         {
-            const int I = warp & 3, nt = warp >> 2, n = 8 * nt + g;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            constexpr int TW = BV / 16; /* tiles per warp */
+            const int I = warp & 3;
+            float acc[TW][4];
+#pragma unroll
+            for (int u = 0; u < TW; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
 #pragma unroll 1
             for (int m0 = 16 * I; m0 < KDA_CHUNK; m0 += 16) { /* Aqk lower: rows m ≥ i */
                 frag_t a[4];
@@ -111,8 +117,12 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
                 for (int r = 0; r < 4; r++) /* A(i, m) = Aqk[m][i] */
                     a[r] = panel_col_pair(sm.aqk, m0 + 2 * t + 8 * (r >> 1), 16 * I + g + 8 * (r & 1));
                 const int k = m0 + 2 * t;
-                mma16(acc, a, tf2(sm.dO[k * SS + n], sm.dO[(k + 1) * SS + n]),
-                      tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));
+#pragma unroll
+                for (int u = 0; u < TW; u++) {
+                    const int n = 8 * ((warp >> 2) + 2 * u) + g;
+                    mma16(acc[u], a, tf2(sm.dO[k * SS + n], sm.dO[(k + 1) * SS + n]),
+                          tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));
+                }
             }
 #pragma unroll 2
             for (int d0 = 0; d0 < KC; d0 += 16) {
@@ -120,18 +130,25 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
 #pragma unroll
                 for (int r = 0; r < 4; r++) a[r] = panel_pair(sm.kt, 16 * I + g + 8 * (r & 1), d0 + 2 * t + 8 * (r >> 1));
                 const int k = d0 + 2 * t;
-                mma16(acc, a, tf2(sm.dS[k * SS + n], sm.dS[(k + 1) * SS + n]),
-                      tf2(sm.dS[(k + 8) * SS + n], sm.dS[(k + 9) * SS + n]));
+#pragma unroll
+                for (int u = 0; u < TW; u++) {
+                    const int n = 8 * ((warp >> 2) + 2 * u) + g;
+                    mma16(acc[u], a, tf2(sm.dS[k * SS + n], sm.dS[(k + 1) * SS + n]),
+                          tf2(sm.dS[(k + 8) * SS + n], sm.dS[(k + 9) * SS + n]));
+                }
             }
 #pragma unroll
-            for (int c = 0; c < 4; c++) sm.dD[(16 * I + g + 8 * (c >> 1)) * SS + 8 * nt + 2 * t + (c & 1)] = acc[c];
+            for (int u = 0; u < TW; u++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    sm.dD[(16 * I + g + 8 * (c >> 1)) * SS + 8 * ((warp >> 2) + 2 * u) + 2 * t + (c & 1)] = acc[u][c];
         }
         __syncthreads();
-        /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ: KC/16 row blocks × 2 column tiles, KC/64 per warp (each element read
-           and written by its owner only) */
+        /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ: KC/16 row blocks × NTL column tiles, KC · BV/1024 per warp (each
+           element read and written by its owner only) */
 #pragma unroll
-        for (int u = 0; u < KC / 64; u++) {
-            const int tile = warp * (KC / 64) + u, rb = tile >> 1, nt = tile & 1, n = 8 * nt + g;
+        for (int u = 0; u < KC * BV / 1024; u++) {
+            const int tile = warp * (KC * BV / 1024) + u, rb = tile / NTL, nt = tile % NTL, n = 8 * nt + g;
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 2
             for (int i0 = 0; i0 < KDA_CHUNK; i0 += 16) {
@@ -163,15 +180,24 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
         }
 }
 
-template <int KC>
+template <int KC, int BV>
 static int launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->seqs.num_seqs * p->hv * (p->vc / BV);
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
-    const int bytes = (int)sizeof(dstate_smem<KC>);
-    return kda_launch((const void *)kda_bwd_dstate_kernel<KC>, ctas, DS_THREADS, bytes, p, device, done, stream);
+    const int bytes = (int)sizeof(dstate_smem<KC, BV>);
+    return kda_launch((const void *)kda_bwd_dstate_kernel<KC, BV>, ctas, DS_THREADS, bytes, p, device, done, stream);
+}
+
+/* The wide tile when the (sequence, head) pairs at that width give at least a CTA per SM (the chains are no longer
+ * than with narrow tiles, and each chunk's panels are copied half as often); else the narrow one. */
+static int dstate_wide(const kda_bwd_params_t *p) {
+    return p->vc >= KDA_BWD_BV_WIDE && p->seqs.num_seqs * p->hv * (p->vc / KDA_BWD_BV_WIDE) >= p->sm_count;
 }
 
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->kc == 64 ? launch_dstate<64>(p, device, stream) : launch_dstate<128>(p, device, stream);
+    if (dstate_wide(p))
+        return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
+                           : launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream);
+    return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV>(p, device, stream) : launch_dstate<128, KDA_BWD_BV>(p, device, stream);
 }

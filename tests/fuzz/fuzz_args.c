@@ -53,9 +53,9 @@ static uint8_t r8(reader_t *r) {
 /* ---------------------------------------------------------------------------------------------------------
  * Buffers: each allocated at its exact size, with a copy to compare against
  * ------------------------------------------------------------------------------------------------------- */
-enum { B_Q, B_K, B_V, B_G, B_BETA, B_O, B_H0, B_HT, B_ALOG, B_DTB, B_CU, B_IDX, NBUF };
+enum { B_Q, B_K, B_V, B_G, B_BETA, B_O, B_H0, B_HT, B_ALOG, B_DTB, B_CU, B_IDX, B_CS, NBUF };
 static const char *buf_name[NBUF] = {"q", "k", "v", "g", "beta", "o", "initial_state", "final_state",
-                                     "A_log", "dt_bias", "cu_seqlens", "state_indices"};
+                                     "A_log", "dt_bias", "cu_seqlens", "state_indices", "chunk_states"};
 
 typedef struct {
     void *p[NBUF];
@@ -355,6 +355,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* output */
     if ((a.o = alloc_buf(&b, B_O, nv, dsize(a.o_dtype)))) sentinel(b.p[B_O], a.o_dtype, nv);
 
+    /* chunk_states (kda_forward only; kda_decode refuses it), drawn from the hash as the CP fields: rows for the
+       lengths as given, a bad dtype now and then, now and then pointed into q */
+    int64_t ncs = 0;
+    if (((r.lcg >> 48) & 3) == 0) {
+        int64_t rows = 0;
+        if (varlen && a.cu_seqlens) {
+            for (int64_t n = 0; n < num_seqs; n++) {
+                const int64_t lo = a.cu_seqlens_dtype == KDA_INT64 ? ((const int64_t *)a.cu_seqlens)[n]
+                                                                   : ((const int32_t *)a.cu_seqlens)[n];
+                const int64_t hi = a.cu_seqlens_dtype == KDA_INT64 ? ((const int64_t *)a.cu_seqlens)[n + 1]
+                                                                   : ((const int32_t *)a.cu_seqlens)[n + 1];
+                if (hi > lo) rows += (hi - lo + 63) / 64;
+            }
+        } else if (!varlen && a.seq_len >= 0) {
+            rows = sat_mul(a.batch, (a.seq_len + 63) / 64);
+        }
+        const uint64_t h = r.lcg >> 50;
+        a.chunk_states_dtype = (h & 7) == 7 ? KDA_FLOAT16 : (h & 1) ? KDA_BFLOAT16 : KDA_FLOAT32;
+        ncs = sat_mul(sat_mul(rows, HV), sat_mul(K, V));
+        if ((a.chunk_states = alloc_buf(&b, B_CS, ncs, dsize(a.chunk_states_dtype))))
+            sentinel(b.p[B_CS], a.chunk_states_dtype, ncs);
+        if (((h >> 3) & 7) == 0 && b.p[B_Q]) a.chunk_states = (char *)b.p[B_Q] + 4; /* aliased into an input */
+    }
+
     /* aliasing: an output pointed into an input (or a partial overlap of the pool) */
     const uint8_t alias = r8(&r);
     if (alias < 24) {
@@ -403,8 +427,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (o_own)
         for (int64_t i = 0; i < nv; i++) CHECK(!is_sentinel(b.p[B_O], a.o_dtype, i), "%s: o[%lld] unwritten", fn,
                                                (long long)i);
+    const int cs_own = a.chunk_states && a.chunk_states == b.p[B_CS];
+    CHECK(!a.chunk_states || cs_own || ncs == 0, "%s: success with chunk_states aliased into an input", fn);
+    if (cs_own)
+        for (int64_t i = 0; i < ncs; i++)
+            CHECK(!is_sentinel(b.p[B_CS], a.chunk_states_dtype, i), "%s: chunk_states[%lld] unwritten", fn,
+                  (long long)i);
     for (int i = 0; i < NBUF; i++) {
-        if (i == B_O || i == B_HT || !b.p[i]) continue;
+        if (i == B_O || i == B_HT || i == B_CS || !b.p[i]) continue;
         if (i == B_H0 && a.final_state == a.initial_state) continue;
         CHECK(memcmp(b.p[i], b.copy[i], b.bytes[i]) == 0, "%s: input %s written", fn, buf_name[i]);
     }
@@ -426,8 +456,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     /* tame values: the NaN pattern of o and of the final state agrees between forward, decode and oracle */
     if (tame && o_own && ctx && nv > 0 && (!pool || pool == b.p[B_HT])) {
         void *o1 = malloc(b.bytes[B_O]), *h1 = pool ? malloc(b.bytes[B_HT]) : NULL;
+        void *c1 = cs_own ? malloc(b.bytes[B_CS]) : NULL;
         memcpy(o1, b.p[B_O], b.bytes[B_O]);
         if (h1) memcpy(h1, pool, b.bytes[B_HT]);
+        if (c1) memcpy(c1, b.p[B_CS], b.bytes[B_CS]);
         for (int other = 0; other < 3; other++) {
             kda_context_t *c2 = context(other == 2);
             const int dec2 = other == 0 ? !decode : other == 1 ? decode : 0;
@@ -435,8 +467,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             memcpy(b.p[B_O], b.copy[B_O], b.bytes[B_O]);
             if (pool) memcpy(pool, b.copy[B_HT], b.bytes[B_HT]);
             const char *fn2;
-            CHECK(call(c2, &a, dec2, 0, &fn2) == KDA_STATUS_SUCCESS, "%s refused what %s took: %s", fn2, fn,
+            kda_args_t a2 = a;
+            if (dec2) a2.chunk_states = NULL; /* kda_forward's only */
+            CHECK(call(c2, &a2, dec2, 0, &fn2) == KDA_STATUS_SUCCESS, "%s refused what %s took: %s", fn2, fn,
                   kda_last_error());
+            if (c1 && !dec2)
+                for (int64_t i = 0; i < ncs; i++)
+                    CHECK(is_nan_at(c1, a.chunk_states_dtype, i) == is_nan_at(b.p[B_CS], a.chunk_states_dtype, i),
+                          "chunk_states[%lld]: NaN on one of %s and %s only", (long long)i, fn, fn2);
             for (int64_t i = 0; i < nv; i++)
                 CHECK(is_nan_at(o1, a.o_dtype, i) == is_nan_at(b.p[B_O], a.o_dtype, i),
                       "o[%lld]: NaN on one of %s (%s) and %s (%s) only", (long long)i, fn, reference ? "ref" : "cpu",
@@ -448,6 +486,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         free(o1);
         free(h1);
+        free(c1);
     }
     free_buffers(&b);
     return 0;
