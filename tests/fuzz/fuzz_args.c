@@ -376,7 +376,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ncs = sat_mul(sat_mul(rows, HV), sat_mul(K, V));
         if ((a.chunk_states = alloc_buf(&b, B_CS, ncs, dsize(a.chunk_states_dtype))))
             sentinel(b.p[B_CS], a.chunk_states_dtype, ncs);
-        if (((h >> 3) & 7) == 0 && b.p[B_Q]) a.chunk_states = (char *)b.p[B_Q] + 4; /* aliased into an input */
+        if (((h >> 3) & 7) == 0 && b.p[B_Q]) /* aliased into an input (inside it: never past its end) */
+            a.chunk_states = (char *)b.p[B_Q] + (b.bytes[B_Q] > 4 ? 4 : 0);
     }
 
     /* aliasing: an output pointed into an input (or a partial overlap of the pool) */

@@ -8,6 +8,7 @@
 #   build-fuzz/fuzz_args build-fuzz/crash-...   # replay one input
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+ROOT=$PWD
 SECONDS_TO_RUN=${1:-60}
 BUILD=${FUZZ_BUILD:-build-fuzz}
 if ! command -v clang >/dev/null; then echo "fuzz: clang not found, skipped"; exit 0; fi
@@ -20,4 +21,4 @@ mkdir -p "$BUILD/corpus"
 cd "$BUILD"
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
     ./fuzz_args -max_total_time="$SECONDS_TO_RUN" -max_len=2048 -timeout=20 -rss_limit_mb=3072 -print_final_stats=1 \
-    corpus ../tests/fuzz/corpus
+    corpus "$ROOT/tests/fuzz/corpus"
