@@ -161,7 +161,7 @@ PY
     grep -E "CHECK|FAIL|Failed" "$LOG/cp_tests.log" | head -20
     grep -E "case " "$LOG/cp_tests.log" | cut -c1-140 | head -40; cp "$LOG/cp_tests.log" "$OUT/"
     for tool in memcheck racecheck; do
-      for t in ${CP_SAN_TESTS:-gpu_fwd_cp_graph_other_lengths}; do
+      for t in ${CP_SAN_TESTS:-gpu_fwd_cp_graph_other_lengths gpu_fwd_cp_sanitize gpu_fwd_chunk_states}; do
         compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu $t >"$LOG/san_cp.log" 2>&1
         echo "cp $tool $t rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/san_cp.log" | head -1))"
       done

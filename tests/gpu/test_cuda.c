@@ -760,6 +760,29 @@ TEST(gpu_fwd_cp_forced_accuracy) {
     cp_case("slow_decay_varlen_neg", &w, cp_slow_decay);
 }
 
+/* The CP kernels at sizes compute-sanitizer's racecheck finishes in seconds (gpu_fwd_cp_forced_accuracy takes
+ * minutes under it): every kernel of the split path — plan, pre-scan (M's and E's tiles), merge, pieces — at both
+ * K classes, a varlen batch with an empty and a one-token sequence, the state carried across pieces. */
+TEST(gpu_fwd_cp_sanitize) {
+    kda_synth_config_t c = base(128);
+    c.batch = 1;
+    c.seq_len = 5 * 64 + 17;
+    c.hqk = c.hv = 1;
+    c.gate = KDA_GATE_RAW;
+    c.g_dtype = KDA_FLOAT32;
+    cp_case("san_single_k128", &c, cp_slow_decay);
+    static const int64_t lens[] = {300, 0, 1, 200};
+    kda_synth_config_t v = base(64);
+    v.num_seqs = 4;
+    v.seqlens = lens;
+    v.hqk = 1;
+    v.hv = 2;
+    v.state_v_first = 1;
+    v.gate = KDA_GATE_RAW;
+    v.g_dtype = KDA_FLOAT32;
+    cp_case("san_varlen_k64", &v, cp_slow_decay);
+}
+
 /* Captured once with device-only offsets and the split forced on, replayed after the offsets were changed to
  * other lengths of the same total: the replay equals a direct call on the new lengths, bit for bit. */
 TEST(gpu_fwd_cp_graph_other_lengths) {
