@@ -47,6 +47,14 @@
 #include "threadpool.h"
 #include "token.h"
 
+/* Tokens per chunk of the CPU forward: one 16-token block (KDA_SUB). The state products cost 6 K V FLOPs a token
+ * whatever the chunk length, the intra-chunk ones (A, Aqk, W, U, Aqk Δ, the solve) O(C (K + V)) a token: at
+ * K = V = 128, 139 kFLOP a token with C = 64, 119 with 32, ~110 with 16 (docs/PERF.md, "Fifth pass"). The GPU's
+ * 64 (KDA_CHUNK) fills its tensor-core tiles; a CPU core has no such tile to fill. The code below works for any
+ * multiple of KDA_SUB up to 64. */
+#define KDA_CPU_CHUNK 16
+_Static_assert(KDA_CHUNK % KDA_CPU_CHUNK == 0, "chunk_states are kept every KDA_CHUNK tokens: a whole number of CPU chunks");
+
 /* Value heads per task of the many-task schedule (task_whole), at most. */
 #define KDA_CPU_GROUP 4
 
@@ -89,7 +97,7 @@ typedef struct {
 /* Lay the arrays out from `base` (64-byte aligned, each array rounded up to 16 floats); return the floats
  * used. With base NULL only the size is computed. */
 static size_t carve_prep(float *base, int K, int V, prep_t *s) {
-    const size_t C = KDA_CHUNK;
+    const size_t C = KDA_CPU_CHUNK;
     size_t off = 0;
     TAKE(s->Aqk, C * C);
     TAKE(s->W, C * K);
@@ -101,7 +109,7 @@ static size_t carve_prep(float *base, int K, int V, prep_t *s) {
 }
 
 static size_t carve(float *base, int K, int V, scratch_t *s) {
-    const size_t C = KDA_CHUNK;
+    const size_t C = KDA_CPU_CHUNK;
     size_t off = 0;
     TAKE(s->q, C * K);
     TAKE(s->k, C * K);
@@ -248,7 +256,7 @@ KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int 
         memset(s->k + i * K, 0, sizeof(float) * K);
         memset(s->G + i * K, 0, sizeof(float) * K);
     }
-    transpose_rows(s->kT, KDA_CHUNK, s->k, K, cpad);
+    transpose_rows(s->kT, KDA_CPU_CHUNK, s->k, K, cpad);
     return bad;
 }
 
@@ -272,7 +280,7 @@ KDA_INLINE void row_factors(scratch_t *s, int K, int i0, int i1, const float *R)
 
 KDA_INLINE void col_factors(scratch_t *s, int K, int j0, const float *R) {
     for (int d = 0; d < K; d++) { /* from the transposed k and G: 16 columns of one channel are contiguous */
-        const float *restrict k = s->kT + d * KDA_CHUNK + j0, *restrict G = s->GT + d * KDA_CHUNK + j0;
+        const float *restrict k = s->kT + d * KDA_CPU_CHUNK + j0, *restrict G = s->GT + d * KDA_CPU_CHUNK + j0;
         float *restrict f = s->fbt + d * 16;
         const float r = R[d];
         for (int j = 0; j < 16; j++) f[j] = k[j] * kda_expf_fin(r - G[j]);
@@ -287,10 +295,10 @@ KDA_INLINE void block_products(scratch_t *s, float *Aqk, int K, int i0, int i1, 
     const int ni = i1 - i0, nj = j1 - j0;
     kda_gemm(ni, 16, K, s->fa + i0 * K, K, 1, s->fbt, 16, prod, 16, 0);
     for (int i = 0; i < ni; i++)
-        for (int j = 0; j < nj; j++) s->A[(i0 + i) * KDA_CHUNK + j0 + j] = s->beta[i0 + i] * prod[i * 16 + j];
+        for (int j = 0; j < nj; j++) s->A[(i0 + i) * KDA_CPU_CHUNK + j0 + j] = s->beta[i0 + i] * prod[i * 16 + j];
     kda_gemm(ni, 16, K, s->fq + i0 * K, K, 1, s->fbt, 16, prod, 16, 0);
     for (int i = 0; i < ni; i++)
-        for (int j = 0; j < nj; j++) Aqk[(i0 + i) * KDA_CHUNK + j0 + j] = scale * prod[i * 16 + j];
+        for (int j = 0; j < nj; j++) Aqk[(i0 + i) * KDA_CPU_CHUNK + j0 + j] = scale * prod[i * 16 + j];
 }
 
 /* The middle row of the 16-token block [b0, b1): the reference of its split exponentials. */
@@ -331,24 +339,24 @@ KDA_INLINE void diagonal_block(scratch_t *s, float *Aqk, int K, int b0, int b1, 
                     sa += ki[d] * (kj[d] * e[d]);
                     sq += qi[d] * (kj[d] * e[d]);
                 }
-                s->A[i * KDA_CHUNK + j] = s->beta[i] * sa;
-                Aqk[i * KDA_CHUNK + j] = scale * sq;
+                s->A[i * KDA_CPU_CHUNK + j] = s->beta[i] * sa;
+                Aqk[i * KDA_CPU_CHUNK + j] = scale * sq;
             }
         }
     }
     /* A is strictly lower, Aqk lower with its diagonal: clear what the block product put above */
     for (int i = b0; i < b1; i++) {
-        s->A[i * KDA_CHUNK + i] = 0.0f;
+        s->A[i * KDA_CPU_CHUNK + i] = 0.0f;
         for (int j = i + 1; j < b1; j++) {
-            s->A[i * KDA_CHUNK + j] = 0.0f;
-            Aqk[i * KDA_CHUNK + j] = 0.0f;
+            s->A[i * KDA_CPU_CHUNK + j] = 0.0f;
+            Aqk[i * KDA_CPU_CHUNK + j] = 0.0f;
         }
     }
 }
 
 KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, float scale) {
-    memset(s->A, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
-    memset(Aqk, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    memset(s->A, 0, sizeof(float) * KDA_CPU_CHUNK * KDA_CPU_CHUNK);
+    memset(Aqk, 0, sizeof(float) * KDA_CPU_CHUNK * KDA_CPU_CHUNK);
     for (int b0 = 0; b0 < c; b0 += KDA_SUB) {
         const int b1 = b0 + KDA_SUB < c ? b0 + KDA_SUB : c;
         /* blocks left of the diagonal: reference = G at row b0 */
@@ -385,7 +393,7 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
  * registers across them and spills two of the tile's accumulators. */
 static __attribute__((noinline)) void factor_gemm(int m, int n, const float *A, int K, const float *B, int ldb,
                                                   float *C) {
-    kda_gemm(m, n, K, A, K, 1, B, ldb, C, KDA_CHUNK, 0);
+    kda_gemm(m, n, K, A, K, 1, B, ldb, C, KDA_CPU_CHUNK, 0);
 }
 
 /* 1 when every 16-token block of the chunk passes the diagonal block's test (diagonal_block). */
@@ -433,8 +441,8 @@ KDA_INLINE void scale_cols(float *f, const float *kc, float sc) {
 /* A, Aqk, βKΓ, QΓ and K̃ (transposed) of a chunk whose blocks all fit (blocks_fit). */
 KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scale) {
     float *Aqk = o->Aqk;
-    memset(s->A, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
-    memset(Aqk, 0, sizeof(float) * KDA_CHUNK * KDA_CHUNK);
+    memset(s->A, 0, sizeof(float) * KDA_CPU_CHUNK * KDA_CPU_CHUNK);
+    memset(Aqk, 0, sizeof(float) * KDA_CPU_CHUNK * KDA_CPU_CHUNK);
     const float *Glast = s->G + (c - 1) * K;
     float sp[KDA_MAX_HEAD_DIM], ep[KDA_MAX_HEAD_DIM], se[KDA_MAX_HEAD_DIM], el[KDA_MAX_HEAD_DIM];
     float e[KDA_MAX_HEAD_DIM];
@@ -455,26 +463,26 @@ KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scal
             for (int d = 0; d < K; d++) s->ea[(i - b0) * K + d] = 1.0f;
         transpose_rows(s->eaT, 16, s->ea, K, 16);
         for (int d = 0; d < K; d++)
-            shared_cols(s->fbd + d * 16, s->kc + d * KDA_CHUNK + b0, o->KT + d * KDA_CHUNK + b0,
-                        s->kT + d * KDA_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
+            shared_cols(s->fbd + d * 16, s->kc + d * KDA_CPU_CHUNK + b0, o->KT + d * KDA_CPU_CHUNK + b0,
+                        s->kT + d * KDA_CPU_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
         /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal) */
-        factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CHUNK + b0);
-        factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CHUNK + b0);
+        factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CPU_CHUNK + b0);
+        factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CPU_CHUNK + b0);
         for (int i = b0; i < b1; i++) {
-            s->A[i * KDA_CHUNK + i] = 0.0f;
+            s->A[i * KDA_CPU_CHUNK + i] = 0.0f;
             for (int j = i + 1; j < b0 + 16; j++) {
-                s->A[i * KDA_CHUNK + j] = 0.0f;
-                Aqk[i * KDA_CHUNK + j] = 0.0f;
+                s->A[i * KDA_CPU_CHUNK + j] = 0.0f;
+                Aqk[i * KDA_CPU_CHUNK + j] = 0.0f;
             }
         }
         if (b0 == 0) continue;
         /* blocks left of the diagonal, one product: columns of block J scaled by e^{P − E_J} */
         for (int j0 = 0; j0 < b0; j0 += KDA_SUB) {
             kda_expf_row_fin(e, P, s->G + (j0 + KDA_SUB - 1) * K, K);
-            for (int d = 0; d < K; d++) scale_cols(s->fbt + d * KDA_CHUNK + j0, s->kc + d * KDA_CHUNK + j0, e[d]);
+            for (int d = 0; d < K; d++) scale_cols(s->fbt + d * KDA_CPU_CHUNK + j0, s->kc + d * KDA_CPU_CHUNK + j0, e[d]);
         }
-        factor_gemm(ni, b0, s->fa2, K, s->fbt, KDA_CHUNK, s->A + b0 * KDA_CHUNK);
-        factor_gemm(ni, b0, s->fq2, K, s->fbt, KDA_CHUNK, Aqk + b0 * KDA_CHUNK);
+        factor_gemm(ni, b0, s->fa2, K, s->fbt, KDA_CPU_CHUNK, s->A + b0 * KDA_CPU_CHUNK);
+        factor_gemm(ni, b0, s->fq2, K, s->fbt, KDA_CPU_CHUNK, Aqk + b0 * KDA_CPU_CHUNK);
     }
 }
 
@@ -492,8 +500,8 @@ KDA_INLINE void direct_factors(scratch_t *s, prep_t *o, int K, int c, float scal
         }
     }
     for (int d = 0; d < K; d++) {
-        const float *restrict k = s->kT + d * KDA_CHUNK, *restrict G = s->GT + d * KDA_CHUNK;
-        float *restrict kt = o->KT + d * KDA_CHUNK;
+        const float *restrict k = s->kT + d * KDA_CPU_CHUNK, *restrict G = s->GT + d * KDA_CPU_CHUNK;
+        float *restrict kt = o->KT + d * KDA_CPU_CHUNK;
         const float gl = Glast[d];
         for (int j = 0; j < c; j++) kt[j] = k[j] * kda_expf_fin(gl - G[j]);
     }
@@ -513,11 +521,11 @@ KDA_INLINE void row_axpy(float *restrict y, float a, const float *restrict x, in
 KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     float *T = s->Tinv;
     for (int i = 0; i < c; i++) {
-        float *Ti = T + i * KDA_CHUNK;
-        memset(Ti, 0, sizeof(float) * KDA_CHUNK);
+        float *Ti = T + i * KDA_CPU_CHUNK;
+        memset(Ti, 0, sizeof(float) * KDA_CPU_CHUNK);
         Ti[i] = 1.0f;
         for (int m = 0; m < i; m++)
-            row_axpy(Ti, -s->A[i * KDA_CHUNK + m], T + m * KDA_CHUNK, (m + KDA_GEMM_VW) / KDA_GEMM_VW * KDA_GEMM_VW);
+            row_axpy(Ti, -s->A[i * KDA_CPU_CHUNK + m], T + m * KDA_CPU_CHUNK, (m + KDA_GEMM_VW) / KDA_GEMM_VW * KDA_GEMM_VW);
     }
 }
 
@@ -537,7 +545,7 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
     if (blocks_fit(s, K, c)) {
         shared_factors(s, o, K, c, scale);
     } else {
-        transpose_rows(s->GT, KDA_CHUNK, s->G, K, (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB);
+        transpose_rows(s->GT, KDA_CPU_CHUNK, s->G, K, (c + KDA_SUB - 1) / KDA_SUB * KDA_SUB);
         intra_chunk_attention(s, o->Aqk, K, c, scale);
         direct_factors(s, o, K, c, scale);
     }
@@ -549,8 +557,8 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
         for (int j = 0; j < V; j++) v[j] *= b; /* v now holds β v */
     }
     /* W = T Diag(β) KΓ, U = T Diag(β) V (T lower triangular) */
-    kda_gemm_tri(c, K, c, s->Tinv, KDA_CHUNK, 1, s->bk, K, o->W, K, 0, 1);
-    kda_gemm_tri(c, V, c, s->Tinv, KDA_CHUNK, 1, s->v, V, o->U, V, 0, 1);
+    kda_gemm_tri(c, K, c, s->Tinv, KDA_CPU_CHUNK, 1, s->bk, K, o->W, K, 0, 1);
+    kda_gemm_tri(c, V, c, s->Tinv, KDA_CPU_CHUNK, 1, s->v, V, o->U, V, 0, 1);
 }
 
 /* Columns [j0, j0 + w) of one chunk's state step and outputs; D and O are c×w scratch. */
@@ -559,23 +567,13 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
     float *Sj = S + j0;
-    /* Δ = U − W S */
-    kda_gemm(c, w, K, o->W, K, 1, Sj, V, D, w, 0);
-    for (int i = 0; i < c; i++) {
-        const float *u = o->U + i * V + j0;
-        float *d = D + i * w;
-        for (int j = 0; j < w; j++) d[j] = u[j] - d[j];
-    }
+    /* Δ = U − W S (U subtracted from in the product's store) */
+    kda_gemm_ex(c, w, K, o->W, K, 1, Sj, V, D, w, KDA_GEMM_SUB_FROM, o->U + j0, V, 0);
     /* O = QΓ S + Aqk Δ */
     kda_gemm(c, w, K, o->QG, K, 1, Sj, V, O, w, 0);
-    kda_gemm_tri(c, w, c, o->Aqk, KDA_CHUNK, 1, D, w, O, w, 1, 1);
-    /* S ← Diag(γ) S + K̃ᵀ Δ */
-    for (int d = 0; d < K; d++) {
-        float *row = Sj + (int64_t)d * V;
-        const float gd = o->gamma[d];
-        for (int j = 0; j < w; j++) row[j] *= gd;
-    }
-    kda_gemm(K, w, c, o->KT, KDA_CHUNK, 1, D, w, Sj, V, 1);
+    kda_gemm_tri(c, w, c, o->Aqk, KDA_CPU_CHUNK, 1, D, w, O, w, 1, 1);
+    /* S ← Diag(γ) S + K̃ᵀ Δ (the decay in the product's store, not a pass of its own) */
+    kda_gemm_ex(K, w, c, o->KT, KDA_CPU_CHUNK, 1, D, w, Sj, V, KDA_GEMM_SCALE_ADD, o->gamma, 0, 0);
 
     for (int i = 0; i < c; i++) {
         float *row = O + i * w;
@@ -638,17 +636,17 @@ static void task_whole(void *arg, int64_t item, int thread) {
         nan_from[u] = eos;
         poisoned[u] = 0;
     }
-    for (int64_t t0 = bos; t0 < eos; t0 += KDA_CHUNK) {
-        const int c = eos - t0 < KDA_CHUNK ? (int)(eos - t0) : KDA_CHUNK;
+    for (int64_t t0 = bos; t0 < eos; t0 += KDA_CPU_CHUNK) {
+        const int c = eos - t0 < KDA_CPU_CHUNK ? (int)(eos - t0) : KDA_CPU_CHUNK;
         int live = 0;
         for (int u = 0; u < nh; u++) { /* the heads of the group chunk by chunk: a token's rows share pages */
             if (t0 >= nan_from[u]) continue;
             live = 1;
             /* prefetch the next head's rows of this chunk (the same pages), or the first head's of the next */
             const int64_t nt0 = u + 1 < nh ? t0 : t0 + c;
-            const int nc = eos - nt0 < KDA_CHUNK ? (int)(eos - nt0) : KDA_CHUNK;
+            const int nc = eos - nt0 < KDA_CPU_CHUNK ? (int)(eos - nt0) : KDA_CPU_CHUNK;
             chunk_prep(p, &s, &s.pr, t0, c, h0 + u, nt0, u + 1 < nh ? h0 + u + 1 : h0, nh > 1 ? nc : 0);
-            if (job->rows) /* the state before this chunk */
+            if (job->rows && (t0 - bos) % KDA_CHUNK == 0) /* the state before each 64-token chunk (KDA_CHUNK) */
                 kda_cpu_store_chunk_state(p, job->rows[n] + (t0 - bos) / KDA_CHUNK, h0 + u, s.S + (size_t)u * K * V, 0, V);
             chunk_recurrence(p, &s.pr, s.S + (size_t)u * K * V, 0, V, s.D, s.O, t0, c, h0 + u);
             if (s.pr.bad < c) {
@@ -690,8 +688,8 @@ static int flow_try_prep(job_t *job, scratch_t *s) {
         if (atomic_load_explicit(&job->done[r], memory_order_acquire) <= ci - KDA_CPU_RING) return 0;
     int_fast64_t expect = ci;
     if (!atomic_compare_exchange_strong(&job->next_prep, &expect, ci + 1)) return 1;
-    const int64_t t0 = job->bos + ci * KDA_CHUNK;
-    const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
+    const int64_t t0 = job->bos + ci * KDA_CPU_CHUNK;
+    const int c = job->eos - t0 < KDA_CPU_CHUNK ? (int)(job->eos - t0) : KDA_CPU_CHUNK;
     chunk_prep(job->p, s, &job->ring[ci % KDA_CPU_RING], t0, c, job->h, 0, 0, 0);
     atomic_store_explicit(&job->ready[ci % KDA_CPU_RING], ci, memory_order_release);
     return 1;
@@ -715,9 +713,10 @@ static void task_flow(void *arg, int64_t item, int thread) {
         const prep_t *pr = &job->ring[ci % KDA_CPU_RING];
         while (atomic_load_explicit(&job->ready[ci % KDA_CPU_RING], memory_order_acquire) != ci)
             if (!flow_try_prep(job, &s)) spin_pause(&spins);
-        const int64_t t0 = job->bos + ci * KDA_CHUNK;
-        const int c = job->eos - t0 < KDA_CHUNK ? (int)(job->eos - t0) : KDA_CHUNK;
-        if (job->rows) kda_cpu_store_chunk_state(p, job->row0 + ci, job->h, job->S, j0, w); /* before the chunk */
+        const int64_t t0 = job->bos + ci * KDA_CPU_CHUNK;
+        const int c = job->eos - t0 < KDA_CPU_CHUNK ? (int)(job->eos - t0) : KDA_CPU_CHUNK;
+        if (job->rows && (t0 - job->bos) % KDA_CHUNK == 0) /* the state before each 64-token chunk */
+            kda_cpu_store_chunk_state(p, job->row0 + (t0 - job->bos) / KDA_CHUNK, job->h, job->S, j0, w);
         chunk_recurrence(p, pr, job->S, j0, w, s.D, s.O, t0, c, job->h);
         const int bad = pr->bad < c;
         atomic_store_explicit(&job->done[r], ci + 1, memory_order_release);
@@ -809,7 +808,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
         int poisoned = 0;
         int64_t nan_from = job.eos; /* tokens from here on are NaN without arithmetic */
         if (job.eos > job.bos) {
-            job.nchunks = (job.eos - job.bos + KDA_CHUNK - 1) / KDA_CHUNK;
+            job.nchunks = (job.eos - job.bos + KDA_CPU_CHUNK - 1) / KDA_CPU_CHUNK;
             atomic_store(&job.next_prep, 0);
             atomic_store(&job.stop, 0);
             for (int i = 0; i < KDA_CPU_RING; i++) atomic_store(&job.ready[i], -1);
@@ -818,7 +817,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
             const int64_t stop = atomic_load(&job.stop);
             if (stop) {
                 poisoned = 1;
-                nan_from = job.bos + stop * KDA_CHUNK;
+                nan_from = job.bos + stop * KDA_CPU_CHUNK;
                 nan_from = nan_from < job.eos ? nan_from : job.eos;
             }
         }

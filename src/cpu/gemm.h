@@ -1,7 +1,7 @@
 /*
  * Small float32 matrix products for the CPU chunked path.
  *
- *     C[m×n] = (accumulate ? C : 0) + A[m×kd] · B[kd×n]
+ *     C[m×n] = (accumulate ? C : 0) + A[m×kd] · B[kd×n]     (kda_gemm_ex: also X − A·B and Diag(X) C + A·B)
  *
  * (kda_gemm_tri: A is lower triangular, A(i, l) = 0 for l > i. Those terms are never formed: row i of C only
  * reads rows l ≤ i of B, so a non-finite value in a later row of B cannot reach it through 0·inf — the
@@ -96,12 +96,23 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
         for (int r = 0; r < mr; r++)                                                                         \
             for (int u = 0; u < NVT; u++) {                                                                  \
                 float *c = cr + (int64_t)r * ldc + j + u * KDA_GEMM_VW;                                      \
-                kda_stv(c, accumulate ? kda_ldv(c) + acc[r][u] : acc[r][u]);                                 \
+                kda_vf y = acc[r][u];                                                                        \
+                if (mode == KDA_GEMM_ADD) y = kda_ldv(c) + y;                                                \
+                if (mode == KDA_GEMM_SUB_FROM) y = kda_ldv(xr + (int64_t)r * ldx + j + u * KDA_GEMM_VW) - y; \
+                if (mode == KDA_GEMM_SCALE_ADD) y = kda_ldv(c) * X[i + r] + y;                               \
+                kda_stv(c, y);                                                                               \
             }                                                                                                \
     } while (0)
 
-KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
-                             int64_t ldb, float *C, int64_t ldc, int accumulate, int lower) {
+/* What a product does with C (mode): C = A·B; C += A·B; C = X − A·B (X m×n, row stride ldx); C = Diag(X) C + A·B
+ * (X the m row scales: C[i][j]·X[i] + (A·B)[i][j], one expression). */
+#define KDA_GEMM_SET 0
+#define KDA_GEMM_ADD 1
+#define KDA_GEMM_SUB_FROM 2
+#define KDA_GEMM_SCALE_ADD 3
+
+KDA_INLINE void kda_gemm_ex(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
+                            int64_t ldb, float *C, int64_t ldc, int mode, const float *X, int64_t ldx, int lower) {
     const int nr = n - n % KDA_GEMM_NR, nv = n - n % KDA_GEMM_VW;
     for (int i = 0; i < m; i += KDA_GEMM_MR) {
         const int mr = m - i < KDA_GEMM_MR ? m - i : KDA_GEMM_MR;
@@ -115,6 +126,7 @@ KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, 
         }
         const int lfull = lower ? (i < kd ? i + 1 : kd) : kd; /* every row of the tile takes l < lfull */
         float *cr = C + (int64_t)i * ldc;
+        const float *xr = mode == KDA_GEMM_SUB_FROM ? X + (int64_t)i * ldx : NULL;
         if (KDA_GEMM_MR > 4 && mr <= 4) { /* a short last tile: 4 rows (64 = 10·6 + 4, 16 = 2·6 + 4) */
             const int lend = lim[3];
             for (int j = 0; j < nr; j += KDA_GEMM_NR) KDA_GEMM_TILE(4, KDA_GEMM_NV);
@@ -129,15 +141,23 @@ KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, 
                 float s = 0.0f;
                 for (int l = 0; l < lim[r]; l++) s += ar[r][(int64_t)l * csa] * B[(int64_t)l * ldb + j];
                 float *c = cr + (int64_t)r * ldc + j;
-                *c = accumulate ? *c + s : s;
+                if (mode == KDA_GEMM_ADD) s = *c + s;
+                if (mode == KDA_GEMM_SUB_FROM) s = xr[(int64_t)r * ldx + j] - s;
+                if (mode == KDA_GEMM_SCALE_ADD) s = *c * X[i + r] + s;
+                *c = s;
             }
         }
     }
 }
 
+KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
+                             int64_t ldb, float *C, int64_t ldc, int accumulate, int lower) {
+    kda_gemm_ex(m, n, kd, A, rsa, csa, B, ldb, C, ldc, accumulate ? KDA_GEMM_ADD : KDA_GEMM_SET, NULL, 0, lower);
+}
+
 KDA_INLINE void kda_gemm(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
                          int64_t ldb, float *C, int64_t ldc, int accumulate) {
-    kda_gemm_tri(m, n, kd, A, rsa, csa, B, ldb, C, ldc, accumulate, 0);
+    kda_gemm_ex(m, n, kd, A, rsa, csa, B, ldb, C, ldc, accumulate ? KDA_GEMM_ADD : KDA_GEMM_SET, NULL, 0, 0);
 }
 
 #endif /* KDA_CPU_GEMM_H */
