@@ -586,8 +586,8 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
 /* ---------------------------------------------------------------------------------------------------------
  * Scheduling. Many (sequence, head) tasks: one task per thread item, prep and recurrence chunk by chunk.
  * Fewer tasks than threads: each task in turn, on every thread at once, in one pool run without barriers
- * (the flow schedule). Thread item r < nslices (half the threads, rounded up) owns the column slice r of the
- * recurrence and runs it chunk by chunk; the other items only prepare: each claims the next unprepared chunk
+ * (the flow schedule). Thread item r < nslices owns the column slice r of the recurrence (slice_bounds) and
+ * runs it chunk by chunk; the other items, if any, only prepare: each claims the next unprepared chunk
  * (an atomic counter) and prepares it into a ring of KDA_CPU_RING prep buffers, running ahead of the
  * recurrence by up to the ring; a slice owner whose next chunk is not prepared yet claims and prepares one
  * too, so the preps spread over whichever threads are free. A ring slot is reused once every slice has run
@@ -604,7 +604,8 @@ typedef struct {
     size_t per_thread;  /* bytes */
     /* flow schedule: the current task */
     int64_t bos, eos, nchunks;
-    int h, slice_w, nslices;
+    int h, nslices;
+    int slice_j0[KDA_CPU_MAX_SLICES + 1]; /* slice r: columns [slice_j0[r], slice_j0[r + 1]) */
     int group;          /* many-task schedule: value heads per task */
     const int64_t *rows; /* chunk_states: each sequence's first row (kda_chunk_rows), or NULL */
     int64_t row0;       /* flow schedule: the current sequence's first row */
@@ -708,7 +709,7 @@ static void task_flow(void *arg, int64_t item, int thread) {
             if (!flow_try_prep(job, &s)) spin_pause(&spins);
         return;
     }
-    const int r = (int)item, j0 = r * job->slice_w, w = V - j0 < job->slice_w ? V - j0 : job->slice_w;
+    const int r = (int)item, j0 = job->slice_j0[r], w = job->slice_j0[r + 1] - j0;
     for (int64_t ci = 0; ci < job->nchunks; ci++) {
         const prep_t *pr = &job->ring[ci % KDA_CPU_RING];
         while (atomic_load_explicit(&job->ready[ci % KDA_CPU_RING], memory_order_acquire) != ci)
@@ -742,18 +743,34 @@ static int head_group(const kda_context_t *ctx, const kda_problem_t *p) {
     return 1;
 }
 
-/* Column slices of the flow schedule: half as many as threads, rounded up (at most KDA_CPU_MAX_SLICES), a
- * multiple of KDA_GEMM_NR floats wide; the other threads only prepare. Prep and recurrence cost about the same
- * at K = V = 128 (52 % and 48 % of a chunk on one thread), so on 2 threads one thread runs the whole-width
- * recurrence (and prepares when its next chunk is not ready) while the other prepares: each prep crosses from
- * one core to the other once, and the recurrence keeps its full-width tiles (docs/PERF.md: 1.90x against 1.77x
- * with two column slices, T16384 HQK = HV = 1). */
-static int slice_width(const kda_context_t *ctx, const kda_problem_t *p) {
-    const int V = p->a.head_dim_v, nr = KDA_GEMM_NR, half = (ctx->num_threads + 1) / 2;
-    const int n = half < KDA_CPU_MAX_SLICES ? half : KDA_CPU_MAX_SLICES;
-    int w = (V + n - 1) / n;
+/* Column slices of the flow schedule (bounds into j0[0..n], n returned), each a multiple of KDA_GEMM_NR floats wide.
+ * A prep costs about ρ = 64 / V of a whole-width recurrence (K = V = 128, 16-token chunks: 0.5, docs/PERF.md "Fifth
+ * pass"). Where one thread can prepare every chunk and still run a slice, every thread owns a slice and the last
+ * one is narrower by the preps: n threads, each (1 + ρ) / n of a chunk's work, the last a slice of ((1 + ρ) / n − ρ)
+ * V columns (2 threads, V = 128: 96 + 32). Its slice ends first, so it runs ahead and prepares the chunks (a thread
+ * prepares only when its next chunk is not ready). Otherwise half the threads (rounded up) own equal slices and the
+ * others only prepare (2 threads, V = 64: one whole-width recurrence and one prep thread). The slicing never
+ * changes a result (gemm.h: one FMA chain per element, whatever the columns). */
+static int slice_bounds(const kda_context_t *ctx, const kda_problem_t *p, int *j0) {
+    const int V = p->a.head_dim_v, nr = KDA_GEMM_NR, T = ctx->num_threads;
+    const double rho = 64.0 / V;
+    const int last = (int)(((1.0 + rho) / T - rho) * V / nr + 0.5) * nr; /* the preparing thread's slice */
+    if (T <= KDA_CPU_MAX_SLICES && last >= nr && last < V && (V - last) / (T - 1) >= nr) {
+        const int w = ((V - last) / (T - 1) + nr - 1) / nr * nr;
+        int n = 0;
+        for (int c = 0; c < V - last; c += w) j0[n++] = c;
+        j0[n++] = V - last;
+        j0[n] = V;
+        return n;
+    }
+    const int half = (T + 1) / 2, ns = half < KDA_CPU_MAX_SLICES ? half : KDA_CPU_MAX_SLICES;
+    int w = (V + ns - 1) / ns;
     w = (w + nr - 1) / nr * nr;
-    return w < V ? w : V;
+    w = w < V ? w : V;
+    int n = 0;
+    for (int c = 0; c < V; c += w) j0[n++] = c;
+    j0[n] = V;
+    return n;
 }
 
 static size_t per_thread_bytes(const kda_problem_t *p) {
@@ -793,8 +810,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
     for (int i = 0; i < KDA_CPU_RING; i++) carve_prep((float *)(base + i * per_prep), K, V, &ring[i]);
     job.ring = ring;
     job.S = (float *)(base + KDA_CPU_RING * per_prep);
-    job.slice_w = slice_width(ctx, p);
-    job.nslices = (V + job.slice_w - 1) / job.slice_w;
+    job.nslices = slice_bounds(ctx, p, job.slice_j0);
     for (int64_t item = 0; item < p->num_seqs * p->a.num_v_heads; item++) {
         const int64_t n = item / p->a.num_v_heads;
         job.h = (int)(item % p->a.num_v_heads);
