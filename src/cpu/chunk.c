@@ -1,8 +1,8 @@
 /*
  * CPU chunked forward: the WY (chunk) form of KDA, float32 arithmetic, (sequence, value head) tasks.
  *
- * Notation of docs/ALGORITHM.md. A sequence is cut into chunks of C = 64 tokens (the last may be shorter).
- * Inside a chunk, with G_i = g_0 + ... + g_i the cumulative log decay (a K-vector) and Γ_i = Diag(exp(G_i)):
+ * Notation of docs/ALGORITHM.md. A sequence is cut into chunks of C = KDA_CPU_CHUNK = 16 tokens (the last may be
+ * shorter). Inside a chunk, with G_i = g_0 + ... + g_i the cumulative log decay (a K-vector) and Γ_i = Diag(exp(G_i)):
  *
  *   A[i][j]   = β_i Σ_d k_i[d] k_j[d] e^{G_i[d] − G_j[d]}      j < i      (strictly lower)
  *   Aqk[i][j] = s   Σ_d q_i[d] k_j[d] e^{G_i[d] − G_j[d]}      j ≤ i      (s = scale)
@@ -479,7 +479,8 @@ KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scal
         /* blocks left of the diagonal, one product: columns of block J scaled by e^{P − E_J} */
         for (int j0 = 0; j0 < b0; j0 += KDA_SUB) {
             kda_expf_row_fin(e, P, s->G + (j0 + KDA_SUB - 1) * K, K);
-            for (int d = 0; d < K; d++) scale_cols(s->fbt + d * KDA_CPU_CHUNK + j0, s->kc + d * KDA_CPU_CHUNK + j0, e[d]);
+            for (int d = 0; d < K; d++)
+                scale_cols(s->fbt + d * KDA_CPU_CHUNK + j0, s->kc + d * KDA_CPU_CHUNK + j0, e[d]);
         }
         factor_gemm(ni, b0, s->fa2, K, s->fbt, KDA_CPU_CHUNK, s->A + b0 * KDA_CPU_CHUNK);
         factor_gemm(ni, b0, s->fq2, K, s->fbt, KDA_CPU_CHUNK, Aqk + b0 * KDA_CPU_CHUNK);
@@ -525,7 +526,8 @@ KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
         memset(Ti, 0, sizeof(float) * KDA_CPU_CHUNK);
         Ti[i] = 1.0f;
         for (int m = 0; m < i; m++)
-            row_axpy(Ti, -s->A[i * KDA_CPU_CHUNK + m], T + m * KDA_CPU_CHUNK, (m + KDA_GEMM_VW) / KDA_GEMM_VW * KDA_GEMM_VW);
+            row_axpy(Ti, -s->A[i * KDA_CPU_CHUNK + m], T + m * KDA_CPU_CHUNK,
+                     (m + KDA_GEMM_VW) / KDA_GEMM_VW * KDA_GEMM_VW);
     }
 }
 
