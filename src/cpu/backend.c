@@ -3,7 +3,6 @@
  * kda_backend_ops_t table (forward = chunked, decode = recurrent).
  */
 #include <errno.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -68,35 +67,35 @@ void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S) {
     kda_cpu_poison_columns(S, K, V); /* the non-finite contract (docs/ALGORITHM.md §7): per value channel */
 }
 
-void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
-    if (!a->final_state || slot < 0) return;
-    const int64_t base = (slot * a->num_v_heads + h) * (int64_t)K * V;
-    if (!a->state_v_first) {
-        for (int i = 0; i < K; i++) kda_store_row(a->final_state, a->final_state_dtype, base + (int64_t)i * V, S + (size_t)i * V, V);
-    } else {
-        for (int j = 0; j < V; j++)
-            for (int i = 0; i < K; i++)
-                kda_store_f32(a->final_state, a->final_state_dtype, base + (int64_t)j * K + i, S[(size_t)i * V + j]);
-    }
-}
-
-void kda_cpu_store_chunk_state(const kda_problem_t *p, int64_t row, int h, const float *S, int j0, int w) {
+/* Columns [j0, j0 + w) of S (K×V K-major) into head h of row `row` of a state tensor (final_state or
+ * chunk_states: [rows, HV, K, V], V-first [rows, HV, V, K]) of dtype dt. */
+static void store_head(const kda_problem_t *p, void *dst, kda_dtype_t dt, int64_t row, int h, const float *S, int j0,
+                       int w) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     const int64_t base = (row * a->num_v_heads + h) * (int64_t)K * V;
-    for (int i = 0; i < K; i++)
+    if (!a->state_v_first) {
+        for (int i = 0; i < K; i++) kda_store_row(dst, dt, base + (int64_t)i * V + j0, S + (size_t)i * V + j0, w);
+    } else {
         for (int j = j0; j < j0 + w; j++)
-            kda_store_f32(a->chunk_states, a->chunk_states_dtype,
-                          base + (a->state_v_first ? (int64_t)j * K + i : (int64_t)i * V + j),
-                          S ? S[(size_t)i * V + j] : NAN);
+            for (int i = 0; i < K; i++) kda_store_f32(dst, dt, base + (int64_t)j * K + i, S[(size_t)i * V + j]);
+    }
 }
 
-void kda_cpu_nan_chunk_states(const kda_problem_t *p, int64_t row0, int64_t bos, int64_t t0, int64_t eos, int h) {
+void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S) {
+    if (!p->a.final_state || slot < 0) return;
+    store_head(p, p->a.final_state, p->a.final_state_dtype, slot, h, S, 0, p->a.head_dim_v);
+}
+
+void kda_cpu_store_chunk_state(const kda_problem_t *p, int64_t row, int h, const float *S, int j0, int w) {
+    store_head(p, p->a.chunk_states, p->a.chunk_states_dtype, row, h, S, j0, w);
+}
+
+void kda_cpu_store_chunk_states_from(const kda_problem_t *p, int64_t row0, int64_t bos, int64_t t0, int64_t eos, int h,
+                                     const float *S) {
     if (!p->a.chunk_states) return;
     for (int64_t c = (t0 - bos + KDA_CHUNK - 1) / KDA_CHUNK; bos + c * KDA_CHUNK < eos; c++)
-        kda_cpu_store_chunk_state(p, row0 + c, h, NULL, 0, p->a.head_dim_v);
+        kda_cpu_store_chunk_state(p, row0 + c, h, S, 0, p->a.head_dim_v);
 }
 
 /* Headwise β (one β per value channel: a T = (I + A)⁻¹ per channel) and per-token state slots (2-D

@@ -665,7 +665,7 @@ static void task_whole(void *arg, int64_t item, int thread) {
         if (poisoned[u]) {
             store_nan_rows(p, s.O, nan_from[u], eos, h0 + u);
             for (int64_t i = 0; i < (int64_t)K * V; i++) S[i] = NAN;
-            if (job->rows) kda_cpu_nan_chunk_states(p, job->rows[n], bos, nan_from[u], eos, h0 + u);
+            if (job->rows) kda_cpu_store_chunk_states_from(p, job->rows[n], bos, nan_from[u], eos, h0 + u, S);
         }
         kda_cpu_store_state(p, slot, h0 + u, S);
     }
@@ -845,7 +845,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
             carve((float *)job.ws, K, V, &s);
             store_nan_rows(p, s.O, nan_from, job.eos, job.h);
             for (int64_t i = 0; i < (int64_t)K * V; i++) job.S[i] = NAN;
-            if (job.rows) kda_cpu_nan_chunk_states(p, job.row0, job.bos, nan_from, job.eos, job.h);
+            if (job.rows) kda_cpu_store_chunk_states_from(p, job.row0, job.bos, nan_from, job.eos, job.h, job.S);
         }
         kda_cpu_store_state(p, slot, job.h, job.S);
     }

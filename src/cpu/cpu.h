@@ -10,11 +10,12 @@
 void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S);
 /* Store S into head h of final_state slot `slot` (nothing when negative or no final_state). */
 void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S);
-/* Columns [j0, j0 + w) of S (K×V K-major; NULL: NaN) into row `row` of chunk_states, head h. */
+/* Columns [j0, j0 + w) of S (K×V K-major) into row `row` of chunk_states, head h. */
 void kda_cpu_store_chunk_state(const kda_problem_t *p, int64_t row, int h, const float *S, int j0, int w);
-/* NaN into the chunk_states rows of sequence n's chunks from token t0 on (row0: its first row), head h: the
- * states after a poisoning token (the non-finite contract). */
-void kda_cpu_nan_chunk_states(const kda_problem_t *p, int64_t row0, int64_t bos, int64_t t0, int64_t eos, int h);
+/* S into every chunk_states row of the chunks of a sequence [bos, eos) that start at token t0 or later (row0: its
+ * first row), head h: after a poisoning token, with S all NaN (the non-finite contract). */
+void kda_cpu_store_chunk_states_from(const kda_problem_t *p, int64_t row0, int64_t bos, int64_t t0, int64_t eos, int h,
+                                     const float *S);
 
 kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);

@@ -58,24 +58,16 @@ static void load_vec(double *x, const void *src, kda_dtype_t dt, int64_t off, in
     }
 }
 
-static void store_state(const kda_problem_t *p, int64_t slot, int h, const double *S) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
-    if (!a->final_state || slot < 0) return;
+/* S (K×V, K-major) into head h of row `row` of a state tensor (final_state's slot, or a chunk_states row) */
+static void store_head(const kda_problem_t *p, void *dst, kda_dtype_t dt, int64_t row, int h, const double *S) {
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v;
     for (int i = 0; i < K; i++)
-        for (int j = 0; j < V; j++)
-            kda_store_f32(a->final_state, a->final_state_dtype, state_index(p, slot, h, i, j), (float)S[i * V + j]);
+        for (int j = 0; j < V; j++) kda_store_f32(dst, dt, state_index(p, row, h, i, j), (float)S[i * V + j]);
 }
 
-/* S (K×V, K-major) as row `row` of chunk_states, value head h, in its dtype and layout */
-static void store_chunk_state(const kda_problem_t *p, int64_t row, int h, const double *S) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
-    const int64_t base = (row * a->num_v_heads + h) * (int64_t)K * V;
-    for (int i = 0; i < K; i++)
-        for (int j = 0; j < V; j++)
-            kda_store_f32(a->chunk_states, a->chunk_states_dtype,
-                          base + (a->state_v_first ? (int64_t)j * K + i : (int64_t)i * V + j), (float)S[i * V + j]);
+static void store_state(const kda_problem_t *p, int64_t slot, int h, const double *S) {
+    if (!p->a.final_state || slot < 0) return;
+    store_head(p, p->a.final_state, p->a.final_state_dtype, slot, h, S);
 }
 
 static int all_finite(const double *x, int n) {
@@ -165,7 +157,7 @@ static void ref_run(const kda_problem_t *p, int64_t n, int h, int64_t t_end, dou
 
     for (int64_t t = bos; t < t_end; t++) {
         if (write && a->chunk_states && (t - bos) % KDA_CHUNK == 0) /* the state before this chunk's tokens */
-            store_chunk_state(p, row0 + (t - bos) / KDA_CHUNK, h, S);
+            store_head(p, a->chunk_states, a->chunk_states_dtype, row0 + (t - bos) / KDA_CHUNK, h, S);
         if (kda_ref_token(p, t, h, q, k, v, gate, beta)) poisoned = 1;
         if (poisoned)
             for (int i = 0; i < K * V; i++) S[i] = NAN;

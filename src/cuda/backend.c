@@ -221,17 +221,24 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 /* chunk_states: S before every chunk, by the recurrence kernel in KDA_REC_STATES mode over the prep's blocks (no O
  * products), into the caller's tensor. It runs before the forward's own recurrence, which may overwrite an
  * in-place initial state; whole sequences, whatever the CP split of the forward. */
+/* The recurrence kernel in KDA_REC_STATES mode over whole sequences, with its tiling (rp: the problem and where the
+ * states go; the forward's and the backward's stage 1 both launch through here). */
+static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
+                             kda_rec_params_t *rp, int device, void *stream) {
+    rp->mode = KDA_REC_STATES;
+    rp->bv = choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
+    rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
+    rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
+    return cfg->rec(rp, device, stream);
+}
+
 static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
                              const kda_rec_params_t *fwd, int device, void *stream) {
     kda_rec_params_t rp = *fwd;
-    rp.mode = KDA_REC_STATES;
-    rp.bv = choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
-    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma;
     rp.chunk_states = NULL;
     rp.states_out = p->a.chunk_states;
     rp.states_out_dtype = (int)p->a.chunk_states_dtype;
-    return cfg->rec(&rp, device, stream);
+    return launch_rec_states(impl, p, cfg, &rp, device, stream);
 }
 
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
@@ -471,12 +478,8 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
     rp.K = bw->K;
     rp.V = bw->V;
     rp.v_first = bw->v_first;
-    rp.bv = choose_bv(impl, p, bw->vc);
-    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma;
-    rp.mode = KDA_REC_STATES;
     rp.chunk_states = bw->states;
-    return cfg->rec(&rp, device, stream);
+    return launch_rec_states(impl, p, cfg, &rp, device, stream);
 }
 
 static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,

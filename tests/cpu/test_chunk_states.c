@@ -28,18 +28,23 @@ static int64_t rows_of(const kda_synth_config_t *c) {
 
 static size_t dt_size(kda_dtype_t dt) { return dt == KDA_FLOAT32 ? 4 : 2; }
 
-/* Run `ctx` on c with chunk_states of dtype dt; returns the malloc'd rows (poisoned before the call). */
+/* Run `ctx` on a with chunk_states of dtype dt, n elements, poisoned before the call; returns them (malloc'd). */
+static void *rows_run(kda_context_t *ctx, kda_args_t *a, kda_dtype_t dt, int64_t n) {
+    void *cs = malloc((size_t)(n > 0 ? n : 1) * dt_size(dt));
+    kda_synth_poison(cs, dt, n);
+    a->chunk_states = cs;
+    a->chunk_states_dtype = dt;
+    CHECK(kda_run_host(ctx, a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    return cs;
+}
+
+/* rows_run on fresh inputs of c, every row (count in *elems) */
 static void *run_states(kda_context_t *ctx, const kda_synth_config_t *c, kda_dtype_t dt, int64_t *elems) {
     kda_synth_t s;
     kda_args_t a;
     CHECK(kda_synth_make(c, &s, &a) == 0, "synth");
     *elems = rows_of(c) * c->hv * c->k * c->v;
-    void *cs = malloc((size_t)(*elems > 0 ? *elems : 1) * dt_size(dt));
-    kda_synth_poison(cs, dt, *elems);
-    a.chunk_states = cs;
-    a.chunk_states_dtype = dt;
-    kda_status_t st = kda_run_host(ctx, &a, KDA_ALGO_FORWARD);
-    CHECK(st == KDA_STATUS_SUCCESS, "%s: %s", kda_describe(c), kda_last_error());
+    void *cs = rows_run(ctx, &a, dt, *elems);
     kda_synth_free(&s);
     return cs;
 }
@@ -115,10 +120,7 @@ TEST(chunk_states_equal_prefix_final_states) {
         kda_args_t a;
         CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
         const int64_t per = (int64_t)c.k * c.v, rows = rows_of(&c);
-        float *cs = (float *)malloc(sizeof(float) * (size_t)(rows * per));
-        kda_synth_poison(cs, KDA_FLOAT32, rows * per);
-        a.chunk_states = cs;
-        CHECK(kda_run_host(cpu_threads(threads), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        float *cs = (float *)rows_run(cpu_threads(threads), &a, KDA_FLOAT32, rows * per);
         CHECK(kda_rel_err(cs, KDA_FLOAT32, s.h0, KDA_FLOAT32, per) == 0.0, "row 0 is not the initial state");
         for (int64_t r = 1; r < rows; r++) {
             kda_args_t b = a;
@@ -172,14 +174,8 @@ TEST(chunk_states_poisoned_token) {
         CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
         const int64_t per = (int64_t)c.k * c.v, rows = rows_of(&c), tok = 4 * 64 + 10;
         ((float *)s.v)[tok * c.v + 5] = NAN;
-        float *cs = (float *)malloc(sizeof(float) * (size_t)(rows * per));
-        float *ref = (float *)malloc(sizeof(float) * (size_t)(rows * per));
-        kda_synth_poison(cs, KDA_FLOAT32, rows * per);
-        kda_synth_poison(ref, KDA_FLOAT32, rows * per);
-        a.chunk_states = cs;
-        CHECK(kda_run_host(cpu_threads(threads), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-        a.chunk_states = ref;
-        CHECK(kda_run_host(kda_test_reference(), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        float *cs = (float *)rows_run(cpu_threads(threads), &a, KDA_FLOAT32, rows * per);
+        float *ref = (float *)rows_run(kda_test_reference(), &a, KDA_FLOAT32, rows * per);
         for (int64_t r = 0; r < rows; r++) {
             const int64_t bad = kda_count_nonfinite(cs + r * per, KDA_FLOAT32, per);
             CHECK(bad == (r <= tok / 64 ? 0 : per), "%d threads: row %lld has %lld non-finite elements", threads,
@@ -210,12 +206,8 @@ TEST(chunk_states_state_pool) {
     a.initial_state = pool;
     a.state_indices = idx;
     a.num_state_slots = 3;
-    float *cs = (float *)malloc(sizeof(float) * (size_t)(rows * per_slot));
-    float *ref = (float *)malloc(sizeof(float) * (size_t)(rows * per_slot));
-    a.chunk_states = cs;
-    CHECK(kda_run_host(cpu_threads(2), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    a.chunk_states = ref;
-    CHECK(kda_run_host(kda_test_reference(), &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    float *cs = (float *)rows_run(cpu_threads(2), &a, KDA_FLOAT32, rows * per_slot);
+    float *ref = (float *)rows_run(kda_test_reference(), &a, KDA_FLOAT32, rows * per_slot);
     CHECK(rows == 4, "rows %lld", (long long)rows);
     CHECK(memcmp(cs, pool + 2 * per_slot, sizeof(float) * (size_t)per_slot) == 0, "row 0 is not slot 2");
     for (int64_t i = 0; i < per_slot; i++) CHECK(cs[2 * per_slot + i] == 0.0f, "row 2 (a negative slot) not zero");
