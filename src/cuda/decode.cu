@@ -60,13 +60,15 @@
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_TILE 1024 /* state elements per tile: 32 per lane */
 #define FULL 0xffffffffu
-#define DEC_MIN_CTAS 5 /* CTAs per SM the register budget must allow (__launch_bounds__) */
 
 template <int KC>
 struct dec_geom {
     static constexpr int R = KC / 32;          /* rows per lane */
     static constexpr int BV = DEC_TILE / KC;   /* columns per tile */
     static constexpr int LPC = 32 / BV;        /* lanes per column after a col_reduce */
+    /* CTAs per SM the register budget must allow (__launch_bounds__): 5 (96 registers, 20 warps per SM); 4 for
+     * KC = 256, whose 8 rows of q, k, g per lane are in flight beside the tile */
+    static constexpr int MIN_CTAS = KC == 256 ? 4 : 5;
     static_assert(KC % 32 == 0 && DEC_TILE % KC == 0 && BV >= 2, "decode tile geometry");
 };
 
@@ -289,14 +291,14 @@ DEV void load_state(const kda_decode_params_t &p, int has, int64_t base, int j0,
                 else ld_16<BV>((const uint16_t *)p.h0 + off, 0, S[r]);
             }
         }
-    } else {
+    } else { /* 32-bit offsets from the head block's address */
+        const void *hb = (const char *)p.h0 + base * (p.h0_dtype == KDA_DT_F32 ? 4 : 2);
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int c = 0; c < BV; c++) {
                 const int i = i0 + r, j = j0 + c;
-                const int64_t off = base + (VF ? (int64_t)j * K + i : (int64_t)i * V + j);
-                S[r][c] = i < K && j < V ? load_elem(p.h0, p.h0_dtype, off) : 0.f;
+                S[r][c] = i < K && j < V ? load_elem(hb, p.h0_dtype, VF ? j * K + i : i * V + j) : 0.f;
             }
     }
 }
@@ -327,13 +329,13 @@ DEV void store_state(const kda_decode_params_t &p, int64_t base, int j0, int lan
             }
         }
     } else {
+        void *hb = (char *)p.ht + base * (p.ht_dtype == KDA_DT_F32 ? 4 : 2);
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int c = 0; c < BV; c++) {
                 const int i = i0 + r, j = j0 + c;
-                const int64_t off = base + (VF ? (int64_t)j * K + i : (int64_t)i * V + j);
-                if (i < K && j < V) store_elem(p.ht, p.ht_dtype, off, S[r][c]);
+                if (i < K && j < V) store_elem(hb, p.ht_dtype, VF ? j * K + i : i * V + j, S[r][c]);
             }
     }
 }
@@ -391,20 +393,26 @@ DEV void load_token(const kda_decode_params_t &p, const dec_item &d, int64_t t, 
     const int64_t vrow = (t * p.hv + d.h) * V;
     x.v = load_elem(p.v, p.dtype, vrow + jj);
     x.b = load_elem(p.beta, p.beta_dtype, p.beta_headwise ? vrow + jj : t * p.hv + d.h);
-    /* the whole v (and headwise β) row: a token with a non-finite element poisons every tile of the head */
-    int bad = 0;
-#pragma unroll
+    /* the whole v (and headwise β) row: a token with a non-finite element poisons every tile of the head; x·0
+     * is NaN exactly for ±∞ and NaN (4 loads in flight at a time: registers) */
+    float z = 0.f;
+#pragma unroll 4
     for (int u = 0; u < KDA_MAX_HEAD_DIM / 32; u++) {
         const int e = lane + 32 * u;
-        if (e < V) {
-            bad |= !finite_f(load_elem(p.v, p.dtype, vrow + e));
-            if (p.beta_headwise) {
+        if (e < V) z = fmaf(load_elem(p.v, p.dtype, vrow + e), 0.f, z);
+    }
+    if (p.beta_headwise) {
+#pragma unroll 4
+        for (int u = 0; u < KDA_MAX_HEAD_DIM / 32; u++) {
+            const int e = lane + 32 * u;
+            if (e < V) {
                 float b = load_elem(p.beta, p.beta_dtype, vrow + e);
                 if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
-                bad |= !finite_f(b);
+                z = fmaf(b, 0.f, z);
             }
         }
     }
+    const int bad = z != z;
     x.bad = bad;
 }
 
@@ -504,11 +512,11 @@ DEV void decode_tile(const kda_decode_params_t &p, const dec_item &d, int lane, 
     if (!per_token && p.ht && d.rslot >= 0) store_state<VF, KC, SF32, EX>(p, (d.rslot * p.hv + d.h) * per_head, j0, lane, S);
 }
 
-/* 5 CTAs of 128 threads per SM: at most 96 registers per thread, 20 warps per SM (at 64 registers, 32 warps,
- * every instance spilled 250-1200 bytes: the 32 state registers, the first token's inputs in flight beside the
- * tile's loads, and the reductions' partial sums do not fit beside the addresses). */
+/* dec_geom MIN_CTAS CTAs of 128 threads per SM: at most 96 registers per thread, 20 warps per SM (at 64
+ * registers, 32 warps, every instance spilled 50-900 bytes: the 32 state registers, the first token's inputs in
+ * flight beside the tile's loads, and the reductions' partial sums do not fit beside the addresses). */
 template <int VF, int KC, int SF32, int EX>
-__global__ void __launch_bounds__(DEC_THREADS, DEC_MIN_CTAS) kda_decode_kernel(const kda_decode_params_t p) {
+__global__ void __launch_bounds__(DEC_THREADS, dec_geom<KC>::MIN_CTAS) kda_decode_kernel(const kda_decode_params_t p) {
     const int lane = threadIdx.x & 31, ntiles = (p.vd + dec_geom<KC>::BV - 1) / dec_geom<KC>::BV;
     const int64_t nitems = p.num_seqs * p.hv * ntiles, stride = (int64_t)gridDim.x * DEC_WARPS;
     /* vector loads of the lane's R input rows: rows of whole vectors and aligned bases (decode_plan) */
