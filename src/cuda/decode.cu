@@ -16,10 +16,11 @@
  * second version (persistent CTAs, a ring of shared-memory stages filled by bulk copies, one barrier per
  * token) was bound by its per-tile latency chain at 12 warps per SM: its bf16 states took as long as fp32
  * (docs/PERF.md "Decode kernel, third version"). This one is FLA's parallelism written our way: many small
- * independent tiles, no shared memory, no barriers, so the SM's 32+ resident warps keep the bytes in flight.
+ * independent tiles, no shared memory, no barriers, so the SM's resident warps keep the bytes in flight.
  *   - One WARP per tile of K × BV state (DEC_TILE = 1024 elements: BV = 1024 / KC = 16, 8, 4 columns for the
- *     K class KC = 64, 128, 256; 32 fp32 registers per lane); CTAs of 4 independent warps, at most 64
- *     registers per thread (__launch_bounds__(128, 8): 32 warps per SM).
+ *     K class KC = 64, 128, 256; 32 fp32 registers per lane); CTAs of 4 independent warps, at most 96
+ *     registers per thread (__launch_bounds__(128, 5): 20 warps per SM, 80 KB of fp32 tiles in flight per SM;
+ *     KC = 256: 4 CTAs, 128 registers, 16 warps). At 64 registers (32 warps) every instance spilled.
  *   - Item i = (sequence, value head, tile), tile fastest, is warp i of the grid (grid-stride when the grid is
  *     bounded by kda_tuning_t.decode_ctas).
  *   - A warp issues all of its tile's loads and the first token's input loads before it uses any of them;
