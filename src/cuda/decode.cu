@@ -129,7 +129,8 @@ template <int N>
 DEV void st_f32(float *p, const float *x) {
     if (N >= 4) {
 #pragma unroll
-        for (int u = 0; u < N / 4; u++) __stcs((float4 *)p + u, make_float4(x[4 * u], x[4 * u + 1], x[4 * u + 2], x[4 * u + 3]));
+        for (int u = 0; u < N / 4; u++)
+            __stcs((float4 *)p + u, make_float4(x[4 * u], x[4 * u + 1], x[4 * u + 2], x[4 * u + 3]));
     } else if (N == 2) {
         __stcs((float2 *)p, make_float2(x[0], x[1]));
     } else {
@@ -510,7 +511,8 @@ DEV void decode_tile(const kda_decode_params_t &p, const dec_item &d, int lane, 
             if (ws >= 0) store_state<VF, KC, SF32, EX>(p, (ws * p.hv + d.h) * per_head, j0, lane, S);
         }
     }
-    if (!per_token && p.ht && d.rslot >= 0) store_state<VF, KC, SF32, EX>(p, (d.rslot * p.hv + d.h) * per_head, j0, lane, S);
+    if (!per_token && p.ht && d.rslot >= 0)
+        store_state<VF, KC, SF32, EX>(p, (d.rslot * p.hv + d.h) * per_head, j0, lane, S);
 }
 
 /* dec_geom MIN_CTAS CTAs of 128 threads per SM: at most 96 registers per thread, 20 warps per SM (at 64
@@ -564,10 +566,11 @@ static int launch_decode(const kda_decode_params_t *p, void *stream) {
 }
 
 static void decode_plan(kda_decode_params_t *p) {
-    /* state rows of whole 4-element vectors and 16-byte aligned bases (fp32; 8-byte for 16-bit states) */
+    /* state rows of whole 4-element vectors and 16-byte aligned bases (the exact instances load up to 16 bytes
+     * of a row at once, in both dtypes: 8 bf16 columns of a K-first row, 8 bf16 rows at K class 256) */
     const int row = p->v_first ? p->kd : p->vd;
-    const int h0_ok = !p->h0 || ((uintptr_t)p->h0 % (p->h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    const int ht_ok = !p->ht || ((uintptr_t)p->ht % (p->ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
+    const int h0_ok = !p->h0 || (uintptr_t)p->h0 % 16 == 0;
+    const int ht_ok = !p->ht || (uintptr_t)p->ht % 16 == 0;
     p->vec = row % 4 == 0 && h0_ok && ht_ok;
     /* q, k, g, dt_bias: the lane's R elements as one or two vectors (at most 16 bytes each) when the bases are
      * 16-byte aligned (the kernel checks that K is a multiple of R) */

@@ -40,7 +40,7 @@ typedef struct kda_decode_params {
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first, beta_headwise;
 
     /* launch shape (decode_plan) */
-    int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
+    int vec;                         /* state rows of whole 4-element vectors, 16-byte aligned bases */
     int vec_in;                      /* q, k, g, dt_bias bases 16-byte aligned: the lane's rows by vector loads */
     int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: one warp
                                         per tile (the warps walk the tiles grid-stride when bounded) */
@@ -56,9 +56,9 @@ int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode);
  * slot when two or more rows could name one slot, else 0. */
 size_t kda_cuda_claim_bytes(const kda_problem_t *p);
 
-/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs, unused since the third version; forced_ctas: the
- * context's kda_tuning_t.decode_ctas; claim: kda_cuda_claim_bytes of workspace, or NULL when that is 0). No
- * allocation, no host sync. */
+/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs, unused since the
+ * third version's grid of one warp per tile; forced_ctas: the context's kda_tuning_t.decode_ctas; claim:
+ * kda_cuda_claim_bytes of workspace, or NULL when that is 0). No allocation, no host sync. */
 kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_ctas, int32_t *claim,
                                  void *stream, const char *fn);
 
