@@ -61,6 +61,9 @@
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_TILE 1024 /* state elements per tile: 32 per lane */
 #define FULL 0xffffffffu
+#ifndef DEC_MIN_CTAS /* a build-time experiment only (-DDEC_MIN_CTAS=6: 80 registers, 24 warps per SM); no result */
+#define DEC_MIN_CTAS 5 /* depends on it */
+#endif
 
 template <int KC>
 struct dec_geom {
@@ -69,7 +72,7 @@ struct dec_geom {
     static constexpr int LPC = 32 / BV;        /* lanes per column after a col_reduce */
     /* CTAs per SM the register budget must allow (__launch_bounds__): 5 (96 registers, 20 warps per SM); 4 for
      * KC = 256, whose 8 rows of q, k, g per lane are in flight beside the tile */
-    static constexpr int MIN_CTAS = KC == 256 ? 4 : 5;
+    static constexpr int MIN_CTAS = KC == 256 ? 4 : DEC_MIN_CTAS;
     static_assert(KC % 32 == 0 && DEC_TILE % KC == 0 && BV >= 2, "decode tile geometry");
 };
 
