@@ -298,12 +298,14 @@ DEV void load_state(const kda_decode_params_t &p, int has, int64_t base, int j0,
         }
     } else { /* 32-bit offsets from the head block's address */
         const void *hb = (const char *)p.h0 + base * (p.h0_dtype == KDA_DT_F32 ? 4 : 2);
+        int o0 = VF ? j0 * K + i0 : i0 * V + j0, ri = VF ? 1 : V, ci = VF ? K : 1;
+        asm volatile("" : "+r"(o0), "+r"(ri), "+r"(ci)); /* offsets from here: not hoisted as 32 invariants */
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int c = 0; c < BV; c++) {
                 const int i = i0 + r, j = j0 + c;
-                S[r][c] = i < K && j < V ? load_elem(hb, p.h0_dtype, VF ? j * K + i : i * V + j) : 0.f;
+                S[r][c] = i < K && j < V ? load_elem(hb, p.h0_dtype, o0 + r * ri + c * ci) : 0.f;
             }
     }
 }
@@ -335,12 +337,14 @@ DEV void store_state(const kda_decode_params_t &p, int64_t base, int j0, int lan
         }
     } else {
         void *hb = (char *)p.ht + base * (p.ht_dtype == KDA_DT_F32 ? 4 : 2);
+        int o0 = VF ? j0 * K + i0 : i0 * V + j0, ri = VF ? 1 : V, ci = VF ? K : 1;
+        asm volatile("" : "+r"(o0), "+r"(ri), "+r"(ci)); /* offsets from here: not hoisted as 32 invariants */
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int c = 0; c < BV; c++) {
                 const int i = i0 + r, j = j0 + c;
-                if (i < K && j < V) store_elem(hb, p.ht_dtype, VF ? j * K + i : i * V + j, S[r][c]);
+                if (i < K && j < V) store_elem(hb, p.ht_dtype, o0 + r * ri + c * ci, S[r][c]);
             }
     }
 }
