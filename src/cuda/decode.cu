@@ -35,7 +35,7 @@
  * The inputs q, k, g (and dt_bias) of the lane's rows are one vector load each; Σx² of the l2norm is a lane sum
  * and 5 xor shuffles. The reductions over K (d and o) are a transposed butterfly (col_reduce): log2(BV) halving
  * steps (BV/2 + BV/4 + … shuffles) leave each lane one column's partial sum, 5 − log2(BV) more shuffles finish
- * it; lane l then holds column c(l) = l / (32 / BV) (8 + 1 shuffles for BV = 8 instead of 40). δ is computed
+ * it; lane l then holds column c(l) = l / (32 / BV) (7 + 2 shuffles for BV = 8 instead of 40). δ is computed
  * by the lanes of its column and broadcast (BV shuffles); o_j is stored by the first lane of column j.
  *
  * State slots: the tile is read from slot r_n (1-D state_indices[n]; 2-D state_indices[n][a_n − 1] with a_n
