@@ -11,7 +11,7 @@
 #   dev       a development build (-DKDA_DEV=ON) and stage timings by skip bits (bench/stages.py STAGE_ARGS)
 #   devab     the same for .base (legacy KDA_DEV_* variables) and this tree, twice
 #   ncu       utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
-#   decab     bench_decode (no crossover) for this tree and for .var1 (a variant)
+#   decab     bench_decode (no crossover) for this tree and for .var1 (a variant; DEC_VAR=var2 for .var2)
 #   ncudec    ncu of the decode kernel and of FLA's fused_recurrent_kda_fwd_kernel on DEC_NCU_SHAPE
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
@@ -240,11 +240,12 @@ PY
       grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Executed Ipc|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions |Block Limit|Grid Size|Dynamic Shared|L2 Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu_$kn.txt" | head -40
     done
     ;;
-  decab) # the decode benchmark (no crossover) for this tree and for .var1 (a variant, carried)
-    build build-var1 .var1 || exit 1
+  decab) # the decode benchmark (no crossover) for this tree and for .$DEC_VAR (a variant, carried; default var1)
+    dv=${DEC_VAR:-var1}
+    build build-$dv .$dv || exit 1
     fla_site
-    for which in gpu var1; do
-      py=$PWD/python; [ $which = var1 ] && py=$PWD/.var1/python # each library with its own package
+    for which in gpu $dv; do
+      py=$PWD/python; [ $which = $dv ] && py=$PWD/.$dv/python # each library with its own package
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:/tmp/site PYTHONUNBUFFERED=1 \
         python3 bench/bench_decode.py --out "$OUT/decode-$which" --no-crossover >"$LOG/bench_decode_$which.log" 2>&1
       echo "-- $which"; grep -E "ours" "$LOG/bench_decode_$which.log" | cut -c1-120
