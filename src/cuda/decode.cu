@@ -12,45 +12,41 @@
  *     S ← S + k̂ δᵀ
  *     o_t = Sᵀ q̂                                   (a second reduction over K)
  *
- * Decode is a stream over the states: each tile is read once and written once, at a few flops per byte. The
- * second version (persistent CTAs, a ring of shared-memory stages filled by bulk copies, one barrier per
- * token) was bound by its per-tile latency chain at 12 warps per SM: its bf16 states took as long as fp32
- * (docs/PERF.md "Decode kernel, third version"). This one is FLA's parallelism written our way: many small
- * independent tiles, no shared memory, no barriers, so the SM's resident warps keep the bytes in flight.
- *   - One WARP per tile of K × BV state (DEC_TILE = 1024 elements: BV = 1024 / KC = 16, 8, 4 columns for the
- *     K class KC = 64, 128, 256; 32 fp32 registers per lane); CTAs of 4 independent warps, at most 96
- *     registers per thread (__launch_bounds__(128, 5): 20 warps per SM, 80 KB of fp32 tiles in flight per SM;
- *     KC = 256: 4 CTAs, 128 registers, 16 warps). At 64 registers (32 warps) every instance spilled.
- *   - Item i = (sequence, value head, tile), tile fastest, is warp i of the grid (grid-stride when the grid is
- *     bounded by kda_tuning_t.decode_ctas).
- *   - A warp issues all of its tile's loads and the first token's input loads before it uses any of them;
- *     later tokens' inputs are loaded at the top of their token (the other warps of the SM hide that latency).
- *   - Exact instances (EX: K = KC, V a multiple of BV, aligned rows, both states of the instance's dtype) use
- *     vector loads and stores without masks; the general instance works element by element with masks.
- *
- * Lane layout (lane l; R = KC / 32 rows per lane, the same for both state layouts): lane l owns rows
- * i = R·l .. R·l + R − 1 and all BV columns of the tile, S[r][c] = S_{R·l+r, j0+c}.
- *   V-first ([V, K] rows, K contiguous): per column a vector of the lane's R rows (16 bytes fp32 at R = 4);
- *   K-first ([K, V] rows, V contiguous): per row a vector of the tile's BV columns.
- * The inputs q, k, g (and dt_bias) of the lane's rows are one vector load each; Σx² of the l2norm is a lane sum
- * and 5 xor shuffles. The reductions over K (d and o) are a transposed butterfly (col_reduce): log2(BV) halving
- * steps (BV/2 + BV/4 + … shuffles) leave each lane one column's partial sum, 5 − log2(BV) more shuffles finish
- * it; lane l then holds column c(l) = l / (32 / BV) (7 + 2 shuffles for BV = 8 instead of 40). δ is computed
- * by the lanes of its column and broadcast (BV shuffles); o_j is stored by the first lane of column j.
+ * Decode is a stream over the states: each tile is read once and written once, at a few flops per byte; what
+ * bounds the kernel in practice is its instructions per tile and their latencies (docs/PERF.md "Decode kernel,
+ * second version"), so:
+ *   - a tile is DEC_TILE = 4096 state elements (BV = 4096 / KC columns of the K class KC: 64, 32 or 16);
+ *   - persistent CTAs of 128 threads walk the tiles (item i = blockIdx.x + k·gridDim.x); each CTA keeps the
+ *     next NS − 1 tiles in flight in a ring of NS shared-memory stages (dec_stages: 3 for fp32, 4 for bf16),
+ *     by bulk copies completing on one mbarrier per stage (cp.async where rows are not 16-byte aligned), and
+ *     a tile's slot index, bounds, β and A are read one item before its copy is issued (the descriptor ring);
+ *   - the first p.ts (≤ DEC_TS) tokens' input rows travel in the stage with the tile (cp.async of element pairs
+ *     by the thread that later transforms them); later tokens' rows are loaded into registers a token ahead;
+ *     each token's inputs are transformed into shared memory behind the one barrier each token has;
+ *   - exact instances (EX: K = KC, whole tiles, aligned rows, the final state in the stage's dtype) fold the
+ *     offsets and drop the masks;
+ *   - the state goes from its stage into registers (8 four-element chunks per thread), the tokens run there,
+ *     and it is stored from registers (streaming stores).
  *
  * State slots: the tile is read from slot r_n (1-D state_indices[n]; 2-D state_indices[n][a_n − 1] with a_n
  * = num_accepted_tokens[n] clamped into [1, T_max]; none: n), or zeros when r_n is negative or outside the
  * pool; it is written after the last token to r_n (1-D, none), or after every token t to state_indices[n][t]
  * (2-D; nothing for a negative or out-of-pool entry, nothing for tokens past T_max; an empty sequence reads and
- * writes nothing). A slot that a later row also names counts as negative (the claim array of slots.cu). Device
- * contents are never validated here (that needs a host sync): the clamps above are all the kernel does with
- * bad indices.
+ * writes nothing). Device contents are never validated here (that needs a host sync): the clamps above are
+ * all the kernel does with bad indices.
  *
- * Non-finite contract (ALGORITHM.md §7): a token whose q, k, v (all V of them), β (all V of them, after the
- * sigmoid) or gate (after the clamp) has a non-finite value turns the tile into NaN before that token, so o_t,
- * later outputs and the state are NaN (every tile of the head checks the same whole rows); earlier outputs are
- * unchanged. A non-finite value in column j of the initial state makes column j NaN from the first token
- * (value channel j of o and of the state; the recurrence never mixes columns).
+ * Non-finite contract (ALGORITHM.md §7): a token whose q, k, v, β (all V of them) or gate (after the clamp)
+ * has a non-finite value turns the tile into NaN before that token, so o_t, later outputs and the state are
+ * NaN (every tile of the head sees the same inputs); earlier outputs are unchanged. A non-finite value in
+ * column j of the initial state makes column j NaN from the first token (value channel j of o and of the
+ * state; the recurrence never mixes columns).
+ *
+ * Thread layout (a "chunk" is 4 consecutive elements of a memory row; lane l of warp w):
+ *   V-first ([V, K] rows, K contiguous): 8 lanes per row; row j = 16·pass + 4w + (l >> 3), elements
+ *     i = 4(l & 7) + 32c (c < KC / 32); reductions over K: 3 shuffles within the 8 lanes.
+ *   K-first ([K, V] rows, V contiguous): CGW = BV / 16 column groups per warp; lane l holds columns
+ *     4(w·CGW + l % CGW) .. +3 and rows i = l / CGW + RG·a (RG = 32 / CGW, a < 8); reductions over K:
+ *     log2(RG) shuffles within the warp. The stage's rows are padded to 5BV/4 elements (no bank conflicts).
  */
 #include <string.h>
 
@@ -58,150 +54,151 @@
 #include "decode.h"
 
 #define DEC_THREADS 128
-#define DEC_WARPS (DEC_THREADS / 32)
-#define DEC_TILE 1024 /* state elements per tile: 32 per lane */
-#define FULL 0xffffffffu
-#ifndef DEC_MIN_CTAS /* a build-time experiment only (-DDEC_MIN_CTAS=6: 80 registers, 24 warps per SM); no result */
-#define DEC_MIN_CTAS 5 /* depends on it */
-#endif
+#define DEC_TILE 4096 /* state elements per tile */
+#define DEC_NA 8      /* four-element chunks of a tile per thread: DEC_TILE / 4 / DEC_THREADS */
+#define DEC_TS 4      /* at most this many tokens of an item travel in its stage (p.ts); later ones one ahead */
 
+/* Inputs of the current and the next token (double-buffered), and the ring of tile descriptors. */
 template <int KC>
-struct dec_geom {
-    static constexpr int R = KC / 32;          /* rows per lane */
-    static constexpr int BV = DEC_TILE / KC;   /* columns per tile */
-    static constexpr int LPC = 32 / BV;        /* lanes per column after a col_reduce */
-    /* CTAs per SM the register budget must allow (__launch_bounds__): 5 (96 registers, 20 warps per SM); 4 for
-     * KC = 256, whose 8 rows of q, k, g per lane are in flight beside the tile */
-    static constexpr int MIN_CTAS = KC == 256 ? 4 : DEC_MIN_CTAS;
-    static_assert(KC % 32 == 0 && DEC_TILE % KC == 0 && BV >= 2, "decode tile geometry");
+struct dec_io {
+    float q[2][KC], k[2][KC], a[2][KC], v[2][KDA_MAX_HEAD_DIM], b[2][KDA_MAX_HEAD_DIM];
 };
 
 struct dec_item {
     int64_t n, bos, eos, rslot;
     int h, vt, valid; /* valid: an item of this launch that reads or writes anything */
+    int hq;           /* the q/k head of value head h */
+    float beta[DEC_TS], A; /* the staged tokens' raw β (scalar β) and e^{A_log[h]} */
 };
 
 DEV int finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 
-/* ---------------------------------------------------------------------------------------------------------
- * Vectors of N consecutive elements (N a power of two): fp32 as float4 / float2, 16-bit as uint4 / uint2 /
- * uint32 (bf16, or fp16 with F16). The state's go through the streaming path (__ldcs / __stcs).
- * ------------------------------------------------------------------------------------------------------- */
+DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
-DEV void ld_f32(const float *p, float *x) {
-    if (N >= 4) {
-#pragma unroll
-        for (int u = 0; u < N / 4; u++) {
-            const float4 y = __ldcs((const float4 *)p + u);
-            x[4 * u] = y.x, x[4 * u + 1] = y.y, x[4 * u + 2] = y.z, x[4 * u + 3] = y.w;
-        }
-    } else if (N == 2) {
-        const float2 y = __ldcs((const float2 *)p);
-        x[0] = y.x, x[1] = y.y;
-    } else {
-        x[0] = __ldcs(p);
-    }
-}
+DEV void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-template <int N>
-DEV void ld_16(const uint16_t *p, int f16, float *x) {
-    uint32_t w[N >= 2 ? N / 2 : 1];
-    if (N >= 8) {
+/* Sum over the lanes whose lane bits from `from` up differ (xor shuffles from `from` to 16). */
+template <int FROM>
+DEV float lanes_sum(float x) {
 #pragma unroll
-        for (int u = 0; u < N / 8; u++) {
-            const uint4 y = __ldcs((const uint4 *)p + u);
-            w[4 * u] = y.x, w[4 * u + 1] = y.y, w[4 * u + 2] = y.z, w[4 * u + 3] = y.w;
-        }
-    } else if (N == 4) {
-        const uint2 y = __ldcs((const uint2 *)p);
-        w[0] = y.x, w[1] = y.y;
-    } else if (N == 2) {
-        w[0] = __ldcs((const unsigned int *)p);
-    } else {
-        w[0] = __ldcs((const unsigned short *)p);
-    }
-#pragma unroll
-    for (int u = 0; u < (N >= 2 ? N / 2 : 1); u++) {
-        const float2 y = f16 ? unpack_16x2<1>(w[u]) : unpack_16x2<0>(w[u]);
-        x[2 * u] = y.x;
-        if (N >= 2) x[2 * u + 1] = y.y;
-    }
+    for (int o = FROM; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
 }
-
-template <int N>
-DEV void st_f32(float *p, const float *x) {
-    if (N >= 4) {
+template <int FROM>
+DEV int lanes_or(int x) {
 #pragma unroll
-        for (int u = 0; u < N / 4; u++)
-            __stcs((float4 *)p + u, make_float4(x[4 * u], x[4 * u + 1], x[4 * u + 2], x[4 * u + 3]));
-    } else if (N == 2) {
-        __stcs((float2 *)p, make_float2(x[0], x[1]));
-    } else {
-        __stcs(p, x[0]);
-    }
+    for (int o = FROM; o < 32; o <<= 1) x |= __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
 }
-
-template <int N>
-DEV void st_bf16(uint16_t *p, const float *x) {
-    if (N >= 8) {
-#pragma unroll
-        for (int u = 0; u < N / 8; u++)
-            __stcs((uint4 *)p + u, make_uint4(pack_bf16(x[8 * u], x[8 * u + 1]), pack_bf16(x[8 * u + 2], x[8 * u + 3]),
-                                              pack_bf16(x[8 * u + 4], x[8 * u + 5]),
-                                              pack_bf16(x[8 * u + 6], x[8 * u + 7])));
-    } else if (N == 4) {
-        __stcs((uint2 *)p, make_uint2(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3])));
-    } else {
-        __stcs((unsigned int *)p, pack_bf16(x[0], x[1]));
-    }
+/* Sum over the 8 lanes of a V-first row (lane bits 0..2). */
+DEV float row8_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    return x;
 }
-
-/* N consecutive input elements at element `off` of a tensor of runtime dtype; `nv` of them exist (the rest are
- * zero). One vector load when `vec` (the offset is then a multiple of N) and all exist. */
-template <int N>
-DEV void ld_row(const void *base, int dt, int64_t off, int nv, int vec, float *x) {
-    if (vec && nv >= N) {
-        if (dt == KDA_DT_F32) ld_f32<N>((const float *)base + off, x);
-        else ld_16<N>((const uint16_t *)base + off, dt == KDA_DT_F16, x);
-        return;
-    }
-#pragma unroll
-    for (int u = 0; u < N; u++) x[u] = u < nv ? load_elem(base, dt, off + u) : 0.f;
-}
-
-/* ---------------------------------------------------------------------------------------------------------
- * Warp reductions
- * ------------------------------------------------------------------------------------------------------- */
-DEV float warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
+DEV int row8_or(int x) {
+    x |= __shfl_xor_sync(0xffffffffu, x, 1);
+    x |= __shfl_xor_sync(0xffffffffu, x, 2);
+    x |= __shfl_xor_sync(0xffffffffu, x, 4);
     return x;
 }
 
-/* Column sums of a warp's partial sums x[0..BV) (each lane: its rows' part of every column), transposed: at the
- * halving step over lane bit o, the lane with bit o set keeps the upper half of its columns and sends the lower
- * half to its partner, which does the opposite; after log2(BV) steps each lane holds one column's sum over 32 /
- * BV lanes, which 5 − log2(BV) xor shuffles complete. Returns the sum of column c(lane) = lane / (32 / BV);
- * x is clobbered. */
-template <int BV>
-DEV float col_reduce(float *x, int lane) {
-    int o = 16;
-#pragma unroll
-    for (int n = BV; n > 1; n >>= 1, o >>= 1) {
-        const int up = lane & o;
-#pragma unroll
-        for (int i = 0; i < n / 2; i++) {
-            const float send = up ? x[i] : x[i + n / 2], keep = up ? x[i + n / 2] : x[i];
-            x[i] = keep + __shfl_xor_sync(FULL, send, o);
-        }
+/* Four consecutive state elements at element `off` of a state tensor of dtype dt (vectorised when `vec`),
+ * masked by `valid` (how many of the four exist, 0..4). */
+DEV float4 load4(const void *base, int dt, int64_t off, int valid, int vec) {
+    float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (valid <= 0) return r;
+    if (vec && valid == 4) {
+        if (dt == KDA_DT_F32) return *(const float4 *)((const float *)base + off);
+        const uint2 u = *(const uint2 *)((const uint16_t *)base + off);
+        const float2 lo = unpack_bf16(u.x), hi = unpack_bf16(u.y);
+        return make_float4(lo.x, lo.y, hi.x, hi.y);
     }
-#pragma unroll
-    for (; o >= 1; o >>= 1) x[0] += __shfl_xor_sync(FULL, x[0], o);
-    return x[0];
+    r.x = load_elem(base, dt, off);
+    if (valid > 1) r.y = load_elem(base, dt, off + 1);
+    if (valid > 2) r.z = load_elem(base, dt, off + 2);
+    if (valid > 3) r.w = load_elem(base, dt, off + 3);
+    return r;
+}
+
+DEV void store4(void *base, int dt, int64_t off, int valid, int vec, float4 x) {
+    if (valid <= 0) return;
+    if (vec && valid == 4) {
+        if (dt == KDA_DT_F32) {
+            __stcs((float4 *)((float *)base + off), x);
+        } else {
+            uint2 u;
+            u.x = pack_bf16(x.x, x.y);
+            u.y = pack_bf16(x.z, x.w);
+            __stcs((uint2 *)((uint16_t *)base + off), u);
+        }
+        return;
+    }
+    store_elem(base, dt, off, x.x);
+    if (valid > 1) store_elem(base, dt, off + 1, x.y);
+    if (valid > 2) store_elem(base, dt, off + 2, x.z);
+    if (valid > 3) store_elem(base, dt, off + 3, x.w);
+}
+
+DEV int clamp_valid(int n) { return n < 0 ? 0 : (n > 4 ? 4 : n); }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Tile geometry: where chunk a of thread tid lies in the head's state block (global element offset and how
+ * many of its 4 elements exist) and in the stage (element offset).
+ * ------------------------------------------------------------------------------------------------------- */
+template <int VF, int KC>
+struct dec_geom {
+    static constexpr int BV = DEC_TILE / KC;                 /* columns of a tile */
+    static constexpr int CPR = KC / 32;                      /* V-first: chunks of a row per lane */
+    static constexpr int CGW = BV / 16;                      /* K-first: column groups per warp */
+    static constexpr int RG = 32 / CGW;                      /* K-first: lanes (row groups) per column group */
+    static constexpr int ROW = VF ? KC : BV + BV / 4;        /* stage elements per row */
+    static constexpr int ELEMS = VF ? DEC_TILE : KC * ROW;   /* stage elements */
+    static_assert(DEC_TILE % KC == 0 && KC % 32 == 0 && BV % 16 == 0, "decode tile geometry");
+    static_assert(VF ? (BV / 16) * CPR == DEC_NA : RG * DEC_NA == KC, "decode: 8 chunks per thread");
+};
+
+/* EX (exact): K = KC and whole tiles (V a multiple of BV), so every chunk exists and offsets fold. */
+template <int VF, int KC, int EX>
+DEV int chunk_at(int a, int K, int V, int j0, int tid, int *goff, int *soff) {
+    typedef dec_geom<VF, KC> G;
+    const int lane = tid & 31, w = tid >> 5;
+    if (EX) K = KC;
+    if (VF) {
+        const int pass = a / G::CPR, c = a % G::CPR;
+        const int jl = 16 * pass + 4 * w + (lane >> 3), i = 4 * (lane & 7) + 32 * c;
+        *soff = jl * G::ROW + i;
+        *goff = (j0 + jl) * K + i;
+        return EX ? 4 : (j0 + jl < V ? clamp_valid(K - i) : 0);
+    }
+    const int cg = w * G::CGW + lane % G::CGW, i = lane / G::CGW + G::RG * a;
+    *soff = i * G::ROW + 4 * cg;
+    *goff = i * V + j0 + 4 * cg;
+    return EX ? 4 : (i < K ? clamp_valid(V - j0 - 4 * cg) : 0);
+}
+
+/* Chunk r (memory order, r < DEC_NA) of the tile as copied by thread tid: consecutive threads take
+ * consecutive chunks of a row (coalesced). */
+template <int VF, int KC>
+DEV int copy_chunk_at(int r, int K, int V, int j0, int tid, int *goff, int *soff) {
+    typedef dec_geom<VF, KC> G;
+    const int q = tid + DEC_THREADS * r;
+    if (VF) {
+        const int jl = q / (KC / 4), i = 4 * (q % (KC / 4));
+        *soff = jl * G::ROW + i;
+        *goff = (j0 + jl) * K + i;
+        return j0 + jl < V ? clamp_valid(K - i) : 0;
+    }
+    const int i = q / (G::BV / 4), jl = 4 * (q % (G::BV / 4));
+    *soff = i * G::ROW + jl;
+    *goff = i * V + j0 + jl;
+    return i < K ? clamp_valid(V - j0 - jl) : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Items: (sequence, value head, tile), tile fastest.
+ * Items: (sequence, value head, tile), tile fastest. The descriptor holds what the copies and the first
+ * token need that is not a row: bounds, slot, β (scalar β) and A = e^{A_log[h]} of the first token.
  * ------------------------------------------------------------------------------------------------------- */
 DEV int64_t dec_read_slot(const kda_decode_params_t &p, int64_t n) {
     if (!p.state_indices) return n;
@@ -230,7 +227,12 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
     d.n = d.bos = d.eos = 0;
     d.rslot = -1;
     d.h = d.vt = 0;
+    d.hq = 0;
+#pragma unroll
+    for (int u = 0; u < DEC_TS; u++) d.beta[u] = 0.f;
+    d.A = 1.f;
     const int64_t nitems = p.num_seqs * p.hv * ntiles;
+    if (it >= nitems) return d;
     if (nitems < ((int64_t)1 << 31)) { /* 32-bit division: a few instructions instead of a 64-bit routine */
         const uint32_t i32 = (uint32_t)it, r = i32 / (uint32_t)ntiles, hv = (uint32_t)p.hv;
         d.vt = (int)(i32 - r * (uint32_t)ntiles);
@@ -257,333 +259,647 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
     if (p.state_indices && p.idx_cols > 0 && d.eos == d.bos) return d;
     d.valid = 1;
     d.rslot = dec_read_slot(p, d.n);
+    d.hq = d.h / p.group;
+    if (d.eos > d.bos) {
+        if (!p.beta_headwise) {
+#pragma unroll
+            for (int u = 0; u < DEC_TS; u++)
+                if (u < p.ts && d.bos + u < d.eos) d.beta[u] = load_elem(p.beta, p.beta_dtype, (d.bos + u) * p.hv + d.h);
+        }
+        if (p.A_log) d.A = expf(p.A_log[d.h]);
+    }
     return d;
 }
 
-/* ---------------------------------------------------------------------------------------------------------
- * The state tile in registers: S[r][c] = S_{R·lane + r, j0 + c} of the head's K × V block
- * ------------------------------------------------------------------------------------------------------- */
-/* Load the tile of the head block at element `base` (none: zeros). EX: the initial state's dtype is the
- * instance's (SF32: fp32, else bf16), K = KC, V a multiple of BV, aligned rows: vector loads, no masks. */
-template <int VF, int KC, int SF32, int EX>
-DEV void load_state(const kda_decode_params_t &p, int has, int64_t base, int j0, int lane, float (*S)[DEC_TILE / KC]) {
-    typedef dec_geom<KC> G;
-    constexpr int R = G::R, BV = G::BV;
-    const int K = EX ? KC : p.kd, V = p.vd, i0 = R * lane;
-    if (!has) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int c = 0; c < BV; c++) S[r][c] = 0.f;
+/* Copy item d's state tile into stage buffer `st`. With p.bulk, bulk copies (the Hopper copy engine, one per
+ * row, or one for the whole tile when rows are unpadded) completing on the stage's mbarrier `bar`: the copy
+ * engine keeps any number of bytes in flight, where per-thread copies are bounded by the SM's outstanding
+ * requests (docs/PERF.md "Decode"); the stage then holds stale data past K and V, which load_tile masks.
+ * Otherwise cp.async (zero-filled past K and V; waited for with the rows' group), or without 4-element aligned
+ * rows (p.vec == 0) element by element. Thread 0 always arrives on `bar` (0 bytes when nothing is copied). */
+template <int VF, int KC, int SF32>
+DEV void issue_stage(const kda_decode_params_t &p, const dec_item &d, unsigned char *st, uint32_t bar) {
+    typedef dec_geom<VF, KC> G;
+    constexpr int ES = SF32 ? 4 : 2;
+    const int has = d.valid && d.rslot >= 0 && p.h0;
+    const int K = p.kd, V = p.vd, tid = threadIdx.x, j0 = d.vt * G::BV;
+    const int64_t base = has ? (d.rslot * p.hv + d.h) * (int64_t)K * V : 0;
+    if (p.bulk) {
+        const char *h0 = (const char *)p.h0;
+        if (VF) {
+            const int rows = has ? (V - j0 < G::BV ? V - j0 : G::BV) : 0;
+            if (tid == 0) mbar_expect_tx(bar, (uint32_t)(rows * K * ES));
+            if (K == KC) {
+                if (tid == 0 && rows) bulk_g2s(smem_u32(st), h0 + (base + (int64_t)j0 * K) * ES, rows * K * ES, bar);
+            } else if (tid < rows) {
+                bulk_g2s(smem_u32(st + tid * G::ROW * ES), h0 + (base + (int64_t)(j0 + tid) * K) * ES, K * ES, bar);
+            }
+        } else {
+            const int cols = has ? (V - j0 < G::BV ? V - j0 : G::BV) : 0, rows = cols ? K : 0;
+            if (tid == 0) mbar_expect_tx(bar, (uint32_t)(rows * cols * ES));
+            for (int i = tid; i < rows; i += DEC_THREADS)
+                bulk_g2s(smem_u32(st + i * G::ROW * ES), h0 + (base + (int64_t)i * V + j0) * ES, cols * ES, bar);
+        }
         return;
     }
-    if (EX) {
-        if (VF) {
+    if (tid == 0) mbar_expect_tx(bar, 0);
+    if (!has) return;
 #pragma unroll
-            for (int c = 0; c < BV; c++) {
-                float x[R];
-                const int64_t off = base + (int64_t)(j0 + c) * KC + i0;
-                if (SF32) ld_f32<R>((const float *)p.h0 + off, x);
-                else ld_16<R>((const uint16_t *)p.h0 + off, 0, x);
-#pragma unroll
-                for (int r = 0; r < R; r++) S[r][c] = x[r];
-            }
+    for (int r = 0; r < DEC_NA; r++) {
+        int goff, soff;
+        const int nv = copy_chunk_at<VF, KC>(r, K, V, j0, tid, &goff, &soff);
+        if (p.vec) {
+            if (SF32) cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.h0 + (nv ? base + goff : 0),
+                                       nv ? 16 : 0);
+            else cp_async8_zfill(smem_u32((uint16_t *)st + soff), (const uint16_t *)p.h0 + (nv ? base + goff : 0),
+                                 nv ? 8 : 0);
         } else {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const int64_t off = base + (int64_t)(i0 + r) * V + j0;
-                if (SF32) ld_f32<BV>((const float *)p.h0 + off, S[r]);
-                else ld_16<BV>((const uint16_t *)p.h0 + off, 0, S[r]);
+            const float4 x = load4(p.h0, p.h0_dtype, base + goff, nv, 0);
+            if (SF32) {
+                *(float4 *)((float *)st + soff) = x;
+            } else {
+                uint2 u;
+                u.x = pack_bf16(x.x, x.y);
+                u.y = pack_bf16(x.z, x.w);
+                *(uint2 *)((uint16_t *)st + soff) = u;
             }
-        }
-    } else { /* 32-bit offsets from the head block's address */
-        const void *hb = (const char *)p.h0 + base * (p.h0_dtype == KDA_DT_F32 ? 4 : 2);
-        int o0 = VF ? j0 * K + i0 : i0 * V + j0, ri = VF ? 1 : V, ci = VF ? K : 1;
-        asm volatile("" : "+r"(o0), "+r"(ri), "+r"(ci)); /* offsets from here: not hoisted as 32 invariants */
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int c = 0; c < BV; c++) {
-                const int i = i0 + r, j = j0 + c;
-                S[r][c] = i < K && j < V ? load_elem(hb, p.h0_dtype, o0 + r * ri + c * ci) : 0.f;
-            }
-    }
-}
-
-/* Store the tile to the head block at element `base` of the final state (EX: of the instance's dtype). */
-template <int VF, int KC, int SF32, int EX>
-DEV void store_state(const kda_decode_params_t &p, int64_t base, int j0, int lane, float (*S)[DEC_TILE / KC]) {
-    typedef dec_geom<KC> G;
-    constexpr int R = G::R, BV = G::BV;
-    const int K = EX ? KC : p.kd, V = p.vd, i0 = R * lane;
-    if (EX) {
-        if (VF) {
-#pragma unroll
-            for (int c = 0; c < BV; c++) {
-                float x[R];
-#pragma unroll
-                for (int r = 0; r < R; r++) x[r] = S[r][c];
-                const int64_t off = base + (int64_t)(j0 + c) * KC + i0;
-                if (SF32) st_f32<R>((float *)p.ht + off, x);
-                else st_bf16<R>((uint16_t *)p.ht + off, x);
-            }
-        } else {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const int64_t off = base + (int64_t)(i0 + r) * V + j0;
-                if (SF32) st_f32<BV>((float *)p.ht + off, S[r]);
-                else st_bf16<BV>((uint16_t *)p.ht + off, S[r]);
-            }
-        }
-    } else {
-        void *hb = (char *)p.ht + base * (p.ht_dtype == KDA_DT_F32 ? 4 : 2);
-        int o0 = VF ? j0 * K + i0 : i0 * V + j0, ri = VF ? 1 : V, ci = VF ? K : 1;
-        asm volatile("" : "+r"(o0), "+r"(ri), "+r"(ci)); /* offsets from here: not hoisted as 32 invariants */
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int c = 0; c < BV; c++) {
-                const int i = i0 + r, j = j0 + c;
-                if (i < K && j < V) store_elem(hb, p.ht_dtype, o0 + r * ri + c * ci, S[r][c]);
-            }
-    }
-}
-
-/* A non-finite element in column c of the initial state makes the column NaN (§7.3). x·0 is NaN exactly when
- * x is ±∞ or NaN: one FMA per element and a vote per column. */
-template <int KC>
-DEV void poison_columns(float (*S)[DEC_TILE / KC]) {
-    typedef dec_geom<KC> G;
-#pragma unroll
-    for (int c = 0; c < G::BV; c++) {
-        float z = 0.f;
-#pragma unroll
-        for (int r = 0; r < G::R; r++) z = fmaf(S[r][c], 0.f, z);
-        if (__any_sync(FULL, z != z)) {
-#pragma unroll
-            for (int r = 0; r < G::R; r++) S[r][c] = NAN;
         }
     }
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * A token's inputs, as the lane needs them: q, k, g of its R rows (raw), v and β of its column c(lane), and
- * whether any element of the token's v / headwise β rows is non-finite (bad, this lane's share).
+ * Token inputs. Thread tid owns elements e = 2 tid and 2 tid + 1 of every input row (q, k, g, dt_bias: K long;
+ * v and headwise β: V long): it copies them, transforms them and writes them to shared memory, so the first
+ * token's rows can travel in the stage with the tile (cp.async, waited for by the thread that copied) and
+ * later tokens' rows in registers, one token ahead.
  * ------------------------------------------------------------------------------------------------------- */
-template <int KC>
-struct dec_tok {
-    float q[KC / 32], k[KC / 32], g[KC / 32]; /* g: + dt_bias with the in-kernel gate */
-    float v, b, A;                            /* A = e^{A_log[h]} (in-kernel gate) */
-    int bad;
+struct tok_raw {
+    float q[2], k[2], g[2], v[2], b[2], bias[2];
+    float A;
 };
 
-/* Issue the loads of token t (the values are used only in token_step, so they stay in flight meanwhile). */
-template <int KC, int EX>
-DEV void load_token(const kda_decode_params_t &p, const dec_item &d, int64_t t, int j0, int lane, int vec_in,
-                    dec_tok<KC> &x) {
-    typedef dec_geom<KC> G;
-    constexpr int R = G::R;
-    const int K = EX ? KC : p.kd, V = p.vd, i0 = R * lane, nv = K - i0;
-    const int hq = d.h / p.group;
-    ld_row<R>(p.q, p.dtype, (t * p.hqk + hq) * K + i0, nv, vec_in, x.q);
-    ld_row<R>(p.k, p.dtype, (t * p.hqk + hq) * K + i0, nv, vec_in, x.k);
-    ld_row<R>(p.g, p.g_dtype, (t * p.hv + d.h) * K + i0, nv, vec_in, x.g);
-    x.A = 1.f;
-    if (p.gate_in_kernel) { /* reloaded per token (cache hits): fewer registers live across tokens */
-        if (p.A_log) x.A = expf(p.A_log[d.h]);
-        if (p.dt_bias) {
-            float bias[R];
-            ld_row<R>(p.dt_bias, KDA_DT_F32, (int64_t)d.h * K + i0, nv, vec_in, bias);
+DEV void zero_token(tok_raw &r) {
 #pragma unroll
-            for (int r = 0; r < R; r++) x.g[r] += bias[r];
+    for (int u = 0; u < 2; u++) r.q[u] = r.k[u] = r.g[u] = r.v[u] = r.b[u] = r.bias[u] = 0.f;
+    r.A = 1.f;
+}
+
+DEV int dt_size(int dt) { return dt == KDA_DT_F32 ? 4 : 2; }
+
+/* Element pair (e, e + 1) of a row of `len` elements at element `row` of tensor `base` into shared memory at
+ * `dst` (cp.async of 4 or 8 bytes; an element past the row's end is zero; nothing when e >= len: the row's
+ * region holds only the row). */
+DEV void copy_pair(uint32_t dst, const void *base, int dt, int64_t row, int e, int len) {
+    if (e >= len) return;
+    const int es = dt_size(dt), n = len - e > 2 ? 2 : len - e;
+    const char *src = (const char *)base + (row + e) * es;
+    if (es == 4) cp_async8_zfill(dst, src, n * 4);
+    else cp_async4_zfill(dst, src, n * 2);
+}
+
+DEV float2 smem_pair(const unsigned char *src, int dt, int e, int len) {
+    if (e >= len) return make_float2(0.f, 0.f); /* not copied (copy_pair) */
+    if (dt == KDA_DT_F32) return *(const float2 *)src;
+    const uint32_t u = *(const uint32_t *)src;
+    if (dt == KDA_DT_BF16) return unpack_bf16(u);
+    return make_float2(f16_bits_to_f32((uint16_t)(u & 0xffffu)), f16_bits_to_f32((uint16_t)(u >> 16)));
+}
+
+/* The first p.ts tokens of item d: their rows into the stage's input region (token u's block at p.raw_rows +
+ * u·p.raw_tok; without aligned pairs, read_rows loads them later instead, synchronously: the rare path). */
+DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned char *st) {
+    if (!d.valid || d.eos == d.bos || !p.vec_in) return;
+    const int K = p.kd, V = p.vd, e = 2 * threadIdx.x, h = d.h, hq = d.hq;
+    const int n = d.eos - d.bos < p.ts ? (int)(d.eos - d.bos) : p.ts;
+    for (int u = 0; u < n; u++) {
+        unsigned char *in = st + p.raw_rows + u * p.raw_tok;
+        const int64_t t = d.bos + u;
+        copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.dtype)), p.q, p.dtype, (t * p.hqk + hq) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.dtype)), p.k, p.dtype, (t * p.hqk + hq) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.g_dtype)), p.g, p.g_dtype, (t * p.hv + h) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.dtype)), p.v, p.dtype, (t * p.hv + h) * V, e, V);
+        if (p.beta_headwise)
+            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.beta_dtype)), p.beta, p.beta_dtype, (t * p.hv + h) * V, e,
+                      V);
+    }
+    if (p.dt_bias) copy_pair(smem_u32(st + p.raw_bias + e * 4), p.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
+}
+
+DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h) {
+    const int K = p.kd, V = p.vd, hq = h / p.group;
+    r.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int e = 2 * threadIdx.x + u;
+        r.q[u] = r.k[u] = r.g[u] = r.v[u] = r.b[u] = r.bias[u] = 0.f;
+        if (e < K) {
+            r.q[u] = load_elem(p.q, p.dtype, (t * p.hqk + hq) * K + e);
+            r.k[u] = load_elem(p.k, p.dtype, (t * p.hqk + hq) * K + e);
+            r.g[u] = load_elem(p.g, p.g_dtype, (t * p.hv + h) * K + e);
+            if (p.dt_bias) r.bias[u] = p.dt_bias[(int64_t)h * K + e];
         }
+        if (e < V) r.v[u] = load_elem(p.v, p.dtype, (t * p.hv + h) * V + e);
+        if (p.beta_headwise ? e < V : e == 0)
+            r.b[u] = load_elem(p.beta, p.beta_dtype, p.beta_headwise ? (t * p.hv + h) * V + e : t * p.hv + h);
     }
-    const int j = j0 + lane / G::LPC, jj = EX || j < V ? j : 0;
-    const int64_t vrow = (t * p.hv + d.h) * V;
-    x.v = load_elem(p.v, p.dtype, vrow + jj);
-    x.b = load_elem(p.beta, p.beta_dtype, p.beta_headwise ? vrow + jj : t * p.hv + d.h);
-    /* the whole v (and headwise β) row: a token with a non-finite element poisons every tile of the head; x·0
-     * is NaN exactly for ±∞ and NaN (4 loads in flight at a time: registers) */
-    float z = 0.f;
-#pragma unroll 4
-    for (int u = 0; u < KDA_MAX_HEAD_DIM / 32; u++) {
-        const int e = lane + 32 * u;
-        if (e < V) z = fmaf(load_elem(p.v, p.dtype, vrow + e), 0.f, z);
+}
+
+/* Token u of item d into r: from the stage (u < p.ts, after this thread's cp.async wait) or, on the rare path,
+ * from global memory. */
+DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsigned char *st, tok_raw &r, int u) {
+    if (!d.valid || d.eos == d.bos) {
+        zero_token(r);
+        return;
     }
+    if (!p.vec_in) {
+        fetch_token(p, r, d.bos + u, d.h);
+        return;
+    }
+    const unsigned char *in = st + p.raw_rows + u * p.raw_tok;
+    const int e = 2 * threadIdx.x, K = p.kd, V = p.vd;
+    float2 x = smem_pair(in + p.raw_q + e * dt_size(p.dtype), p.dtype, e, K);
+    r.q[0] = x.x, r.q[1] = x.y;
+    x = smem_pair(in + p.raw_k + e * dt_size(p.dtype), p.dtype, e, K);
+    r.k[0] = x.x, r.k[1] = x.y;
+    x = smem_pair(in + p.raw_g + e * dt_size(p.g_dtype), p.g_dtype, e, K);
+    r.g[0] = x.x, r.g[1] = x.y;
+    x = smem_pair(in + p.raw_v + e * dt_size(p.dtype), p.dtype, e, V);
+    r.v[0] = x.x, r.v[1] = x.y;
     if (p.beta_headwise) {
-#pragma unroll 4
-        for (int u = 0; u < KDA_MAX_HEAD_DIM / 32; u++) {
-            const int e = lane + 32 * u;
-            if (e < V) {
-                float b = load_elem(p.beta, p.beta_dtype, vrow + e);
-                if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
-                z = fmaf(b, 0.f, z);
+        x = smem_pair(in + p.raw_b + e * dt_size(p.beta_dtype), p.beta_dtype, e, V);
+        r.b[0] = x.x, r.b[1] = x.y;
+    } else {
+        float b = 0.f;
+#pragma unroll
+        for (int w = 0; w < DEC_TS; w++) b = w == u ? d.beta[w] : b;
+        r.b[0] = e == 0 ? b : 0.f;
+        r.b[1] = 0.f;
+    }
+    if (p.dt_bias) {
+        x = smem_pair(st + p.raw_bias + e * 4, KDA_DT_F32, e, K);
+        r.bias[0] = x.x, r.bias[1] = x.y;
+    } else {
+        r.bias[0] = r.bias[1] = 0.f;
+    }
+    r.A = d.A;
+}
+
+/* Gate, clamp, α = e^g, β transform into buffer `buf`; returns nonzero if any of this thread's inputs is
+ * non-finite (the non-finite contract). */
+template <int KC>
+DEV int commit_token(const kda_decode_params_t &p, dec_io<KC> &io, int buf, const tok_raw &r) {
+    const int K = p.kd, V = p.vd;
+    int bad = 0;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int e = 2 * threadIdx.x + u;
+        float a = 1.f, b = r.b[u];
+        if (e < K) {
+            float g = r.g[u];
+            if (p.gate_in_kernel) {
+                const float x = g + r.bias[u];
+                g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(r.A * x) : -r.A * softplusf_(x);
             }
+            g = g > 0.0f ? 0.0f : g; /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
+            g = g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
+            bad |= !finite_f(r.q[u]) | !finite_f(r.k[u]) | !finite_f(g);
+            a = ex2(g * LOG2E);
         }
+        if (e < V) bad |= !finite_f(r.v[u]);
+        if (p.beta_headwise ? e < V : e == 0) {
+            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+            bad |= !finite_f(b);
+        }
+        if (e < KC) {
+            io.q[buf][e] = r.q[u];
+            io.k[buf][e] = r.k[u];
+            io.a[buf][e] = a;
+        }
+        io.v[buf][e] = r.v[u];
+        io.b[buf][e] = b;
     }
-    const int bad = z != z;
-    x.bad = bad;
+    return bad;
+}
+/* Scale factors of q̂ and k̂ for buffer `buf` (every warp computes them for itself from shared memory). */
+template <int KC>
+DEV void token_norms(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float *sq, float *sk) {
+    if (!p.l2norm) {
+        *sq = p.scale;
+        *sk = 1.0f;
+        return;
+    }
+    const int lane = threadIdx.x & 31;
+    float a = 0.f, b = 0.f;
+    for (int e = lane; e < p.kd; e += 32) {
+        const float x = io.q[buf][e], y = io.k[buf][e];
+        a += x * x;
+        b += y * y;
+    }
+    a = lanes_sum<1>(a);
+    b = lanes_sum<1>(b);
+    *sq = p.scale / sqrtf(a + 1e-6f);
+    *sk = 1.0f / sqrtf(b + 1e-6f);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * One token on the tile: gate, norms, poisoning, decay, d = Sᵀk̂, δ, S += k̂δᵀ, o = Sᵀq̂ (stored)
+ * One token on the registers' tile: decay, d = Sᵀk̂, δ, S += k̂δᵀ, o = Sᵀq̂ (stored)
  * ------------------------------------------------------------------------------------------------------- */
-template <int KC, int EX>
-DEV void token_step(const kda_decode_params_t &p, const dec_item &d, int64_t t, int j0, int lane, dec_tok<KC> &x,
-                    float (*S)[DEC_TILE / KC]) {
-    typedef dec_geom<KC> G;
-    constexpr int R = G::R, BV = G::BV;
-    const int K = EX ? KC : p.kd, V = p.vd, i0 = R * lane;
-    int bad = x.bad;
-    float al[R], sq2 = 0.f, sk2 = 0.f;
+template <int VF, int KC, int EX>
+DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float4 S[DEC_NA], int64_t t, int h,
+                    int j0) {
+    typedef dec_geom<VF, KC> G;
+    const int V = p.vd, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    float sq, sk;
+    token_norms(p, io, buf, &sq, &sk);
+    const float *qs = io.q[buf], *ks = io.k[buf], *as = io.a[buf], *vs = io.v[buf], *bs = io.b[buf];
+    if (VF) {
+        constexpr int NP = DEC_NA / G::CPR; /* rows per 8 lanes */
+        float d[NP], o[NP];
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        float g = x.g[r];
-        if (p.gate_in_kernel) g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(x.A * g) : -x.A * softplusf_(g);
-        g = g > 0.0f ? 0.0f : g; /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
-        g = g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
-        if (!EX && i0 + r >= K) g = 0.f; /* rows past K: α = 1 on zeros */
-        bad |= !finite_f(x.q[r]) | !finite_f(x.k[r]) | !finite_f(g);
-        al[r] = ex2(g * LOG2E);
-        sq2 += x.q[r] * x.q[r];
-        sk2 += x.k[r] * x.k[r];
-    }
-    float b = x.b;
-    if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
-    bad |= !finite_f(b); /* scalar β: the same in every lane; headwise: this column's, and the row in x.bad */
-    float sq = p.scale, sk = 1.0f;
-    if (p.l2norm) {
-        sq = p.scale / sqrtf(warp_sum(sq2) + 1e-6f);
-        sk = 1.0f / sqrtf(warp_sum(sk2) + 1e-6f);
-    }
-    if (__any_sync(FULL, bad)) {
+        for (int s = 0; s < NP; s++) d[s] = o[s] = 0.f;
 #pragma unroll
-        for (int r = 0; r < R; r++)
+        for (int a = 0; a < DEC_NA; a++) {
+            const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
+            const float4 al = *(const float4 *)(as + i), kk = *(const float4 *)(ks + i);
+            S[a].x *= al.x;
+            S[a].y *= al.y;
+            S[a].z *= al.z;
+            S[a].w *= al.w;
+            d[s] += (kk.x * S[a].x + kk.y * S[a].y) + (kk.z * S[a].z + kk.w * S[a].w);
+        }
 #pragma unroll
-            for (int c = 0; c < BV; c++) S[r][c] = NAN;
-    }
-    float *kh = x.k, part[BV]; /* k̂ in place */
+        for (int s = 0; s < NP; s++) {
+            const int j = j0 + 16 * s + 4 * w + (lane >> 3), jj = (EX || j < V) ? j : 0;
+            const float dd = row8_sum(d[s]) * sk;
+            d[s] = (EX || j < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd) * sk : 0.f; /* k̂ δ_j factor */
+        }
 #pragma unroll
-    for (int c = 0; c < BV; c++) part[c] = 0.f;
+        for (int a = 0; a < DEC_NA; a++) {
+            const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
+            const float4 kk = *(const float4 *)(ks + i), qq = *(const float4 *)(qs + i);
+            S[a].x += kk.x * d[s];
+            S[a].y += kk.y * d[s];
+            S[a].z += kk.z * d[s];
+            S[a].w += kk.w * d[s];
+            o[s] += (qq.x * S[a].x + qq.y * S[a].y) + (qq.z * S[a].z + qq.w * S[a].w);
+        }
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        kh[r] *= sk;
+        for (int s = 0; s < NP; s++) {
+            const float os = row8_sum(o[s]) * sq;
+            const int j = j0 + 16 * s + 4 * w + (lane >> 3);
+            if ((lane & 7) == 0 && (EX || j < V)) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os);
+        }
+    } else {
+        const int rg = lane / G::CGW, j = j0 + 4 * (w * G::CGW + lane % G::CGW);
+        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
 #pragma unroll
-        for (int c = 0; c < BV; c++) {
-            S[r][c] *= al[r];
-            part[c] = fmaf(kh[r], S[r][c], part[c]);
+        for (int a = 0; a < DEC_NA; a++) {
+            const int i = rg + G::RG * a;
+            const float al = as[i], kk = ks[i];
+            S[a].x *= al;
+            S[a].y *= al;
+            S[a].z *= al;
+            S[a].w *= al;
+            d0 += kk * S[a].x;
+            d1 += kk * S[a].y;
+            d2 += kk * S[a].z;
+            d3 += kk * S[a].w;
+        }
+        d0 = lanes_sum<G::CGW>(d0);
+        d1 = lanes_sum<G::CGW>(d1);
+        d2 = lanes_sum<G::CGW>(d2);
+        d3 = lanes_sum<G::CGW>(d3);
+        float dl[4];
+        const float dd[4] = {d0, d1, d2, d3};
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int jc = j + c, jj = (EX || jc < V) ? jc : 0;
+            dl[c] = (EX || jc < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd[c] * sk) * sk : 0.f;
+        }
+        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+#pragma unroll
+        for (int a = 0; a < DEC_NA; a++) {
+            const int i = rg + G::RG * a;
+            const float kk = ks[i], qq = qs[i];
+            S[a].x += kk * dl[0];
+            S[a].y += kk * dl[1];
+            S[a].z += kk * dl[2];
+            S[a].w += kk * dl[3];
+            o0 += qq * S[a].x;
+            o1 += qq * S[a].y;
+            o2 += qq * S[a].z;
+            o3 += qq * S[a].w;
+        }
+        o0 = lanes_sum<G::CGW>(o0);
+        o1 = lanes_sum<G::CGW>(o1);
+        o2 = lanes_sum<G::CGW>(o2);
+        o3 = lanes_sum<G::CGW>(o3);
+        if (rg == 0) {
+            const float os[4] = {o0, o1, o2, o3};
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                if (EX || j + c < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j + c, os[c] * sq);
         }
     }
-    const int j = j0 + lane / G::LPC, live = EX || j < V;
-    const float dj = col_reduce<BV>(part, lane);
-    const float delta = live ? b * (x.v - dj) : 0.f;
-#pragma unroll
-    for (int c = 0; c < BV; c++) {
-        const float dc = __shfl_sync(FULL, delta, c * G::LPC);
-        part[c] = 0.f;
-#pragma unroll
-        for (int r = 0; r < R; r++) S[r][c] = fmaf(kh[r], dc, S[r][c]);
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float qh = x.q[r] * sq;
-#pragma unroll
-        for (int c = 0; c < BV; c++) part[c] = fmaf(qh, S[r][c], part[c]);
-    }
-    const float oj = col_reduce<BV>(part, lane);
-    if (lane % G::LPC == 0 && live) store_elem(p.o, p.o_dtype, (t * p.hv + d.h) * V + j, oj);
 }
 
-/* ---------------------------------------------------------------------------------------------------------
- * The kernel: VF layout, KC K class, SF32 state dtype of the exact instance, EX exact (see the top).
- * ------------------------------------------------------------------------------------------------------- */
+/* Store the registers' tile to slot `slot` of the final-state tensor (EX: its dtype is the stage's, SF32). */
 template <int VF, int KC, int SF32, int EX>
-DEV void decode_tile(const kda_decode_params_t &p, const dec_item &d, int lane, int vec_in) {
-    typedef dec_geom<KC> G;
-    constexpr int R = G::R, BV = G::BV;
-    const int K = EX ? KC : p.kd, j0 = d.vt * BV;
-    const int64_t per_head = (int64_t)K * p.vd, T = d.eos - d.bos;
+DEV void store_tile(const kda_decode_params_t &p, const float4 S[DEC_NA], int64_t slot, int h, int j0) {
+    const int64_t base = (slot * p.hv + h) * (int64_t)(EX ? KC : p.kd) * p.vd;
+#pragma unroll
+    for (int a = 0; a < DEC_NA; a++) {
+        int goff, soff;
+        const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, threadIdx.x, &goff, &soff);
+        if (EX) {
+            if (SF32) {
+                __stcs((float4 *)p.ht + (base + goff) / 4, S[a]);
+            } else {
+                uint2 u;
+                u.x = pack_bf16(S[a].x, S[a].y);
+                u.y = pack_bf16(S[a].z, S[a].w);
+                __stcs((uint2 *)p.ht + (base + goff) / 4, u);
+            }
+        } else {
+            store4(p.ht, p.ht_dtype, base + goff, nv, p.vec, S[a]);
+        }
+    }
+}
+
+/* The initial state of an item from its stage into registers; a non-finite element poisons its column. The
+ * test accumulates x·0 (NaN exactly when some x is ±∞ or NaN): one FMA per element. */
+template <int VF, int KC, int SF32, int EX>
+DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int has_state, float4 S[DEC_NA], int j0) {
+    typedef dec_geom<VF, KC> G;
+    const int tid = threadIdx.x;
+    if (!has_state) {
+#pragma unroll
+        for (int a = 0; a < DEC_NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
+        return;
+    }
+    float z[4] = {0.f, 0.f, 0.f, 0.f}; /* V-first: per row pass; K-first: per column of the chunk */
+#pragma unroll
+    for (int a = 0; a < DEC_NA; a++) {
+        int goff, soff;
+        const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, tid, &goff, &soff);
+        if (SF32) {
+            S[a] = *(const float4 *)((const float *)st + soff);
+        } else {
+            const uint2 u = *(const uint2 *)((const uint16_t *)st + soff);
+            const float2 lo = unpack_bf16(u.x), hi = unpack_bf16(u.y);
+            S[a] = make_float4(lo.x, lo.y, hi.x, hi.y);
+        }
+        if (!EX) { /* past K or V: zero (bulk copies leave stale data there) */
+            if (nv < 1) S[a].x = 0.f;
+            if (nv < 2) S[a].y = 0.f;
+            if (nv < 3) S[a].z = 0.f;
+            if (nv < 4) S[a].w = 0.f;
+        }
+        if (VF) {
+            float &zz = z[a / G::CPR];
+            zz = fmaf(S[a].x, 0.f, zz);
+            zz = fmaf(S[a].y, 0.f, zz);
+            zz = fmaf(S[a].z, 0.f, zz);
+            zz = fmaf(S[a].w, 0.f, zz);
+        } else {
+            z[0] = fmaf(S[a].x, 0.f, z[0]);
+            z[1] = fmaf(S[a].y, 0.f, z[1]);
+            z[2] = fmaf(S[a].z, 0.f, z[2]);
+            z[3] = fmaf(S[a].w, 0.f, z[3]);
+        }
+    }
+    int bad[4];
+#pragma unroll
+    for (int c = 0; c < 4; c++) bad[c] = VF ? row8_or(z[c] != z[c]) : lanes_or<G::CGW>(z[c] != z[c]);
+#pragma unroll
+    for (int a = 0; a < DEC_NA; a++) {
+        if (VF) {
+            if (bad[a / G::CPR]) S[a] = make_float4(NAN, NAN, NAN, NAN);
+        } else {
+            if (bad[0]) S[a].x = NAN;
+            if (bad[1]) S[a].y = NAN;
+            if (bad[2]) S[a].z = NAN;
+            if (bad[3]) S[a].w = NAN;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernel: VF layout, KC K class, SF32 stage dtype (the initial state's: fp32 or bf16). A stage is the
+ * tile (dec_geom ELEMS elements) followed by the first token's input rows (p.raw_*), p.stage_bytes in all.
+ * ------------------------------------------------------------------------------------------------------- */
+/* Stages: 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM (the kernel is bound by
+ * its instructions and their latencies more than by bytes in flight: the copy engine keeps the tiles coming;
+ * four CTAs, at 128 registers, spill and measured slower: docs/PERF.md "Decode"). */
+template <int VF, int KC, int SF32>
+struct dec_stages {
+    static constexpr int N = SF32 ? 3 : 4;
+};
+
+template <int VF, int KC, int SF32, int EX>
+__global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_decode_params_t p) {
+    typedef dec_geom<VF, KC> G;
+    constexpr int NS = dec_stages<VF, KC, SF32>::N;
+    extern __shared__ __align__(16) unsigned char smem[];
+    dec_io<KC> &io = *(dec_io<KC> *)(smem + NS * p.stage_bytes);
+    dec_item *ring = (dec_item *)(smem + NS * p.stage_bytes + sizeof(dec_io<KC>));
+    uint64_t *bars = (uint64_t *)(ring + NS); /* one mbarrier per stage: its tile's bulk copies */
+    const int ntiles = (p.vd + G::BV - 1) / G::BV;
+    const int64_t nitems = p.num_seqs * p.hv * ntiles, grid = gridDim.x;
+    const int tid = threadIdx.x;
     const int per_token = p.state_indices && p.idx_cols > 0;
-    float S[R][BV];
-    load_state<VF, KC, SF32, EX>(p, d.rslot >= 0 && p.h0 != NULL, (d.rslot * p.hv + d.h) * per_head, j0, lane, S);
-    dec_tok<KC> x;
-    if (T > 0) load_token<KC, EX>(p, d, d.bos, j0, lane, vec_in, x);
-    poison_columns<KC>(S);
+#define STAGE(k) (smem + (int)((k) % NS) * p.stage_bytes)
+#define ROWS(k) STAGE(k) /* p.raw_* count from the stage start */
+#define BAR(k) smem_u32(bars + (int)((k) % NS))
+#define BAR_WAIT(k) mbar_wait(BAR(k), (uint32_t)(((k) / NS) & 1))
+    if (tid == 0) {
+        for (int s = 0; s < NS; s++) mbar_init(smem_u32(bars + s), 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    /* prologue: the first NS − 1 items' tiles and first rows in flight, the first token committed */
+    tok_raw raw;
 #pragma unroll 1
-    for (int64_t t = 0; t < T; t++) {
-        if (t > 0) load_token<KC, EX>(p, d, d.bos + t, j0, lane, vec_in, x);
-        token_step<KC, EX>(p, d, d.bos + t, j0, lane, x, S);
-        if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
-            const int64_t ws = dec_token_slot(p, d.n, t);
-            if (ws >= 0) store_state<VF, KC, SF32, EX>(p, (ws * p.hv + d.h) * per_head, j0, lane, S);
+    for (int s = 0; s < NS - 1; s++) {
+        const dec_item d = make_item(p, blockIdx.x + s * grid, ntiles);
+        issue_stage<VF, KC, SF32>(p, d, STAGE(s), BAR(s));
+        issue_rows(p, d, ROWS(s));
+        cp_async_commit();
+        if (tid == 0) ring[s] = d;
+    }
+    dec_item dnext = make_item(p, blockIdx.x + (NS - 1) * grid, ntiles);
+    cp_async_wait<NS - 2>();
+    BAR_WAIT(0);
+    __syncthreads(); /* the ring */
+    read_rows(p, ring[0], ROWS(0), raw, 0);
+    int buf = 0;
+    int bad = __syncthreads_or(commit_token(p, io, buf, raw));
+
+#pragma unroll 1
+    for (int64_t k = 0; blockIdx.x + k * grid < nitems; k++) {
+        const dec_item cur = ring[k % NS];
+        /* the tile NS − 1 items ahead into the stage item k − 1 used; the descriptor after it */
+        fence_proxy_async(); /* item k − 1's reads of that stage before the copy engine's writes */
+        issue_stage<VF, KC, SF32>(p, dnext, STAGE(k + NS - 1), BAR(k + NS - 1));
+        issue_rows(p, dnext, ROWS(k + NS - 1));
+        cp_async_commit();
+        if (tid == 0) ring[(k + NS - 1) % NS] = dnext;
+        dnext = make_item(p, blockIdx.x + (k + NS) * grid, ntiles);
+
+        const int j0 = cur.vt * G::BV;
+        float4 S[DEC_NA];
+        load_tile<VF, KC, SF32, EX>(p, STAGE(k), cur.valid && p.h0 && cur.rslot >= 0, S, j0);
+        const int64_t T = cur.valid ? cur.eos - cur.bos : 0;
+#pragma unroll 1
+        for (int64_t t = 0;; t++) {
+            const int more = t + 1 < T;
+            if (more) { /* the next token: staged, or loads in flight during this token */
+                if (t + 1 < p.ts) read_rows(p, cur, ROWS(k), raw, (int)t + 1);
+                else fetch_token(p, raw, cur.bos + t + 1, cur.h);
+            }
+            if (t < T) {
+                if (bad) {
+#pragma unroll
+                    for (int a = 0; a < DEC_NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
+                }
+                token_step<VF, KC, EX>(p, io, buf, S, cur.bos + t, cur.h, j0);
+                if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
+                    const int64_t ws = dec_token_slot(p, cur.n, t);
+                    if (ws >= 0) store_tile<VF, KC, SF32, EX>(p, S, ws, cur.h, j0);
+                }
+            }
+            if (!more) {
+                if (cur.valid && !per_token && p.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
+                /* the next item's first token: its rows came with its tile (this thread's copies) */
+                cp_async_wait<NS - 2>();
+                if (blockIdx.x + (k + 1) * grid < nitems) {
+                    BAR_WAIT(k + 1);
+                    read_rows(p, ring[(k + 1) % NS], ROWS(k + 1), raw, 0);
+                } else {
+                    zero_token(raw);
+                }
+            }
+            buf ^= 1;
+            bad = __syncthreads_or(commit_token(p, io, buf, raw)); /* also publishes the stage and the ring */
+            if (!more) break;
         }
     }
-    if (!per_token && p.ht && d.rslot >= 0)
-        store_state<VF, KC, SF32, EX>(p, (d.rslot * p.hv + d.h) * per_head, j0, lane, S);
+    cp_async_wait<0>();
+#undef STAGE
+#undef ROWS
+#undef BAR
+#undef BAR_WAIT
 }
 
-/* dec_geom MIN_CTAS CTAs of 128 threads per SM: at most 96 registers per thread, 20 warps per SM (at 64
- * registers, 32 warps, every instance spilled 50-900 bytes: the 32 state registers, the first token's inputs in
- * flight beside the tile's loads, and the reductions' partial sums do not fit beside the addresses). */
+/* Registers per thread of a kernel instance on a device (cached): with the shared memory, its CTAs per SM. */
 template <int VF, int KC, int SF32, int EX>
-__global__ void __launch_bounds__(DEC_THREADS, dec_geom<KC>::MIN_CTAS) kda_decode_kernel(const kda_decode_params_t p) {
-    const int lane = threadIdx.x & 31, ntiles = (p.vd + dec_geom<KC>::BV - 1) / dec_geom<KC>::BV;
-    const int64_t nitems = p.num_seqs * p.hv * ntiles, stride = (int64_t)gridDim.x * DEC_WARPS;
-    /* vector loads of the lane's R input rows: rows of whole vectors and aligned bases (decode_plan) */
-    const int vec_in = p.vec_in && (EX || p.kd % (KC / 32) == 0);
-#pragma unroll 1
-    for (int64_t it = (int64_t)blockIdx.x * DEC_WARPS + (threadIdx.x >> 5); it < nitems; it += stride) {
-        const dec_item d = make_item(p, it, ntiles);
-        if (d.valid) decode_tile<VF, KC, SF32, EX>(p, d, lane, vec_in);
+static int launch(const kda_decode_params_t *p, int device, void *stream) {
+    typedef dec_geom<VF, KC> G;
+    constexpr int NS = dec_stages<VF, KC, SF32>::N;
+    static int done[KDA_MAX_DEVICES];
+    static int regs[KDA_MAX_DEVICES];
+    const void *fn = (const void *)kda_decode_kernel<VF, KC, SF32, EX>;
+    kda_decode_params_t c = *p;
+    c.smem_bytes = NS * c.stage_bytes + (int)sizeof(dec_io<KC>) + NS * (int)(sizeof(dec_item) + 8);
+    cudaError_t e = kda_smem_limit(fn, c.smem_bytes, device, done);
+    if (e != cudaSuccess) return (int)e;
+    const int known = device >= 0 && device < KDA_MAX_DEVICES;
+    int r = known ? regs[device] : 0;
+    if (r <= 0) {
+        cudaFuncAttributes attr;
+        e = cudaFuncGetAttributes(&attr, fn);
+        if (e != cudaSuccess) return (int)e;
+        r = attr.numRegs > 0 ? attr.numRegs : 255;
+        if (known) regs[device] = r;
     }
-}
-
-template <int VF, int KC, int SF32, int EX>
-static int launch(const kda_decode_params_t *p, void *stream) {
-    const int64_t items = p->num_seqs * p->hv * ((p->vd + dec_geom<KC>::BV - 1) / dec_geom<KC>::BV);
+    /* CTAs per SM: registers (allocated per warp in units of 256), shared memory (1 KB reserved per CTA) */
+    const int warp_regs = (r * 32 + 255) / 256 * 256;
+    int occ = 65536 / (warp_regs * (DEC_THREADS / 32));
+    const int by_smem = 233472 / (c.smem_bytes + 1024);
+    occ = occ < by_smem ? occ : by_smem;
+    occ = occ < 1 ? 1 : occ;
+    const int64_t items = c.num_seqs * c.hv * ((c.vd + G::BV - 1) / G::BV);
     if (items == 0) return 0;
-    int64_t ctas = (items + DEC_WARPS - 1) / DEC_WARPS;
-    if (p->forced_ctas > 0 && p->forced_ctas < ctas) ctas = p->forced_ctas;
-    if (ctas > ((int64_t)1 << 30)) ctas = (int64_t)1 << 30; /* the warps then walk the items grid-stride */
-    kda_decode_kernel<VF, KC, SF32, EX><<<(unsigned)ctas, DEC_THREADS, 0, (cudaStream_t)stream>>>(*p);
+    int64_t ctas = (int64_t)c.sm_count * occ;
+    if (c.forced_ctas > 0 && c.forced_ctas < ctas) ctas = c.forced_ctas;
+    if (ctas > items) ctas = items;
+    kda_decode_kernel<VF, KC, SF32, EX><<<(unsigned)ctas, DEC_THREADS, c.smem_bytes, (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 
-/* The exact instance of the state dtype sdt (fp32 or bf16): K = KC, whole tiles, aligned 4-element rows, both
- * states (those present) of dtype sdt. Everything else (fp16 states, mixed dtypes, masks): the general one. */
-template <int VF, int KC>
-static int launch_kc(const kda_decode_params_t *p, void *stream) {
-    const int sdt = p->h0 ? p->h0_dtype : (p->ht ? p->ht_dtype : KDA_DT_F32);
-    const int ex = p->kd == KC && p->vd % dec_geom<KC>::BV == 0 && p->vec && (!p->h0 || p->h0_dtype == sdt) &&
-                   (!p->ht || p->ht_dtype == sdt) && (sdt == KDA_DT_F32 || sdt == KDA_DT_BF16);
-    if (!ex) return launch<VF, KC, 1, 0>(p, stream);
-    return sdt == KDA_DT_F32 ? launch<VF, KC, 1, 1>(p, stream) : launch<VF, KC, 0, 1>(p, stream);
+/* A stage: the tile, then p.ts token blocks (q, k, g, v, headwise β rows, each rounded up to 16 bytes), then
+ * dt_bias. p.ts: the tokens per sequence when all sequences have the same length, else the average rounded
+ * up, at most DEC_TS. */
+template <int VF, int KC, int SF32>
+static void stage_layout(kda_decode_params_t *p) {
+    const int tile = dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2);
+    const int es = p->dtype == KDA_DT_F32 ? 4 : 2, eg = p->g_dtype == KDA_DT_F32 ? 4 : 2;
+    const int eb = p->beta_dtype == KDA_DT_F32 ? 4 : 2;
+    const int kp = (p->kd + 7) / 8 * 8, vp = (p->vd + 7) / 8 * 8;
+    const int64_t per = p->num_seqs > 0 ? (p->num_tokens + p->num_seqs - 1) / p->num_seqs : 1;
+    p->ts = per < 1 ? 1 : (per > DEC_TS ? DEC_TS : (int)per);
+    int off = 0;
+#define ROW(field, bytes) (p->field = off, off += ((bytes) + 15) / 16 * 16)
+    ROW(raw_q, kp * es);
+    ROW(raw_k, kp * es);
+    ROW(raw_g, kp * eg);
+    ROW(raw_v, vp * es);
+    ROW(raw_b, p->beta_headwise ? vp * eb : 0);
+#undef ROW
+    p->raw_tok = off;
+    p->raw_rows = tile;
+    p->raw_bias = tile + p->ts * p->raw_tok;
+    p->stage_bytes = p->vec_in ? p->raw_bias + (p->dt_bias ? (kp * 4 + 15) / 16 * 16 : 0) : tile;
+    /* bulk copies: 16-byte rows (sizes and addresses) on both sides */
+    const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->kd : p->vd) * es_s;
+    const int srow = dec_geom<VF, KC>::ROW * es_s;
+    p->bulk = p->h0 && p->h0_dtype == (SF32 ? KDA_DT_F32 : KDA_DT_BF16) && rowb % 16 == 0 && srow % 16 == 0 &&
+              (uintptr_t)p->h0 % 16 == 0;
 }
 
-static int launch_decode(const kda_decode_params_t *p, void *stream) {
+/* The exact instance: K = KC, whole tiles, aligned 4-element rows, the final state (if any) of the stage's
+ * dtype and the initial state (if any) by bulk copy. */
+template <int VF, int KC, int SF32>
+static int launch_ex(kda_decode_params_t *p, int device, void *stream) {
+    stage_layout<VF, KC, SF32>(p);
+    const int sdt = SF32 ? KDA_DT_F32 : KDA_DT_BF16;
+    const int ex = p->kd == KC && p->vd % dec_geom<VF, KC>::BV == 0 && p->vec && (!p->h0 || p->bulk) &&
+                   (!p->ht || p->ht_dtype == sdt);
+    return ex ? launch<VF, KC, SF32, 1>(p, device, stream) : launch<VF, KC, SF32, 0>(p, device, stream);
+}
+
+template <int VF, int KC>
+static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
+    if (p->h0 ? p->h0_dtype == KDA_DT_BF16 : (p->ht && p->ht_dtype == KDA_DT_BF16))
+        return launch_ex<VF, KC, 0>(p, device, stream);
+    return launch_ex<VF, KC, 1>(p, device, stream);
+}
+
+static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
     const int kc = kda_cuda_size_class(p->kd);
     if (p->v_first) {
-        if (kc == 64) return launch_kc<1, 64>(p, stream);
-        if (kc == 128) return launch_kc<1, 128>(p, stream);
-        return launch_kc<1, 256>(p, stream);
+        if (kc == 64) return launch_dt<1, 64>(p, device, stream);
+        if (kc == 128) return launch_dt<1, 128>(p, device, stream);
+        return launch_dt<1, 256>(p, device, stream);
     }
-    if (kc == 64) return launch_kc<0, 64>(p, stream);
-    if (kc == 128) return launch_kc<0, 128>(p, stream);
-    return launch_kc<0, 256>(p, stream);
+    if (kc == 64) return launch_dt<0, 64>(p, device, stream);
+    if (kc == 128) return launch_dt<0, 128>(p, device, stream);
+    return launch_dt<0, 256>(p, device, stream);
 }
 
 static void decode_plan(kda_decode_params_t *p) {
-    /* state rows of whole 4-element vectors and 16-byte aligned bases (the exact instances load up to 16 bytes
-     * of a row at once, in both dtypes: 8 bf16 columns of a K-first row, 8 bf16 rows at K class 256) */
+    /* 4-element chunks of a state row are vector accesses when rows are whole chunks and the tensors aligned */
     const int row = p->v_first ? p->kd : p->vd;
-    const int h0_ok = !p->h0 || (uintptr_t)p->h0 % 16 == 0;
-    const int ht_ok = !p->ht || (uintptr_t)p->ht % 16 == 0;
+    const int h0_ok = !p->h0 || ((uintptr_t)p->h0 % (p->h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
+    const int ht_ok = !p->ht || ((uintptr_t)p->ht % (p->ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
     p->vec = row % 4 == 0 && h0_ok && ht_ok;
-    /* q, k, g, dt_bias: the lane's R elements as one or two vectors (at most 16 bytes each) when the bases are
-     * 16-byte aligned (the kernel checks that K is a multiple of R) */
-#define VEC_OK(ptr) ((uintptr_t)(ptr) % 16 == 0)
-    p->vec_in = VEC_OK(p->q) && VEC_OK(p->k) && VEC_OK(p->g) && VEC_OK(p->dt_bias);
-#undef VEC_OK
+    /* the first token's rows travel in the stage as element pairs (4 or 8 bytes): even rows, aligned bases */
+#define PAIR_OK(ptr, dt) (!(ptr) || (uintptr_t)(ptr) % (2 * ((dt) == KDA_DT_F32 ? 4 : 2)) == 0)
+    p->vec_in = p->kd % 2 == 0 && p->vd % 2 == 0 && PAIR_OK(p->q, p->dtype) && PAIR_OK(p->k, p->dtype) &&
+                PAIR_OK(p->v, p->dtype) && PAIR_OK(p->g, p->g_dtype) && PAIR_OK(p->dt_bias, KDA_DT_F32) &&
+                (!p->beta_headwise || PAIR_OK(p->beta, p->beta_dtype));
+#undef PAIR_OK
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -648,7 +964,7 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     c.neg_eigval = a->allow_neg_eigval != 0;
     c.v_first = a->state_v_first != 0;
     c.beta_headwise = a->beta_headwise != 0;
-    (void)sm_count;
+    c.sm_count = sm_count;
     c.forced_ctas = forced_ctas;
     decode_plan(&c);
 
@@ -659,7 +975,7 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     kda_claim_params_t cl = {a->state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
                              c.idx_cols > 0 ? c.idx_stride : 1, c.num_state_slots, claim};
     int err = kda_cuda_launch_claim(&cl, stream);
-    if (err == 0) err = launch_decode(&c, stream);
+    if (err == 0) err = launch_decode(&c, device, stream);
     if (prev >= 0 && prev != device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the decode kernel: %s", fn,

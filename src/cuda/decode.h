@@ -40,10 +40,16 @@ typedef struct kda_decode_params {
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first, beta_headwise;
 
     /* launch shape (decode_plan) */
-    int vec;                         /* state rows of whole 4-element vectors, 16-byte aligned bases */
-    int vec_in;                      /* q, k, g, dt_bias bases 16-byte aligned: the lane's rows by vector loads */
-    int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: one warp
-                                        per tile (the warps walk the tiles grid-stride when bounded) */
+    int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
+    int bulk;                        /* state tiles by bulk copy (16-byte rows, aligned pool) */
+    int vec_in;                      /* K, V even and input bases 8-byte aligned: element pairs by cp.async */
+    int ts;                          /* tokens of an item whose rows travel in its stage (1..DEC_TS) */
+    int raw_rows, raw_tok, raw_bias; /* stage bytes: first token block, one token block, dt_bias */
+    int raw_q, raw_k, raw_g, raw_v, raw_b; /* byte offsets of the rows within a token block */
+    int stage_bytes;                 /* one stage: state tile + input rows (16-byte multiple) */
+    int smem_bytes;                  /* the kernel's dynamic shared memory */
+    int sm_count;
+    int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
 } kda_decode_params_t;
 
 /* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D
@@ -56,9 +62,9 @@ int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode);
  * slot when two or more rows could name one slot, else 0. */
 size_t kda_cuda_claim_bytes(const kda_problem_t *p);
 
-/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs, unused since the
- * third version's grid of one warp per tile; forced_ctas: the context's kda_tuning_t.decode_ctas; claim:
- * kda_cuda_claim_bytes of workspace, or NULL when that is 0). No allocation, no host sync. */
+/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; forced_ctas: the
+ * context's kda_tuning_t.decode_ctas; claim: kda_cuda_claim_bytes of workspace, or NULL when that is 0). No
+ * allocation, no host sync. */
 kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_ctas, int32_t *claim,
                                  void *stream, const char *fn);
 

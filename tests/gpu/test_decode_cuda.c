@@ -28,45 +28,6 @@ static kda_context_t *gpu(void) {
 }
 
 
-/* Device copies of a synthesised problem's tensors (q, k, v, g, β, o, A_log, dt_bias, cu_seqlens) in a copy of
- * the host arguments a; β from `beta` (beta_bytes) instead when not NULL (headwise β). The states and indices
- * stay the caller's to set; dev_args_free frees all of it. */
-static kda_args_t dev_args_from_synth(const kda_synth_t *s, const kda_args_t *a, const void *beta, size_t beta_bytes) {
-    kda_args_t d = *a;
-    d.q = to_dev(s->q, s->q_bytes);
-    d.k = to_dev(s->k, s->q_bytes);
-    d.v = to_dev(s->v, s->v_bytes);
-    d.g = to_dev(s->g, s->g_bytes);
-    d.beta = beta ? to_dev(beta, beta_bytes) : to_dev(s->beta, s->beta_bytes);
-    d.o = to_dev(s->o, s->o_bytes);
-    if (a->A_log) d.A_log = (const float *)to_dev(a->A_log, sizeof(float) * (size_t)a->num_v_heads);
-    if (a->dt_bias)
-        d.dt_bias = (const float *)to_dev(a->dt_bias, sizeof(float) * (size_t)a->num_v_heads * (size_t)a->head_dim_k);
-    if (a->cu_seqlens) d.cu_seqlens = to_dev(s->cu_seqlens, sizeof(int64_t) * (size_t)(s->num_seqs + 1));
-    d.initial_state = NULL;
-    d.final_state = NULL;
-    d.state_indices = NULL;
-    d.num_accepted_tokens = NULL;
-    return d;
-}
-
-static void dev_args_free(kda_args_t *d) {
-    cudaFree((void *)d->q);
-    cudaFree((void *)d->k);
-    cudaFree((void *)d->v);
-    cudaFree((void *)d->g);
-    cudaFree((void *)d->beta);
-    cudaFree(d->o);
-    cudaFree((void *)d->A_log);
-    cudaFree((void *)d->dt_bias);
-    cudaFree((void *)d->cu_seqlens);
-    cudaFree((void *)d->initial_state);
-    if (d->final_state != d->initial_state) cudaFree(d->final_state);
-    cudaFree((void *)d->state_indices);
-    cudaFree((void *)d->num_accepted_tokens);
-    memset(d, 0, sizeof *d);
-}
-
 /* How the states are passed. */
 typedef enum { ST_PLAIN = 0, ST_POOL_1D = 1, ST_POOL_2D = 2 } st_mode_t;
 
@@ -143,8 +104,16 @@ static void run_case(const char *name, const dcase_t *dc, double tol, int forwar
     }
 
     /* device copy of the arguments */
-    const size_t bh_bytes = sizeof(float) * (size_t)(NT * c->hv * c->v + 1);
-    kda_args_t d = dev_args_from_synth(&s, &a, dc->headwise ? bh : NULL, bh_bytes);
+    kda_args_t d = a;
+    d.q = to_dev(s.q, s.q_bytes);
+    d.k = to_dev(s.k, s.q_bytes);
+    d.v = to_dev(s.v, s.v_bytes);
+    d.g = to_dev(s.g, s.g_bytes);
+    d.beta = dc->headwise ? to_dev(bh, sizeof(float) * (size_t)(NT * c->hv * c->v + 1)) : to_dev(s.beta, s.beta_bytes);
+    d.o = to_dev(s.o, s.o_bytes);
+    if (a.A_log) d.A_log = (const float *)to_dev(a.A_log, sizeof(float) * (size_t)c->hv);
+    if (a.dt_bias) d.dt_bias = (const float *)to_dev(a.dt_bias, sizeof(float) * (size_t)c->hv * c->k);
+    if (a.cu_seqlens) d.cu_seqlens = to_dev(s.cu_seqlens, sizeof(int64_t) * (size_t)(N + 1));
     size_t pool_bytes = esz * (size_t)(slots * per);
     if (dc->mode != ST_PLAIN) {
         d.initial_state = d.final_state = to_dev(pool, pool_bytes);
@@ -241,7 +210,19 @@ static void run_case(const char *name, const dcase_t *dc, double tol, int forwar
         if (es > worst_state) worst_state = es;
     }
 
-    dev_args_free(&d);
+    cudaFree((void *)d.q);
+    cudaFree((void *)d.k);
+    cudaFree((void *)d.v);
+    cudaFree((void *)d.g);
+    cudaFree((void *)d.beta);
+    cudaFree(d.o);
+    cudaFree((void *)d.A_log);
+    cudaFree((void *)d.dt_bias);
+    cudaFree((void *)d.cu_seqlens);
+    cudaFree((void *)d.initial_state);
+    if (d.final_state != d.initial_state) cudaFree(d.final_state);
+    cudaFree((void *)d.state_indices);
+    cudaFree((void *)d.num_accepted_tokens);
     cudaFree(ws);
     free(o_ref);
     free(ht_ref);
@@ -404,9 +385,9 @@ TEST(gpu_decode_beta_headwise) {
     }
 }
 
-/* A bounded grid (kda_tuning_t.decode_ctas): with 1 and 7 CTAs each warp walks many tiles grid-stride (items
- * of several sequences, heads and tiles, an empty sequence among them), in both layouts; every case must match
- * the oracle as with the default grid of one warp per tile. */
+/* Persistent CTAs: with 1 and 7 CTAs each walks many tiles through its ring of stages (items of several
+ * sequences, heads and tiles, an empty sequence among them), in both layouts; every case must match the
+ * oracle as with the default grid. */
 TEST(gpu_decode_persistent_ctas) {
     static const int sizes[][2] = {{128, 128}, {256, 256}, {64, 100}, {100, 60}};
     static const int64_t lens[] = {2, 0, 3, 1, 2};
@@ -492,7 +473,15 @@ TEST(gpu_decode_cuda_graph_capture) {
     for (int i = 0; i < 16; i++) idx[i] = (i * 7 + 1) % slots; /* distinct slots (i * 5 + 1 repeated slot 1 at i = 8:
                                                                 two sequences updating one slot in place race) */
     idx[3] = -1;
-    kda_args_t d = dev_args_from_synth(&s, &a, NULL, 0);
+    kda_args_t d = a;
+    d.q = to_dev(s.q, s.q_bytes);
+    d.k = to_dev(s.k, s.q_bytes);
+    d.v = to_dev(s.v, s.v_bytes);
+    d.g = to_dev(s.g, s.g_bytes);
+    d.beta = to_dev(s.beta, s.beta_bytes);
+    d.o = to_dev(s.o, s.o_bytes);
+    d.A_log = (const float *)to_dev(a.A_log, sizeof(float) * (size_t)c.hv);
+    d.dt_bias = (const float *)to_dev(a.dt_bias, sizeof(float) * (size_t)c.hv * c.k);
     void *dpool = to_dev(pool, pool_bytes);
     d.initial_state = d.final_state = dpool;
     d.state_indices = (const int32_t *)to_dev(idx, sizeof idx);
@@ -534,8 +523,17 @@ TEST(gpu_decode_cuda_graph_capture) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(st);
-    dev_args_free(&d); /* and the pool */
+    cudaFree((void *)d.q);
+    cudaFree((void *)d.k);
+    cudaFree((void *)d.v);
+    cudaFree((void *)d.g);
+    cudaFree((void *)d.beta);
+    cudaFree(d.o);
+    cudaFree((void *)d.A_log);
+    cudaFree((void *)d.dt_bias);
+    cudaFree(dpool);
     cudaFree(ws);
+    cudaFree((void *)d.state_indices);
     free(pool);
     free(p1);
     free(p2);
@@ -559,7 +557,15 @@ static void dup_run(const kda_synth_config_t *c, const int32_t *idx, int64_t n_i
     const size_t pool_bytes = sizeof(float) * (size_t)(slots * per);
     float *pool = (float *)malloc(pool_bytes);
     for (int64_t i = 0; i < slots * per; i++) pool[i] = 0.2f * sinf((float)i * 0.011f);
-    kda_args_t d = dev_args_from_synth(&s, &a, NULL, 0);
+    kda_args_t d = a;
+    d.q = to_dev(s.q, s.q_bytes);
+    d.k = to_dev(s.k, s.q_bytes);
+    d.v = to_dev(s.v, s.v_bytes);
+    d.g = to_dev(s.g, s.g_bytes);
+    d.beta = to_dev(s.beta, s.beta_bytes);
+    d.o = to_dev(s.o, s.o_bytes);
+    if (a.A_log) d.A_log = (const float *)to_dev(a.A_log, sizeof(float) * (size_t)c->hv);
+    if (a.dt_bias) d.dt_bias = (const float *)to_dev(a.dt_bias, sizeof(float) * (size_t)c->hv * c->k);
     void *dpool = to_dev(pool, pool_bytes);
     d.initial_state = d.final_state = dpool;
     d.initial_state_dtype = d.final_state_dtype = KDA_FLOAT32;
@@ -579,7 +585,16 @@ static void dup_run(const kda_synth_config_t *c, const int32_t *idx, int64_t n_i
     *pool_bytes_out = pool_bytes;
     *o_bytes_out = s.o_bytes;
     cudaFree(ws);
-    dev_args_free(&d); /* and the pool */
+    cudaFree(dpool);
+    cudaFree((void *)d.q);
+    cudaFree((void *)d.k);
+    cudaFree((void *)d.v);
+    cudaFree((void *)d.g);
+    cudaFree((void *)d.beta);
+    cudaFree(d.o);
+    cudaFree((void *)d.A_log);
+    cudaFree((void *)d.dt_bias);
+    cudaFree((void *)d.state_indices);
     free(pool);
     kda_synth_free(&s);
 }
@@ -644,7 +659,15 @@ static double time_decode(int64_t N, int v_first) {
     kda_args_t a;
     if (kda_synth_make(&c, &s, &a) != 0) exit(1);
     const int64_t slots = 2 * N + 1, per = (int64_t)c.hv * c.k * c.v;
-    kda_args_t d = dev_args_from_synth(&s, &a, NULL, 0);
+    kda_args_t d = a;
+    d.q = to_dev(s.q, s.q_bytes);
+    d.k = to_dev(s.k, s.q_bytes);
+    d.v = to_dev(s.v, s.v_bytes);
+    d.g = to_dev(s.g, s.g_bytes);
+    d.beta = to_dev(s.beta, s.beta_bytes);
+    d.o = to_dev(s.o, s.o_bytes);
+    d.A_log = (const float *)to_dev(a.A_log, sizeof(float) * (size_t)c.hv);
+    d.dt_bias = (const float *)to_dev(a.dt_bias, sizeof(float) * (size_t)c.hv * c.k);
     void *dpool = NULL;
     CUDA_OK(cudaMalloc(&dpool, sizeof(float) * (size_t)(slots * per)));
     CUDA_OK(cudaMemset(dpool, 0, sizeof(float) * (size_t)(slots * per)));
@@ -695,8 +718,17 @@ static double time_decode(int64_t N, int v_first) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     cudaStreamDestroy(st);
-    dev_args_free(&d); /* and the pool */
+    cudaFree((void *)d.q);
+    cudaFree((void *)d.k);
+    cudaFree((void *)d.v);
+    cudaFree((void *)d.g);
+    cudaFree((void *)d.beta);
+    cudaFree(d.o);
+    cudaFree((void *)d.A_log);
+    cudaFree((void *)d.dt_bias);
+    cudaFree(dpool);
     cudaFree(ws);
+    cudaFree((void *)d.state_indices);
     free(idx);
     kda_synth_free(&s);
     return us_graph;
