@@ -183,6 +183,8 @@ typedef struct kda_tuning {
     int dev_skip; /* development builds only (KDA_SKIP in src/cuda/kda_cuda.h): phases left out, results wrong */
     int decode_ctas; /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
                         the same bits for any count */
+    int decode_kernel; /* CUDA decode: 1 the staged kernel (decode.cu), 2 the tile kernel (decode_tile.cu) where
+                          it fits; 0 the choice */
 } kda_tuning_t;
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);

@@ -368,7 +368,7 @@ static int32_t *decode_claim(const kda_problem_t *p, void *ws) {
 static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
     if (kda_cuda_decode_fits(p, 0)) /* headwise β, 2-D state_indices: only the recurrent kernel has them */
-        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, ctx->tuning.decode_ctas,
+        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
                                    decode_claim(p, ws), stream, "kda_forward");
     return cuda_run(ctx, p, ws, stream, "kda_forward");
 }
@@ -377,7 +377,7 @@ static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, voi
 static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
     if (kda_cuda_decode_fits(p, 1))
-        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, ctx->tuning.decode_ctas,
+        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
                                    decode_claim(p, ws), stream, "kda_decode");
     return cuda_run(ctx, p, ws, stream, "kda_decode");
 }

@@ -51,7 +51,7 @@
 #include <string.h>
 
 #include "common.cuh"
-#include "decode.h"
+#include "decode.cuh"
 
 #define DEC_THREADS 128
 #define DEC_TILE 4096 /* state elements per tile */
@@ -71,38 +71,10 @@ struct dec_item {
     float beta[DEC_TS], A; /* the staged tokens' raw β (scalar β) and e^{A_log[h]} */
 };
 
-DEV int finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
 
 DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 DEV void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-/* Sum over the lanes whose lane bits from `from` up differ (xor shuffles from `from` to 16). */
-template <int FROM>
-DEV float lanes_sum(float x) {
-#pragma unroll
-    for (int o = FROM; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-template <int FROM>
-DEV int lanes_or(int x) {
-#pragma unroll
-    for (int o = FROM; o < 32; o <<= 1) x |= __shfl_xor_sync(0xffffffffu, x, o);
-    return x;
-}
-/* Sum over the 8 lanes of a V-first row (lane bits 0..2). */
-DEV float row8_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    x += __shfl_xor_sync(0xffffffffu, x, 2);
-    x += __shfl_xor_sync(0xffffffffu, x, 4);
-    return x;
-}
-DEV int row8_or(int x) {
-    x |= __shfl_xor_sync(0xffffffffu, x, 1);
-    x |= __shfl_xor_sync(0xffffffffu, x, 2);
-    x |= __shfl_xor_sync(0xffffffffu, x, 4);
-    return x;
-}
 
 /* Four consecutive state elements at element `off` of a state tensor of dtype dt (vectorised when `vec`),
  * masked by `valid` (how many of the four exist, 0..4). */
@@ -200,27 +172,6 @@ DEV int copy_chunk_at(int r, int K, int V, int j0, int tid, int *goff, int *soff
  * Items: (sequence, value head, tile), tile fastest. The descriptor holds what the copies and the first
  * token need that is not a row: bounds, slot, β (scalar β) and A = e^{A_log[h]} of the first token.
  * ------------------------------------------------------------------------------------------------------- */
-DEV int64_t dec_read_slot(const kda_decode_params_t &p, int64_t n) {
-    if (!p.state_indices) return n;
-    int64_t s;
-    if (p.idx_cols == 0) {
-        s = p.state_indices[n];
-    } else {
-        int64_t col = p.num_accepted ? (int64_t)p.num_accepted[n] - 1 : 0;
-        col = col < 0 ? 0 : (col >= p.idx_cols ? p.idx_cols - 1 : col);
-        s = p.state_indices[n * p.idx_stride + col];
-    }
-    if (s < 0 || s >= p.num_state_slots) return -1;
-    return p.claim && p.claim[s] != (int32_t)n ? -1 : s; /* a later row names it too: slots.cu */
-}
-
-DEV int64_t dec_token_slot(const kda_decode_params_t &p, int64_t n, int64_t t) {
-    if (t >= p.idx_cols) return -1;
-    const int64_t s = p.state_indices[n * p.idx_stride + t];
-    if (s < 0 || s >= p.num_state_slots) return -1;
-    return p.claim && p.claim[s] != (int32_t)n ? -1 : s;
-}
-
 DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
     dec_item d;
     d.valid = 0;
@@ -243,18 +194,7 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
         d.h = (int)((it / ntiles) % p.hv);
         d.n = it / ((int64_t)ntiles * p.hv);
     }
-    if (!p.cu_seqlens) {
-        d.bos = d.n * p.seq_len;
-        d.eos = d.bos + p.seq_len;
-    } else {
-        int64_t a0 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[d.n] : ((const int32_t *)p.cu_seqlens)[d.n];
-        int64_t a1 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[d.n + 1]
-                                     : ((const int32_t *)p.cu_seqlens)[d.n + 1];
-        a0 = a0 < 0 ? 0 : (a0 > p.num_tokens ? p.num_tokens : a0);
-        a1 = a1 < a0 ? a0 : (a1 > p.num_tokens ? p.num_tokens : a1);
-        d.bos = a0;
-        d.eos = a1;
-    }
+    dec_seq_bounds(p, d.n, &d.bos, &d.eos);
     /* 2-D slots: nothing is read or written for an empty sequence */
     if (p.state_indices && p.idx_cols > 0 && d.eos == d.bos) return d;
     d.valid = 1;
@@ -877,6 +817,9 @@ static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
 }
 
 static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
+    /* the tile kernel wherever it fits (docs/PERF.md "Decode kernel, fourth version"), unless a test forces the
+       staged one (or its persistent CTAs) */
+    if (p->forced_kernel != 1 && p->forced_ctas == 0 && kda_decode_tile_fits(p)) return kda_decode_tile_launch(p, stream);
     const int kc = kda_cuda_size_class(p->kd);
     if (p->v_first) {
         if (kc == 64) return launch_dt<1, 64>(p, device, stream);
@@ -919,8 +862,8 @@ extern "C" size_t kda_cuda_claim_bytes(const kda_problem_t *p) {
     return ((size_t)p->a.num_state_slots * sizeof(int32_t) + 255) & ~(size_t)255;
 }
 
-extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count, int forced_ctas,
-                                            int32_t *claim, void *stream, const char *fn) {
+extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count,
+                                            const kda_tuning_t *tuning, int32_t *claim, void *stream, const char *fn) {
     const kda_args_t *a = &pr->a;
     kda_decode_params_t c;
     memset(&c, 0, sizeof c);
@@ -965,7 +908,8 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     c.v_first = a->state_v_first != 0;
     c.beta_headwise = a->beta_headwise != 0;
     c.sm_count = sm_count;
-    c.forced_ctas = forced_ctas;
+    c.forced_ctas = tuning->decode_ctas;
+    c.forced_kernel = tuning->decode_kernel;
     decode_plan(&c);
 
     int prev = -1;

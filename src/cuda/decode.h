@@ -50,6 +50,7 @@ typedef struct kda_decode_params {
     int smem_bytes;                  /* the kernel's dynamic shared memory */
     int sm_count;
     int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
+    int forced_kernel;               /* kda_tuning_t.decode_kernel (tests, benchmarks): 1 staged, 2 tile; 0: choice */
 } kda_decode_params_t;
 
 /* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D
@@ -62,11 +63,11 @@ int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode);
  * slot when two or more rows could name one slot, else 0. */
 size_t kda_cuda_claim_bytes(const kda_problem_t *p);
 
-/* Run p through the recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; forced_ctas: the
- * context's kda_tuning_t.decode_ctas; claim: kda_cuda_claim_bytes of workspace, or NULL when that is 0). No
- * allocation, no host sync. */
-kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, int forced_ctas, int32_t *claim,
-                                 void *stream, const char *fn);
+/* Run p through a recurrent kernel on `stream` on CUDA device `device` (sm_count: its SMs; tuning: the
+ * context's, decode_ctas and decode_kernel; claim: kda_cuda_claim_bytes of workspace, or NULL when that is 0).
+ * No allocation, no host sync. */
+kda_status_t kda_cuda_decode_run(const kda_problem_t *p, int device, int sm_count, const kda_tuning_t *tuning,
+                                 int32_t *claim, void *stream, const char *fn);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /*
- * The CUDA decode kernel (src/cuda/decode.cu) against the fp64 oracle: every option, head sizes 1..256 in both
- * state layouts, GVA, MTP (several tokens per sequence), vLLM state pools updated in place (1-D and the 2-D
- * slots of speculative decoding), headwise β, the non-finite contract, CUDA-graph capture, and the GPU time
+ * The CUDA decode kernels (src/cuda/decode_tile.cu, decode.cu) against the fp64 oracle: every option, head
+ * sizes 1..256 in both state layouts, GVA, MTP (several tokens per sequence), vLLM state pools updated in place
+ * (1-D and the 2-D slots of speculative decoding), headwise β, the non-finite contract, CUDA-graph capture, and the GPU time
  * of one N1 H32 decode step measured from C. Untouched pool slots are filled with a byte pattern and must
  * come back bit-identical. Skipped (exit 77) without a usable CUDA device.
  *
@@ -383,6 +383,38 @@ TEST(gpu_decode_beta_headwise) {
         dc.accepted = 1;
         run_case(vf ? "headwise_spec_vfirst" : "headwise_spec_kfirst", &dc, tol_of(&dc.c), 0);
     }
+}
+
+/* The two kernels on the exact head sizes: the tile kernel (decode_tile.cu) takes them by default; forced onto
+ * the staged kernel (decode.cu), its exact instances must match the oracle too: plain and MTP with a 1-D
+ * pool, spec decoding with 2-D slots, GVA, fp32 and bf16 states, both layouts, K = 64 and 128. */
+TEST(gpu_decode_staged_kernel_exact) {
+    static const int64_t lens[] = {4, 1, 0, 3, 4, 2};
+    kda_tuning_t t = {0};
+    t.decode_kernel = 1;
+    kda_set_tuning(gpu(), &t);
+    for (int k = 64; k <= 128; k += 64)
+        for (int vf = 0; vf < 2; vf++)
+            for (int bf = 0; bf < 2; bf++)
+                for (int mode = 0; mode < 3; mode++) {
+                    dcase_t dc = base_case(k, 128);
+                    dc.c.num_seqs = 6;
+                    dc.c.seqlens = lens;
+                    dc.c.batch = 1;
+                    dc.c.hqk = 2;
+                    dc.c.hv = 4;
+                    dc.c.state_v_first = vf;
+                    dc.c.initial_state_dtype = dc.c.final_state_dtype = bf ? KDA_BFLOAT16 : KDA_FLOAT32;
+                    dc.c.seed = 40 + mode;
+                    dc.mode = mode == 0 ? ST_PLAIN : (mode == 1 ? ST_POOL_1D : ST_POOL_2D);
+                    dc.t_max = 4;
+                    dc.accepted = 1;
+                    char name[64];
+                    snprintf(name, sizeof name, "staged_k%d_%s_%s_%s", k, vf ? "vfirst" : "kfirst",
+                             bf ? "bf16" : "fp32", mode == 0 ? "plain" : (mode == 1 ? "pool" : "spec"));
+                    run_case(name, &dc, tol_of(&dc.c), 0);
+                }
+    kda_set_tuning(gpu(), NULL);
 }
 
 /* Persistent CTAs: with 1 and 7 CTAs each walks many tiles through its ring of stages (items of several

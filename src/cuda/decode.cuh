@@ -1,0 +1,92 @@
+/*
+ * Device pieces shared by the two decode kernels (decode.cu: persistent CTAs walking staged tiles, any shape;
+ * decode_tile.cu: one CTA per tile, the exact head sizes): warp reductions, a sequence's bounds and the state
+ * slots of the pool (docs/ALGORITHM.md §1; the slot rules are in decode.cu's header).
+ */
+#ifndef KDA_CUDA_DECODE_CUH
+#define KDA_CUDA_DECODE_CUH
+
+#include "common.cuh"
+#include "decode.h"
+
+DEV int finite_f(float x) { return (__float_as_uint(x) & 0x7f800000u) != 0x7f800000u; }
+
+/* Sum over the lanes whose lane bits from `from` up differ (xor shuffles from `from` to 16). */
+template <int FROM>
+DEV float lanes_sum(float x) {
+#pragma unroll
+    for (int o = FROM; o < 32; o <<= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+template <int FROM>
+DEV int lanes_or(int x) {
+#pragma unroll
+    for (int o = FROM; o < 32; o <<= 1) x |= __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+/* Sum over the 8 lanes of a V-first row (lane bits 0..2). */
+DEV float row8_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    x += __shfl_xor_sync(0xffffffffu, x, 2);
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    return x;
+}
+DEV int row8_or(int x) {
+    x |= __shfl_xor_sync(0xffffffffu, x, 1);
+    x |= __shfl_xor_sync(0xffffffffu, x, 2);
+    x |= __shfl_xor_sync(0xffffffffu, x, 4);
+    return x;
+}
+
+/* Tokens [bos, eos) of sequence n (cu_seqlens clamped into [0, num_tokens]; never trusted further). */
+DEV void dec_seq_bounds(const kda_decode_params_t &p, int64_t n, int64_t *bos, int64_t *eos) {
+    if (!p.cu_seqlens) {
+        *bos = n * p.seq_len;
+        *eos = *bos + p.seq_len;
+        return;
+    }
+    int64_t a0 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[n] : ((const int32_t *)p.cu_seqlens)[n];
+    int64_t a1 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[n + 1] : ((const int32_t *)p.cu_seqlens)[n + 1];
+    a0 = a0 < 0 ? 0 : (a0 > p.num_tokens ? p.num_tokens : a0);
+    a1 = a1 < a0 ? a0 : (a1 > p.num_tokens ? p.num_tokens : a1);
+    *bos = a0;
+    *eos = a1;
+}
+
+/* The pool entry row n reads before its index is checked against claim (1-D state_indices[n]; 2-D
+ * state_indices[n][a_n − 1], a_n clamped into [1, T_max]; none: n); −1 outside the pool. */
+DEV int64_t dec_named_slot(const kda_decode_params_t &p, int64_t n) {
+    if (!p.state_indices) return n;
+    int64_t s;
+    if (p.idx_cols == 0) {
+        s = p.state_indices[n];
+    } else {
+        int64_t col = p.num_accepted ? (int64_t)p.num_accepted[n] - 1 : 0;
+        col = col < 0 ? 0 : (col >= p.idx_cols ? p.idx_cols - 1 : col);
+        s = p.state_indices[n * p.idx_stride + col];
+    }
+    return s < 0 || s >= p.num_state_slots ? -1 : s;
+}
+
+/* Whether slot s (in the pool) counts for row n: a later row naming it too owns it (slots.cu). */
+DEV int dec_owns(const kda_decode_params_t &p, int64_t n, int64_t s) { return !p.claim || p.claim[s] == (int32_t)n; }
+
+/* The slot row n reads and (1-D, none) writes, or −1. */
+DEV int64_t dec_read_slot(const kda_decode_params_t &p, int64_t n) {
+    const int64_t s = dec_named_slot(p, n);
+    return s >= 0 && dec_owns(p, n, s) ? s : -1;
+}
+
+/* 2-D indices: the slot the state after token t (of the sequence) goes to, or −1. */
+DEV int64_t dec_token_slot(const kda_decode_params_t &p, int64_t n, int64_t t) {
+    if (t >= p.idx_cols) return -1;
+    const int64_t s = p.state_indices[n * p.idx_stride + t];
+    if (s < 0 || s >= p.num_state_slots) return -1;
+    return dec_owns(p, n, s) ? s : -1;
+}
+
+/* decode_tile.cu: whether its kernel runs the launch p (decode_plan done), and the launch. */
+int kda_decode_tile_fits(const kda_decode_params_t *p);
+int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream);
+
+#endif /* KDA_CUDA_DECODE_CUH */
