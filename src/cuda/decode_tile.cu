@@ -39,24 +39,28 @@
 #include "decode.cuh"
 
 #define DT_THREADS 128
-#define DT_TILE 4096   /* state elements per tile */
-#define DT_NA 8        /* chunks per thread */
-#define DT_MIN_CTAS 6  /* CTAs per SM the registers must allow (≤ 80 per thread) */
 
-template <int VF, int KD>
+/* NA four-element chunks of state per thread (8 or 16): a tile of 512·NA elements, BV = 512·NA / K columns. */
+template <int VF, int KD, int NA>
 struct dt_geom {
-    static constexpr int BV = DT_TILE / KD;  /* columns of a tile: 32 (K = 128) or 64 (K = 64) */
-    static constexpr int CPR = KD / 32;      /* V-first: chunks of a row per lane */
-    static constexpr int NP = DT_NA / CPR;   /* V-first: rows per thread */
-    static constexpr int CGW = BV / 16;      /* K-first: column groups per warp */
-    static constexpr int RG = 32 / CGW;      /* K-first: lanes (row groups) per column group */
+    static constexpr int TILE = DT_THREADS * 4 * NA;
+    static constexpr int BV = TILE / KD;   /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
+    static constexpr int CPR = KD / 32;    /* V-first: chunks of a row per lane */
+    static constexpr int NP = NA / CPR;    /* V-first: rows per thread */
+    static constexpr int CB = BV / 32;     /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u) */
+    static constexpr int RR = KD / 16;     /* K-first: rows per thread (rows (l >> 3) + 4w + 16r) */
+    static constexpr int MIN_CTAS = NA == 8 ? 6 : 4; /* per SM: ≤ 80 or ≤ 128 registers per thread */
+    static_assert(VF ? NP * CPR == NA : CB * RR == NA, "decode tile geometry");
 };
 
-/* Inputs of one token after the transform, and each warp's partial sums (q², k², q·k, non-finite flag). */
-template <int KD>
+/* Inputs of one token after the transform, each warp's partial sums (q², k², q·k, non-finite flag), and
+ * (K-first) each warp's partial reductions over its rows, (a_j, b_j) per column. */
+template <int VF, int KD, int NA>
 struct dt_io {
-    float q[KD], k[KD], a[KD], v[DT_TILE / KD];
+    typedef dt_geom<VF, KD, NA> G;
+    float q[KD], k[KD], a[KD], v[G::BV];
     float4 part[DT_THREADS / 32];
+    float2 red[VF ? 1 : DT_THREADS / 32][VF ? 1 : G::BV];
     float beta;
 };
 
@@ -80,8 +84,9 @@ DEV void dt_fetch(const kda_decode_params_t &p, dt_raw &r, int64_t t, int h, int
 }
 
 /* The transform of r into io (this thread's elements, its warp's partial sums). */
-template <int KD>
-DEV void dt_commit(const kda_decode_params_t &p, dt_io<KD> &io, const dt_raw &r, int j0) {
+template <int VF, int KD, int NA>
+DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt_raw &r, int j0) {
+    constexpr int BV = dt_geom<VF, KD, NA>::BV;
     const int e = threadIdx.x, K = p.kd, V = p.vd;
     int bad = 0;
     float qq = 0.f, kk = 0.f, qk = 0.f;
@@ -103,8 +108,8 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<KD> &io, const dt_raw &r,
     }
     bad |= (e < V && !finite_f(r.v0)) | (e + DT_THREADS < V && !finite_f(r.v1));
     const int jl = e - j0, jl1 = e + DT_THREADS - j0;
-    if (jl >= 0 && jl < DT_TILE / KD) io.v[jl] = r.v0;
-    if (jl1 >= 0 && jl1 < DT_TILE / KD) io.v[jl1] = r.v1;
+    if (jl >= 0 && jl < BV) io.v[jl] = r.v0;
+    if (jl1 >= 0 && jl1 < BV) io.v[jl1] = r.v1;
     if (e == 0) {
         float b = r.b;
         if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
@@ -118,17 +123,14 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<KD> &io, const dt_raw &r,
     if ((e & 31) == 0) io.part[e >> 5] = make_float4(qq, kk, qk, bad ? 1.f : 0.f);
 }
 
-/* The tile's chunk a of thread tid: element offset within the head's K×V block. */
-template <int VF, int KD>
+/* Chunk a of thread tid: element offset within the head's K×V block. Memory rows are whole 128-byte lines per
+ * 8 lanes in both layouts (fp32; 64 bytes for bf16). */
+template <int VF, int KD, int NA>
 DEV int dt_chunk(int a, int V, int j0, int tid) {
-    typedef dt_geom<VF, KD> G;
+    typedef dt_geom<VF, KD, NA> G;
     const int lane = tid & 31, w = tid >> 5;
-    if (VF) {
-        const int jl = 16 * (a / G::CPR) + 4 * w + (lane >> 3), i = 4 * (lane & 7) + 32 * (a % G::CPR);
-        return (j0 + jl) * KD + i;
-    }
-    const int cg = w * G::CGW + lane % G::CGW, i = lane / G::CGW + G::RG * a;
-    return i * V + j0 + 4 * cg;
+    if (VF) return (j0 + 16 * (a / G::CPR) + 4 * w + (lane >> 3)) * KD + 4 * (lane & 7) + 32 * (a % G::CPR);
+    return ((lane >> 3) + 4 * w + 16 * (a / G::CB)) * V + j0 + 4 * (lane & 7) + 32 * (a % G::CB);
 }
 
 template <int SF32>
@@ -151,17 +153,34 @@ DEV void dt_store4(void *base, int64_t off, float4 x) {
     }
 }
 
-template <int VF, int KD, int SF32>
-DEV void dt_store_tile(const kda_decode_params_t &p, const float4 S[DT_NA], int64_t slot, int h, int j0) {
+template <int VF, int KD, int NA, int SF32>
+DEV void dt_store_tile(const kda_decode_params_t &p, const float4 S[NA], int64_t slot, int h, int j0) {
     const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
 #pragma unroll
-    for (int a = 0; a < DT_NA; a++) dt_store4<SF32>(p.ht, base + dt_chunk<VF, KD>(a, p.vd, j0, threadIdx.x), S[a]);
+    for (int a = 0; a < NA; a++) dt_store4<SF32>(p.ht, base + dt_chunk<VF, KD, NA>(a, p.vd, j0, threadIdx.x), S[a]);
 }
 
-/* One token on the registers' tile from io: the update and o_t (stored). */
-template <int VF, int KD>
-DEV void dt_token(const kda_decode_params_t &p, const dt_io<KD> &io, float4 S[DT_NA], int64_t t, int h, int j0) {
-    typedef dt_geom<VF, KD> G;
+/* p itself, opaque to the compiler: the update pass reloads k̂ from shared memory instead of keeping the first
+ * pass's values live across the reductions (16 more registers at 16 chunks per thread, which then spill). */
+DEV const float *dt_opaque(const float *p) {
+    asm volatile("" : "+l"(p));
+    return p;
+}
+
+/* δ_j and o_j of column j from its reductions a_j (over k) and b_j (over q): returns s_k δ_j, stores o_j. */
+DEV float dt_column(const kda_decode_params_t &p, float a, float b, float v, float beta, float sq, float sk, float kq,
+                    int store, int64_t oidx) {
+    a = finite_f(a) ? a : NAN; /* a non-finite initial-state column */
+    const float d = beta * (v - sk * a);
+    if (store) store_elem(p.o, p.o_dtype, oidx, sq * (b + kq * d));
+    return sk * d;
+}
+
+/* One token on the registers' tile from io: the update and o_t (stored). K-first ends with a second barrier
+ * (the warps' partial reductions). */
+template <int VF, int KD, int NA>
+DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[NA], int64_t t, int h, int j0) {
+    typedef dt_geom<VF, KD, NA> G;
     const int V = p.vd, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     float4 ps = io.part[0];
 #pragma unroll
@@ -171,17 +190,18 @@ DEV void dt_token(const kda_decode_params_t &p, const dt_io<KD> &io, float4 S[DT
     }
     if (ps.w != 0.f) { /* a non-finite input of this token: the whole tile is NaN from here on */
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
+        for (int a = 0; a < NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
     }
     const float sq = p.l2norm ? p.scale / sqrtf(ps.x + 1e-6f) : p.scale;
     const float sk = p.l2norm ? 1.0f / sqrtf(ps.y + 1e-6f) : 1.0f;
     const float kq = sk * ps.z, beta = io.beta;
+    const int64_t orow = (t * p.hv + h) * V + j0;
     if (VF) {
         float ra[G::NP], rb[G::NP];
 #pragma unroll
         for (int s = 0; s < G::NP; s++) ra[s] = rb[s] = 0.f;
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) {
+        for (int a = 0; a < NA; a++) {
             const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
             const float4 al = *(const float4 *)(io.a + i), kk = *(const float4 *)(io.k + i),
                          qq = *(const float4 *)(io.q + i);
@@ -193,58 +213,76 @@ DEV void dt_token(const kda_decode_params_t &p, const dt_io<KD> &io, float4 S[DT
 #pragma unroll
         for (int s = 0; s < G::NP; s++) {
             const int jl = 16 * s + 4 * w + (lane >> 3);
-            float a_ = row8_sum(ra[s]);
-            const float b_ = row8_sum(rb[s]);
-            a_ = finite_f(a_) ? a_ : NAN;
-            const float d = beta * (io.v[jl] - sk * a_);
-            c[s] = sk * d;
-            if ((lane & 7) == 0) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j0 + jl, sq * (b_ + kq * d));
+            c[s] = dt_column(p, row8_sum(ra[s]), row8_sum(rb[s]), io.v[jl], beta, sq, sk, kq, (lane & 7) == 0,
+                             orow + jl);
         }
+        const float *ks = dt_opaque(io.k);
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) {
+        for (int a = 0; a < NA; a++) {
             const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
-            const float4 kk = *(const float4 *)(io.k + i);
+            const float4 kk = *(const float4 *)(ks + i);
             S[a].x += kk.x * c[s], S[a].y += kk.y * c[s], S[a].z += kk.z * c[s], S[a].w += kk.w * c[s];
         }
     } else {
-        const int rg = lane / G::CGW, jl = 4 * (w * G::CGW + lane % G::CGW);
-        float4 ra = make_float4(0.f, 0.f, 0.f, 0.f), rb = ra;
+        /* rows (l >> 3) + 4w + 16r, columns 4(l & 7) + 32u: sums over the thread's rows, the warp's 4 row lanes
+           (2 shuffles), then the 4 warps through shared memory */
+        float4 ra[G::CB], rb[G::CB];
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) {
-            const int i = rg + G::RG * a;
+        for (int u = 0; u < G::CB; u++) ra[u] = rb[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int a = 0; a < NA; a++) {
+            const int u = a % G::CB, i = (lane >> 3) + 4 * w + 16 * (a / G::CB);
             const float al = io.a[i], kk = io.k[i], qq = io.q[i];
             S[a].x *= al, S[a].y *= al, S[a].z *= al, S[a].w *= al;
-            ra.x += kk * S[a].x, ra.y += kk * S[a].y, ra.z += kk * S[a].z, ra.w += kk * S[a].w;
-            rb.x += qq * S[a].x, rb.y += qq * S[a].y, rb.z += qq * S[a].z, rb.w += qq * S[a].w;
-        }
-        float av[4] = {lanes_sum<G::CGW>(ra.x), lanes_sum<G::CGW>(ra.y), lanes_sum<G::CGW>(ra.z),
-                       lanes_sum<G::CGW>(ra.w)};
-        const float bv[4] = {lanes_sum<G::CGW>(rb.x), lanes_sum<G::CGW>(rb.y), lanes_sum<G::CGW>(rb.z),
-                             lanes_sum<G::CGW>(rb.w)};
-        float c[4], ov[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            av[u] = finite_f(av[u]) ? av[u] : NAN;
-            const float d = beta * (io.v[jl + u] - sk * av[u]);
-            c[u] = sk * d;
-            ov[u] = sq * (bv[u] + kq * d);
-        }
-        if (rg == 0) {
-#pragma unroll
-            for (int u = 0; u < 4; u++) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j0 + jl + u, ov[u]);
+            ra[u].x += kk * S[a].x, ra[u].y += kk * S[a].y, ra[u].z += kk * S[a].z, ra[u].w += kk * S[a].w;
+            rb[u].x += qq * S[a].x, rb[u].y += qq * S[a].y, rb[u].z += qq * S[a].z, rb[u].w += qq * S[a].w;
         }
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) {
-            const float kk = io.k[rg + G::RG * a];
-            S[a].x += kk * c[0], S[a].y += kk * c[1], S[a].z += kk * c[2], S[a].w += kk * c[3];
+        for (int u = 0; u < G::CB; u++) {
+            ra[u].x = lanes_sum<8>(ra[u].x), ra[u].y = lanes_sum<8>(ra[u].y);
+            ra[u].z = lanes_sum<8>(ra[u].z), ra[u].w = lanes_sum<8>(ra[u].w);
+            rb[u].x = lanes_sum<8>(rb[u].x), rb[u].y = lanes_sum<8>(rb[u].y);
+            rb[u].z = lanes_sum<8>(rb[u].z), rb[u].w = lanes_sum<8>(rb[u].w);
+            if (lane < 8) {
+                float4 *r = (float4 *)&io.red[w][4 * lane + 32 * u];
+                r[0] = make_float4(ra[u].x, rb[u].x, ra[u].y, rb[u].y);
+                r[1] = make_float4(ra[u].z, rb[u].z, ra[u].w, rb[u].w);
+            }
+        }
+        __syncthreads(); /* the warps' partial reductions */
+        float c[G::CB][4];
+#pragma unroll
+        for (int u = 0; u < G::CB; u++) {
+            const int jl = 4 * (lane & 7) + 32 * u;
+            float2 ab[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) ab[e] = make_float2(0.f, 0.f);
+#pragma unroll
+            for (int x = 0; x < DT_THREADS / 32; x++) {
+                const float4 r0 = *(const float4 *)&io.red[x][jl], r1 = *(const float4 *)&io.red[x][jl + 2];
+                ab[0].x += r0.x, ab[0].y += r0.y, ab[1].x += r0.z, ab[1].y += r0.w;
+                ab[2].x += r1.x, ab[2].y += r1.y, ab[3].x += r1.z, ab[3].y += r1.w;
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                c[u][e] = dt_column(p, ab[e].x, ab[e].y, io.v[jl + e], beta, sq, sk, kq, w == 0 && lane < 8,
+                                    orow + jl + e);
+        }
+        const float *ks = dt_opaque(io.k);
+#pragma unroll
+        for (int a = 0; a < NA; a++) {
+            const int u = a % G::CB;
+            const float kk = ks[(lane >> 3) + 4 * w + 16 * (a / G::CB)];
+            S[a].x += kk * c[u][0], S[a].y += kk * c[u][1], S[a].z += kk * c[u][2], S[a].w += kk * c[u][3];
         }
     }
 }
 
-template <int VF, int KD, int SF32>
-__global__ void __launch_bounds__(DT_THREADS, DT_MIN_CTAS) kda_decode_tile_kernel(const kda_decode_params_t p) {
-    typedef dt_geom<VF, KD> G;
-    __shared__ __align__(16) dt_io<KD> io[2];
+template <int VF, int KD, int NA, int SF32>
+__global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
+    kda_decode_tile_kernel(const kda_decode_params_t p) {
+    typedef dt_geom<VF, KD, NA> G;
+    __shared__ __align__(16) dt_io<VF, KD, NA> io[2];
     const int vt = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     const int64_t n = blockIdx.z;
     const int j0 = vt * G::BV, hq = h / p.group;
@@ -256,14 +294,14 @@ __global__ void __launch_bounds__(DT_THREADS, DT_MIN_CTAS) kda_decode_tile_kerne
 
     /* the tile's loads first (the slot's ownership is checked while they fly) */
     const int64_t named = dec_named_slot(p, n);
-    float4 S[DT_NA];
+    float4 S[NA];
     if (named >= 0 && p.h0) {
         const int64_t base = (named * p.hv + h) * (int64_t)KD * p.vd;
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) S[a] = dt_load4<SF32>(p.h0, base + dt_chunk<VF, KD>(a, p.vd, j0, tid));
+        for (int a = 0; a < NA; a++) S[a] = dt_load4<SF32>(p.h0, base + dt_chunk<VF, KD, NA>(a, p.vd, j0, tid));
     } else {
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
     dt_raw raw;
     raw.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
@@ -271,33 +309,34 @@ __global__ void __launch_bounds__(DT_THREADS, DT_MIN_CTAS) kda_decode_tile_kerne
     const int64_t rslot = named >= 0 && dec_owns(p, n, named) ? named : -1;
     if (rslot < 0) {
 #pragma unroll
-        for (int a = 0; a < DT_NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 
 #pragma unroll 1
     for (int64_t t = 0; t < T; t++) {
         const int buf = (int)(t & 1);
-        dt_commit<KD>(p, io[buf], raw, j0);
+        dt_commit<VF, KD, NA>(p, io[buf], raw, j0);
         __syncthreads(); /* io[buf] complete; io[buf ^ 1] free (every thread is past token t − 1) */
         if (t + 1 < T) dt_fetch(p, raw, bos + t + 1, h, hq);
-        dt_token<VF, KD>(p, io[buf], S, bos + t, h, j0);
+        dt_token<VF, KD, NA>(p, io[buf], S, bos + t, h, j0);
         if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
             const int64_t ws = dec_token_slot(p, n, t);
-            if (ws >= 0) dt_store_tile<VF, KD, SF32>(p, S, ws, h, j0);
+            if (ws >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, ws, h, j0);
         }
     }
-    if (!per_token && p.ht && rslot >= 0) dt_store_tile<VF, KD, SF32>(p, S, rslot, h, j0);
+    if (!per_token && p.ht && rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, rslot, h, j0);
 }
 
-template <int VF, int KD, int SF32>
+template <int VF, int KD, int NA, int SF32>
 static int dt_launch(const kda_decode_params_t *p, void *stream) {
-    const dim3 grid((unsigned)(p->vd / dt_geom<VF, KD>::BV), (unsigned)p->hv, (unsigned)p->num_seqs);
-    kda_decode_tile_kernel<VF, KD, SF32><<<grid, DT_THREADS, 0, (cudaStream_t)stream>>>(*p);
+    const dim3 grid((unsigned)(p->vd / dt_geom<VF, KD, NA>::BV), (unsigned)p->hv, (unsigned)p->num_seqs);
+    kda_decode_tile_kernel<VF, KD, NA, SF32><<<grid, DT_THREADS, 0, (cudaStream_t)stream>>>(*p);
     return (int)cudaGetLastError();
 }
 
 int kda_decode_tile_fits(const kda_decode_params_t *p) {
-    if (p->beta_headwise || (p->kd != 64 && p->kd != 128) || p->vd % (DT_TILE / p->kd) || p->vd > 256) return 0;
+    if (p->beta_headwise || (p->kd != 64 && p->kd != 128) || p->vd % (DT_THREADS * 4 * 8 / p->kd) || p->vd > 256)
+        return 0;
     if (p->num_seqs > 65535 || p->hv > 65535 || !p->vec) return 0;
     /* the states present share one dtype, fp32 or bf16, and 16-byte (fp32) / 8-byte (bf16) aligned bases */
     const int sdt = p->h0 ? p->h0_dtype : p->ht_dtype;
@@ -307,13 +346,20 @@ int kda_decode_tile_fits(const kda_decode_params_t *p) {
     return (!p->h0 || (uintptr_t)p->h0 % al == 0) && (!p->ht || (uintptr_t)p->ht % al == 0);
 }
 
+template <int VF, int KD>
+static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
+    /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
+       columns) when V allows it and the grid still fills the card; else 8 */
+    const int64_t ctas16 = p->num_seqs * p->hv * (p->vd / dt_geom<VF, KD, 16>::BV);
+    const int fits16 = p->vd % dt_geom<VF, KD, 16>::BV == 0;
+    if (fits16 && (p->forced_kernel == 4 || (p->forced_kernel != 3 && ctas16 >= 4 * (int64_t)p->sm_count)))
+        return f32 ? dt_launch<VF, KD, 16, 1>(p, stream) : dt_launch<VF, KD, 16, 0>(p, stream);
+    return f32 ? dt_launch<VF, KD, 8, 1>(p, stream) : dt_launch<VF, KD, 8, 0>(p, stream);
+}
+
 int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream) {
     if (p->num_seqs == 0 || p->hv == 0) return 0;
     const int f32 = (p->h0 ? p->h0_dtype : p->ht_dtype) == KDA_DT_F32;
-    if (p->v_first) {
-        if (p->kd == 64) return f32 ? dt_launch<1, 64, 1>(p, stream) : dt_launch<1, 64, 0>(p, stream);
-        return f32 ? dt_launch<1, 128, 1>(p, stream) : dt_launch<1, 128, 0>(p, stream);
-    }
-    if (p->kd == 64) return f32 ? dt_launch<0, 64, 1>(p, stream) : dt_launch<0, 64, 0>(p, stream);
-    return f32 ? dt_launch<0, 128, 1>(p, stream) : dt_launch<0, 128, 0>(p, stream);
+    if (p->v_first) return p->kd == 64 ? dt_launch_na<1, 64>(p, f32, stream) : dt_launch_na<1, 128>(p, f32, stream);
+    return p->kd == 64 ? dt_launch_na<0, 64>(p, f32, stream) : dt_launch_na<0, 128>(p, f32, stream);
 }

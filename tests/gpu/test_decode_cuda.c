@@ -385,35 +385,39 @@ TEST(gpu_decode_beta_headwise) {
     }
 }
 
-/* The two kernels on the exact head sizes: the tile kernel (decode_tile.cu) takes them by default; forced onto
- * the staged kernel (decode.cu), its exact instances must match the oracle too: plain and MTP with a 1-D
- * pool, spec decoding with 2-D slots, GVA, fp32 and bf16 states, both layouts, K = 64 and 128. */
-TEST(gpu_decode_staged_kernel_exact) {
+/* The kernels on the exact head sizes: by default the tile kernel (decode_tile.cu) with 8 chunks per thread on
+ * small grids; forced here onto the staged kernel (decode.cu, its exact instances) and onto the tile kernel
+ * with 16 chunks per thread (big grids): plain and MTP with a 1-D pool, spec decoding with 2-D slots, GVA,
+ * fp32 and bf16 states, both layouts, K = 64 and 128 (V = 128: two 64-column tiles, one 128-column tile). */
+TEST(gpu_decode_forced_kernels_exact) {
     static const int64_t lens[] = {4, 1, 0, 3, 4, 2};
-    kda_tuning_t t = {0};
-    t.decode_kernel = 1;
-    kda_set_tuning(gpu(), &t);
-    for (int k = 64; k <= 128; k += 64)
-        for (int vf = 0; vf < 2; vf++)
-            for (int bf = 0; bf < 2; bf++)
-                for (int mode = 0; mode < 3; mode++) {
-                    dcase_t dc = base_case(k, 128);
-                    dc.c.num_seqs = 6;
-                    dc.c.seqlens = lens;
-                    dc.c.batch = 1;
-                    dc.c.hqk = 2;
-                    dc.c.hv = 4;
-                    dc.c.state_v_first = vf;
-                    dc.c.initial_state_dtype = dc.c.final_state_dtype = bf ? KDA_BFLOAT16 : KDA_FLOAT32;
-                    dc.c.seed = 40 + mode;
-                    dc.mode = mode == 0 ? ST_PLAIN : (mode == 1 ? ST_POOL_1D : ST_POOL_2D);
-                    dc.t_max = 4;
-                    dc.accepted = 1;
-                    char name[64];
-                    snprintf(name, sizeof name, "staged_k%d_%s_%s_%s", k, vf ? "vfirst" : "kfirst",
-                             bf ? "bf16" : "fp32", mode == 0 ? "plain" : (mode == 1 ? "pool" : "spec"));
-                    run_case(name, &dc, tol_of(&dc.c), 0);
-                }
+    for (int kernel = 1; kernel <= 4; kernel += 3) {
+        kda_tuning_t t = {0};
+        t.decode_kernel = kernel;
+        kda_set_tuning(gpu(), &t);
+        for (int k = 64; k <= 128; k += 64)
+            for (int vf = 0; vf < 2; vf++)
+                for (int bf = 0; bf < 2; bf++)
+                    for (int mode = 0; mode < 3; mode++) {
+                        dcase_t dc = base_case(k, 128);
+                        dc.c.num_seqs = 6;
+                        dc.c.seqlens = lens;
+                        dc.c.batch = 1;
+                        dc.c.hqk = 2;
+                        dc.c.hv = 4;
+                        dc.c.state_v_first = vf;
+                        dc.c.initial_state_dtype = dc.c.final_state_dtype = bf ? KDA_BFLOAT16 : KDA_FLOAT32;
+                        dc.c.seed = 40 + mode;
+                        dc.mode = mode == 0 ? ST_PLAIN : (mode == 1 ? ST_POOL_1D : ST_POOL_2D);
+                        dc.t_max = 4;
+                        dc.accepted = 1;
+                        char name[64];
+                        snprintf(name, sizeof name, "%s_k%d_%s_%s_%s", kernel == 1 ? "staged" : "tile16", k,
+                                 vf ? "vfirst" : "kfirst", bf ? "bf16" : "fp32",
+                                 mode == 0 ? "plain" : (mode == 1 ? "pool" : "spec"));
+                        run_case(name, &dc, tol_of(&dc.c), 0);
+                    }
+    }
     kda_set_tuning(gpu(), NULL);
 }
 
@@ -678,7 +682,7 @@ TEST(gpu_duplicate_slots_deterministic) {
 /* GPU time of one decode step from C: N sequences, H32, K = V = 128, bf16 inputs, fp32 V-first pool in place,
  * in-kernel gate + l2norm + β sigmoid; cudaEvents around 1000 back-to-back calls and around 20 replays of a
  * graph of 50 captured calls. Returns the graph time per call in µs. */
-static double time_decode(int64_t N, int v_first) {
+static double time_decode(int64_t N, int v_first, int bf16, const char *label) {
     kda_synth_config_t c;
     kda_synth_defaults(&c);
     c.batch = N;
@@ -687,10 +691,12 @@ static double time_decode(int64_t N, int v_first) {
     c.gate = KDA_GATE_LOWER_BOUND;
     c.l2norm = c.beta_sigmoid = 1;
     c.state_v_first = v_first;
+    c.initial_state_dtype = c.final_state_dtype = bf16 ? KDA_BFLOAT16 : KDA_FLOAT32;
     kda_synth_t s;
     kda_args_t a;
     if (kda_synth_make(&c, &s, &a) != 0) exit(1);
     const int64_t slots = 2 * N + 1, per = (int64_t)c.hv * c.k * c.v;
+    const size_t es = bf16 ? 2 : 4;
     kda_args_t d = a;
     d.q = to_dev(s.q, s.q_bytes);
     d.k = to_dev(s.k, s.q_bytes);
@@ -701,8 +707,8 @@ static double time_decode(int64_t N, int v_first) {
     d.A_log = (const float *)to_dev(a.A_log, sizeof(float) * (size_t)c.hv);
     d.dt_bias = (const float *)to_dev(a.dt_bias, sizeof(float) * (size_t)c.hv * c.k);
     void *dpool = NULL;
-    CUDA_OK(cudaMalloc(&dpool, sizeof(float) * (size_t)(slots * per)));
-    CUDA_OK(cudaMemset(dpool, 0, sizeof(float) * (size_t)(slots * per)));
+    CUDA_OK(cudaMalloc(&dpool, es * (size_t)(slots * per)));
+    CUDA_OK(cudaMemset(dpool, 0, es * (size_t)(slots * per)));
     int32_t *idx = (int32_t *)malloc(sizeof(int32_t) * (size_t)N);
     for (int64_t n = 0; n < N; n++) idx[n] = (int32_t)(2 * n + 1);
     d.initial_state = d.final_state = dpool;
@@ -739,10 +745,10 @@ static double time_decode(int64_t N, int v_first) {
     float ms_graph = 0.f;
     CUDA_OK(cudaEventElapsedTime(&ms_graph, e0, e1));
     const double us_direct = 1000.0 * ms_direct / calls, us_graph = 1000.0 * ms_graph / (20 * 50);
-    const double bytes = 2.0 * (double)N * per * sizeof(float);
-    printf("timing N%lld H32 K=V=128 fp32 %s pool: %.2f us/call back to back, %.2f us/call in a graph "
-           "(%.2f TB/s of state read + write)\n", (long long)N, v_first ? "V-first" : "K-first", us_direct, us_graph,
-           bytes / (us_graph * 1e-6) / 1e12);
+    const double bytes = 2.0 * (double)N * per * es;
+    printf("timing%s N%lld H32 K=V=128 %s %s pool: %.2f us/call back to back, %.2f us/call in a graph "
+           "(%.2f TB/s of state read + write)\n", label, (long long)N, bf16 ? "bf16" : "fp32",
+           v_first ? "V-first" : "K-first", us_direct, us_graph, bytes / (us_graph * 1e-6) / 1e12);
     CUDA_OK(cudaMemcpy(s.o, d.o, s.o_bytes, cudaMemcpyDeviceToHost));
     CHECK(kda_count_nonfinite(s.o, c.o_dtype, s.num_tokens * c.hv * c.v) == 0, "timing run: o not finite");
     cudaGraphExecDestroy(exec);
@@ -769,12 +775,29 @@ static double time_decode(int64_t N, int v_first) {
 /* Issue 10's latency bar: N1 H32 at most 10 µs of GPU time per call. Also prints N32 / N256 for the record. */
 TEST(gpu_decode_time_n1_h32) {
     (void)gpu();
-    const double us = time_decode(1, 1);
-    time_decode(1, 0);
-    time_decode(32, 1);
-    time_decode(256, 1);
-    time_decode(256, 0);
+    const double us = time_decode(1, 1, 0, "");
+    time_decode(1, 0, 0, "");
+    time_decode(32, 1, 0, "");
+    time_decode(256, 1, 0, "");
+    time_decode(256, 0, 0, "");
     CHECK(us <= 10.0, "N1 H32: %.2f us per call > 10 us", us);
+}
+
+/* The decode kernels' variants side by side in one process (docs/PERF.md "Decode"): the staged kernel, the
+ * tile kernel with 8 and 16 chunks per thread, and the default choice; fp32 and bf16 pools, both layouts. */
+TEST(gpu_decode_time_variants) {
+    static const struct { int kernel; const char *label; } var[] = {
+        {1, " [staged]"}, {3, " [tile 8]"}, {4, " [tile 16]"}, {0, " [default]"}};
+    for (int r = 0; r < 2; r++)
+        for (int bf = 0; bf < 2; bf++)
+            for (int vf = 1; vf >= 0; vf--)
+                for (unsigned i = 0; i < sizeof var / sizeof var[0]; i++) {
+                    kda_tuning_t t = {0};
+                    t.decode_kernel = var[i].kernel;
+                    kda_set_tuning(gpu(), &t);
+                    time_decode(r == 0 ? 256 : 32, vf, bf, var[i].label);
+                }
+    kda_set_tuning(gpu(), NULL);
 }
 
 #else
