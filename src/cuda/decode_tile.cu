@@ -123,13 +123,20 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt
     if ((e & 31) == 0) io.part[e >> 5] = make_float4(qq, kk, qk, bad ? 1.f : 0.f);
 }
 
+/* V-first: the first element (along K) of chunk cc (< CPR) of a row for lane l: 4(l & 7) + 32cc, or for bf16
+ * states 8(l & 7) + 64(cc / 2) + 4(cc % 2): chunks 2m and 2m + 1 side by side, one 16-byte load. */
+template <int SF32>
+DEV int dt_vf_i(int lane, int cc) {
+    return SF32 ? 4 * (lane & 7) + 32 * cc : 8 * (lane & 7) + 64 * (cc >> 1) + 4 * (cc & 1);
+}
+
 /* Chunk a of thread tid: element offset within the head's K×V block. Memory rows are whole 128-byte lines per
  * 8 lanes in both layouts (fp32; 64 bytes for bf16). */
-template <int VF, int KD, int NA>
+template <int VF, int KD, int NA, int SF32>
 DEV int dt_chunk(int a, int V, int j0, int tid) {
     typedef dt_geom<VF, KD, NA> G;
     const int lane = tid & 31, w = tid >> 5;
-    if (VF) return (j0 + 16 * (a / G::CPR) + 4 * w + (lane >> 3)) * KD + 4 * (lane & 7) + 32 * (a % G::CPR);
+    if (VF) return (j0 + 16 * (a / G::CPR) + 4 * w + (lane >> 3)) * KD + dt_vf_i<SF32>(lane, a % G::CPR);
     return ((lane >> 3) + 4 * w + 16 * (a / G::CB)) * V + j0 + 4 * (lane & 7) + 32 * (a % G::CB);
 }
 
@@ -156,8 +163,38 @@ DEV void dt_store4(void *base, int64_t off, float4 x) {
 template <int VF, int KD, int NA, int SF32>
 DEV void dt_store_tile(const kda_decode_params_t &p, const float4 S[NA], int64_t slot, int h, int j0) {
     const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
+    if (VF && !SF32) { /* chunk pairs: 16 bytes */
 #pragma unroll
-    for (int a = 0; a < NA; a++) dt_store4<SF32>(p.ht, base + dt_chunk<VF, KD, NA>(a, p.vd, j0, threadIdx.x), S[a]);
+        for (int a = 0; a < NA; a += 2) {
+            uint4 u;
+            u.x = pack_bf16(S[a].x, S[a].y), u.y = pack_bf16(S[a].z, S[a].w);
+            u.z = pack_bf16(S[a + 1].x, S[a + 1].y), u.w = pack_bf16(S[a + 1].z, S[a + 1].w);
+            __stcs((uint4 *)((uint16_t *)p.ht + base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x)), u);
+        }
+    } else {
+#pragma unroll
+        for (int a = 0; a < NA; a++)
+            dt_store4<SF32>(p.ht, base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x), S[a]);
+    }
+}
+
+template <int VF, int KD, int NA, int SF32>
+DEV void dt_load_tile(const kda_decode_params_t &p, float4 S[NA], int64_t slot, int h, int j0) {
+    const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
+    if (VF && !SF32) {
+#pragma unroll
+        for (int a = 0; a < NA; a += 2) {
+            const uint4 u = __ldcs((const uint4 *)((const uint16_t *)p.h0 + base +
+                                                   dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x)));
+            const float2 x0 = unpack_bf16(u.x), x1 = unpack_bf16(u.y), x2 = unpack_bf16(u.z), x3 = unpack_bf16(u.w);
+            S[a] = make_float4(x0.x, x0.y, x1.x, x1.y);
+            S[a + 1] = make_float4(x2.x, x2.y, x3.x, x3.y);
+        }
+    } else {
+#pragma unroll
+        for (int a = 0; a < NA; a++)
+            S[a] = dt_load4<SF32>(p.h0, base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x));
+    }
 }
 
 /* p itself, opaque to the compiler: the update pass reloads k̂ from shared memory instead of keeping the first
@@ -178,7 +215,7 @@ DEV float dt_column(const kda_decode_params_t &p, float a, float b, float v, flo
 
 /* One token on the registers' tile from io: the update and o_t (stored). K-first ends with a second barrier
  * (the warps' partial reductions). */
-template <int VF, int KD, int NA>
+template <int VF, int KD, int NA, int SF32>
 DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[NA], int64_t t, int h, int j0) {
     typedef dt_geom<VF, KD, NA> G;
     const int V = p.vd, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
@@ -202,7 +239,7 @@ DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[
         for (int s = 0; s < G::NP; s++) ra[s] = rb[s] = 0.f;
 #pragma unroll
         for (int a = 0; a < NA; a++) {
-            const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
+            const int s = a / G::CPR, i = dt_vf_i<SF32>(lane, a % G::CPR);
             const float4 al = *(const float4 *)(io.a + i), kk = *(const float4 *)(io.k + i),
                          qq = *(const float4 *)(io.q + i);
             S[a].x *= al.x, S[a].y *= al.y, S[a].z *= al.z, S[a].w *= al.w;
@@ -219,7 +256,7 @@ DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[
         const float *ks = dt_opaque(io.k);
 #pragma unroll
         for (int a = 0; a < NA; a++) {
-            const int s = a / G::CPR, i = 4 * (lane & 7) + 32 * (a % G::CPR);
+            const int s = a / G::CPR, i = dt_vf_i<SF32>(lane, a % G::CPR);
             const float4 kk = *(const float4 *)(ks + i);
             S[a].x += kk.x * c[s], S[a].y += kk.y * c[s], S[a].z += kk.z * c[s], S[a].w += kk.w * c[s];
         }
@@ -283,7 +320,7 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     kda_decode_tile_kernel(const kda_decode_params_t p) {
     typedef dt_geom<VF, KD, NA> G;
     __shared__ __align__(16) dt_io<VF, KD, NA> io[2];
-    const int vt = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int vt = blockIdx.x, h = blockIdx.y;
     const int64_t n = blockIdx.z;
     const int j0 = vt * G::BV, hq = h / p.group;
     int64_t bos, eos;
@@ -296,9 +333,7 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     const int64_t named = dec_named_slot(p, n);
     float4 S[NA];
     if (named >= 0 && p.h0) {
-        const int64_t base = (named * p.hv + h) * (int64_t)KD * p.vd;
-#pragma unroll
-        for (int a = 0; a < NA; a++) S[a] = dt_load4<SF32>(p.h0, base + dt_chunk<VF, KD, NA>(a, p.vd, j0, tid));
+        dt_load_tile<VF, KD, NA, SF32>(p, S, named, h, j0);
     } else {
 #pragma unroll
         for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -318,7 +353,7 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
         dt_commit<VF, KD, NA>(p, io[buf], raw, j0);
         __syncthreads(); /* io[buf] complete; io[buf ^ 1] free (every thread is past token t − 1) */
         if (t + 1 < T) dt_fetch(p, raw, bos + t + 1, h, hq);
-        dt_token<VF, KD, NA>(p, io[buf], S, bos + t, h, j0);
+        dt_token<VF, KD, NA, SF32>(p, io[buf], S, bos + t, h, j0);
         if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
             const int64_t ws = dec_token_slot(p, n, t);
             if (ws >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, ws, h, j0);
