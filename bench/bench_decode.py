@@ -15,7 +15,8 @@ Times: GPU microseconds per call, from CUDA events around replays of a CUDA grap
 included where it exceeds the GPU time). Medians of `reps` after warm-up. State TB/s = bytes of the touched
 states read + written (spec: 1 read + T writes per sequence) / graph time. Accuracy: relative error of o and of
 the written states of one call of each implementation against a float64 recurrence on the same inputs.
-Writes results.json and results.md to --out.
+Writes results.json, results.md and decode.png to --out; `--replot DIR/results.json --out DIR2` redraws only
+the plot (matplotlib; no GPU).
 """
 import argparse
 import json
@@ -194,14 +195,51 @@ def crossover(reps):
     return out
 
 
+def plot(rows, meta, path):
+    """Bars of GPU µs per call (graph), ours and FLA, per shape, with the ratio FLA / ours above ours."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:  # plotting is a nicety
+        print("no plot:", e)
+        return
+    rows = [r for r in rows if isinstance(r.get("ours_graph_us"), (int, float))]
+    fig, ax = plt.subplots(figsize=(12, 5.5))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.get("fla_graph_us") or 0 for r in rows], 0.4, label="FLA fused_recurrent_kda",
+           color="tab:blue")
+    ax.bar([i + 0.2 for i in x], [r["ours_graph_us"] for r in rows], 0.4, label="libkda kda_decode",
+           color="tab:orange")
+    for i, r in enumerate(rows):
+        if isinstance(r.get("ratio"), (int, float)):
+            ax.text(i + 0.2, r["ours_graph_us"], f"{r['ratio']:.2f}x", ha="center", va="bottom", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([r["shape"] for r in rows], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("GPU µs per call (CUDA graph)")
+    ax.set_title(f"decode step, vLLM pool in place, K = V = 128 — {meta.get('card')}, {meta.get('date')}, "
+                 f"commit {meta.get('commit')} (label: FLA / libkda)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print("wrote", path)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default=None)
     ap.add_argument("--no-crossover", action="store_true")
+    ap.add_argument("--replot", default=None, help="results.json to redraw decode.png from (into --out)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if args.replot:
+        with open(args.replot) as fh:
+            res = json.load(fh)
+        plot(res["rows"], res["meta"], os.path.join(args.out, "decode.png"))
+        return 0
     reps = 7 if args.quick else 15
     card = torch.cuda.get_device_name()
     print(f"{card}; FLA {'found' if fla_fwd else 'NOT importable: ' + FLA_ERR}", flush=True)
@@ -287,6 +325,7 @@ def main():
             for N, T, a, b in cross:
                 fh.write(f"| {N} | {T} | {a:.1f} | {b:.1f} |\n")
     print(f"wrote {args.out}/results.md", flush=True)
+    plot(rows, meta, os.path.join(args.out, "decode.png"))
 
 
 if __name__ == "__main__":
