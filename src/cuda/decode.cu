@@ -395,19 +395,13 @@ DEV int commit_token(const kda_decode_params_t &p, dec_io<KC> &io, int buf, cons
         const int e = 2 * threadIdx.x + u;
         float a = 1.f, b = r.b[u];
         if (e < K) {
-            float g = r.g[u];
-            if (p.gate_in_kernel) {
-                const float x = g + r.bias[u];
-                g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(r.A * x) : -r.A * softplusf_(x);
-            }
-            g = g > 0.0f ? 0.0f : g; /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
-            g = g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
+            const float g = dec_gate(p, r.g[u], r.bias[u], r.A);
             bad |= !finite_f(r.q[u]) | !finite_f(r.k[u]) | !finite_f(g);
             a = ex2(g * LOG2E);
         }
         if (e < V) bad |= !finite_f(r.v[u]);
         if (p.beta_headwise ? e < V : e == 0) {
-            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+            b = dec_beta(p, b);
             bad |= !finite_f(b);
         }
         if (e < KC) {

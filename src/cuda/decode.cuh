@@ -85,6 +85,22 @@ DEV int64_t dec_token_slot(const kda_decode_params_t &p, int64_t n, int64_t t) {
     return dec_owns(p, n, s) ? s : -1;
 }
 
+/* The log decay of §2 from a raw gate value g (+ dt_bias), clamped into [KDA_GATE_MIN, 0] (NaN stays NaN);
+ * A = e^{A_log[h]} for the in-kernel gates. */
+DEV float dec_gate(const kda_decode_params_t &p, float g, float bias, float A) {
+    if (p.gate_in_kernel) {
+        const float x = g + bias;
+        g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+    }
+    g = g > 0.0f ? 0.0f : g;
+    return g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
+}
+
+/* β from its raw value: as given, sigmoid(β), or 2 sigmoid(β) (allow_neg_eigval). */
+DEV float dec_beta(const kda_decode_params_t &p, float b) {
+    return p.beta_sigmoid ? (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b) : b;
+}
+
 /* decode_tile.cu: whether its kernel runs the launch p (decode_plan done), and the launch. */
 int kda_decode_tile_fits(const kda_decode_params_t *p);
 int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream);

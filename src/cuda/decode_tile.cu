@@ -91,13 +91,7 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt
     int bad = 0;
     float qq = 0.f, kk = 0.f, qk = 0.f;
     if (e < K) {
-        float g = r.g;
-        if (p.gate_in_kernel) {
-            const float x = g + r.bias;
-            g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(r.A * x) : -r.A * softplusf_(x);
-        }
-        g = g > 0.0f ? 0.0f : g; /* clamp into [KDA_GATE_MIN, 0]; NaN stays NaN */
-        g = g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
+        const float g = dec_gate(p, r.g, r.bias, r.A);
         bad |= !finite_f(r.q) | !finite_f(r.k) | !finite_f(g);
         io.q[e] = r.q;
         io.k[e] = r.k;
@@ -111,8 +105,7 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt
     if (jl >= 0 && jl < BV) io.v[jl] = r.v0;
     if (jl1 >= 0 && jl1 < BV) io.v[jl1] = r.v1;
     if (e == 0) {
-        float b = r.b;
-        if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+        const float b = dec_beta(p, r.b);
         io.beta = b;
         bad |= !finite_f(b);
     }
