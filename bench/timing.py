@@ -2,6 +2,7 @@
 enqueued back to back (back_to_back_ms), medians after warm-up; the relative error they report (rel) and the
 commit they stamp their results with (git_commit)."""
 import statistics
+import os
 import subprocess
 
 import torch
@@ -48,7 +49,11 @@ def rel(a, b):
 
 
 def git_commit():
-    """The short commit of the working tree, "+dirty" when it has uncommitted changes ("unknown" without git)."""
+    """The short commit of the working tree, "+dirty" when it has uncommitted changes ("unknown" without git);
+    KDA_COMMIT, when set, names it instead (a copy of the tree whose git metadata is not its own, e.g. the device
+    machine's: scripts/gpu-check.sh sets it from a carried .kda-commit)."""
+    if os.environ.get("KDA_COMMIT"):
+        return os.environ["KDA_COMMIT"]
     try:
         c = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet"]).returncode != 0

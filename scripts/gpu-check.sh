@@ -24,7 +24,10 @@
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
 # Logs and results go to $OUT; a short table is printed last.
+# The commit the results name: a carried .kda-commit (`git describe --always --dirty > .kda-commit` before the
+# call; ignored through .git/info/exclude), as the device copy's git metadata may be stale.
 set -uo pipefail
+[ -f .kda-commit ] && export KDA_COMMIT="$(cat .kda-commit)"
 OUT=${OUT:-/tmp/kda-out}
 LOG=/tmp/kda-logs   # build logs stay on the machine ($OUT brings back at most 8 files)
 mkdir -p "$OUT" "$LOG"
