@@ -27,12 +27,12 @@
 # The commit the results name: a carried .kda-commit (`git describe --always --dirty > .kda-commit` before the
 # call; ignored through .git/info/exclude), as the device copy's git metadata may be stale.
 set -uo pipefail
-[ -f .kda-commit ] && export KDA_COMMIT="$(cat .kda-commit)"
 OUT=${OUT:-/tmp/kda-out}
 LOG=/tmp/kda-logs   # build logs stay on the machine ($OUT brings back at most 8 files)
 mkdir -p "$OUT" "$LOG"
 [ $# -eq 0 ] && set -- tests
 cd "$(dirname "$0")/.."
+[ -f .kda-commit ] && export KDA_COMMIT="$(cat .kda-commit)"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 GENCODE="arch=compute_90a,code=sm_90a"
 
