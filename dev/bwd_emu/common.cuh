@@ -24,21 +24,21 @@ DEV void store_elem(void *p, int dtype, int64_t i, float x) {
 /* bf16 pairs and the tensor-core product (mma.sync m16n8k16 row.col, bf16 → fp32) of a warp: each lane posts its
  * fragments, then computes its own four outputs from the whole warp's (the PTX fragment layouts) */
 DEV uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f32_to_bf16_bits(lo) | ((uint32_t)f32_to_bf16_bits(hi) << 16); }
-struct emu_mma_frag { uint32_t a[4], b[2]; };
+typedef struct { uint32_t a[4], b[2]; } emu_mma_frag;
 extern emu_mma_frag emu_mma[16][32];
 DEV float emu_half(uint32_t w, int hi) { return bf16_bits_to_f32((uint16_t)(hi ? w >> 16 : w & 0xffff)); }
 DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    emu_mma_frag &f = emu_mma[w][lane];
-    for (int r = 0; r < 4; r++) f.a[r] = a[r];
-    f.b[0] = b0, f.b[1] = b1;
+    emu_mma_frag *f = &emu_mma[w][lane];
+    for (int r = 0; r < 4; r++) f->a[r] = a[r];
+    f->b[0] = b0, f->b[1] = b1;
     pthread_barrier_wait(&emu_warp_bar[w]);
     for (int e = 0; e < 4; e++) {
         const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
         float s = c[e];
         for (int k = 0; k < 16; k++) {
-            const emu_mma_frag &fa = emu_mma[w][(row & 7) * 4 + (k & 7) / 2], &fb = emu_mma[w][col * 4 + (k & 7) / 2];
-            const float x = emu_half(fa.a[(row >> 3) + 2 * (k >> 3)], k & 1), y = emu_half(fb.b[k >> 3], k & 1);
+            const emu_mma_frag *fa = &emu_mma[w][(row & 7) * 4 + (k & 7) / 2], *fb = &emu_mma[w][col * 4 + (k & 7) / 2];
+            const float x = emu_half(fa->a[(row >> 3) + 2 * (k >> 3)], k & 1), y = emu_half(fb->b[k >> 3], k & 1);
             s += x * y;
         }
         c[e] = s;
@@ -51,12 +51,12 @@ DEV float to_tf32(float x) {
     if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
     float y; memcpy(&y, &u, 4); return y;
 }
-struct emu_tf32_frag { float a[4], b[2]; };
+typedef struct { float a[4], b[2]; } emu_tf32_frag;
 extern emu_tf32_frag emu_tf32[16][32];
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    emu_tf32_frag &f = emu_tf32[w][lane];
-    f.a[0] = a0, f.a[1] = a1, f.a[2] = a2, f.a[3] = a3, f.b[0] = b0, f.b[1] = b1;
+    emu_tf32_frag *f = &emu_tf32[w][lane];
+    f->a[0] = a0, f->a[1] = a1, f->a[2] = a2, f->a[3] = a3, f->b[0] = b0, f->b[1] = b1;
     pthread_barrier_wait(&emu_warp_bar[w]);
     for (int e = 0; e < 4; e++) {
         const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);

@@ -4,7 +4,8 @@
 # S and dS+ per chunk; use_blocks = 1: dS+ by the emulated bwd_dstate.cu from the synthesized bf16 chunk
 # blocks (S stays exact: stage 1 is the forward's recurrence kernel, not emulated here). No GPU needed; about a minute per case on two cores.
 #   dev/bwd_emu/run.sh [build|suite|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
-# Needs a CPU build in build-c (libkda.a).
+# Needs a CPU build in build-c (libkda.a). The emulator (harness.emu.cu, emu_*.emu.cu: the launches; shim.h,
+# common.cuh: the CUDA features) is C, compiled by g++ (-x c++) because the kernels' tile sizes are templates.
 set -e
 W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/bwd_emu; B=$W/build-emu
 mkdir -p $B
@@ -18,7 +19,7 @@ for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC>\nstatic int launch_ch
 PY
   cp $W/src/cuda/bwd.cuh $W/src/cuda/seq.cuh $E/common.cuh $E/shim.h $B/ # their "common.cuh": the stand-in
   F="-w -std=c++17 -O1 -DKDA_DEV_BUILD=1 -I$B -I$E -I$W/src/cuda -I$W/src -I$W/include -I$W/tools -I$W/tests/common -I/usr/local/cuda/include"
-  for f in emu_chunk emu_finish emu_dstate harness; do g++ $F -c $E/$f.cpp -o $B/$f.o; done
+  for f in emu_chunk emu_finish emu_dstate harness; do g++ -x c++ $F -c $E/$f.emu.cu -o $B/$f.o; done
   gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tools -c $W/tools/synth.c -o $B/synth.o
   gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tests/common -I$W/tools -c $W/tests/common/compare.c -o $B/compare.o
   g++ -o $B/harness $B/harness.o $B/emu_chunk.o $B/emu_finish.o $B/emu_dstate.o $B/synth.o $B/compare.o $W/build-c/libkda.a -lpthread -lm
@@ -31,7 +32,7 @@ case "${1:-suite}" in
     args="$*"
     [ -n "$args" ] || args="128 128 2 0 0 3 1 2"
     rm -f $B/*.gcda
-    g++ $F --coverage -fprofile-update=atomic -c $E/emu_chunk.cpp -o $B/emu_chunk_cov.o
+    g++ -x c++ $F --coverage -fprofile-update=atomic -c $E/emu_chunk.emu.cu -o $B/emu_chunk_cov.o
     g++ --coverage -o $B/harness_cov $B/harness.o $B/emu_chunk_cov.o $B/emu_finish.o $B/emu_dstate.o $B/synth.o \
       $B/compare.o $W/build-c/libkda.a -lpthread -lm
     (cd $B && ./harness_cov $args >/dev/null && gcov -o . emu_chunk_cov.o >/dev/null 2>&1 &&

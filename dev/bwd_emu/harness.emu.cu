@@ -1,23 +1,76 @@
 /* Emulated CUDA backward stages 3-4 against the fp64 oracle, with exact (fp64) S and dS+ per chunk. */
 #include "common.cuh"
 #include "bwd.h"
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-extern "C" {
+#include <stdio.h>
+#include <stdlib.h>
+extern "C" { /* C headers without their own guard (this file is compiled by g++ for the kernels' templates) */
 #include "synth.h"
 #include "compare.h"
 }
-thread_local emu_dim threadIdx, blockIdx;
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The emulator: its shared state and the launch of a grid
+ * ------------------------------------------------------------------------------------------------------- */
+#define EMU_SMEM_BYTES 232448 /* an H100 block's largest dynamic shared memory */
+__thread emu_dim threadIdx, blockIdx;
 pthread_barrier_t emu_block_bar, emu_warp_bar[16];
 float emu_warp_x[16][32];
 emu_mma_frag emu_mma[16][32];
 emu_tf32_frag emu_tf32[16][32];
-alignas(16) unsigned char smem_raw[232448];
-void run_chunk(const kda_bwd_params_t &p);
-void run_finish(const kda_bwd_params_t &p);
-void run_states(const kda_bwd_params_t &p);
-void run_dstate(const kda_bwd_params_t &p);
+__attribute__((aligned(16))) unsigned char smem_raw[EMU_SMEM_BYTES];
+
+typedef struct { emu_kernel_fn kernel; const void *arg; unsigned thread, block; } emu_thread_t;
+
+static void *emu_thread_main(void *v) {
+    const emu_thread_t *t = (const emu_thread_t *)v;
+    threadIdx.x = t->thread, threadIdx.y = 0, threadIdx.z = 0;
+    blockIdx.x = t->block, blockIdx.y = 0, blockIdx.z = 0;
+    t->kernel(t->arg);
+    return NULL;
+}
+
+void emu_launch(unsigned blocks, unsigned threads, emu_kernel_fn kernel, const void *arg) {
+    pthread_t *ids = (pthread_t *)malloc(threads * sizeof *ids);
+    emu_thread_t *ts = (emu_thread_t *)malloc(threads * sizeof *ts);
+    if (!ids || !ts) { fprintf(stderr, "emu_launch: out of memory\n"); exit(1); }
+    for (unsigned b = 0; b < blocks; b++) {
+        pthread_barrier_init(&emu_block_bar, NULL, threads);
+        for (int w = 0; w < 16; w++) pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
+        memset(smem_raw, 0xff, EMU_SMEM_BYTES); /* poison shared memory */
+        for (unsigned t = 0; t < threads; t++) {
+            ts[t].kernel = kernel, ts[t].arg = arg, ts[t].thread = t, ts[t].block = b;
+            if (pthread_create(&ids[t], NULL, emu_thread_main, &ts[t])) {
+                fprintf(stderr, "emu_launch: pthread_create failed (thread %u of block %u)\n", t, b);
+                exit(1);
+            }
+        }
+        for (unsigned t = 0; t < threads; t++) pthread_join(ids[t], NULL);
+        pthread_barrier_destroy(&emu_block_bar);
+        for (int w = 0; w < 16; w++) pthread_barrier_destroy(&emu_warp_bar[w]);
+    }
+    free(ids);
+    free(ts);
+}
+
+void run_chunk(const kda_bwd_params_t *p);  /* emu_chunk.emu.cu */
+void run_dstate(const kda_bwd_params_t *p); /* emu_dstate.emu.cu */
+void run_finish(const kda_bwd_params_t *p); /* emu_finish.emu.cu */
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The harness
+ * ------------------------------------------------------------------------------------------------------- */
+/* n floats, each x; n doubles, zero (at least one element, so that an empty sequence's buffers are valid) */
+static float *floats(int64_t n, float x) {
+    float *p = (float *)malloc((size_t)(n > 0 ? n : 1) * sizeof *p);
+    if (!p) { fprintf(stderr, "out of memory (%lld floats)\n", (long long)n); exit(1); }
+    for (int64_t i = 0; i < n; i++) p[i] = x;
+    return p;
+}
+static double *zeros(int64_t n) {
+    double *p = (double *)calloc((size_t)(n > 0 ? n : 1), sizeof *p);
+    if (!p) { fprintf(stderr, "out of memory (%lld doubles)\n", (long long)n); exit(1); }
+    return p;
+}
 
 static double urand(uint64_t *r) {
     *r = *r * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -25,6 +78,11 @@ static double urand(uint64_t *r) {
 }
 static double sigm(double x) { return 1 / (1 + exp(-x)); }
 static double softplus(double x) { return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
+/* element (row, col) of the bf16 panel at B + off of a synthesized chunk block */
+static void put(unsigned char *B, int64_t off, int row, int col, double x) {
+    const uint16_t bits = f32_to_bf16_bits((float)x);
+    memcpy(B + off + pan_off(row, col), &bits, 2);
+}
 
 int main(int argc, char **argv) {
     int K = argc > 1 ? atoi(argv[1]) : 64, V = argc > 2 ? atoi(argv[2]) : 64;
@@ -48,48 +106,50 @@ int main(int argc, char **argv) {
     cfg.gate = (kda_gate_mode_t)gate; cfg.l2norm = 1; cfg.beta_sigmoid = 1; cfg.seed = 3;
     kda_synth_t s; kda_args_t a;
     if (kda_synth_make(&cfg, &s, &a)) return 1;
-    std::vector<int64_t> cu(s.num_seqs + 1);
+    int64_t *cu = (int64_t *)malloc((size_t)(s.num_seqs + 1) * sizeof *cu);
     for (int64_t i = 0; i <= s.num_seqs; i++) cu[i] = s.cu_seqlens ? s.cu_seqlens[i] : i * cfg.seq_len;
     a.final_state = NULL;
     const int64_t T = s.num_tokens, N = s.num_seqs, HV = cfg.hv, HQK = cfg.hqk, G = HV / HQK;
-    std::vector<float> d_o(T * HV * V), dht(N * HV * K * V);
+    float *d_o = floats(T * HV * V, 0.f), *dht = floats(N * HV * K * V, 0.f);
     uint64_t r = 77;
-    for (auto &x : d_o) x = (float)urand(&r);
-    for (auto &x : dht) x = (float)urand(&r);
+    for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = (float)urand(&r);
+    for (int64_t i = 0; i < N * HV * K * V; i++) dht[i] = (float)urand(&r);
     /* the oracle */
     enum { NG = 8 };
     int64_t n[NG] = {T * HQK * K, T * HQK * K, T * HV * V, T * HV * K, T * HV, N * HV * K * V, HV, HV * K};
-    std::vector<float> ref[NG], got[NG];
-    for (int i = 0; i < NG; i++) { ref[i].assign(n[i] + 1, 0.f); got[i].assign(n[i] + 1, NAN); }
+    float *ref[NG], *got[NG];
+    for (int i = 0; i < NG; i++) { ref[i] = floats(n[i] + 1, 0.f); got[i] = floats(n[i] + 1, NAN); }
     kda_backward_args_t b;
     kda_backward_args_init(&b);
-    b.problem = &a; b.d_o = d_o.data(); b.d_o_dtype = KDA_FLOAT32; b.d_final_state = dht.data();
-    b.dq = ref[0].data(); b.dk = ref[1].data(); b.dv = ref[2].data(); b.dg = ref[3].data(); b.dbeta = ref[4].data();
-    b.d_initial_state = ref[5].data();
+    b.problem = &a; b.d_o = d_o; b.d_o_dtype = KDA_FLOAT32; b.d_final_state = dht;
+    b.dq = ref[0]; b.dk = ref[1]; b.dv = ref[2]; b.dg = ref[3]; b.dbeta = ref[4];
+    b.d_initial_state = ref[5];
     b.dq_dtype = b.dk_dtype = b.dv_dtype = b.dg_dtype = b.dbeta_dtype = KDA_FLOAT32;
-    const bool has_a = a.use_gate_in_kernel && a.A_log, has_dt = a.use_gate_in_kernel && a.dt_bias;
-    if (has_a) b.dA_log = ref[6].data();
-    if (has_dt) b.ddt_bias = ref[7].data();
+    const int has_a = a.use_gate_in_kernel && a.A_log, has_dt = a.use_gate_in_kernel && a.dt_bias;
+    if (has_a) b.dA_log = ref[6];
+    if (has_dt) b.ddt_bias = ref[7];
     size_t ws = 0;
     if (kda_backward_workspace_size(kda_test_reference(), &b, &ws)) { printf("%s\n", kda_last_error()); return 1; }
-    std::vector<char> w(ws + 16);
-    if (kda_backward(kda_test_reference(), &b, w.data(), ws, NULL)) { printf("%s\n", kda_last_error()); return 1; }
+    char *work = (char *)calloc(ws + 16, 1);
+    if (kda_backward(kda_test_reference(), &b, work, ws, NULL)) { printf("%s\n", kda_last_error()); return 1; }
 
     /* exact S at chunk starts and dS+ at chunk ends, fp64 */
     const int KC = K <= 64 ? 64 : 128, VC = V <= 64 ? 64 : 128, C = 64;
-    std::vector<int32_t> coff(N + 1, 0);
+    int32_t *coff = (int32_t *)calloc((size_t)(N + 1), sizeof *coff);
     for (int64_t i = 0; i < N; i++) coff[i + 1] = coff[i] + (int32_t)((lens[i] + C - 1) / C);
     const int64_t max_chunks = (T + (C - 1) * N) / C, total = coff[N];
     const int64_t bbytes = kda_cuda_block_bytes(KC, VC);
-    std::vector<unsigned char> blocks(max_chunks * HV * bbytes + 16, 0xff);
-    std::vector<float> states(max_chunks * HV * KC * VC, NAN), dstates(max_chunks * HV * KC * VC, NAN);
+    const int64_t nblocks = max_chunks * HV * bbytes + 16, nstates = max_chunks * HV * KC * VC;
+    unsigned char *blocks = (unsigned char *)malloc((size_t)nblocks);
+    memset(blocks, 0xff, (size_t)nblocks);
+    float *states = floats(nstates, NAN), *dstates = floats(nstates, NAN);
     const float scale = 1.0f / sqrtf((float)K);
     const float *q = (const float *)a.q, *k = (const float *)a.k, *v = (const float *)a.v, *g = (const float *)a.g,
                 *be = (const float *)a.beta, *h0 = (const float *)a.initial_state;
     for (int64_t sq = 0; sq < N; sq++)
         for (int h = 0; h < HV; h++) {
             const int64_t bos = cu[sq], eos = cu[sq + 1], L = eos - bos;
-            std::vector<double> qh(L * K), kh(L * K), al(L * K), lamv(L * K), bt(L);
+            double *qh = zeros(L * K), *kh = zeros(L * K), *al = zeros(L * K), *lamv = zeros(L * K), *bt = zeros(L);
             for (int64_t t = 0; t < L; t++) {
                 const int64_t tt = bos + t; const int hq = h / G;
                 double sq2 = 0, sk2 = 0;
@@ -109,36 +169,36 @@ int main(int argc, char **argv) {
                 bt[t] = (neg ? 2 : 1) * sigm(be[tt * HV + h]);
             }
             for (int64_t c0 = 0; c0 < L; c0 += C) {
-                const int cl = (int)std::min<int64_t>(C, L - c0);
-                unsigned char *B = blocks.data() + ((coff[sq] + c0 / C) * HV + h) * bbytes;
-                std::vector<double> Gm(C * K, 0.0), M(C * C, 0.0), Tm(C * C, 0.0), X(C * K, 0.0), Y(C * V, 0.0);
+                const int cl = L - c0 < C ? (int)(L - c0) : C;
+                unsigned char *B = blocks + ((coff[sq] + c0 / C) * HV + h) * bbytes;
+                double *Gm = zeros(C * K), *M = zeros(C * C), *Tm = zeros(C * C), *X = zeros(C * K), *Y = zeros(C * V);
                 for (int i = 0; i < cl; i++) for (int d = 0; d < K; d++) Gm[i * K + d] = lamv[(c0 + i) * K + d] + (i ? Gm[(i - 1) * K + d] : 0.0);
                 for (int i = cl; i < C; i++) for (int d = 0; d < K; d++) Gm[i * K + d] = Gm[(cl - 1) * K + d];
-                auto put = [&](int64_t off, int row, int col, double x) { uint16_t bits = f32_to_bf16_bits((float)x); memcpy(B + off + pan_off(row, col), &bits, 2); };
                 for (int i = 0; i < C; i++) for (int j = 0; j < C; j++) {
                     double m = 0, aq = 0;
                     if (i < cl && j <= i) for (int d = 0; d < K; d++) { double e = kh[(c0 + j) * K + d] * exp(Gm[i * K + d] - Gm[j * K + d]); m += kh[(c0 + i) * K + d] * e; aq += qh[(c0 + i) * K + d] * e; }
                     M[i * C + j] = j < i ? bt[c0 + i < L ? c0 + i : 0] * (i < cl ? m : 0) : 0;
-                    put(kda_cuda_off_aqk(KC), i, j, i < cl ? scale * aq : 0);
+                    put(B, kda_cuda_off_aqk(KC), i, j, i < cl ? scale * aq : 0);
                 }
                 for (int i = 0; i < C; i++) { Tm[i * C + i] = 1; for (int j = 0; j < i; j++) { double acc = 0; for (int m2 = j; m2 < i; m2++) acc += M[i * C + m2] * Tm[m2 * C + j]; Tm[i * C + j] = -acc; } }
                 for (int i = 0; i < cl; i++) { for (int d = 0; d < K; d++) X[i * K + d] = bt[c0 + i] * kh[(c0 + i) * K + d] * exp(Gm[i * K + d]); for (int j = 0; j < V; j++) Y[i * V + j] = bt[c0 + i] * v[((bos + c0 + i) * HV + h) * V + j]; }
                 for (int i = 0; i < C; i++) {
                     for (int d = 0; d < KC; d++) {
                         double w = 0; if (d < K) for (int m2 = 0; m2 <= i; m2++) w += Tm[i * C + m2] * X[m2 * K + d];
-                        put(0, i, d, i < cl ? w : 0);
-                        put(kda_cuda_off_qg(KC), i, d, i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0);
-                        put(kda_cuda_off_kt(KC), i, d, i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0);
+                        put(B, 0, i, d, i < cl ? w : 0);
+                        put(B, kda_cuda_off_qg(KC), i, d, i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0);
+                        put(B, kda_cuda_off_kt(KC), i, d, i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0);
                     }
-                    for (int j = 0; j < VC; j++) { double u = 0; if (j < V) for (int m2 = 0; m2 <= i; m2++) u += Tm[i * C + m2] * Y[m2 * V + j]; put(kda_cuda_off_u(KC), i, j, i < cl ? u : 0); }
+                    for (int j = 0; j < VC; j++) { double u = 0; if (j < V) for (int m2 = 0; m2 <= i; m2++) u += Tm[i * C + m2] * Y[m2 * V + j]; put(B, kda_cuda_off_u(KC), i, j, i < cl ? u : 0); }
                 }
                 for (int d = 0; d < KC; d++) ((float *)(B + kda_cuda_off_gamma(KC)))[d] = d < K ? (float)exp(Gm[(C - 1) * K + d]) : 1.0f;
+                free(Gm); free(M); free(Tm); free(X); free(Y);
             }
-            std::vector<double> S(K * V), Sall((L + 1) * K * V);
+            double *S = zeros(K * V), *Sall = zeros((L + 1) * K * V);
             for (int i = 0; i < K; i++) for (int j = 0; j < V; j++)
                 S[i * V + j] = h0[(sq * HV + h) * K * V + (vfirst ? j * K + i : i * V + j)];
             for (int64_t t = 0; t <= L; t++) {
-                std::copy(S.begin(), S.end(), Sall.begin() + t * K * V);
+                memcpy(Sall + t * K * V, S, (size_t)(K * V) * sizeof *S);
                 if (t % C == 0 && t < L) {
                     float *o = &states[((coff[sq] + t / C) * HV + h) * KC * VC];
                     for (int i = 0; i < KC; i++) for (int j = 0; j < VC; j++) o[i * VC + j] = i < K && j < V ? (float)S[i * V + j] : 0.f;
@@ -151,7 +211,7 @@ int main(int argc, char **argv) {
                     for (int i = 0; i < K; i++) S[i * V + j] += bt[t] * kh[t * K + i] * u;
                 }
             }
-            std::vector<double> dS(K * V);
+            double *dS = zeros(K * V);
             for (int i = 0; i < K; i++) for (int j = 0; j < V; j++) dS[i * V + j] = dht[(sq * HV + h) * K * V + (vfirst ? j * K + i : i * V + j)];
             for (int64_t t = L - 1; t >= 0; t--) {
                 if (t == L - 1 || (t + 1) % C == 0) {
@@ -167,60 +227,64 @@ int main(int argc, char **argv) {
                 for (int i = 0; i < K; i++) for (int j = 0; j < V; j++) dS[i * V + j] *= al[t * K + i];
                 (void)St; (void)Sp;
             }
+            free(qh); free(kh); free(al); free(lamv); free(bt); free(S); free(Sall); free(dS);
         }
-    std::vector<float> dqk(T * HV * 2 * KC, NAN), part(max_chunks * HV * (KC + 1), NAN);
+    float *dqk = floats(T * HV * 2 * KC, NAN), *part = floats(max_chunks * HV * (KC + 1), NAN);
     kda_bwd_params_t p;
     memset(&p, 0, sizeof p);
     p.seqs.cu_seqlens = s.cu_seqlens; p.seqs.cu_seqlens_64 = 1; p.seqs.num_tokens = T; p.seqs.seq_len = s.cu_seqlens ? T : cfg.seq_len;
-    p.seqs.num_seqs = N; p.seqs.chunks_per_row = (p.seqs.seq_len + C - 1) / C; p.seqs.chunk_offsets = s.cu_seqlens ? coff.data() : NULL;
+    p.seqs.num_seqs = N; p.seqs.chunks_per_row = (p.seqs.seq_len + C - 1) / C; p.seqs.chunk_offsets = s.cu_seqlens ? coff : NULL;
     p.blocks.max_chunks = max_chunks;
-    p.states = states.data(); p.dstates = dstates.data(); p.dqk = dqk.data(); p.part = part.data();
+    p.states = states; p.dstates = dstates; p.dqk = dqk; p.part = part;
     p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta;
     p.A_log = a.use_gate_in_kernel ? a.A_log : NULL; p.dt_bias = a.use_gate_in_kernel ? a.dt_bias : NULL;
-    p.h0 = a.initial_state; p.dht = dht.data(); p.d_o = d_o.data();
-    p.dq = got[0].data(); p.dk = got[1].data(); p.dv = got[2].data(); p.dg = got[3].data(); p.dbeta = got[4].data();
-    p.dh0 = got[5].data();
-    p.dA_log = has_a ? got[6].data() : NULL; p.ddt_bias = has_dt ? got[7].data() : NULL;
+    p.h0 = a.initial_state; p.dht = dht; p.d_o = d_o;
+    p.dq = got[0]; p.dk = got[1]; p.dv = got[2]; p.dg = got[3]; p.dbeta = got[4];
+    p.dh0 = got[5];
+    p.dA_log = has_a ? got[6] : NULL; p.ddt_bias = has_dt ? got[7] : NULL;
     p.hqk = HQK; p.hv = HV; p.group = G; p.K = K; p.V = V; p.kc = KC; p.vc = VC; p.v_first = vfirst;
     p.scale = scale; p.lower_bound = a.lower_bound; p.l2norm = 1; p.gate_in_kernel = a.use_gate_in_kernel;
     p.beta_sigmoid = 1; p.neg_eigval = neg;
     (void)total;
-    std::vector<float> st2(states.size(), NAN), dst2(dstates.size(), NAN);
-    std::vector<float> h0bad((const float *)a.initial_state, (const float *)a.initial_state + N * HV * K * V);
+    float *st2 = floats(nstates, NAN), *dst2 = floats(nstates, NAN), *h0bad = floats(N * HV * K * V, 0.f);
+    memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
-    if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad.data(); }
+    if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
     if (use_blocks) {
-        p.blocks.base = blocks.data(); p.blocks.block_bytes = bbytes;
-        st2 = states; /* stage 1 (the recurrence kernel) is not emulated: exact S */
-        p.states = st2.data(); p.dstates = dst2.data();
-        run_states(p);
-        run_dstate(p);
+        p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
+        memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
+        p.states = st2; p.dstates = dst2;
+        run_dstate(&p);
         for (int w2 = 0; w2 < 2; w2++) {
-            const std::vector<float> &x = w2 ? dst2 : st2, &y = w2 ? dstates : states;
+            const float *x = w2 ? dst2 : st2, *y = w2 ? dstates : states;
             double num = 0, den = 0; int64_t nf = 0;
-            for (int64_t c = 0; c < total * HV * KC * VC; c++) { if (!std::isfinite(x[c])) nf++; num += pow(x[c] - y[c], 2); den += pow(y[c], 2); }
+            for (int64_t c = 0; c < total * HV * KC * VC; c++) { if (!isfinite(x[c])) nf++; num += pow(x[c] - y[c], 2); den += pow(y[c], 2); }
             printf("%s rel err %.3e nonfinite %lld\n", w2 ? "dstates" : "states", sqrt(num / den), (long long)nf);
         }
     }
-    run_chunk(p);
-    run_finish(p);
+    run_chunk(&p);
+    run_finish(&p);
     const char *names[NG] = {"dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"};
     int bad = 0;
     for (int i = 0; i < NG; i++) {
         if (i == 5 && !use_blocks) continue;
         if ((i == 6 && !has_a) || (i == 7 && !has_dt)) continue;
         double num = 0, den = 0; int64_t nf = 0;
-        for (int64_t e = 0; e < n[i]; e++) { double d = got[i][e] - ref[i][e]; if (!std::isfinite(got[i][e])) nf++; num += d * d; den += (double)ref[i][e] * ref[i][e]; }
+        for (int64_t e = 0; e < n[i]; e++) { double d = got[i][e] - ref[i][e]; if (!isfinite(got[i][e])) nf++; num += d * d; den += (double)ref[i][e] * ref[i][e]; }
         double err = sqrt(num / den);
         printf("%s %.3e (nonfinite %lld)\n", names[i], err, (long long)nf);
         bad |= !(err < (use_blocks ? 3e-2 : 1e-2)) || nf;
     }
     if (inject) {
         int64_t nan_dg = 0, nan_other = 0;
-        for (int64_t e = 0; e < n[3]; e++) { int64_t t = e / (HV * K), h = e / K % HV; bool want = t < lens[0] && h == 0; if (want) nan_dg += std::isnan(got[3][e]); else nan_other += !std::isfinite(got[3][e]); }
-        int64_t nf_dv = 0; for (int64_t e = 0; e < n[2]; e++) nf_dv += !std::isfinite(got[2][e]);
+        for (int64_t e = 0; e < n[3]; e++) { int64_t t = e / (HV * K), h = e / K % HV; int want = t < lens[0] && h == 0; if (want) nan_dg += isnan(got[3][e]) != 0; else nan_other += !isfinite(got[3][e]); }
+        int64_t nf_dv = 0; for (int64_t e = 0; e < n[2]; e++) nf_dv += !isfinite(got[2][e]);
         printf("inject: dg NaN %lld of %lld expected, other non-finite %lld, dv non-finite %lld\n", (long long)nan_dg, (long long)(lens[0] * K), (long long)nan_other, (long long)nf_dv);
     }
     printf(bad ? "FAIL\n" : "OK\n");
+    for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
+    free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
+    free(dqk); free(part); free(st2); free(dst2); free(h0bad);
+    kda_synth_free(&s);
     return bad;
 }
