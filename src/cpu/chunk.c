@@ -43,6 +43,7 @@
 #include "cpu.h"
 #include "dtype.h"
 #include "fmath.h"
+#include "fmath8.h"
 #include "gemm.h"
 #include "threadpool.h"
 #include "token.h"
@@ -224,29 +225,138 @@ KDA_INLINE void prefetch_token(const kda_problem_t *p, int64_t t, int h) {
     for (int b = 0; b < V * e; b += 64) __builtin_prefetch(v + b);
 }
 
-KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
-                          int pf_c) {
+/* Token t's rows by the scalar helpers of token.h, into row i; 1 when the token poisons the head. */
+KDA_INLINE int load_token(const kda_problem_t *p, scratch_t *s, int64_t t, int i, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
+    float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
+    kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
+    kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
+    if (a->use_qk_l2norm) {
+        kda_cpu_l2normalise(q, K);
+        kda_cpu_l2normalise(k, K);
+    }
+    kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
+    kda_cpu_gate_row(p, h, G);
+    kda_cpu_gate_clamp(G, K);
+    kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
+    s->beta[i] = kda_cpu_beta(p, t, h);
+    return kda_cpu_token_poisons(q, k, s->v + i * V, G, s->beta[i], K, V);
+}
+
+/* load_token in one pass per tensor over vectors of 8 floats, for head sizes that are multiples of 8: the bf16 ->
+ * float conversion, l2norm (q's and k's sums of squares as two chains in one loop), the gate, its clamp and the
+ * cumulative sum within the chunk (G_i = G_{i-1} + g_i), and the non-finite test as a mask ORed over the rows and
+ * tested once. The same operations in the same order as load_token (fmath.h's 8-float functions), so the same
+ * bits. Returns 0 when the token poisons the head: the caller then redoes the row with load_token, which the
+ * neutral row follows. (load_token's passes were ~15 % of the chunked forward: docs/PERF.md, "Sixth pass".) */
+typedef uint32_t kda_u8 __attribute__((vector_size(32)));
+typedef uint16_t kda_h8 __attribute__((vector_size(16)));
+
+KDA_INLINE kda_f8 ld8(const void *src, kda_dtype_t dt, int64_t i) {
+    kda_f8 x;
+    if (dt == KDA_FLOAT32) {
+        memcpy(&x, (const float *)src + i, sizeof x);
+    } else if (dt == KDA_BFLOAT16) {
+        kda_h8 b;
+        memcpy(&b, (const uint16_t *)src + i, sizeof b);
+        x = (kda_f8)(__builtin_convertvector(b, kda_u8) << 16);
+    } else {
+        float f[8];
+        for (int u = 0; u < 8; u++) f[u] = kda_f16_to_f32(((const uint16_t *)src)[i + u]);
+        memcpy(&x, f, sizeof x);
+    }
+    return x;
+}
+
+KDA_INLINE kda_f8 ldf8(const float *p) {
+    kda_f8 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+KDA_INLINE void stf8(float *p, kda_f8 x) { memcpy(p, &x, sizeof x); }
+
+/* lanes whose exponent bits are all ones (inf, NaN) */
+KDA_INLINE kda_i8 nonfinite8(kda_f8 x) {
+    const kda_i8 e = (kda_i8){0} + 0x7f800000;
+    return ((kda_i8)x & e) == e;
+}
+
+/* l2norm's sum: the 8 lanes summed in kda_cpu_l2normalise's order */
+KDA_INLINE float hsum8(kda_f8 p) { return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])); }
+
+KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, int64_t t, int i, int h) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
+    const int64_t oq = (t * HQK + h / p->group) * K, og = (t * HV + h) * K, ov = (t * HV + h) * V;
+    float *restrict q = s->q + i * K, *restrict k = s->k + i * K, *restrict G = s->G + i * K;
+    float *restrict v = s->v + i * V;
+    kda_i8 bad = {0};
+    if (a->use_qk_l2norm) {
+        kda_f8 pq = {0}, pk = {0};
+        for (int d = 0; d < K; d += 8) {
+            const kda_f8 xq = ld8(a->q, a->dtype, oq + d), xk = ld8(a->k, a->dtype, oq + d);
+            stf8(q + d, xq);
+            stf8(k + d, xk);
+            pq += xq * xq;
+            pk += xk * xk;
+        }
+        const float rq = 1.0f / sqrtf(hsum8(pq) + (float)KDA_L2NORM_EPS);
+        const float rk = 1.0f / sqrtf(hsum8(pk) + (float)KDA_L2NORM_EPS);
+        for (int d = 0; d < K; d += 8) {
+            const kda_f8 xq = ldf8(q + d) * rq, xk = ldf8(k + d) * rk;
+            stf8(q + d, xq);
+            stf8(k + d, xk);
+            bad |= nonfinite8(xq) | nonfinite8(xk);
+        }
+    } else {
+        for (int d = 0; d < K; d += 8) {
+            const kda_f8 xq = ld8(a->q, a->dtype, oq + d), xk = ld8(a->k, a->dtype, oq + d);
+            stf8(q + d, xq);
+            stf8(k + d, xk);
+            bad |= nonfinite8(xq) | nonfinite8(xk);
+        }
+    }
+    /* the gate (kda_cpu_gate_row), its clamp (kda_cpu_gate_clamp), then the cumulative sum */
+    const int gate = a->use_gate_in_kernel ? (p->has_lower_bound ? 2 : 1) : 0;
+    const float A = a->use_gate_in_kernel && a->A_log ? expf(a->A_log[h]) : 1.0f, lb = a->lower_bound;
+    const float *bias = a->use_gate_in_kernel && a->dt_bias ? a->dt_bias + (int64_t)h * K : NULL;
+    const float *Gp = i > 0 ? G - K : NULL;
+    const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
+    for (int d = 0; d < K; d += 8) {
+        kda_f8 x = ld8(a->g, a->g_dtype, og + d);
+        if (bias) x = x + ldf8(bias + d);
+        if (gate == 2) x = lb * (1.0f / (1.0f + kda_expf8(-(A * x))));
+        else if (gate == 1) x = -A * kda_softplusf8(x);
+        x = kda_sel8(x < gmin, gmin, x);
+        x = kda_sel8(x > zero, zero, x);
+        bad |= nonfinite8(x);
+        stf8(G + d, Gp ? x + ldf8(Gp + d) : x);
+    }
+    for (int d = 0; d < V; d += 8) {
+        const kda_f8 x = ld8(a->v, a->dtype, ov + d);
+        stf8(v + d, x);
+        bad |= nonfinite8(x);
+    }
+    s->beta[i] = kda_cpu_beta(p, t, h);
+    int any = !kda_cpu_all_finite(&s->beta[i], 1);
+    for (int u = 0; u < 8; u++) any |= bad[u];
+    return !any;
+}
+
+KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
+                          int pf_c) {
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, vec = K % 8 == 0 && V % 8 == 0;
     int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
         if (i < pf_c) prefetch_token(p, pf_t0 + i, pf_h); /* the rows the task loads next */
-        float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
-        kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
-        kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
-        if (a->use_qk_l2norm) {
-            kda_cpu_l2normalise(q, K);
-            kda_cpu_l2normalise(k, K);
-        }
-        kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
-        kda_cpu_gate_row(p, h, G);
-        kda_cpu_gate_clamp(G, K);
-        kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
-        s->beta[i] = kda_cpu_beta(p, t, h);
-        if (bad == c && kda_cpu_token_poisons(q, k, s->v + i * V, G, s->beta[i], K, V)) bad = i;
+        if (vec && bad == c && load_token8(p, s, t, i, h)) continue;
+        if (load_token(p, s, t, i, h) && bad == c) bad = i;
         if (i >= bad) neutral_row(s, K, V, i);
+        float *G = s->G + i * K;
         if (i > 0)
             for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
