@@ -287,7 +287,24 @@ KDA_INLINE kda_i8 nonfinite8(kda_f8 x) {
 /* l2norm's sum: the 8 lanes summed in kda_cpu_l2normalise's order */
 KDA_INLINE float hsum8(kda_f8 p) { return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])); }
 
-KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, int64_t t, int i, int h) {
+/* The gate's per-head constants, once per chunk: mode 0 none (g is the log decay), 1 softplus, 2 lower bound. */
+typedef struct {
+    int mode;
+    float A;
+    const float *bias;
+} gate_consts_t;
+
+KDA_INLINE gate_consts_t gate_consts(const kda_problem_t *p, int h) {
+    const kda_args_t *a = &p->a;
+    gate_consts_t c = {0, 1.0f, NULL};
+    if (!a->use_gate_in_kernel) return c;
+    c.mode = p->has_lower_bound ? 2 : 1;
+    c.A = a->A_log ? expf(a->A_log[h]) : 1.0f;
+    c.bias = a->dt_bias ? a->dt_bias + (int64_t)h * a->head_dim_k : NULL;
+    return c;
+}
+
+KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_consts_t *gp, int64_t t, int i, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int64_t oq = (t * HQK + h / p->group) * K, og = (t * HV + h) * K, ov = (t * HV + h) * V;
@@ -319,22 +336,33 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, int64_t t, int 
             bad |= nonfinite8(xq) | nonfinite8(xk);
         }
     }
-    /* the gate (kda_cpu_gate_row), its clamp (kda_cpu_gate_clamp), then the cumulative sum */
-    const int gate = a->use_gate_in_kernel ? (p->has_lower_bound ? 2 : 1) : 0;
-    const float A = a->use_gate_in_kernel && a->A_log ? expf(a->A_log[h]) : 1.0f, lb = a->lower_bound;
-    const float *bias = a->use_gate_in_kernel && a->dt_bias ? a->dt_bias + (int64_t)h * K : NULL;
-    const float *Gp = i > 0 ? G - K : NULL;
-    const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
-    for (int d = 0; d < K; d += 8) {
-        kda_f8 x = ld8(a->g, a->g_dtype, og + d);
-        if (bias) x = x + ldf8(bias + d);
-        if (gate == 2) x = lb * (1.0f / (1.0f + kda_expf8(-(A * x))));
-        else if (gate == 1) x = -A * kda_softplusf8(x);
-        x = kda_sel8(x < gmin, gmin, x);
-        x = kda_sel8(x > zero, zero, x);
-        bad |= nonfinite8(x);
-        stf8(G + d, Gp ? x + ldf8(Gp + d) : x);
+    /* the gate (kda_cpu_gate_row), its clamp (kda_cpu_gate_clamp), then the cumulative sum: a loop per case */
+    const float *bias = gp->bias, *Gp = G - K;
+    const float A = gp->A, lb = a->lower_bound;
+    const void *g = a->g;
+    const kda_dtype_t gdt = a->g_dtype;
+#define KDA_GATE_LOOP(TRANSFORM, CUM)                                                                            \
+    for (int d = 0; d < K; d += 8) {                                                                             \
+        kda_f8 x = ld8(g, gdt, og + d);                                                                          \
+        if (bias) x = x + ldf8(bias + d);                                                                        \
+        x = TRANSFORM;                                                                                           \
+        x = kda_sel8(x < gmin, gmin, x);                                                                         \
+        x = kda_sel8(x > zero, zero, x);                                                                         \
+        bad |= nonfinite8(x);                                                                                    \
+        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
     }
+    const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
+    if (gp->mode == 2) {
+        if (i > 0) KDA_GATE_LOOP(lb * (1.0f / (1.0f + kda_expf8(-(A * x)))), 1)
+        else KDA_GATE_LOOP(lb * (1.0f / (1.0f + kda_expf8(-(A * x)))), 0)
+    } else if (gp->mode == 1) {
+        if (i > 0) KDA_GATE_LOOP(-A * kda_softplusf8(x), 1)
+        else KDA_GATE_LOOP(-A * kda_softplusf8(x), 0)
+    } else {
+        if (i > 0) KDA_GATE_LOOP(x, 1)
+        else KDA_GATE_LOOP(x, 0)
+    }
+#undef KDA_GATE_LOOP
     for (int d = 0; d < V; d += 8) {
         const kda_f8 x = ld8(a->v, a->dtype, ov + d);
         stf8(v + d, x);
@@ -349,11 +377,12 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, int64_t t, int 
 KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
                           int pf_c) {
     const int K = p->a.head_dim_k, V = p->a.head_dim_v, vec = K % 8 == 0 && V % 8 == 0;
+    const gate_consts_t gc = gate_consts(p, h);
     int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
         if (i < pf_c) prefetch_token(p, pf_t0 + i, pf_h); /* the rows the task loads next */
-        if (vec && bad == c && load_token8(p, s, t, i, h)) continue;
+        if (vec && bad == c && load_token8(p, s, &gc, t, i, h)) continue;
         if (load_token(p, s, t, i, h) && bad == c) bad = i;
         if (i >= bad) neutral_row(s, K, V, i);
         float *G = s->G + i * K;
