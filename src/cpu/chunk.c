@@ -548,6 +548,16 @@ KDA_INLINE void shared_row(float *restrict fa, float *restrict fq, float *restri
                            float *restrict bk, float *restrict qg, const float *restrict k, const float *restrict q,
                            const float *restrict e, const float *restrict sp, const float *restrict ep, float b,
                            float scale, int K) {
+    if (!fa2) { /* the chunk's first block: nothing left of it needs fa2, fq2 */
+        for (int d = 0; d < K; d++) {
+            const float x = b * k[d] * e[d], y = scale * q[d] * e[d];
+            fa[d] = x;
+            fq[d] = y;
+            bk[d] = x * sp[d] * ep[d];
+            qg[d] = y * sp[d] * ep[d];
+        }
+        return;
+    }
     for (int d = 0; d < K; d++) {
         const float x = b * k[d] * e[d], y = scale * q[d] * e[d];
         const float x2 = x * sp[d], y2 = y * sp[d];
@@ -571,6 +581,16 @@ KDA_INLINE void shared_cols(float *fbd, float *kc, float *kt, const float *k, co
     }
 }
 
+/* shared_cols for the chunk's last block: E = G_last, so el = e^0 = 1 exactly and kt = kc, which no later block
+ * needs (the same bits as shared_cols, without kc and the exponential row of el). */
+KDA_INLINE void shared_cols_last(float *fbd, float *kt, const float *k, const float *a, float se) {
+    for (int j = 0; j < 16; j += KDA_GEMM_VW) {
+        const kda_vf x = kda_ldv(k + j) / kda_ldv(a + j);
+        kda_stv(fbd + j, x);
+        kda_stv(kt + j, x * se);
+    }
+}
+
 /* f = kc sc over 16 columns, in vectors along the columns (as a plain loop GCC 12 vectorised the caller's loop
  * over channels instead, with a permute per element: 20 % of the chunk's time). */
 KDA_INLINE void scale_cols(float *f, const float *kc, float sc) {
@@ -590,23 +610,37 @@ KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scal
         const float *P = s->G + b0 * K, *M = s->G + m * K, *E = s->G + (b1 - 1) * K;
         kda_expf_row_fin(sp, M, P, K);
         kda_expf_row_fin(ep, P, NULL, K);
+        const int last = b1 == c; /* E = G_last: el = 1 (shared_cols_last); at 16-token chunks, always */
         kda_expf_row_fin(se, E, M, K);
-        kda_expf_row_fin(el, Glast, E, K);
+        if (!last) kda_expf_row_fin(el, Glast, E, K);
         for (int i = b0; i < b1; i++) {
             float *ei = s->ea + (i - b0) * K;
             kda_expf_row_fin(ei, s->G + i * K, M, K);
-            shared_row(s->fa + i * K, s->fq + i * K, s->fa2 + (i - b0) * K, s->fq2 + (i - b0) * K, s->bk + i * K,
-                       o->QG + i * K, s->k + i * K, s->q + i * K, ei, sp, ep, s->beta[i], scale, K);
+            shared_row(s->fa + i * K, s->fq + i * K, b0 ? s->fa2 + (i - b0) * K : NULL, s->fq2 + (i - b0) * K,
+                       s->bk + i * K, o->QG + i * K, s->k + i * K, s->q + i * K, ei, sp, ep, s->beta[i], scale, K);
         }
         for (int i = b1; i < b0 + 16; i++) /* past the chunk's end */
             for (int d = 0; d < K; d++) s->ea[(i - b0) * K + d] = 1.0f;
         transpose_rows(s->eaT, 16, s->ea, K, 16);
-        for (int d = 0; d < K; d++)
-            shared_cols(s->fbd + d * 16, s->kc + d * KDA_CPU_CHUNK + b0, o->KT + d * KDA_CPU_CHUNK + b0,
-                        s->kT + d * KDA_CPU_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
-        /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal) */
-        factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CPU_CHUNK + b0);
-        factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CPU_CHUNK + b0);
+        if (last)
+            for (int d = 0; d < K; d++)
+                shared_cols_last(s->fbd + d * 16, o->KT + d * KDA_CPU_CHUNK + b0, s->kT + d * KDA_CPU_CHUNK + b0,
+                                 s->eaT + d * 16, se[d]);
+        else
+            for (int d = 0; d < K; d++)
+                shared_cols(s->fbd + d * 16, s->kc + d * KDA_CPU_CHUNK + b0, o->KT + d * KDA_CPU_CHUNK + b0,
+                            s->kT + d * KDA_CPU_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
+        /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal). Its first
+         * tile of rows (m1 = KDA_GEMM_MR) needs only the columns j ≤ i < m1: n1 columns, the vectors covering them
+         * (AVX2: 6 rows × 8 columns, not 16; each element is the same FMA chain, so the same bits) */
+        const int m1 = ni < KDA_GEMM_MR ? ni : KDA_GEMM_MR, nv1 = (m1 + KDA_GEMM_VW - 1) / KDA_GEMM_VW * KDA_GEMM_VW;
+        const int n1 = nv1 < 16 ? nv1 : 16;
+        factor_gemm(m1, n1, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CPU_CHUNK + b0);
+        factor_gemm(m1, n1, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CPU_CHUNK + b0);
+        if (ni > m1) {
+            factor_gemm(ni - m1, 16, s->fa + (b0 + m1) * K, K, s->fbd, 16, s->A + (b0 + m1) * KDA_CPU_CHUNK + b0);
+            factor_gemm(ni - m1, 16, s->fq + (b0 + m1) * K, K, s->fbd, 16, Aqk + (b0 + m1) * KDA_CPU_CHUNK + b0);
+        }
         for (int i = b0; i < b1; i++) {
             s->A[i * KDA_CPU_CHUNK + i] = 0.0f;
             for (int j = i + 1; j < b0 + 16; j++) {
