@@ -43,6 +43,7 @@
 #include "cpu.h"
 #include "dtype.h"
 #include "fmath.h"
+#include "fmath8.h"
 #include "gemm.h"
 #include "threadpool.h"
 #include "token.h"
@@ -224,29 +225,167 @@ KDA_INLINE void prefetch_token(const kda_problem_t *p, int64_t t, int h) {
     for (int b = 0; b < V * e; b += 64) __builtin_prefetch(v + b);
 }
 
-KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
-                          int pf_c) {
+/* Token t's rows by the scalar helpers of token.h, into row i; 1 when the token poisons the head. */
+KDA_INLINE int load_token(const kda_problem_t *p, scratch_t *s, int64_t t, int i, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
     const int hq = h / p->group;
+    float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
+    kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
+    kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
+    if (a->use_qk_l2norm) {
+        kda_cpu_l2normalise(q, K);
+        kda_cpu_l2normalise(k, K);
+    }
+    kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
+    kda_cpu_gate_row(p, h, G);
+    kda_cpu_gate_clamp(G, K);
+    kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
+    s->beta[i] = kda_cpu_beta(p, t, h);
+    return kda_cpu_token_poisons(q, k, s->v + i * V, G, s->beta[i], K, V);
+}
+
+/* load_token in one pass per tensor over vectors of 8 floats, for head sizes that are multiples of 8: the bf16 ->
+ * float conversion, l2norm (q's and k's sums of squares as two chains in one loop), the gate, its clamp and the
+ * cumulative sum within the chunk (G_i = G_{i-1} + g_i), and the non-finite test as a mask ORed over the rows and
+ * tested once. The same operations in the same order as load_token (fmath.h's 8-float functions), so the same
+ * bits. Returns 0 when the token poisons the head: the caller then redoes the row with load_token, which the
+ * neutral row follows. (load_token's passes were ~15 % of the chunked forward: docs/PERF.md, "Sixth pass".) */
+typedef uint32_t kda_u8 __attribute__((vector_size(32)));
+typedef uint16_t kda_h8 __attribute__((vector_size(16)));
+
+KDA_INLINE kda_f8 ld8(const void *src, kda_dtype_t dt, int64_t i) {
+    kda_f8 x;
+    if (dt == KDA_FLOAT32) {
+        memcpy(&x, (const float *)src + i, sizeof x);
+    } else if (dt == KDA_BFLOAT16) {
+        kda_h8 b;
+        memcpy(&b, (const uint16_t *)src + i, sizeof b);
+        x = (kda_f8)(__builtin_convertvector(b, kda_u8) << 16);
+    } else {
+        float f[8];
+        for (int u = 0; u < 8; u++) f[u] = kda_f16_to_f32(((const uint16_t *)src)[i + u]);
+        memcpy(&x, f, sizeof x);
+    }
+    return x;
+}
+
+KDA_INLINE kda_f8 ldf8(const float *p) {
+    kda_f8 x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+
+KDA_INLINE void stf8(float *p, kda_f8 x) { memcpy(p, &x, sizeof x); }
+
+/* lanes whose exponent bits are all ones (inf, NaN) */
+KDA_INLINE kda_i8 nonfinite8(kda_f8 x) {
+    const kda_i8 e = (kda_i8){0} + 0x7f800000;
+    return ((kda_i8)x & e) == e;
+}
+
+/* l2norm's sum: the 8 lanes summed in kda_cpu_l2normalise's order */
+KDA_INLINE float hsum8(kda_f8 p) { return ((p[0] + p[4]) + (p[1] + p[5])) + ((p[2] + p[6]) + (p[3] + p[7])); }
+
+/* The gate's per-head constants, once per chunk: mode 0 none (g is the log decay), 1 softplus, 2 lower bound. */
+typedef struct {
+    int mode;
+    float A;
+    const float *bias;
+} gate_consts_t;
+
+KDA_INLINE gate_consts_t gate_consts(const kda_problem_t *p, int h) {
+    const kda_args_t *a = &p->a;
+    gate_consts_t c = {0, 1.0f, NULL};
+    if (!a->use_gate_in_kernel) return c;
+    c.mode = p->has_lower_bound ? 2 : 1;
+    c.A = a->A_log ? expf(a->A_log[h]) : 1.0f;
+    c.bias = a->dt_bias ? a->dt_bias + (int64_t)h * a->head_dim_k : NULL;
+    return c;
+}
+
+KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_consts_t *gp, int64_t t, int i, int h) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v, HQK = a->num_qk_heads, HV = a->num_v_heads;
+    const int64_t oq = (t * HQK + h / p->group) * K, og = (t * HV + h) * K, ov = (t * HV + h) * V;
+    float *restrict q = s->q + i * K, *restrict k = s->k + i * K, *restrict G = s->G + i * K;
+    float *restrict v = s->v + i * V;
+    kda_i8 bad = {0};
+    if (a->use_qk_l2norm) {
+        kda_f8 pq = {0}, pk = {0};
+        for (int d = 0; d < K; d += 8) {
+            const kda_f8 xq = ld8(a->q, a->dtype, oq + d), xk = ld8(a->k, a->dtype, oq + d);
+            stf8(q + d, xq);
+            stf8(k + d, xk);
+            pq += xq * xq;
+            pk += xk * xk;
+        }
+        const float rq = 1.0f / sqrtf(hsum8(pq) + (float)KDA_L2NORM_EPS);
+        const float rk = 1.0f / sqrtf(hsum8(pk) + (float)KDA_L2NORM_EPS);
+        for (int d = 0; d < K; d += 8) {
+            const kda_f8 xq = ldf8(q + d) * rq, xk = ldf8(k + d) * rk;
+            stf8(q + d, xq);
+            stf8(k + d, xk);
+            bad |= nonfinite8(xq) | nonfinite8(xk);
+        }
+    } else {
+        for (int d = 0; d < K; d += 8) {
+            const kda_f8 xq = ld8(a->q, a->dtype, oq + d), xk = ld8(a->k, a->dtype, oq + d);
+            stf8(q + d, xq);
+            stf8(k + d, xk);
+            bad |= nonfinite8(xq) | nonfinite8(xk);
+        }
+    }
+    /* the gate (kda_cpu_gate_row), its clamp (kda_cpu_gate_clamp), then the cumulative sum: a loop per case */
+    const float *bias = gp->bias, *Gp = G - K;
+    const float A = gp->A, lb = a->lower_bound;
+    const void *g = a->g;
+    const kda_dtype_t gdt = a->g_dtype;
+#define KDA_GATE_LOOP(TRANSFORM, CUM)                                                                            \
+    for (int d = 0; d < K; d += 8) {                                                                             \
+        kda_f8 x = ld8(g, gdt, og + d);                                                                          \
+        if (bias) x = x + ldf8(bias + d);                                                                        \
+        x = TRANSFORM;                                                                                           \
+        x = kda_sel8(x < gmin, gmin, x);                                                                         \
+        x = kda_sel8(x > zero, zero, x);                                                                         \
+        bad |= nonfinite8(x);                                                                                    \
+        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
+    }
+    const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
+    if (gp->mode == 2) {
+        if (i > 0) KDA_GATE_LOOP(lb * (1.0f / (1.0f + kda_expf8(-(A * x)))), 1)
+        else KDA_GATE_LOOP(lb * (1.0f / (1.0f + kda_expf8(-(A * x)))), 0)
+    } else if (gp->mode == 1) {
+        if (i > 0) KDA_GATE_LOOP(-A * kda_softplusf8(x), 1)
+        else KDA_GATE_LOOP(-A * kda_softplusf8(x), 0)
+    } else {
+        if (i > 0) KDA_GATE_LOOP(x, 1)
+        else KDA_GATE_LOOP(x, 0)
+    }
+#undef KDA_GATE_LOOP
+    for (int d = 0; d < V; d += 8) {
+        const kda_f8 x = ld8(a->v, a->dtype, ov + d);
+        stf8(v + d, x);
+        bad |= nonfinite8(x);
+    }
+    s->beta[i] = kda_cpu_beta(p, t, h);
+    int any = !kda_cpu_all_finite(&s->beta[i], 1);
+    for (int u = 0; u < 8; u++) any |= bad[u];
+    return !any;
+}
+
+KDA_INLINE int load_chunk(const kda_problem_t *p, scratch_t *s, int64_t t0, int c, int h, int64_t pf_t0, int pf_h,
+                          int pf_c) {
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, vec = K % 8 == 0 && V % 8 == 0;
+    const gate_consts_t gc = gate_consts(p, h);
     int bad = c;
     for (int i = 0; i < c; i++) {
         const int64_t t = t0 + i;
         if (i < pf_c) prefetch_token(p, pf_t0 + i, pf_h); /* the rows the task loads next */
-        float *q = s->q + i * K, *k = s->k + i * K, *G = s->G + i * K;
-        kda_load_row(q, a->q, a->dtype, (t * HQK + hq) * K, K);
-        kda_load_row(k, a->k, a->dtype, (t * HQK + hq) * K, K);
-        if (a->use_qk_l2norm) {
-            kda_cpu_l2normalise(q, K);
-            kda_cpu_l2normalise(k, K);
-        }
-        kda_load_row(G, a->g, a->g_dtype, (t * HV + h) * K, K);
-        kda_cpu_gate_row(p, h, G);
-        kda_cpu_gate_clamp(G, K);
-        kda_load_row(s->v + i * V, a->v, a->dtype, (t * HV + h) * V, V);
-        s->beta[i] = kda_cpu_beta(p, t, h);
-        if (bad == c && kda_cpu_token_poisons(q, k, s->v + i * V, G, s->beta[i], K, V)) bad = i;
+        if (vec && bad == c && load_token8(p, s, &gc, t, i, h)) continue;
+        if (load_token(p, s, t, i, h) && bad == c) bad = i;
         if (i >= bad) neutral_row(s, K, V, i);
+        float *G = s->G + i * K;
         if (i > 0)
             for (int d = 0; d < K; d++) G[d] += G[d - K]; /* cumulative within the chunk */
     }
@@ -409,6 +548,16 @@ KDA_INLINE void shared_row(float *restrict fa, float *restrict fq, float *restri
                            float *restrict bk, float *restrict qg, const float *restrict k, const float *restrict q,
                            const float *restrict e, const float *restrict sp, const float *restrict ep, float b,
                            float scale, int K) {
+    if (!fa2) { /* the chunk's first block: nothing left of it needs fa2, fq2 */
+        for (int d = 0; d < K; d++) {
+            const float x = b * k[d] * e[d], y = scale * q[d] * e[d];
+            fa[d] = x;
+            fq[d] = y;
+            bk[d] = x * sp[d] * ep[d];
+            qg[d] = y * sp[d] * ep[d];
+        }
+        return;
+    }
     for (int d = 0; d < K; d++) {
         const float x = b * k[d] * e[d], y = scale * q[d] * e[d];
         const float x2 = x * sp[d], y2 = y * sp[d];
@@ -432,6 +581,16 @@ KDA_INLINE void shared_cols(float *fbd, float *kc, float *kt, const float *k, co
     }
 }
 
+/* shared_cols for the chunk's last block: E = G_last, so el = e^0 = 1 exactly and kt = kc, which no later block
+ * needs (the same bits as shared_cols, without kc and the exponential row of el). */
+KDA_INLINE void shared_cols_last(float *fbd, float *kt, const float *k, const float *a, float se) {
+    for (int j = 0; j < 16; j += KDA_GEMM_VW) {
+        const kda_vf x = kda_ldv(k + j) / kda_ldv(a + j);
+        kda_stv(fbd + j, x);
+        kda_stv(kt + j, x * se);
+    }
+}
+
 /* f = kc sc over 16 columns, in vectors along the columns (as a plain loop GCC 12 vectorised the caller's loop
  * over channels instead, with a permute per element: 20 % of the chunk's time). */
 KDA_INLINE void scale_cols(float *f, const float *kc, float sc) {
@@ -451,23 +610,37 @@ KDA_INLINE void shared_factors(scratch_t *s, prep_t *o, int K, int c, float scal
         const float *P = s->G + b0 * K, *M = s->G + m * K, *E = s->G + (b1 - 1) * K;
         kda_expf_row_fin(sp, M, P, K);
         kda_expf_row_fin(ep, P, NULL, K);
+        const int last = b1 == c; /* E = G_last: el = 1 (shared_cols_last); at 16-token chunks, always */
         kda_expf_row_fin(se, E, M, K);
-        kda_expf_row_fin(el, Glast, E, K);
+        if (!last) kda_expf_row_fin(el, Glast, E, K);
         for (int i = b0; i < b1; i++) {
             float *ei = s->ea + (i - b0) * K;
             kda_expf_row_fin(ei, s->G + i * K, M, K);
-            shared_row(s->fa + i * K, s->fq + i * K, s->fa2 + (i - b0) * K, s->fq2 + (i - b0) * K, s->bk + i * K,
-                       o->QG + i * K, s->k + i * K, s->q + i * K, ei, sp, ep, s->beta[i], scale, K);
+            shared_row(s->fa + i * K, s->fq + i * K, b0 ? s->fa2 + (i - b0) * K : NULL, s->fq2 + (i - b0) * K,
+                       s->bk + i * K, o->QG + i * K, s->k + i * K, s->q + i * K, ei, sp, ep, s->beta[i], scale, K);
         }
         for (int i = b1; i < b0 + 16; i++) /* past the chunk's end */
             for (int d = 0; d < K; d++) s->ea[(i - b0) * K + d] = 1.0f;
         transpose_rows(s->eaT, 16, s->ea, K, 16);
-        for (int d = 0; d < K; d++)
-            shared_cols(s->fbd + d * 16, s->kc + d * KDA_CPU_CHUNK + b0, o->KT + d * KDA_CPU_CHUNK + b0,
-                        s->kT + d * KDA_CPU_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
-        /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal) */
-        factor_gemm(ni, 16, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CPU_CHUNK + b0);
-        factor_gemm(ni, 16, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CPU_CHUNK + b0);
+        if (last)
+            for (int d = 0; d < K; d++)
+                shared_cols_last(s->fbd + d * 16, o->KT + d * KDA_CPU_CHUNK + b0, s->kT + d * KDA_CPU_CHUNK + b0,
+                                 s->eaT + d * 16, se[d]);
+        else
+            for (int d = 0; d < K; d++)
+                shared_cols(s->fbd + d * 16, s->kc + d * KDA_CPU_CHUNK + b0, o->KT + d * KDA_CPU_CHUNK + b0,
+                            s->kT + d * KDA_CPU_CHUNK + b0, s->eaT + d * 16, se[d], el[d]);
+        /* the diagonal block, then clear above its diagonal (A strictly lower, Aqk with its diagonal). Its first
+         * tile of rows (m1 = KDA_GEMM_MR) needs only the columns j ≤ i < m1: n1 columns, the vectors covering them
+         * (AVX2: 6 rows × 8 columns, not 16; each element is the same FMA chain, so the same bits) */
+        const int m1 = ni < KDA_GEMM_MR ? ni : KDA_GEMM_MR, nv1 = (m1 + KDA_GEMM_VW - 1) / KDA_GEMM_VW * KDA_GEMM_VW;
+        const int n1 = nv1 < 16 ? nv1 : 16;
+        factor_gemm(m1, n1, s->fa + b0 * K, K, s->fbd, 16, s->A + b0 * KDA_CPU_CHUNK + b0);
+        factor_gemm(m1, n1, s->fq + b0 * K, K, s->fbd, 16, Aqk + b0 * KDA_CPU_CHUNK + b0);
+        if (ni > m1) {
+            factor_gemm(ni - m1, 16, s->fa + (b0 + m1) * K, K, s->fbd, 16, s->A + (b0 + m1) * KDA_CPU_CHUNK + b0);
+            factor_gemm(ni - m1, 16, s->fq + (b0 + m1) * K, K, s->fbd, 16, Aqk + (b0 + m1) * KDA_CPU_CHUNK + b0);
+        }
         for (int i = b0; i < b1; i++) {
             s->A[i * KDA_CPU_CHUNK + i] = 0.0f;
             for (int j = i + 1; j < b0 + 16; j++) {
