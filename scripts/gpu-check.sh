@@ -229,14 +229,18 @@ PY
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site
-    for kn in kda_decode_kernel fused_recurrent_kda_fwd_kernel; do
+    ncu --clock-control none -k regex:elementwise --launch-skip 12 --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section LaunchStats --section MemoryWorkloadAnalysis \
+      python3 bench/rmw_ceiling.py >"$OUT/ncu_rmw.txt" 2>&1
+    grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Grid Size|Block Size|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu_rmw.txt" | head -20
+    for kn in kda_decode fused_recurrent_kda_fwd_kernel; do
       env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site PYTHONUNBUFFERED=1 \
         ncu --clock-control none -k regex:$kn --launch-skip 3 --launch-count 1 \
         --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
         --section LaunchStats --section InstructionStats --section MemoryWorkloadAnalysis \
         python3 bench/bench_decode.py --out /tmp/ncu-bench --only "${DEC_NCU_SHAPE:-N256 H32 fp32 V-first}" \
         --no-crossover --quick >"$OUT/ncu_$kn.txt" 2>&1
-      [ "$kn" = kda_decode_kernel ] && env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site \
+      [ "$kn" = kda_decode ] && env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:/tmp/site \
         ncu --clock-control none -k regex:$kn --launch-skip 3 --launch-count 1 --section WarpStateStats \
         --section SourceCounters --page source --print-source sass --csv \
         python3 bench/bench_decode.py --out /tmp/ncu-bench --only "${DEC_NCU_SHAPE:-N256 H32 fp32 V-first}" \
