@@ -40,18 +40,16 @@
 
 #define DT_THREADS 128
 
-/* NA four-element chunks of state per thread (4, 8 or 16; 4 only V-first): a tile of 512·NA elements,
- * BV = 512·NA / K columns. */
+/* NA four-element chunks of state per thread (8 or 16): a tile of 512·NA elements, BV = 512·NA / K columns. */
 template <int VF, int KD, int NA>
 struct dt_geom {
     static constexpr int TILE = DT_THREADS * 4 * NA;
     static constexpr int BV = TILE / KD;   /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
     static constexpr int CPR = KD / 32;    /* V-first: chunks of a row per lane */
     static constexpr int NP = NA / CPR;    /* V-first: rows per thread */
-    static constexpr int CB = BV >= 32 ? BV / 32 : 1; /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u;
-                                                         NA = 4 has no K-first geometry) */
+    static constexpr int CB = BV / 32;     /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u) */
     static constexpr int RR = KD / 16;     /* K-first: rows per thread (rows (l >> 3) + 4w + 16r) */
-    static constexpr int MIN_CTAS = NA == 16 ? 4 : 6; /* per SM: ≤ 128 or ≤ 80 registers per thread */
+    static constexpr int MIN_CTAS = NA == 8 ? 6 : 4; /* per SM: ≤ 80 or ≤ 128 registers per thread */
     static_assert(VF ? NP * CPR == NA : CB * RR == NA, "decode tile geometry");
 };
 
@@ -380,9 +378,6 @@ template <int VF, int KD>
 static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
     /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
        columns) when V allows it and the grid still fills the card; else 8 */
-    if (VF && p->forced_kernel == 5) /* 4 chunks per thread (V-first): twice the CTAs of small grids; measured
-                                        by gpu_decode_time_variants, not chosen yet */
-        return f32 ? dt_launch<VF, KD, VF ? 4 : 8, 1>(p, stream) : dt_launch<VF, KD, VF ? 4 : 8, 0>(p, stream);
     const int64_t ctas16 = p->num_seqs * p->hv * (p->vd / dt_geom<VF, KD, 16>::BV);
     const int fits16 = p->vd % dt_geom<VF, KD, 16>::BV == 0;
     if (fits16 && (p->forced_kernel == 4 || (p->forced_kernel != 3 && ctas16 >= 4 * (int64_t)p->sm_count)))

@@ -387,13 +387,11 @@ TEST(gpu_decode_beta_headwise) {
 
 /* The kernels on the exact head sizes: by default the tile kernel (decode_tile.cu) with 8 chunks per thread on
  * small grids; forced here onto the staged kernel (decode.cu, its exact instances) and onto the tile kernel
- * with 16 chunks per thread (big grids) and with 4 (V-first; K-first keeps 8): plain and MTP with a 1-D pool, spec decoding with 2-D slots, GVA,
+ * with 16 chunks per thread (big grids): plain and MTP with a 1-D pool, spec decoding with 2-D slots, GVA,
  * fp32 and bf16 states, both layouts, K = 64 and 128 (V = 128: two 64-column tiles, one 128-column tile). */
 TEST(gpu_decode_forced_kernels_exact) {
     static const int64_t lens[] = {4, 1, 0, 3, 4, 2};
-    static const int kernels[] = {1, 4, 5};
-    for (unsigned ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
-        const int kernel = kernels[ki];
+    for (int kernel = 1; kernel <= 4; kernel += 3) {
         kda_tuning_t t = {0};
         t.decode_kernel = kernel;
         kda_set_tuning(gpu(), &t);
@@ -414,8 +412,7 @@ TEST(gpu_decode_forced_kernels_exact) {
                         dc.t_max = 4;
                         dc.accepted = 1;
                         char name[64];
-                        snprintf(name, sizeof name, "%s_k%d_%s_%s_%s",
-                                 kernel == 1 ? "staged" : (kernel == 4 ? "tile16" : "tile4"), k,
+                        snprintf(name, sizeof name, "%s_k%d_%s_%s_%s", kernel == 1 ? "staged" : "tile16", k,
                                  vf ? "vfirst" : "kfirst", bf ? "bf16" : "fp32",
                                  mode == 0 ? "plain" : (mode == 1 ? "pool" : "spec"));
                         run_case(name, &dc, tol_of(&dc.c), 0);
@@ -787,19 +784,18 @@ TEST(gpu_decode_time_n1_h32) {
 }
 
 /* The decode kernels' variants side by side in one process (docs/PERF.md "Decode"): the staged kernel, the
- * tile kernel with 4 (V-first), 8 and 16 chunks per thread, and the default choice; N256, N32, N1; fp32 and bf16 pools, both layouts. */
+ * tile kernel with 8 and 16 chunks per thread, and the default choice; fp32 and bf16 pools, both layouts. */
 TEST(gpu_decode_time_variants) {
     static const struct { int kernel; const char *label; } var[] = {
-        {1, " [staged]"}, {5, " [tile 4]"}, {3, " [tile 8]"}, {4, " [tile 16]"}, {0, " [default]"}};
-    static const int64_t ns[] = {256, 32, 1};
-    for (int r = 0; r < 3; r++)
+        {1, " [staged]"}, {3, " [tile 8]"}, {4, " [tile 16]"}, {0, " [default]"}};
+    for (int r = 0; r < 2; r++)
         for (int bf = 0; bf < 2; bf++)
             for (int vf = 1; vf >= 0; vf--)
                 for (unsigned i = 0; i < sizeof var / sizeof var[0]; i++) {
                     kda_tuning_t t = {0};
                     t.decode_kernel = var[i].kernel;
                     kda_set_tuning(gpu(), &t);
-                    time_decode(ns[r], vf, bf, var[i].label);
+                    time_decode(r == 0 ? 256 : 32, vf, bf, var[i].label);
                 }
     kda_set_tuning(gpu(), NULL);
 }
