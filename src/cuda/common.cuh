@@ -158,6 +158,13 @@ DEV void cp_async4_zfill(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 DEV void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+/* Close this thread's copies issued since the last commit into a group; wait until at most N groups are pending
+ * (the older ones' data is then visible to this thread). */
+DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+DEV void cp_async_wait_group(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 /* Bulk copies (the Hopper copy engine) completing on an mbarrier: one thread arms the barrier with the bytes
  * to expect, then the copies are issued; consumers wait on the barrier's phase parity. */
