@@ -72,10 +72,6 @@ struct dec_item {
 };
 
 
-DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-DEV void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
 /* Four consecutive state elements at element `off` of a state tensor of dtype dt (vectorised when `vec`),
  * masked by `valid` (how many of the four exist, 0..4). */
 DEV float4 load4(const void *base, int dt, int64_t off, int valid, int vec) {
@@ -663,7 +659,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
         if (tid == 0) ring[s] = d;
     }
     dec_item dnext = make_item(p, blockIdx.x + (NS - 1) * grid, ntiles);
-    cp_async_wait<NS - 2>();
+    cp_async_wait_group<NS - 2>();
     BAR_WAIT(0);
     __syncthreads(); /* the ring */
     read_rows(p, ring[0], ROWS(0), raw, 0);
@@ -706,7 +702,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
             if (!more) {
                 if (cur.valid && !per_token && p.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
                 /* the next item's first token: its rows came with its tile (this thread's copies) */
-                cp_async_wait<NS - 2>();
+                cp_async_wait_group<NS - 2>();
                 if (blockIdx.x + (k + 1) * grid < nitems) {
                     BAR_WAIT(k + 1);
                     read_rows(p, ring[(k + 1) % NS], ROWS(k + 1), raw, 0);
@@ -719,7 +715,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
             if (!more) break;
         }
     }
-    cp_async_wait<0>();
+    cp_async_wait_group<0>();
 #undef STAGE
 #undef ROWS
 #undef BAR
