@@ -21,6 +21,7 @@
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried) and of this tree, two rounds, dev
 #             builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
+#   decvar    the decode kernels' forced-size test and gpu_decode_time_variants only
 #   rmw       torch's in-place read-modify-write bandwidth on decode-sized pools (the decode kernel's ceiling)
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
 #             racecheck on DEC_SAN_TESTS, then bench/bench_decode.py against FLA's fused_recurrent_kda_fwd
@@ -247,6 +248,12 @@ PY
         --no-crossover --quick >"$OUT/ncu_src.csv" 2>&1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Executed Ipc|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions |Block Limit|Grid Size|Dynamic Shared|L2 Hit|Mem Busy|Max Bandwidth|One or More" "$OUT/ncu_$kn.txt" | head -40
     done
+    ;;
+  decvar) # the decode kernels' exact-size test and their variants timed side by side (C, graph replays)
+    (cd build-gpu && ctest -R 'gpu_decode_(forced_kernels_exact|time_variants)' -V -j1 --timeout 600) \
+      >"$OUT/decvar.log" 2>&1
+    grep -E "tests passed|tests failed|CHECK|FAIL" "$OUT/decvar.log" | head; grep -E "timing" "$OUT/decvar.log" |
+      sed -E 's/^[0-9]+: timing //; s/ us\/call back to back, / | /; s/ us\/call in a graph / us /'
     ;;
   rmw) # the in-place read-modify-write ceiling of a decode-sized pool (bench/rmw_ceiling.py, torch only)
     python3 bench/rmw_ceiling.py 2>&1 | tee "$OUT/rmw.log" | tail -14

@@ -322,7 +322,11 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     const int per_token = p.state_indices && p.idx_cols > 0;
     if (per_token && T == 0) return; /* 2-D slots: an empty sequence reads and writes nothing */
 
-    /* the tile's loads first (the slot's ownership is checked while they fly) */
+    /* the first token's inputs and the slot's index first, then the tile (the slot's ownership is checked, and
+       the inputs transformed, while it flies) */
+    dt_raw raw;
+    if (T > 0) dt_fetch(p, raw, bos, h, hq);
+    raw.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
     const int64_t named = dec_named_slot(p, n);
     float4 S[NA];
     if (named >= 0 && p.h0) {
@@ -331,9 +335,6 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
 #pragma unroll
         for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    dt_raw raw;
-    raw.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-    if (T > 0) dt_fetch(p, raw, bos, h, hq);
     const int64_t rslot = named >= 0 && dec_owns(p, n, named) ? named : -1;
     if (rslot < 0) {
 #pragma unroll
@@ -362,9 +363,8 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
  * each CTA walks the items blockIdx.x, + gridDim.x, ... (item = (n · HV + h) · tiles + tile) and keeps a ring of
  * NS tiles in shared memory: while it computes item k from registers, the tiles of items k + 1 .. k + NS − 1 are
  * on their way (cp.async, each thread its own chunks, so no barrier guards the ring: a thread waits only for
- * its own copies, and refills a stage only after its own reads of it). The next item's first-token inputs are
- * fetched during the current item's last token, its bounds and slot one item ahead. The arithmetic per token
- * is dt_token's. */
+ * its own copies, and refills a stage only after its own reads of it). The next item's bounds, slot and
+ * first-token inputs are loaded at the start of the current item. The arithmetic per token is dt_token's. */
 
 /* A thread's share of a tile in a ring stage: entries [e][tid] of EB bytes (fp32: a chunk; bf16 V-first: a
  * chunk pair; bf16 K-first: a chunk), so a warp's reads are contiguous. */
@@ -488,7 +488,11 @@ __global__ void __launch_bounds__(DT_THREADS, DT_STREAM_CTAS)
         }
         const uint32_t next = item + stride;
         const int has_next = next < num_items;
-        if (has_next) dt_item_at(p, next, tiles, nxt);
+        dt_raw rn; /* the next item's first token, on its way during this whole item */
+        if (has_next) {
+            dt_item_at(p, next, tiles, nxt);
+            if (nxt.eos > nxt.bos) dt_fetch_first(p, rn, nxt);
+        }
         cp_async_wait_group<NS - 1>(); /* this item's tile is in its stage */
         const int64_t T = cur.eos - cur.bos;
         if (!(per_token && T == 0)) { /* 2-D slots: an empty sequence reads and writes nothing */
@@ -506,7 +510,7 @@ __global__ void __launch_bounds__(DT_THREADS, DT_STREAM_CTAS)
                 dt_commit<VF, KD, NA>(p, io[buf], raw, j0);
                 __syncthreads(); /* io[buf] complete; io[buf ^ 1] free (every thread is past the previous token) */
                 if (t + 1 < T) dt_fetch(p, raw, cur.bos + t + 1, cur.h, hq);
-                else if (has_next && nxt.eos > nxt.bos) dt_fetch_first(p, raw, nxt);
+                else if (has_next) raw = rn;
                 dt_token<VF, KD, NA, SF32>(p, io[buf], S, cur.bos + t, cur.h, j0);
                 if (per_token && p.ht) {
                     const int64_t ws = dec_token_slot(p, cur.n, t);
@@ -515,7 +519,7 @@ __global__ void __launch_bounds__(DT_THREADS, DT_STREAM_CTAS)
             }
             if (!per_token && p.ht && cur.rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, cur.rslot, cur.h, j0);
         }
-        if (T == 0 && has_next && nxt.eos > nxt.bos) dt_fetch_first(p, raw, nxt);
+        if (T == 0 && has_next) raw = rn;
         if (!has_next) break;
         item = next;
         cur = nxt;
