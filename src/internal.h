@@ -184,8 +184,7 @@ typedef struct kda_tuning {
     int decode_ctas; /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
                         the same bits for any count */
     int decode_kernel; /* CUDA decode: 1 the staged kernel (decode.cu), 2 the tile kernel (decode_tile.cu) where
-                          it fits, 3 / 4 that with 8 / 16 chunks per thread (where V allows 16), 5 / 6 its
-                          streaming instance with a ring of 3 / 4 tiles; 0 the choice */
+                          it fits, 3 / 4 that with 8 / 16 chunks per thread (where V allows 16); 0 the choice */
 } kda_tuning_t;
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);

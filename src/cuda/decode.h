@@ -50,8 +50,7 @@ typedef struct kda_decode_params {
     int smem_bytes;                  /* the kernel's dynamic shared memory */
     int sm_count;
     int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
-    int forced_kernel;               /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks per thread,
-                                        5/6 streaming tile with 3/4 stages */
+    int forced_kernel;               /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks per thread */
 } kda_decode_params_t;
 
 /* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D

@@ -15,9 +15,10 @@
  * Why a second kernel: decode streams the pool (each state read once and written once at ~4 flops per
  * element), and decode.cu's generality (any K and V, persistent items, staged rows) costs it ~1400
  * instructions per warp per tile where the arithmetic is ~200 (docs/PERF.md "Decode kernel, fourth version").
- * Here a CTA issues its tile's loads first (8 vector loads per thread straight into registers), prepares the
- * token's inputs while they fly, makes one pass with both reductions, and stores; six CTAs per SM keep
- * ~96 KB of state in flight. The grid is (tiles, HV, N), tiles fastest, so the CTAs of a head run together
+ * Here a CTA issues the first token's input loads and its slot's index first, then its tile's loads (8 or 16
+ * vector loads per thread straight into registers), transforms the inputs while the tile flies (they return
+ * first: issued behind the tile, they made every CTA wait for its whole tile before its transform and barrier),
+ * makes one pass with both reductions, and stores; four to six CTAs per SM keep 96–128 KB of state in flight. The grid is (tiles, HV, N), tiles fastest, so the CTAs of a head run together
  * and share its input rows in L2.
  *
  * Per token the CTA loads each input row once, element e = tid (+128) per thread: q, k, g (+ dt_bias) of K,
@@ -356,205 +357,6 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     if (!per_token && p.ht && rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, rslot, h, j0);
 }
 
-/* ---- The streaming instance: persistent CTAs with the tiles of their next NS − 1 items in flight ----
- *
- * The tile kernel holds a CTA's bytes in flight in registers, so an SM has at most its resident CTAs' tiles in
- * flight, and only while they load: the loads, the arithmetic and the stores of a CTA follow each other. Here
- * each CTA walks the items blockIdx.x, + gridDim.x, ... (item = (n · HV + h) · tiles + tile) and keeps a ring of
- * NS tiles in shared memory: while it computes item k from registers, the tiles of items k + 1 .. k + NS − 1 are
- * on their way (cp.async, each thread its own chunks, so no barrier guards the ring: a thread waits only for
- * its own copies, and refills a stage only after its own reads of it). The next item's bounds, slot and
- * first-token inputs are loaded at the start of the current item. The arithmetic per token is dt_token's. */
-
-/* A thread's share of a tile in a ring stage: entries [e][tid] of EB bytes (fp32: a chunk; bf16 V-first: a
- * chunk pair; bf16 K-first: a chunk), so a warp's reads are contiguous. */
-template <int VF, int NA, int SF32>
-struct dt_stage {
-    static constexpr int EB = SF32 || VF ? 16 : 8;
-    static constexpr int NE = SF32 || !VF ? NA : NA / 2;
-    static constexpr int BYTES = EB * NE * DT_THREADS;
-};
-
-template <int VF, int KD, int NA, int SF32>
-DEV void dt_copy_tile(const kda_decode_params_t &p, uint32_t stage, int64_t slot, int h, int j0) {
-    typedef dt_stage<VF, NA, SF32> St;
-    const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
-    const int tid = threadIdx.x;
-#pragma unroll
-    for (int e = 0; e < St::NE; e++) {
-        const int a = St::NE == NA ? e : 2 * e;
-        const int64_t off = base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, tid);
-        const uint32_t dst = stage + (uint32_t)((e * DT_THREADS + tid) * St::EB);
-        if (SF32) cp_async16_zfill(dst, (const float *)p.h0 + off, 16);
-        else if (St::EB == 16) cp_async16_zfill(dst, (const uint16_t *)p.h0 + off, 16);
-        else cp_async8_zfill(dst, (const uint16_t *)p.h0 + off, 8);
-    }
-}
-
-template <int VF, int NA, int SF32>
-DEV void dt_read_stage(float4 S[NA], const unsigned char *stage) {
-    typedef dt_stage<VF, NA, SF32> St;
-    const int tid = threadIdx.x;
-#pragma unroll
-    for (int e = 0; e < St::NE; e++) {
-        const unsigned char *src = stage + (e * DT_THREADS + tid) * St::EB;
-        if (SF32) {
-            S[e] = *(const float4 *)src;
-        } else if (St::EB == 16) {
-            const uint4 u = *(const uint4 *)src;
-            const float2 x0 = unpack_bf16(u.x), x1 = unpack_bf16(u.y), x2 = unpack_bf16(u.z), x3 = unpack_bf16(u.w);
-            S[2 * e] = make_float4(x0.x, x0.y, x1.x, x1.y);
-            S[2 * e + 1] = make_float4(x2.x, x2.y, x3.x, x3.y);
-        } else {
-            const uint2 u = *(const uint2 *)src;
-            const float2 lo = unpack_bf16(u.x), hi = unpack_bf16(u.y);
-            S[e] = make_float4(lo.x, lo.y, hi.x, hi.y);
-        }
-    }
-}
-
-/* An item's coordinates, its sequence's tokens and the slot it reads and writes (or −1). */
-struct dt_item {
-    int64_t bos, eos, rslot;
-    uint32_t n;
-    int h, vt;
-};
-
-DEV void dt_item_at(const kda_decode_params_t &p, uint32_t item, uint32_t tiles, dt_item &m) {
-    const uint32_t r = item / tiles;
-    m.vt = (int)(item - r * tiles);
-    m.n = r / (uint32_t)p.hv;
-    m.h = (int)(r - m.n * (uint32_t)p.hv);
-    dec_seq_bounds(p, m.n, &m.bos, &m.eos);
-    const int64_t named = dec_named_slot(p, m.n);
-    m.rslot = named >= 0 && dec_owns(p, m.n, named) ? named : -1;
-}
-
-/* The slot item's tile is read from (before ownership is known), or −1 for none (no initial state). */
-DEV int64_t dt_item_src(const kda_decode_params_t &p, uint32_t item, uint32_t num_items, uint32_t tiles) {
-    return item < num_items && p.h0 ? dec_named_slot(p, item / (tiles * (uint32_t)p.hv)) : -1;
-}
-
-/* The first token's inputs of item m (its head's A = e^{A_log[h]} with them). */
-DEV void dt_fetch_first(const kda_decode_params_t &p, dt_raw &r, const dt_item &m) {
-    r.A = p.A_log ? expf(p.A_log[m.h]) : 1.0f;
-    dt_fetch(p, r, m.bos, m.h, m.h / p.group);
-}
-
-#define DT_STREAM_CTAS 4 /* per SM: ≤ 128 registers per thread, a 48-KB ring + ≤ 6 KB of shared memory per CTA */
-
-template <int VF, int KD, int NA, int SF32, int NS>
-__global__ void __launch_bounds__(DT_THREADS, DT_STREAM_CTAS)
-    kda_decode_stream_kernel(const kda_decode_params_t p, uint32_t num_items) {
-    typedef dt_geom<VF, KD, NA> G;
-    typedef dt_stage<VF, NA, SF32> St;
-    extern __shared__ __align__(16) unsigned char dt_ring[];
-    __shared__ __align__(16) dt_io<VF, KD, NA> io[2];
-    const uint32_t tiles = (uint32_t)(p.vd / G::BV), stride = gridDim.x;
-    const uint32_t ring = (uint32_t)__cvta_generic_to_shared(dt_ring);
-    const int per_token = p.state_indices && p.idx_cols > 0;
-    uint32_t item = blockIdx.x;
-
-    /* the first NS − 1 items' tiles on their way */
-#pragma unroll
-    for (int s = 0; s < NS - 1; s++) {
-        const uint32_t it = item + s * stride;
-        const int64_t src = dt_item_src(p, it, num_items, tiles);
-        if (src >= 0) {
-            const uint32_t r = it / tiles;
-            dt_copy_tile<VF, KD, NA, SF32>(p, ring + s * St::BYTES, src, (int)(r % (uint32_t)p.hv),
-                                           (int)(it - r * tiles) * G::BV);
-        }
-        cp_async_commit();
-    }
-    int64_t pf = dt_item_src(p, item + (NS - 1) * stride, num_items, tiles); /* the next tile to issue */
-    dt_item cur, nxt;
-    dt_item_at(p, item, tiles, cur);
-    dt_raw raw;
-    if (cur.eos > cur.bos) dt_fetch_first(p, raw, cur);
-    uint32_t tok = 0;
-    int stage = 0; /* item's stage; item + (NS − 1) · stride goes to stage − 1 (mod NS) */
-#pragma unroll 1
-    for (;;) {
-        {
-            const uint32_t it = item + (NS - 1) * stride;
-            if (pf >= 0) {
-                const uint32_t r = it / tiles;
-                dt_copy_tile<VF, KD, NA, SF32>(p, ring + (stage == 0 ? NS - 1 : stage - 1) * St::BYTES, pf,
-                                               (int)(r % (uint32_t)p.hv), (int)(it - r * tiles) * G::BV);
-            }
-            cp_async_commit();
-            pf = dt_item_src(p, it + stride, num_items, tiles);
-        }
-        const uint32_t next = item + stride;
-        const int has_next = next < num_items;
-        dt_raw rn; /* the next item's first token, on its way during this whole item */
-        if (has_next) {
-            dt_item_at(p, next, tiles, nxt);
-            if (nxt.eos > nxt.bos) dt_fetch_first(p, rn, nxt);
-        }
-        cp_async_wait_group<NS - 1>(); /* this item's tile is in its stage */
-        const int64_t T = cur.eos - cur.bos;
-        if (!(per_token && T == 0)) { /* 2-D slots: an empty sequence reads and writes nothing */
-            float4 S[NA];
-            if (cur.rslot >= 0 && p.h0) {
-                dt_read_stage<VF, NA, SF32>(S, dt_ring + stage * St::BYTES);
-            } else {
-#pragma unroll
-                for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            const int j0 = cur.vt * G::BV, hq = cur.h / p.group;
-#pragma unroll 1
-            for (int64_t t = 0; t < T; t++, tok++) {
-                const int buf = (int)(tok & 1);
-                dt_commit<VF, KD, NA>(p, io[buf], raw, j0);
-                __syncthreads(); /* io[buf] complete; io[buf ^ 1] free (every thread is past the previous token) */
-                if (t + 1 < T) dt_fetch(p, raw, cur.bos + t + 1, cur.h, hq);
-                else if (has_next) raw = rn;
-                dt_token<VF, KD, NA, SF32>(p, io[buf], S, cur.bos + t, cur.h, j0);
-                if (per_token && p.ht) {
-                    const int64_t ws = dec_token_slot(p, cur.n, t);
-                    if (ws >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, ws, cur.h, j0);
-                }
-            }
-            if (!per_token && p.ht && cur.rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, cur.rslot, cur.h, j0);
-        }
-        if (T == 0 && has_next) raw = rn;
-        if (!has_next) break;
-        item = next;
-        cur = nxt;
-        stage = stage == NS - 1 ? 0 : stage + 1;
-    }
-    cp_async_wait_group<0>(); /* no copy outlives the CTA */
-}
-
-/* The streaming launch: as many CTAs as stay resident (at most the items), each with its ring. */
-template <int VF, int KD, int NA, int SF32, int NS>
-static int dt_stream_launch(const kda_decode_params_t *p, void *stream) {
-    const void *fn = (const void *)kda_decode_stream_kernel<VF, KD, NA, SF32, NS>;
-    const int ring = NS * dt_stage<VF, NA, SF32>::BYTES;
-    static int occ_of[KDA_MAX_DEVICES]; /* per instance and device: CTAs per SM, once the attributes are set */
-    int dev = 0;
-    cudaError_t ge = cudaGetDevice(&dev);
-    if (ge != cudaSuccess) return (int)ge;
-    int occ = dev >= 0 && dev < KDA_MAX_DEVICES ? occ_of[dev] : 0;
-    if (occ <= 0) {
-        cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, ring);
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-        int o = 0;
-        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o, fn, DT_THREADS, ring);
-        if (e != cudaSuccess) return (int)e;
-        occ = o < 1 ? 1 : o;
-        if (dev >= 0 && dev < KDA_MAX_DEVICES) occ_of[dev] = occ;
-    }
-    const uint32_t items = (uint32_t)(p->num_seqs * p->hv * (p->vd / dt_geom<VF, KD, NA>::BV));
-    int64_t ctas = (int64_t)occ * p->sm_count;
-    if (ctas > items) ctas = items;
-    kda_decode_stream_kernel<VF, KD, NA, SF32, NS>
-        <<<(unsigned)ctas, DT_THREADS, ring, (cudaStream_t)stream>>>(*p, items);
-    return (int)cudaGetLastError();
-}
-
 template <int VF, int KD, int NA, int SF32>
 static int dt_launch(const kda_decode_params_t *p, void *stream) {
     const dim3 grid((unsigned)(p->vd / dt_geom<VF, KD, NA>::BV), (unsigned)p->hv, (unsigned)p->num_seqs);
@@ -578,19 +380,11 @@ template <int VF, int KD>
 static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
     const int64_t ctas16 = p->num_seqs * p->hv * (p->vd / dt_geom<VF, KD, 16>::BV);
     const int fits16 = p->vd % dt_geom<VF, KD, 16>::BV == 0;
-    /* the streaming instance on grids of many waves: 8 chunks per thread, a ring of 48 KB (64 KB when forced:
-       6): 3 (4) stages of fp32 tiles, 6 (8) of bf16 */
-    const int64_t items = p->num_seqs * p->hv * (p->vd / dt_geom<VF, KD, 8>::BV);
-    if (p->forced_kernel >= 5 || (p->forced_kernel == 0 && items >= 4 * DT_STREAM_CTAS * (int64_t)p->sm_count)) {
-        if (items < ((int64_t)1 << 31)) {
-            const int big = p->forced_kernel == 6;
-            if (f32) return big ? dt_stream_launch<VF, KD, 8, 1, 4>(p, stream) : dt_stream_launch<VF, KD, 8, 1, 3>(p, stream);
-            return big ? dt_stream_launch<VF, KD, 8, 0, 8>(p, stream) : dt_stream_launch<VF, KD, 8, 0, 6>(p, stream);
-        }
-    }
     /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
-       columns) when V allows it and the grid still fills the card; else 8 */
-    if (fits16 && (p->forced_kernel == 4 || (p->forced_kernel != 3 && ctas16 >= 4 * (int64_t)p->sm_count)))
+       columns) when V allows it and the grid still fills the card, except fp32 V-first tiles (8 chunks measure
+       faster there: 305 against 317 us at N256 H32, 41 against 45 at N32, H200); else 8 */
+    const int want16 = ctas16 >= 4 * (int64_t)p->sm_count && !(VF && f32);
+    if (fits16 && (p->forced_kernel == 4 || (p->forced_kernel != 3 && want16)))
         return f32 ? dt_launch<VF, KD, 16, 1>(p, stream) : dt_launch<VF, KD, 16, 0>(p, stream);
     return f32 ? dt_launch<VF, KD, 8, 1>(p, stream) : dt_launch<VF, KD, 8, 0>(p, stream);
 }

@@ -386,12 +386,12 @@ TEST(gpu_decode_beta_headwise) {
 }
 
 /* The kernels on the exact head sizes: by default the tile kernel (decode_tile.cu) with 8 chunks per thread on
- * small grids; forced here onto the staged kernel (decode.cu, its exact instances), onto the tile kernel
- * with 16 chunks per thread and onto the streaming instance with 3 and 4 stages (big grids): plain and MTP with a 1-D pool, spec decoding with 2-D slots, GVA,
+ * small grids and fp32 V-first states; forced here onto the staged kernel (decode.cu, its exact instances)
+ * and onto the tile kernel with 8 and 16 chunks per thread: plain and MTP with a 1-D pool, spec decoding with 2-D slots, GVA,
  * fp32 and bf16 states, both layouts, K = 64 and 128 (V = 128: two 64-column tiles, one 128-column tile). */
 TEST(gpu_decode_forced_kernels_exact) {
     static const int64_t lens[] = {4, 1, 0, 3, 4, 2};
-    static const int kernels[] = {1, 4, 5, 6};
+    static const int kernels[] = {1, 3, 4};
     for (unsigned ki = 0; ki < sizeof kernels / sizeof kernels[0]; ki++) {
         const int kernel = kernels[ki];
         kda_tuning_t t = {0};
@@ -789,8 +789,7 @@ TEST(gpu_decode_time_n1_h32) {
  * tile kernel with 8 and 16 chunks per thread, and the default choice; fp32 and bf16 pools, both layouts. */
 TEST(gpu_decode_time_variants) {
     static const struct { int kernel; const char *label; } var[] = {
-        {1, " [staged]"}, {3, " [tile 8]"}, {4, " [tile 16]"}, {5, " [stream 3]"}, {6, " [stream 4]"},
-        {0, " [default]"}};
+        {1, " [staged]"}, {3, " [tile 8]"}, {4, " [tile 16]"}, {0, " [default]"}};
     for (int r = 0; r < 2; r++)
         for (int bf = 0; bf < 2; bf++)
             for (int vf = 1; vf >= 0; vf--)
