@@ -906,6 +906,12 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     cudaError_t e = cudaGetDevice(&prev);
     if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
+    /* few rows, 1-D indices, the tile kernel: it settles the slots' ownership itself (no claim launch) */
+    if (claim && c.idx_cols == 0 && c.num_seqs <= KDA_DEC_SCAN_MAX && c.forced_kernel != 1 && c.forced_ctas == 0 &&
+        kda_decode_tile_fits(&c)) {
+        c.claim = claim = NULL;
+        c.claim_scan = 1;
+    }
     kda_claim_params_t cl = {a->state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
                              c.idx_cols > 0 ? c.idx_stride : 1, c.num_state_slots, claim};
     int err = kda_cuda_launch_claim(&cl, stream);

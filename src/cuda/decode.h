@@ -51,6 +51,8 @@ typedef struct kda_decode_params {
     int sm_count;
     int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
     int forced_kernel;               /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks per thread */
+    int claim_scan;                  /* 1-D state_indices, no claim array: each CTA of the tile kernel finds whether a
+                                        later row names its slot (N ≤ KDA_DEC_SCAN_MAX; saves the claim launch) */
 } kda_decode_params_t;
 
 /* Whether the recurrent kernel runs problem p: always for what only it supports (headwise β, 2-D

@@ -328,6 +328,14 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     dt_raw raw;
     if (T > 0) dt_fetch(p, raw, bos, h, hq);
     raw.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+    int32_t later[DT_SCAN]; /* claim_scan: the indices of rows n + 1 + tid + 128 i */
+    if (p.claim_scan) {
+#pragma unroll
+        for (int i = 0; i < DT_SCAN; i++) {
+            const int64_t m = n + 1 + threadIdx.x + i * DT_THREADS;
+            later[i] = m < p.num_seqs ? p.state_indices[m] : -1;
+        }
+    }
     const int64_t named = dec_named_slot(p, n);
     float4 S[NA];
     if (named >= 0 && p.h0) {
@@ -336,7 +344,15 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
 #pragma unroll
         for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    const int64_t rslot = named >= 0 && dec_owns(p, n, named) ? named : -1;
+    int64_t rslot;
+    if (p.claim_scan) { /* slots.cu's rule without its launch: the last row naming a slot owns it */
+        int hit = 0;
+#pragma unroll
+        for (int i = 0; i < DT_SCAN; i++) hit |= later[i] == named;
+        rslot = named >= 0 && !__syncthreads_or(hit) ? named : -1;
+    } else {
+        rslot = named >= 0 && dec_owns(p, n, named) ? named : -1;
+    }
     if (rslot < 0) {
 #pragma unroll
         for (int a = 0; a < NA; a++) S[a] = make_float4(0.f, 0.f, 0.f, 0.f);
