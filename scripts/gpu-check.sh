@@ -146,7 +146,7 @@ PY
     done; done
     ;;
   decode)
-    (cd build-gpu && ctest -R '^gpu_decode' -V -j1 --timeout 600) >"$LOG/decode_tests.log" 2>&1
+    (cd build-gpu && ctest -R '^gpu_(decode|duplicate)' -V -j1 --timeout 600) >"$LOG/decode_tests.log" 2>&1
     grep -E "tests passed|tests failed" "$LOG/decode_tests.log"
     grep -E "CHECK|FAIL|Failed|timing" "$LOG/decode_tests.log" | head -20; cp "$LOG/decode_tests.log" "$OUT/"
     for tool in memcheck racecheck; do
