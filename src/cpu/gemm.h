@@ -93,8 +93,8 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
                     for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                    \
                 }                                                                                            \
         }                                                                                                    \
-        for (int r = 0; r < mr; r++)                                                                         \
-            for (int u = 0; u < NVT; u++) {                                                                  \
+        for (int r = 0; r < MRT; r++) /* constant indices into acc (a loop to mr put it on the stack) */     \
+            for (int u = 0; u < NVT && r < mr; u++) {                                                        \
                 float *c = cr + (int64_t)r * ldc + j + u * KDA_GEMM_VW;                                      \
                 kda_vf y = acc[r][u];                                                                        \
                 if (mode == KDA_GEMM_ADD) y = kda_ldv(c) + y;                                                \
