@@ -136,11 +136,12 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N] [--no-decode]\n"
-            "                 [--json]\n"
+            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N] [--oracle-iters N]\n"
+            "                 [--no-decode] [--json]\n"
             "  CPU chunked path vs the fp64 oracle vs the CPU decode path, K = V = 128, bf16, HQK = HV = H.\n"
             "  --threads N      CPU threads of the chunked and decode paths [KDA_NUM_THREADS or all cores]\n"
-            "  --iters N        timed calls per path, median reported [3]; the oracle runs once\n"
+            "  --iters N        timed calls per path, median reported [3]\n"
+            "  --oracle-iters N timed oracle calls, median reported [1: one call, no warm-up]\n"
             "  --oracle-max N   time the oracle only up to N tokens x heads [65536]; larger rows show '-'\n"
             "  --json           one JSON object per row as well\n");
 }
@@ -160,7 +161,7 @@ static int parse_list(const char *s, long *out, int max) {
 
 int kda_bench_main(int argc, char **argv);
 int kda_bench_main(int argc, char **argv) {
-    int threads = 0, iters = 3, json = 0, no_decode = 0;
+    int threads = 0, iters = 3, oracle_iters = 1, json = 0, no_decode = 0;
     long Ts[8] = {512, 4096, 16384}, Hs[8] = {2, 16}, oracle_max = 65536;
     int nT = 3, nH = 2;
     for (int i = 0; i < argc; i++) {
@@ -185,13 +186,14 @@ int kda_bench_main(int argc, char **argv) {
         if (!strcmp(o, "--threads")) threads = atoi(val);
         else if (!strcmp(o, "--iters")) iters = atoi(val);
         else if (!strcmp(o, "--oracle-max")) oracle_max = atol(val);
+        else if (!strcmp(o, "--oracle-iters")) oracle_iters = atoi(val);
         else if (!strcmp(o, "--T")) nT = parse_list(val, Ts, 8);
         else if (!strcmp(o, "--H")) nH = parse_list(val, Hs, 8);
         else {
             bench_usage(stderr);
             return 2;
         }
-        if (nT <= 0 || nH <= 0 || iters <= 0 || threads < 0) {
+        if (nT <= 0 || nH <= 0 || iters <= 0 || oracle_iters <= 0 || threads < 0) {
             bench_usage(stderr);
             return 2;
         }
@@ -228,7 +230,7 @@ int kda_bench_main(int argc, char **argv) {
             if (kda_synth_make(&c, &s, &a) != 0) return 2;
             const double chunk_ms = time_call(KDA_BACKEND_CPU, 0, threads, &a, iters);
             const double dec_ms = no_decode ? NAN : time_call(KDA_BACKEND_CPU, 1, threads, &a, iters);
-            const double ora_ms = Ts[ti] * Hs[hi] <= oracle_max ? time_call(KDA_BACKEND_REFERENCE, 0, 0, &a, 1) : NAN;
+            const double ora_ms = Ts[ti] * Hs[hi] <= oracle_max ? time_call(KDA_BACKEND_REFERENCE, 0, 0, &a, oracle_iters) : NAN;
             const double gf = chunk_flops(Ts[ti], (int)Hs[hi], c.k, c.v) / (chunk_ms * 1e6);
             char ora[32] = "-", orax[32] = "-";
             if (!isnan(ora_ms)) {
