@@ -93,14 +93,7 @@ DEV float4 load4(const void *base, int dt, int64_t off, int valid, int vec) {
 DEV void store4(void *base, int dt, int64_t off, int valid, int vec, float4 x) {
     if (valid <= 0) return;
     if (vec && valid == 4) {
-        if (dt == KDA_DT_F32) {
-            __stcs((float4 *)((float *)base + off), x);
-        } else {
-            uint2 u;
-            u.x = pack_bf16(x.x, x.y);
-            u.y = pack_bf16(x.z, x.w);
-            __stcs((uint2 *)((uint16_t *)base + off), u);
-        }
+        store4_vec(base, dt == KDA_DT_F32, off, x);
         return;
     }
     store_elem(base, dt, off, x.x);

@@ -38,6 +38,19 @@ DEV int row8_or(int x) {
     return x;
 }
 
+/* Four consecutive state elements at element off as one streaming store: 16 bytes of fp32 (f32) or 8 of bf16
+ * (the base and off aligned to them). */
+DEV void store4_vec(void *base, int f32, int64_t off, float4 x) {
+    if (f32) {
+        __stcs((float4 *)((float *)base + off), x);
+    } else {
+        uint2 u;
+        u.x = pack_bf16(x.x, x.y);
+        u.y = pack_bf16(x.z, x.w);
+        __stcs((uint2 *)((uint16_t *)base + off), u);
+    }
+}
+
 /* Tokens [bos, eos) of sequence n (cu_seqlens clamped into [0, num_tokens]; never trusted further). */
 DEV void dec_seq_bounds(const kda_decode_params_t &p, int64_t n, int64_t *bos, int64_t *eos) {
     if (!p.cu_seqlens) {

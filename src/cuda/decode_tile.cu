@@ -142,18 +142,6 @@ DEV float4 dt_load4(const void *base, int64_t off) {
     return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-template <int SF32>
-DEV void dt_store4(void *base, int64_t off, float4 x) {
-    if (SF32) {
-        __stcs((float4 *)((float *)base + off), x);
-    } else {
-        uint2 u;
-        u.x = pack_bf16(x.x, x.y);
-        u.y = pack_bf16(x.z, x.w);
-        __stcs((uint2 *)((uint16_t *)base + off), u);
-    }
-}
-
 template <int VF, int KD, int NA, int SF32>
 DEV void dt_store_tile(const kda_decode_params_t &p, const float4 S[NA], int64_t slot, int h, int j0) {
     const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
@@ -168,7 +156,7 @@ DEV void dt_store_tile(const kda_decode_params_t &p, const float4 S[NA], int64_t
     } else {
 #pragma unroll
         for (int a = 0; a < NA; a++)
-            dt_store4<SF32>(p.ht, base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x), S[a]);
+            store4_vec(p.ht, SF32, base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x), S[a]);
     }
 }
 
