@@ -21,6 +21,8 @@ import os
 import sys
 import time
 
+from plotting import pyplot
+
 if "--replot" not in sys.argv:
     import torch
 
@@ -48,12 +50,8 @@ def fla_call(x, flags, cp):
 
 
 def plot(rows, meta, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # plotting is a nicety
-        print("no plot:", e)
+    plt = pyplot()
+    if plt is None:
         return
     peers = [("FLA", "fla_ms", "tab:blue"), ("FLA-CP", "fla_cp_ms", "tab:cyan"),
              ("libkda, split off", "off_ms", "tab:gray"), ("libkda", "ours_ms", "tab:orange")]

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kda  # noqa: E402
+from plotting import pyplot  # noqa: E402
 from timing import back_to_back_ms, git_commit, rel  # noqa: E402
 
 try:
@@ -197,12 +198,8 @@ def crossover(reps):
 
 def plot(rows, meta, path):
     """Bars of GPU µs per call (graph), ours and FLA, per shape, with the ratio FLA / ours above ours."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # plotting is a nicety
-        print("no plot:", e)
+    plt = pyplot()
+    if plt is None:
         return
     rows = [r for r in rows if isinstance(r.get("ours_graph_us"), (int, float))]
     fig, ax = plt.subplots(figsize=(12, 5.5))

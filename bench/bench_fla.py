@@ -17,6 +17,8 @@ import os
 import sys
 import time
 
+from plotting import pyplot
+
 if "--replot" not in sys.argv:  # the measurement needs them; redrawing a plot does not
     import torch
 
@@ -132,12 +134,8 @@ def plot(rows, meta, path):
     """Every peer of the run per shape (bars: FLA and libkda measured here; FlashKDA drawn from its published
     speed-up over FLA, times this run's FLA time, hatched: not measured here), the floor as a black line over
     each shape's bars, and libkda's speed-up over FLA above its bar. Log time axis: all shapes readable."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as e:  # plotting is a nicety
-        print("no plot:", e)
+    plt = pyplot()
+    if plt is None:
         return
     peers = [("FLA 0.6.0 (Triton), measured", lambda r: r["fla_ms"], dict(color="tab:blue")),
              ("FlashKDA: its published speed-up over FLA 0.5.2 applied to this FLA time (not measured here)",
