@@ -91,6 +91,17 @@ DEV float load_elem(const void *p, int dtype, int64_t i) {
     return bf16_bits_to_f32(((const uint16_t *)p)[i]);
 }
 
+/* load_elem in two halves: the element's bits (no conversion, so loads issued one after another do not wait
+ * for each other's data), and their value. */
+DEV uint32_t load_bits(const void *p, int dtype, int64_t i) {
+    return dtype == KDA_DT_F32 ? ((const uint32_t *)p)[i] : (uint32_t)((const uint16_t *)p)[i];
+}
+DEV float bits_value(uint32_t b, int dtype) {
+    if (dtype == KDA_DT_F32) return __uint_as_float(b);
+    if (dtype == KDA_DT_F16) return f16_bits_to_f32((uint16_t)b);
+    return bf16_bits_to_f32((uint16_t)b);
+}
+
 DEV void store_elem(void *p, int dtype, int64_t i, float x) {
     if (dtype == KDA_DT_F32) ((float *)p)[i] = x;
     else if (dtype == KDA_DT_F16) ((__half *)p)[i] = __float2half_rn(x);

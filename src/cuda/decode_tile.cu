@@ -65,23 +65,26 @@ struct dt_io {
     float beta;
 };
 
-/* A token's raw inputs as loaded by one thread (element e = tid of q, k, g, dt_bias; e and e + 128 of v). */
+/* A token's raw inputs as loaded by one thread (element e = tid of q, k, g, dt_bias; e and e + 128 of v), as
+ * bits: converted only in dt_commit, so that the loads go out back to back. */
 struct dt_raw {
-    float q, k, g, bias, v0, v1, b, A;
+    uint32_t q, k, g, v0, v1, b;
+    float bias, A;
 };
 
 DEV void dt_fetch(const kda_decode_params_t &p, dt_raw &r, int64_t t, int h, int hq) {
     const int e = threadIdx.x, K = p.kd, V = p.vd;
-    r.q = r.k = r.g = r.bias = r.v0 = r.v1 = 0.f;
+    r.q = r.k = r.g = r.v0 = r.v1 = 0u; /* the bits of 0 in every dtype */
+    r.bias = 0.f;
     if (e < K) {
-        r.q = load_elem(p.q, p.dtype, (t * p.hqk + hq) * K + e);
-        r.k = load_elem(p.k, p.dtype, (t * p.hqk + hq) * K + e);
-        r.g = load_elem(p.g, p.g_dtype, (t * p.hv + h) * K + e);
+        r.q = load_bits(p.q, p.dtype, (t * p.hqk + hq) * K + e);
+        r.k = load_bits(p.k, p.dtype, (t * p.hqk + hq) * K + e);
+        r.g = load_bits(p.g, p.g_dtype, (t * p.hv + h) * K + e);
         if (p.dt_bias) r.bias = p.dt_bias[(int64_t)h * K + e];
     }
-    if (e < V) r.v0 = load_elem(p.v, p.dtype, (t * p.hv + h) * V + e);
-    if (e + DT_THREADS < V) r.v1 = load_elem(p.v, p.dtype, (t * p.hv + h) * V + e + DT_THREADS);
-    r.b = load_elem(p.beta, p.beta_dtype, t * p.hv + h);
+    if (e < V) r.v0 = load_bits(p.v, p.dtype, (t * p.hv + h) * V + e);
+    if (e + DT_THREADS < V) r.v1 = load_bits(p.v, p.dtype, (t * p.hv + h) * V + e + DT_THREADS);
+    r.b = load_bits(p.beta, p.beta_dtype, t * p.hv + h);
 }
 
 /* The transform of r into io (this thread's elements, its warp's partial sums). */
@@ -92,21 +95,23 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt
     int bad = 0;
     float qq = 0.f, kk = 0.f, qk = 0.f;
     if (e < K) {
-        const float g = dec_gate(p, r.g, r.bias, r.A);
-        bad |= !finite_f(r.q) | !finite_f(r.k) | !finite_f(g);
-        io.q[e] = r.q;
-        io.k[e] = r.k;
+        const float q = bits_value(r.q, p.dtype), k = bits_value(r.k, p.dtype);
+        const float g = dec_gate(p, bits_value(r.g, p.g_dtype), r.bias, r.A);
+        bad |= !finite_f(q) | !finite_f(k) | !finite_f(g);
+        io.q[e] = q;
+        io.k[e] = k;
         io.a[e] = ex2(g * LOG2E);
-        qq = r.q * r.q;
-        kk = r.k * r.k;
-        qk = r.q * r.k;
+        qq = q * q;
+        kk = k * k;
+        qk = q * k;
     }
-    bad |= (e < V && !finite_f(r.v0)) | (e + DT_THREADS < V && !finite_f(r.v1));
+    const float v0 = bits_value(r.v0, p.dtype), v1 = bits_value(r.v1, p.dtype);
+    bad |= (e < V && !finite_f(v0)) | (e + DT_THREADS < V && !finite_f(v1));
     const int jl = e - j0, jl1 = e + DT_THREADS - j0;
-    if (jl >= 0 && jl < BV) io.v[jl] = r.v0;
-    if (jl1 >= 0 && jl1 < BV) io.v[jl1] = r.v1;
+    if (jl >= 0 && jl < BV) io.v[jl] = v0;
+    if (jl1 >= 0 && jl1 < BV) io.v[jl1] = v1;
     if (e == 0) {
-        const float b = dec_beta(p, r.b);
+        const float b = dec_beta(p, bits_value(r.b, p.beta_dtype));
         io.beta = b;
         bad |= !finite_f(b);
     }
