@@ -53,7 +53,9 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
  * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
  * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). Measured (H100, H32, fp32
  * V-first states, bench/bench_decode.py's crossover table): the two kernels tie at 8 tokens for N = 1 (18.9 vs
- * 19.2 µs), the chunked one wins from 8 for N = 32 (208 vs 177 µs), so the recurrent kernel keeps up to 8. */
+ * 19.2 µs), the chunked one wins from 8 for N = 32 (208 vs 177 µs), so the recurrent kernel keeps up to 8. On an
+ * H200 with the sixth decode version (8ed1f1b) the recurrent kernel still wins at 8 (N1 12.1 vs 21.3 µs, N32 115 vs
+ * 182) and loses at 16 (N1 21.6 vs 21.4, N32 215 vs 184). */
 #define KDA_DECODE_MAX_TOKENS_PER_SEQ 8
 
 /* ---------------------------------------------------------------------------------------------------------
