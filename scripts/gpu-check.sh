@@ -12,6 +12,7 @@
 #   devab     the same for .base (legacy KDA_DEV_* variables) and this tree, twice
 #   ncu       utilisation and stall reasons of the kernels of B2 T8192 H64 (NCU_KERNELS)
 #   decab     bench_decode (no crossover) for this tree and for .var1 (a variant; DEC_VAR=var2 for .var2)
+#   fwdsrc    ncu source counters of one forward kernel (FWD_SRC_KERNEL, FWD_SRC_SHAPE): top lines by stall samples
 #   ncudec    ncu of the decode kernel and of FLA's fused_recurrent_kda_fwd_kernel on DEC_NCU_SHAPE
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
@@ -227,6 +228,19 @@ PY
       grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
       python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
     done
+    ;;
+  fwdsrc) # a forward kernel's source lines by warp-stall samples (ncu source counters; FWD_SRC_KERNEL, FWD_SRC_SHAPE)
+    kn=${FWD_SRC_KERNEL:-kda_prep_kernel}
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV ncu -k regex:$kn --launch-skip 2 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "$LOG/$kn" -f \
+      python3 bench/stages.py --shapes ${FWD_SRC_SHAPE:-B2T8192H64} --sets all --reps 1 >"$LOG/ncu_$kn.log" 2>&1 ||
+      tail -5 "$LOG/ncu_$kn.log"
+    ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source cuda >"$OUT/src_$kn.csv" 2>>"$LOG/ncu_$kn.log"
+    ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source sass >"$LOG/sass_$kn.csv" 2>/dev/null
+    gzip -c "$LOG/sass_$kn.csv" >"$OUT/sass_$kn.csv.gz"
+    ncu --import "$LOG/$kn.ncu-rep" --page details >"$OUT/det_$kn.txt" 2>>"$LOG/ncu_$kn.log"
+    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
+    python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site
