@@ -174,6 +174,9 @@ FIXES = {
     "near0": "Aqk's diagonal q_i·k_i by an fp32 dot product (no factors)",
     "near1": "near0, and A, Aqk at j = i − 1 by fp32 dot products (one exp per row and channel)",
     "near2": "near1, and j = i − 2",
+    "near1a": "near0, and A (not Aqk) at j = i − 1 by fp32 dot products",
+    "near1q": "near0, and Aqk (not A) at j = i − 1 by fp32 dot products",
+    "diag_unr": "Aqk's diagonal from the fp32 rows before their bf16 rounding: s (q·k) / (‖q‖ ‖k‖)",
     "aqk_diag_f32": "Aqk's diagonal kept in fp32 (not rounded to bf16 in the workspace)",
     "exact_diag_blocks": "the diagonal blocks of A, Aqk in fp32 (as diag_block_exact)",
     "exact_off_blocks": "the off-diagonal blocks of A, Aqk in fp32",
@@ -203,6 +206,16 @@ def split_mm(a, b, split_a, split_b, rnd=bf16):
     return out.astype(np.float32)
 
 
+def diag_unrounded(x):
+    """Aqk's diagonal s q·k/(‖q‖‖k‖) from the fp32 rows before their bf16 rounding (normalize_qkv's registers)"""
+    q, k = f32(x["q"]), f32(x["k"])
+    s = np.float32(q.shape[-1] ** -0.5)
+    nq = (1.0 / np.sqrt((q * q).sum(-1) + np.float32(1e-6))).astype(np.float32)
+    nk = (1.0 / np.sqrt((k * k).sum(-1) + np.float32(1e-6))).astype(np.float32)
+    d = ((q * k).sum(-1, dtype=np.float32) * (nq * s) * nk).astype(np.float32)
+    return chunked(d[..., None])[..., 0]
+
+
 def ours_prep(x, flags):
     off, fix = flags["off"], set(flags["fix"])
     if "impl" in fix:
@@ -223,6 +236,10 @@ def ours_prep(x, flags):
     tril_s = np.tril(np.ones((16, 16), bool), -1)
     tril = np.tril(np.ones((16, 16), bool), 0)
 
+    def has(name, I):
+        """fix `name` for the diagonal block I: `name` for all four, `name@02` for blocks 0 and 2 only"""
+        return name in fix or any(f.startswith(name + "@") and str(I) in f.split("@")[1] for f in fix)
+
     def by_factors(I, J, Rv, rows_single=False):
         """the block (I, J) by split factors around reference R (N, K)"""
         if J < I and "exact_off_blocks" in fix:
@@ -233,15 +250,15 @@ def ours_prep(x, flags):
         e_row = ex2(blk(G, I) - Rv[:, None])
         e_col = ex2(Rv[:, None] - blk(G, J))
         f = fac
-        if J == I and ("single_fac_diag" in fix or "split_col_diag" in fix):
+        if J == I and (has("single_fac_diag", I) or has("split_col_diag", I)):
             f = lambda kv, e: r_f(kv * e)
         fk, fq = f(blk(kc, I), e_row), f(blk(qc, I), e_row)
         if rows_single or (J == I and "single_row_diag" in fix):
             fk, fq = r_f(blk(kc, I) * e_row), r_f(blk(qc, I) * e_row)
         cb = f(blk(kc, J), e_col)
-        if J == I and "single_col_diag" in fix:
+        if J == I and has("single_col_diag", I):
             cb = r_f(blk(kc, J) * e_col)
-        sr, sc = "a_split_row" in fix, "a_split_col" in fix or (J == I and "split_col_diag" in fix)
+        sr, sc = "a_split_row" in fix, "a_split_col" in fix or (J == I and has("split_col_diag", I))
         if sr or sc:
             rf = lambda v, e: f32(v) * e  # unrounded factors for the split
             return (split_mm(rf(blk(kc, I), e_row), np.swapaxes(rf(blk(kc, J), e_col), 1, 2), sr, sc),
@@ -275,25 +292,29 @@ def ours_prep(x, flags):
         split = np.maximum(Gf - Gm, Gm - Gl).max(-1) <= DIAG_RANGE2  # (N,)
         sp = split[:, None, None]
         for J in range(J0, J0 + nb):
-            a_s, q_s = by_factors(I, J, G[:, 16 * I + 7], rows_single="single_fac_diag" in fix)
+            a_s, q_s = by_factors(I, J, G[:, 16 * I + 7], rows_single=has("single_fac_diag", I))
             if J < I:
                 a_f, q_f = by_factors(I, J, Rfirst)
             else:
                 a_f, q_f = diag_exact(I)
-            if J == I and "exact_diag_blocks" in fix:
+            if J == I and has("exact_diag_blocks", I):
                 a_s, q_s = a_f, q_f = diag_exact(I)
             put(I, J, np.where(sp, a_s, a_f), np.where(sp, q_s, q_f))
 
     # entries i − j <= m computed in fp32 (no factors)
-    m = 2 if "near2" in fix else 1 if "near1" in fix else 0 if "near0" in fix or "aqk_diag_f32" in fix else -1
+    near1 = {"near1", "near1a", "near1q"} & fix
+    m = 2 if "near2" in fix else 1 if near1 else 0 if {"near0", "aqk_diag_f32", "diag_unr"} & fix else -1
     for dlt in range(m + 1):
         i = np.arange(dlt, C)
         j = i - dlt
         e = ex2(G[:, i] - G[:, j])
         kj = (kc[:, j] * e).astype(np.float32)
         aq = (qc[:, i] * kj).sum(-1, dtype=np.float32)
-        Aqk[:, i, j] = f32(aq) if dlt == 0 and "aqk_diag_f32" in fix else R(flags, "aqk_st", bf16)(aq)
-        if dlt > 0:
+        if dlt == 0 and "diag_unr" in fix:
+            aq = diag_unrounded(x)
+        if dlt != 1 or "near1a" not in fix:
+            Aqk[:, i, j] = f32(aq) if dlt == 0 and "aqk_diag_f32" in fix else R(flags, "aqk_st", bf16)(aq)
+        if dlt > 0 and (dlt != 1 or "near1q" not in fix):
             A[:, i, j] = (kc[:, i] * kj).sum(-1, dtype=np.float32) * bc[:, i]
 
     # decay factors
