@@ -10,7 +10,7 @@ time of ours (or of FLA's) replaced by fp32.
 
     python3 bench/acc_model.py                      # ours vs FLA, default case (T 1024, 8 heads, K = V = 128)
     python3 bench/acc_model.py --attribute          # the table of docs/PERF.md
-    python3 bench/acc_model.py --ours-fix impl     # ours as prep.cuh computes it now (FIXES: the candidates)
+    python3 bench/acc_model.py --ours-fix impl2    # ours as prep.cuh computes it now (FIXES: the candidates)
 
 No torch needed. Where the kernels differ from this model: fp32 accumulation order (the model sums in numpy's
 float32 GEMM order), approximate ex2/rcp (≈1e-7 relative), and tf32 operands are rounded to nearest here (the
@@ -184,7 +184,9 @@ FIXES = {
     "single_col_diag": "the diagonal blocks' column factors k·e rounded once (row factors as today)",
     "impl1": "prep.cuh's first step in issue 12: near0 (raw q·k products on the tensor cores) + single_fac_diag "
              "(the row factors of the warps with a diagonal block included) + wu_y_ident",
-    "impl": "what prep.cuh does since issue 12: impl1 + split_col_diag",
+    "impl": "wip/12-acc's prep.cuh (measured +6-12% time): impl1 + split_col_diag",
+    "cheap": "the plan after wip/12-acc: near0 (from normalize_qkv's bf16 rows) + wu_y_ident",
+    "impl2": "what prep.cuh does since issue 12: diag_unr + wu_y_ident",
     "single_row_diag": "the diagonal blocks' row factors rounded once (column factors as before)",
     "split_col_diag": "a_split_col in the diagonal blocks only (single-rounded factors there)",
     "wu_y_ident": "solve: X_I = Y_I + (T_II − I) bf16(Y_I): the accumulator starts at Y in fp32, the mma applies "
@@ -220,6 +222,10 @@ def ours_prep(x, flags):
     off, fix = flags["off"], set(flags["fix"])
     if "impl" in fix:
         fix |= {"impl1", "split_col_diag"}
+    if "cheap" in fix:
+        fix |= {"near0", "wu_y_ident"}
+    if "impl2" in fix:
+        fix |= {"diag_unr", "wu_y_ident"}
     if "impl1" in fix:
         fix |= {"near0", "single_fac_diag", "wu_y_ident"}
     qc, kc, vc, G, bc, s = prep_common(x, scale_in_q=True)
