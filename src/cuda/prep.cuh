@@ -18,7 +18,8 @@
  *                      [the A warps]; Aqk → workspace
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
  *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
- *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹, fp32 forward substitution
+ *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
+ *   aqk_diagonal       Aqk's diagonal q_i·k_i from normalize_qkv (unrounded rows) → workspace [warps 4-5, beside it]
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
  *   store_w_u          W, U → workspace
  *   poison_block       [rare] QΓ rows from t* on and γ set to NaN: the recurrence, unchanged, then writes NaN
@@ -31,8 +32,8 @@
  *   R_K  bf16 [C][KD+8]   k; later each warp's Y scratch
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
- *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II)
- *   β    fp32 [C], and 512 floats for the partial sums of the gate, and t* (an int)
+ *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
+ *   β    fp32 [C], and 512 floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C]
  */
 #include "common.cuh"
 #include "seq.cuh"
@@ -57,7 +58,8 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_BETA(KD, VD) (PREP_OFF_A(KD, VD) + KDA_CHUNK * SA * 4)
 #define PREP_OFF_TOT(KD, VD) (PREP_OFF_BETA(KD, VD) + KDA_CHUNK * 4)
 #define PREP_OFF_TSTAR(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
-#define PREP_BYTES(KD, VD) (PREP_OFF_TSTAR(KD, VD) + 16)
+#define PREP_OFF_DIAG(KD, VD) (PREP_OFF_TSTAR(KD, VD) + 16)
+#define PREP_BYTES(KD, VD) (PREP_OFF_DIAG(KD, VD) + KDA_CHUNK * 4)
 
 /* The contract's bound for q, k, v, β (ALGORITHM.md §7, 4): a row holding an element with |x| ≥ 2^56 (after the
  * l2norm and the scale, β after its sigmoid), ±∞ or NaN poisons its token. Below it no product of the chunk
@@ -70,6 +72,7 @@ typedef struct {
     bf16 *K, *Q, *V;
     float *A, *beta, *tot;
     int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
+    float *diag; /* Aqk's diagonal from normalize_qkv */
 } prep_smem_t;
 
 typedef struct {
@@ -290,14 +293,15 @@ DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GA
 
 /* ---------------------------------------------------------------------------------------------------------
  * normalize_qkv: four threads per row, W/4 columns each: q (l2norm, × scale), k (l2norm), v → bf16 tiles in place
- * (16-bit inputs were copied there; fp32 inputs are read from global memory here)
+ * (16-bit inputs were copied there; fp32 inputs are read from global memory here); and Aqk's diagonal
+ * q_i·k_i (its decays cancel: e^{G_i − G_i} = 1) from the fp32 rows before their bf16 rounding, into sm.diag
  * ------------------------------------------------------------------------------------------------------- */
+/* A thread's W/4 columns of its row as fp32 */
 template <int W, int EXACT>
-DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
-                        bf16 *tile, int norm, float scale, int tid, int &bad) {
+DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
+                  const bf16 *tile, int tid, float (&x)[W / 4]) {
     constexpr int CW = W / 4, S = PREP_S(W);
     const int r = tid >> 2, c0 = (tid & 3) * CW;
-    float x[CW];
     if (p.dtype == KDA_DT_F32) {
         const float *src = (const float *)src_base + row * n + c0;
         if (vec) {
@@ -319,6 +323,13 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
     } else {
         row16_to_f32<0, CW>(tile + r * S + c0, x);
     }
+}
+
+/* The row's factor f (1/‖x‖ with the l2norm, times the scale), the contract's bound, x f → the bf16 tile; f */
+template <int W>
+DEV float scale_row(const float (&x)[W / 4], bf16 *tile, int norm, float scale, int tid, int &bad) {
+    constexpr int CW = W / 4, S = PREP_S(W);
+    const int r = tid >> 2, c0 = (tid & 3) * CW;
     float f = 1.0f, ss_row = 0.0f;
     if (norm) {
         float ss = 0.0f;
@@ -343,6 +354,7 @@ DEV void normalize_tile(const kda_prep_params_t &p, const void *src_base, int64_
         *(uint4 *)(tile + r * S + c0 + c) =
             make_uint4(pack_bf16(x[c] * f, x[c + 1] * f), pack_bf16(x[c + 2] * f, x[c + 3] * f),
                        pack_bf16(x[c + 4] * f, x[c + 5] * f), pack_bf16(x[c + 6] * f, x[c + 7] * f));
+    return f;
 }
 
 /* bf16 v stays as copied: its bound by the exponent bits, 8 elements a 16-byte load (a half is at or above
@@ -361,15 +373,43 @@ DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
     if (acc & 0x80008000u) bad = min(bad, r);
 }
 
+/* Aqk's diagonal, Aqk_ii = q_i·k_i: with the factors of intra_chunk_A it carried the bf16 rounding of q, of k,
+ * of both exponentials and of both factors, and o_i ≈ Aqk_ii Δ_i where the decay is strong: here it is s q·k /
+ * (‖q‖ ‖k‖) in fp32 from the unrounded rows (docs/PERF.md, accuracy), substituted after intra_chunk_A
+ * (aqk_diagonal). With the l2norm |q·k| ≤ √(Σq² Σk²), so a row whose sums are finite cannot overflow; one whose
+ * sum is not (its normalized row is 0, or NaN and poisoned) gets 0, as does, without the l2norm, a row whose raw
+ * q·k overflows (only with a scale below ~2^-8 and elements near the contract's bound: that token's own o_i,
+ * clause 3). Rows from t* on get 0 in neutral_rows. */
 template <int KD, int VD, int EXACT>
 DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid, int &bad) {
-    if (KDA_SKIP(p, 64)) return;
+    constexpr int CW = KD / 4;
+    if (KDA_SKIP(p, 64)) {
+        if ((tid & 3) == 0) sm.diag[tid >> 2] = 0.0f;
+        return;
+    }
     const int64_t row_qk = (ck.t0 + (tid >> 2)) * p.hqk + ck.hq, row_v = (ck.t0 + (tid >> 2)) * p.hv + ck.h;
     const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
-    normalize_tile<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, p.l2norm, p.scale, tid, bad);
-    normalize_tile<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, p.l2norm, 1.0f, tid, bad);
-    if (p.dtype != KDA_DT_BF16) normalize_tile<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, 0, 1.0f, tid, bad);
-    else huge_bf16_rows<VD>(sm.V, tid, bad);
+    float xq[CW], xk[CW];
+    load_row<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
+    load_row<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
+    float dot = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CW; c++) dot += xq[c] * xk[c];
+    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+    const float fq = scale_row<KD>(xq, sm.Q, p.l2norm, p.scale, tid, bad);
+    const float fk = scale_row<KD>(xk, sm.K, p.l2norm, 1.0f, tid, bad);
+    if ((tid & 3) == 0) {
+        const float d = dot * fq * fk;
+        sm.diag[tid >> 2] = fabsf(d) < INFINITY ? d : 0.0f;
+    }
+    if (p.dtype != KDA_DT_BF16) {
+        float xv[VD / 4];
+        load_row<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
+        scale_row<VD>(xv, sm.V, 0, 1.0f, tid, bad);
+    } else {
+        huge_bf16_rows<VD>(sm.V, tid, bad);
+    }
 }
 
 /* neutral_rows [rare]: rows t* .. C − 1 of q, k, v and β zeroed, so that they add nothing to any product (the
@@ -387,7 +427,7 @@ DEV void neutral_rows(const prep_smem_t &sm, int tstar, int tid) {
         const int r = tstar + e / (VD / 8), c = (e % (VD / 8)) * 8;
         *(uint4 *)(sm.V + r * SV + c) = make_uint4(0, 0, 0, 0);
     }
-    if (tid >= tstar && tid < KDA_CHUNK) sm.beta[tid] = 0.0f;
+    if (tid >= tstar && tid < KDA_CHUNK) sm.beta[tid] = sm.diag[tid] = 0.0f;
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -595,9 +635,16 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
     }
 }
 
+/* aqk_diagonal (warps 4-5, while warps 0-3 invert): Aqk's diagonal from normalize_qkv over the one intra_chunk_A
+ * wrote (a 16-bit store into its word, ordered after it by the barrier between them) */
+DEV void aqk_diagonal(const prep_smem_t &sm, unsigned char *blk_aqk, int i) {
+    *(bf16 *)(blk_aqk + pan_off(i, i)) = __float2bfloat16_rn(sm.diag[i]);
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * invert_diag_blocks: the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one
- * block each, a column per lane), written over A's diagonal blocks (solve_w_u reads only A_IM, M < I)
+ * block each, a column per lane), written over A's diagonal blocks less their unit diagonal, as L_II = T_II − I
+ * (solve_w_u reads only A_IM, M < I, and L_II)
  * ------------------------------------------------------------------------------------------------------- */
 DEV void invert_diag_blocks(float *sA, int warp, int lane) {
     const int j = lane & 15, b = 16 * warp;
@@ -612,12 +659,14 @@ DEV void invert_diag_blocks(float *sA, int warp, int lane) {
     __syncwarp();
     if (lane < 16)
 #pragma unroll
-        for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = tcol[i];
+        for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = i == j ? 0.0f : tcol[i];
 }
 
 /* ---------------------------------------------------------------------------------------------------------
  * solve_w_u: [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
- *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I.
+ *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I = Y_I + L_II Y_I.
+ * Y_I stays in fp32 in the accumulators that L_II Y_I (Y_I rounded to bf16) is added to: with T_II's unit
+ * diagonal on the tensor cores, Y's bf16 rounding went straight into X (docs/PERF.md, accuracy).
  * A warp owns a slab of SLAB columns of W (warps 0-3, SLAB = KD/4) or of U (warps 4-7, SLAB = VD/4), so it needs
  * no other warp. X goes to `stage` (panel layout), Y through the warp's scratch rows (stride YS).
  * ------------------------------------------------------------------------------------------------------- */
@@ -647,7 +696,7 @@ DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sB
                 mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
             }
         }
-        /* Y = β ⊙ B − acc, as bf16 rows of the warp's scratch */
+        /* Y = β ⊙ B − acc: fp32 in acc (X's accumulators from here), bf16 rows of the warp's scratch */
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
@@ -655,18 +704,17 @@ DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sB
                 const int r = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
                 const float2 bb = unpack_bf16(*(const uint32_t *)&src[r * SRC_S + c]);
                 const float be = sBeta[r];
-                *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] =
-                    pack_bf16(be * bb.x - acc[nt][2 * hr], be * bb.y - acc[nt][2 * hr + 1]);
+                acc[nt][2 * hr] = be * bb.x - acc[nt][2 * hr];
+                acc[nt][2 * hr + 1] = be * bb.y - acc[nt][2 * hr + 1];
+                *(uint32_t *)&Y[(g + 8 * hr) * YS + nt * 8 + 2 * t] = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
             }
         __syncwarp();
-        uint32_t a[4];
+        uint32_t a[4]; /* L_II */
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
             a[r] = pack_bf16(v.x, v.y);
         }
-#pragma unroll
-        for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
         for (int pp = 0; pp < NTW / 2; pp++) {
             const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
@@ -759,7 +807,8 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
                             (float *)(smem + PREP_OFF_A(KD, VD)),
                             (float *)(smem + PREP_OFF_BETA(KD, VD)),
                             (float *)(smem + PREP_OFF_TOT(KD, VD)),
-                            (int *)(smem + PREP_OFF_TSTAR(KD, VD))};
+                            (int *)(smem + PREP_OFF_TSTAR(KD, VD)),
+                            (float *)(smem + PREP_OFF_DIAG(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     /* this CTA's chunk */
@@ -801,6 +850,7 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
     __syncthreads(); /* gated_qk overwrites q with KΓ */
     gated_qk<KD>(p, sm, ck, tid);
     if (warp < 4 && !KDA_SKIP(p, 2)) invert_diag_blocks(sm.A, warp, lane);
+    if (warp >= 4 && warp < 6 && !KDA_SKIP(p, 1)) aqk_diagonal(sm, ck.blk + kda_cuda_off_aqk(KD), tid - 128);
     __syncthreads();
     solve_w_u<KD, VD>(p, sm, warp, lane);
     __syncthreads();
