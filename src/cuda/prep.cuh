@@ -325,22 +325,13 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
     }
 }
 
-/* The row's factor f (1/‖x‖ with the l2norm, times the scale), the contract's bound, x f → the bf16 tile; f */
+/* The row's factor f (1/‖x‖ with the l2norm, from the row's Σx² ss_row, times the scale), the contract's bound,
+ * x f → the bf16 tile; f */
 template <int W>
-DEV float scale_row(const float (&x)[W / 4], bf16 *tile, int norm, float scale, int tid, int &bad) {
+DEV float scale_row(const float (&x)[W / 4], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad) {
     constexpr int CW = W / 4, S = PREP_S(W);
     const int r = tid >> 2, c0 = (tid & 3) * CW;
-    float f = 1.0f, ss_row = 0.0f;
-    if (norm) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int c = 0; c < CW; c++) ss += x[c] * x[c];
-        ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-        ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-        ss_row = ss;
-        f = rsqrtf(ss + 1e-6f);
-    }
-    f *= scale;
+    const float f = (norm ? rsqrtf(ss_row + 1e-6f) : 1.0f) * scale;
     /* with the l2norm a finite Σx² bounds every |x f| by the scale, so only a non-finite Σx² needs the elements
        (then ±∞ gives NaN, a huge finite element 0); without it every element is tested */
     if (!norm || !(ss_row < INFINITY)) {
@@ -392,13 +383,22 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     float xq[CW], xk[CW];
     load_row<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
     load_row<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
-    float dot = 0.0f;
+    /* q·k, Σq², Σk² over the row's four threads, the three reductions side by side */
+    float dot = 0.0f, ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
-    for (int c = 0; c < CW; c++) dot += xq[c] * xk[c];
-    dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-    const float fq = scale_row<KD>(xq, sm.Q, p.l2norm, p.scale, tid, bad);
-    const float fk = scale_row<KD>(xk, sm.K, p.l2norm, 1.0f, tid, bad);
+    for (int c = 0; c < CW; c++) {
+        dot += xq[c] * xk[c];
+        ssq += xq[c] * xq[c];
+        ssk += xk[c] * xk[c];
+    }
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+        dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
+        ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
+    }
+    const float fq = scale_row<KD>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad);
+    const float fk = scale_row<KD>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad);
     if ((tid & 3) == 0) {
         const float d = dot * fq * fk;
         sm.diag[tid >> 2] = fabsf(d) < INFINITY ? d : 0.0f;
@@ -406,7 +406,7 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     if (p.dtype != KDA_DT_BF16) {
         float xv[VD / 4];
         load_row<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
-        scale_row<VD>(xv, sm.V, 0, 1.0f, tid, bad);
+        scale_row<VD>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad);
     } else {
         huge_bf16_rows<VD>(sm.V, tid, bad);
     }
