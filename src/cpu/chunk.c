@@ -351,10 +351,29 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
         bad |= nonfinite8(x);                                                                                    \
         stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
     }
+    /* the lower-bound gate in three passes over the row, lb / (1 + e^{−A x}): −A x, its exponential, the rest. The
+     * loop's chain (exponential, division: ~85 cycles per 8 floats) is latency-bound on Zen 1, whose FP scheduler
+     * holds less than one iteration; three shorter chains overlap (the same operations, so the same bits:
+     * docs/PERF.md, "Seventh pass") */
+#define KDA_GATE_REST(CUM)                                                                                       \
+    for (int d = 0; d < K; d += 8) {                                                                             \
+        kda_f8 x = lb * (1.0f / (1.0f + ldf8(e + d)));                                                           \
+        x = kda_sel8(x < gmin, gmin, x);                                                                         \
+        x = kda_sel8(x > zero, zero, x);                                                                         \
+        bad |= nonfinite8(x);                                                                                    \
+        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
+    }
     const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
     if (gp->mode == 2) {
-        if (i > 0) KDA_GATE_LOOP(lb * (1.0f / (1.0f + kda_expf8(-(A * x)))), 1)
-        else KDA_GATE_LOOP(lb * (1.0f / (1.0f + kda_expf8(-(A * x)))), 0)
+        float e[KDA_MAX_HEAD_DIM];
+        for (int d = 0; d < K; d += 8) {
+            kda_f8 x = ld8(g, gdt, og + d);
+            if (bias) x = x + ldf8(bias + d);
+            stf8(e + d, -(A * x));
+        }
+        for (int d = 0; d < K; d += 8) stf8(e + d, kda_expf8(ldf8(e + d)));
+        if (i > 0) KDA_GATE_REST(1)
+        else KDA_GATE_REST(0)
     } else if (gp->mode == 1) {
         if (i > 0) KDA_GATE_LOOP(-A * kda_softplusf8(x), 1)
         else KDA_GATE_LOOP(-A * kda_softplusf8(x), 0)
@@ -363,6 +382,7 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
         else KDA_GATE_LOOP(x, 0)
     }
 #undef KDA_GATE_LOOP
+#undef KDA_GATE_REST
     for (int d = 0; d < V; d += 8) {
         const kda_f8 x = ld8(a->v, a->dtype, ov + d);
         stf8(v + d, x);
