@@ -351,10 +351,11 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
         bad |= nonfinite8(x);                                                                                    \
         stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
     }
-    /* the lower-bound gate in three passes over the row, lb / (1 + e^{−A x}): −A x, its exponential, the rest. The
-     * loop's chain (exponential, division: ~85 cycles per 8 floats) is latency-bound on Zen 1, whose FP scheduler
-     * holds less than one iteration; three shorter chains overlap (the same operations, so the same bits:
-     * docs/PERF.md, "Seventh pass") */
+    /* the lower-bound gate in three passes over the row, lb / (1 + e^{−A x}): −A x and the exponential's range
+     * reduction, the rest of the exponential, then the division, clamp and sum. The one loop's chain (exponential,
+     * division: ~85 cycles per 8 floats) was latency-bound on Zen 1, whose FP scheduler holds less than one
+     * iteration; three shorter chains overlap (the same operations, so the same bits: docs/PERF.md, "Seventh
+     * pass") */
 #define KDA_GATE_REST(CUM)                                                                                       \
     for (int d = 0; d < K; d += 8) {                                                                             \
         kda_f8 x = lb * (1.0f / (1.0f + ldf8(e + d)));                                                           \
@@ -365,13 +366,17 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
     }
     const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
     if (gp->mode == 2) {
-        float e[KDA_MAX_HEAD_DIM];
+        float e[KDA_MAX_HEAD_DIM], en[KDA_MAX_HEAD_DIM], er[KDA_MAX_HEAD_DIM];
         for (int d = 0; d < K; d += 8) {
-            kda_f8 x = ld8(g, gdt, og + d);
+            kda_f8 x = ld8(g, gdt, og + d), r;
             if (bias) x = x + ldf8(bias + d);
-            stf8(e + d, -(A * x));
+            x = -(A * x);
+            stf8(e + d, x);
+            stf8(en + d, kda_expf8_reduce(kda_expf8_clamp(x), &r));
+            stf8(er + d, r);
         }
-        for (int d = 0; d < K; d += 8) stf8(e + d, kda_expf8(ldf8(e + d)));
+        for (int d = 0; d < K; d += 8)
+            stf8(e + d, kda_expf8_special(ldf8(e + d), kda_expf8_finish(ldf8(en + d), ldf8(er + d))));
         if (i > 0) KDA_GATE_REST(1)
         else KDA_GATE_REST(0)
     } else if (gp->mode == 1) {

@@ -17,11 +17,17 @@ static inline __attribute__((always_inline)) kda_f8 kda_sel8(kda_i8 m, kda_f8 a,
     return (kda_f8)((m & (kda_i8)a) | (~m & (kda_i8)b));
 }
 
-static inline __attribute__((always_inline)) kda_f8 kda_expf8_core(kda_f8 xc) {
+/* kda_expf_reduce, kda_expf_finish (fmath.h) on 8 floats */
+static inline __attribute__((always_inline)) kda_f8 kda_expf8_reduce(kda_f8 xc, kda_f8 *r_out) {
     const kda_f8 t = xc * 1.44269504088896341f;
     const kda_f8 n = (t + 12582912.0f) - 12582912.0f;
     kda_f8 r = xc - n * 0.693145751953125f;
     r = r - n * 1.428606765330187e-06f;
+    *r_out = r;
+    return n;
+}
+
+static inline __attribute__((always_inline)) kda_f8 kda_expf8_finish(kda_f8 n, kda_f8 r) {
     const kda_f8 r2 = r * r;
     const kda_f8 p01 = 1.0f + r, p23 = 0.5f + r * (1.0f / 6.0f), p45 = 1.0f / 24.0f + r * (1.0f / 120.0f);
     const kda_f8 p = p01 + r2 * (p23 + r2 * (p45 + r2 * (1.0f / 720.0f)));
@@ -29,14 +35,28 @@ static inline __attribute__((always_inline)) kda_f8 kda_expf8_core(kda_f8 xc) {
     return p * (kda_f8)bits;
 }
 
-static inline __attribute__((always_inline)) kda_f8 kda_expf8(kda_f8 x) {
+static inline __attribute__((always_inline)) kda_f8 kda_expf8_core(kda_f8 xc) {
+    kda_f8 r;
+    const kda_f8 n = kda_expf8_reduce(xc, &r);
+    return kda_expf8_finish(n, r);
+}
+
+/* kda_expf's argument clamp and its results out of range (0, +inf, NaN), around the core */
+static inline __attribute__((always_inline)) kda_f8 kda_expf8_clamp(kda_f8 x) {
     const float lo = -87.3f, hi = 88.0f;
-    kda_f8 xc = kda_sel8(x > (kda_f8){0} + lo, x, (kda_f8){0} + lo);
-    xc = kda_sel8(xc < (kda_f8){0} + hi, xc, (kda_f8){0} + hi);
-    kda_f8 y = kda_expf8_core(xc);
+    const kda_f8 xc = kda_sel8(x > (kda_f8){0} + lo, x, (kda_f8){0} + lo);
+    return kda_sel8(xc < (kda_f8){0} + hi, xc, (kda_f8){0} + hi);
+}
+
+static inline __attribute__((always_inline)) kda_f8 kda_expf8_special(kda_f8 x, kda_f8 y) {
+    const float lo = -87.3f, hi = 88.0f;
     y = kda_sel8(x < (kda_f8){0} + lo, (kda_f8){0}, y);
     y = kda_sel8(x > (kda_f8){0} + hi, (kda_f8){0} + INFINITY, y);
     return kda_sel8(x == x, y, x);
+}
+
+static inline __attribute__((always_inline)) kda_f8 kda_expf8(kda_f8 x) {
+    return kda_expf8_special(x, kda_expf8_core(kda_expf8_clamp(x)));
 }
 
 static inline __attribute__((always_inline)) kda_f8 kda_log1pf8_01(kda_f8 y) {

@@ -93,15 +93,23 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
                     for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                    \
                 }                                                                                            \
         }                                                                                                    \
-        for (int r = 0; r < MRT; r++) /* constant indices into acc (a loop to mr put it on the stack) */     \
-            for (int u = 0; u < NVT && r < mr; u++) {                                                        \
-                float *c = cr + (int64_t)r * ldc + j + u * KDA_GEMM_VW;                                      \
-                kda_vf y = acc[r][u];                                                                        \
-                if (mode == KDA_GEMM_ADD) y = kda_ldv(c) + y;                                                \
-                if (mode == KDA_GEMM_SUB_FROM) y = kda_ldv(xr + (int64_t)r * ldx + j + u * KDA_GEMM_VW) - y; \
-                if (mode == KDA_GEMM_SCALE_ADD) y = kda_ldv(c) * X[i + r] + y;                               \
-                kda_stv(c, y);                                                                               \
-            }                                                                                                \
+        if (mr == MRT) /* a whole tile: no row guard (clang 14 kept testing r < mr row by row) */            \
+            for (int r = 0; r < MRT; r++)                                                                    \
+                for (int u = 0; u < NVT; u++) KDA_GEMM_STORE(r, u);                                          \
+        else                                                                                                 \
+            for (int r = 0; r < MRT; r++) /* constant indices into acc (a loop to mr put it on the stack) */ \
+                for (int u = 0; u < NVT && r < mr; u++) KDA_GEMM_STORE(r, u);                                \
+    } while (0)
+
+/* Element vector (r, u) of a tile: acc[r][u] combined with C or X by the mode, stored into C. */
+#define KDA_GEMM_STORE(r, u)                                                                                 \
+    do {                                                                                                     \
+        float *c = cr + (int64_t)(r) * ldc + j + (u) * KDA_GEMM_VW;                                          \
+        kda_vf y = acc[r][u];                                                                                \
+        if (mode == KDA_GEMM_ADD) y = kda_ldv(c) + y;                                                        \
+        if (mode == KDA_GEMM_SUB_FROM) y = kda_ldv(xr + (int64_t)(r) * ldx + j + (u) * KDA_GEMM_VW) - y;     \
+        if (mode == KDA_GEMM_SCALE_ADD) y = kda_ldv(c) * X[i + (r)] + y;                                     \
+        kda_stv(c, y);                                                                                       \
     } while (0)
 
 /* What a product does with C (mode): C = A·B; C += A·B; C = X − A·B (X m×n, row stride ldx); C = Diag(X) C + A·B
