@@ -341,15 +341,20 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
     const float A = gp->A, lb = a->lower_bound;
     const void *g = a->g;
     const kda_dtype_t gdt = a->g_dtype;
+/* the clamp of a gate vector x (columns d..d+7), its check, and its store into G (CUM: plus the previous row) */
+#define KDA_GATE_STORE(x, CUM)                                                                                   \
+    do {                                                                                                         \
+        x = kda_sel8(x < gmin, gmin, x);                                                                         \
+        x = kda_sel8(x > zero, zero, x);                                                                         \
+        bad |= nonfinite8(x);                                                                                    \
+        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
+    } while (0)
 #define KDA_GATE_LOOP(TRANSFORM, CUM)                                                                            \
     for (int d = 0; d < K; d += 8) {                                                                             \
         kda_f8 x = ld8(g, gdt, og + d);                                                                          \
         if (bias) x = x + ldf8(bias + d);                                                                        \
         x = TRANSFORM;                                                                                           \
-        x = kda_sel8(x < gmin, gmin, x);                                                                         \
-        x = kda_sel8(x > zero, zero, x);                                                                         \
-        bad |= nonfinite8(x);                                                                                    \
-        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
+        KDA_GATE_STORE(x, CUM);                                                                                  \
     }
     /* the lower-bound gate in three passes over the row, lb / (1 + e^{−A x}): −A x and the exponential's range
      * reduction, the rest of the exponential, then the division, clamp and sum. The one loop's chain (exponential,
@@ -359,10 +364,7 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
 #define KDA_GATE_REST(CUM)                                                                                       \
     for (int d = 0; d < K; d += 8) {                                                                             \
         kda_f8 x = lb * (1.0f / (1.0f + ldf8(e + d)));                                                           \
-        x = kda_sel8(x < gmin, gmin, x);                                                                         \
-        x = kda_sel8(x > zero, zero, x);                                                                         \
-        bad |= nonfinite8(x);                                                                                    \
-        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
+        KDA_GATE_STORE(x, CUM);                                                                                  \
     }
     const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
     if (gp->mode == 2) {
@@ -388,6 +390,7 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
     }
 #undef KDA_GATE_LOOP
 #undef KDA_GATE_REST
+#undef KDA_GATE_STORE
     for (int d = 0; d < V; d += 8) {
         const kda_f8 x = ld8(a->v, a->dtype, ov + d);
         stf8(v + d, x);

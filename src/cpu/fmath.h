@@ -45,8 +45,9 @@ static inline float kda_expf_core(float xc) {
 /* e^x; 0 below -87.3 (the smallest normal float), +inf above 88, NaN for NaN. The argument is clamped before
  * the float -> int conversion of its exponent, and NaN is clamped too (x > lo is false for NaN), so the
  * conversion is always defined; the NaN is put back at the end. */
+#define KDA_EXPF_LO -87.3f /* kda_expf's, kda_expf_fin's and kda_expf_row_fin's lower end */
 static inline float kda_expf(float x) {
-    const float lo = -87.3f, hi = 88.0f;
+    const float lo = KDA_EXPF_LO, hi = 88.0f;
     float xc = x > lo ? x : lo; /* NaN -> lo */
     xc = xc < hi ? xc : hi;
     float y = kda_expf_core(xc);
@@ -60,7 +61,7 @@ static inline float kda_expf(float x) {
  * ALGORITHM.md §7, and its exponents are ≤ KDA_DIAG_RANGE): the same bits as kda_expf, without its NaN and
  * overflow selects. */
 static inline float kda_expf_fin(float x) {
-    const float lo = -87.3f;
+    const float lo = KDA_EXPF_LO;
     const float y = kda_expf_core(x > lo ? x : lo);
     return x < lo ? 0.0f : y;
 }
@@ -82,7 +83,7 @@ static inline __attribute__((always_inline)) void kda_expf_row(float *restrict y
  * on Zen 1). The same operations on the same values as kda_expf_fin, so the same bits. */
 static inline __attribute__((always_inline)) void kda_expf_row_fin(float *restrict y, const float *restrict a,
                                                                    const float *restrict b, int n) {
-    const float lo = -87.3f;
+    const float lo = KDA_EXPF_LO;
     for (int d0 = 0; d0 < n; d0 += 128) {
         const int m = n - d0 < 128 ? n - d0 : 128;
         const float *restrict ad = a + d0, *restrict bd = b ? b + d0 : NULL;
