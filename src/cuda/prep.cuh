@@ -1,7 +1,7 @@
 /*
  * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
  *
- * One CTA of 8 warps per (chunk of C = 64 tokens, value head); chunks of all sequences run in parallel. In the
+ * One CTA of 8 or 16 warps (PREP_NT) per (chunk of C = 64 tokens, value head); chunks of all sequences run in parallel. In the
  * notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so every exp is one
  * ex2), it writes the chunk's workspace block (kda_cuda.h). KD and VD are the size classes of K and V (64, 128
  * or 256): columns past K (V) are zero in every tile, and the gate is 0 there, so they contribute nothing.
@@ -33,13 +33,20 @@
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
  *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
- *   β    fp32 [C], and 512 floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C]
+ *   β    fp32 [C], and 2·NT floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C]
+ *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][32 lanes][32]
  */
 #include "common.cuh"
 #include "seq.cuh"
 
-#define PREP_THREADS 256
-#define PREP_A_WARPS 6      /* warps 0-5 compute A/Aqk; warps 6-7 ("decay warps") the decay factors beside them */
+/* Threads of a CTA: 8 warps, or 16 for the classes whose shared memory holds one CTA per SM (K or V class 256,
+ * the other at least 128): 8 warps alone left an SM's issue slots idle through every latency-bound step. With 16
+ * warps each step's per-thread work is that of the 8-warp kernel of a class half as wide (the same registers). */
+#define PREP_NT(KD, VD) (((KD) == 256 || (VD) == 256) && (KD) >= 128 && (VD) >= 128 ? 512 : 256)
+#define PREP_A_WARPS 6      /* A/Aqk roles: warps 0-5, and with 16 warps 6-11 the same roles over the second half of
+                               the channels; the other warps ("decay warps") compute the decay factors beside them */
+#define PREP_KSPLIT(NT) ((NT) / 256) /* channel halves of intra_chunk_A */
+#define PREP_LOG2(n) ((n) == 8 ? 3 : 2) /* of the threads per row in normalize_qkv (4 or 8) */
 #define SA 72               /* fp32 stride of A and T: rows 8 banks apart, so the float2 fragment reads of
                                solve_w_u (a half-warp spans 4 rows) and the float2 stores of A are conflict-free */
 
@@ -48,18 +55,21 @@ typedef __nv_bfloat16 bf16;
 /* Shared memory layout (bytes) for classes KD, VD */
 #define PREP_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PREP_S(D) ((D) + 8)
-#define PREP_YS(KD, VD) (PREP_MAX(KD, VD) / 4 + 8) /* stride of a warp's Y scratch [16][slab] in solve_w_u */
+#define PREP_YS(KD, VD) (PREP_MAX(KD, VD) / (PREP_NT(KD, VD) / 64) + 8) /* stride of a warp's Y scratch [16][slab]
+                                                                          in solve_w_u */
 #define PREP_BYTES_G(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 4, KDA_CHUNK * ((KD) + (VD)) * 2)
-#define PREP_BYTES_K(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 2, 8 * 16 * PREP_YS(KD, VD) * 2)
+#define PREP_BYTES_K(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 2, (PREP_NT(KD, VD) / 32) * 16 * PREP_YS(KD, VD) * 2)
 #define PREP_OFF_K(KD, VD) PREP_BYTES_G(KD, VD)
 #define PREP_OFF_Q(KD, VD) (PREP_OFF_K(KD, VD) + PREP_BYTES_K(KD, VD))
 #define PREP_OFF_V(KD, VD) (PREP_OFF_Q(KD, VD) + KDA_CHUNK * PREP_S(KD) * 2)
 #define PREP_OFF_A(KD, VD) (PREP_OFF_V(KD, VD) + KDA_CHUNK * PREP_S(VD) * 2)
 #define PREP_OFF_BETA(KD, VD) (PREP_OFF_A(KD, VD) + KDA_CHUNK * SA * 4)
 #define PREP_OFF_TOT(KD, VD) (PREP_OFF_BETA(KD, VD) + KDA_CHUNK * 4)
-#define PREP_OFF_TSTAR(KD, VD) (PREP_OFF_TOT(KD, VD) + 512 * 4)
+#define PREP_OFF_TSTAR(KD, VD) (PREP_OFF_TOT(KD, VD) + 2 * PREP_NT(KD, VD) * 4)
 #define PREP_OFF_DIAG(KD, VD) (PREP_OFF_TSTAR(KD, VD) + 16)
-#define PREP_BYTES(KD, VD) (PREP_OFF_DIAG(KD, VD) + KDA_CHUNK * 4)
+#define PREP_OFF_RED(KD, VD) (PREP_OFF_DIAG(KD, VD) + KDA_CHUNK * 4)
+#define PREP_BYTES_RED(KD, VD) ((PREP_KSPLIT(PREP_NT(KD, VD)) - 1) * PREP_A_WARPS * 32 * 32 * 4)
+#define PREP_BYTES(KD, VD) (PREP_OFF_RED(KD, VD) + PREP_BYTES_RED(KD, VD))
 
 /* The contract's bound for q, k, v, β (ALGORITHM.md §7, 4): a row holding an element with |x| ≥ 2^56 (after the
  * l2norm and the scale, β after its sigmoid), ±∞ or NaN poisons its token. Below it no product of the chunk
@@ -73,6 +83,7 @@ typedef struct {
     float *A, *beta, *tot;
     int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
     float *diag; /* Aqk's diagonal from normalize_qkv */
+    float *red;  /* with 16 warps: intra_chunk_A's second-half accumulators */
 } prep_smem_t;
 
 typedef struct {
@@ -121,12 +132,12 @@ DEV void gate_pairs_to_f32(const uint32_t *pair, float *gx, float *gy) {
  * ------------------------------------------------------------------------------------------------------- */
 /* One 16-bit [C][W] tile of `n` valid columns from rows `row0 + r·heads` of a [tokens][heads][n] tensor into
  * shared memory at `dst` (element stride `stride`), zero-filled, in pieces of `piece` bytes. */
-template <int W>
+template <int W, int NT>
 DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, int clen, int piece, bf16 *dst,
                      int stride, int tid) {
     if (piece == 16) {
         constexpr int row_chunks = W / 8;               /* 16-byte pieces per row */
-        constexpr int RSTEP = PREP_THREADS / row_chunks; /* rows between a thread's copies */
+        constexpr int RSTEP = NT / row_chunks; /* rows between a thread's copies */
         const int c = tid % row_chunks, r0 = tid / row_chunks;
         const uint16_t *src = base + ((row0 + r0) * heads) * n + c * 8;
         const int64_t step = RSTEP * heads * n;
@@ -139,7 +150,7 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
         }
     } else if (piece >= 4) { /* 8 or 4 bytes */
         const int per = piece / 2, np = W / per; /* elements per piece, pieces per row */
-        for (int e = tid; e < KDA_CHUNK * np; e += PREP_THREADS) {
+        for (int e = tid; e < KDA_CHUNK * np; e += NT) {
             const int r = e / np, c = (e % np) * per;
             const int ok = r < clen && c < n;
             const void *src = ok ? (const void *)(base + (row0 + r) * heads * n + c) : (const void *)base;
@@ -149,7 +160,7 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
         }
     } else {
 #pragma unroll 4
-        for (int e = tid; e < KDA_CHUNK * W; e += PREP_THREADS) {
+        for (int e = tid; e < KDA_CHUNK * W; e += NT) {
             const int r = e / W, c = e % W;
             uint16_t x = 0;
             if (r < clen && c < n) x = base[(row0 + r) * heads * n + c];
@@ -160,17 +171,18 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
 
 template <int KD, int VD>
 DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid, int &bad) {
+    constexpr int NT = PREP_NT(KD, VD);
     if (tid == 0) *sm.tstar = KDA_CHUNK; /* lowered only after gate_cumsum's barrier */
     if (!KDA_SKIP(p, 512)) {
         if (p.dtype != KDA_DT_F32) {
             const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)ck.K;
             const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)ck.V;
-            load_tile16<KD>(q, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
-            load_tile16<KD>(k, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
-            load_tile16<VD>(v, ck.t0, p.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
+            load_tile16<KD, NT>(q, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
+            load_tile16<KD, NT>(k, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
+            load_tile16<VD, NT>(v, ck.t0, p.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
         }
         if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
-            load_tile16<KD>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen, ck.piece_qk,
+            load_tile16<KD, NT>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen, ck.piece_qk,
                             (bf16 *)sm.G, KD, tid);
     }
     if (tid < KDA_CHUNK) {
@@ -191,13 +203,13 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
  * Branch-free within each gate mode: a branch per element would serialise independent latency chains.
  * ------------------------------------------------------------------------------------------------------- */
 #define GATE_PAIRS(KD) ((KD) / 2)                          /* a thread's channel pair */
-#define GATE_PARTS(KD) (PREP_THREADS / GATE_PAIRS(KD))     /* row parts: 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
-#define GATE_ROWS(KD) (KDA_CHUNK / GATE_PARTS(KD))         /* rows of a part */
+#define GATE_PARTS(KD, NT) ((NT) / GATE_PAIRS(KD)) /* row parts: 8 warps 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
+#define GATE_ROWS(KD, NT) (KDA_CHUNK / GATE_PARTS(KD, NT)) /* rows of a part */
 
-template <int KD, int EXACT>
+template <int KD, int NT, int EXACT>
 DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
-                     float (&gx)[GATE_ROWS(KD)], float (&gy)[GATE_ROWS(KD)], int &bad) {
-    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD);
+                     float (&gx)[GATE_ROWS(KD, NT)], float (&gy)[GATE_ROWS(KD, NT)], int &bad) {
+    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD, NT);
     const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
     const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
     const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
@@ -276,10 +288,10 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
 }
 
 /* gate_cumsum, second half (after a barrier): G = the running sums plus the totals of the parts above */
-template <int KD>
-DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GATE_ROWS(KD)],
-                            const float (&gy)[GATE_ROWS(KD)]) {
-    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD), S = PREP_S(KD);
+template <int KD, int NT>
+DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GATE_ROWS(KD, NT)],
+                            const float (&gy)[GATE_ROWS(KD, NT)]) {
+    constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD, NT), S = PREP_S(KD);
     const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
     float pre0 = 0.0f, pre1 = 0.0f;
     for (int q = 0; q < gr0 / GROWS; q++) {
@@ -292,16 +304,17 @@ DEV void gate_cumsum_finish(const prep_smem_t &sm, int tid, const float (&gx)[GA
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * normalize_qkv: four threads per row, W/4 columns each: q (l2norm, × scale), k (l2norm), v → bf16 tiles in place
+ * normalize_qkv: TPR = NT/64 threads per row (4 or 8), W/TPR columns each: q (l2norm, × scale), k (l2norm), v →
+ * bf16 tiles in place
  * (16-bit inputs were copied there; fp32 inputs are read from global memory here); and Aqk's diagonal
  * q_i·k_i (its decays cancel: e^{G_i − G_i} = 1) from the fp32 rows before their bf16 rounding, into sm.diag
  * ------------------------------------------------------------------------------------------------------- */
-/* A thread's W/4 columns of its row as fp32 */
-template <int W, int EXACT>
+/* A thread's W/TPR columns of its row as fp32 */
+template <int W, int TPR, int EXACT>
 DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row, int n, int vec, int clen,
-                  const bf16 *tile, int tid, float (&x)[W / 4]) {
-    constexpr int CW = W / 4, S = PREP_S(W);
-    const int r = tid >> 2, c0 = (tid & 3) * CW;
+                  const bf16 *tile, int tid, float (&x)[W / TPR]) {
+    constexpr int CW = W / TPR, S = PREP_S(W);
+    const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
     if (p.dtype == KDA_DT_F32) {
         const float *src = (const float *)src_base + row * n + c0;
         if (vec) {
@@ -327,10 +340,10 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
 
 /* The row's factor f (1/‖x‖ with the l2norm, from the row's Σx² ss_row, times the scale), the contract's bound,
  * x f → the bf16 tile; f */
-template <int W>
-DEV float scale_row(const float (&x)[W / 4], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad) {
-    constexpr int CW = W / 4, S = PREP_S(W);
-    const int r = tid >> 2, c0 = (tid & 3) * CW;
+template <int W, int TPR>
+DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad) {
+    constexpr int CW = W / TPR, S = PREP_S(W);
+    const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
     const float f = (norm ? rsqrtf(ss_row + 1e-6f) : 1.0f) * scale;
     /* with the l2norm a finite Σx² bounds every |x f| by the scale, so only a non-finite Σx² needs the elements
        (then ±∞ gives NaN, a huge finite element 0); without it every element is tested */
@@ -350,10 +363,10 @@ DEV float scale_row(const float (&x)[W / 4], float ss_row, bf16 *tile, int norm,
 
 /* bf16 v stays as copied: its bound by the exponent bits, 8 elements a 16-byte load (a half is at or above
  * 2^56, ±∞ or NaN iff its exponent field is ≥ 183: adding 0x2480 to the field carries into the half's top bit) */
-template <int W>
+template <int W, int TPR>
 DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
-    constexpr int CW = W / 4, S = PREP_S(W);
-    const int r = tid >> 2, c0 = (tid & 3) * CW;
+    constexpr int CW = W / TPR, S = PREP_S(W);
+    const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
     uint32_t acc = 0;
 #pragma unroll
     for (int c = 0; c < CW; c += 8) {
@@ -373,17 +386,18 @@ DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
  * clause 3). Rows from t* on get 0 in neutral_rows. */
 template <int KD, int VD, int EXACT>
 DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid, int &bad) {
-    constexpr int CW = KD / 4;
+    constexpr int TPR = PREP_NT(KD, VD) / KDA_CHUNK, CW = KD / TPR;
     if (KDA_SKIP(p, 64)) {
-        if ((tid & 3) == 0) sm.diag[tid >> 2] = 0.0f;
+        if ((tid & (TPR - 1)) == 0) sm.diag[tid >> PREP_LOG2(TPR)] = 0.0f;
         return;
     }
-    const int64_t row_qk = (ck.t0 + (tid >> 2)) * p.hqk + ck.hq, row_v = (ck.t0 + (tid >> 2)) * p.hv + ck.h;
+    const int row = tid >> PREP_LOG2(TPR);
+    const int64_t row_qk = (ck.t0 + row) * p.hqk + ck.hq, row_v = (ck.t0 + row) * p.hv + ck.h;
     const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
     float xq[CW], xk[CW];
-    load_row<KD, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
-    load_row<KD, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
-    /* q·k, Σq², Σk² over the row's four threads, the three reductions side by side */
+    load_row<KD, TPR, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
+    load_row<KD, TPR, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
+    /* q·k, Σq², Σk² over the row's TPR threads, the three reductions side by side */
     float dot = 0.0f, ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
     for (int c = 0; c < CW; c++) {
@@ -392,23 +406,23 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         ssk += xk[c] * xk[c];
     }
 #pragma unroll
-    for (int o = 1; o <= 2; o <<= 1) {
+    for (int o = 1; o < TPR; o <<= 1) {
         dot += __shfl_xor_sync(0xffffffffu, dot, o);
         ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
         ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
     }
-    const float fq = scale_row<KD>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad);
-    const float fk = scale_row<KD>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad);
-    if ((tid & 3) == 0) {
+    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad);
+    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad);
+    if ((tid & (TPR - 1)) == 0) {
         const float d = dot * fq * fk;
-        sm.diag[tid >> 2] = fabsf(d) < INFINITY ? d : 0.0f;
+        sm.diag[row] = fabsf(d) < INFINITY ? d : 0.0f;
     }
     if (p.dtype != KDA_DT_BF16) {
-        float xv[VD / 4];
-        load_row<VD, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
-        scale_row<VD>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad);
+        float xv[VD / TPR];
+        load_row<VD, TPR, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
+        scale_row<VD, TPR>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad);
     } else {
-        huge_bf16_rows<VD>(sm.V, tid, bad);
+        huge_bf16_rows<VD, TPR>(sm.V, tid, bad);
     }
 }
 
@@ -417,13 +431,13 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
  * in the rows before it). Their gate stays (finite after the clamp). */
 template <int KD, int VD>
 DEV void neutral_rows(const prep_smem_t &sm, int tstar, int tid) {
-    constexpr int SK = PREP_S(KD), SV = PREP_S(VD);
-    for (int e = tid; e < (KDA_CHUNK - tstar) * (KD / 8); e += PREP_THREADS) {
+    constexpr int SK = PREP_S(KD), SV = PREP_S(VD), NT = PREP_NT(KD, VD);
+    for (int e = tid; e < (KDA_CHUNK - tstar) * (KD / 8); e += NT) {
         const int r = tstar + e / (KD / 8), c = (e % (KD / 8)) * 8;
         *(uint4 *)(sm.Q + r * SK + c) = make_uint4(0, 0, 0, 0);
         *(uint4 *)(sm.K + r * SK + c) = make_uint4(0, 0, 0, 0);
     }
-    for (int e = tid; e < (KDA_CHUNK - tstar) * (VD / 8); e += PREP_THREADS) {
+    for (int e = tid; e < (KDA_CHUNK - tstar) * (VD / 8); e += NT) {
         const int r = tstar + e / (VD / 8), c = (e % (VD / 8)) * 8;
         *(uint4 *)(sm.V + r * SV + c) = make_uint4(0, 0, 0, 0);
     }
@@ -470,12 +484,12 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
 
 /* A and Aqk of the NB 16×16 blocks (rows row0.., columns col0 + 16 b..) by the split factors around reference
  * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
- * columns) on the tensor cores, into accA[b] / accQ[b]. */
-template <int KD, int NB>
+ * columns) on the tensor cores, into accA[b] / accQ[b]; the NKT k-tiles from kt0. */
+template <int KD, int NB, int NKT>
 DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
-                           int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
+                           int kt0, int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
 #pragma unroll
-    for (int kt = 0; kt < KD / 16; kt++) {
+    for (int kt = kt0; kt < kt0 + NKT; kt++) {
         uint32_t fk[4], fq[4];
         row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
 #pragma unroll
@@ -491,10 +505,10 @@ DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, cons
 }
 
 /* A and Aqk of the diagonal block D when its decays are too strong to split: one exponential per (i, j, d),
- * fp32 */
+ * fp32, over the channels d0 .. d1 − 1 */
 template <int KD>
-DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D, int lane, float accA[2][4],
-                          float accQ[2][4]) {
+DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D, int d0, int d1, int lane,
+                          float accA[2][4], float accQ[2][4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -503,7 +517,7 @@ DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D
         for (int c = 0; c < 4; c++) {
             const int i = 16 * D + g + 8 * (c >> 1), j = 16 * D + 8 * nt + 2 * t + (c & 1);
             float sa = 0.0f, sq = 0.0f;
-            for (int d = 0; d < KD && j <= i; d++) {
+            for (int d = d0; d < d1 && j <= i; d++) {
                 const float e = __bfloat162float(sK[j * S + d]) * ex2(sG[i * S + d] - sG[j * S + d]);
                 sa += __bfloat162float(sK[i * S + d]) * e;
                 sq += __bfloat162float(sQ[i * S + d]) * e;
@@ -537,17 +551,19 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
     }
 }
 
-/* The A warps (0-5), each a run of blocks of one row block I that share their row factors:
+/* The A warps' six roles, each a run of blocks of one row block I that share their row factors:
  *   (0,0) | (1,0) (1,1) | (2,0) (2,1) | (2,2) | (3,0) (3,1) | (3,2) (3,3).
  * The reference R is G at the middle row of block I when the warp has the diagonal block and the block's
  * exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors e^{R − G_j} are then ≤ 1, the row
  * factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every factor ≤ 1) and the diagonal block by
- * one exponential per (i, j, d). */
-template <int KD>
+ * one exponential per (i, j, d). With KSPLIT = 2 (16 warps) warp w and w + 6 share a role, each over half of
+ * the channels; the second adds its sums through sm.red (a barrier of the 12 A warps) and the first stores. */
+template <int KD, int KSPLIT>
 DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane) {
-    constexpr int S = PREP_S(KD);
-    const int I = warp < 2 ? warp : (warp + 2) >> 1, J0 = (warp >= 2 && (warp & 1)) ? 2 : 0;
-    const int nb = (warp == 0 || warp == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
+    constexpr int S = PREP_S(KD), NKT = KD / 16 / KSPLIT;
+    const int role = KSPLIT > 1 ? warp % PREP_A_WARPS : warp, kh = KSPLIT > 1 ? warp / PREP_A_WARPS : 0; /* channel half */
+    const int I = role < 2 ? role : (role + 2) >> 1, J0 = (role >= 2 && (role & 1)) ? 2 : 0;
+    const int nb = (role == 0 || role == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
     int split = 0;
     if (has_diag) {
         const float *Gfirst = sm.G + (16 * I) * S, *Gmid = sm.G + (16 * I + 7) * S, *Glast = sm.G + (16 * I + 15) * S;
@@ -560,11 +576,33 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
     const int nf = nb - (has_diag && !split); /* blocks by factors */
     float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
-    if (nf == 2) blocks_by_factors<KD, 2>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ);
-    else if (nf == 1) blocks_by_factors<KD, 1>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, lane, accA, accQ);
+    if (nf == 2) blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
+    else if (nf == 1) blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     if (nf < nb) {
-        if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[1], accQ[1]);
-        else diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, lane, accA[0], accQ[0]);
+        const int d0 = kh * (KD / KSPLIT), d1 = d0 + KD / KSPLIT;
+        if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[1], accQ[1]);
+        else diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[0], accQ[0]);
+    }
+    if (KSPLIT > 1) { /* the second half's sums → sm.red, float4 q of a lane at [role][q][lane] */
+        float4 *red = (float4 *)sm.red + role * 8 * 32 + lane;
+        if (kh == 1) {
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float *a = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+                red[q * 32] = make_float4(a[0], a[1], a[2], a[3]);
+            }
+        }
+        named_barrier_sync(1, PREP_A_WARPS * KSPLIT * 32);
+        if (kh == 1) return;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            float *a = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+            const float4 h = red[q * 32];
+            a[0] += h.x;
+            a[1] += h.y;
+            a[2] += h.z;
+            a[3] += h.w;
+        }
     }
 #pragma unroll
     for (int b = 0; b < 2; b++)
@@ -572,16 +610,16 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * decay_factors (the decay warps, 64 threads, beside intra_chunk_A): K̃ = k e^{G_last − G}, γ = e^{G_last} →
+ * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): K̃ = k e^{G_last − G}, γ = e^{G_last} →
  * workspace, and Aqk's zero blocks above the diagonal
  * ------------------------------------------------------------------------------------------------------- */
-template <int KD>
+template <int KD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
     constexpr int S = PREP_S(KD), row_chunks = KD / 8;
     const float *GL = sm.G + (ck.clen - 1) * S;
     if (!KDA_SKIP(p, 128)) {
         unsigned char *blk_kt = ck.blk + kda_cuda_off_kt(KD);
-        for (int e = tid2; e < KDA_CHUNK * row_chunks; e += 64) {
+        for (int e = tid2; e < KDA_CHUNK * row_chunks; e += ND) {
             const int r = e / row_chunks, c = e % row_chunks;
             const float *G = sm.G + r * S + c * 8;
             const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
@@ -597,11 +635,11 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
             *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
         }
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
-        for (int d = tid2; d < KD; d += 64) gamma[d] = ex2(GL[d]);
+        for (int d = tid2; d < KD; d += ND) gamma[d] = ex2(GL[d]);
     }
     if (!KDA_SKIP(p, 1)) {
         unsigned char *blk_aqk = ck.blk + kda_cuda_off_aqk(KD);
-        for (int e = tid2; e < KDA_CHUNK * 8; e += 64) {
+        for (int e = tid2; e < KDA_CHUNK * 8; e += ND) {
             const int r = e >> 3, c = e & 7;
             if (c >= 2 * ((r >> 4) + 1)) *(uint4 *)(blk_aqk + pan_off(r, 8 * c)) = make_uint4(0, 0, 0, 0);
         }
@@ -611,12 +649,12 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
 /* ---------------------------------------------------------------------------------------------------------
  * gated_qk: QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G
  * ------------------------------------------------------------------------------------------------------- */
-template <int KD>
+template <int KD, int NT>
 DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
     constexpr int S = PREP_S(KD), row_chunks = KD / 8;
     if (KDA_SKIP(p, 128)) return;
     unsigned char *blk_qg = ck.blk + kda_cuda_off_qg(KD);
-    for (int e = tid; e < KDA_CHUNK * row_chunks; e += PREP_THREADS) {
+    for (int e = tid; e < KDA_CHUNK * row_chunks; e += NT) {
         const int r = e / row_chunks, c = e % row_chunks;
         const float *G = sm.G + r * S + c * 8;
         const uint4 q8 = *(const uint4 *)(sm.Q + r * S + c * 8), k8 = *(const uint4 *)(sm.K + r * S + c * 8);
@@ -744,38 +782,40 @@ DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sB
 
 template <int KD, int VD>
 DEV void solve_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, int warp, int lane) {
-    const int is_u = warp >= 4;
+    constexpr int NH = PREP_NT(KD, VD) / 64; /* warps per side: W by warps 0..NH − 1, U by NH..2NH − 1 */
+    const int is_u = warp >= NH;
     unsigned char *stage = (unsigned char *)sm.G + is_u * (KDA_CHUNK * KD * 2); /* X tiles: W, then U */
     if (KD == VD) { /* one code path for both warp kinds */
-        constexpr int YS = KD / 4 + 8;
-        solve_slab<KD / 4, PREP_S(KD)>(p, sm.A, sm.beta, is_u ? sm.V : sm.Q, (warp & 3) * (KD / 4), stage,
-                                       sm.K + warp * 16 * YS, YS, lane);
+        constexpr int YS = KD / NH + 8;
+        solve_slab<KD / NH, PREP_S(KD)>(p, sm.A, sm.beta, is_u ? sm.V : sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
+                                        sm.K + warp * 16 * YS, YS, lane);
     } else if (is_u) {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<VD / 4, PREP_S(VD)>(p, sm.A, sm.beta, sm.V, (warp & 3) * (VD / 4), stage, sm.K + warp * 16 * YS,
-                                       YS, lane);
+        solve_slab<VD / NH, PREP_S(VD)>(p, sm.A, sm.beta, sm.V, (warp & (NH - 1)) * (VD / NH), stage, sm.K + warp * 16 * YS, YS,
+                                        lane);
     } else {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<KD / 4, PREP_S(KD)>(p, sm.A, sm.beta, sm.Q, (warp & 3) * (KD / 4), stage, sm.K + warp * 16 * YS,
-                                       YS, lane);
+        solve_slab<KD / NH, PREP_S(KD)>(p, sm.A, sm.beta, sm.Q, (warp & (NH - 1)) * (KD / NH), stage, sm.K + warp * 16 * YS, YS,
+                                        lane);
     }
 }
 
 /* store_w_u: W and U (both in the panel layout already) → workspace */
 template <int KD, int VD>
 DEV void store_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
+    constexpr int NT = PREP_NT(KD, VD);
     if (KDA_SKIP(p, 256)) return;
     constexpr int W16 = KDA_CHUNK * KD * 2 / 16, U16 = KDA_CHUNK * VD * 2 / 16;
     uint4 *w_out = (uint4 *)ck.blk, *u_out = (uint4 *)(ck.blk + kda_cuda_off_u(KD));
     const uint4 *w_in = (const uint4 *)sm.G, *u_in = w_in + W16;
     if (KD == VD) {
-        for (int e = tid; e < W16; e += PREP_THREADS) {
+        for (int e = tid; e < W16; e += NT) {
             w_out[e] = w_in[e];
             u_out[e] = u_in[e];
         }
     } else {
-        for (int e = tid; e < W16; e += PREP_THREADS) w_out[e] = w_in[e];
-        for (int e = tid; e < U16; e += PREP_THREADS) u_out[e] = u_in[e];
+        for (int e = tid; e < W16; e += NT) w_out[e] = w_in[e];
+        for (int e = tid; e < U16; e += NT) u_out[e] = u_in[e];
     }
 }
 
@@ -783,17 +823,17 @@ DEV void store_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, const prep
  * of them, which earlier barriers ordered). The recurrence needs no test of its own: o of those rows reads their
  * QΓ row, and γ S makes the state NaN, hence every later output of the sequence (later CP pieces through the
  * pre-scan's maps and the merge) and its final state. */
-template <int KD>
+template <int KD, int NT>
 DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
     constexpr int row_chunks = KD / 8;
     unsigned char *blk_qg = ck.blk + kda_cuda_off_qg(KD);
     const uint32_t nan2 = 0x7fc07fc0u; /* two bf16 NaNs */
-    for (int e = tid; e < (KDA_CHUNK - tstar) * row_chunks; e += PREP_THREADS) {
+    for (int e = tid; e < (KDA_CHUNK - tstar) * row_chunks; e += NT) {
         const int r = tstar + e / row_chunks, c = e % row_chunks;
         *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(nan2, nan2, nan2, nan2);
     }
     float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
-    for (int d = tid; d < KD; d += PREP_THREADS) gamma[d] = __int_as_float(0x7fffffff);
+    for (int d = tid; d < KD; d += NT) gamma[d] = __int_as_float(0x7fffffff);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -805,7 +845,8 @@ DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
 /* EXACT: K and V are the classes themselves (K = KD, V = VD): the masks and the narrow load paths compile away.
  * Without it the kernel carries them, and its larger code slowed the common sizes (instruction fetch). */
 template <int KD, int VD, int EXACT>
-__global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_kernel(const kda_prep_params_t p) {
+__global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD)) kda_prep_kernel(const kda_prep_params_t p) {
+    constexpr int NT = PREP_NT(KD, VD), KSPLIT = PREP_KSPLIT(NT), NA = PREP_A_WARPS * KSPLIT; /* NA: A warps */
     extern __shared__ __align__(16) unsigned char smem[];
     const prep_smem_t sm = {(float *)smem,
                             (bf16 *)(smem + PREP_OFF_K(KD, VD)),
@@ -815,7 +856,8 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
                             (float *)(smem + PREP_OFF_BETA(KD, VD)),
                             (float *)(smem + PREP_OFF_TOT(KD, VD)),
                             (int *)(smem + PREP_OFF_TSTAR(KD, VD)),
-                            (float *)(smem + PREP_OFF_DIAG(KD, VD))};
+                            (float *)(smem + PREP_OFF_DIAG(KD, VD)),
+                            (float *)(smem + PREP_OFF_RED(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     /* this CTA's chunk */
@@ -838,31 +880,31 @@ __global__ void __launch_bounds__(PREP_THREADS, PREP_MIN_CTAS(KD, VD)) kda_prep_
 
     int bad = KDA_CHUNK; /* the first poisoning row this thread saw */
     load_inputs<KD, VD>(p, sm, ck, tid, bad);
-    float gx[GATE_ROWS(KD)], gy[GATE_ROWS(KD)];
-    gate_cumsum<KD, EXACT>(p, sm, ck, tid, gx, gy, bad); /* waits for the copies */
+    float gx[GATE_ROWS(KD, NT)], gy[GATE_ROWS(KD, NT)];
+    gate_cumsum<KD, NT, EXACT>(p, sm, ck, tid, gx, gy, bad); /* waits for the copies */
     normalize_qkv<KD, VD, EXACT>(p, sm, ck, tid, bad);
     if (bad < ck.clen) atomicMin(sm.tstar, bad);
     __syncthreads(); /* the parts' totals, the raw gate tile's last reads, q, k, v and t* are done */
     const int tstar = *sm.tstar;
     if (tstar < ck.clen) neutral_rows<KD, VD>(sm, tstar, tid);
-    gate_cumsum_finish<KD>(sm, tid, gx, gy);
-    for (int e = tid; e < KDA_CHUNK * SA / 4; e += PREP_THREADS) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+    gate_cumsum_finish<KD, NT>(sm, tid, gx, gy);
+    for (int e = tid; e < KDA_CHUNK * SA / 4; e += NT) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
-    if (warp < PREP_A_WARPS) {
-        if (!KDA_SKIP(p, 1)) intra_chunk_A<KD>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane);
+    if (warp < NA) {
+        if (!KDA_SKIP(p, 1)) intra_chunk_A<KD, KSPLIT>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane);
     } else {
-        decay_factors<KD>(p, sm, ck, tid - PREP_A_WARPS * 32);
+        decay_factors<KD, NT - NA * 32>(p, sm, ck, tid - NA * 32);
     }
     __syncthreads(); /* gated_qk overwrites q with KΓ */
-    gated_qk<KD>(p, sm, ck, tid);
+    gated_qk<KD, NT>(p, sm, ck, tid);
     if (warp < 4 && !KDA_SKIP(p, 2)) invert_diag_blocks(sm.A, warp, lane);
     if (warp >= 4 && warp < 6 && !KDA_SKIP(p, 1)) aqk_diagonal(sm, ck.blk + kda_cuda_off_aqk(KD), tid - 128);
     __syncthreads();
     solve_w_u<KD, VD>(p, sm, warp, lane);
     __syncthreads();
     store_w_u<KD, VD>(p, sm, ck, tid);
-    if (tstar < ck.clen) poison_block<KD>(ck, tstar, tid);
+    if (tstar < ck.clen) poison_block<KD, NT>(ck, tstar, tid);
 }
 
 /* The launcher of one configuration: one CTA per (chunk, value head) */
@@ -873,5 +915,5 @@ static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream)
     const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
-    return kda_launch(kernel, ctas, PREP_THREADS, bytes, p, device, done[exact], stream);
+    return kda_launch(kernel, ctas, PREP_NT(KD, VD), bytes, p, device, done[exact], stream);
 }
