@@ -168,8 +168,6 @@ DEV void cp_async8_zfill(uint32_t dst, const void *src, int src_bytes) {
 DEV void cp_async4_zfill(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-/* barrier `id` (1..15; 0 is __syncthreads's) of `threads` threads, a multiple of 32, whole warps */
-DEV void named_barrier_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 DEV void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 /* Close this thread's copies issued since the last commit into a group; wait until at most N groups are pending
  * (the older ones' data is then visible to this thread). */

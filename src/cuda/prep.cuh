@@ -15,7 +15,8 @@
  *                      rows from t* on become neutral (q = k = v = β = 0), so no row before t* reads them
  *   intra_chunk_A      A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i) by 16×16
  *                      blocks on the tensor cores, the factor split around a reference R (ALGORITHM.md §3)
- *                      [the A warps]; Aqk → workspace
+ *                      [the A warps]; Aqk → workspace. Two steps, intra_chunk_sums and intra_chunk_store: with
+ *                      16 warps two warps share each block run, one channel half each, added after a barrier
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
  *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
@@ -34,7 +35,7 @@
  *   R_V  bf16 [C][VD+8]   v
  *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
  *   β    fp32 [C], and 2·NT floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C]
- *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][32 lanes][32]
+ *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][8][32 lanes][4]
  */
 #include "common.cuh"
 #include "seq.cuh"
@@ -83,7 +84,7 @@ typedef struct {
     float *A, *beta, *tot;
     int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
     float *diag; /* Aqk's diagonal from normalize_qkv */
-    float *red;  /* with 16 warps: intra_chunk_A's second-half accumulators */
+    float *red;  /* with 16 warps: intra_chunk_sums's second-half accumulators */
 } prep_smem_t;
 
 typedef struct {
@@ -556,14 +557,24 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
  * The reference R is G at the middle row of block I when the warp has the diagonal block and the block's
  * exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors e^{R − G_j} are then ≤ 1, the row
  * factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every factor ≤ 1) and the diagonal block by
- * one exponential per (i, j, d). With KSPLIT = 2 (16 warps) warp w and w + 6 share a role, each over half of
- * the channels; the second adds its sums through sm.red (a barrier of the 12 A warps) and the first stores. */
+ * one exponential per (i, j, d). With KSPLIT = 2 (16 warps) warps w and w + 6 share a role, each over half of
+ * the channels: the second leaves its sums in sm.red, and after the kernel's next barrier the first adds them
+ * (intra_chunk_store) and stores the blocks. */
+/* The blocks of a role: row block I, first column block J0, nb blocks */
+DEV void role_blocks(int role, int &I, int &J0, int &nb) {
+    I = role < 2 ? role : (role + 2) >> 1;
+    J0 = (role >= 2 && (role & 1)) ? 2 : 0;
+    nb = (role == 0 || role == 3) ? 1 : 2;
+}
+
+/* A role's sums over its channel half into accA, accQ (the second half's also into sm.red) */
 template <int KD, int KSPLIT>
-DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane) {
+DEV void intra_chunk_sums(const prep_smem_t &sm, int warp, int lane, float (&accA)[2][2][4], float (&accQ)[2][2][4]) {
     constexpr int S = PREP_S(KD), NKT = KD / 16 / KSPLIT;
     const int role = KSPLIT > 1 ? warp % PREP_A_WARPS : warp, kh = KSPLIT > 1 ? warp / PREP_A_WARPS : 0; /* channel half */
-    const int I = role < 2 ? role : (role + 2) >> 1, J0 = (role >= 2 && (role & 1)) ? 2 : 0;
-    const int nb = (role == 0 || role == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
+    int I, J0, nb;
+    role_blocks(role, I, J0, nb);
+    const int has_diag = J0 + nb - 1 == I;
     int split = 0;
     if (has_diag) {
         const float *Gfirst = sm.G + (16 * I) * S, *Gmid = sm.G + (16 * I + 7) * S, *Glast = sm.G + (16 * I + 15) * S;
@@ -575,7 +586,12 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     }
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
     const int nf = nb - (has_diag && !split); /* blocks by factors */
-    float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) accA[b][nt][c] = accQ[b][nt][c] = 0.0f;
     if (nf == 2) blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     else if (nf == 1) blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     if (nf < nb) {
@@ -583,30 +599,46 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
         if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[1], accQ[1]);
         else diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[0], accQ[0]);
     }
-    if (KSPLIT > 1) { /* the second half's sums → sm.red, float4 q of a lane at [role][q][lane] */
+    if (KSPLIT > 1 && kh == 1) { /* the second half's sums → sm.red, float4 q of a lane at [role][q][lane] */
         float4 *red = (float4 *)sm.red + role * 8 * 32 + lane;
-        if (kh == 1) {
-#pragma unroll
-            for (int q = 0; q < 8; q++) {
-                const float *a = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
-                red[q * 32] = make_float4(a[0], a[1], a[2], a[3]);
-            }
-        }
-        named_barrier_sync(1, PREP_A_WARPS * KSPLIT * 32);
-        if (kh == 1) return;
 #pragma unroll
         for (int q = 0; q < 8; q++) {
-            float *a = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+            const float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+            red[q * 32] = make_float4(x[0], x[1], x[2], x[3]);
+        }
+    }
+}
+
+/* A role's blocks (warps 0-5) → A (shared) and Aqk (workspace); with KSPLIT = 2 the second channel half's sums
+ * added from sm.red first */
+template <int KSPLIT>
+DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane, float (&accA)[2][2][4],
+                           float (&accQ)[2][2][4]) {
+    int I, J0, nb;
+    role_blocks(warp, I, J0, nb);
+    if (KSPLIT > 1) {
+        const float4 *red = (const float4 *)sm.red + warp * 8 * 32 + lane;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
             const float4 h = red[q * 32];
-            a[0] += h.x;
-            a[1] += h.y;
-            a[2] += h.z;
-            a[3] += h.w;
+            x[0] += h.x;
+            x[1] += h.y;
+            x[2] += h.z;
+            x[3] += h.w;
         }
     }
 #pragma unroll
     for (int b = 0; b < 2; b++)
         if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
+}
+
+/* intra_chunk_A with 8 warps: a role's sums, then its blocks stored */
+template <int KD>
+DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane) {
+    float accA[2][2][4], accQ[2][2][4];
+    intra_chunk_sums<KD, 1>(sm, warp, lane, accA, accQ);
+    intra_chunk_store<1>(sm, blk_aqk, warp, lane, accA, accQ);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -705,7 +737,8 @@ DEV void invert_diag_blocks(float *sA, int warp, int lane) {
  *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I = Y_I + L_II Y_I.
  * Y_I stays in fp32 in the accumulators that L_II Y_I (Y_I rounded to bf16) is added to: with T_II's unit
  * diagonal on the tensor cores, Y's bf16 rounding went straight into X (docs/PERF.md, accuracy).
- * A warp owns a slab of SLAB columns of W (warps 0-3, SLAB = KD/4) or of U (warps 4-7, SLAB = VD/4), so it needs
+ * A warp owns a slab of SLAB columns of W (the first half of the warps, SLAB = KD/4 with 8 warps, KD/8 with 16)
+ * or of U (the second half, VD/4 or VD/8), so it needs
  * no other warp. X goes to `stage` (panel layout), Y through the warp's scratch rows (stride YS).
  * ------------------------------------------------------------------------------------------------------- */
 template <int SLAB, int SRC_S>
@@ -891,10 +924,19 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD)) kda_pr
     for (int e = tid; e < KDA_CHUNK * SA / 4; e += NT) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
+    float accA[2][2][4], accQ[2][2][4]; /* with 16 warps: the A warps' sums between the two steps */
     if (warp < NA) {
-        if (!KDA_SKIP(p, 1)) intra_chunk_A<KD, KSPLIT>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane);
+        if (!KDA_SKIP(p, 1)) {
+            if (KSPLIT == 1) intra_chunk_A<KD>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane);
+            else intra_chunk_sums<KD, KSPLIT>(sm, warp, lane, accA, accQ);
+        }
     } else {
         decay_factors<KD, NT - NA * 32>(p, sm, ck, tid - NA * 32);
+    }
+    if (KSPLIT > 1) {
+        __syncthreads(); /* the second channel half's sums are in sm.red */
+        if (warp < PREP_A_WARPS && !KDA_SKIP(p, 1))
+            intra_chunk_store<KSPLIT>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane, accA, accQ);
     }
     __syncthreads(); /* gated_qk overwrites q with KΓ */
     gated_qk<KD, NT>(p, sm, ck, tid);
