@@ -15,8 +15,8 @@
  *                      rows from t* on become neutral (q = k = v = β = 0), so no row before t* reads them
  *   intra_chunk_A      A = β_i k_i·k_j e^{G_i−G_j} (j < i) and Aqk = q_i·k_j e^{G_i−G_j} (j ≤ i) by 16×16
  *                      blocks on the tensor cores, the factor split around a reference R (ALGORITHM.md §3)
- *                      [the A warps]; Aqk → workspace. Two steps, intra_chunk_sums and intra_chunk_store: with
- *                      16 warps two warps share each block run, one channel half each, added after a barrier
+ *                      [the A warps]; Aqk → workspace. With 16 warps two warps share each run of blocks, one
+ *                      channel half each, and intra_chunk_store adds the halves after a barrier
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
  *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
@@ -84,7 +84,7 @@ typedef struct {
     float *A, *beta, *tot;
     int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
     float *diag; /* Aqk's diagonal from normalize_qkv */
-    float *red;  /* with 16 warps: intra_chunk_sums's second-half accumulators */
+    float *red;  /* with 16 warps: intra_chunk_A's second-half accumulators */
 } prep_smem_t;
 
 typedef struct {
@@ -560,21 +560,23 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
  * one exponential per (i, j, d). With KSPLIT = 2 (16 warps) warps w and w + 6 share a role, each over half of
  * the channels: the second leaves its sums in sm.red, and after the kernel's next barrier the first adds them
  * (intra_chunk_store) and stores the blocks. */
-/* The blocks of a role: row block I, first column block J0, nb blocks */
-DEV void role_blocks(int role, int &I, int &J0, int &nb) {
-    I = role < 2 ? role : (role + 2) >> 1;
-    J0 = (role >= 2 && (role & 1)) ? 2 : 0;
-    nb = (role == 0 || role == 3) ? 1 : 2;
+/* A role's blocks from its accumulators → A (shared, β-scaled, strictly lower) and Aqk (workspace) */
+DEV void store_role_blocks(const prep_smem_t &sm, unsigned char *blk_aqk, int I, int J0, int nb, int lane,
+                           const float (&accA)[2][2][4], const float (&accQ)[2][2][4]) {
+#pragma unroll
+    for (int b = 0; b < 2; b++)
+        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
 }
 
-/* A role's sums over its channel half into accA, accQ (the second half's also into sm.red) */
+/* With KSPLIT = 1 a role's sums, then its blocks stored. With KSPLIT = 2 the sums of the warp's channel half only,
+ * left in keepA/keepQ (the second half's also in sm.red); intra_chunk_store adds and stores them after a barrier. */
 template <int KD, int KSPLIT>
-DEV void intra_chunk_sums(const prep_smem_t &sm, int warp, int lane, float (&accA)[2][2][4], float (&accQ)[2][2][4]) {
+DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane, float (&keepA)[2][2][4],
+                       float (&keepQ)[2][2][4]) {
     constexpr int S = PREP_S(KD), NKT = KD / 16 / KSPLIT;
     const int role = KSPLIT > 1 ? warp % PREP_A_WARPS : warp, kh = KSPLIT > 1 ? warp / PREP_A_WARPS : 0; /* channel half */
-    int I, J0, nb;
-    role_blocks(role, I, J0, nb);
-    const int has_diag = J0 + nb - 1 == I;
+    const int I = role < 2 ? role : (role + 2) >> 1, J0 = (role >= 2 && (role & 1)) ? 2 : 0;
+    const int nb = (role == 0 || role == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
     int split = 0;
     if (has_diag) {
         const float *Gfirst = sm.G + (16 * I) * S, *Gmid = sm.G + (16 * I + 7) * S, *Glast = sm.G + (16 * I + 15) * S;
@@ -586,12 +588,7 @@ DEV void intra_chunk_sums(const prep_smem_t &sm, int warp, int lane, float (&acc
     }
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
     const int nf = nb - (has_diag && !split); /* blocks by factors */
-#pragma unroll
-    for (int b = 0; b < 2; b++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) accA[b][nt][c] = accQ[b][nt][c] = 0.0f;
+    float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
     if (nf == 2) blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     else if (nf == 1) blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     if (nf < nb) {
@@ -599,46 +596,39 @@ DEV void intra_chunk_sums(const prep_smem_t &sm, int warp, int lane, float (&acc
         if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[1], accQ[1]);
         else diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[0], accQ[0]);
     }
-    if (KSPLIT > 1 && kh == 1) { /* the second half's sums → sm.red, float4 q of a lane at [role][q][lane] */
-        float4 *red = (float4 *)sm.red + role * 8 * 32 + lane;
+    if (KSPLIT == 1) {
+        store_role_blocks(sm, blk_aqk, I, J0, nb, lane, accA, accQ);
+        return;
+    }
+    float4 *red = (float4 *)sm.red + role * 8 * 32 + lane; /* float4 q of a lane at [role][q][lane] */
 #pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
-            red[q * 32] = make_float4(x[0], x[1], x[2], x[3]);
-        }
+    for (int q = 0; q < 8; q++) {
+        float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+        float *y = q < 4 ? keepA[q >> 1][q & 1] : keepQ[(q - 4) >> 1][q & 1];
+        if (kh == 1) red[q * 32] = make_float4(x[0], x[1], x[2], x[3]);
+        y[0] = x[0];
+        y[1] = x[1];
+        y[2] = x[2];
+        y[3] = x[3];
     }
 }
 
-/* A role's blocks (warps 0-5) → A (shared) and Aqk (workspace); with KSPLIT = 2 the second channel half's sums
- * added from sm.red first */
-template <int KSPLIT>
+/* With KSPLIT = 2, after the barrier: the first channel half's warps (0-5) add the second's sums and store */
 DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane, float (&accA)[2][2][4],
                            float (&accQ)[2][2][4]) {
-    int I, J0, nb;
-    role_blocks(warp, I, J0, nb);
-    if (KSPLIT > 1) {
-        const float4 *red = (const float4 *)sm.red + warp * 8 * 32 + lane;
+    const int I = warp < 2 ? warp : (warp + 2) >> 1, J0 = (warp >= 2 && (warp & 1)) ? 2 : 0;
+    const int nb = (warp == 0 || warp == 3) ? 1 : 2;
+    const float4 *red = (const float4 *)sm.red + warp * 8 * 32 + lane;
 #pragma unroll
-        for (int q = 0; q < 8; q++) {
-            float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
-            const float4 h = red[q * 32];
-            x[0] += h.x;
-            x[1] += h.y;
-            x[2] += h.z;
-            x[3] += h.w;
-        }
+    for (int q = 0; q < 8; q++) {
+        float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+        const float4 h = red[q * 32];
+        x[0] += h.x;
+        x[1] += h.y;
+        x[2] += h.z;
+        x[3] += h.w;
     }
-#pragma unroll
-    for (int b = 0; b < 2; b++)
-        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
-}
-
-/* intra_chunk_A with 8 warps: a role's sums, then its blocks stored */
-template <int KD>
-DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane) {
-    float accA[2][2][4], accQ[2][2][4];
-    intra_chunk_sums<KD, 1>(sm, warp, lane, accA, accQ);
-    intra_chunk_store<1>(sm, blk_aqk, warp, lane, accA, accQ);
+    store_role_blocks(sm, blk_aqk, I, J0, nb, lane, accA, accQ);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -924,19 +914,16 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD)) kda_pr
     for (int e = tid; e < KDA_CHUNK * SA / 4; e += NT) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
-    float accA[2][2][4], accQ[2][2][4]; /* with 16 warps: the A warps' sums between the two steps */
+    float accA[2][2][4], accQ[2][2][4]; /* with 16 warps: a role's sums from intra_chunk_A to intra_chunk_store */
     if (warp < NA) {
-        if (!KDA_SKIP(p, 1)) {
-            if (KSPLIT == 1) intra_chunk_A<KD>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane);
-            else intra_chunk_sums<KD, KSPLIT>(sm, warp, lane, accA, accQ);
-        }
+        if (!KDA_SKIP(p, 1)) intra_chunk_A<KD, KSPLIT>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane, accA, accQ);
     } else {
         decay_factors<KD, NT - NA * 32>(p, sm, ck, tid - NA * 32);
     }
     if (KSPLIT > 1) {
         __syncthreads(); /* the second channel half's sums are in sm.red */
         if (warp < PREP_A_WARPS && !KDA_SKIP(p, 1))
-            intra_chunk_store<KSPLIT>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane, accA, accQ);
+            intra_chunk_store(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane, accA, accQ);
     }
     __syncthreads(); /* gated_qk overwrites q with KΓ */
     gated_qk<KD, NT>(p, sm, ck, tid);
