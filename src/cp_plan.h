@@ -43,9 +43,11 @@ extern "C" {
  * The policy's constants (each one's reason; docs/ALGORITHM.md §4 gives the cost model behind them)
  * ------------------------------------------------------------------------------------------------------- */
 
-/* CTAs of (piece, value head, V tile) the split aims for per SM. The recurrence runs 1-2 CTAs per SM (its shared
- * memory ring); two per SM lets one CTA's loads overlap the other's math, more only lengthens each CTA's queue. */
-#define KDA_CP_CTAS_PER_SM 2
+/* CTAs of (piece, value head, V tile) the split aims for per SM. One: measured on an H200 (docs/PERF.md, CP piece
+ * length), pieces twice as long at one CTA per SM beat two CTAs per SM (T65536 H8: 64-chunk pieces 0.98 ms back to
+ * back, 32-chunk 1.06), since every piece adds pre-scan and merge work, and two CTAs on one SM share its
+ * bandwidth and issue slots rather than hide each other's chain. */
+#define KDA_CP_CTAS_PER_SM 1
 /* The shortest piece the library chooses, in chunks. A piece costs its pre-scan (M is K×K: about twice a chunk
  * step's state work) plus one merge step and two extra launches per call; below ~8 chunks that overhead is as
  * large as the chain it removes. (KDA_CP_ON may force pieces down to one chunk, for tests.) */
@@ -108,10 +110,11 @@ KDA_HD static inline int64_t kda_cp_auto_slot_limit(const kda_cp_problem_t *p) {
  *   KDA_CP_AUTO, in order:
  *     1. the longest sequence has fewer than KDA_CP_MIN_SEQ_CHUNKS chunks: 0 (too short to pay for a split);
  *     2. the unsplit grid already keeps the card busy, eff × KDA_CP_FILL_DIV >= sm_count: 0;
- *     3. P = ceil(total_chunks × HV × tiles / (KDA_CP_CTAS_PER_SM × sm_count)), so that the pieces of all
- *        sequences give each SM ~KDA_CP_CTAS_PER_SM CTAs, at least KDA_CP_MIN_PIECE_CHUNKS;
- *     4. balanced: the longest sequence's ceil(max / P) pieces made equal, P = ceil(max / ceil(max / P)) (the
- *        same number of pieces, a shorter chain), again at least KDA_CP_MIN_PIECE_CHUNKS;
+ *     3. the pieces of the longest sequence: n = floor(max × target / (total_chunks × HV × tiles)), target =
+ *        KDA_CP_CTAS_PER_SM × sm_count, the most that keeps the pieces of all sequences within the target (a
+ *        piece more would start a second wave of CTAs: T65536 H8 on 132 SMs in 17 pieces of 61 chunks, 136 CTAs,
+ *        took 1.07 ms, in 16 of 64 0.98); n ≤ 1: 0;
+ *     4. balanced: P = ceil(max / n), at least KDA_CP_MIN_PIECE_CHUNKS;
  *     5. raised where needed so that the pieces of split sequences stay within kda_cp_auto_slot_limit;
  *     6. P >= max_chunks (nothing would be split): 0.
  * Only sequences longer than P are split; in a mixed batch the short ones stay whole. */
@@ -124,8 +127,9 @@ KDA_HD static inline int64_t kda_cp_piece_chunks(const kda_cp_problem_t *p) {
     const int64_t sm = kda_cp_max64(1, p->sm_count);
     if (total * units * KDA_CP_FILL_DIV >= sm * max_c) return 0; /* 2 */
     const int64_t target = (int64_t)KDA_CP_CTAS_PER_SM * sm;
-    int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(total * units, target)); /* 3 */
-    P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, kda_cp_ceil_div(max_c, P))); /* 4 */
+    const int64_t n = max_c * target / (total * units); /* 3 */
+    if (n <= 1) return 0;
+    int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n)); /* 4 */
     P = kda_cp_max64(P, kda_cp_ceil_div(2 * total, kda_cp_auto_slot_limit(p)));                  /* 5 */
     return P >= max_c ? 0 : P;                                                                     /* 6 */
 }

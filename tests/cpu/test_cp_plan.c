@@ -53,8 +53,11 @@ static void expect_split(const char *name, int64_t N, const int64_t *lens, int64
     plan_stats(&p, lens, T, P, &longest, &ctas);
     CHECK(longest >= 4, "%s: the longest sequence in only %lld pieces (P = %lld)", name, (long long)longest,
           (long long)P);
-    /* at least one CTA per SM, unless the pieces are already as short as allowed */
-    CHECK((ctas >= H100_SMS || P == KDA_CP_MIN_PIECE_CHUNKS) && ctas <= 3 * KDA_CP_CTAS_PER_SM * H100_SMS / 2,
+    /* the card filled to within one more piece of the longest sequence (its HV × tiles CTAs), unless the pieces
+       are already as short as allowed, and at most ~1.5 waves */
+    const int64_t units = (int64_t)HV * p.v_tiles;
+    CHECK((ctas + units > KDA_CP_CTAS_PER_SM * H100_SMS || P == KDA_CP_MIN_PIECE_CHUNKS) &&
+              ctas <= 3 * KDA_CP_CTAS_PER_SM * H100_SMS / 2,
           "%s: %lld CTAs for %d SMs (P = %lld)", name, (long long)ctas, H100_SMS, (long long)P);
     /* sequences no longer than P stay whole */
     for (int64_t n = 0; n < N; n++) {
@@ -373,7 +376,8 @@ TEST(cp_plan_slot_bytes) {
     kda_cp_problem_t p = shape(1, NULL, (int64_t)1 << 24, 4, 128, H100_SMS);
     kda_cp_chunk_bounds((int64_t)1 << 24, 1, &p.total_chunks, &p.max_chunks);
     kda_cp_capacity_t c = kda_cp_capacity(&p, 0);
-    CHECK(c.slots == kda_cp_auto_slot_limit(&p) && c.slots == 3 * 66, "16M tokens H4: %lld slots", (long long)c.slots);
+    CHECK(c.slots == kda_cp_auto_slot_limit(&p) && c.slots == KDA_CP_SLOTS_PER_TARGET * ((KDA_CP_CTAS_PER_SM * H100_SMS + 3) / 4),
+          "16M tokens H4: %lld slots", (long long)c.slots);
 }
 
 /* From a checked problem: exact chunk counts when the host can read the lengths, the bounds otherwise; the
