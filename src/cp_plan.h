@@ -57,11 +57,12 @@ extern "C" {
  * shorter chains save less than that. */
 #define KDA_CP_MIN_SEQ_CHUNKS 64
 /* No split when, without one, the card already averages sm_count / KDA_CP_FILL_DIV busy 128-column CTAs:
- * eff = (total_chunks / max_chunks) × HV × tiles. The split's pre-scan and merge roughly triple the state work,
- * so its work-bound time 3 eff / (2 sm) of the longest chain breaks even at eff = 2 sm / 3; the guard takes half
- * of that, so that a split is taken only where it at least halves the recurrence's time. (B2 T8192 H64: eff =
- * 128 on 132 SMs, no split; B1 T32768 H32: eff = 32, split.) */
-#define KDA_CP_FILL_DIV 3
+ * eff = (total_chunks / max_chunks) × HV × tiles. With one CTA per SM the longest sequence gets n ≈ sm / eff
+ * pieces of P = max / n chunks, and a split's chain costs about three of P (the pre-scan, whose M is K×K, about
+ * two; the pieces one), so it pays from n = 4: eff × 4 < sm. Measured on an H200 (docs/PERF.md): 7000 + 40 × 30
+ * H32 (eff 43.6, n = 3) split 0.80 ms vs 0.74 whole; 4096 + 20 × 1000 H8 (eff 48, n = 2) 0.47 vs 0.44; B1
+ * T32768 H32 (eff 32, n = 4) 1.90 vs 2.25. (B2 T8192 H64: eff = 128 on 132 SMs, no split.) */
+#define KDA_CP_FILL_DIV 4
 /* Columns of the V tile in which work is counted: the recurrence's widest tile. A narrower tile (the baseline
  * picks 32 columns for few heads) does not shorten a chain, and each tile reloads the chunk's W, QΓ, K̃: the
  * work of a head is ceil(V / 128) tiles whatever tile the recurrence runs. */
