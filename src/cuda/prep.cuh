@@ -40,10 +40,12 @@
 #include "common.cuh"
 #include "seq.cuh"
 
-/* Threads of a CTA: 8 warps, or 16 for the classes whose shared memory holds one CTA per SM (K or V class 256,
- * the other at least 128): 8 warps alone left an SM's issue slots idle through every latency-bound step. With 16
- * warps each step's per-thread work is that of the 8-warp kernel of a class half as wide (the same registers). */
-#define PREP_NT(KD, VD) (((KD) == 256 || (VD) == 256) && (KD) >= 128 && (VD) >= 128 ? 512 : 256)
+/* Threads of a CTA: 8 warps, or 16 for K = V class 256, whose shared memory holds one CTA per SM: 8 warps alone
+ * left an SM's issue slots idle through every latency-bound step. With 16 warps each step's per-thread work is
+ * that of the 8-warp kernel of a class half as wide (the same registers). The code takes 16 warps for any pair of
+ * classes ≥ 128 (the classes (128, 256) and (256, 128) compile to 120 and 128 registers, no spill); they stay at
+ * 8 until measured on a GPU. */
+#define PREP_NT(KD, VD) ((KD) == 256 && (VD) == 256 ? 512 : 256)
 #define PREP_A_WARPS 6      /* A/Aqk roles: warps 0-5, and with 16 warps 6-11 the same roles over the second half of
                                the channels; the other warps ("decay warps") compute the decay factors beside them */
 #define PREP_KSPLIT(NT) ((NT) / 256) /* channel halves of intra_chunk_A */

@@ -438,8 +438,9 @@ TEST(gpu_fwd_head_sizes) {
 }
 
 TEST(gpu_fwd_head_size_pairs) {
-    static const int pairs[][2] = {{64, 128}, {128, 64}, {100, 60}, {1, 7}, {256, 64}, {64, 256}, {200, 130}};
-    for (int i = 0; i < 7; i++) head_size_cases(pairs[i][0], pairs[i][1]);
+    static const int pairs[][2] = {{64, 128}, {128, 64}, {100, 60}, {1, 7},     {256, 64},
+                                   {64, 256}, {200, 130}, {128, 256}, {256, 128}};
+    for (int i = 0; i < 9; i++) head_size_cases(pairs[i][0], pairs[i][1]);
     printf("worst o_err %.3e, worst state_err %.3e\n", worst_o, worst_state);
 }
 
