@@ -56,6 +56,17 @@ fla_site() { # FLA 0.6.0 wheels into /tmp/site, once
     --target /tmp/site .whl/*.whl
 }
 
+ncu_src_report() { # kernel: the report $LOG/KERNEL.ncu-rep as source (CUDA, and SASS gzipped) and details in
+  # $OUT; its summary lines and the top source lines by stall samples printed
+  local kn=$1
+  ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source cuda >"$OUT/src_$kn.csv" 2>>"$LOG/ncu_$kn.log"
+  ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source sass >"$LOG/sass_$kn.csv" 2>/dev/null
+  gzip -c "$LOG/sass_$kn.csv" >"$OUT/sass_$kn.csv.gz"
+  ncu --import "$LOG/$kn.ncu-rep" --page details >"$OUT/det_$kn.txt" 2>>"$LOG/ncu_$kn.log"
+  grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
+  python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
+}
+
 for step in "$@"; do
   echo "== $step $(date +%T)"
   case "$step" in
@@ -222,11 +233,7 @@ PY
         ncu --profile-from-start off -k regex:$kn --launch-count 1 --section SourceCounters --section WarpStateStats \
         --section SpeedOfLight -o "$LOG/$kn" -f python3 bench/bwd_stages.py --profile "${BWD_SRC_SHAPE:-B2 T8192 H32}" \
         >"$LOG/ncu_$kn.log" 2>&1 || tail -5 "$LOG/ncu_$kn.log"
-      ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source cuda >"$OUT/src_$kn.csv" 2>>"$LOG/ncu_$kn.log"
-      ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source sass >"$LOG/sass_$kn.csv" 2>/dev/null; gzip -c "$LOG/sass_$kn.csv" >"$OUT/sass_$kn.csv.gz"
-      ncu --import "$LOG/$kn.ncu-rep" --page details >"$OUT/det_$kn.txt" 2>>"$LOG/ncu_$kn.log"
-      grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
-      python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
+      ncu_src_report "$kn"
     done
     ;;
   fwdsrc) # a forward kernel's source lines by warp-stall samples (ncu source counters; FWD_SRC_KERNEL, FWD_SRC_SHAPE)
@@ -235,12 +242,7 @@ PY
       --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "$LOG/$kn" -f \
       python3 bench/stages.py --shapes ${FWD_SRC_SHAPE:-B2T8192H64} --sets all --reps 1 >"$LOG/ncu_$kn.log" 2>&1 ||
       tail -5 "$LOG/ncu_$kn.log"
-    ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source cuda >"$OUT/src_$kn.csv" 2>>"$LOG/ncu_$kn.log"
-    ncu --import "$LOG/$kn.ncu-rep" --page source --csv --print-source sass >"$LOG/sass_$kn.csv" 2>/dev/null
-    gzip -c "$LOG/sass_$kn.csv" >"$OUT/sass_$kn.csv.gz"
-    ncu --import "$LOG/$kn.ncu-rep" --page details >"$OUT/det_$kn.txt" 2>>"$LOG/ncu_$kn.log"
-    grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
-    python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
+    ncu_src_report "$kn"
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site
