@@ -1,10 +1,11 @@
 /*
  * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
  *
- * One CTA of 8 or 16 warps (PREP_NT) per (chunk of C = 64 tokens, value head); chunks of all sequences run in parallel. In the
- * notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so every exp is one
- * ex2), it writes the chunk's workspace block (kda_cuda.h). KD and VD are the size classes of K and V (64, 128
- * or 256): columns past K (V) are zero in every tile, and the gate is 0 there, so they contribute nothing.
+ * One CTA of 8 or 16 warps (PREP_NT) per (chunk of C = 64 tokens, value head); chunks of all sequences run in
+ * parallel. In the notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so
+ * every exp is one ex2), it writes the chunk's workspace block (kda_cuda.h). KD and VD are the size classes of K
+ * and V (64, 128 or 256): columns past K (V) are zero in every tile, and the gate is 0 there, so they contribute
+ * nothing.
  * The steps, each a device function below, in the order the kernel body calls them:
  *
  *   load_inputs        q, k, v (16-bit: into their tiles), the raw 16-bit gate tile, β (sigmoid in kernel)
@@ -140,7 +141,7 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
                      int stride, int tid) {
     if (piece == 16) {
         constexpr int row_chunks = W / 8;               /* 16-byte pieces per row */
-        constexpr int RSTEP = NT / row_chunks; /* rows between a thread's copies */
+        constexpr int RSTEP = NT / row_chunks;          /* rows between a thread's copies */
         const int c = tid % row_chunks, r0 = tid / row_chunks;
         const uint16_t *src = base + ((row0 + r0) * heads) * n + c * 8;
         const int64_t step = RSTEP * heads * n;
@@ -185,8 +186,8 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
             load_tile16<VD, NT>(v, ck.t0, p.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
         }
         if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
-            load_tile16<KD, NT>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen, ck.piece_qk,
-                            (bf16 *)sm.G, KD, tid);
+            load_tile16<KD, NT>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen,
+                                ck.piece_qk, (bf16 *)sm.G, KD, tid);
     }
     if (tid < KDA_CHUNK) {
         float b = 0.0f;
@@ -390,6 +391,8 @@ DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
 template <int KD, int VD, int EXACT>
 DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid, int &bad) {
     constexpr int TPR = PREP_NT(KD, VD) / KDA_CHUNK, CW = KD / TPR;
+    static_assert((TPR == 4 || TPR == 8) && CW % 8 == 0 && (VD / TPR) % 8 == 0,
+                  "normalize_qkv: 4 or 8 threads a row (PREP_LOG2), whole 16-byte pieces each");
     if (KDA_SKIP(p, 64)) {
         if ((tid & (TPR - 1)) == 0) sm.diag[tid >> PREP_LOG2(TPR)] = 0.0f;
         return;
@@ -554,14 +557,6 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
     }
 }
 
-/* The A warps' six roles, each a run of blocks of one row block I that share their row factors:
- *   (0,0) | (1,0) (1,1) | (2,0) (2,1) | (2,2) | (3,0) (3,1) | (3,2) (3,3).
- * The reference R is G at the middle row of block I when the warp has the diagonal block and the block's
- * exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors e^{R − G_j} are then ≤ 1, the row
- * factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every factor ≤ 1) and the diagonal block by
- * one exponential per (i, j, d). With KSPLIT = 2 (16 warps) warps w and w + 6 share a role, each over half of
- * the channels: the second leaves its sums in sm.red, and after the kernel's next barrier the first adds them
- * (intra_chunk_store) and stores the blocks. */
 /* A role's blocks from its accumulators → A (shared, β-scaled, strictly lower) and Aqk (workspace) */
 DEV void store_role_blocks(const prep_smem_t &sm, unsigned char *blk_aqk, int I, int J0, int nb, int lane,
                            const float (&accA)[2][2][4], const float (&accQ)[2][2][4]) {
@@ -570,15 +565,35 @@ DEV void store_role_blocks(const prep_smem_t &sm, unsigned char *blk_aqk, int I,
         if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
 }
 
-/* With KSPLIT = 1 a role's sums, then its blocks stored. With KSPLIT = 2 the sums of the warp's channel half only,
- * left in keepA/keepQ (the second half's also in sm.red); intra_chunk_store adds and stores them after a barrier. */
+/* The A warps' six roles, each a run of blocks of one row block I that share their row factors:
+ *   (0,0) | (1,0) (1,1) | (2,0) (2,1) | (2,2) | (3,0) (3,1) | (3,2) (3,3).
+ * role_blocks gives a role's row block I, first column block J0 and block count nb. */
+DEV void role_blocks(int role, int &I, int &J0, int &nb) {
+    I = role < 2 ? role : (role + 2) >> 1;
+    J0 = (role >= 2 && (role & 1)) ? 2 : 0;
+    nb = (role == 0 || role == 3) ? 1 : 2;
+}
+
+/* The 4 accumulators of a role's sums as 8 quads: q = 0..3 of A, 4..7 of Aqk (block q/2 & 1, half q & 1) */
+DEV float *acc_quad(float (&accA)[2][2][4], float (&accQ)[2][2][4], int q) {
+    return q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+}
+
+/* intra_chunk_A: a role's blocks. The reference R is G at the middle row of block I when the warp has the
+ * diagonal block and the block's exponents stay within ±KDA_DIAG_RANGE (the off-diagonal column factors
+ * e^{R − G_j} are then ≤ 1, the row factors ≤ e^{KDA_DIAG_RANGE}); otherwise G at block I's first row (every
+ * factor ≤ 1) and the diagonal block by one exponential per (i, j, d).
+ * With KSPLIT = 1 the role's sums, then its blocks stored. With KSPLIT = 2 (16 warps) warps w and w + 6 share a
+ * role, each over half of the channels: the sums of the warp's half are left in keepA/keepQ (the second half's
+ * also in sm.red), and after the kernel's next barrier intra_chunk_store adds them and stores the blocks. */
 template <int KD, int KSPLIT>
 DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane, float (&keepA)[2][2][4],
                        float (&keepQ)[2][2][4]) {
     constexpr int S = PREP_S(KD), NKT = KD / 16 / KSPLIT;
-    const int role = KSPLIT > 1 ? warp % PREP_A_WARPS : warp, kh = KSPLIT > 1 ? warp / PREP_A_WARPS : 0; /* channel half */
-    const int I = role < 2 ? role : (role + 2) >> 1, J0 = (role >= 2 && (role & 1)) ? 2 : 0;
-    const int nb = (role == 0 || role == 3) ? 1 : 2, has_diag = J0 + nb - 1 == I;
+    const int role = KSPLIT > 1 ? warp % PREP_A_WARPS : warp, kh = KSPLIT > 1 ? warp / PREP_A_WARPS : 0; /* half */
+    int I, J0, nb;
+    role_blocks(role, I, J0, nb);
+    const int has_diag = J0 + nb - 1 == I;
     int split = 0;
     if (has_diag) {
         const float *Gfirst = sm.G + (16 * I) * S, *Gmid = sm.G + (16 * I + 7) * S, *Glast = sm.G + (16 * I + 15) * S;
@@ -591,8 +606,10 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
     const int nf = nb - (has_diag && !split); /* blocks by factors */
     float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
-    if (nf == 2) blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
-    else if (nf == 1) blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
+    if (nf == 2)
+        blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
+    else if (nf == 1)
+        blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     if (nf < nb) {
         const int d0 = kh * (KD / KSPLIT), d1 = d0 + KD / KSPLIT;
         if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[1], accQ[1]);
@@ -605,8 +622,8 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     float4 *red = (float4 *)sm.red + role * 8 * 32 + lane; /* float4 q of a lane at [role][q][lane] */
 #pragma unroll
     for (int q = 0; q < 8; q++) {
-        float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
-        float *y = q < 4 ? keepA[q >> 1][q & 1] : keepQ[(q - 4) >> 1][q & 1];
+        const float *x = acc_quad(accA, accQ, q);
+        float *y = acc_quad(keepA, keepQ, q);
         if (kh == 1) red[q * 32] = make_float4(x[0], x[1], x[2], x[3]);
         y[0] = x[0];
         y[1] = x[1];
@@ -618,12 +635,12 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
 /* With KSPLIT = 2, after the barrier: the first channel half's warps (0-5) add the second's sums and store */
 DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, int lane, float (&accA)[2][2][4],
                            float (&accQ)[2][2][4]) {
-    const int I = warp < 2 ? warp : (warp + 2) >> 1, J0 = (warp >= 2 && (warp & 1)) ? 2 : 0;
-    const int nb = (warp == 0 || warp == 3) ? 1 : 2;
+    int I, J0, nb;
+    role_blocks(warp, I, J0, nb);
     const float4 *red = (const float4 *)sm.red + warp * 8 * 32 + lane;
 #pragma unroll
     for (int q = 0; q < 8; q++) {
-        float *x = q < 4 ? accA[q >> 1][q & 1] : accQ[(q - 4) >> 1][q & 1];
+        float *x = acc_quad(accA, accQ, q);
         const float4 h = red[q * 32];
         x[0] += h.x;
         x[1] += h.y;
@@ -634,8 +651,8 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): K̃ = k e^{G_last − G}, γ = e^{G_last} →
- * workspace, and Aqk's zero blocks above the diagonal
+ * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): K̃ = k e^{G_last − G},
+ * γ = e^{G_last} → workspace, and Aqk's zero blocks above the diagonal
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
@@ -730,8 +747,8 @@ DEV void invert_diag_blocks(float *sA, int warp, int lane) {
  * Y_I stays in fp32 in the accumulators that L_II Y_I (Y_I rounded to bf16) is added to: with T_II's unit
  * diagonal on the tensor cores, Y's bf16 rounding went straight into X (docs/PERF.md, accuracy).
  * A warp owns a slab of SLAB columns of W (the first half of the warps, SLAB = KD/4 with 8 warps, KD/8 with 16)
- * or of U (the second half, VD/4 or VD/8), so it needs
- * no other warp. X goes to `stage` (panel layout), Y through the warp's scratch rows (stride YS).
+ * or of U (the second half, VD/4 or VD/8), so it needs no other warp. X goes to `stage` (panel layout), Y
+ * through the warp's scratch rows (stride YS).
  * ------------------------------------------------------------------------------------------------------- */
 template <int SLAB, int SRC_S>
 DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sBeta, const bf16 *src, int col0,
@@ -816,12 +833,12 @@ DEV void solve_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, int warp, 
                                         sm.K + warp * 16 * YS, YS, lane);
     } else if (is_u) {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<VD / NH, PREP_S(VD)>(p, sm.A, sm.beta, sm.V, (warp & (NH - 1)) * (VD / NH), stage, sm.K + warp * 16 * YS, YS,
-                                        lane);
+        solve_slab<VD / NH, PREP_S(VD)>(p, sm.A, sm.beta, sm.V, (warp & (NH - 1)) * (VD / NH), stage,
+                                        sm.K + warp * 16 * YS, YS, lane);
     } else {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<KD / NH, PREP_S(KD)>(p, sm.A, sm.beta, sm.Q, (warp & (NH - 1)) * (KD / NH), stage, sm.K + warp * 16 * YS, YS,
-                                        lane);
+        solve_slab<KD / NH, PREP_S(KD)>(p, sm.A, sm.beta, sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
+                                        sm.K + warp * 16 * YS, YS, lane);
     }
 }
 
@@ -870,7 +887,8 @@ DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
 /* EXACT: K and V are the classes themselves (K = KD, V = VD): the masks and the narrow load paths compile away.
  * Without it the kernel carries them, and its larger code slowed the common sizes (instruction fetch). */
 template <int KD, int VD, int EXACT>
-__global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD)) kda_prep_kernel(const kda_prep_params_t p) {
+__global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
+    kda_prep_kernel(const kda_prep_params_t p) {
     constexpr int NT = PREP_NT(KD, VD), KSPLIT = PREP_KSPLIT(NT), NA = PREP_A_WARPS * KSPLIT; /* NA: A warps */
     extern __shared__ __align__(16) unsigned char smem[];
     const prep_smem_t sm = {(float *)smem,
