@@ -376,7 +376,8 @@ TEST(cp_plan_slot_bytes) {
     kda_cp_problem_t p = shape(1, NULL, (int64_t)1 << 24, 4, 128, H100_SMS);
     kda_cp_chunk_bounds((int64_t)1 << 24, 1, &p.total_chunks, &p.max_chunks);
     kda_cp_capacity_t c = kda_cp_capacity(&p, 0);
-    CHECK(c.slots == kda_cp_auto_slot_limit(&p) && c.slots == KDA_CP_SLOTS_PER_TARGET * ((KDA_CP_CTAS_PER_SM * H100_SMS + 3) / 4),
+    const int64_t target_pieces = (KDA_CP_CTAS_PER_SM * H100_SMS + 3) / 4; /* ceil(target / 4 heads) */
+    CHECK(c.slots == kda_cp_auto_slot_limit(&p) && c.slots == KDA_CP_SLOTS_PER_TARGET * target_pieces,
           "16M tokens H4: %lld slots", (long long)c.slots);
 }
 
