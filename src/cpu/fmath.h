@@ -45,9 +45,10 @@ static inline float kda_expf_core(float xc) {
 /* e^x; 0 below -87.3 (the smallest normal float), +inf above 88, NaN for NaN. The argument is clamped before
  * the float -> int conversion of its exponent, and NaN is clamped too (x > lo is false for NaN), so the
  * conversion is always defined; the NaN is put back at the end. */
-#define KDA_EXPF_LO -87.3f /* kda_expf's, kda_expf_fin's and kda_expf_row_fin's lower end */
+#define KDA_EXPF_LO -87.3f /* the lower end of kda_expf, kda_expf_fin, kda_expf_row_fin and kda_expf8 */
+#define KDA_EXPF_HI 88.0f  /* the upper end of kda_expf and kda_expf8 */
 static inline float kda_expf(float x) {
-    const float lo = KDA_EXPF_LO, hi = 88.0f;
+    const float lo = KDA_EXPF_LO, hi = KDA_EXPF_HI;
     float xc = x > lo ? x : lo; /* NaN -> lo */
     xc = xc < hi ? xc : hi;
     float y = kda_expf_core(xc);

@@ -10,6 +10,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "fmath.h" /* KDA_EXPF_LO, KDA_EXPF_HI */
+
 typedef float kda_f8 __attribute__((vector_size(32)));
 typedef int32_t kda_i8 __attribute__((vector_size(32)));
 
@@ -43,13 +45,13 @@ static inline __attribute__((always_inline)) kda_f8 kda_expf8_core(kda_f8 xc) {
 
 /* kda_expf's argument clamp and its results out of range (0, +inf, NaN), around the core */
 static inline __attribute__((always_inline)) kda_f8 kda_expf8_clamp(kda_f8 x) {
-    const float lo = -87.3f, hi = 88.0f;
+    const float lo = KDA_EXPF_LO, hi = KDA_EXPF_HI;
     const kda_f8 xc = kda_sel8(x > (kda_f8){0} + lo, x, (kda_f8){0} + lo);
     return kda_sel8(xc < (kda_f8){0} + hi, xc, (kda_f8){0} + hi);
 }
 
 static inline __attribute__((always_inline)) kda_f8 kda_expf8_special(kda_f8 x, kda_f8 y) {
-    const float lo = -87.3f, hi = 88.0f;
+    const float lo = KDA_EXPF_LO, hi = KDA_EXPF_HI;
     y = kda_sel8(x < (kda_f8){0} + lo, (kda_f8){0}, y);
     y = kda_sel8(x > (kda_f8){0} + hi, (kda_f8){0} + INFINITY, y);
     return kda_sel8(x == x, y, x);
