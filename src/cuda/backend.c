@@ -393,13 +393,14 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the four
+ * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the five
  * backward stages. Workspace, each region 256-byte aligned:
- *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per
- *   chunk and head) | dq̂, dk̂ per token and value head (fp32 2 × KC) | dA_log/ddt_bias partials per chunk and head
+ *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk, then Δ (fp32 [KC][VC]
+ *   per chunk and head) | dΔ per chunk (fp32 [C][VC]) and dγ per chunk (fp32 [KC]), 16-bit inputs only (the split
+ *   stage 3, bwd.h) | dq̂, dk̂ per token and value head (fp32 2 × KC) | dA_log/ddt_bias partials per chunk and head
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t blocks, states, dstates, dqk, part, total;
+    size_t blocks, states, dstates, ddelta, dgam, dqk, part, total;
 } bwd_layout_t;
 
 static bwd_layout_t bwd_layout(const kda_problem_t *p) {
@@ -409,7 +410,10 @@ static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     l.blocks = meta_bytes(p);
     l.states = l.blocks + align256(heads * (size_t)block_bytes(p));
     l.dstates = l.states + align256(heads * kc * vc * 4);
-    l.dqk = l.dstates + align256(heads * kc * vc * 4);
+    const size_t split = p->a.dtype != KDA_FLOAT32; /* bwd.h kda_bwd_params_t.split: dΔ and dγ regions */
+    l.ddelta = l.dstates + align256(heads * kc * vc * 4);
+    l.dgam = l.ddelta + split * align256(heads * KDA_CHUNK * vc * 4);
+    l.dqk = l.dgam + split * align256(heads * kc * 4);
     l.part = l.dqk + align256((size_t)p->num_tokens * (size_t)p->a.num_v_heads * 2 * kc * 4);
     l.total = l.part + align256(heads * (kc + 1) * 4);
     return l;
@@ -424,10 +428,10 @@ static kda_status_t cuda_backward_workspace(const kda_context_t *ctx, const kda_
 #ifdef KDA_DEV_BUILD
 /* Development builds only: per-stage GPU times of the backward (bench/bwd_stages.py). kda_dev_bwd_timing(1)
  * makes each following kda_backward record a CUDA event before each stage (meta, prep, dh0 memset, states,
- * dstate, chunk, finish) and after the last, on its stream (the events of the device current at the first
- * call); kda_dev_bwd_stage_ms waits for the last call's events and writes the 7 stage times in ms. The shipped
+ * dstate, inter, chunk, finish) and after the last, on its stream (the events of the device current at the first
+ * call); kda_dev_bwd_stage_ms waits for the last call's events and writes the 8 stage times in ms. The shipped
  * library has neither. */
-#define BWD_EVENTS 8
+#define BWD_EVENTS 9
 static cudaEvent_t bwd_ev[BWD_EVENTS];
 static int bwd_timing;
 KDA_API int kda_dev_bwd_timing(int enable) {
@@ -500,6 +504,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.blocks = pp.blocks;
     bw.states = (float *)(base + l.states);
     bw.dstates = (float *)(base + l.dstates);
+    bw.ddelta = (float *)(base + l.ddelta);
+    bw.dgam = (float *)(base + l.dgam);
     bw.dqk = (float *)(base + l.dqk);
     bw.part = (float *)(base + l.part);
     bw.q = a->q;
@@ -539,6 +545,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.group = p->group;
     bw.K = a->head_dim_k;
     bw.V = a->head_dim_v;
+    bw.split = a->dtype != KDA_FLOAT32; /* as bwd_layout */
     bw.sm_count = ((const cuda_impl_t *)ctx->impl)->sm_count;
     bw.kc = kda_cuda_size_class(a->head_dim_k);
     bw.vc = kda_cuda_size_class(a->head_dim_v);
@@ -579,9 +586,11 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         stage = "backward states";
     else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
         stage = "backward state-gradient";
-    else if (BWD_MARK(5) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
-    else if (BWD_MARK(6) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
-    (void)BWD_MARK(7);
+    else if (BWD_MARK(5) || (bw.split && (err = kda_bwd_launch_inter(&bw, ctx->device, stream)) != 0))
+        stage = "backward inter";
+    else if (BWD_MARK(6) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
+    else if (BWD_MARK(7) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
+    (void)BWD_MARK(8);
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

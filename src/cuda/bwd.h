@@ -1,5 +1,5 @@
 /*
- * The CUDA backward's host/device contract: one params struct shared by its four stages (filled by backend.c
+ * The CUDA backward's host/device contract: one params struct shared by its five stages (filled by backend.c
  * from a checked kda_bwd_problem_t, passed by value), the workspace regions, and the launchers.
  *
  * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
@@ -7,10 +7,12 @@
  *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
  *                  chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
- *                  end, fp32, and d_initial_state
- *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's forward from the inputs and S, then its
- *                  gradients: dv, dg, dβ written, dq̂ and dk̂ of the value head into scratch, dA_log/ddt_bias
- *                  partial sums per (chunk, head); tensor cores (tf32 operands, fp32 sums)
+ *                  end and dΔ per chunk, fp32, and d_initial_state
+ *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S
+ *                  (into dS⁺'s place), dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ
+ *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's pair products and inverse from the inputs, then
+ *                  its gradients from Δ, dΔ and those products: dv, dg, dβ written, dq̂ and dk̂ of the value head
+ *                  into scratch, dA_log/ddt_bias partial sums per (chunk, head); tensor cores (tf32, fp32 sums)
  *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
  *                  dA_log and ddt_bias summed over the chunks in order
  * No float atomics anywhere: two identical calls give identical bytes.
@@ -38,7 +40,10 @@ typedef struct kda_bwd_params {
     kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
     /* workspace regions, fp32 */
     float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero) */
-    float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end */
+    float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end; the inter kernel
+                                     overwrites each with the chunk's Δ ([C][VC]) */
+    float *ddelta;                /* [max_chunks][hv][C][VC]: dΔ = Aqkᵀ dO + K̃ dS⁺ of each chunk (dstate kernel) */
+    float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel) */
     float *dqk;                   /* [num_tokens][hv][2][KC]: dq̂, dk̂ of each value head (before the l2norm step) */
     float *part;                  /* [max_chunks][hv][KC + 1]: per chunk Σ ∂L/∂A_log, then Σ ∂L/∂dt_bias[d] */
     /* inputs */
@@ -56,6 +61,9 @@ typedef struct kda_bwd_params {
     int hqk, hv, group, K, V, kc, vc, v_first;
     float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
+    int split;                    /* 16-bit q, k, v: stage 3 split in two (bwd_inter.cu, then bwd_chunk.cu with Δ,
+                                     dΔ, dγ, dQΓ, dK̃ from the stages before, products of the bf16 chunk blocks);
+                                     fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
@@ -63,6 +71,7 @@ typedef struct kda_bwd_params {
 
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
+int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream);
 

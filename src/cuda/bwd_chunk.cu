@@ -1,16 +1,17 @@
 /*
- * Backward, stage 3: the gradients of one chunk (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the
+ * Backward, stage 3b: the gradients of one chunk (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the
  * same computation on the CPU).
  *
- * One CTA of 256 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's forward in
- * fp32 from the inputs and the state S at its start (stage 1), then differentiates it with dS⁺ = ∂L/∂S at its
- * end (stage 2). In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
+ * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
+ * and inverse in fp32 from the inputs, takes Δ, dΔ, dγ and the raw products dQΓ, dK̃ from the stages before
+ * (bwd_dstate.cu, bwd_inter.cu), then differentiates the chunk. In §3's notation, A = Diag(β) M,
+ * X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
  *              M[i][j] = Σ_d k_i k_j e^{G_i − G_j} (j < i),  Aqk[i][j] = s Σ_d q_i k_j e^{G_i − G_j} (j ≤ i)
- *              T = (I + A)⁻¹,  Δ = T Z  (= U − W S)
- *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dQΓ = dO Sᵀ      dK̃ = Δ dS⁺ᵀ
- *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ     dγ = rowsum(dS⁺ ⊙ S)
+ *              T = (I + A)⁻¹,  Δ = T Z  (= U − W S: the inter kernel's)
+ *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺ (in)  dAqk = dO Δᵀ (lower)    dQΓ = dO Sᵀ (in)  dK̃ = Δ dS⁺ᵀ (in)
+ *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ      dγ = rowsum(dS⁺ ⊙ S) (in)
  *              dv = β dR;  dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
  *              the factor rules (QΓ = s q e^G, X, K̃ = k e^{G_last − G}, γ = e^{G_last}) into dq̂, dk̂, dG;
  *              the pair products M, Aqk and their backward by split factors e^{G_i − R} · e^{R − G_j} around a
@@ -20,9 +21,9 @@
  * (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the chunk's sums of
  * ∂L/∂A_log and ∂L/∂dt_bias.
  *
- * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ (first v, then Z) and a second
- * C × VC tile (dO, then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S and
- * dS⁺ are read from the workspace (L2: prefetched at the start) as tensor-core operands.
+ * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
+ * then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S is read from the
+ * workspace (L2: prefetched at the start) as the tensor-core operand of dX.
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
  * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
@@ -58,12 +59,7 @@ DEV float softplus_acc(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))
  * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
 DEV float gexp(float x) { return __expf(x); }
 
-/* the gate input x = g (+ dt_bias), and the log decay before the clamp */
-DEV float gate_input(const kda_bwd_params_t &p, int64_t t, int h, int d) {
-    float x = load_elem(p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + d);
-    if (p.gate_in_kernel && p.dt_bias) x += p.dt_bias[(int64_t)h * p.K + d];
-    return x;
-}
+/* the log decay before the clamp, from the gate input x = g (+ dt_bias) */
 DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
     if (!p.gate_in_kernel) return x;
     return p.lower_bound != 0.0f ? p.lower_bound * sigm(A * x) : -A * softplus_acc(x);
@@ -82,28 +78,71 @@ DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk
  * ------------------------------------------------------------------------------------------------------- */
-/* q̂, k̂, the clamped log decay ĝ (into G), β, v (into D); rows past the chunk's end and padded columns zero */
-template <int KC, int VC>
-DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t t0, int clen, int h, float A, int tid) {
-    constexpr int KS = KC + 4, VS = VC + 4;
+/* q̂, k̂, the clamped log decay ĝ (into G), β, and into D the chunk's Δ (SPLIT: the inter kernel's [C][VC]) or
+ * v; rows past the chunk's end and padded columns zero. Each warp's rows (C / 16) at once: every load's bits are
+ * issued before any is converted (load_bits), so that the warp waits for one round trip, not one per element
+ * (a load_elem per element kept the conversions between the loads: ~20% of the kernel's stall samples). */
+template <int KC, int VC, int SPLIT>
+DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const float *delta, int64_t t0, int clen, int h,
+                   float A, int tid) {
+    constexpr int KS = KC + 4, VS = VC + 4, U = KC / 32, RW = C / (CK_THREADS / 32); /* rows per warp */
+    static_assert(RW <= 32 && CK_THREADS % KC == 0, "load_rows: a lane per row's β; whole columns per thread");
     const int warp = tid >> 5, lane = tid & 31, hq = h / p.group;
-#pragma unroll 4 /* four rows' loads in flight per warp */
-    for (int i = warp; i < C; i += CK_THREADS / 32) {
+    uint32_t qb[RW][U], kb[RW][U], gb[RW][U], bb = 0;
+    float db[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int d = lane + 32 * u;
+        db[u] = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = warp + (CK_THREADS / 32) * r;
         const int64_t t = t0 + i;
         const bool row = i < clen;
-        float qv[KC / 32], kv[KC / 32], sq = 0.0f, sk = 0.0f;
 #pragma unroll
-        for (int u = 0; u < KC / 32; u++) {
+        for (int u = 0; u < U; u++) {
             const int d = lane + 32 * u;
             const bool in = row && d < p.K;
             const int64_t e = (t * p.hqk + hq) * (int64_t)p.K + d;
-            qv[u] = in ? load_elem(p.q, p.dtype, e) : 0.0f;
-            kv[u] = in ? load_elem(p.k, p.dtype, e) : 0.0f;
+            qb[r][u] = in ? load_bits(p.q, p.dtype, e) : 0u;
+            kb[r][u] = in ? load_bits(p.k, p.dtype, e) : 0u;
+            gb[r][u] = in ? load_bits(p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + d) : 0u;
+        }
+        if (lane == r && row) bb = load_bits(p.beta, p.beta_dtype, t * p.hv + h); /* lane r: row r's β */
+    }
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = warp + (CK_THREADS / 32) * r;
+        if (SPLIT) {
+#pragma unroll
+            for (int c = lane; c < VC; c += 32) sm.D[i * VS + c] = delta[i * VC + c];
+        } else {
+            uint32_t vb[VC / 32];
+#pragma unroll
+            for (int u = 0; u < VC / 32; u++) {
+                const int c = lane + 32 * u;
+                vb[u] = i < clen && c < p.V ? load_bits(p.v, p.dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+            }
+#pragma unroll
+            for (int u = 0; u < VC / 32; u++) sm.D[i * VS + lane + 32 * u] = bits_value(vb[u], p.dtype);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = warp + (CK_THREADS / 32) * r;
+        const bool row = i < clen;
+        float qv[U], kv[U], sq = 0.0f, sk = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int d = lane + 32 * u;
+            qv[u] = bits_value(qb[r][u], p.dtype);
+            kv[u] = bits_value(kb[r][u], p.dtype);
             sq += qv[u] * qv[u];
             sk += kv[u] * kv[u];
             float y = 0.0f;
-            if (in) {
-                y = gate_value(p, A, gate_input(p, t, h, d));
+            if (row && d < p.K) {
+                y = gate_value(p, A, bits_value(gb[r][u], p.g_dtype) + db[u]);
                 y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
                 y = y < 0.0f ? y : 0.0f;
             }
@@ -112,20 +151,18 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, int64_t t0
         const float rq = p.l2norm ? 1.0f / sqrtf(warp_sum(sq) + 1e-6f) : 1.0f;
         const float rk = p.l2norm ? 1.0f / sqrtf(warp_sum(sk) + 1e-6f) : 1.0f;
 #pragma unroll
-        for (int u = 0; u < KC / 32; u++) {
+        for (int u = 0; u < U; u++) {
             sm.q[i * KS + lane + 32 * u] = qv[u] * rq;
             sm.k[i * KS + lane + 32 * u] = kv[u] * rk;
         }
-        if (lane == 0) {
+        if (lane == r) {
             float b = 0.0f;
             if (row) {
-                b = load_elem(p.beta, p.beta_dtype, t * p.hv + h);
+                b = bits_value(bb, p.beta_dtype);
                 if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigm(b);
             }
             sm.beta[i] = b;
         }
-        for (int c = lane; c < VC; c += 32)
-            sm.D[i * VS + c] = row && c < p.V ? load_elem(p.v, p.dtype, (t * p.hv + h) * (int64_t)p.V + c) : 0.0f;
     }
 }
 
@@ -592,7 +629,7 @@ DEV float row_sum4(float x) {
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
-template <int KC, int VC>
+template <int KC, int VC, int SPLIT>
 __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
     constexpr int KS = KC + 4, VS = VC + 4, KN = KC / 8 / CK_NQ, VN = VC / 8 / CK_NQ; /* n-tiles of a column part */
     constexpr int CT = C / 8 / CK_NQ, TPRW = CK_THREADS / C; /* C-column tiles of a part; threads per row */
@@ -612,14 +649,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     if (clen <= 0) return;
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-    const float *__restrict__ S = p.states + (cid * p.hv + h) * (int64_t)KC * VC;
-    const float *__restrict__ dS = p.dstates + (cid * p.hv + h) * (int64_t)KC * VC;
+    const int64_t pair = cid * p.hv + h;
+    const float *__restrict__ S = p.states + pair * (int64_t)KC * VC;
+    const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC; /* !SPLIT: dS⁺ (SPLIT: Δ) */
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
-    prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
-    load_rows<KC, VC>(p, sm, t0, clen, h, A, tid);
+    if (!SPLIT) prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+    load_rows<KC, VC, SPLIT>(p, sm, dS, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
@@ -629,36 +667,52 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     invert_blocks<KC, VC>(sm, sm.R, tid);
 
     float acc[VN][4];
-    /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
-    zero_acc<VN>(acc);
-    mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, lane);
-#pragma unroll
-    for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int i = 16 * I + g + 8 * (c >> 1), col = nv0 + 8 * nt + 2 * t + (c & 1);
-            sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][c]);
-        }
-    __syncthreads();
-    /* Δ = T Z */
-    zero_acc<VN>(acc);
-    mma_rows<VN, 0, 0, 0>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
-    __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            sm.D[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
+    if (!SPLIT) {
+        /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
+        zero_acc<VN>(acc);
+        mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, lane);
+    #pragma unroll
+        for (int nt = 0; nt < VN; nt++)
+    #pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int i = 16 * I + g + 8 * (c >> 1), col = nv0 + 8 * nt + 2 * t + (c & 1);
+                sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][c]);
+            }
+        __syncthreads();
+        /* Δ = T Z */
+        zero_acc<VN>(acc);
+        mma_rows<VN, 0, 0, 0>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
+        __syncthreads();
+    #pragma unroll
+        for (int nt = 0; nt < VN; nt++)
+    #pragma unroll
+            for (int c = 0; c < 4; c++)
+                sm.D[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
+    }
 
     /* ---- backward ---- */
     /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
     const float *Gl = sm.G + (C - 1) * KS;
-#pragma unroll 8
-    for (int e = tid; e < C * VC; e += CK_THREADS) {
-        const int i = e / VC, c = e % VC;
-        sm.R[i * VS + c] = i < clen && c < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0.0f;
+#pragma unroll
+    for (int j0 = 0; j0 < C * VC / CK_THREADS; j0 += 8) { /* 8 loads issued before any conversion (load_rows) */
+        uint32_t ob[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int e = tid + CK_THREADS * (j0 + j), i = e / VC, c = e % VC;
+            ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int e = tid + CK_THREADS * (j0 + j);
+            sm.R[(e / VC) * VS + e % VC] = bits_value(ob[j], p.do_dtype);
+        }
     }
-    {   /* TPR threads per row of S, dS⁺ (adjacent lanes), all their float4 loads in flight */
+    if (SPLIT)
+        for (int d = tid; d < KC; d += CK_THREADS) { /* dγ = rowsum(dS⁺ ⊙ S): the inter kernel's */
+            sm.gam[d] = gexp(Gl[d]);
+            sm.dgam[d] = p.dgam[pair * KC + d];
+        }
+    else {   /* TPR threads per row of S, dS⁺ (adjacent lanes), all their float4 loads in flight */
         constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
         const int d = tid / TPR, c0 = (tid % TPR) * NC;
         float s = 0.0f;
@@ -686,25 +740,38 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         dq_row[hr] = p.dqk + ((t0 + (i < clen ? i : 0)) * p.hv + h) * (int64_t)(2 * KC);
     }
     float dG[KN][4];
-    {   /* dQΓ = dO Sᵀ: dq̂ = s e^G dQΓ (its first term), dG = QΓ ⊙ dQΓ */
+    {   /* dQΓ = dO Sᵀ (SPLIT: the inter kernel's, raw in the scratch row): dq̂ = s e^G dQΓ (its first term),
+           dG = QΓ ⊙ dQΓ */
         float a[KN][4];
         zero_acc<KN>(a);
-        mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);
+        if (!SPLIT) mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);
 #pragma unroll
         for (int nt = 0; nt < KN; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int i = 16 * I + g + 8 * (c >> 1), d = nk0 + 8 * nt + 2 * t + (c & 1);
-                const float e = scale * gexp(sm.G[i * KS + d]) * a[nt][c];
+                const float e = scale * gexp(sm.G[i * KS + d]) * (SPLIT ? (i < clen ? dq_row[c >> 1][d] : 0.0f) : a[nt][c]);
                 if (i < clen) dq_row[c >> 1][d] = e;
                 dG[nt][c] = sm.q[i * KS + d] * e;
             }
     }
-    /* dΔ = Aqkᵀ dO + K̃ dS⁺ (in acc until dO is no longer needed) */
-    zero_acc<VN>(acc);
-    mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-    mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
-    __syncthreads(); /* every read of Aqk is done */
+    /* dΔ = Aqkᵀ dO + K̃ dS⁺ (SPLIT: the dstate kernel's; in acc until dO is no longer needed) */
+    if (!SPLIT) {
+        zero_acc<VN>(acc);
+        mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
+        mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
+        __syncthreads(); /* every read of Aqk is done */
+    } else {
+        const float *dd = p.ddelta + pair * (int64_t)C * VC;
+#pragma unroll
+        for (int nt = 0; nt < VN; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const float2 x = *(const float2 *)&dd[(16 * I + g + 8 * hr) * VC + nv0 + 8 * nt + 2 * t];
+                acc[nt][2 * hr] = x.x;
+                acc[nt][2 * hr + 1] = x.y;
+            }
+    }
     {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
         float a[CT][4];
         zero_acc<CT>(a);
@@ -762,11 +829,22 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
         const float br = sm.beta[r];
-#pragma unroll 8
-        for (int c = l4; c < p.V; c += TPRW) db += load_elem(p.v, p.dtype, row + c) * sm.R[r * VS + c];
+        constexpr int N = VC / TPRW / 2; /* two batches (the registers of dG and the row pointers are live) */
+#pragma unroll
+        for (int j0 = 0; j0 < 2 * N; j0 += N) {
+            uint32_t vb[N];
+#pragma unroll
+            for (int j = 0; j < N; j++) {
+                const int c = l4 + TPRW * (j0 + j);
+                vb[j] = c < p.V ? load_bits(p.v, p.dtype, row + c) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < N; j++) db += bits_value(vb[j], p.dtype) * sm.R[r * VS + l4 + TPRW * (j0 + j)];
+        }
         for (int c = l4; c < p.V; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
-    /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ through X = β k e^G and K̃ = k e^{G_last − G}, by halves of the warp's columns */
+    /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ (the inter kernel's, raw in the scratch row) through X = β k e^G and
+       K̃ = k e^{G_last − G}, by halves of the warp's columns */
     {
         float dbx[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -776,14 +854,16 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             float ax[NH][4], ak[NH][4];
             zero_acc<NH>(ax);
             zero_acc<NH>(ak);
-            mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
+            if (SPLIT) mma_rows<NH, 0, 1, 1>(ax, sm.R, VS, S, VC, 16 * I, n0, 0, VC, lane);
+            else mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
 #pragma unroll
             for (int nt = 0; nt < NH; nt++) {
                 float ext[2] = {0.0f, 0.0f};
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
-                    const float x = -ax[nt][c], y = ak[nt][c], b = sm.beta[i];
+                    const float x = -ax[nt][c], b = sm.beta[i];
+                    const float y = SPLIT ? (i < clen ? dq_row[c >> 1][KC + d] : 0.0f) : ak[nt][c];
                     const float e = gexp(sm.G[i * KS + d]), f = gexp(Gl[d] - sm.G[i * KS + d]), kd = sm.k[i * KS + d];
                     if (i < clen) dq_row[c >> 1][KC + d] = b * e * x + f * y; /* dk̂'s first term */
                     dbx[c >> 1] += kd * e * x;
@@ -860,25 +940,44 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int c = 0; c < 4; c++)
             sm.q[(16 * I + g + 8 * (c >> 1)) * KS + nk0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
-#pragma unroll 8
-    for (int e = tid; e < C * KC; e += CK_THREADS) {
-        const int i = e / KC, d = e % KC;
-        sm.G[i * KS + d] = i < clen && d < p.K ? gate_input(p, t0 + i, h, d) : 0.0f;
+    {   /* 8 loads issued before any conversion (load_rows) */
+        const int d = tid % KC; /* the same column at every step (CK_THREADS is a multiple of KC) */
+        const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+#pragma unroll
+        for (int j0 = 0; j0 < C * KC / CK_THREADS; j0 += 8) {
+            uint32_t xb[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int i = (tid + CK_THREADS * (j0 + j)) / KC;
+                xb[j] = i < clen && d < p.K ? load_bits(p.g, p.g_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int i = (tid + CK_THREADS * (j0 + j)) / KC;
+                sm.G[i * KS + d] = i < clen && d < p.K ? bits_value(xb[j], p.g_dtype) + bias : 0.0f;
+            }
+        }
     }
     __syncthreads();
     gate_backward_par<KC, VC>(p, sm, sm.M, cid, t0, clen, h, A, tid); /* M is free since the G_last sums */
 }
 
-template <int KC, int VC>
+template <int KC, int VC, int SPLIT>
 static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hv;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(chunk_smem<KC, VC>);
-    return kda_launch((const void *)kda_bwd_chunk_kernel<KC, VC>, ctas, CK_THREADS, bytes, p, device, done, stream);
+    return kda_launch((const void *)kda_bwd_chunk_kernel<KC, VC, SPLIT>, ctas, CK_THREADS, bytes, p, device, done, stream);
+}
+
+template <int KC, int VC>
+static int launch_chunk_mode(const kda_bwd_params_t *p, int device, void *stream) {
+    return p->split ? launch_chunk<KC, VC, 1>(p, device, stream) : launch_chunk<KC, VC, 0>(p, device, stream);
 }
 
 extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->kc == 64) return p->vc == 64 ? launch_chunk<64, 64>(p, device, stream) : launch_chunk<64, 128>(p, device, stream);
-    return p->vc == 64 ? launch_chunk<128, 64>(p, device, stream) : launch_chunk<128, 128>(p, device, stream);
+    if (p->kc == 64)
+        return p->vc == 64 ? launch_chunk_mode<64, 64>(p, device, stream) : launch_chunk_mode<64, 128>(p, device, stream);
+    return p->vc == 64 ? launch_chunk_mode<128, 64>(p, device, stream) : launch_chunk_mode<128, 128>(p, device, stream);
 }

@@ -1,6 +1,6 @@
 /*
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
- * end of every chunk, fp32 into the workspace, and d_initial_state.
+ * end of every chunk and the chunk's dΔ, fp32 into the workspace, and d_initial_state.
  *
  * One CTA of 256 threads per (sequence, value head, tile of BV value columns), last chunk to first (BV =
  * KDA_BWD_BV = 16, or 32 when the (sequence, head) pairs alone give a CTA per SM: each CTA copies the chunk's
@@ -8,7 +8,7 @@
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
- *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 16)
+ *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 16; ddelta[chunk] ← dΔ when split)
  *                                  dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ          (K × 16)
  *     d_initial_state ← dS
  *
@@ -84,22 +84,38 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
         const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
         float *out = p.dstates + (cid * p.hv + h) * (int64_t)KC * p.vc + c0;
         for (int e = tid; e < KC * BV; e += DS_THREADS) out[(e / BV) * (int64_t)p.vc + e % BV] = sm.dS[(e / BV) * SS + e % BV];
+        /* the panels by 16-byte asynchronous copies (no registers; waited for before the barrier) */
         for (int e = tid; e < KDA_CHUNK * KC * 2 / 16; e += DS_THREADS) {
-            ((uint4 *)sm.w)[e] = ((const uint4 *)blk)[e];
-            ((uint4 *)sm.qg)[e] = ((const uint4 *)(blk + kda_cuda_off_qg(KC)))[e];
-            ((uint4 *)sm.kt)[e] = ((const uint4 *)(blk + kda_cuda_off_kt(KC)))[e];
+            cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * e, 16);
+            cp_async16_zfill(smem_u32(sm.qg + 16 * e), blk + kda_cuda_off_qg(KC) + 16 * e, 16);
+            cp_async16_zfill(smem_u32(sm.kt + 16 * e), blk + kda_cuda_off_kt(KC) + 16 * e, 16);
         }
         for (int e = tid; e < KDA_PANEL_BYTES / 16; e += DS_THREADS)
-            ((uint4 *)sm.aqk)[e] = ((const uint4 *)(blk + kda_cuda_off_aqk(KC)))[e];
+            cp_async16_zfill(smem_u32(sm.aqk + 16 * e), blk + kda_cuda_off_aqk(KC) + 16 * e, 16);
+        cp_async_commit();
         for (int d = tid; d < KC; d += DS_THREADS) sm.gamma[d] = ((const float *)(blk + kda_cuda_off_gamma(KC)))[d];
-        for (int e = tid; e < KDA_CHUNK * BV; e += DS_THREADS) {
-            const int i = e / BV, c = e % BV;
-            float x = 0.0f;
-            if (i < clen && c0 + c < p.V) x = load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c0 + c);
-            sm.dO[i * SS + c] = x;
+        {   /* dO: 4 loads issued before any conversion (a round trip per 4 elements, not per element) */
+            constexpr int N = KDA_CHUNK * BV / DS_THREADS;
+#pragma unroll 1
+            for (int j0 = 0; j0 < N; j0 += 4) {
+                uint32_t ob[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int e = tid + DS_THREADS * (j0 + j), i = e / BV, c = e % BV;
+                    ob[j] = i < clen && c0 + c < p.V
+                                ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c0 + c)
+                                : 0u;
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int e = tid + DS_THREADS * (j0 + j);
+                    sm.dO[(e / BV) * SS + e % BV] = bits_value(ob[j], p.do_dtype);
+                }
+            }
         }
         if (ci > 0) /* the next (earlier) chunk's block into L2 while this one is computed */
             prefetch_block_l2(blk - (int64_t)p.hv * p.blocks.block_bytes, KC, tid);
+        cp_async_wait_all();
         __syncthreads();
         /* dΔ = Aqkᵀ dO + K̃ dS: warp w computes rows 16 I.. (I = w mod 4) of the column tiles w / 4 + 2u, u <
            BV/16, on the tensor cores (tf32: the bf16 panels exactly, dO and dS rounded); the row block's A fragments
@@ -144,6 +160,10 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
                     sm.dD[(16 * I + g + 8 * (c >> 1)) * SS + 8 * ((warp >> 2) + 2 * u) + 2 * t + (c & 1)] = acc[u][c];
         }
         __syncthreads();
+        if (p.split) { /* dΔ out, for the chunk kernel */
+            float *dd = p.ddelta + (cid * p.hv + h) * (int64_t)KDA_CHUNK * p.vc + c0;
+            for (int e = tid; e < KDA_CHUNK * BV; e += DS_THREADS) dd[(e / BV) * (int64_t)p.vc + e % BV] = sm.dD[(e / BV) * SS + e % BV];
+        }
         /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ: KC/16 row blocks × NTL column tiles, KC · BV/1024 per warp (each
            element read and written by its owner only) */
 #pragma unroll

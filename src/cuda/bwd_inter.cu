@@ -1,0 +1,195 @@
+/*
+ * Backward, stage 3a: the chunk's products with its states (docs/ALGORITHM.md §6, "Chunked"), before the chunk
+ * kernel (bwd_chunk.cu), as plain tensor-core products of bf16 tiles in shared memory.
+ *
+ * One CTA of 256 threads per (chunk, value head), several per SM. From the forward's chunk blocks (W, U in bf16,
+ * prep.cuh), S at the chunk's start (stage 1) and dS⁺ at its end (stage 2), in §3's notation:
+ *
+ *     Δ   = U − W S          (= T Z: the chunk's new values; C × V)
+ *     dQΓ = dO Sᵀ            (C × K)
+ *     dK̃  = Δ dS⁺ᵀ           (C × K)
+ *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 from the fp32 states)
+ *
+ * Written: Δ (fp32 [C][VC]) in place of the chunk's dS⁺ in the workspace (read whole into shared memory first;
+ * the chunk kernel needs Δ, no later stage needs dS⁺); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of
+ * the chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and
+ * overwrites; dγ per (chunk, head). The chunk kernel took these three products with S and dS⁺ as tf32 operands
+ * read element by element from L2 (two warps of four per product waiting on each other's loads: docs/PERF.md,
+ * "Backward v4, first step").
+ *
+ * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S and dS⁺
+ * [KC][VC] (rounded from fp32 here; the forward's products take S in bf16 too), W [C][KC] and U [C][VC] copied
+ * from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
+ * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
+ */
+#include "bwd.cuh"
+#include "seq.cuh"
+
+#define BI_THREADS 256
+#define C KDA_CHUNK
+
+/* Byte offset of element (row, col) of a bf16 tile of `rows` rows in 64-column panels (pan_off's swizzle) */
+DEV int tile_off(int rows, int row, int col) {
+    return (col >> 6) * (rows * 128) + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
+}
+
+template <int KC, int VC>
+struct inter_smem {
+    unsigned char s[KC * VC * 2], ds[KC * VC * 2]; /* S, dS⁺ [KC][VC] */
+    unsigned char w[C * KC * 2];                   /* W [C][KC] (the block's panels) */
+    unsigned char u[C * VC * 2];                   /* U [C][VC], then Δ */
+    unsigned char o[C * VC * 2];                   /* dO [C][VC] */
+};
+
+template <int KC, int VC>
+__global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_bwd_params_t p) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    inter_smem<KC, VC> &sm = *(inter_smem<KC, VC> *)smem_raw;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int I = warp & 3, hf = warp >> 2, g = lane >> 2, t = lane & 3;
+
+    const int64_t cid = blockIdx.x / p.hv;
+    const int h = (int)(blockIdx.x % p.hv);
+    const int64_t n = chunk_seq(p.seqs, cid);
+    if (n < 0) return;
+    int64_t bos, eos;
+    seq_bounds(p.seqs, n, &bos, &eos);
+    const int64_t t0 = bos + (cid - seq_chunk0(p.seqs, n)) * C;
+    const int clen = (int)min((int64_t)C, eos - t0);
+    if (clen <= 0) return;
+    const int64_t pair = cid * p.hv + h;
+    const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
+    const float *__restrict__ S = p.states + pair * (int64_t)KC * VC;
+    float *dS = p.dstates + pair * (int64_t)KC * VC; /* dS⁺ in, then Δ out */
+
+    /* W and U by 16-byte copies (the panels as they are), in flight while the states are read */
+    for (int e = tid; e < C * KC * 2 / 16; e += BI_THREADS)
+        cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * (int64_t)e, 16);
+    for (int e = tid; e < C * VC * 2 / 16; e += BI_THREADS)
+        cp_async16_zfill(smem_u32(sm.u + 16 * e), blk + kda_cuda_off_u(KC) + 16 * (int64_t)e, 16);
+    cp_async_commit();
+
+    /* S, dS⁺ → bf16, dγ: 8 consecutive columns per thread and step, VC / 8 threads per row (adjacent lanes) */
+    {
+        constexpr int TPR = VC / 8, RPS = BI_THREADS / TPR; /* threads per row, rows per step */
+        const int c0 = (tid % TPR) * 8;
+        float *dgam = p.dgam + pair * (int64_t)KC;
+#pragma unroll 4
+        for (int d = tid / TPR; d < KC; d += RPS) {
+            const float4 s0 = __ldg((const float4 *)(S + d * VC + c0)), s1 = __ldg((const float4 *)(S + d * VC + c0 + 4));
+            const float4 x0 = *(const float4 *)(dS + d * VC + c0), x1 = *(const float4 *)(dS + d * VC + c0 + 4);
+            float sum = s0.x * x0.x + s0.y * x0.y + s0.z * x0.z + s0.w * x0.w + s1.x * x1.x + s1.y * x1.y +
+                        s1.z * x1.z + s1.w * x1.w;
+            *(uint4 *)(sm.s + tile_off(KC, d, c0)) = make_uint4(pack_bf16(s0.x, s0.y), pack_bf16(s0.z, s0.w),
+                                                                pack_bf16(s1.x, s1.y), pack_bf16(s1.z, s1.w));
+            *(uint4 *)(sm.ds + tile_off(KC, d, c0)) = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w),
+                                                                 pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
+#pragma unroll
+            for (int o = 1; o < TPR; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (tid % TPR == 0) dgam[d] = sum;
+        }
+    }
+    /* dO → bf16 (rows past the chunk's end and padded columns zero) */
+    for (int e = tid; e < C * VC / 8; e += BI_THREADS) {
+        const int i = e / (VC / 8), c = (e % (VC / 8)) * 8;
+        float x[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] = i < clen && c + j < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c + j)
+                                           : 0.0f;
+        *(uint4 *)(sm.o + tile_off(C, i, c)) =
+            make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+    }
+    cp_async_wait_all();
+    __syncthreads(); /* every read of dS⁺ is done: Δ may take its place */
+
+    /* ldmatrix lane roles: A fragment (rows r0.., k0..): row r0 + (lane & 15), column k0 + 8 (lane >> 4);
+       B fragments of two 8-column tiles from a [k][n] tile (trans) or an [n][k] tile (plain) */
+    const int lr = lane & 7, lm = lane >> 3;
+    const uint32_t s_u = smem_u32(sm.s), ds_u = smem_u32(sm.ds), w_u = smem_u32(sm.w), u_u = smem_u32(sm.u),
+                   o_u = smem_u32(sm.o);
+    {   /* Δ = U − W S: rows 16 I.., columns (VC / 2) hf.. */
+        constexpr int NT = VC / 16;
+        const int n0 = hf * (VC / 2);
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < KC; k0 += 16) {
+            uint32_t a[4];
+            ldsm_x4(a, w_u + tile_off(C, 16 * I + (lane & 15), k0 + 8 * (lane >> 4)));
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b[4]; /* k rows k0 + lr + 8 (lm & 1), n columns n0 + 16 np + 8 (lm >> 1) */
+                ldsm_x4_t(b, s_u + tile_off(KC, k0 + lr + 8 * (lm & 1), n0 + 16 * np + 8 * (lm >> 1)));
+                mma_bf16(acc[2 * np], a, b[0], b[1]);
+                mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+            }
+        }
+        float *dl = dS; /* Δ [C][VC] */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * I + g + 8 * hr, col = n0 + 8 * nt + 2 * t;
+                uint32_t *up = (uint32_t *)(sm.u + tile_off(C, i, col));
+                const float2 uu = unpack_bf16(*up);
+                const float d0 = uu.x - acc[nt][2 * hr], d1 = uu.y - acc[nt][2 * hr + 1];
+                *(float2 *)(dl + i * VC + col) = make_float2(d0, d1);
+                *up = pack_bf16(d0, d1); /* the element's owner only: in place */
+            }
+    }
+    __syncthreads();
+    {   /* dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ: rows 16 I.., columns (KC / 2) hf.. */
+        constexpr int NT = KC / 16;
+        const int n0 = hf * (KC / 2);
+        float aq[NT][4], ak[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) aq[nt][c] = ak[nt][c] = 0.0f;
+#pragma unroll 2
+        for (int k0 = 0; k0 < VC; k0 += 16) {
+            uint32_t ao[4], ad[4];
+            ldsm_x4(ao, o_u + tile_off(C, 16 * I + (lane & 15), k0 + 8 * (lane >> 4)));
+            ldsm_x4(ad, u_u + tile_off(C, 16 * I + (lane & 15), k0 + 8 * (lane >> 4)));
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                const int off = tile_off(KC, n0 + 16 * np + lr + 8 * (lm >> 1), k0 + 8 * (lm & 1));
+                uint32_t bs[4], bd[4]; /* n rows n0 + 16 np + lr + 8 (lm >> 1), k columns k0 + 8 (lm & 1) */
+                ldsm_x4(bs, s_u + off);
+                ldsm_x4(bd, ds_u + off);
+                mma_bf16(aq[2 * np], ao, bs[0], bs[1]);
+                mma_bf16(aq[2 * np + 1], ao, bs[2], bs[3]);
+                mma_bf16(ak[2 * np], ad, bd[0], bd[1]);
+                mma_bf16(ak[2 * np + 1], ad, bd[2], bd[3]);
+            }
+        }
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr;
+            if (i >= clen) continue;
+            float *row = p.dqk + ((t0 + i) * p.hv + h) * (int64_t)(2 * KC);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int col = n0 + 8 * nt + 2 * t;
+                *(float2 *)(row + col) = make_float2(aq[nt][2 * hr], aq[nt][2 * hr + 1]);
+                *(float2 *)(row + KC + col) = make_float2(ak[nt][2 * hr], ak[nt][2 * hr + 1]);
+            }
+        }
+    }
+}
+
+template <int KC, int VC>
+static int launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
+    const int64_t ctas = p->blocks.max_chunks * p->hv;
+    if (ctas == 0) return 0;
+    static int done[KDA_MAX_DEVICES];
+    const int bytes = (int)sizeof(inter_smem<KC, VC>);
+    return kda_launch((const void *)kda_bwd_inter_kernel<KC, VC>, ctas, BI_THREADS, bytes, p, device, done, stream);
+}
+
+extern "C" int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
+    if (p->kc == 64) return p->vc == 64 ? launch_inter<64, 64>(p, device, stream) : launch_inter<64, 128>(p, device, stream);
+    return p->vc == 64 ? launch_inter<128, 64>(p, device, stream) : launch_inter<128, 128>(p, device, stream);
+}
