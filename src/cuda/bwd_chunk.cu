@@ -131,22 +131,14 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
-        const bool row = i < clen;
         float qv[U], kv[U], sq = 0.0f, sk = 0.0f;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int d = lane + 32 * u;
             qv[u] = bits_value(qb[r][u], p.dtype);
             kv[u] = bits_value(kb[r][u], p.dtype);
             sq += qv[u] * qv[u];
             sk += kv[u] * kv[u];
-            float y = 0.0f;
-            if (row && d < p.K) {
-                y = gate_value(p, A, bits_value(gb[r][u], p.g_dtype) + db[u]);
-                y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
-                y = y < 0.0f ? y : 0.0f;
-            }
-            sm.G[i * KS + d] = y;
+            sm.G[i * KS + lane + 32 * u] = bits_value(gb[r][u], p.g_dtype) + db[u]; /* the gate input x */
         }
         const float rq = p.l2norm ? 1.0f / sqrtf(warp_sum(sq) + 1e-6f) : 1.0f;
         const float rk = p.l2norm ? 1.0f / sqrtf(warp_sum(sk) + 1e-6f) : 1.0f;
@@ -157,11 +149,28 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         }
         if (lane == r) {
             float b = 0.0f;
-            if (row) {
+            if (i < clen) {
                 b = bits_value(bb, p.beta_dtype);
                 if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigm(b);
             }
             sm.beta[i] = b;
+        }
+    }
+    /* ĝ from x, each lane its own elements; one copy of the gate's code per column step (the rows in a loop: the
+       unrolled version's straight-line code made the warps wait for instruction fetches) */
+#pragma unroll 1
+    for (int r = 0; r < RW; r++) {
+        const int i = warp + (CK_THREADS / 32) * r;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int d = lane + 32 * u;
+            float y = 0.0f;
+            if (i < clen && d < p.K) {
+                y = gate_value(p, A, sm.G[i * KS + d]);
+                y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
+                y = y < 0.0f ? y : 0.0f;
+            }
+            sm.G[i * KS + d] = y;
         }
     }
 }
@@ -657,6 +666,14 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
     if (!SPLIT) prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+    else { /* dΔ and the scratch rows (raw dQΓ, dK̃), read after the inverse */
+        prefetch_l2(p.ddelta + pair * (int64_t)C * VC, (int64_t)C * VC * 4, tid);
+#ifdef __CUDA_ARCH__
+        const int i = tid / (2 * KC * 4 / 128), o = tid % (2 * KC * 4 / 128); /* 128-byte lines of a row */
+        if (i < clen)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.dqk + ((t0 + i) * p.hv + h) * (int64_t)(2 * KC) + 32 * o));
+#endif
+    }
     load_rows<KC, VC, SPLIT>(p, sm, dS, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);

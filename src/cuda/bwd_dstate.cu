@@ -53,6 +53,19 @@ DEV void prefetch_block_l2(const unsigned char *blk, int KC, int tid) {
 #endif
 }
 
+/* A tf32 A fragment (bwd.cuh mma16's frag_t a[4]) of a 16 × 16 block of a bf16 panel tile by one ldmatrix: rows
+ * r0.., columns c0.. of the tile (ROWS: the fragment's rows are the tile's rows) or of its transpose (the
+ * fragment's row i, column k is the tile's (k, i)); exact (bf16 ⊂ tf32). One LDSM.x4 instead of 8 two-byte
+ * loads with their swizzle arithmetic each. */
+template <int ROWS>
+DEV void panel_frag(frag_t a[4], const unsigned char *tile, int r0, int c0, int lane) {
+    uint32_t w[4];
+    if (ROWS) ldsm_x4(w, smem_u32(tile + pan_off(r0 + (lane & 15), c0 + 8 * (lane >> 4))));
+    else ldsm_x4_t(w, smem_u32(tile + pan_off(c0 + (lane & 7) + 8 * (lane >> 4), r0 + 8 * ((lane >> 3) & 1))));
+#pragma unroll
+    for (int r = 0; r < 4; r++) a[r] = make_float2(__uint_as_float(w[r] << 16), __uint_as_float(w[r] & 0xffff0000u));
+}
+
 template <int KC, int BV>
 __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
     constexpr int SS = BV + 4, NTL = BV / 8; /* 8-column tiles */
@@ -128,10 +141,8 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
             for (int u = 0; u < TW; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
 #pragma unroll 1
             for (int m0 = 16 * I; m0 < KDA_CHUNK; m0 += 16) { /* Aqk lower: rows m ≥ i */
-                frag_t a[4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) /* A(i, m) = Aqk[m][i] */
-                    a[r] = panel_col_pair(sm.aqk, m0 + 2 * t + 8 * (r >> 1), 16 * I + g + 8 * (r & 1));
+                frag_t a[4]; /* A(i, m) = Aqk[m][i] */
+                panel_frag<0>(a, sm.aqk, 16 * I, m0, lane);
                 const int k = m0 + 2 * t;
 #pragma unroll
                 for (int u = 0; u < TW; u++) {
@@ -143,8 +154,7 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
 #pragma unroll 2
             for (int d0 = 0; d0 < KC; d0 += 16) {
                 frag_t a[4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) a[r] = panel_pair(sm.kt, 16 * I + g + 8 * (r & 1), d0 + 2 * t + 8 * (r >> 1));
+                panel_frag<1>(a, sm.kt, 16 * I, d0, lane);
                 const int k = d0 + 2 * t;
 #pragma unroll
                 for (int u = 0; u < TW; u++) {
@@ -172,13 +182,9 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 2
             for (int i0 = 0; i0 < KDA_CHUNK; i0 += 16) {
-                frag_t aq[4], aw[4];
-#pragma unroll
-                for (int r = 0; r < 4; r++) { /* A(d, i) = QΓ[i][d], W[i][d] */
-                    const int i = i0 + 2 * t + 8 * (r >> 1), d = 16 * rb + g + 8 * (r & 1);
-                    aq[r] = panel_col_pair(sm.qg, i, d);
-                    aw[r] = panel_col_pair(sm.w, i, d);
-                }
+                frag_t aq[4], aw[4]; /* A(d, i) = QΓ[i][d], W[i][d] */
+                panel_frag<0>(aq, sm.qg, 16 * rb, i0, lane);
+                panel_frag<0>(aw, sm.w, 16 * rb, i0, lane);
                 const int k = i0 + 2 * t;
                 mma16(acc, aq, tf2(sm.dO[k * SS + n], sm.dO[(k + 1) * SS + n]),
                       tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));

@@ -89,16 +89,29 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             if (tid % TPR == 0) dgam[d] = sum;
         }
     }
-    /* dO → bf16 (rows past the chunk's end and padded columns zero) */
-    for (int e = tid; e < C * VC / 8; e += BI_THREADS) {
-        const int i = e / (VC / 8), c = (e % (VC / 8)) * 8;
-        float x[8];
+    /* dO → bf16 (rows past the chunk's end and padded columns zero): a thread's 8 · C·VC/2048 elements, every
+       load issued before any conversion (load_bits: one round trip, not one per element) */
+    {
+        constexpr int N = C * VC / 8 / BI_THREADS;
+        uint32_t ob[N][8];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            x[j] = i < clen && c + j < p.V ? load_elem(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c + j)
-                                           : 0.0f;
-        *(uint4 *)(sm.o + tile_off(C, i, c)) =
-            make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+        for (int j = 0; j < N; j++) {
+            const int e = tid + BI_THREADS * j, i = e / (VC / 8), c = (e % (VC / 8)) * 8;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                ob[j][u] = i < clen && c + u < p.V
+                               ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c + u)
+                               : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < N; j++) {
+            const int e = tid + BI_THREADS * j, i = e / (VC / 8), c = (e % (VC / 8)) * 8;
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) x[u] = bits_value(ob[j][u], p.do_dtype);
+            *(uint4 *)(sm.o + tile_off(C, i, c)) =
+                make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
+        }
     }
     cp_async_wait_all();
     __syncthreads(); /* every read of dS⁺ is done: Δ may take its place */
