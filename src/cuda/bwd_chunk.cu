@@ -52,9 +52,10 @@ struct chunk_smem {
     float dbp[2 * CK_NQ][C]; /* dβ's pair terms (by column part) and dX terms (CK_NQ + part) per row */
 };
 
-/* accurate fp32 functions (the backward is compared with the fp64 oracle) */
-DEV float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-DEV float softplus_acc(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
+/* the gate's and β's functions by the SFU, as the forward's (common.cuh; ~1e-7 relative, against gradient errors
+ * of ~1e-3: expf/log1pf/division here were ~9 % of the kernel's stall samples, with the gate backward's code) */
+DEV float sigm(float x) { return sigmoidf_(x); }
+DEV float softplus_acc(float x) { return softplusf_(x); }
 /* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
  * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
 DEV float gexp(float x) { return __expf(x); }
@@ -681,6 +682,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const int split = block_split<KC>(sm.G, I, lane);
     pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
+    /* dO's first loads issued now, converted into R after the inverse (which uses R as its scratch): their round
+       trip overlaps the inverse's barrier-bound steps (8: more held across it spill) */
+    constexpr int NO = C * VC / CK_THREADS, NO1 = NO < 8 ? NO : 8;
+    uint32_t ob[NO];
+#pragma unroll
+    for (int j = 0; j < NO1; j++) {
+        const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+        ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+    }
     invert_blocks<KC, VC>(sm, sm.R, tid);
 
     float acc[VN][4];
@@ -688,9 +698,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
         zero_acc<VN>(acc);
         mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, lane);
-    #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < VN; nt++)
-    #pragma unroll
+#pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int i = 16 * I + g + 8 * (c >> 1), col = nv0 + 8 * nt + 2 * t + (c & 1);
                 sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][c]);
@@ -700,9 +710,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         zero_acc<VN>(acc);
         mma_rows<VN, 0, 0, 0>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
         __syncthreads();
-    #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < VN; nt++)
-    #pragma unroll
+#pragma unroll
             for (int c = 0; c < 4; c++)
                 sm.D[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     }
@@ -711,18 +721,14 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
     const float *Gl = sm.G + (C - 1) * KS;
 #pragma unroll
-    for (int j0 = 0; j0 < C * VC / CK_THREADS; j0 += 8) { /* 8 loads issued before any conversion (load_rows) */
-        uint32_t ob[8];
+    for (int j = NO1; j < NO; j++) {
+        const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+        ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+    }
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int e = tid + CK_THREADS * (j0 + j), i = e / VC, c = e % VC;
-            ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int e = tid + CK_THREADS * (j0 + j);
-            sm.R[(e / VC) * VS + e % VC] = bits_value(ob[j], p.do_dtype);
-        }
+    for (int j = 0; j < NO; j++) {
+        const int e = tid + CK_THREADS * j;
+        sm.R[(e / VC) * VS + e % VC] = bits_value(ob[j], p.do_dtype);
     }
     if (SPLIT)
         for (int d = tid; d < KC; d += CK_THREADS) { /* dγ = rowsum(dS⁺ ⊙ S): the inter kernel's */
