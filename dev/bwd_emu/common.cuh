@@ -16,6 +16,18 @@ DEV float load_elem(const void *p, int dtype, int64_t i) {
     if (dtype == KDA_DT_F16) return f16_bits_to_f32(((const uint16_t *)p)[i]);
     return bf16_bits_to_f32(((const uint16_t *)p)[i]);
 }
+/* load_elem in two halves (the kernels issue a batch of loads, then convert) */
+DEV uint32_t load_bits(const void *p, int dtype, int64_t i) {
+    return dtype == KDA_DT_F32 ? ((const uint32_t *)p)[i] : (uint32_t)((const uint16_t *)p)[i];
+}
+DEV float bits_value(uint32_t b, int dtype) {
+    if (dtype == KDA_DT_F32) return __uint_as_float(b);
+    if (dtype == KDA_DT_F16) return f16_bits_to_f32((uint16_t)b);
+    return bf16_bits_to_f32((uint16_t)b);
+}
+/* the SFU's sigmoid and softplus (common.cuh), in libm */
+DEV float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+DEV float softplusf_(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 DEV void store_elem(void *p, int dtype, int64_t i, float x) {
     if (dtype == KDA_DT_F32) ((float *)p)[i] = x;
     else if (dtype == KDA_DT_F16) { _Float16 h = (_Float16)x; memcpy((uint16_t *)p + i, &h, 2); }
@@ -24,6 +36,7 @@ DEV void store_elem(void *p, int dtype, int64_t i, float x) {
 /* bf16 pairs and the tensor-core product (mma.sync m16n8k16 row.col, bf16 → fp32) of a warp: each lane posts its
  * fragments, then computes its own four outputs from the whole warp's (the PTX fragment layouts) */
 DEV uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f32_to_bf16_bits(lo) | ((uint32_t)f32_to_bf16_bits(hi) << 16); }
+DEV float2 unpack_bf16(uint32_t u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
 typedef struct { uint32_t a[4], b[2]; } emu_mma_frag;
 extern emu_mma_frag emu_mma[16][32];
 DEV float emu_half(uint32_t w, int hi) { return bf16_bits_to_f32((uint16_t)(hi ? w >> 16 : w & 0xffff)); }
@@ -67,6 +80,35 @@ DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, 
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
+/* shared-memory "addresses" are offsets into the block's smem_raw; ldmatrix (x4, b16) of a warp: each lane posts
+ * its row address, then gathers its four registers from the rows of the lanes 8q.. (q: the matrix) — row g's
+ * 32-bit word t, or (.trans) the 16-bit elements g of rows 2t and 2t + 1 */
+DEV uint32_t smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - smem_raw); }
+extern uint32_t emu_ldsm_addr[16][32];
+DEV void emu_ldsm(uint32_t r[4], uint32_t addr, int trans) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    emu_ldsm_addr[w][lane] = addr;
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    for (int q = 0; q < 4; q++) {
+        if (!trans) memcpy(&r[q], smem_raw + emu_ldsm_addr[w][8 * q + g] + 4 * t, 4);
+        else {
+            uint16_t lo, hi;
+            memcpy(&lo, smem_raw + emu_ldsm_addr[w][8 * q + 2 * t] + 2 * g, 2);
+            memcpy(&hi, smem_raw + emu_ldsm_addr[w][8 * q + 2 * t + 1] + 2 * g, 2);
+            r[q] = (uint32_t)lo | ((uint32_t)hi << 16);
+        }
+    }
+    pthread_barrier_wait(&emu_warp_bar[w]);
+}
+DEV void ldsm_x4(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 0); }
+DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 1); }
+/* cp.async: a plain copy (the emulated thread waits for nothing) */
+DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
+    memset(smem_raw + dst, 0, 16);
+    memcpy(smem_raw + dst, src, (size_t)src_bytes);
+}
+DEV void cp_async_commit(void) {}
+DEV void cp_async_wait_all(void) {}
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }

@@ -1,9 +1,15 @@
-/* The chunk kernel (bwd_chunk.cu, cut before its launcher) under the emulator: a CTA per (chunk, value head). */
+/* The chunk kernel (bwd_chunk.cu, cut before its launcher) under the emulator: a CTA per (chunk, value head), its
+ * fp32-input path (SPLIT = 0: everything recomputed from the inputs, S and dS⁺) or (p->split) the split path after
+ * the emulated dstate and inter kernels. */
 #include "bwd_chunk.emu.h"
 
 /* one wrapper per tile instance: emu_launch calls it on every emulated thread with the kernel's parameters */
-#define CHUNK_INSTANCE(KC, VC) \
-    static void chunk_##KC##_##VC(const void *p) { kda_bwd_chunk_kernel<KC, VC>(*(const kda_bwd_params_t *)p); }
+#define CHUNK_INSTANCE(KC, VC)                                                                                        \
+    static void chunk_##KC##_##VC(const void *p) {                                                                    \
+        const kda_bwd_params_t *q = (const kda_bwd_params_t *)p;                                                      \
+        if (q->split) kda_bwd_chunk_kernel<KC, VC, 1>(*q);                                                            \
+        else kda_bwd_chunk_kernel<KC, VC, 0>(*q);                                                                     \
+    }
 CHUNK_INSTANCE(64, 64)
 CHUNK_INSTANCE(64, 128)
 CHUNK_INSTANCE(128, 64)

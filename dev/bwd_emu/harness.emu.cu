@@ -17,6 +17,7 @@ pthread_barrier_t emu_block_bar, emu_warp_bar[16];
 float emu_warp_x[16][32];
 emu_mma_frag emu_mma[16][32];
 emu_tf32_frag emu_tf32[16][32];
+uint32_t emu_ldsm_addr[16][32];
 __attribute__((aligned(16))) unsigned char smem_raw[EMU_SMEM_BYTES];
 
 typedef struct { emu_kernel_fn kernel; const void *arg; unsigned thread, block; } emu_thread_t;
@@ -55,6 +56,7 @@ void emu_launch(unsigned blocks, unsigned threads, emu_kernel_fn kernel, const v
 void run_chunk(const kda_bwd_params_t *p);  /* emu_chunk.emu.cu */
 void run_dstate(const kda_bwd_params_t *p); /* emu_dstate.emu.cu */
 void run_finish(const kda_bwd_params_t *p); /* emu_finish.emu.cu */
+void run_inter(const kda_bwd_params_t *p);  /* emu_inter.emu.cu */
 
 /* ---------------------------------------------------------------------------------------------------------
  * The harness
@@ -247,6 +249,10 @@ int main(int argc, char **argv) {
     p.beta_sigmoid = 1; p.neg_eigval = neg;
     (void)total;
     float *st2 = floats(nstates, NAN), *dst2 = floats(nstates, NAN), *h0bad = floats(N * HV * K * V, 0.f);
+    /* use_blocks = 2: the split stage 3 of 16-bit inputs (the dstate kernel writes dΔ, the inter kernel runs) */
+    float *ddelta = floats(max_chunks * HV * C * VC, NAN), *dgam = floats(max_chunks * HV * KC, NAN);
+    p.split = use_blocks == 2;
+    p.ddelta = ddelta; p.dgam = dgam;
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
@@ -261,6 +267,7 @@ int main(int argc, char **argv) {
             for (int64_t c = 0; c < total * HV * KC * VC; c++) { if (!isfinite(x[c])) nf++; num += pow(x[c] - y[c], 2); den += pow(y[c], 2); }
             printf("%s rel err %.3e nonfinite %lld\n", w2 ? "dstates" : "states", sqrt(num / den), (long long)nf);
         }
+        if (p.split) run_inter(&p);
     }
     run_chunk(&p);
     run_finish(&p);
@@ -284,7 +291,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(dqk); free(part); free(st2); free(dst2); free(h0bad);
+    free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(ddelta); free(dgam);
     kda_synth_free(&s);
     return bad;
 }

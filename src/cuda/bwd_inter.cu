@@ -43,7 +43,7 @@ struct inter_smem {
 
 template <int KC, int VC>
 __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_bwd_params_t p) {
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    extern __shared__ __align__(16) unsigned char smem_raw[];
     inter_smem<KC, VC> &sm = *(inter_smem<KC, VC> *)smem_raw;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int I = warp & 3, hf = warp >> 2, g = lane >> 2, t = lane & 3;
