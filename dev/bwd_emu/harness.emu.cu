@@ -249,10 +249,10 @@ int main(int argc, char **argv) {
     p.beta_sigmoid = 1; p.neg_eigval = neg;
     (void)total;
     float *st2 = floats(nstates, NAN), *dst2 = floats(nstates, NAN), *h0bad = floats(N * HV * K * V, 0.f);
-    /* use_blocks = 2: the split stage 3 of 16-bit inputs (the dstate kernel writes dΔ, the inter kernel runs) */
-    float *ddelta = floats(max_chunks * HV * C * VC, NAN), *dgam = floats(max_chunks * HV * KC, NAN);
+    /* use_blocks = 2: the split stage 3 of 16-bit inputs (the inter kernel runs) */
+    float *delta = floats(max_chunks * HV * C * VC, NAN), *dgam = floats(max_chunks * HV * KC, NAN);
     p.split = use_blocks == 2;
-    p.ddelta = ddelta; p.dgam = dgam;
+    p.delta = delta; p.dgam = dgam;
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
@@ -291,7 +291,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(ddelta); free(dgam);
+    free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam);
     kda_synth_free(&s);
     return bad;
 }

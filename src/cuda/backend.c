@@ -395,12 +395,12 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
 /* ---------------------------------------------------------------------------------------------------------
  * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the five
  * backward stages. Workspace, each region 256-byte aligned:
- *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk, then Δ (fp32 [KC][VC]
- *   per chunk and head) | dΔ per chunk (fp32 [C][VC]) and dγ per chunk (fp32 [KC]), 16-bit inputs only (the split
- *   stage 3, bwd.h) | dq̂, dk̂ per token and value head (fp32 2 × KC) | dA_log/ddt_bias partials per chunk and head
+ *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk
+ *   and head) | Δ per chunk (fp32 [C][VC]) and dγ per chunk (fp32 [KC]), 16-bit inputs only (the split stage 3,
+ *   bwd.h) | dq̂, dk̂ per token and value head (fp32 2 × KC) | dA_log/ddt_bias partials per chunk and head
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t blocks, states, dstates, ddelta, dgam, dqk, part, total;
+    size_t blocks, states, dstates, delta, dgam, dqk, part, total;
 } bwd_layout_t;
 
 static bwd_layout_t bwd_layout(const kda_problem_t *p) {
@@ -410,9 +410,9 @@ static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     l.blocks = meta_bytes(p);
     l.states = l.blocks + align256(heads * (size_t)block_bytes(p));
     l.dstates = l.states + align256(heads * kc * vc * 4);
-    const size_t split = p->a.dtype != KDA_FLOAT32; /* bwd.h kda_bwd_params_t.split: dΔ and dγ regions */
-    l.ddelta = l.dstates + align256(heads * kc * vc * 4);
-    l.dgam = l.ddelta + split * align256(heads * KDA_CHUNK * vc * 4);
+    const size_t split = p->a.dtype != KDA_FLOAT32; /* bwd.h kda_bwd_params_t.split: Δ and dγ regions */
+    l.delta = l.dstates + align256(heads * kc * vc * 4);
+    l.dgam = l.delta + split * align256(heads * KDA_CHUNK * vc * 4);
     l.dqk = l.dgam + split * align256(heads * kc * 4);
     l.part = l.dqk + align256((size_t)p->num_tokens * (size_t)p->a.num_v_heads * 2 * kc * 4);
     l.total = l.part + align256(heads * (kc + 1) * 4);
@@ -504,7 +504,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.blocks = pp.blocks;
     bw.states = (float *)(base + l.states);
     bw.dstates = (float *)(base + l.dstates);
-    bw.ddelta = (float *)(base + l.ddelta);
+    bw.delta = (float *)(base + l.delta);
     bw.dgam = (float *)(base + l.dgam);
     bw.dqk = (float *)(base + l.dqk);
     bw.part = (float *)(base + l.part);

@@ -7,11 +7,11 @@
  *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
  *                  chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
- *                  end and dΔ per chunk, fp32, and d_initial_state
- *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S
- *                  (into dS⁺'s place), dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ
+ *                  end, fp32, and d_initial_state
+ *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
+ *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ (16-bit inputs only)
  *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's pair products and inverse from the inputs, then
- *                  its gradients from Δ, dΔ and those products: dv, dg, dβ written, dq̂ and dk̂ of the value head
+ *                  its gradients (16-bit inputs: with Δ, dQΓ, dK̃, dγ from bwd_inter.cu): dv, dg, dβ written, dq̂ and dk̂ of the value head
  *                  into scratch, dA_log/ddt_bias partial sums per (chunk, head); tensor cores (tf32, fp32 sums)
  *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
  *                  dA_log and ddt_bias summed over the chunks in order
@@ -40,9 +40,8 @@ typedef struct kda_bwd_params {
     kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
     /* workspace regions, fp32 */
     float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero) */
-    float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end; the inter kernel
-                                     overwrites each with the chunk's Δ ([C][VC]) */
-    float *ddelta;                /* [max_chunks][hv][C][VC]: dΔ = Aqkᵀ dO + K̃ dS⁺ of each chunk (dstate kernel) */
+    float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end */
+    float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only) */
     float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel) */
     float *dqk;                   /* [num_tokens][hv][2][KC]: dq̂, dk̂ of each value head (before the l2norm step) */
     float *part;                  /* [max_chunks][hv][KC + 1]: per chunk Σ ∂L/∂A_log, then Σ ∂L/∂dt_bias[d] */
@@ -62,7 +61,7 @@ typedef struct kda_bwd_params {
     float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int split;                    /* 16-bit q, k, v: stage 3 split in two (bwd_inter.cu, then bwd_chunk.cu with Δ,
-                                     dΔ, dγ, dQΓ, dK̃ from the stages before, products of the bf16 chunk blocks);
+                                     dγ, dQΓ, dK̃ from it: products of the bf16 chunk blocks and bf16-rounded states);
                                      fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
     int dev_skip;                 /* development builds (0 in the shipped library) */

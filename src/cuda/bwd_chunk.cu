@@ -3,14 +3,14 @@
  * same computation on the CPU).
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
- * and inverse in fp32 from the inputs, takes Δ, dΔ, dγ and the raw products dQΓ, dK̃ from the stages before
- * (bwd_dstate.cu, bwd_inter.cu), then differentiates the chunk. In §3's notation, A = Diag(β) M,
+ * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
+ * 16-bit inputs (SPLIT), Δ, dγ and the raw products dQΓ, dK̃ from bwd_inter.cu, then differentiates the chunk. In §3's notation, A = Diag(β) M,
  * X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
  *              M[i][j] = Σ_d k_i k_j e^{G_i − G_j} (j < i),  Aqk[i][j] = s Σ_d q_i k_j e^{G_i − G_j} (j ≤ i)
  *              T = (I + A)⁻¹,  Δ = T Z  (= U − W S: the inter kernel's)
- *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺ (in)  dAqk = dO Δᵀ (lower)    dQΓ = dO Sᵀ (in)  dK̃ = Δ dS⁺ᵀ (in)
+ *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dQΓ = dO Sᵀ (in)  dK̃ = Δ dS⁺ᵀ (in)
  *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ      dγ = rowsum(dS⁺ ⊙ S) (in)
  *              dv = β dR;  dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
  *              the factor rules (QΓ = s q e^G, X, K̃ = k e^{G_last − G}, γ = e^{G_last}) into dq̂, dk̂, dG;
@@ -22,8 +22,8 @@
  * ∂L/∂A_log and ∂L/∂dt_bias.
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
- * then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S is read from the
- * workspace (L2: prefetched at the start) as the tensor-core operand of dX.
+ * then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
+ * the workspace (L2: prefetched at the start) as tensor-core operands (SPLIT: of dX and K̃ dS⁺ only).
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
  * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
@@ -661,21 +661,20 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
     const int64_t pair = cid * p.hv + h;
     const float *__restrict__ S = p.states + pair * (int64_t)KC * VC;
-    const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC; /* !SPLIT: dS⁺ (SPLIT: Δ) */
+    const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC;
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
-    if (!SPLIT) prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
-    else { /* dΔ and the scratch rows (raw dQΓ, dK̃), read after the inverse */
-        prefetch_l2(p.ddelta + pair * (int64_t)C * VC, (int64_t)C * VC * 4, tid);
+    prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+    if (SPLIT) { /* the scratch rows (raw dQΓ, dK̃), read after the inverse */
 #ifdef __CUDA_ARCH__
         const int i = tid / (2 * KC * 4 / 128), o = tid % (2 * KC * 4 / 128); /* 128-byte lines of a row */
         if (i < clen)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(p.dqk + ((t0 + i) * p.hv + h) * (int64_t)(2 * KC) + 32 * o));
 #endif
     }
-    load_rows<KC, VC, SPLIT>(p, sm, dS, t0, clen, h, A, tid);
+    load_rows<KC, VC, SPLIT>(p, sm, p.delta + pair * (int64_t)C * VC, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
@@ -778,23 +777,11 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 dG[nt][c] = sm.q[i * KS + d] * e;
             }
     }
-    /* dΔ = Aqkᵀ dO + K̃ dS⁺ (SPLIT: the dstate kernel's; in acc until dO is no longer needed) */
-    if (!SPLIT) {
-        zero_acc<VN>(acc);
-        mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-        mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
-        __syncthreads(); /* every read of Aqk is done */
-    } else {
-        const float *dd = p.ddelta + pair * (int64_t)C * VC;
-#pragma unroll
-        for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const float2 x = *(const float2 *)&dd[(16 * I + g + 8 * hr) * VC + nv0 + 8 * nt + 2 * t];
-                acc[nt][2 * hr] = x.x;
-                acc[nt][2 * hr + 1] = x.y;
-            }
-    }
+    /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
+    zero_acc<VN>(acc);
+    mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
+    mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
+    __syncthreads(); /* every read of Aqk is done */
     {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
         float a[CT][4];
         zero_acc<CT>(a);

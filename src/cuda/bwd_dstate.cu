@@ -1,6 +1,6 @@
 /*
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
- * end of every chunk and the chunk's dΔ, fp32 into the workspace, and d_initial_state.
+ * end of every chunk, fp32 into the workspace, and d_initial_state.
  *
  * One CTA of 256 threads per (sequence, value head, tile of BV value columns), last chunk to first (BV =
  * KDA_BWD_BV = 16, or 32 when the (sequence, head) pairs alone give a CTA per SM: each CTA copies the chunk's
@@ -8,7 +8,7 @@
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
- *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 16; ddelta[chunk] ← dΔ when split)
+ *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 16)
  *                                  dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ          (K × 16)
  *     d_initial_state ← dS
  *
@@ -170,10 +170,6 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
                     sm.dD[(16 * I + g + 8 * (c >> 1)) * SS + 8 * ((warp >> 2) + 2 * u) + 2 * t + (c & 1)] = acc[u][c];
         }
         __syncthreads();
-        if (p.split) { /* dΔ out, for the chunk kernel */
-            float *dd = p.ddelta + (cid * p.hv + h) * (int64_t)KDA_CHUNK * p.vc + c0;
-            for (int e = tid; e < KDA_CHUNK * BV; e += DS_THREADS) dd[(e / BV) * (int64_t)p.vc + e % BV] = sm.dD[(e / BV) * SS + e % BV];
-        }
         /* dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ: KC/16 row blocks × NTL column tiles, KC · BV/1024 per warp (each
            element read and written by its owner only) */
 #pragma unroll

@@ -10,10 +10,10 @@
  *     dK̃  = Δ dS⁺ᵀ           (C × K)
  *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 from the fp32 states)
  *
- * Written: Δ (fp32 [C][VC]) in place of the chunk's dS⁺ in the workspace (read whole into shared memory first;
- * the chunk kernel needs Δ, no later stage needs dS⁺); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of
- * the chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and
- * overwrites; dγ per (chunk, head). The chunk kernel took these three products with S and dS⁺ as tf32 operands
+ * Written: Δ (fp32 [C][VC] per (chunk, head)); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
+ * chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and overwrites;
+ * dγ per (chunk, head). dΔ stays the chunk kernel's (from fp32 Aqk and K̃): read from the bf16 blocks it put dv's
+ * and dβ's errors 5-13x above the fp32 path's (dev/bwd_emu, use_blocks = 2) and dβ's above FLA's (docs/PERF.md). The chunk kernel took these three products with S and dS⁺ as tf32 operands
  * read element by element from L2 (two warps of four per product waiting on each other's loads: docs/PERF.md,
  * "Backward v4, first step").
  *
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     const int64_t pair = cid * p.hv + h;
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
     const float *__restrict__ S = p.states + pair * (int64_t)KC * VC;
-    float *dS = p.dstates + pair * (int64_t)KC * VC; /* dS⁺ in, then Δ out */
+    const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC;
 
     /* W and U by 16-byte copies (the panels as they are), in flight while the states are read */
     for (int e = tid; e < C * KC * 2 / 16; e += BI_THREADS)
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
 #pragma unroll 4
         for (int d = tid / TPR; d < KC; d += RPS) {
             const float4 s0 = __ldg((const float4 *)(S + d * VC + c0)), s1 = __ldg((const float4 *)(S + d * VC + c0 + 4));
-            const float4 x0 = *(const float4 *)(dS + d * VC + c0), x1 = *(const float4 *)(dS + d * VC + c0 + 4);
+            const float4 x0 = __ldg((const float4 *)(dS + d * VC + c0)), x1 = __ldg((const float4 *)(dS + d * VC + c0 + 4));
             float sum = s0.x * x0.x + s0.y * x0.y + s0.z * x0.z + s0.w * x0.w + s1.x * x1.x + s1.y * x1.y +
                         s1.z * x1.z + s1.w * x1.w;
             *(uint4 *)(sm.s + tile_off(KC, d, c0)) = make_uint4(pack_bf16(s0.x, s0.y), pack_bf16(s0.z, s0.w),
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         }
     }
     cp_async_wait_all();
-    __syncthreads(); /* every read of dS⁺ is done: Δ may take its place */
+    __syncthreads();
 
     /* ldmatrix lane roles: A fragment (rows r0.., k0..): row r0 + (lane & 15), column k0 + 8 (lane >> 4);
        B fragments of two 8-column tiles from a [k][n] tile (trans) or an [n][k] tile (plain) */
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                 mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
             }
         }
-        float *dl = dS; /* Δ [C][VC] */
+        float *dl = p.delta + pair * (int64_t)C * VC; /* Δ [C][VC] */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
