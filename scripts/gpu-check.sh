@@ -22,6 +22,8 @@
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried) and of this tree, two rounds, dev
 #             builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
+#   bwdcheck  the backward after a kernel change: gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS), per-stage ms
+#             of BWD_SHAPES twice (dev build), gradients against the fp64 oracle (bench/bwd_accuracy.py, libkda only)
 #   decvar    the decode kernels' forced-size test and gpu_decode_time_variants only
 #   rmw       torch's in-place read-modify-write bandwidth on decode-sized pools (the decode kernel's ceiling)
 #   decode    the decode kernel (issue 10): its GPU tests (with the N1 H32 time per call from C), memcheck and
@@ -65,6 +67,7 @@ ncu_src_report() { # kernel: the report $LOG/KERNEL.ncu-rep as source (CUDA, and
   ncu --import "$LOG/$kn.ncu-rep" --page details >"$OUT/det_$kn.txt" 2>>"$LOG/ncu_$kn.log"
   grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Stall" "$OUT/det_$kn.txt" | head -12
   python3 scripts/ncu_src_top.py "$OUT/src_$kn.csv" 45 | cut -c1-170 | tee "$OUT/top_$kn.txt"
+  python3 scripts/ncu_src_top.py --phases "$OUT/sass_$kn.csv.gz" | cut -c1-170 | tee "$OUT/phases_$kn.txt"
 }
 
 for step in "$@"; do
@@ -214,6 +217,21 @@ PY
     cp "$LOG/bwdprof.txt" "$OUT/bwdprof_ncu.txt"
     grep -E "==PROF==|==ERROR==|Error" "$LOG/bwdprof.txt" | head -3
     awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-44s %s %s\n", substr(k,1,44), $NF, $(NF-1)} /Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Waves Per SM/{printf "      %s\n", $0}' "$LOG/bwdprof.txt" | cut -c1-110
+    ;;
+  bwdcheck) # the backward after a kernel change, in one call: gpu_bwd tests (errors kept), memcheck and racecheck on
+    # BWD_SAN_TESTS, per-stage ms of BWD_SHAPES twice (dev build), libkda's gradients against the fp64 oracle
+    (cd build-gpu && ctest -R '^gpu_bwd' -j1 --timeout 300 -V >"$OUT/bwd_tests_full.log" 2>&1)
+    grep -E "tests passed|tests failed" "$OUT/bwd_tests_full.log"; grep -E "^[0-9]+: bwd" "$OUT/bwd_tests_full.log" >"$OUT/bwd_tests.log"
+    for tool in memcheck racecheck; do for t in ${BWD_SAN_TESTS:-gpu_bwd_varlen_empty_seq_gva4 gpu_bwd_fp32_fp16}; do
+      timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu_bwd $t >"$LOG/san_$tool.$t.log" 2>&1
+      echo "$tool $t rc=$? $(tail -1 "$LOG/san_$tool.$t.log")"
+    done; done | tee "$OUT/bwd_sanitizers.log"
+    build build-dev . -DKDA_DEV=ON || exit 1
+    IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
+    for r in 1 2; do env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+      python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_stages.log"; done
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 timeout 150 \
+      python3 bench/bwd_accuracy.py 2>&1 | grep -v Warn | tee "$OUT/bwd_accuracy_kda.log"
     ;;
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1
