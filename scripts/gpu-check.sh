@@ -22,6 +22,8 @@
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried) and of this tree, two rounds, dev
 #             builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
+#   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
+#             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
 #   bwdcheck  the backward after a kernel change: gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS), per-stage ms
 #             of BWD_SHAPES twice (dev build), gradients against the fp64 oracle (bench/bwd_accuracy.py, libkda only)
 #   decvar    the decode kernels' forced-size test and gpu_decode_time_variants only
@@ -52,6 +54,11 @@ build() { # dir src [cmake args]
 }
 build build-gpu . || exit 1
 PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
+
+# Triton's cache (with FLA's autotuning results: FLA_CACHE_RESULTS) in .triton-cache/ when carried there: FLA's
+# backward autotunes for minutes per shape on a fresh machine. The step `tritoncache` brings it back as
+# $OUT/triton-cache.tgz; unpack it into .triton-cache/ (ignored) and carry that folder in the next call.
+mkdir -p .triton-cache && export TRITON_CACHE_DIR=$PWD/.triton-cache
 
 fla_site() { # FLA 0.6.0 wheels into /tmp/site, once
   [ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -232,6 +239,9 @@ PY
       python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_stages.log"; done
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 timeout 150 \
       python3 bench/bwd_accuracy.py 2>&1 | grep -v Warn | tee "$OUT/bwd_accuracy_kda.log"
+    ;;
+  tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
+    tar -czf "$OUT/triton-cache.tgz" -C .triton-cache . && ls -la "$OUT/triton-cache.tgz"
     ;;
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1
