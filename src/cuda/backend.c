@@ -403,6 +403,9 @@ typedef struct {
     size_t blocks, states, dstates, delta, dgam, dqk, part, total;
 } bwd_layout_t;
 
+/* bwd.h kda_bwd_params_t.split: 16-bit inputs take the split stage 3 (and its Δ and dγ regions) */
+static int bwd_split(const kda_problem_t *p) { return p->a.dtype != KDA_FLOAT32; }
+
 static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
     const size_t heads = (size_t)max_chunks(p) * (size_t)p->a.num_v_heads;
@@ -410,7 +413,7 @@ static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     l.blocks = meta_bytes(p);
     l.states = l.blocks + align256(heads * (size_t)block_bytes(p));
     l.dstates = l.states + align256(heads * kc * vc * 4);
-    const size_t split = p->a.dtype != KDA_FLOAT32; /* bwd.h kda_bwd_params_t.split: Δ and dγ regions */
+    const size_t split = (size_t)bwd_split(p);
     l.delta = l.dstates + align256(heads * kc * vc * 4);
     l.dgam = l.delta + split * align256(heads * KDA_CHUNK * vc * 4);
     l.dqk = l.dgam + split * align256(heads * kc * 4);
@@ -545,7 +548,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.group = p->group;
     bw.K = a->head_dim_k;
     bw.V = a->head_dim_v;
-    bw.split = a->dtype != KDA_FLOAT32; /* as bwd_layout */
+    bw.split = bwd_split(p);
     bw.sm_count = ((const cuda_impl_t *)ctx->impl)->sm_count;
     bw.kc = kda_cuda_size_class(a->head_dim_k);
     bw.vc = kda_cuda_size_class(a->head_dim_v);

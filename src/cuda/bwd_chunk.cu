@@ -52,18 +52,16 @@ struct chunk_smem {
     float dbp[2 * CK_NQ][C]; /* dβ's pair terms (by column part) and dX terms (CK_NQ + part) per row */
 };
 
-/* the gate's and β's functions by the SFU, as the forward's (common.cuh; ~1e-7 relative, against gradient errors
- * of ~1e-3: expf/log1pf/division here were ~9 % of the kernel's stall samples, with the gate backward's code) */
-DEV float sigm(float x) { return sigmoidf_(x); }
-DEV float softplus_acc(float x) { return softplusf_(x); }
 /* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
  * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
 DEV float gexp(float x) { return __expf(x); }
 
-/* the log decay before the clamp, from the gate input x = g (+ dt_bias) */
+/* the log decay before the clamp, from the gate input x = g (+ dt_bias). The gate's and β's functions are the
+ * forward's, by the SFU (common.cuh; ~1e-7 relative against gradient errors of ~1e-3: libm's expf, log1pf and
+ * divisions were ~9 % of this kernel's stall samples, with the gate backward's code) */
 DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
     if (!p.gate_in_kernel) return x;
-    return p.lower_bound != 0.0f ? p.lower_bound * sigm(A * x) : -A * softplus_acc(x);
+    return p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
 }
 
 /* A hint that this CTA will read [p, p + bytes) soon: into L2 (no-op in a host emulation) */
@@ -152,7 +150,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
             float b = 0.0f;
             if (i < clen) {
                 b = bits_value(bb, p.beta_dtype);
-                if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigm(b);
+                if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
             }
             sm.beta[i] = b;
         }
@@ -210,12 +208,12 @@ DEV void gate_backward_par(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, fl
             float gi = sm.q[i * KS + d] * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* NaN stays NaN */
             if (p.gate_in_kernel) {
                 if (p.lower_bound != 0.0f) {
-                    const float sg = sigm(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
+                    const float sg = sigmoidf_(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
                     dAl += gi * ds * x;
                     gi *= ds;
                 } else {
-                    dAl += -gi * A * softplus_acc(x);
-                    gi *= -A * sigm(x);
+                    dAl += -gi * A * softplusf_(x);
+                    gi *= -A * sigmoidf_(x);
                 }
                 dbias += gi;
             }
@@ -650,12 +648,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 
     const int64_t cid = blockIdx.x / p.hv;
     const int h = (int)(blockIdx.x % p.hv);
-    const int64_t n = chunk_seq(p.seqs, cid);
-    if (n < 0) return;
-    int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    const int64_t t0 = bos + (cid - seq_chunk0(p.seqs, n)) * C;
-    const int clen = (int)min((int64_t)C, eos - t0);
+    int64_t t0;
+    const int clen = chunk_tokens(p.seqs, cid, &t0);
     if (clen <= 0) return;
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
@@ -939,7 +933,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         for (int u = 0; u < 2 * CK_NQ; u++) db += sm.dbp[u][r];
         const int64_t e = (t0 + r) * p.hv + h;
         if (p.beta_sigmoid) {
-            const float sg = sigm(load_elem(p.beta, p.beta_dtype, e));
+            const float sg = sigmoidf_(load_elem(p.beta, p.beta_dtype, e));
             db *= (p.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
         }
         store_elem(p.dbeta, p.dbeta_dtype, e, db);

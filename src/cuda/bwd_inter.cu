@@ -50,12 +50,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
 
     const int64_t cid = blockIdx.x / p.hv;
     const int h = (int)(blockIdx.x % p.hv);
-    const int64_t n = chunk_seq(p.seqs, cid);
-    if (n < 0) return;
-    int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    const int64_t t0 = bos + (cid - seq_chunk0(p.seqs, n)) * C;
-    const int clen = (int)min((int64_t)C, eos - t0);
+    int64_t t0;
+    const int clen = chunk_tokens(p.seqs, cid, &t0);
     if (clen <= 0) return;
     const int64_t pair = cid * p.hv + h;
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;

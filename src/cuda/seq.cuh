@@ -47,6 +47,18 @@ DEV int64_t chunk_seq(const kda_cuda_seqs_t &s, int64_t c) {
     return lo;
 }
 
+/* The tokens of global chunk c: its first token into *t0 and its length (≤ 0, *t0 untouched, past the last chunk;
+ * ≤ 0 too for a chunk of no tokens). The backward's chunk-parallel kernels' CTA → chunk step; prep.cuh spells the
+ * same lines out (its binaries are the measured ones: to be switched with a GPU run to check them). */
+DEV int chunk_tokens(const kda_cuda_seqs_t &s, int64_t c, int64_t *t0) {
+    const int64_t n = chunk_seq(s, c);
+    if (n < 0) return 0;
+    int64_t bos, eos;
+    seq_bounds(s, n, &bos, &eos);
+    *t0 = bos + (c - seq_chunk0(s, n)) * KDA_CHUNK;
+    return (int)min((int64_t)KDA_CHUNK, eos - *t0);
+}
+
 /* The state slot of sequence n, or -1 for none (negative index, or one past the pool: clamped, see above; or a
  * slot that a later sequence names too, when `claim` is given: slots.cu). */
 DEV int64_t seq_slot(const int32_t *state_indices, const int32_t *claim, int64_t num_state_slots, int64_t n) {
