@@ -63,7 +63,7 @@ DEV void panel_frag(frag_t a[4], const unsigned char *tile, int r0, int c0, int 
     if (ROWS) ldsm_x4(w, smem_u32(tile + pan_off(r0 + (lane & 15), c0 + 8 * (lane >> 4))));
     else ldsm_x4_t(w, smem_u32(tile + pan_off(c0 + (lane & 7) + 8 * (lane >> 4), r0 + 8 * ((lane >> 3) & 1))));
 #pragma unroll
-    for (int r = 0; r < 4; r++) a[r] = make_float2(__uint_as_float(w[r] << 16), __uint_as_float(w[r] & 0xffff0000u));
+    for (int r = 0; r < 4; r++) a[r] = unpack_bf16(w[r]);
 }
 
 template <int KC, int BV>
