@@ -26,7 +26,7 @@ import kda
 from bench_bwd import SHAPES, make_inputs, step
 from timing import time_ms
 
-STAGES = ("meta", "prep", "dh0-memset", "states", "dstate", "inter", "chunk", "finish")
+STAGES = ("meta", "prep", "dh0-memset", "states", "dstate", "inter", "chunk", "pairs", "finish")
 
 
 def grads(x, w, flags):

@@ -57,6 +57,7 @@ void run_chunk(const kda_bwd_params_t *p);  /* emu_chunk.emu.cu */
 void run_dstate(const kda_bwd_params_t *p); /* emu_dstate.emu.cu */
 void run_finish(const kda_bwd_params_t *p); /* emu_finish.emu.cu */
 void run_inter(const kda_bwd_params_t *p);  /* emu_inter.emu.cu */
+void run_pairs(const kda_bwd_params_t *p);  /* emu_pairs.emu.cu */
 
 /* ---------------------------------------------------------------------------------------------------------
  * The harness
@@ -231,13 +232,15 @@ int main(int argc, char **argv) {
             }
             free(qh); free(kh); free(al); free(lamv); free(bt); free(S); free(Sall); free(dS);
         }
-    float *dqk = floats(T * HV * 2 * KC, NAN), *part = floats(max_chunks * HV * (KC + 1), NAN);
+    float *dqk = floats(T * HV * 2 * KC, NAN), *part = floats(max_chunks * HV * 2 * KC, NAN);
+    float *dcoef = floats(max_chunks * HV * 2 * C * C, NAN), *dx = floats(T * HV * KC, NAN), *rnorm = floats(T * HV * 2, NAN);
     kda_bwd_params_t p;
     memset(&p, 0, sizeof p);
     p.seqs.cu_seqlens = s.cu_seqlens; p.seqs.cu_seqlens_64 = 1; p.seqs.num_tokens = T; p.seqs.seq_len = s.cu_seqlens ? T : cfg.seq_len;
     p.seqs.num_seqs = N; p.seqs.chunks_per_row = (p.seqs.seq_len + C - 1) / C; p.seqs.chunk_offsets = s.cu_seqlens ? coff : NULL;
     p.blocks.max_chunks = max_chunks;
     p.states = states; p.dstates = dstates; p.dqk = dqk; p.part = part;
+    p.dcoef = dcoef; p.dx = dx; p.rnorm = rnorm;
     p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta;
     p.A_log = a.use_gate_in_kernel ? a.A_log : NULL; p.dt_bias = a.use_gate_in_kernel ? a.dt_bias : NULL;
     p.h0 = a.initial_state; p.dht = dht; p.d_o = d_o;
@@ -270,6 +273,7 @@ int main(int argc, char **argv) {
         if (p.split) run_inter(&p);
     }
     run_chunk(&p);
+    run_pairs(&p);
     run_finish(&p);
     const char *names[NG] = {"dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"};
     int bad = 0;
@@ -291,7 +295,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam);
+    free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
     kda_synth_free(&s);
     return bad;
 }

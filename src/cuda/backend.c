@@ -393,32 +393,37 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the five
+ * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the six
  * backward stages. Workspace, each region 256-byte aligned:
  *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk
- *   and head) | Δ per chunk (fp32 [C][VC]) and dγ per chunk (fp32 [KC]), 16-bit inputs only (the split stage 3,
- *   bwd.h) | dq̂, dk̂ per token and value head (fp32 2 × KC) | dA_log/ddt_bias partials per chunk and head
+ *   and head) | Δ per chunk (fp32 [C][VC]; 16-bit inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32
+ *   [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head (fp32 2 × KC) | the coefficient gradients P, B per
+ *   chunk (fp32 2 × [C][C]) | β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and
+ *   value head) | dA_log/ddt_bias partials per chunk, head and channel (fp32 2 × KC)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t blocks, states, dstates, delta, dgam, dqk, part, total;
+    size_t blocks, states, dstates, delta, dgam, dqk, dcoef, dx, rnorm, part, total;
 } bwd_layout_t;
 
-/* bwd.h kda_bwd_params_t.split: 16-bit inputs take the split stage 3 (and its Δ and dγ regions) */
+/* bwd.h kda_bwd_params_t.split: 16-bit inputs take the split stage 3 (and its Δ region) */
 static int bwd_split(const kda_problem_t *p) { return p->a.dtype != KDA_FLOAT32; }
 
 static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
     const size_t heads = (size_t)max_chunks(p) * (size_t)p->a.num_v_heads;
+    const size_t rows = (size_t)p->num_tokens * (size_t)p->a.num_v_heads; /* (token, value head) */
     bwd_layout_t l;
     l.blocks = meta_bytes(p);
     l.states = l.blocks + align256(heads * (size_t)block_bytes(p));
     l.dstates = l.states + align256(heads * kc * vc * 4);
-    const size_t split = (size_t)bwd_split(p);
     l.delta = l.dstates + align256(heads * kc * vc * 4);
-    l.dgam = l.delta + split * align256(heads * KDA_CHUNK * vc * 4);
-    l.dqk = l.dgam + split * align256(heads * kc * 4);
-    l.part = l.dqk + align256((size_t)p->num_tokens * (size_t)p->a.num_v_heads * 2 * kc * 4);
-    l.total = l.part + align256(heads * (kc + 1) * 4);
+    l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
+    l.dqk = l.dgam + align256(heads * kc * 4);
+    l.dcoef = l.dqk + align256(rows * 2 * kc * 4);
+    l.dx = l.dcoef + align256(heads * 2 * KDA_CHUNK * KDA_CHUNK * 4);
+    l.rnorm = l.dx + align256(rows * kc * 4);
+    l.part = l.rnorm + align256(rows * 2 * 4);
+    l.total = l.part + align256(heads * 2 * kc * 4);
     return l;
 }
 
@@ -431,10 +436,10 @@ static kda_status_t cuda_backward_workspace(const kda_context_t *ctx, const kda_
 #ifdef KDA_DEV_BUILD
 /* Development builds only: per-stage GPU times of the backward (bench/bwd_stages.py). kda_dev_bwd_timing(1)
  * makes each following kda_backward record a CUDA event before each stage (meta, prep, dh0 memset, states,
- * dstate, inter, chunk, finish) and after the last, on its stream (the events of the device current at the first
- * call); kda_dev_bwd_stage_ms waits for the last call's events and writes the 8 stage times in ms. The shipped
+ * dstate, inter, chunk, pairs, finish) and after the last, on its stream (the events of the device current at the
+ * first call); kda_dev_bwd_stage_ms waits for the last call's events and writes the 9 stage times in ms. The shipped
  * library has neither. */
-#define BWD_EVENTS 9
+#define BWD_EVENTS 10
 static cudaEvent_t bwd_ev[BWD_EVENTS];
 static int bwd_timing;
 KDA_API int kda_dev_bwd_timing(int enable) {
@@ -510,6 +515,9 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.delta = (float *)(base + l.delta);
     bw.dgam = (float *)(base + l.dgam);
     bw.dqk = (float *)(base + l.dqk);
+    bw.dcoef = (float *)(base + l.dcoef);
+    bw.dx = (float *)(base + l.dx);
+    bw.rnorm = (float *)(base + l.rnorm);
     bw.part = (float *)(base + l.part);
     bw.q = a->q;
     bw.k = a->k;
@@ -564,7 +572,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 #endif
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
-    if (pp.blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
+    if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* the pairs kernel's grid */
         p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
         p->num_tokens * a->num_qk_heads >= ((int64_t)1 << 34)) /* the finish kernel: a warp per row, 8 per CTA */
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
@@ -592,8 +600,9 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     else if (BWD_MARK(5) || (bw.split && (err = kda_bwd_launch_inter(&bw, ctx->device, stream)) != 0))
         stage = "backward inter";
     else if (BWD_MARK(6) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
-    else if (BWD_MARK(7) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
-    (void)BWD_MARK(8);
+    else if (BWD_MARK(7) || (err = kda_bwd_launch_pairs(&bw, ctx->device, stream)) != 0) stage = "backward pairs";
+    else if (BWD_MARK(8) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
+    (void)BWD_MARK(9);
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

@@ -1,6 +1,6 @@
 /*
- * Device helpers shared by the backward's kernels (bwd_*.cu): an element of a state tensor, the tf32 products,
- * a warp's sum.
+ * Device helpers shared by the backward's kernels (bwd_*.cu): an element of a state tensor, the tf32 products
+ * (with the 3-product form of the diagonal blocks), a warp's sum, the decay factors and the gate.
  */
 #ifndef KDA_CUDA_BWD_CUH
 #define KDA_CUDA_BWD_CUH
@@ -32,6 +32,60 @@ DEV float warp_sum(float x) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     return x;
+}
+
+/* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
+ * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
+DEV float gexp(float x) { return __expf(x); }
+
+/* the log decay before the clamp, from the gate input x = g (+ dt_bias). The gate's and β's functions are the
+ * forward's, by the SFU (common.cuh; ~1e-7 relative against gradient errors of ~1e-3: libm's expf, log1pf and
+ * divisions were ~9 % of the chunk kernel's stall samples, with the gate backward's code) */
+DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
+    if (!p.gate_in_kernel) return x;
+    return p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+}
+
+template <int NT>
+DEV void zero_acc(float (*acc)[4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+}
+
+/* The diagonal blocks of the pair products hold their largest terms (e^{G_i − G_j} near 1), and dĝ sums them
+ * with cancellation: there each operand x is split into tf32 parts hi + lo (lo = x − hi, rounded), and
+ * A B ≈ Ah Bh + Ah Bl + Al Bh (3 products, ~fp32 accurate). In the emulation, tf32 there left dg, dA_log,
+ * ddt_bias 5-40x less accurate than fp32 diagonal blocks (ddt_bias 9.8e-3 against 2.5e-4 at K = V = 128). */
+DEV void split2(frag_t x, frag_t *hi, frag_t *lo) {
+    *hi = tf2(x.x, x.y);
+    *lo = tf2(x.x - hi->x, x.y - hi->y);
+}
+/* c += A B, A given as parts (ah, al), B unrounded (b0, b1); the 3-product form when x3, else Ah B */
+DEV void mma16_x3(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1, int x3) {
+    frag_t bh0, bl0, bh1, bl1;
+    split2(b0, &bh0, &bl0);
+    split2(b1, &bh1, &bl1);
+    if (x3) {
+        mma16(c, al, bh0, bh1);
+        mma16(c, ah, bl0, bl1);
+    }
+    mma16(c, ah, bh0, bh1);
+}
+
+/* The reference rows of 16-row block B for the split e^{G_i − G_j} = e^{G_i − R} e^{R − G_j} of the NC channels
+ * of G (row stride LD): its middle row when the block's exponents stay within ±KDA_DIAG_RANGE (every factor of
+ * the block's pairs then ≤ e^{KDA_DIAG_RANGE}, those with earlier or later blocks ≤ 1); otherwise the diagonal
+ * block's pairs take one exponential each and the others are split around the block's first row (pairs with
+ * earlier tokens) or last row (with later ones), every factor ≤ 1. Each channel's factors are its own, so a
+ * kernel that holds some of the channels decides for those. Warp-uniform. */
+template <int LD, int NC>
+DEV int block_split(const float *G, int B, int lane) {
+    const float *Gf = G + (16 * B) * LD, *Gm = G + (16 * B + 7) * LD, *Gl = G + (16 * B + 15) * LD;
+    float range = 0.0f;
+    for (int d = lane; d < NC; d += 32) range = fmaxf(range, fmaxf(Gf[d] - Gm[d], Gm[d] - Gl[d]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
+    return range <= KDA_DIAG_RANGE; /* NaN: not split */
 }
 
 #endif /* KDA_CUDA_BWD_CUH */

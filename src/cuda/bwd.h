@@ -9,16 +9,21 @@
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
- *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ (16-bit inputs only)
+ *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ = rowsum(S ⊙ dS⁺)
+ *                  (16-bit inputs only)
  *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's pair products and inverse from the inputs, then
- *                  its gradients (16-bit inputs: with Δ, dQΓ, dK̃, dγ from bwd_inter.cu): dv, dg, dβ written, dq̂ and dk̂ of the value head
- *                  into scratch, dA_log/ddt_bias partial sums per (chunk, head); tensor cores (tf32, fp32 sums)
+ *                  the products with its C × C coefficients (16-bit inputs: with Δ from bwd_inter.cu): dv, dβ
+ *                  written; the coefficient gradients s·dAqk and Diag(β) dA, β ⊙ dX and the l2norm factors into
+ *                  the workspace (fp32 inputs: also dQΓ, dK̃, dγ); tensor cores (tf32, fp32 sums)
+ *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
+ *                  rules per channel, the gate's backward: dg written, dq̂ and dk̂ of the value head into the
+ *                  scratch, dA_log/ddt_bias partial sums per (chunk, head, channel)
  *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
  *                  dA_log and ddt_bias summed over the chunks in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
- * its fp32 tiles in shared memory, which is what bounds the class.
+ * its fp32 tiles in shared memory, which is what bounds the class (the pairs kernel holds 32 channels).
  */
 #ifndef KDA_CUDA_BWD_H
 #define KDA_CUDA_BWD_H
@@ -42,9 +47,16 @@ typedef struct kda_bwd_params {
     float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero) */
     float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end */
     float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only) */
-    float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel) */
-    float *dqk;                   /* [num_tokens][hv][2][KC]: dq̂, dk̂ of each value head (before the l2norm step) */
-    float *part;                  /* [max_chunks][hv][KC + 1]: per chunk Σ ∂L/∂A_log, then Σ ∂L/∂dt_bias[d] */
+    float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
+                                     chunk kernel with fp32 inputs) */
+    float *dqk;                   /* [num_tokens][hv][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
+                                     with fp32 inputs), then dq̂, dk̂ of each value head before the l2norm step
+                                     (pairs kernel) */
+    float *dcoef;                 /* [max_chunks][hv][2][C][C]: P = s·dAqk (lower), B = Diag(β) dA (strictly lower)
+                                     of each chunk (chunk kernel) */
+    float *dx;                    /* [num_tokens][hv][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
+    float *rnorm;                 /* [num_tokens][hv][2]: the l2norm factors 1/‖q‖, 1/‖k‖ (chunk kernel; l2norm) */
+    float *part;                  /* [max_chunks][hv][2][KC]: per chunk and channel Σ ∂L/∂A_log, Σ ∂L/∂dt_bias[d] */
     /* inputs */
     const void *q, *k, *v, *g, *beta;
     const float *A_log, *dt_bias; /* NULL unless use_gate_in_kernel */
@@ -60,8 +72,8 @@ typedef struct kda_bwd_params {
     int hqk, hv, group, K, V, kc, vc, v_first;
     float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
-    int split;                    /* 16-bit q, k, v: stage 3 split in two (bwd_inter.cu, then bwd_chunk.cu with Δ,
-                                     dγ, dQΓ, dK̃ from it: products of the bf16 chunk blocks and bf16-rounded states);
+    int split;                    /* 16-bit q, k, v: the products with the states by bwd_inter.cu (Δ, dγ, dQΓ, dK̃:
+                                     products of the bf16 chunk blocks and bf16-rounded states), then bwd_chunk.cu;
                                      fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
     int dev_skip;                 /* development builds (0 in the shipped library) */
@@ -72,6 +84,7 @@ typedef struct kda_bwd_params {
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
+int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream);
 
 #ifdef __cplusplus

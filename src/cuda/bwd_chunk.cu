@@ -1,25 +1,22 @@
 /*
- * Backward, stage 3b: the gradients of one chunk (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the
- * same computation on the CPU).
+ * Backward, stage 3b: the products of one chunk with its C × C coefficients (docs/ALGORITHM.md §6, "Chunked";
+ * src/cpu/chunk_bwd.c is the same computation on the CPU).
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * 16-bit inputs (SPLIT), Δ, dγ and the raw products dQΓ, dK̃ from bwd_inter.cu, then differentiates the chunk. In §3's notation, A = Diag(β) M,
- * X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
+ * 16-bit inputs (SPLIT), Δ from bwd_inter.cu. In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V,
+ * Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
  *              M[i][j] = Σ_d k_i k_j e^{G_i − G_j} (j < i),  Aqk[i][j] = s Σ_d q_i k_j e^{G_i − G_j} (j ≤ i)
- *              T = (I + A)⁻¹,  Δ = T Z  (= U − W S: the inter kernel's)
- *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dQΓ = dO Sᵀ (in)  dK̃ = Δ dS⁺ᵀ (in)
- *              dR  = Tᵀ dΔ                dA   = −dR Δᵀ (strict)  dX  = −dR Sᵀ      dγ = rowsum(dS⁺ ⊙ S) (in)
- *              dv = β dR;  dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
- *              the factor rules (QΓ = s q e^G, X, K̃ = k e^{G_last − G}, γ = e^{G_last}) into dq̂, dk̂, dG;
- *              the pair products M, Aqk and their backward by split factors e^{G_i − R} · e^{R − G_j} around a
- *              reference row R of each 16-row block (block_split: any decay is safe);
- *              dĝ = reverse cumsum of dG (+ the G_last terms, the same for every row); then the clamp and gate
- * Written: dv, dg, dβ (through the sigmoid) of the chunk's tokens; dq̂, dk̂ of this value head into the scratch
- * (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the chunk's sums of
- * ∂L/∂A_log and ∂L/∂dt_bias.
+ *              by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
+ *              (block_split: any decay is safe); T = (I + A)⁻¹,  Δ = T Z  (= U − W S: the inter kernel's)
+ *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dR = Tᵀ dΔ    dA = −dR Δᵀ (strict)
+ *              dX  = −dR Sᵀ                dv = β dR               dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
+ * Written: dv, dβ (through the sigmoid) of the chunk's tokens; for bwd_pairs.cu, which does the rest per channel
+ * (the pair products' backward, the factor rules into dq̂, dk̂, dG, the gate's backward): P = s·dAqk and
+ * B = Diag(β) dA, β ⊙ dX, the l2norm factors; with fp32 inputs also the raw dQΓ = dO Sᵀ, dK̃ = Δ dS⁺ᵀ and
+ * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with 16-bit inputs).
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
  * then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
@@ -29,11 +26,8 @@
  * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
  * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts; 8 warps and
  * halves until the instruction count showed the kernel latency-bound at 2 warps per scheduler: docs/PERF.md,
- * "the v3 chunk kernel ... without a GPU"). Its dG stays in registers (fragment
- * layout) through all phases; its dq̂ and dk̂ accumulate in its rows of the scratch. Exponentials: ~2·C·K per
- * product set (the split factors) instead of one per (pair, channel): ~0.19 M per chunk and head instead of 0.83 M
- * at K = 128. T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). dev/bwd_emu runs the kernel on the host
- * against the fp64 oracle (and `run.sh profile` counts its source lines' executions).
+ * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). dev/bwd_emu
+ * runs the kernel on the host against the fp64 oracle (and `run.sh profile` counts its source lines' executions).
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -48,21 +42,9 @@ struct chunk_smem {
     float q[C * (KC + 4)], k[C * (KC + 4)], G[C * (KC + 4)];
     float M[C * CS], A2[C * CS], T[C * CS];
     float D[C * (VC + 4)], R[C * (VC + 4)];
-    float beta[C], gam[KC], dgam[KC], ext[KC], dal[KC];
+    float beta[C];
     float dbp[2 * CK_NQ][C]; /* dβ's pair terms (by column part) and dX terms (CK_NQ + part) per row */
 };
-
-/* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
- * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
-DEV float gexp(float x) { return __expf(x); }
-
-/* the log decay before the clamp, from the gate input x = g (+ dt_bias). The gate's and β's functions are the
- * forward's, by the SFU (common.cuh; ~1e-7 relative against gradient errors of ~1e-3: libm's expf, log1pf and
- * divisions were ~9 % of this kernel's stall samples, with the gate backward's code) */
-DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
-    if (!p.gate_in_kernel) return x;
-    return p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
-}
 
 /* A hint that this CTA will read [p, p + bytes) soon: into L2 (no-op in a host emulation) */
 DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
@@ -141,6 +123,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         }
         const float rq = p.l2norm ? 1.0f / sqrtf(warp_sum(sq) + 1e-6f) : 1.0f;
         const float rk = p.l2norm ? 1.0f / sqrtf(warp_sum(sk) + 1e-6f) : 1.0f;
+        if (p.l2norm && lane < 2 && i < clen) p.rnorm[((t0 + i) * p.hv + h) * 2 + lane] = lane ? rk : rq; /* for bwd_pairs.cu */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             sm.q[i * KS + lane + 32 * u] = qv[u] * rq;
@@ -182,63 +165,6 @@ DEV void gate_cumsum(float *G, int tid) {
         for (int i = 1; i < C; i++) G[i * KS + d] += G[(i - 1) * KS + d];
 }
 
-/* dĝ = reverse cumsum of dG (in q̂'s tile) + the G_last terms (ext), a column per thread (adds only, in place);
- * then the clamp and the gate (inputs x in G's tile) element by element by all threads — thread t owns column
- * t mod KC and every (CK_THREADS / KC)-th row from t / KC, independent steps instead of v1's one serial chain of
- * C gate derivatives per column: dg written, the chunk's sums of ∂L/∂A_log and ∂L/∂dt_bias into the partials
- * (the per-thread sums through `scr`, 2 · CK_THREADS floats) */
-template <int KC, int VC>
-DEV void gate_backward_par(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, float *scr, int64_t cid, int64_t t0,
-                           int clen, int h, float A, int tid) {
-    constexpr int KS = KC + 4, TPC = CK_THREADS / KC;
-    for (int d = tid; d < KC; d += CK_THREADS) {
-        float acc = sm.ext[d];
-        for (int i = C - 1; i >= 0; i--) {
-            acc += sm.q[i * KS + d];
-            sm.q[i * KS + d] = acc;
-        }
-    }
-    __syncthreads();
-    const int d = tid % KC;
-    float dbias = 0.0f, dAl = 0.0f;
-    if (d < p.K)
-#pragma unroll 4
-        for (int i = tid / KC; i < clen; i += TPC) {
-            const float x = sm.G[i * KS + d], lam = gate_value(p, A, x);
-            float gi = sm.q[i * KS + d] * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* NaN stays NaN */
-            if (p.gate_in_kernel) {
-                if (p.lower_bound != 0.0f) {
-                    const float sg = sigmoidf_(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
-                    dAl += gi * ds * x;
-                    gi *= ds;
-                } else {
-                    dAl += -gi * A * softplusf_(x);
-                    gi *= -A * sigmoidf_(x);
-                }
-                dbias += gi;
-            }
-            store_elem(p.dg, p.dg_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d, gi);
-        }
-    scr[tid] = dbias;
-    scr[CK_THREADS + tid] = dAl;
-    __syncthreads();
-    if (tid < KC) {
-        float b = 0.0f, al = 0.0f;
-        for (int u = 0; u < TPC; u++) {
-            b += scr[u * KC + tid];
-            al += scr[CK_THREADS + u * KC + tid];
-        }
-        sm.dal[tid] = al;
-        if (p.part) p.part[(cid * p.hv + h) * (int64_t)(KC + 1) + 1 + tid] = b;
-    }
-    __syncthreads();
-    if (tid == 0 && p.part) {
-        float acc = 0.0f;
-        for (int k = 0; k < KC; k++) acc += sm.dal[k];
-        p.part[(cid * p.hv + h) * (int64_t)(KC + 1)] = acc;
-    }
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * Tensor-core helpers. A warp owns a 16-row block of every C-row product (rows 16 I.., I = warp mod 4) and one
  * half of its columns (warp / 4); mma.sync with tf32 operands rounded from the fp32 tiles as they are read,
@@ -249,26 +175,6 @@ DEV void gate_backward_par(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, fl
  * gradients of the gate parameters were off by up to 7.6e-2 of their norm (sums over the tokens that cancel),
  * above the GPU tests' bound of 6e-2. frag_t, tf2, mma16: bwd.cuh.
  * ------------------------------------------------------------------------------------------------------- */
-/* The diagonal blocks of the pair products hold their largest terms (e^{G_i − G_j} near 1), and dĝ sums them
- * with cancellation: there each operand x is split into tf32 parts hi + lo (lo = x − hi, rounded), and
- * A B ≈ Ah Bh + Ah Bl + Al Bh (3 products, ~fp32 accurate). In the emulation, tf32 there left dg, dA_log,
- * ddt_bias 5-40x less accurate than fp32 diagonal blocks (ddt_bias 9.8e-3 against 2.5e-4 at K = V = 128). */
-DEV void split2(frag_t x, frag_t *hi, frag_t *lo) {
-    *hi = tf2(x.x, x.y);
-    *lo = tf2(x.x - hi->x, x.y - hi->y);
-}
-/* c += A B, A given as parts (ah, al), B unrounded (b0, b1); the 3-product form when x3, else Ah B */
-DEV void mma16_x3(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1, int x3) {
-    frag_t bh0, bl0, bh1, bl1;
-    split2(b0, &bh0, &bl0);
-    split2(b1, &bh1, &bl1);
-    if (x3) {
-        mma16(c, al, bh0, bh1);
-        mma16(c, ah, bl0, bl1);
-    }
-    mma16(c, ah, bh0, bh1);
-}
-
 template <int GLB>
 DEV float ld(const float *p) {
     if (GLB) return __ldg(p);
@@ -343,12 +249,6 @@ DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const 
     }
 }
 
-template <int NT>
-DEV void zero_acc(float (*acc)[4]) {
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-}
-
 /* acc[nt] += Σ_d (k_i f_i)_d B(d, n) for rows i0.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref = G_last: K̃);
  * B(d, n) = b[d ldb + n], a state tile in global memory (Z's X S, dΔ's K̃ dS⁺) */
 template <int NT, int KC>
@@ -379,22 +279,6 @@ DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, cons
             mma16(acc[nt], af, b0, b1);
         }
     }
-}
-
-/* The reference rows of 16-row block B for the split e^{G_i − G_j} = e^{G_i − R} e^{R − G_j}: its middle row when
- * the block's exponents stay within ±KDA_DIAG_RANGE (every factor of the block's pairs then ≤ e^{KDA_DIAG_RANGE},
- * those with earlier or later blocks ≤ 1); otherwise the diagonal block's pairs take one exponential each and
- * the others are split around the block's first row (pairs with earlier tokens) or last row (with later ones),
- * every factor ≤ 1. Warp-uniform. */
-template <int KC>
-DEV int block_split(const float *G, int B, int lane) {
-    constexpr int KS = KC + 4;
-    const float *Gf = G + (16 * B) * KS, *Gm = G + (16 * B + 7) * KS, *Gl = G + (16 * B + 15) * KS;
-    float range = 0.0f;
-    for (int d = lane; d < KC; d += 32) range = fmaxf(range, fmaxf(Gf[d] - Gm[d], Gm[d] - Gl[d]));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
-    return range <= KDA_DIAG_RANGE; /* NaN: not split */
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -521,112 +405,6 @@ DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
     }
 }
 
-/* ---------------------------------------------------------------------------------------------------------
- * The pair products backward (the factor rules of M and Aqk), on the tensor cores with the split factors
- * ------------------------------------------------------------------------------------------------------- */
-/* Row i (block I) as the later token, columns n0 + 8 nt.. of dq̂ and dk̂:
- *   Pq_i = Σ_{j ≤ i} s dAqk_ij k_j e^{G_i − G_j},  Pk_i = Σ_{j < i} β_i dA_ij k_j e^{G_i − G_j}
- * (dA in T, dAqk in A2, zero where they do not apply) */
-template <int NT, int KC, int VC>
-DEV void pairs_later(chunk_smem<KC, VC> &sm, float scale, int I, int split, int n0, int lane, float (*pq)[4],
-                     float (*pk)[4]) {
-    constexpr int KS = KC + 4;
-    const int g = lane >> 2, t = lane & 3;
-    const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
-    zero_acc<NT>(pq);
-    zero_acc<NT>(pk);
-    const int jend = split ? 16 * (I + 1) : 16 * I;
-#pragma unroll 1
-    for (int j0 = 0; j0 < jend; j0 += 16) {
-        const int x3 = j0 == 16 * I; /* the diagonal block */
-        frag_t fq[4], fm[4], fql[4], fml[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
-            const float2 a = *(const float2 *)&sm.A2[row * CS + col], m = *(const float2 *)&sm.T[row * CS + col];
-            const float b = sm.beta[row];
-            split2(make_float2(scale * a.x, scale * a.y), &fq[r], &fql[r]);
-            split2(make_float2(b * m.x, b * m.y), &fm[r], &fml[r]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int d = n0 + 8 * nt + g;
-            frag_t bf[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int j = j0 + 2 * t + 8 * hh;
-                bf[hh] = make_float2(sm.k[j * KS + d] * gexp(R[d] - sm.G[j * KS + d]),
-                                     sm.k[(j + 1) * KS + d] * gexp(R[d] - sm.G[(j + 1) * KS + d]));
-            }
-            mma16_x3(pq[nt], fq, fql, bf[0], bf[1], x3);
-            mma16_x3(pk[nt], fm, fml, bf[0], bf[1], x3);
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
-            const float f = gexp(sm.G[i * KS + d] - R[d]);
-            float sq = f * pq[nt][c], sk = f * pk[nt][c];
-            if (!split) /* the diagonal block, pair by pair */
-                for (int j = 16 * I; j <= i; j++) {
-                    const float kk = sm.k[j * KS + d] * gexp(sm.G[i * KS + d] - sm.G[j * KS + d]);
-                    sq += scale * sm.A2[i * CS + j] * kk;
-                    sk += sm.beta[i] * sm.T[i * CS + j] * kk;
-                }
-            pq[nt][c] = sq;
-            pk[nt][c] = sk;
-        }
-}
-
-/* Row j (block J) as the earlier token, columns n0 + 8 nt..:
- *   E_j = Σ_{i ≥ j} (β_i dA_ij k_i + s dAqk_ij q_i) e^{G_i − G_j} */
-template <int NT, int KC, int VC>
-DEV void pairs_earlier(chunk_smem<KC, VC> &sm, float scale, int J, int split, int n0, int lane, float (*pe)[4]) {
-    constexpr int KS = KC + 4;
-    const int g = lane >> 2, t = lane & 3;
-    const float *R = sm.G + (16 * J + (split ? 7 : 15)) * KS;
-    zero_acc<NT>(pe);
-#pragma unroll 1
-    for (int i0 = split ? 16 * J : 16 * (J + 1); i0 < C; i0 += 16) {
-        const int x3 = i0 == 16 * J; /* the diagonal block */
-        frag_t fq[4], fm[4], fql[4], fml[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) { /* A(j, i) = coefficient (i, j): transposed reads */
-            const int j = 16 * J + g + 8 * (r & 1), i = i0 + 2 * t + 8 * (r >> 1);
-            split2(make_float2(scale * sm.A2[i * CS + j], scale * sm.A2[(i + 1) * CS + j]), &fq[r], &fql[r]);
-            split2(make_float2(sm.beta[i] * sm.T[i * CS + j], sm.beta[i + 1] * sm.T[(i + 1) * CS + j]), &fm[r], &fml[r]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const int d = n0 + 8 * nt + g;
-            frag_t bk[2], bq[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int i = i0 + 2 * t + 8 * hh;
-                const float e0 = gexp(sm.G[i * KS + d] - R[d]), e1 = gexp(sm.G[(i + 1) * KS + d] - R[d]);
-                bk[hh] = make_float2(sm.k[i * KS + d] * e0, sm.k[(i + 1) * KS + d] * e1);
-                bq[hh] = make_float2(sm.q[i * KS + d] * e0, sm.q[(i + 1) * KS + d] * e1);
-            }
-            mma16_x3(pe[nt], fm, fml, bk[0], bk[1], x3);
-            mma16_x3(pe[nt], fq, fql, bq[0], bq[1], x3);
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int j = 16 * J + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
-            float s = gexp(R[d] - sm.G[j * KS + d]) * pe[nt][c];
-            if (!split)
-                for (int i = j; i < 16 * (J + 1); i++)
-                    s += (sm.beta[i] * sm.T[i * CS + j] * sm.k[i * KS + d] + scale * sm.A2[i * CS + j] * sm.q[i * KS + d]) *
-                         gexp(sm.G[i * KS + d] - sm.G[j * KS + d]);
-            pe[nt][c] = s;
-        }
-}
-
 /* Σ over the lanes of one t (the rows g) of a per-row value: the 4 lanes of a row (t = 0..3) summed */
 DEV float row_sum4(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -661,18 +439,11 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
     prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
-    if (SPLIT) { /* the scratch rows (raw dQΓ, dK̃), read after the inverse */
-#ifdef __CUDA_ARCH__
-        const int i = tid / (2 * KC * 4 / 128), o = tid % (2 * KC * 4 / 128); /* 128-byte lines of a row */
-        if (i < clen)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.dqk + ((t0 + i) * p.hv + h) * (int64_t)(2 * KC) + 32 * o));
-#endif
-    }
     load_rows<KC, VC, SPLIT>(p, sm, p.delta + pair * (int64_t)C * VC, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
-    const int split = block_split<KC>(sm.G, I, lane);
+    const int split = block_split<KC + 4, KC>(sm.G, I, lane);
     pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
     /* dO's first loads issued now, converted into R after the inverse (which uses R as its scratch): their round
@@ -711,7 +482,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
 
     /* ---- backward ---- */
-    /* dO into R; γ, dγ = rowsum(dS⁺ ⊙ S) */
+    /* dO into R */
     const float *Gl = sm.G + (C - 1) * KS;
 #pragma unroll
     for (int j = NO1; j < NO; j++) {
@@ -723,12 +494,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int e = tid + CK_THREADS * j;
         sm.R[(e / VC) * VS + e % VC] = bits_value(ob[j], p.do_dtype);
     }
-    if (SPLIT)
-        for (int d = tid; d < KC; d += CK_THREADS) { /* dγ = rowsum(dS⁺ ⊙ S): the inter kernel's */
-            sm.gam[d] = gexp(Gl[d]);
-            sm.dgam[d] = p.dgam[pair * KC + d];
-        }
-    else {   /* TPR threads per row of S, dS⁺ (adjacent lanes), all their float4 loads in flight */
+    if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with 16-bit inputs): TPR threads per row of S, dS⁺
+                     (adjacent lanes), all their float4 loads in flight */
         constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
         const int d = tid / TPR, c0 = (tid % TPR) * NC;
         float s = 0.0f;
@@ -740,35 +507,30 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
 #pragma unroll
         for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (tid % TPR == 0) {
-            sm.gam[d] = gexp(Gl[d]);
-            sm.dgam[d] = s;
-        }
+        if (tid % TPR == 0) p.dgam[pair * KC + d] = s;
     }
     __syncthreads();
 
-    /* the lane's rows g, g + 8 of block I: dq̂, dk̂ accumulate in their scratch rows (rows past the chunk's end
-       are dropped); dG of its elements in registers */
-    float *dq_row[2];
+    /* the lane's rows g, g + 8 of block I: their scratch rows (raw dQΓ, dK̃ with fp32 inputs) and β ⊙ dX rows
+       (rows past the chunk's end are dropped) */
+    float *dq_row[2], *dx_row[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int i = 16 * I + g + 8 * hr;
-        dq_row[hr] = p.dqk + ((t0 + (i < clen ? i : 0)) * p.hv + h) * (int64_t)(2 * KC);
+        const int64_t row = (t0 + (i < clen ? i : 0)) * p.hv + h;
+        dq_row[hr] = p.dqk + row * (int64_t)(2 * KC);
+        dx_row[hr] = p.dx + row * (int64_t)KC;
     }
-    float dG[KN][4];
-    {   /* dQΓ = dO Sᵀ (SPLIT: the inter kernel's, raw in the scratch row): dq̂ = s e^G dQΓ (its first term),
-           dG = QΓ ⊙ dQΓ */
+    if (!SPLIT) { /* dQΓ = dO Sᵀ, raw (the inter kernel's with 16-bit inputs) */
         float a[KN][4];
         zero_acc<KN>(a);
-        if (!SPLIT) mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);
+        mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);
 #pragma unroll
         for (int nt = 0; nt < KN; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int i = 16 * I + g + 8 * (c >> 1), d = nk0 + 8 * nt + 2 * t + (c & 1);
-                const float e = scale * gexp(sm.G[i * KS + d]) * (SPLIT ? (i < clen ? dq_row[c >> 1][d] : 0.0f) : a[nt][c]);
-                if (i < clen) dq_row[c >> 1][d] = e;
-                dG[nt][c] = sm.q[i * KS + d] * e;
+                if (i < clen) dq_row[c >> 1][d] = a[nt][c];
             }
     }
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
@@ -825,7 +587,16 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             if (t == 0) sm.dbp[hf][16 * I + g + 8 * hr] = s;
         }
     }
-    __syncthreads(); /* M is free from here on: the scratch of the G_last reduction */
+    __syncthreads();
+    {   /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 rows */
+        float *dc = p.dcoef + pair * (int64_t)(2 * C * C);
+        for (int e = tid; e < 2 * C * C / 4; e += CK_THREADS) {
+            const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
+            const float4 x = *(const float4 *)&(m ? sm.T : sm.A2)[i * CS + j];
+            const float f = m ? sm.beta[i] : scale;
+            *(float4 *)&dc[(m * C + i) * C + j] = make_float4(f * x.x, f * x.y, f * x.z, f * x.w);
+        }
+    }
 
     /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
     const int r = tid / TPRW, l4 = tid % TPRW;
@@ -833,7 +604,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
         const float br = sm.beta[r];
-        constexpr int N = VC / TPRW / 2; /* two batches (the registers of dG and the row pointers are live) */
+        constexpr int N = VC / TPRW / 2; /* two batches */
 #pragma unroll
         for (int j0 = 0; j0 < 2 * N; j0 += N) {
             uint32_t vb[N];
@@ -847,8 +618,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
         for (int c = l4; c < p.V; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
-    /* dX = −dR Sᵀ and dK̃ = Δ dS⁺ᵀ (the inter kernel's, raw in the scratch row) through X = β k e^G and
-       K̃ = k e^{G_last − G}, by halves of the warp's columns */
+    /* dX = −dR Sᵀ: β ⊙ dX into the pairs kernel's rows and dβ's term Σ_d k e^G dX (X = β k e^G); with fp32
+       inputs also dK̃ = Δ dS⁺ᵀ, raw; by halves of the warp's columns */
     {
         float dbx[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -861,30 +632,18 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             if (SPLIT) mma_rows<NH, 0, 1, 1>(ax, sm.R, VS, S, VC, 16 * I, n0, 0, VC, lane);
             else mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
 #pragma unroll
-            for (int nt = 0; nt < NH; nt++) {
-                float ext[2] = {0.0f, 0.0f};
+            for (int nt = 0; nt < NH; nt++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
-                    const float x = -ax[nt][c], b = sm.beta[i];
-                    const float y = SPLIT ? (i < clen ? dq_row[c >> 1][KC + d] : 0.0f) : ak[nt][c];
-                    const float e = gexp(sm.G[i * KS + d]), f = gexp(Gl[d] - sm.G[i * KS + d]), kd = sm.k[i * KS + d];
-                    if (i < clen) dq_row[c >> 1][KC + d] = b * e * x + f * y; /* dk̂'s first term */
-                    dbx[c >> 1] += kd * e * x;
-                    const float kt = kd * f * y;
-                    dG[q2 * NH + nt][c] += b * kd * e * x - kt;
-                    ext[c & 1] += kt;
+                for (int c = 0; c < 4; c += 2) { /* the element pair (c, c + 1): adjacent columns of one row */
+                    const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t;
+                    const float b = sm.beta[i], x0 = -ax[nt][c], x1 = -ax[nt][c + 1];
+                    const float2 kd = *(const float2 *)&sm.k[i * KS + d], gd = *(const float2 *)&sm.G[i * KS + d];
+                    dbx[c >> 1] += kd.x * gexp(gd.x) * x0 + kd.y * gexp(gd.y) * x1;
+                    if (i < clen) {
+                        *(float2 *)&dx_row[c >> 1][d] = make_float2(b * x0, b * x1);
+                        if (!SPLIT) *(float2 *)&dq_row[c >> 1][KC + d] = make_float2(ak[nt][c], ak[nt][c + 1]);
+                    }
                 }
-                /* Σ over the block's 16 rows of K̃ ⊙ dK̃ for columns 2t, 2t + 1: the lanes of one t */
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    float x = ext[u];
-                    x += __shfl_xor_sync(0xffffffffu, x, 4);
-                    x += __shfl_xor_sync(0xffffffffu, x, 8);
-                    x += __shfl_xor_sync(0xffffffffu, x, 16);
-                    if (g == 0) sm.M[I * KC + n0 + 8 * nt + 2 * t + u] = x;
-                }
-            }
         }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
@@ -893,37 +652,6 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     __syncthreads();
-    for (int d = tid; d < KC; d += CK_THREADS) /* the G_last terms, added to every row's dĝ below */
-        sm.ext[d] = sm.gam[d] * sm.dgam[d] + sm.M[d] + sm.M[KC + d] + sm.M[2 * KC + d] + sm.M[3 * KC + d];
-
-    /* the pair products backward: row i as the later token (pairs j ≤ i), then as the earlier one (i ≥ j) */
-#pragma unroll
-    for (int q2 = 0; q2 < 2; q2++) {
-        constexpr int NH = KN / 2;
-        const int n0 = nk0 + q2 * (KC / 2 / CK_NQ);
-        float pq[NH][4], pk[NH][4];
-        pairs_later<NH, KC, VC>(sm, scale, I, split, n0, lane, pq, pk);
-#pragma unroll
-        for (int nt = 0; nt < NH; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
-                dG[q2 * NH + nt][c] += sm.k[i * KS + d] * pk[nt][c] + sm.q[i * KS + d] * pq[nt][c];
-                if (i < clen) {
-                    dq_row[c >> 1][d] += pq[nt][c];
-                    dq_row[c >> 1][KC + d] += pk[nt][c];
-                }
-            }
-        pairs_earlier<NH, KC, VC>(sm, scale, I, split, n0, lane, pq);
-#pragma unroll
-        for (int nt = 0; nt < NH; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t + (c & 1);
-                dG[q2 * NH + nt][c] -= sm.k[i * KS + d] * pq[nt][c];
-                if (i < clen) dq_row[c >> 1][KC + d] += pq[nt][c];
-            }
-    }
 
     /* dβ: the row's TPRW threads sum, with the terms by column part; through the sigmoid */
 #pragma unroll
@@ -938,32 +666,6 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
         store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
-    __syncthreads(); /* q̂ is free: it holds dG next; G holds the gate inputs x */
-#pragma unroll
-    for (int nt = 0; nt < KN; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            sm.q[(16 * I + g + 8 * (c >> 1)) * KS + nk0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
-    {   /* 8 loads issued before any conversion (load_rows) */
-        const int d = tid % KC; /* the same column at every step (CK_THREADS is a multiple of KC) */
-        const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
-#pragma unroll
-        for (int j0 = 0; j0 < C * KC / CK_THREADS; j0 += 8) {
-            uint32_t xb[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int i = (tid + CK_THREADS * (j0 + j)) / KC;
-                xb[j] = i < clen && d < p.K ? load_bits(p.g, p.g_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d) : 0u;
-            }
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int i = (tid + CK_THREADS * (j0 + j)) / KC;
-                sm.G[i * KS + d] = i < clen && d < p.K ? bits_value(xb[j], p.g_dtype) + bias : 0.0f;
-            }
-        }
-    }
-    __syncthreads();
-    gate_backward_par<KC, VC>(p, sm, sm.M, cid, t0, clen, h, A, tid); /* M is free since the G_last sums */
 }
 
 template <int KC, int VC, int SPLIT>

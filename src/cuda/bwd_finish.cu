@@ -4,8 +4,9 @@
  *   dq, dk   one warp per (token, query/key head): dq̂ = Σ over its G value heads h = hq·G … hq·G + G − 1 (in
  *            that order) of the chunk kernel's per-head dq̂; likewise dk̂; then the l2norm step
  *            dx = r (dy − y (y·dy)), y = r x, r = (Σ x² + 1e−6)^−½, and the store in the gradient's dtype
- *   dA_log,  one thread per (value head, entry): the chunk kernel's partial sums summed over the chunks in
- *   ddt_bias chunk order (entry 0: ∂L/∂A_log, entry 1 + d: ∂L/∂dt_bias[d]); zeros when there are no tokens
+ *   dA_log,  one thread per (value head, channel d): the pairs kernel's partial sums summed over the chunks in
+ *   ddt_bias chunk order (∂L/∂dt_bias[d]; the channel's terms of ∂L/∂A_log, then summed over the channels in
+ *            order); zeros when there are no tokens
  *
  * No atomics: two identical calls give identical bytes.
  */
@@ -64,14 +65,26 @@ __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_qk_kernel(const kda_bwd_p
 }
 
 __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_gate_params_kernel(const kda_bwd_params_t p) {
-    const int h = blockIdx.x, e = threadIdx.x; /* e: 0 = A_log, 1 + d = dt_bias[d] */
-    if (e > p.kc) return;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    float *al = (float *)smem_raw; /* [FIN_THREADS] */
+    const int h = blockIdx.x, d = threadIdx.x; /* channel d: its ∂L/∂dt_bias[d] and its terms of ∂L/∂A_log */
     const int64_t chunks = p.seqs.cu_seqlens ? (int64_t)p.seqs.chunk_offsets[p.seqs.num_seqs]
                                              : p.seqs.num_seqs * p.seqs.chunks_per_row;
-    float acc = 0.0f;
-    for (int64_t c = 0; c < chunks; c++) acc += p.part[(c * p.hv + h) * (int64_t)(p.kc + 1) + e];
-    if (e == 0 && p.dA_log) p.dA_log[h] = acc;
-    if (e > 0 && e <= p.K && p.ddt_bias) p.ddt_bias[(int64_t)h * p.K + e - 1] = acc;
+    float a = 0.0f, b = 0.0f;
+    if (d < p.kc)
+        for (int64_t c = 0; c < chunks; c++) {
+            const float *part = p.part + (c * p.hv + h) * (int64_t)(2 * p.kc);
+            a += part[d];
+            b += part[p.kc + d];
+        }
+    al[d] = a;
+    if (d < p.K && p.ddt_bias) p.ddt_bias[(int64_t)h * p.K + d] = b;
+    __syncthreads();
+    if (d == 0 && p.dA_log) {
+        float s = 0.0f;
+        for (int c = 0; c < p.kc; c++) s += al[c];
+        p.dA_log[h] = s;
+    }
 }
 
 extern "C" int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream) {
@@ -85,7 +98,7 @@ extern "C" int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void
         if (err != cudaSuccess) return (int)err;
     }
     if (p->dA_log || p->ddt_bias) {
-        kda_bwd_gate_params_kernel<<<(unsigned)p->hv, FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
+        kda_bwd_gate_params_kernel<<<(unsigned)p->hv, FIN_THREADS, FIN_THREADS * sizeof(float), (cudaStream_t)stream>>>(*p);
         return (int)cudaGetLastError();
     }
     return 0;

@@ -1,0 +1,346 @@
+/*
+ * Backward, stage 3c: what is per channel — the pair products' backward, the factor rules, the gate's backward
+ * (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the same computation on the CPU).
+ *
+ * One CTA of 128 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
+ * for one channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu)
+ * leaves the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the l2norm
+ * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (16-bit inputs) or the chunk kernel (fp32 inputs). With
+ * q̂, k̂, ĝ recomputed from the inputs and G = cumsum ĝ, for each channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
+ *
+ *   Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j}     Pk_i = Σ_{j < i} B_ij k_j e^{G_i − G_j}
+ *   E_j  = Σ_{i ≥ j} (B_ij k_i + P_ij q_i) e^{G_i − G_j}        (the pair products M, Aqk differentiated)
+ *   dq̂_i = s e_i dQΓ_i + Pq_i                                      (QΓ = s q e^G)
+ *   dk̂_i = e_i (β dX)_i + f_i dK̃_i + Pk_i + E_i                     (X = β k e^G, K̃ = k e^{G_last − G})
+ *   dG_i = q_i dq̂_i + k_i (e_i (β dX)_i − f_i dK̃_i + Pk_i − E_i)
+ *   dĝ_i = Σ_{i' ≥ i} dG_i' + γ dγ + Σ_i' k_i' f_i' dK̃_i'          (the G_last terms: every row; γ = e^{G_last})
+ *   then the clamp and the gate (softplus or lower-bound form): dg, and the chunk's sums of ∂L/∂A_log and
+ *   ∂L/∂dt_bias for the channel.
+ * Written: dg of the chunk's tokens in the tile's channels; dq̂, dk̂ of this value head over the raw dQΓ, dK̃ in
+ * the scratch (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the
+ * per-channel partial sums (bwd_finish.cu sums them over chunks and channels, in order).
+ *
+ * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
+ * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
+ * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 (mma16_x3) or, where a block
+ * does not split, pair by pair. Warp w owns row block w: its rows as the later token (Pq, Pk) and as the earlier
+ * one (E). Layout: q̂, k̂, G (later dG), the gate inputs [C][PK_KT] and P, B [C][C], fp32 in shared memory (73 KB:
+ * three CTAs per SM); P and B arrive by cp.async while the rows are loaded and the gate computed.
+ */
+#include "bwd.cuh"
+#include "seq.cuh"
+
+#define PK_THREADS 128 /* warp w: rows 16 w .. 16 w + 15 */
+#define PK_KT 32       /* channels per CTA */
+#define PK_NT (PK_KT / 8)
+#define C KDA_CHUNK
+#define CS (C + 4)     /* fp32 strides 4 banks apart: a fragment's 8 rows in distinct banks */
+#define TS (PK_KT + 4)
+
+struct pairs_smem {
+    float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂ (later dG), k̂, G, the gate inputs x = g (+ dt_bias) */
+    float P[C * CS], B[C * CS];
+    float ext[4][PK_KT], tot[4][PK_KT]; /* by row block: Σ k f dK̃, then the block sums of dG */
+    float red[2][PK_THREADS];          /* the gate parameters' per-thread sums */
+};
+
+/* Row i (block I) as the later token, the tile's columns 8 nt..: Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j},
+ * Pk_i = Σ_{j < i} B_ij k_j e^{G_i − G_j} (P, B zero where they do not apply) */
+DEV void pairs_later(const pairs_smem &sm, int I, int split, int lane, float (*pq)[4], float (*pk)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const float *R = sm.G + (16 * I + (split ? 7 : 0)) * TS;
+    zero_acc<PK_NT>(pq);
+    zero_acc<PK_NT>(pk);
+    const int jend = split ? 16 * (I + 1) : 16 * I;
+#pragma unroll 1
+    for (int j0 = 0; j0 < jend; j0 += 16) {
+        const int x3 = j0 == 16 * I; /* the diagonal block */
+        frag_t fq[4], fm[4], fql[4], fml[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
+            split2(*(const float2 *)&sm.P[row * CS + col], &fq[r], &fql[r]);
+            split2(*(const float2 *)&sm.B[row * CS + col], &fm[r], &fml[r]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++) {
+            const int d = 8 * nt + g;
+            frag_t bf[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int j = j0 + 2 * t + 8 * hh;
+                bf[hh] = make_float2(sm.k[j * TS + d] * gexp(R[d] - sm.G[j * TS + d]),
+                                     sm.k[(j + 1) * TS + d] * gexp(R[d] - sm.G[(j + 1) * TS + d]));
+            }
+            mma16_x3(pq[nt], fq, fql, bf[0], bf[1], x3);
+            mma16_x3(pk[nt], fm, fml, bf[0], bf[1], x3);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * I + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
+            const float f = gexp(sm.G[i * TS + d] - R[d]);
+            float sq = f * pq[nt][c], sk = f * pk[nt][c];
+            if (!split) /* the diagonal block, pair by pair */
+                for (int j = 16 * I; j <= i; j++) {
+                    const float kk = sm.k[j * TS + d] * gexp(sm.G[i * TS + d] - sm.G[j * TS + d]);
+                    sq += sm.P[i * CS + j] * kk;
+                    sk += sm.B[i * CS + j] * kk;
+                }
+            pq[nt][c] = sq;
+            pk[nt][c] = sk;
+        }
+}
+
+/* Row j (block J) as the earlier token, the tile's columns 8 nt..: E_j = Σ_{i ≥ j} (B_ij k_i + P_ij q_i) e^{G_i − G_j} */
+DEV void pairs_earlier(const pairs_smem &sm, int J, int split, int lane, float (*pe)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const float *R = sm.G + (16 * J + (split ? 7 : 15)) * TS;
+    zero_acc<PK_NT>(pe);
+#pragma unroll 1
+    for (int i0 = split ? 16 * J : 16 * (J + 1); i0 < C; i0 += 16) {
+        const int x3 = i0 == 16 * J; /* the diagonal block */
+        frag_t fq[4], fm[4], fql[4], fml[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) { /* A(j, i) = coefficient (i, j): transposed reads */
+            const int j = 16 * J + g + 8 * (r & 1), i = i0 + 2 * t + 8 * (r >> 1);
+            split2(make_float2(sm.P[i * CS + j], sm.P[(i + 1) * CS + j]), &fq[r], &fql[r]);
+            split2(make_float2(sm.B[i * CS + j], sm.B[(i + 1) * CS + j]), &fm[r], &fml[r]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++) {
+            const int d = 8 * nt + g;
+            frag_t bk[2], bq[2];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int i = i0 + 2 * t + 8 * hh;
+                const float e0 = gexp(sm.G[i * TS + d] - R[d]), e1 = gexp(sm.G[(i + 1) * TS + d] - R[d]);
+                bk[hh] = make_float2(sm.k[i * TS + d] * e0, sm.k[(i + 1) * TS + d] * e1);
+                bq[hh] = make_float2(sm.q[i * TS + d] * e0, sm.q[(i + 1) * TS + d] * e1);
+            }
+            mma16_x3(pe[nt], fm, fml, bk[0], bk[1], x3);
+            mma16_x3(pe[nt], fq, fql, bq[0], bq[1], x3);
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int j = 16 * J + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
+            float s = gexp(R[d] - sm.G[j * TS + d]) * pe[nt][c];
+            if (!split)
+                for (int i = j; i < 16 * (J + 1); i++)
+                    s += (sm.B[i * CS + j] * sm.k[i * TS + d] + sm.P[i * CS + j] * sm.q[i * TS + d]) *
+                         gexp(sm.G[i * TS + d] - sm.G[j * TS + d]);
+            pe[nt][c] = s;
+        }
+}
+
+template <int KC>
+__global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
+    constexpr int NTILE = KC / PK_KT, RW = C / 4; /* rows per warp */
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    pairs_smem &sm = *(pairs_smem *)smem_raw;
+    const int tid = threadIdx.x, lane = tid & 31, I = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
+    const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
+    const int64_t cid = pair / p.hv;
+    const int h = (int)(pair % p.hv), hq = h / p.group;
+    int64_t t0;
+    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    if (clen <= 0) return;
+    const float scale = p.scale;
+    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+
+    /* P and B by cp.async: 16-byte pieces of their rows */
+    {
+        const float *dc = p.dcoef + pair * (int64_t)(2 * C * C);
+        for (int e = tid; e < 2 * C * C / 4; e += PK_THREADS) {
+            const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
+            cp_async16_zfill(smem_u32(&(m ? sm.B : sm.P)[i * CS + j]), dc + (m * C + i) * C + j, 16);
+        }
+        cp_async_commit();
+    }
+    /* the warp's rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
+    const int dl = lane, d = d0 + lane;
+    {
+        uint32_t qb[RW], kb[RW], gb[RW];
+        float rq[RW], rk[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const int i = 16 * I + r;
+            const bool in = i < clen && d < p.K;
+            const int64_t e = ((t0 + i) * p.hqk + hq) * (int64_t)p.K + d;
+            qb[r] = in ? load_bits(p.q, p.dtype, e) : 0u;
+            kb[r] = in ? load_bits(p.k, p.dtype, e) : 0u;
+            gb[r] = in ? load_bits(p.g, p.g_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d) : 0u;
+            const float *rn = p.rnorm + ((t0 + (i < clen ? i : 0)) * p.hv + h) * 2;
+            rq[r] = p.l2norm && i < clen ? rn[0] : 1.0f;
+            rk[r] = p.l2norm && i < clen ? rn[1] : 1.0f;
+        }
+        const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            const int i = 16 * I + r;
+            const bool in = i < clen && d < p.K;
+            sm.q[i * TS + dl] = bits_value(qb[r], p.dtype) * rq[r];
+            sm.k[i * TS + dl] = bits_value(kb[r], p.dtype) * rk[r];
+            const float x = in ? bits_value(gb[r], p.g_dtype) + bias : 0.0f;
+            sm.x[i * TS + dl] = x;
+            float y = 0.0f;
+            if (in) {
+                y = gate_value(p, A, x);
+                y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
+                y = y < 0.0f ? y : 0.0f;
+            }
+            sm.G[i * TS + dl] = y;
+        }
+    }
+    /* G = cumsum ĝ: each thread its block's 16 rows of its column, then the earlier blocks' totals */
+    {
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            s += sm.G[(16 * I + r) * TS + dl];
+            sm.G[(16 * I + r) * TS + dl] = s;
+        }
+        sm.tot[I][dl] = s;
+    }
+    __syncthreads();
+    {
+        float off = 0.0f;
+        for (int J = 0; J < I; J++) off += sm.tot[J][dl];
+#pragma unroll
+        for (int r = 0; r < RW; r++) sm.G[(16 * I + r) * TS + dl] += off;
+    }
+    /* the lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: none), loaded now, used after the
+       pair sums */
+    float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2];
+    int64_t srow[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int i = 16 * I + g + 8 * hr;
+        srow[hr] = i < clen ? (t0 + i) * p.hv + h : -1;
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++) {
+            const int dd = d0 + 8 * nt + 2 * t;
+            const float2 z = make_float2(0.0f, 0.0f);
+            dQ[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dqk[srow[hr] * (2 * KC) + dd]) : z;
+            dK[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dqk[srow[hr] * (2 * KC) + KC + dd]) : z;
+            xb[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dx[srow[hr] * KC + dd]) : z;
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    const int split = block_split<TS, PK_KT>(sm.G, I, lane);
+    float pq[PK_NT][4], pk[PK_NT][4], pe[PK_NT][4];
+    pairs_later(sm, I, split, lane, pq, pk);
+    pairs_earlier(sm, I, split, lane, pe);
+
+    /* the factor rules, element pairs (c, c + 1) of adjacent columns */
+    const float *Gl = sm.G + (C - 1) * TS;
+    float dG[PK_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++) {
+        float ext[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr, col = 8 * nt + 2 * t;
+            const float dq_in[2] = {dQ[nt][hr].x, dQ[nt][hr].y}, dk_in[2] = {dK[nt][hr].x, dK[nt][hr].y};
+            const float x_in[2] = {xb[nt][hr].x, xb[nt][hr].y};
+            float oq[2], ok[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int c = 2 * hr + u;
+                const float Gi = sm.G[i * TS + col + u], e = gexp(Gi), f = gexp(Gl[col + u] - Gi);
+                const float qv = sm.q[i * TS + col + u], kv = sm.k[i * TS + col + u];
+                const float ex = e * x_in[u], fy = f * dk_in[u];
+                oq[u] = scale * e * dq_in[u] + pq[nt][c];
+                ok[u] = ex + fy + pk[nt][c] + pe[nt][c];
+                dG[nt][c] = qv * oq[u] + kv * (ex - fy + pk[nt][c] - pe[nt][c]);
+                ext[u] += kv * fy;
+            }
+            if (srow[hr] >= 0) {
+                float *row = p.dqk + srow[hr] * (2 * KC) + d0 + col;
+                *(float2 *)row = make_float2(oq[0], oq[1]);
+                *(float2 *)(row + KC) = make_float2(ok[0], ok[1]);
+            }
+        }
+        /* Σ over the block's 16 rows (the lanes of one t) of k f dK̃ for columns 2t, 2t + 1 */
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float x = ext[u];
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            if (g == 0) sm.ext[I][8 * nt + 2 * t + u] = x;
+        }
+    }
+    __syncthreads(); /* every read of q̂ is done: it holds dG next */
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            sm.q[(16 * I + g + 8 * (c >> 1)) * TS + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
+    __syncthreads();
+
+    /* dĝ = reverse cumsum of dG + the G_last terms: each thread its block's rows of its column, then the later
+       blocks' totals; then the clamp and the gate, element by element */
+    float s = 0.0f;
+#pragma unroll
+    for (int r = RW - 1; r >= 0; r--) {
+        s += sm.q[(16 * I + r) * TS + dl];
+        sm.q[(16 * I + r) * TS + dl] = s;
+    }
+    sm.tot[I][dl] = s;
+    __syncthreads();
+    float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
+    if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
+    for (int J = I + 1; J < 4; J++) off += sm.tot[J][dl];
+    float dAl = 0.0f, dbias = 0.0f;
+    if (d < p.K)
+#pragma unroll 4
+        for (int r = 0; r < RW; r++) {
+            const int i = 16 * I + r;
+            if (i >= clen) break;
+            const float x = sm.x[i * TS + dl], lam = gate_value(p, A, x);
+            float gi = (sm.q[i * TS + dl] + off) * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* NaN stays NaN */
+            if (p.gate_in_kernel) {
+                if (p.lower_bound != 0.0f) {
+                    const float sg = sigmoidf_(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
+                    dAl += gi * ds * x;
+                    gi *= ds;
+                } else {
+                    dAl += -gi * A * softplusf_(x);
+                    gi *= -A * sigmoidf_(x);
+                }
+                dbias += gi;
+            }
+            store_elem(p.dg, p.dg_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d, gi);
+        }
+    sm.red[0][tid] = dAl;
+    sm.red[1][tid] = dbias;
+    __syncthreads();
+    if (tid < 2 * PK_KT && p.part) { /* per channel: Σ ∂L/∂A_log terms (tid < PK_KT), Σ ∂L/∂dt_bias[d] */
+        const int which = tid / PK_KT, c = tid % PK_KT;
+        const float v = sm.red[which][c] + sm.red[which][PK_KT + c] + sm.red[which][2 * PK_KT + c] +
+                        sm.red[which][3 * PK_KT + c];
+        p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
+    }
+}
+
+template <int KC>
+static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
+    const int64_t ctas = p->blocks.max_chunks * p->hv * (KC / PK_KT);
+    if (ctas == 0) return 0;
+    static int done[KDA_MAX_DEVICES];
+    return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
+                      done, stream);
+}
+
+extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
+    return p->kc == 64 ? launch_pairs<64>(p, device, stream) : launch_pairs<128>(p, device, stream);
+}
