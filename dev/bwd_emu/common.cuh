@@ -25,7 +25,12 @@ DEV float bits_value(uint32_t b, int dtype) {
     if (dtype == KDA_DT_F16) return f16_bits_to_f32((uint16_t)b);
     return bf16_bits_to_f32((uint16_t)b);
 }
-/* the SFU's sigmoid and softplus (common.cuh), in libm */
+/* the SFU's 2^x (ex2.approx.ftz: results below 2^-126 flushed to 0), sigmoid and softplus (common.cuh), in libm */
+#define LOG2E 1.4426950408889634f
+DEV float ex2(float x) {
+    const float y = exp2f(x);
+    return y < 1.17549435e-38f ? 0.0f : y;
+}
 DEV float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 DEV float softplusf_(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 DEV void store_elem(void *p, int dtype, int64_t i, float x) {

@@ -35,8 +35,9 @@ DEV float warp_sum(float x) {
 }
 
 /* e^x for the decay factors (x ≤ 0: differences of cumulative log decays), with the SFU: relative error below
- * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below */
-DEV float gexp(float x) { return __expf(x); }
+ * ~1e-6 wherever the result is above 1e-30, and flushed to 0 below 2^-126 (ex2.approx.ftz: one FMUL and the
+ * MUFU; __expf's denormal handling added a compare and two predicated FMULs to every factor) */
+DEV float gexp(float x) { return ex2(x * LOG2E); }
 
 /* the log decay before the clamp, from the gate input x = g (+ dt_bias). The gate's and β's functions are the
  * forward's, by the SFU (common.cuh; ~1e-7 relative against gradient errors of ~1e-3: libm's expf, log1pf and
@@ -44,6 +45,39 @@ DEV float gexp(float x) { return __expf(x); }
 DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
     if (!p.gate_in_kernel) return x;
     return p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+}
+
+/* The gate's form as one number, so that a kernel can branch once around a loop instead of per element */
+#define GATE_NONE 0     /* ĝ = g */
+#define GATE_LOWER 1    /* ĝ = lower_bound · σ(A (g + dt_bias)) */
+#define GATE_SOFTPLUS 2 /* ĝ = −A softplus(g + dt_bias) */
+DEV int gate_mode(const kda_bwd_params_t &p) {
+    return !p.gate_in_kernel ? GATE_NONE : p.lower_bound != 0.0f ? GATE_LOWER : GATE_SOFTPLUS;
+}
+
+/* ĝ from the gate input x, clamped to [KDA_GATE_MIN, 0] (NaN → the minimum), for gate form MODE */
+template <int MODE>
+DEV float gate_clamped(float lower_bound, float A, float x) {
+    float y = MODE == GATE_NONE ? x : MODE == GATE_LOWER ? lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+    y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN;
+    return y < 0.0f ? y : 0.0f;
+}
+
+/* The gate's backward for one element, form MODE: dĝ → ∂L/∂x (returned), with its ∂L/∂A_log term added to *dAl
+ * (none without a gate in the kernel); zero where the clamp held ĝ (NaN stays NaN) */
+template <int MODE>
+DEV float gate_backward(float lower_bound, float A, float x, float dgh, float *dAl) {
+    if (MODE == GATE_NONE) return dgh * (x <= 0.0f && x >= KDA_GATE_MIN ? 1.0f : 0.0f);
+    if (MODE == GATE_LOWER) {
+        const float sg = sigmoidf_(A * x), lam = lower_bound * sg, ds = lower_bound * sg * (1.0f - sg) * A;
+        const float gi = dgh * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f);
+        *dAl += gi * ds * x;
+        return gi * ds;
+    }
+    const float sp = softplusf_(x), lam = -A * sp;
+    const float gi = dgh * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f);
+    *dAl += -gi * A * sp;
+    return gi * (-A * sigmoidf_(x));
 }
 
 template <int NT>
@@ -86,6 +120,21 @@ DEV int block_split(const float *G, int B, int lane) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) range = fmaxf(range, __shfl_xor_sync(0xffffffffu, range, o));
     return range <= KDA_DIAG_RANGE; /* NaN: not split */
+}
+
+/* The bits of src[base + r · stride] (dtype), r < N, without conversion (load_bits); 0 for r ≥ valid. The dtype
+ * test once, outside the loads (per element it was a compare and a branch between every two loads). */
+template <int N>
+DEV void load_bits_n(uint32_t (&b)[N], const void *src, int dtype, int64_t base, int64_t stride, int valid) {
+    if (dtype == KDA_DT_F32) {
+        const uint32_t *s = (const uint32_t *)src + base;
+#pragma unroll
+        for (int r = 0; r < N; r++) b[r] = r < valid ? s[r * stride] : 0u;
+    } else {
+        const uint16_t *s = (const uint16_t *)src + base;
+#pragma unroll
+        for (int r = 0; r < N; r++) b[r] = r < valid ? (uint32_t)s[r * stride] : 0u;
+    }
 }
 
 #endif /* KDA_CUDA_BWD_CUH */

@@ -59,6 +59,23 @@ DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk
  * ------------------------------------------------------------------------------------------------------- */
+/* ĝ in place of the gate inputs x in G (the warp's rows, the lane's columns; 0 where there is no element), form
+ * MODE; the rows in a loop (the unrolled version's straight-line code made the warps wait for instruction
+ * fetches) */
+template <int KC, int MODE>
+DEV void gate_rows(float *G, float lower_bound, float A, int warp, int lane, int clen, int ucols) {
+    constexpr int KS = KC + 4;
+#pragma unroll 1
+    for (int i = warp; i < C; i += CK_THREADS / 32) {
+        const int n = i < clen ? ucols : 0;
+#pragma unroll
+        for (int u = 0; u < KC / 32; u++) {
+            float *x = &G[i * KS + lane + 32 * u];
+            *x = u < n ? gate_clamped<MODE>(lower_bound, A, *x) : 0.0f;
+        }
+    }
+}
+
 /* q̂, k̂, the clamped log decay ĝ (into G), β, and into D the chunk's Δ (SPLIT: the inter kernel's [C][VC]) or
  * v; rows past the chunk's end and padded columns zero. Each warp's rows (C / 16) at once: every load's bits are
  * issued before any is converted (load_bits), so that the warp waits for one round trip, not one per element
@@ -76,21 +93,16 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         const int d = lane + 32 * u;
         db[u] = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
     }
+    const int ucols = p.K > lane ? (p.K - lane + 31) / 32 : 0; /* the lane's columns lane + 32 u that exist */
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
         const int64_t t = t0 + i;
-        const bool row = i < clen;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int d = lane + 32 * u;
-            const bool in = row && d < p.K;
-            const int64_t e = (t * p.hqk + hq) * (int64_t)p.K + d;
-            qb[r][u] = in ? load_bits(p.q, p.dtype, e) : 0u;
-            kb[r][u] = in ? load_bits(p.k, p.dtype, e) : 0u;
-            gb[r][u] = in ? load_bits(p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + d) : 0u;
-        }
-        if (lane == r && row) bb = load_bits(p.beta, p.beta_dtype, t * p.hv + h); /* lane r: row r's β */
+        const int n = i < clen ? ucols : 0;
+        load_bits_n<U>(qb[r], p.q, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + lane, 32, n);
+        load_bits_n<U>(kb[r], p.k, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + lane, 32, n);
+        load_bits_n<U>(gb[r], p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + lane, 32, n);
+        if (lane == r && i < clen) bb = load_bits(p.beta, p.beta_dtype, t * p.hv + h); /* lane r: row r's β */
     }
 #pragma unroll
     for (int r = 0; r < RW; r++) {
@@ -138,22 +150,11 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
             sm.beta[i] = b;
         }
     }
-    /* ĝ from x, each lane its own elements; one copy of the gate's code per column step (the rows in a loop: the
-       unrolled version's straight-line code made the warps wait for instruction fetches) */
-#pragma unroll 1
-    for (int r = 0; r < RW; r++) {
-        const int i = warp + (CK_THREADS / 32) * r;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int d = lane + 32 * u;
-            float y = 0.0f;
-            if (i < clen && d < p.K) {
-                y = gate_value(p, A, sm.G[i * KS + d]);
-                y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
-                y = y < 0.0f ? y : 0.0f;
-            }
-            sm.G[i * KS + d] = y;
-        }
+    /* ĝ from x, each lane its own elements, the gate's form tested once */
+    switch (gate_mode(p)) {
+    case GATE_NONE: gate_rows<KC, GATE_NONE>(sm.G, p.lower_bound, A, warp, lane, clen, ucols); break;
+    case GATE_LOWER: gate_rows<KC, GATE_LOWER>(sm.G, p.lower_bound, A, warp, lane, clen, ucols); break;
+    default: gate_rows<KC, GATE_SOFTPLUS>(sm.G, p.lower_bound, A, warp, lane, clen, ucols);
     }
 }
 

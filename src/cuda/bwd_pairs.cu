@@ -138,6 +138,48 @@ DEV void pairs_earlier(const pairs_smem &sm, int J, int split, int lane, float (
         }
 }
 
+/* ĝ of the thread's rows 16 I + r (r < nrow, else 0) from the gate inputs, form MODE */
+template <int MODE>
+DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int I, int dl, int nrow) {
+#pragma unroll
+    for (int r = 0; r < C / 4; r++) {
+        const int i = 16 * I + r;
+        sm.G[i * TS + dl] = r < nrow ? gate_clamped<MODE>(lower_bound, A, sm.x[i * TS + dl]) : 0.0f;
+    }
+}
+
+/* dg of the thread's rows 16 I + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
+ * terms summed into *dAl, *dbias; every store after the gate's math, with one dtype test */
+template <int MODE>
+DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int I, int dl,
+                            int nrow, int64_t base, float *dAl, float *dbias) {
+    constexpr int RW = C / 4;
+    float gv[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = 16 * I + r;
+        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.q[i * TS + dl] + off, dAl) : 0.0f;
+        if (MODE != GATE_NONE) *dbias += gv[r];
+    }
+    const int64_t stride = (int64_t)p.hv * p.K;
+    if (p.dg_dtype == KDA_DT_F32) {
+        float *o = (float *)p.dg + base;
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+            if (r < nrow) o[r * stride] = gv[r];
+    } else if (p.dg_dtype == KDA_DT_BF16) {
+        __nv_bfloat16 *o = (__nv_bfloat16 *)p.dg + base;
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+            if (r < nrow) o[r * stride] = __float2bfloat16_rn(gv[r]);
+    } else {
+        __half *o = (__half *)p.dg + base;
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+            if (r < nrow) o[r * stride] = __float2half_rn(gv[r]);
+    }
+}
+
 template <int KC>
 __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
     constexpr int NTILE = KC / PK_KT, RW = C / 4; /* rows per warp */
@@ -165,37 +207,33 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
     }
     /* the warp's rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
+    const int nrow = d < p.K ? min(RW, clen - 16 * I) : 0; /* the thread's rows that exist */
     {
         uint32_t qb[RW], kb[RW], gb[RW];
+        const int64_t t1 = t0 + 16 * I; /* the warp's first token */
+        load_bits_n<RW>(qb, p.q, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
+        load_bits_n<RW>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
+        load_bits_n<RW>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
         float rq[RW], rk[RW];
+        const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
 #pragma unroll
         for (int r = 0; r < RW; r++) {
-            const int i = 16 * I + r;
-            const bool in = i < clen && d < p.K;
-            const int64_t e = ((t0 + i) * p.hqk + hq) * (int64_t)p.K + d;
-            qb[r] = in ? load_bits(p.q, p.dtype, e) : 0u;
-            kb[r] = in ? load_bits(p.k, p.dtype, e) : 0u;
-            gb[r] = in ? load_bits(p.g, p.g_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d) : 0u;
-            const float *rn = p.rnorm + ((t0 + (i < clen ? i : 0)) * p.hv + h) * 2;
-            rq[r] = p.l2norm && i < clen ? rn[0] : 1.0f;
-            rk[r] = p.l2norm && i < clen ? rn[1] : 1.0f;
+            const bool l2 = p.l2norm && r < nrow;
+            rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
+            rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
         }
         const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
 #pragma unroll
         for (int r = 0; r < RW; r++) {
             const int i = 16 * I + r;
-            const bool in = i < clen && d < p.K;
             sm.q[i * TS + dl] = bits_value(qb[r], p.dtype) * rq[r];
             sm.k[i * TS + dl] = bits_value(kb[r], p.dtype) * rk[r];
-            const float x = in ? bits_value(gb[r], p.g_dtype) + bias : 0.0f;
-            sm.x[i * TS + dl] = x;
-            float y = 0.0f;
-            if (in) {
-                y = gate_value(p, A, x);
-                y = y > KDA_GATE_MIN ? y : KDA_GATE_MIN; /* the clamp of chunk_bwd.c (NaN → the minimum) */
-                y = y < 0.0f ? y : 0.0f;
-            }
-            sm.G[i * TS + dl] = y;
+            sm.x[i * TS + dl] = r < nrow ? bits_value(gb[r], p.g_dtype) + bias : 0.0f;
+        }
+        switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
+        case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, I, dl, nrow); break;
+        case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.lower_bound, A, I, dl, nrow); break;
+        default: gate_rows<GATE_SOFTPLUS>(sm, p.lower_bound, A, I, dl, nrow);
         }
     }
     /* G = cumsum ĝ: each thread its block's 16 rows of its column, then the earlier blocks' totals */
@@ -301,26 +339,12 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
     if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
     for (int J = I + 1; J < 4; J++) off += sm.tot[J][dl];
     float dAl = 0.0f, dbias = 0.0f;
-    if (d < p.K)
-#pragma unroll 4
-        for (int r = 0; r < RW; r++) {
-            const int i = 16 * I + r;
-            if (i >= clen) break;
-            const float x = sm.x[i * TS + dl], lam = gate_value(p, A, x);
-            float gi = (sm.q[i * TS + dl] + off) * (lam <= 0.0f && lam >= KDA_GATE_MIN ? 1.0f : 0.0f); /* NaN stays NaN */
-            if (p.gate_in_kernel) {
-                if (p.lower_bound != 0.0f) {
-                    const float sg = sigmoidf_(A * x), ds = p.lower_bound * sg * (1.0f - sg) * A;
-                    dAl += gi * ds * x;
-                    gi *= ds;
-                } else {
-                    dAl += -gi * A * softplusf_(x);
-                    gi *= -A * sigmoidf_(x);
-                }
-                dbias += gi;
-            }
-            store_elem(p.dg, p.dg_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.K + d, gi);
-        }
+    const int64_t gbase = ((t0 + 16 * I) * p.hv + h) * (int64_t)p.K + d;
+    switch (gate_mode(p)) {
+    case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, A, off, I, dl, nrow, gbase, &dAl, &dbias); break;
+    case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, A, off, I, dl, nrow, gbase, &dAl, &dbias); break;
+    default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, A, off, I, dl, nrow, gbase, &dAl, &dbias);
+    }
     sm.red[0][tid] = dAl;
     sm.red[1][tid] = dbias;
     __syncthreads();
