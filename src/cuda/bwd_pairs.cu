@@ -149,7 +149,7 @@ DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int I, int dl, in
 }
 
 /* dg of the thread's rows 16 I + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
- * terms summed into *dAl, *dbias; every store after the gate's math, with one dtype test */
+ * terms summed into *dAl, *dbias; every store after the gate's math */
 template <int MODE>
 DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int I, int dl,
                             int nrow, int64_t base, float *dAl, float *dbias) {
@@ -162,22 +162,9 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
     const int64_t stride = (int64_t)p.hv * p.K;
-    if (p.dg_dtype == KDA_DT_F32) {
-        float *o = (float *)p.dg + base;
 #pragma unroll
-        for (int r = 0; r < RW; r++)
-            if (r < nrow) o[r * stride] = gv[r];
-    } else if (p.dg_dtype == KDA_DT_BF16) {
-        __nv_bfloat16 *o = (__nv_bfloat16 *)p.dg + base;
-#pragma unroll
-        for (int r = 0; r < RW; r++)
-            if (r < nrow) o[r * stride] = __float2bfloat16_rn(gv[r]);
-    } else {
-        __half *o = (__half *)p.dg + base;
-#pragma unroll
-        for (int r = 0; r < RW; r++)
-            if (r < nrow) o[r * stride] = __float2half_rn(gv[r]);
-    }
+    for (int r = 0; r < RW; r++)
+        if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
 template <int KC>
