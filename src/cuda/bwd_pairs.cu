@@ -2,7 +2,7 @@
  * Backward, stage 3c: what is per channel — the pair products' backward, the factor rules, the gate's backward
  * (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the same computation on the CPU).
  *
- * One CTA of 128 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
+ * One CTA of 256 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
  * for one channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu)
  * leaves the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the l2norm
  * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (16-bit inputs) or the chunk kernel (fp32 inputs). With
@@ -23,16 +23,20 @@
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
  * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 (mma16_x3) or, where a block
- * does not split, pair by pair. Warp w owns row block w: its rows as the later token (Pq, Pk) and as the earlier
- * one (E). Layout: q̂, k̂, G (later dG), the gate inputs [C][PK_KT] and P, B [C][C], fp32 in shared memory (73 KB:
- * three CTAs per SM); P and B arrive by cp.async while the rows are loaded and the gate computed.
+ * does not split, pair by pair. Warp w owns row block w mod 4: its rows as the later token (Pq, Pk) and as the earlier
+ * one (E), for one half of the tile's channels (8 warps: 4 warps per CTA and three CTAs per SM were latency-bound,
+ * 6.5 cycles per issued instruction). Layout: q̂, k̂, G (later dG), the gate inputs [C][PK_KT] and P, B [C][C],
+ * fp32 in shared memory (74 KB: two CTAs per SM); P and B arrive by cp.async while the rows are loaded and the
+ * gate computed.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
 
-#define PK_THREADS 128 /* warp w: rows 16 w .. 16 w + 15 */
+#define PK_THREADS 256 /* 8 warps; in the products warp w has row block w mod 4 and the channel half w / 4 */
+#define PK_WARPS (PK_THREADS / 32)
 #define PK_KT 32       /* channels per CTA */
-#define PK_NT (PK_KT / 8)
+#define PK_NT (PK_KT / 16) /* 8-channel tiles of a warp's half */
+#define PK_RG (KDA_CHUNK / PK_WARPS) /* rows per warp in the per-element phases */
 #define C KDA_CHUNK
 #define CS (C + 4)     /* fp32 strides 4 banks apart: a fragment's 8 rows in distinct banks */
 #define TS (PK_KT + 4)
@@ -40,13 +44,14 @@
 struct pairs_smem {
     float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂ (later dG), k̂, G, the gate inputs x = g (+ dt_bias) */
     float P[C * CS], B[C * CS];
-    float ext[4][PK_KT], tot[4][PK_KT]; /* by row block: Σ k f dK̃, then the block sums of dG */
+    float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
+    float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];          /* the gate parameters' per-thread sums */
 };
 
-/* Row i (block I) as the later token, the tile's columns 8 nt..: Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j},
+/* Row i (block I) as the later token, the tile's columns c0 + 8 nt..: Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j},
  * Pk_i = Σ_{j < i} B_ij k_j e^{G_i − G_j} (P, B zero where they do not apply) */
-DEV void pairs_later(const pairs_smem &sm, int I, int split, int lane, float (*pq)[4], float (*pk)[4]) {
+DEV void pairs_later(const pairs_smem &sm, int I, int c0, int split, int lane, float (*pq)[4], float (*pk)[4]) {
     const int g = lane >> 2, t = lane & 3;
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * TS;
     zero_acc<PK_NT>(pq);
@@ -64,7 +69,7 @@ DEV void pairs_later(const pairs_smem &sm, int I, int split, int lane, float (*p
         }
 #pragma unroll
         for (int nt = 0; nt < PK_NT; nt++) {
-            const int d = 8 * nt + g;
+            const int d = c0 + 8 * nt + g;
             frag_t bf[2];
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
@@ -80,7 +85,7 @@ DEV void pairs_later(const pairs_smem &sm, int I, int split, int lane, float (*p
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int i = 16 * I + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
+            const int i = 16 * I + g + 8 * (c >> 1), d = c0 + 8 * nt + 2 * t + (c & 1);
             const float f = gexp(sm.G[i * TS + d] - R[d]);
             float sq = f * pq[nt][c], sk = f * pk[nt][c];
             if (!split) /* the diagonal block, pair by pair */
@@ -94,8 +99,8 @@ DEV void pairs_later(const pairs_smem &sm, int I, int split, int lane, float (*p
         }
 }
 
-/* Row j (block J) as the earlier token, the tile's columns 8 nt..: E_j = Σ_{i ≥ j} (B_ij k_i + P_ij q_i) e^{G_i − G_j} */
-DEV void pairs_earlier(const pairs_smem &sm, int J, int split, int lane, float (*pe)[4]) {
+/* Row j (block J) as the earlier token, the tile's columns c0 + 8 nt..: E_j = Σ_{i ≥ j} (B_ij k_i + P_ij q_i) e^{G_i − G_j} */
+DEV void pairs_earlier(const pairs_smem &sm, int J, int c0, int split, int lane, float (*pe)[4]) {
     const int g = lane >> 2, t = lane & 3;
     const float *R = sm.G + (16 * J + (split ? 7 : 15)) * TS;
     zero_acc<PK_NT>(pe);
@@ -111,7 +116,7 @@ DEV void pairs_earlier(const pairs_smem &sm, int J, int split, int lane, float (
         }
 #pragma unroll
         for (int nt = 0; nt < PK_NT; nt++) {
-            const int d = 8 * nt + g;
+            const int d = c0 + 8 * nt + g;
             frag_t bk[2], bq[2];
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
@@ -128,7 +133,7 @@ DEV void pairs_earlier(const pairs_smem &sm, int J, int split, int lane, float (
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int j = 16 * J + g + 8 * (c >> 1), d = 8 * nt + 2 * t + (c & 1);
+            const int j = 16 * J + g + 8 * (c >> 1), d = c0 + 8 * nt + 2 * t + (c & 1);
             float s = gexp(R[d] - sm.G[j * TS + d]) * pe[nt][c];
             if (!split)
                 for (int i = j; i < 16 * (J + 1); i++)
@@ -138,41 +143,41 @@ DEV void pairs_earlier(const pairs_smem &sm, int J, int split, int lane, float (
         }
 }
 
-/* ĝ of the thread's rows 16 I + r (r < nrow, else 0) from the gate inputs, form MODE */
+/* ĝ of the warp's rows PK_RG w + r (r < nrow, else 0) from the gate inputs, form MODE */
 template <int MODE>
-DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int I, int dl, int nrow) {
+DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int w, int dl, int nrow) {
 #pragma unroll
-    for (int r = 0; r < C / 4; r++) {
-        const int i = 16 * I + r;
+    for (int r = 0; r < PK_RG; r++) {
+        const int i = PK_RG * w + r;
         sm.G[i * TS + dl] = r < nrow ? gate_clamped<MODE>(lower_bound, A, sm.x[i * TS + dl]) : 0.0f;
     }
 }
 
-/* dg of the thread's rows 16 I + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
+/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
  * terms summed into *dAl, *dbias; every store after the gate's math */
 template <int MODE>
-DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int I, int dl,
+DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int w, int dl,
                             int nrow, int64_t base, float *dAl, float *dbias) {
-    constexpr int RW = C / 4;
-    float gv[RW];
+    float gv[PK_RG];
 #pragma unroll
-    for (int r = 0; r < RW; r++) {
-        const int i = 16 * I + r;
+    for (int r = 0; r < PK_RG; r++) {
+        const int i = PK_RG * w + r;
         gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.q[i * TS + dl] + off, dAl) : 0.0f;
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
     const int64_t stride = (int64_t)p.hv * p.K;
 #pragma unroll
-    for (int r = 0; r < RW; r++)
+    for (int r = 0; r < PK_RG; r++)
         if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
 template <int KC>
-__global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
-    constexpr int NTILE = KC / PK_KT, RW = C / 4; /* rows per warp */
+__global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
+    constexpr int NTILE = KC / PK_KT;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     pairs_smem &sm = *(pairs_smem *)smem_raw;
-    const int tid = threadIdx.x, lane = tid & 31, I = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
     const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
     const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
     const int64_t cid = pair / p.hv;
@@ -192,53 +197,53 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
         }
         cp_async_commit();
     }
-    /* the warp's rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
+    /* the warp's PK_RG rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
-    const int nrow = d < p.K ? min(RW, clen - 16 * I) : 0; /* the thread's rows that exist */
+    const int nrow = d < p.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
     {
-        uint32_t qb[RW], kb[RW], gb[RW];
-        const int64_t t1 = t0 + 16 * I; /* the warp's first token */
-        load_bits_n<RW>(qb, p.q, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
-        load_bits_n<RW>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
-        load_bits_n<RW>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
-        float rq[RW], rk[RW];
+        uint32_t qb[PK_RG], kb[PK_RG], gb[PK_RG];
+        const int64_t t1 = t0 + PK_RG * w; /* the warp's first token */
+        load_bits_n<PK_RG>(qb, p.q, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
+        load_bits_n<PK_RG>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
+        load_bits_n<PK_RG>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
+        float rq[PK_RG], rk[PK_RG];
         const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
 #pragma unroll
-        for (int r = 0; r < RW; r++) {
+        for (int r = 0; r < PK_RG; r++) {
             const bool l2 = p.l2norm && r < nrow;
             rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
             rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
         }
         const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
 #pragma unroll
-        for (int r = 0; r < RW; r++) {
-            const int i = 16 * I + r;
+        for (int r = 0; r < PK_RG; r++) {
+            const int i = PK_RG * w + r;
             sm.q[i * TS + dl] = bits_value(qb[r], p.dtype) * rq[r];
             sm.k[i * TS + dl] = bits_value(kb[r], p.dtype) * rk[r];
             sm.x[i * TS + dl] = r < nrow ? bits_value(gb[r], p.g_dtype) + bias : 0.0f;
         }
         switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
-        case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, I, dl, nrow); break;
-        case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.lower_bound, A, I, dl, nrow); break;
-        default: gate_rows<GATE_SOFTPLUS>(sm, p.lower_bound, A, I, dl, nrow);
+        case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, w, dl, nrow); break;
+        case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.lower_bound, A, w, dl, nrow); break;
+        default: gate_rows<GATE_SOFTPLUS>(sm, p.lower_bound, A, w, dl, nrow);
         }
     }
-    /* G = cumsum ĝ: each thread its block's 16 rows of its column, then the earlier blocks' totals */
+    /* G = cumsum ĝ: each thread its warp's rows of its column, then the earlier warps' totals */
     {
         float s = 0.0f;
 #pragma unroll
-        for (int r = 0; r < RW; r++) {
-            s += sm.G[(16 * I + r) * TS + dl];
-            sm.G[(16 * I + r) * TS + dl] = s;
+        for (int r = 0; r < PK_RG; r++) {
+            s += sm.G[(PK_RG * w + r) * TS + dl];
+            sm.G[(PK_RG * w + r) * TS + dl] = s;
         }
-        sm.tot[I][dl] = s;
+        sm.tot[w][dl] = s;
     }
     __syncthreads();
     {
         float off = 0.0f;
-        for (int J = 0; J < I; J++) off += sm.tot[J][dl];
+        for (int u = 0; u < w; u++) off += sm.tot[u][dl];
 #pragma unroll
-        for (int r = 0; r < RW; r++) sm.G[(16 * I + r) * TS + dl] += off;
+        for (int r = 0; r < PK_RG; r++) sm.G[(PK_RG * w + r) * TS + dl] += off;
     }
     /* the lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: none), loaded now, used after the
        pair sums */
@@ -250,7 +255,7 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
         srow[hr] = i < clen ? (t0 + i) * p.hv + h : -1;
 #pragma unroll
         for (int nt = 0; nt < PK_NT; nt++) {
-            const int dd = d0 + 8 * nt + 2 * t;
+            const int dd = d0 + c0 + 8 * nt + 2 * t;
             const float2 z = make_float2(0.0f, 0.0f);
             dQ[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dqk[srow[hr] * (2 * KC) + dd]) : z;
             dK[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dqk[srow[hr] * (2 * KC) + KC + dd]) : z;
@@ -262,8 +267,8 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
 
     const int split = block_split<TS, PK_KT>(sm.G, I, lane);
     float pq[PK_NT][4], pk[PK_NT][4], pe[PK_NT][4];
-    pairs_later(sm, I, split, lane, pq, pk);
-    pairs_earlier(sm, I, split, lane, pe);
+    pairs_later(sm, I, c0, split, lane, pq, pk);
+    pairs_earlier(sm, I, c0, split, lane, pe);
 
     /* the factor rules, element pairs (c, c + 1) of adjacent columns */
     const float *Gl = sm.G + (C - 1) * TS;
@@ -273,7 +278,7 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
         float ext[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            const int i = 16 * I + g + 8 * hr, col = 8 * nt + 2 * t;
+            const int i = 16 * I + g + 8 * hr, col = c0 + 8 * nt + 2 * t;
             const float dq_in[2] = {dQ[nt][hr].x, dQ[nt][hr].y}, dk_in[2] = {dK[nt][hr].x, dK[nt][hr].y};
             const float x_in[2] = {xb[nt][hr].x, xb[nt][hr].y};
             float oq[2], ok[2];
@@ -301,7 +306,7 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
             x += __shfl_xor_sync(0xffffffffu, x, 4);
             x += __shfl_xor_sync(0xffffffffu, x, 8);
             x += __shfl_xor_sync(0xffffffffu, x, 16);
-            if (g == 0) sm.ext[I][8 * nt + 2 * t + u] = x;
+            if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
         }
     }
     __syncthreads(); /* every read of q̂ is done: it holds dG next */
@@ -309,36 +314,36 @@ __global__ void __launch_bounds__(PK_THREADS) kda_bwd_pairs_kernel(const kda_bwd
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            sm.q[(16 * I + g + 8 * (c >> 1)) * TS + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
+            sm.q[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
     __syncthreads();
 
-    /* dĝ = reverse cumsum of dG + the G_last terms: each thread its block's rows of its column, then the later
-       blocks' totals; then the clamp and the gate, element by element */
+    /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
+       warps' totals; then the clamp and the gate, element by element */
     float s = 0.0f;
 #pragma unroll
-    for (int r = RW - 1; r >= 0; r--) {
-        s += sm.q[(16 * I + r) * TS + dl];
-        sm.q[(16 * I + r) * TS + dl] = s;
+    for (int r = PK_RG - 1; r >= 0; r--) {
+        s += sm.q[(PK_RG * w + r) * TS + dl];
+        sm.q[(PK_RG * w + r) * TS + dl] = s;
     }
-    sm.tot[I][dl] = s;
+    sm.tot[w][dl] = s;
     __syncthreads();
     float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
     if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
-    for (int J = I + 1; J < 4; J++) off += sm.tot[J][dl];
+    for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
     float dAl = 0.0f, dbias = 0.0f;
-    const int64_t gbase = ((t0 + 16 * I) * p.hv + h) * (int64_t)p.K + d;
+    const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
     switch (gate_mode(p)) {
-    case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, A, off, I, dl, nrow, gbase, &dAl, &dbias); break;
-    case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, A, off, I, dl, nrow, gbase, &dAl, &dbias); break;
-    default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, A, off, I, dl, nrow, gbase, &dAl, &dbias);
+    case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+    case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+    default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, A, off, w, dl, nrow, gbase, &dAl, &dbias);
     }
     sm.red[0][tid] = dAl;
     sm.red[1][tid] = dbias;
     __syncthreads();
     if (tid < 2 * PK_KT && p.part) { /* per channel: Σ ∂L/∂A_log terms (tid < PK_KT), Σ ∂L/∂dt_bias[d] */
         const int which = tid / PK_KT, c = tid % PK_KT;
-        const float v = sm.red[which][c] + sm.red[which][PK_KT + c] + sm.red[which][2 * PK_KT + c] +
-                        sm.red[which][3 * PK_KT + c];
+        float v = 0.0f;
+        for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
         p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
     }
 }
