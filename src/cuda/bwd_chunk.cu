@@ -598,6 +598,18 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             *(float4 *)&dc[(m * C + i) * C + j] = make_float4(f * x.x, f * x.y, f * x.z, f * x.w);
         }
     }
+    /* SPLIT: S into shared memory over M, Aqk, T and Δ (free from here on) by cp.async, in flight during the dv
+       loads, for dX's products (read from L2 element by element they were ~22% of the kernel's stall samples) */
+    float *sS = sm.M; /* [KC][VC + 4] */
+    static_assert(SPLIT == 0 || KC * (VC + 4) <= 3 * C * CS + C * (VC + 4), "S fits over M, A2, T and D");
+    if (SPLIT) {
+        __syncthreads(); /* every read of M, Aqk, T, Δ is done */
+        for (int e = tid; e < KC * VC / 4; e += CK_THREADS) {
+            const int d = e / (VC / 4), c = 4 * (e % (VC / 4));
+            cp_async16_zfill(smem_u32(&sS[d * VS + c]), S + (int64_t)d * VC + c, 16);
+        }
+        cp_async_commit();
+    }
 
     /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
     const int r = tid / TPRW, l4 = tid % TPRW;
@@ -619,6 +631,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
         for (int c = l4; c < p.V; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
+    if (SPLIT) {
+        cp_async_wait_all();
+        __syncthreads();
+    }
     /* dX = −dR Sᵀ: β ⊙ dX into the pairs kernel's rows and dβ's term Σ_d k e^G dX (X = β k e^G); with fp32
        inputs also dK̃ = Δ dS⁺ᵀ, raw; by halves of the warp's columns */
     {
@@ -630,7 +646,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             float ax[NH][4], ak[NH][4];
             zero_acc<NH>(ax);
             zero_acc<NH>(ak);
-            if (SPLIT) mma_rows<NH, 0, 1, 1>(ax, sm.R, VS, S, VC, 16 * I, n0, 0, VC, lane);
+            if (SPLIT) mma_rows<NH, 0, 1, 0>(ax, sm.R, VS, sS, VS, 16 * I, n0, 0, VC, lane);
             else mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
 #pragma unroll
             for (int nt = 0; nt < NH; nt++)

@@ -31,35 +31,47 @@ DEV void l2norm_backward(float dy[KC / 32], const float x[KC / 32]) {
 
 template <int KC>
 __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_qk_kernel(const kda_bwd_params_t p) {
+    constexpr int U = KC / 32;
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * (FIN_THREADS / 32) + (threadIdx.x >> 5);
     if (row >= p.seqs.num_tokens * p.hqk) return;
     const int64_t t = row / p.hqk;
     const int hq = (int)(row % p.hqk);
-    for (int which = 0; which < 2; which++) {
-        float dy[KC / 32], x[KC / 32];
+    /* every load before any arithmetic: q and k (l2norm), then the value heads' dq̂ and dk̂ rows, both at once (a
+       loop over dq then dk waited for two round trips per row, and a third for the inputs) */
+    float dq[U], dk[U], xq[U], xk[U];
+    uint32_t bq[U], bk[U];
 #pragma unroll
-        for (int u = 0; u < KC / 32; u++) dy[u] = 0.0f;
-        for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
-            const float *src = p.dqk + ((t * p.hv + h) * 2 + which) * (int64_t)KC;
+    for (int u = 0; u < U; u++) {
+        const int d = lane + 32 * u;
+        const bool in = p.l2norm && d < p.K;
+        bq[u] = in ? load_bits(p.q, p.dtype, row * p.K + d) : 0u;
+        bk[u] = in ? load_bits(p.k, p.dtype, row * p.K + d) : 0u;
+        dq[u] = dk[u] = 0.0f;
+    }
+    for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
+        const float *src = p.dqk + (t * p.hv + h) * (int64_t)(2 * KC);
 #pragma unroll
-            for (int u = 0; u < KC / 32; u++) dy[u] += src[lane + 32 * u];
+        for (int u = 0; u < U; u++) {
+            dq[u] += src[lane + 32 * u];
+            dk[u] += src[KC + lane + 32 * u];
         }
-        const void *in = which ? p.k : p.q;
-        if (p.l2norm) {
+    }
+    if (p.l2norm) {
 #pragma unroll
-            for (int u = 0; u < KC / 32; u++) {
-                const int d = lane + 32 * u;
-                x[u] = d < p.K ? load_elem(in, p.dtype, row * p.K + d) : 0.0f;
-            }
-            l2norm_backward<KC>(dy, x);
+        for (int u = 0; u < U; u++) {
+            xq[u] = bits_value(bq[u], p.dtype);
+            xk[u] = bits_value(bk[u], p.dtype);
         }
-        void *out = which ? p.dk : p.dq;
-        const int dt = which ? p.dk_dtype : p.dq_dtype;
+        l2norm_backward<KC>(dq, xq);
+        l2norm_backward<KC>(dk, xk);
+    }
 #pragma unroll
-        for (int u = 0; u < KC / 32; u++) {
-            const int d = lane + 32 * u;
-            if (d < p.K) store_elem(out, dt, row * p.K + d, dy[u]);
+    for (int u = 0; u < U; u++) {
+        const int d = lane + 32 * u;
+        if (d < p.K) {
+            store_elem(p.dq, p.dq_dtype, row * p.K + d, dq[u]);
+            store_elem(p.dk, p.dk_dtype, row * p.K + d, dk[u]);
         }
     }
 }
