@@ -250,19 +250,20 @@ DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const 
     }
 }
 
-/* acc[nt] += Σ_d (k_i f_i)_d B(d, n) for rows i0.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref = G_last: K̃);
- * B(d, n) = b[d ldb + n], a state tile in global memory (Z's X S, dΔ's K̃ dS⁺) */
-template <int NT, int KC>
+/* acc[nt] += Σ_{d ∈ [d0, d1)} (k_i f_i)_d B(d, n) for rows i0.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref =
+ * G_last: K̃); B(d, n) = b[d ldb + n], a state tile in global memory (GLB: Z's X S) or shared memory (dΔ's K̃ dS⁺,
+ * by halves of d) */
+template <int NT, int KC, int GLB>
 DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, const float *ref, const float *b,
-                           int ldb, int i0, int n0, int lane) {
+                           int ldb, int i0, int n0, int d0, int d1, int lane) {
     constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll 2
-    for (int d0 = 0; d0 < KC; d0 += 16) {
+    for (int dk = d0; dk < d1; dk += 16) {
         frag_t af[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
-            const int row = i0 + g + 8 * (r & 1), col = d0 + 2 * t + 8 * (r >> 1);
+            const int row = i0 + g + 8 * (r & 1), col = dk + 2 * t + 8 * (r >> 1);
             const float2 kx = *(const float2 *)&k[row * KS + col], gx = *(const float2 *)&G[row * KS + col];
             float2 ex;
             if (ref) {
@@ -274,12 +275,23 @@ DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, cons
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int n = n0 + 8 * nt + g;
-            const int kk = d0 + 2 * t;
-            const frag_t b0 = tf2(__ldg(&b[kk * ldb + n]), __ldg(&b[(kk + 1) * ldb + n]));
-            const frag_t b1 = tf2(__ldg(&b[(kk + 8) * ldb + n]), __ldg(&b[(kk + 9) * ldb + n]));
+            const int kk = dk + 2 * t;
+            const frag_t b0 = tf2(ld<GLB>(&b[kk * ldb + n]), ld<GLB>(&b[(kk + 1) * ldb + n]));
+            const frag_t b1 = tf2(ld<GLB>(&b[(kk + 8) * ldb + n]), ld<GLB>(&b[(kk + 9) * ldb + n]));
             mma16(acc[nt], af, b0, b1);
         }
     }
+}
+
+/* rows [d0, d0 + KC / 2) of a [KC][VC] fp32 state tile into shared memory at dst (row stride VC + 4, dst holding
+ * row d0 first) by cp.async, one commit group */
+template <int KC, int VC>
+DEV void copy_state_half(float *dst, const float *src, int d0, int tid) {
+    for (int e = tid; e < KC / 2 * VC / 4; e += CK_THREADS) {
+        const int d = e / (VC / 4), c = 4 * (e % (VC / 4));
+        cp_async16_zfill(smem_u32(&dst[d * (VC + 4) + c]), src + (int64_t)(d0 + d) * VC + c, 16);
+    }
+    cp_async_commit();
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -440,6 +452,18 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
     prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+#ifdef __CUDA_ARCH__
+    {   /* dO's and v's rows into L2: read after the inverse and in the dv step (~9% of the stall samples waited
+           for v from DRAM) */
+        const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
+        static_assert(CK_THREADS == 8 * C, "two tensors' C rows, 4 threads each");
+        const int esz = which ? (p.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
+        if (row < clen && part * 128 < p.V * esz) {
+            const char *base = (const char *)(which ? p.v : p.d_o) + ((t0 + row) * p.hv + h) * (int64_t)p.V * esz;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + part * 128));
+        }
+    }
+#endif
     load_rows<KC, VC, SPLIT>(p, sm, p.delta + pair * (int64_t)C * VC, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
@@ -456,13 +480,18 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
         ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
     }
+    /* dS⁺'s first KC / 2 rows into q̂'s tile (free from here on), in flight during the inverse (read element by
+       element from L2, dΔ's K̃ dS⁺ was ~15% of the kernel's stall samples) */
+    float *sdS = sm.q; /* [KC / 2][VC + 4] */
+    static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
+    copy_state_half<KC, VC>(sdS, dS, 0, tid);
     invert_blocks<KC, VC>(sm, sm.R, tid);
 
     float acc[VN][4];
     if (!SPLIT) {
         /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
         zero_acc<VN>(acc);
-        mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, lane);
+        mma_gated_k_state<VN, KC, 1>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, 0, KC, lane);
 #pragma unroll
         for (int nt = 0; nt < VN; nt++)
 #pragma unroll
@@ -510,6 +539,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (tid % TPR == 0) p.dgam[pair * KC + d] = s;
     }
+    cp_async_wait_all(); /* dS⁺'s first half */
     __syncthreads();
 
     /* the lane's rows g, g + 8 of block I: their scratch rows (raw dQΓ, dK̃ with fp32 inputs) and β ⊙ dX rows
@@ -537,8 +567,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
     zero_acc<VN>(acc);
     mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-    mma_gated_k_state<VN, KC>(acc, sm.k, sm.G, Gl, dS, VC, 16 * I, nv0, lane);
-    __syncthreads(); /* every read of Aqk is done */
+    mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
+    __syncthreads(); /* every read of Aqk and of dS⁺'s first half is done */
+    copy_state_half<KC, VC>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */
     {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
         float a[CT][4];
         zero_acc<CT>(a);
@@ -551,7 +582,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 sm.A2[i * CS + j] = j <= i ? a[nt][c] : 0.0f;
             }
     }
-    __syncthreads(); /* every read of dO is done */
+    cp_async_wait_all();
+    __syncthreads(); /* every read of dO is done; dS⁺'s second half is in */
+    mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
 #pragma unroll
     for (int nt = 0; nt < VN; nt++)
 #pragma unroll
