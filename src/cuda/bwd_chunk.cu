@@ -102,7 +102,11 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         load_bits_n<U>(qb[r], p.q, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + lane, 32, n);
         load_bits_n<U>(kb[r], p.k, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + lane, 32, n);
         load_bits_n<U>(gb[r], p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + lane, 32, n);
-        if (lane == r && i < clen) bb = load_bits(p.beta, p.beta_dtype, t * p.hv + h); /* lane r: row r's β */
+    }
+    {   /* lane r < RW: the β of the warp's row r, one load (four predicated loads into one register waited for
+           each other: ~5% of the kernel's stall samples) */
+        const int i = warp + (CK_THREADS / 32) * lane;
+        if (lane < RW && i < clen) bb = load_bits(p.beta, p.beta_dtype, (t0 + i) * p.hv + h);
     }
 #pragma unroll
     for (int r = 0; r < RW; r++) {
@@ -388,13 +392,17 @@ DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
     }
     if (warp < 4 && lane < 16) {
         const int b = 16 * warp, j = lane;
-        float tcol[16];
+        /* right-looking: row m's entry is final once rows < m have added their terms, then adds its own to the
+           later rows' sums (the same sums in the same order as the dot product per row, whose chain of dependent
+           FMAs was 120 long; now 16 steps of one FMA and one multiply) */
+        float tcol[16], acc[16];
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float s = 0.0f;
+        for (int i = 0; i < 16; i++) acc[i] = 0.0f;
 #pragma unroll
-            for (int m = 0; m < i; m++) s += sm.M[(b + i) * CS + b + m] * tcol[m];
-            tcol[i] = i == j ? 1.0f : (i > j ? -sm.beta[b + i] * s : 0.0f);
+        for (int m = 0; m < 16; m++) {
+            tcol[m] = m == j ? 1.0f : (m > j ? -sm.beta[b + m] * acc[m] : 0.0f);
+#pragma unroll
+            for (int i = m + 1; i < 16; i++) acc[i] += sm.M[(b + i) * CS + b + m] * tcol[m];
         }
 #pragma unroll
         for (int i = 0; i < 16; i++) sm.T[(b + i) * CS + b + j] = tcol[i];

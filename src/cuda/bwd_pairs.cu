@@ -50,6 +50,74 @@ struct pairs_smem {
     float red[2][PK_THREADS];          /* the gate parameters' per-thread sums */
 };
 
+/* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
+ * (X3) as parts hi + lo */
+template <int X3, int TR>
+DEV void coef_frags(const float *X, int I, int j0, int lane, frag_t f[4], frag_t fl[4]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
+        const float2 x = TR ? make_float2(X[col * CS + row], X[(col + 1) * CS + row]) : *(const float2 *)&X[row * CS + col];
+        if (X3) split2(x, &f[r], &fl[r]);
+        else f[r] = tf2(x.x, x.y);
+    }
+}
+
+/* c += A B for one 16-column block: in 3xTF32 on a diagonal block (X3), else in tf32 (the same as mma16_x3 with
+ * x3 = 0, without the lo parts it did not use) */
+template <int X3>
+DEV void mma16_blk(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1) {
+    if (X3) mma16_x3(c, ah, al, b0, b1, 1);
+    else mma16(c, ah, tf2(b0.x, b0.y), tf2(b1.x, b1.y));
+}
+
+/* pairs_later's products with the coefficients' columns j0 .. j0 + 15 */
+template <int X3>
+DEV void later_block(const pairs_smem &sm, int I, int c0, int j0, const float *R, int lane, float (*pq)[4],
+                     float (*pk)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    frag_t fq[4], fm[4], fql[4], fml[4];
+    coef_frags<X3, 0>(sm.P, I, j0, lane, fq, fql);
+    coef_frags<X3, 0>(sm.B, I, j0, lane, fm, fml);
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++) {
+        const int d = c0 + 8 * nt + g;
+        frag_t bf[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int j = j0 + 2 * t + 8 * hh;
+            bf[hh] = make_float2(sm.k[j * TS + d] * gexp(R[d] - sm.G[j * TS + d]),
+                                 sm.k[(j + 1) * TS + d] * gexp(R[d] - sm.G[(j + 1) * TS + d]));
+        }
+        mma16_blk<X3>(pq[nt], fq, fql, bf[0], bf[1]);
+        mma16_blk<X3>(pk[nt], fm, fml, bf[0], bf[1]);
+    }
+}
+
+/* pairs_earlier's products with the coefficients' rows i0 .. i0 + 15 */
+template <int X3>
+DEV void earlier_block(const pairs_smem &sm, int J, int c0, int i0, const float *R, int lane, float (*pe)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    frag_t fq[4], fm[4], fql[4], fml[4];
+    coef_frags<X3, 1>(sm.P, J, i0, lane, fq, fql); /* A(j, i) = coefficient (i, j): transposed reads */
+    coef_frags<X3, 1>(sm.B, J, i0, lane, fm, fml);
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++) {
+        const int d = c0 + 8 * nt + g;
+        frag_t bk[2], bq[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int i = i0 + 2 * t + 8 * hh;
+            const float e0 = gexp(sm.G[i * TS + d] - R[d]), e1 = gexp(sm.G[(i + 1) * TS + d] - R[d]);
+            bk[hh] = make_float2(sm.k[i * TS + d] * e0, sm.k[(i + 1) * TS + d] * e1);
+            bq[hh] = make_float2(sm.q[i * TS + d] * e0, sm.q[(i + 1) * TS + d] * e1);
+        }
+        mma16_blk<X3>(pe[nt], fm, fml, bk[0], bk[1]);
+        mma16_blk<X3>(pe[nt], fq, fql, bq[0], bq[1]);
+    }
+}
+
 /* Row i (block I) as the later token, the tile's columns c0 + 8 nt..: Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j},
  * Pk_i = Σ_{j < i} B_ij k_j e^{G_i − G_j} (P, B zero where they do not apply) */
 DEV void pairs_later(const pairs_smem &sm, int I, int c0, int split, int lane, float (*pq)[4], float (*pk)[4]) {
@@ -57,31 +125,9 @@ DEV void pairs_later(const pairs_smem &sm, int I, int c0, int split, int lane, f
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * TS;
     zero_acc<PK_NT>(pq);
     zero_acc<PK_NT>(pk);
-    const int jend = split ? 16 * (I + 1) : 16 * I;
 #pragma unroll 1
-    for (int j0 = 0; j0 < jend; j0 += 16) {
-        const int x3 = j0 == 16 * I; /* the diagonal block */
-        frag_t fq[4], fm[4], fql[4], fml[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
-            split2(*(const float2 *)&sm.P[row * CS + col], &fq[r], &fql[r]);
-            split2(*(const float2 *)&sm.B[row * CS + col], &fm[r], &fml[r]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < PK_NT; nt++) {
-            const int d = c0 + 8 * nt + g;
-            frag_t bf[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int j = j0 + 2 * t + 8 * hh;
-                bf[hh] = make_float2(sm.k[j * TS + d] * gexp(R[d] - sm.G[j * TS + d]),
-                                     sm.k[(j + 1) * TS + d] * gexp(R[d] - sm.G[(j + 1) * TS + d]));
-            }
-            mma16_x3(pq[nt], fq, fql, bf[0], bf[1], x3);
-            mma16_x3(pk[nt], fm, fml, bf[0], bf[1], x3);
-        }
-    }
+    for (int j0 = 0; j0 < 16 * I; j0 += 16) later_block<0>(sm, I, c0, j0, R, lane, pq, pk);
+    if (split) later_block<1>(sm, I, c0, 16 * I, R, lane, pq, pk); /* the diagonal block */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
@@ -105,31 +151,9 @@ DEV void pairs_earlier(const pairs_smem &sm, int J, int c0, int split, int lane,
     const int g = lane >> 2, t = lane & 3;
     const float *R = sm.G + (16 * J + (split ? 7 : 15)) * TS;
     zero_acc<PK_NT>(pe);
+    if (split) earlier_block<1>(sm, J, c0, 16 * J, R, lane, pe); /* the diagonal block */
 #pragma unroll 1
-    for (int i0 = split ? 16 * J : 16 * (J + 1); i0 < C; i0 += 16) {
-        const int x3 = i0 == 16 * J; /* the diagonal block */
-        frag_t fq[4], fm[4], fql[4], fml[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) { /* A(j, i) = coefficient (i, j): transposed reads */
-            const int j = 16 * J + g + 8 * (r & 1), i = i0 + 2 * t + 8 * (r >> 1);
-            split2(make_float2(sm.P[i * CS + j], sm.P[(i + 1) * CS + j]), &fq[r], &fql[r]);
-            split2(make_float2(sm.B[i * CS + j], sm.B[(i + 1) * CS + j]), &fm[r], &fml[r]);
-        }
-#pragma unroll
-        for (int nt = 0; nt < PK_NT; nt++) {
-            const int d = c0 + 8 * nt + g;
-            frag_t bk[2], bq[2];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int i = i0 + 2 * t + 8 * hh;
-                const float e0 = gexp(sm.G[i * TS + d] - R[d]), e1 = gexp(sm.G[(i + 1) * TS + d] - R[d]);
-                bk[hh] = make_float2(sm.k[i * TS + d] * e0, sm.k[(i + 1) * TS + d] * e1);
-                bq[hh] = make_float2(sm.q[i * TS + d] * e0, sm.q[(i + 1) * TS + d] * e1);
-            }
-            mma16_x3(pe[nt], fm, fml, bk[0], bk[1], x3);
-            mma16_x3(pe[nt], fq, fql, bq[0], bq[1], x3);
-        }
-    }
+    for (int i0 = 16 * (J + 1); i0 < C; i0 += 16) earlier_block<0>(sm, J, c0, i0, R, lane, pe);
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
