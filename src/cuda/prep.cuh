@@ -671,8 +671,10 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
             const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
             uint32_t kt[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++)
-                kt[u] = mul_bf16x2(kw[u], pack_bf16(ex2(lv[2 * u] - gv[2 * u]), ex2(lv[2 * u + 1] - gv[2 * u + 1])));
+            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
+                const float2 kf = unpack_bf16(kw[u]);
+                kt[u] = pack_bf16(kf.x * ex2(lv[2 * u] - gv[2 * u]), kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]));
+            }
             *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
         }
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
@@ -704,10 +706,11 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
         const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
         uint32_t qg[4], kg[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const uint32_t e = pack_bf16(ex2(gv[2 * u]), ex2(gv[2 * u + 1]));
-            qg[u] = mul_bf16x2(qw[u], e);
-            kg[u] = mul_bf16x2(kw[u], e);
+        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once (as FLA's qg, kg) */
+            const float e0 = ex2(gv[2 * u]), e1 = ex2(gv[2 * u + 1]);
+            const float2 qf = unpack_bf16(qw[u]), kf = unpack_bf16(kw[u]);
+            qg[u] = pack_bf16(qf.x * e0, qf.y * e1);
+            kg[u] = pack_bf16(kf.x * e0, kf.y * e1);
         }
         *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
         *(uint4 *)(sm.Q + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
