@@ -464,10 +464,9 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
         const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const float e0 = ex2(G.x - Rr.x), e1 = ex2(G.y - Rr.y); /* fp32 products, rounded once */
-        const float2 kf = unpack_bf16(*(const uint32_t *)&sK[row * S + col]), qf = unpack_bf16(*(const uint32_t *)&sQ[row * S + col]);
-        fk[r] = pack_bf16(kf.x * e0, kf.y * e1);
-        fq[r] = pack_bf16(qf.x * e0, qf.y * e1);
+        const uint32_t e = pack_bf16(ex2(G.x - Rr.x), ex2(G.y - Rr.y));
+        fk[r] = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], e);
+        fq[r] = mul_bf16x2(*(const uint32_t *)&sQ[row * S + col], e);
     }
 }
 
@@ -483,8 +482,7 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
         const int col = kt * 16 + 2 * t + 8 * h;
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const float2 kf = unpack_bf16(*(const uint32_t *)&sK[row * S + col]); /* fp32 products, rounded once */
-        const uint32_t b = pack_bf16(kf.x * ex2(Rr.x - G.x), kf.y * ex2(Rr.y - G.y));
+        const uint32_t b = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
         if (h == 0) *b0 = b;
         else *b1 = b;
     }
