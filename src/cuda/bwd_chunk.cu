@@ -408,18 +408,26 @@ DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
         for (int i = 0; i < 16; i++) sm.T[(b + i) * CS + b + j] = tcol[i];
     }
     __syncthreads();
+    /* the dot products unrolled with compile-time bounds and the terms outside a thread's range predicated off:
+       the same sums in the same order, with their loads issued ahead (the loops with per-thread bounds waited
+       for two shared-memory loads per FMA) */
+#pragma unroll
     for (int I = 1; I < 4; I++) {
         for (int e = tid; e < I * 256; e += CK_THREADS) { /* Y_IJ, J < I: element (i, j) of the 16 × 16I strip */
             const int i = 16 * I + (e >> 4) % 16, j = 16 * (e >> 8) + (e & 15), J = j >> 4;
             float s = 0.0f;
-            for (int m = 16 * J; m < 16 * I; m++) s += sm.M[i * CS + m] * sm.T[m * CS + j];
+#pragma unroll
+            for (int m = 0; m < 16 * I; m++)
+                if (m >= 16 * J) s += sm.M[i * CS + m] * sm.T[m * CS + j];
             scr[(i - 16 * I) * 64 + j] = sm.beta[i] * s;
         }
         __syncthreads();
         for (int e = tid; e < I * 256; e += CK_THREADS) {
             const int i = 16 * I + (e >> 4) % 16, j = 16 * (e >> 8) + (e & 15);
             float s = 0.0f;
-            for (int m = 16 * I; m <= i; m++) s += sm.T[i * CS + m] * scr[(m - 16 * I) * 64 + j];
+#pragma unroll
+            for (int m = 16 * I; m < 16 * I + 16; m++)
+                if (m <= i) s += sm.T[i * CS + m] * scr[(m - 16 * I) * 64 + j];
             sm.T[i * CS + j] = -s;
         }
         __syncthreads();
