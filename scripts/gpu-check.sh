@@ -256,7 +256,7 @@ PY
     done; done
     ;;
   bwdsrc) # the backward kernels' source lines by warp-stall samples (ncu source counters, one training step)
-    for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_dstate_kernel}; do
+    for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_pairs_kernel kda_bwd_dstate_kernel}; do
       env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
         ncu --profile-from-start off -k regex:$kn --launch-count 1 --section SourceCounters --section WarpStateStats \
         --section SpeedOfLight -o "$LOG/$kn" -f python3 bench/bwd_stages.py --profile "${BWD_SRC_SHAPE:-B2 T8192 H32}" \

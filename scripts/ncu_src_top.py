@@ -41,7 +41,7 @@ def top_lines(path, n):
               f"{r[src].strip()[:110]}")
 
 
-def phases(path, ctas):
+def phases(path):
     f = gzip.open(path, "rt", errors="replace") if path.endswith(".gz") else open(path, errors="replace")
     rows = list(csv.reader(f))
     hi = next(i for i, r in enumerate(rows) if "Source" in r and "Address" in r)
@@ -51,8 +51,9 @@ def phases(path, ctas):
     reasons = [c for c in head if c.startswith("stall_") and "Not Issued" not in c]
     data = [r for r in rows[hi + 1:] if len(r) == len(head)]
     tot = sum(num(r[samp]) for r in data) or 1.0
-    print(f"{path}: {len(data)} SASS instructions, {sum(num(r[inst]) for r in data) / ctas:.0f} warp instructions "
-          f"per CTA, {tot:.0f} stall samples")
+    warps = num(data[0][inst]) or 1.0  # the kernel's first instruction runs once per warp
+    print(f"{path}: {len(data)} SASS instructions, {sum(num(r[inst]) for r in data) / warps:.0f} instructions per "
+          f"warp ({warps:.0f} warps), {tot:.0f} stall samples")
     start = 0
     for idx, r in enumerate(data):
         if "BAR.SYNC" not in r[src] and "BAR.RED" not in r[src] and idx != len(data) - 1:
@@ -68,14 +69,14 @@ def phases(path, ctas):
             ops[(t[1] if t[0].startswith("@") else t[0]).split(".")[0]] += num(x[inst])
             for c in reasons:
                 why[c[6:]] += num(x[col[c]])
-        print(f"[{idx - len(seg) + 1:5d}-{idx:5d}] stall {st / tot * 100:5.1f}%  inst/CTA {n / ctas:7.0f}  "
+        print(f"[{idx - len(seg) + 1:5d}-{idx:5d}] stall {st / tot * 100:5.1f}%  inst/warp {n / warps:6.0f}  "
               + " ".join(f"{o}:{v / n * 100:.0f}" for o, v in ops.most_common(5)) + " | "
               + " ".join(f"{o}:{v / max(st, 1) * 100:.0f}" for o, v in why.most_common(3)))
 
 
 def main():
     if len(sys.argv) > 2 and sys.argv[1] == "--phases":
-        phases(sys.argv[2], int(os.environ.get("CTAS", "8192")))
+        phases(sys.argv[2])
     else:
         top_lines(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)
 
