@@ -26,7 +26,8 @@
  * does not split, pair by pair. Warp w owns row block w mod 4: its rows as the later token (Pq, Pk) and as the earlier
  * one (E), for one half of the tile's channels. Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction),
  * so the most warps that fit: 8 per CTA, three CTAs per SM at 80 registers (2.61 → 2.07 ms for 4 → 8 warps, → 1.93
- * for 2 → 3 CTAs with ~230 bytes of spills, B2 T8192 H32 on an H200). Layout: q̂, k̂, G (later dG), the gate
+ * for 2 → 3 CTAs, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no
+ * longer form unused lo parts: ~110 bytes of spills; B2 T8192 H32 on an H200). Layout: q̂, k̂, G (later dG), the gate
  * inputs [C][PK_KT] and P, B [C][C], fp32 in shared memory (74 KB); P and B arrive by cp.async while the rows are
  * loaded and the gate computed.
  */
@@ -47,7 +48,7 @@ struct pairs_smem {
     float P[C * CS], B[C * CS];
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
-    float red[2][PK_THREADS];          /* the gate parameters' per-thread sums */
+    float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
 };
 
 /* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
