@@ -1,6 +1,6 @@
 /*
  * Device helpers shared by the backward's kernels (bwd_*.cu): an element of a state tensor, the tf32 products
- * (with the 3-product form of the diagonal blocks), a warp's sum, the decay factors and the gate.
+ * (with the 3-product form of the diagonal blocks), a warp's sum, an L2 prefetch, the decay factors and the gate.
  */
 #ifndef KDA_CUDA_BWD_CUH
 #define KDA_CUDA_BWD_CUH
@@ -27,6 +27,15 @@ DEV void mma16(float c[4], const frag_t a[4], frag_t b0, frag_t b1) {
     mma_tf32(c, a[2].x, a[3].x, a[2].y, a[3].y, b1.x, b1.y);
 }
 
+/* A hint that the line at p will be read soon: into L2 (no-op in a host emulation) */
+DEV void l2_prefetch(const void *p) {
+#ifdef __CUDA_ARCH__
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
 /* Σ over the warp's 32 lanes, the same order on every lane */
 DEV float warp_sum(float x) {
 #pragma unroll
@@ -39,14 +48,6 @@ DEV float warp_sum(float x) {
  * MUFU; __expf's denormal handling added a compare and two predicated FMULs to every factor) */
 DEV float gexp(float x) { return ex2(x * LOG2E); }
 
-/* the log decay before the clamp, from the gate input x = g (+ dt_bias). The gate's and β's functions are the
- * forward's, by the SFU (common.cuh; ~1e-7 relative against gradient errors of ~1e-3: libm's expf, log1pf and
- * divisions were ~9 % of the chunk kernel's stall samples, with the gate backward's code) */
-DEV float gate_value(const kda_bwd_params_t &p, float A, float x) {
-    if (!p.gate_in_kernel) return x;
-    return p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
-}
-
 /* The gate's form as one number, so that a kernel can branch once around a loop instead of per element */
 #define GATE_NONE 0     /* ĝ = g */
 #define GATE_LOWER 1    /* ĝ = lower_bound · σ(A (g + dt_bias)) */
@@ -55,7 +56,10 @@ DEV int gate_mode(const kda_bwd_params_t &p) {
     return !p.gate_in_kernel ? GATE_NONE : p.lower_bound != 0.0f ? GATE_LOWER : GATE_SOFTPLUS;
 }
 
-/* ĝ from the gate input x, clamped to [KDA_GATE_MIN, 0] (NaN → the minimum), for gate form MODE */
+/* ĝ from the gate input x = g (+ dt_bias), clamped to [KDA_GATE_MIN, 0] (NaN → the minimum), for gate form MODE.
+ * The gate's and β's functions are the forward's, by the SFU (common.cuh; ~1e-7 relative against gradient errors
+ * of ~1e-3: libm's expf, log1pf and divisions were ~9 % of the chunk kernel's stall samples, with the gate
+ * backward's code) */
 template <int MODE>
 DEV float gate_clamped(float lower_bound, float A, float x) {
     float y = MODE == GATE_NONE ? x : MODE == GATE_LOWER ? lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);

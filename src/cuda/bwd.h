@@ -19,7 +19,7 @@
  *                  rules per channel, the gate's backward: dg written, dq̂ and dk̂ of the value head into the
  *                  scratch, dA_log/ddt_bias partial sums per (chunk, head, channel)
  *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
- *                  dA_log and ddt_bias summed over the chunks in order
+ *                  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps

@@ -46,14 +46,9 @@ struct chunk_smem {
     float dbp[2 * CK_NQ][C]; /* dβ's pair terms (by column part) and dX terms (CK_NQ + part) per row */
 };
 
-/* A hint that this CTA will read [p, p + bytes) soon: into L2 (no-op in a host emulation) */
+/* A hint that this CTA will read [p, p + bytes) soon: into L2 */
 DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
-#ifdef __CUDA_ARCH__
-    for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)CK_THREADS * 128)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
-#else
-    (void)p, (void)bytes, (void)tid;
-#endif
+    for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)CK_THREADS * 128) l2_prefetch((const char *)p + o);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -468,18 +463,14 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* ---- forward ---- */
     prefetch_l2(S, (int64_t)KC * VC * 4, tid);
     prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
-#ifdef __CUDA_ARCH__
     {   /* dO's and v's rows into L2: read after the inverse and in the dv step (~9% of the stall samples waited
            for v from DRAM) */
         const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
         static_assert(CK_THREADS == 8 * C, "two tensors' C rows, 4 threads each");
         const int esz = which ? (p.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
-        if (row < clen && part * 128 < p.V * esz) {
-            const char *base = (const char *)(which ? p.v : p.d_o) + ((t0 + row) * p.hv + h) * (int64_t)p.V * esz;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + part * 128));
-        }
+        if (row < clen && part * 128 < p.V * esz)
+            l2_prefetch((const char *)(which ? p.v : p.d_o) + ((t0 + row) * p.hv + h) * (int64_t)p.V * esz + part * 128);
     }
-#endif
     load_rows<KC, VC, SPLIT>(p, sm, p.delta + pair * (int64_t)C * VC, t0, clen, h, A, tid);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);

@@ -40,17 +40,12 @@ struct dstate_smem {
 
 /* A hint that this CTA reads chunk block `blk`'s W, QΓ, K̃ and Aqk panels next: into L2 */
 DEV void prefetch_block_l2(const unsigned char *blk, int KC, int tid) {
-#ifdef __CUDA_ARCH__
     const int64_t panels = (int64_t)KDA_CHUNK * KC * 2;
     const int64_t offs[4] = {0, kda_cuda_off_qg(KC), kda_cuda_off_kt(KC), kda_cuda_off_aqk(KC)};
     for (int r = 0; r < 4; r++) {
         const int64_t bytes = r < 3 ? panels : KDA_PANEL_BYTES;
-        for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)DS_THREADS * 128)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(blk + offs[r] + o));
+        for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)DS_THREADS * 128) l2_prefetch(blk + offs[r] + o);
     }
-#else
-    (void)blk, (void)KC, (void)tid;
-#endif
 }
 
 /* A tf32 A fragment (bwd.cuh mma16's frag_t a[4]) of a 16 × 16 block of a bf16 panel tile by one ldmatrix: rows
