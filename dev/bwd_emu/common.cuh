@@ -117,3 +117,48 @@ DEV void cp_async_wait_all(void) {}
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
+/* bulk copies and their mbarriers: a copy completes at its issue; an mbarrier (its 8 bytes in the block's shared
+ * memory, as on the GPU) counts the arrivals and bytes still expected in its phase, and mbar_wait(parity) spins
+ * until the phase of that parity is complete. __syncwarp: the warp's barrier; wgmma paths are not emulated. */
+#include <sched.h>
+#include <stdlib.h>
+typedef struct { uint16_t phase; uint8_t pending, count; int32_t tx; } emu_mbar_t;
+static pthread_mutex_t emu_mbar_lock = PTHREAD_MUTEX_INITIALIZER;
+DEV emu_mbar_t *emu_mbar(uint32_t bar) { return (emu_mbar_t *)(smem_raw + bar); }
+DEV void emu_mbar_settle(emu_mbar_t *m) {
+    if (m->pending == 0 && m->tx == 0) m->phase++, m->pending = m->count;
+}
+DEV void mbar_init(uint32_t bar, int count) {
+    pthread_mutex_lock(&emu_mbar_lock);
+    emu_mbar_t *m = emu_mbar(bar);
+    m->phase = 0, m->pending = m->count = (uint8_t)count, m->tx = 0;
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+DEV void mbar_init_fence(void) {}
+DEV void mbar_expect_tx(uint32_t bar, uint32_t bytes) { /* arrive, expecting bytes */
+    pthread_mutex_lock(&emu_mbar_lock);
+    emu_mbar_t *m = emu_mbar(bar);
+    m->tx += (int32_t)bytes, m->pending--;
+    emu_mbar_settle(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+DEV void mbar_wait(uint32_t bar, uint32_t parity) {
+    for (;;) {
+        pthread_mutex_lock(&emu_mbar_lock);
+        const uint32_t ph = emu_mbar(bar)->phase;
+        pthread_mutex_unlock(&emu_mbar_lock);
+        if ((ph & 1u) != parity) return;
+        sched_yield();
+    }
+}
+DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    memcpy(smem_raw + dst, src, bytes);
+    pthread_mutex_lock(&emu_mbar_lock);
+    emu_mbar_t *m = emu_mbar(bar);
+    m->tx -= (int32_t)bytes;
+    emu_mbar_settle(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+DEV void fence_proxy_async(void) {}
+static inline void __syncwarp(void) { pthread_barrier_wait(&emu_warp_bar[threadIdx.x >> 5]); }
+#define __trap() abort()

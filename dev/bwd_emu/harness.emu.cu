@@ -116,6 +116,8 @@ int main(int argc, char **argv) {
     float *d_o = floats(T * HV * V, 0.f), *dht = floats(N * HV * K * V, 0.f);
     uint64_t r = 77;
     for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = (float)urand(&r);
+    if (getenv("EMU_DS_REC") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
+        for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = bf16_bits_to_f32(f32_to_bf16_bits(d_o[i]));
     for (int64_t i = 0; i < N * HV * K * V; i++) dht[i] = (float)urand(&r);
     /* the oracle */
     enum { NG = 8 };

@@ -76,6 +76,7 @@ typedef struct kda_bwd_params {
                                      products of the bf16 chunk blocks and bf16-rounded states), then bwd_chunk.cu;
                                      fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
+    int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 

@@ -1,24 +1,39 @@
 /*
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
- * end of every chunk, fp32 into the workspace, and d_initial_state.
- *
- * One CTA of 256 threads per (sequence, value head, tile of BV value columns), last chunk to first (BV =
- * KDA_BWD_BV = 16, or 32 when the (sequence, head) pairs alone give a CTA per SM: each CTA copies the chunk's
- * panels for its columns, so wider tiles copy them fewer times), from the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o:
+ * end of every chunk, fp32 into the workspace, and d_initial_state. From the forward's chunk blocks (prep.cuh: W,
+ * QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o, per (sequence, value head, tile of value columns):
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
- *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × 16)
- *                                  dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ          (K × 16)
+ *                                  dΔ = Aqkᵀ dO + K̃ dS                       (C × BV)
+ *                                  dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ          (K × BV)
  *     d_initial_state ← dS
  *
  * dS never reads S: this stage does not depend on stage 1 and d_initial_state stays finite where the initial
- * state is not (§7). dS in shared memory [KC][16], fp32; the chunk's panels copied in byte for byte (the next
- * chunk's block prefetched into L2 meanwhile). The products on the tensor cores (bwd.cuh mma16: tf32, which
- * holds the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 4 · BV/8 tiles of 16 × 8,
- * BV/16 per warp; the dS update as KC/16 · BV/8 tiles, KC · BV/1024 per warp. The first version (CUDA cores,
- * fp32) took ~32 k cycles per chunk step at 2 CTAs/SM (4.66 ms at B2 T8192 H32 on an H100); the same dS⁺ to
- * 1e-6 in the host emulation.
+ * state is not (§7). Two kernels:
+ *
+ * The recurrence kernel (bf16 d_o, V a multiple of 8: the training case). The forward's recurrence
+ * (recurrence.cuh) transposed: each warp owns 16 value columns and holds dSᵀ (16 × KC, fp32) in accumulators for
+ * the whole sequence, so every product has its left operand in registers:
+ *
+ *     dΔᵀ = dSᵀ K̃ᵀ + dOᵀ Aqk            dSᵀ ← dSᵀ Diag(γ) + dOᵀ QΓ − dΔᵀ W
+ *
+ * dSᵀ and dΔᵀ enter the bf16 products as hi + lo (x = hi + lo, both bf16: 16 bits of the fp32 mantissa, more
+ * than tf32's 11); the panels and dO are bf16 already, exactly. dOᵀ's A fragments come straight from the staged
+ * dO rows by ldmatrix.trans. The chunk's block (W, QΓ, K̃, Aqk, γ byte for byte) and its dO rows stream in by
+ * bulk copies into a 3-stage ring, two chunks ahead; dOᵀ Aqk and dOᵀ QΓ do not depend on dS and run beside the
+ * chain. wgmma on sm_90a (a warpgroup per 64 columns: BV ≥ 64), else mma.sync m16n8k16 per warp. The tile width
+ * BV ∈ {32, 64, 128} as the forward's recurrence picks it (enough CTAs to fill the card).
+ *
+ * The fallback kernel (d_o in fp16 or fp32, V not a multiple of 8, or d_o not 16-byte aligned). One CTA of 256
+ * threads per (sequence, value head, tile of BV value columns) (BV = KDA_BWD_BV = 16, or 32 when the (sequence,
+ * head) pairs alone give a CTA per SM), dS in shared memory [KC][16], fp32; the chunk's panels copied in each
+ * step (the next chunk's block prefetched into L2 meanwhile); the products on the tensor cores in tf32 (bwd.cuh
+ * mma16: the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 4 · BV/8 tiles of 16 × 8,
+ * BV/16 per warp; the dS update as KC/16 · BV/8 tiles, KC · BV/1024 per warp.
+ *
+ * Measured (H200, B2 T8192 H32): the fallback kernel 1.29 ms (10 µs a chunk step: every step waited for its own
+ * copies); the recurrence kernel: see docs/PERF.md, "Backward v5".
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -197,6 +212,274 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
         }
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * The recurrence kernel
+ * ------------------------------------------------------------------------------------------------------- */
+#define DSR_NST 3                                                  /* ring stages: two chunks ahead */
+#define DSR_LIN(KC) (3 * KDA_CHUNK * (KC) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KC) * 4) /* W, QΓ, K̃, Aqk, γ */
+#define DSR_ROWB(BV) ((BV) * 2 + 16) /* a staged dO row: padded, so that ldmatrix.trans's 8 rows hit 8 bank groups */
+#define DSR_STAGE(KC, BV) ((DSR_LIN(KC) + KDA_CHUNK * DSR_ROWB(BV) + 1023) / 1024 * 1024) /* panels 1 KB-aligned */
+#define DSR_BYTES(KC, BV) (1024 + DSR_NST * DSR_STAGE(KC, BV) + 8 * DSR_NST)
+
+/* x = hi + lo for a pair of fp32 values, both parts bf16 (hi: x rounded; lo: the remainder rounded) */
+DEV void split_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    hi = pack_bf16(x0, x1);
+    const float2 r = unpack_bf16(hi);
+    lo = pack_bf16(x0 - r.x, x1 - r.y);
+}
+/* Two accumulator tiles side by side (columns 16k..16k+15) as hi and lo A fragments, times `sign` */
+DEV void acc_pair_split(const float c0[4], const float c1[4], float sign, uint32_t hi[4], uint32_t lo[4]) {
+    split_bf16(sign * c0[0], sign * c0[1], hi[0], lo[0]);
+    split_bf16(sign * c0[2], sign * c0[3], hi[1], lo[1]);
+    split_bf16(sign * c1[0], sign * c1[1], hi[2], lo[2]);
+    split_bf16(sign * c1[2], sign * c1[3], hi[3], lo[3]);
+}
+
+/* dSᵀ ← dSᵀ Diag(γ) */
+template <int KC>
+DEV void dsr_decay(float (&s)[KC / 8][4], const float *gam, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KC / 8; nt++) {
+        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
+        s[nt][0] *= gg.x;
+        s[nt][1] *= gg.y;
+        s[nt][2] *= gg.x;
+        s[nt][3] *= gg.y;
+    }
+}
+
+/* The stage's tiles (shared addresses) */
+typedef struct {
+    uint32_t W, QG, KT, Aqk;
+    const float *gam;
+} dsr_stage_t;
+
+/* One chunk step by mma.sync, per warp (16 columns): dacc = dΔᵀ (16 columns × 64 tokens), then dSᵀ updated */
+template <int KC>
+DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const dsr_stage_t &st, int lane) {
+    float dacc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dacc[nt][c] = 0.0f;
+    /* dΔᵀ = dSᵀ K̃ᵀ: B(d, i) = K̃[i][d], K̃'s rows by ldmatrix (as the forward's W) */
+#pragma unroll
+    for (int kt = 0; kt < KC / 16; kt++) {
+        uint32_t hi[4], lo[4];
+        acc_pair_split(s[2 * kt], s[2 * kt + 1], 1.0f, hi, lo);
+#pragma unroll
+        for (int np = 0; np < 4; np++) {
+            const int row = np * 16 + (lane & 7) + (lane >> 4) * 8, col = kt * 16 + ((lane >> 3) & 1) * 8;
+            uint32_t b[4];
+            ldsm_x4(b, st.KT + pan_off(row, col));
+            mma_bf16(dacc[2 * np], hi, b[0], b[1]);
+            mma_bf16(dacc[2 * np + 1], hi, b[2], b[3]);
+            mma_bf16(dacc[2 * np], lo, b[0], b[1]);
+            mma_bf16(dacc[2 * np + 1], lo, b[2], b[3]);
+        }
+    }
+    /* + dOᵀ Aqk: B(j, i) = Aqk[j][i], nonzero for j ≥ i (token tiles kt ≥ np) */
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++)
+#pragma unroll
+        for (int np = 0; np <= kt; np++) {
+            const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = np * 16 + (lane >> 4) * 8;
+            uint32_t b[4];
+            ldsm_x4_t(b, st.Aqk + pan_off(row, col));
+            mma_bf16(dacc[2 * np], da_o[kt], b[0], b[1]);
+            mma_bf16(dacc[2 * np + 1], da_o[kt], b[2], b[3]);
+        }
+    /* dSᵀ ← dSᵀ Diag(γ) + dOᵀ QΓ − dΔᵀ W: B(i, d) = QΓ[i][d], W[i][d] by ldmatrix.trans (as the forward's K̃) */
+    dsr_decay<KC>(s, st.gam, lane & 3);
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        uint32_t hi[4], lo[4];
+        acc_pair_split(dacc[2 * kt], dacc[2 * kt + 1], -1.0f, hi, lo);
+#pragma unroll
+        for (int pp = 0; pp < KC / 16; pp++) {
+            const int row = kt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
+            uint32_t b[4];
+            ldsm_x4_t(b, st.QG + pan_off(row, col));
+            mma_bf16(s[2 * pp], da_o[kt], b[0], b[1]);
+            mma_bf16(s[2 * pp + 1], da_o[kt], b[2], b[3]);
+            ldsm_x4_t(b, st.W + pan_off(row, col));
+            mma_bf16(s[2 * pp], hi, b[0], b[1]);
+            mma_bf16(s[2 * pp + 1], hi, b[2], b[3]);
+            mma_bf16(s[2 * pp], lo, b[0], b[1]);
+            mma_bf16(s[2 * pp + 1], lo, b[2], b[3]);
+        }
+    }
+}
+
+/* The same step by the warpgroup (its 4 warps call it; a warp's rows are the warpgroup's rows 16 (warp % 4)..):
+ * dSᵀ K̃ᵀ + dOᵀ Aqk in one commit group, dOᵀ QΓ into the decayed dSᵀ in a second one that runs while dΔᵀ is
+ * split; then − dΔᵀ W behind it. K class 64 or 128. */
+template <int KC>
+DEV void dsr_step_wgmma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const dsr_stage_t &st, int lane) {
+#ifdef KDA_WGMMA
+    constexpr int NT = KC / 8, NKT = KC / 16;
+    uint32_t hi[NKT][4], lo[NKT][4];
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) acc_pair_split(s[2 * kt], s[2 * kt + 1], 1.0f, hi[kt], lo[kt]);
+    dsr_decay<KC>(s, st.gam, lane & 3);
+    float dacc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dacc[nt][c] = 0.0f;
+    reg_fence(&dacc[0][0], 32);
+    reg_fence(&s[0][0], NT * 4);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < NKT; kt++) {
+        const uint64_t d = wg_desc_kmaj(st.KT + (kt >> 2) * 8192 + (kt & 3) * 32);
+        wgmma_n64_kmaj(&dacc[0][0], hi[kt], d);
+        wgmma_n64_kmaj(&dacc[0][0], lo[kt], d);
+    }
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) wgmma_n64_mnmaj(&dacc[0][0], da_o[kt], wg_desc_mnmaj(st.Aqk + kt * 2048));
+    wg_commit();
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        if (KC == 128) wgmma_n128_mnmaj(&s[0][0], da_o[kt], wg_desc_mnmaj(st.QG + kt * 2048));
+        else wgmma_n64_mnmaj(&s[0][0], da_o[kt], wg_desc_mnmaj(st.QG + kt * 2048));
+    }
+    wg_commit();
+    WG_WAIT(1);
+    reg_fence(&dacc[0][0], 32);
+    uint32_t dh[4][4], dl[4][4];
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) acc_pair_split(dacc[2 * kt], dacc[2 * kt + 1], -1.0f, dh[kt], dl[kt]);
+    wg_fence();
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        const uint64_t d = wg_desc_mnmaj(st.W + kt * 2048);
+        if (KC == 128) {
+            wgmma_n128_mnmaj(&s[0][0], dh[kt], d);
+            wgmma_n128_mnmaj(&s[0][0], dl[kt], d);
+        } else {
+            wgmma_n64_mnmaj(&s[0][0], dh[kt], d);
+            wgmma_n64_mnmaj(&s[0][0], dl[kt], d);
+        }
+    }
+    wg_commit();
+    WG_WAIT(0);
+    reg_fence(&s[0][0], NT * 4);
+#else
+    (void)s, (void)da_o, (void)st, (void)lane;
+    __trap(); /* the host launches this path on sm_90a only */
+#endif
+}
+
+/* Warp 0 issues chunk `cid`'s copies into a stage: its block's [W | QΓ | K̃ | Aqk | γ] byte for byte, and the
+ * chunk's dO rows of this tile (rows past the chunk's end and columns past V are not copied: they stay zero) */
+DEV void dsr_issue(const kda_bwd_params_t &p, unsigned char *stg, uint32_t bar, int64_t cid, int h, int64_t t0,
+                   int clen, int v0, int bv, int lin, int rowb, int lane) {
+    const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
+    const int rowbytes = p.V > v0 ? (int)min((int64_t)bv, (int64_t)(p.V - v0)) * 2 : 0;
+    const int rows = rowbytes ? clen : 0;
+    fence_proxy_async(); /* the stage was last read through the generic proxy */
+    if (lane == 0) {
+        mbar_expect_tx(bar, (uint32_t)(lin + rows * rowbytes));
+        bulk_g2s(smem_u32(stg), blk, (uint32_t)lin, bar);
+    }
+    __syncwarp();
+    const unsigned char *src = (const unsigned char *)p.d_o + ((t0 * p.hv + h) * (int64_t)p.V + v0) * 2;
+    const int64_t stride = (int64_t)p.hv * p.V * 2;
+    for (int r = lane; r < rows; r += 32) bulk_g2s(smem_u32(stg + lin + r * rowb), src + r * stride, (uint32_t)rowbytes, bar);
+}
+
+template <int KC, int BV, int WG>
+__global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda_bwd_params_t p) {
+    constexpr int NT = KC / 8, NTH = 2 * BV, LIN = DSR_LIN(KC), ROWB = DSR_ROWB(BV), STAGE = DSR_STAGE(KC, BV);
+    static_assert(KDA_CHUNK == 64 && (BV == 32 || BV == 64 || BV == 128) && (!WG || BV >= 64) && KC <= 128,
+                  "dstate recurrence: C = 64, a warp per 16 columns, wgmma per 64");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int tiles = p.vc / BV;
+    const int tile = (int)(blockIdx.x % tiles), h = (int)(blockIdx.x / tiles % p.hv);
+    const int64_t n = blockIdx.x / tiles / p.hv;
+    const int v0 = tile * BV, vw = v0 + 16 * warp; /* the CTA's and the warp's first column */
+    int64_t bos, eos;
+    seq_bounds(p.seqs, n, &bos, &eos);
+    const int64_t nc = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = nc > 0 ? seq_chunk0(p.seqs, n) : 0;
+    const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, n);
+    const uint32_t bars = smem_u32(smem + DSR_NST * STAGE);
+
+    /* dO tiles zero once: a partial chunk (a sequence's last, the first one here) copies only its rows */
+    for (int e = tid; e < DSR_NST * KDA_CHUNK * ROWB / 16; e += NTH) {
+        const int st = e / (KDA_CHUNK * ROWB / 16), r = e % (KDA_CHUNK * ROWB / 16);
+        *(uint4 *)(smem + st * STAGE + LIN + 16 * r) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    fence_proxy_async();
+    if (tid == 0) {
+        for (int i = 0; i < DSR_NST; i++) mbar_init(bars + 8 * i, 1);
+        mbar_init_fence();
+    }
+    /* dSᵀ: s[nt][c] = dS[d][v], v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
+            s[nt][c] = p.dht && slot >= 0 && d < p.K && v < p.V
+                           ? load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, v))
+                           : 0.0f;
+        }
+    __syncthreads();
+#define DSR_ISSUE(j)                                                                                                \
+    do {                                                                                                            \
+        const int64_t ci_ = nc - 1 - (j), t0_ = bos + ci_ * KDA_CHUNK;                                              \
+        dsr_issue(p, smem + ((j) % DSR_NST) * STAGE, bars + 8 * (uint32_t)((j) % DSR_NST), chunk0 + ci_, h, t0_,     \
+                  (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, lane);                                \
+    } while (0)
+    if (warp == 0)
+        for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
+
+    for (int64_t j = 0; j < nc; j++) {
+        const int64_t ci = nc - 1 - j;
+        if (warp == 0 && j + DSR_NST - 1 < nc) DSR_ISSUE(j + DSR_NST - 1); /* into the stage step j − 1 freed */
+        const int cur = (int)(j % DSR_NST);
+        mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
+        const unsigned char *stg = smem + cur * STAGE;
+        /* dS⁺ of this chunk, fp32 [KC][VC] */
+        float *out = p.dstates + ((chunk0 + ci) * p.hv + h) * (int64_t)KC * p.vc;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                out[(int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + vw + g + 8 * (c >> 1)] = s[nt][c];
+        /* dOᵀ's A fragments (16 columns × 16 tokens each) straight from the staged rows */
+        uint32_t da_o[4][4];
+        const uint32_t sdo = smem_u32(stg + LIN);
+#pragma unroll
+        for (int kt = 0; kt < 4; kt++) {
+            const int row = kt * 16 + (lane & 7) + (lane >> 4) * 8, col = 16 * warp + ((lane >> 3) & 1) * 8;
+            ldsm_x4_t(da_o[kt], sdo + row * ROWB + col * 2);
+        }
+        dsr_stage_t st;
+        st.W = smem_u32(stg);
+        st.QG = st.W + KDA_CHUNK * KC * 2;
+        st.KT = st.W + 2 * KDA_CHUNK * KC * 2;
+        st.Aqk = st.W + 3 * KDA_CHUNK * KC * 2;
+        st.gam = (const float *)(stg + 3 * KDA_CHUNK * KC * 2 + KDA_CHUNK * KDA_CHUNK * 2);
+        if (WG) dsr_step_wgmma<KC>(s, da_o, st, lane);
+        else dsr_step_mma<KC>(s, da_o, st, lane);
+        __syncthreads(); /* the stage is free for the copies two steps on */
+    }
+#undef DSR_ISSUE
+    if (p.dh0 && slot >= 0)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
+                if (d < p.K && v < p.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, v), s[nt][c]);
+            }
+}
+
 template <int KC, int BV>
 static int launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->seqs.num_seqs * p->hv * (p->vc / BV);
@@ -212,7 +495,37 @@ static int dstate_wide(const kda_bwd_params_t *p) {
     return p->vc >= KDA_BWD_BV_WIDE && p->seqs.num_seqs * p->hv * (p->vc / KDA_BWD_BV_WIDE) >= p->sm_count;
 }
 
+template <int KC, int BV, int WG>
+static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream) {
+    const int64_t ctas = p->seqs.num_seqs * p->hv * (p->vc / BV);
+    if (ctas == 0) return 0;
+    static int done[KDA_MAX_DEVICES];
+    return kda_launch((const void *)kda_bwd_dstate_rec_kernel<KC, BV, WG>, ctas, 2 * BV, DSR_BYTES(KC, BV), p, device,
+                      done, stream);
+}
+
+/* The recurrence kernel's tile: the widest whose CTAs fill the card (the forward recurrence's rule, backend.c
+ * choose_bv); wgmma from 64 columns on sm_90a */
+template <int KC>
+static int launch_dstate_rec_k(const kda_bwd_params_t *p, int device, void *stream) {
+    const int64_t heads = p->seqs.num_seqs * p->hv;
+    int bv = p->vc;
+    while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
+    if (bv == 128) return p->wgmma ? launch_dstate_rec<KC, 128, 1>(p, device, stream)
+                                   : launch_dstate_rec<KC, 128, 0>(p, device, stream);
+    if (bv == 64) return p->wgmma ? launch_dstate_rec<KC, 64, 1>(p, device, stream)
+                                  : launch_dstate_rec<KC, 64, 0>(p, device, stream);
+    return launch_dstate_rec<KC, 32, 0>(p, device, stream);
+}
+
+/* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback */
+static int dstate_rec_applies(const kda_bwd_params_t *p) {
+    return p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
+}
+
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
+    if (dstate_rec_applies(p))
+        return p->kc == 64 ? launch_dstate_rec_k<64>(p, device, stream) : launch_dstate_rec_k<128>(p, device, stream);
     if (dstate_wide(p))
         return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
                            : launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream);
