@@ -159,6 +159,10 @@ DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     emu_mbar_settle(m);
     pthread_mutex_unlock(&emu_mbar_lock);
 }
+DEV void bulk_s2g(void *dst, uint32_t src, uint32_t bytes) { memcpy(dst, smem_raw + src, bytes); }
+DEV void bulk_commit(void) {}
+DEV void bulk_wait_read(void) {}
+DEV void bulk_wait_all(void) {}
 DEV void fence_proxy_async(void) {}
 static inline void __syncwarp(void) { pthread_barrier_wait(&emu_warp_bar[threadIdx.x >> 5]); }
 #define __trap() abort()

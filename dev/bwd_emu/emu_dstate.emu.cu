@@ -14,7 +14,7 @@ DSTATE_INSTANCE(64, KDA_BWD_BV_WIDE, wide)
 DSTATE_INSTANCE(128, KDA_BWD_BV_WIDE, wide)
 
 #define DSTATE_REC_INSTANCE(KC, BV) \
-    static void dstate_rec_##KC##_##BV(const void *p) { kda_bwd_dstate_rec_kernel<KC, BV, 0>(*(const kda_bwd_params_t *)p); }
+    static void dstate_rec_##KC##_##BV(const void *p) { kda_bwd_dstate_rec_kernel<KC, BV, 0, 3>(*(const kda_bwd_params_t *)p); }
 DSTATE_REC_INSTANCE(64, 32)
 DSTATE_REC_INSTANCE(64, 64)
 DSTATE_REC_INSTANCE(64, 128)

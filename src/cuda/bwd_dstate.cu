@@ -256,7 +256,8 @@ typedef struct {
 
 /* One chunk step by mma.sync, per warp (16 columns): dacc = dΔᵀ (16 columns × 64 tokens), then dSᵀ updated */
 template <int KC>
-DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const dsr_stage_t &st, int lane) {
+DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const dsr_stage_t &st, int lane, int lo_s,
+                      int lo_d) {
     float dacc[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
@@ -274,8 +275,10 @@ DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const
             ldsm_x4(b, st.KT + pan_off(row, col));
             mma_bf16(dacc[2 * np], hi, b[0], b[1]);
             mma_bf16(dacc[2 * np + 1], hi, b[2], b[3]);
-            mma_bf16(dacc[2 * np], lo, b[0], b[1]);
-            mma_bf16(dacc[2 * np + 1], lo, b[2], b[3]);
+            if (lo_s) {
+                mma_bf16(dacc[2 * np], lo, b[0], b[1]);
+                mma_bf16(dacc[2 * np + 1], lo, b[2], b[3]);
+            }
         }
     }
     /* + dOᵀ Aqk: B(j, i) = Aqk[j][i], nonzero for j ≥ i (token tiles kt ≥ np) */
@@ -305,24 +308,28 @@ DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const
             ldsm_x4_t(b, st.W + pan_off(row, col));
             mma_bf16(s[2 * pp], hi, b[0], b[1]);
             mma_bf16(s[2 * pp + 1], hi, b[2], b[3]);
-            mma_bf16(s[2 * pp], lo, b[0], b[1]);
-            mma_bf16(s[2 * pp + 1], lo, b[2], b[3]);
+            if (lo_d) {
+                mma_bf16(s[2 * pp], lo, b[0], b[1]);
+                mma_bf16(s[2 * pp + 1], lo, b[2], b[3]);
+            }
         }
     }
 }
 
-/* The same step by the warpgroup (its 4 warps call it; a warp's rows are the warpgroup's rows 16 (warp % 4)..):
- * dSᵀ K̃ᵀ + dOᵀ Aqk in one commit group, dOᵀ QΓ into the decayed dSᵀ in a second one that runs while dΔᵀ is
- * split; then − dΔᵀ W behind it. K class 64 or 128. */
+/* The same step by the warpgroup (its 4 warps call it; a warp's rows are the warpgroup's rows 16 (warp % 4)..), in
+ * two halves so that the caller can issue copies while the products run. The first issues dSᵀ K̃ᵀ + dOᵀ Aqk as
+ * one commit group and dOᵀ QΓ into the decayed dSᵀ as a second one; the second half waits for the first group,
+ * splits dΔᵀ and adds − dΔᵀ W behind dOᵀ QΓ. hi, lo (dSᵀ's parts) must live until the second half. K class 64 or
+ * 128. */
 template <int KC>
-DEV void dsr_step_wgmma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const dsr_stage_t &st, int lane) {
+DEV void dsr_wgmma_first(float (&s)[KC / 8][4], float (&dacc)[8][4], uint32_t (&hi)[KC / 16][4],
+                         uint32_t (&lo)[KC / 16][4], const uint32_t (&da_o)[4][4], const dsr_stage_t &st, int lane,
+                         int lo_s) {
 #ifdef KDA_WGMMA
     constexpr int NT = KC / 8, NKT = KC / 16;
-    uint32_t hi[NKT][4], lo[NKT][4];
 #pragma unroll
     for (int kt = 0; kt < NKT; kt++) acc_pair_split(s[2 * kt], s[2 * kt + 1], 1.0f, hi[kt], lo[kt]);
     dsr_decay<KC>(s, st.gam, lane & 3);
-    float dacc[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -334,7 +341,7 @@ DEV void dsr_step_wgmma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], con
     for (int kt = 0; kt < NKT; kt++) {
         const uint64_t d = wg_desc_kmaj(st.KT + (kt >> 2) * 8192 + (kt & 3) * 32);
         wgmma_n64_kmaj(&dacc[0][0], hi[kt], d);
-        wgmma_n64_kmaj(&dacc[0][0], lo[kt], d);
+        if (lo_s) wgmma_n64_kmaj(&dacc[0][0], lo[kt], d);
     }
 #pragma unroll
     for (int kt = 0; kt < 4; kt++) wgmma_n64_mnmaj(&dacc[0][0], da_o[kt], wg_desc_mnmaj(st.Aqk + kt * 2048));
@@ -345,6 +352,16 @@ DEV void dsr_step_wgmma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], con
         else wgmma_n64_mnmaj(&s[0][0], da_o[kt], wg_desc_mnmaj(st.QG + kt * 2048));
     }
     wg_commit();
+#else
+    (void)s, (void)dacc, (void)hi, (void)lo, (void)da_o, (void)st, (void)lane, (void)lo_s;
+    __trap(); /* the host launches this path on sm_90a only */
+#endif
+}
+
+template <int KC>
+DEV void dsr_wgmma_second(float (&s)[KC / 8][4], float (&dacc)[8][4], const dsr_stage_t &st, int lo_d) {
+#ifdef KDA_WGMMA
+    constexpr int NT = KC / 8;
     WG_WAIT(1);
     reg_fence(&dacc[0][0], 32);
     uint32_t dh[4][4], dl[4][4];
@@ -356,18 +373,18 @@ DEV void dsr_step_wgmma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], con
         const uint64_t d = wg_desc_mnmaj(st.W + kt * 2048);
         if (KC == 128) {
             wgmma_n128_mnmaj(&s[0][0], dh[kt], d);
-            wgmma_n128_mnmaj(&s[0][0], dl[kt], d);
+            if (lo_d) wgmma_n128_mnmaj(&s[0][0], dl[kt], d);
         } else {
             wgmma_n64_mnmaj(&s[0][0], dh[kt], d);
-            wgmma_n64_mnmaj(&s[0][0], dl[kt], d);
+            if (lo_d) wgmma_n64_mnmaj(&s[0][0], dl[kt], d);
         }
     }
     wg_commit();
     WG_WAIT(0);
     reg_fence(&s[0][0], NT * 4);
 #else
-    (void)s, (void)da_o, (void)st, (void)lane;
-    __trap(); /* the host launches this path on sm_90a only */
+    (void)s, (void)dacc, (void)st, (void)lo_d;
+    __trap();
 #endif
 }
 
@@ -389,7 +406,8 @@ DEV void dsr_issue(const kda_bwd_params_t &p, unsigned char *stg, uint32_t bar, 
     for (int r = lane; r < rows; r += 32) bulk_g2s(smem_u32(stg + lin + r * rowb), src + r * stride, (uint32_t)rowbytes, bar);
 }
 
-template <int KC, int BV, int WG>
+/* LO: bit 0 dSᵀ's lo parts, bit 1 dΔᵀ's (3 in the library; development builds time and measure the others) */
+template <int KC, int BV, int WG, int LO>
 __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda_bwd_params_t p) {
     constexpr int NT = KC / 8, NTH = 2 * BV, LIN = DSR_LIN(KC), ROWB = DSR_ROWB(BV), STAGE = DSR_STAGE(KC, BV);
     static_assert(KDA_CHUNK == 64 && (BV == 32 || BV == 64 || BV == 128) && (!WG || BV >= 64) && KC <= 128,
@@ -438,19 +456,23 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     if (warp == 0)
         for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
 
+    /* dS⁺ rows [KC][BV + 4] fp32 in the stage just used (STAGED: they fit in its linear part, and the dO rows
+       stay as zeroed): out by bulk copies, off the registers' path; else by each thread's stores */
+    constexpr int SROW = BV + 4, STAGED = KC * SROW * 4 <= LIN;
+    float *const dsout = p.dstates + (chunk0 * p.hv + h) * (int64_t)KC * p.vc + v0;
+    const int64_t chunk_stride = (int64_t)p.hv * KC * p.vc;
     for (int64_t j = 0; j < nc; j++) {
         const int64_t ci = nc - 1 - j;
-        if (warp == 0 && j + DSR_NST - 1 < nc) DSR_ISSUE(j + DSR_NST - 1); /* into the stage step j − 1 freed */
         const int cur = (int)(j % DSR_NST);
         mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
-        const unsigned char *stg = smem + cur * STAGE;
-        /* dS⁺ of this chunk, fp32 [KC][VC] */
-        float *out = p.dstates + ((chunk0 + ci) * p.hv + h) * (int64_t)KC * p.vc;
+        unsigned char *stg = smem + cur * STAGE;
+        if (!STAGED || j == 0) /* dS⁺ of this chunk by stores (STAGED: the first, d_final_state, only) */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                out[(int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + vw + g + 8 * (c >> 1)] = s[nt][c];
+                for (int c = 0; c < 4; c++)
+                    dsout[ci * chunk_stride + (int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + 16 * warp + g + 8 * (c >> 1)] =
+                        s[nt][c];
         /* dOᵀ's A fragments (16 columns × 16 tokens each) straight from the staged rows */
         uint32_t da_o[4][4];
         const uint32_t sdo = smem_u32(stg + LIN);
@@ -465,10 +487,45 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         st.KT = st.W + 2 * KDA_CHUNK * KC * 2;
         st.Aqk = st.W + 3 * KDA_CHUNK * KC * 2;
         st.gam = (const float *)(stg + 3 * KDA_CHUNK * KC * 2 + KDA_CHUNK * KDA_CHUNK * 2);
-        if (WG) dsr_step_wgmma<KC>(s, da_o, st, lane);
-        else dsr_step_mma<KC>(s, da_o, st, lane);
-        __syncthreads(); /* the stage is free for the copies two steps on */
+        /* the copies two chunks on, into the stage step j − 1 used, once its dS⁺ rows are read out (issued
+           here, inside the step, so that the wait for that read is over) */
+        const int issue = warp == 0 && j + DSR_NST - 1 < nc;
+        if (WG) {
+            float dacc[8][4];
+            uint32_t hi[KC / 16][4], lo[KC / 16][4];
+            dsr_wgmma_first<KC>(s, dacc, hi, lo, da_o, st, lane, LO & 1);
+            if (issue) {
+                if (STAGED) bulk_wait_read();
+                DSR_ISSUE(j + DSR_NST - 1);
+            }
+            dsr_wgmma_second<KC>(s, dacc, st, LO >> 1);
+        } else {
+            if (issue) {
+                if (STAGED) bulk_wait_read();
+                DSR_ISSUE(j + DSR_NST - 1);
+            }
+            dsr_step_mma<KC>(s, da_o, st, lane, LO & 1, LO >> 1);
+        }
+        __syncthreads(); /* every warp is done with the stage */
+        if (STAGED && ci > 0) { /* dS at this chunk's start = dS⁺ of the chunk before */
+            float *rows = (float *)stg;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    rows[(8 * nt + 2 * t + (c & 1)) * SROW + 16 * warp + g + 8 * (c >> 1)] = s[nt][c];
+            fence_proxy_async();
+            __syncthreads();
+            if (warp == 0) {
+                const int bytes = (int)min((int64_t)BV, (int64_t)(p.vc - v0)) * 4;
+                for (int d = lane; d < KC; d += 32)
+                    bulk_s2g(dsout + (ci - 1) * chunk_stride + (int64_t)d * p.vc, smem_u32(rows + d * SROW),
+                             (uint32_t)bytes);
+                bulk_commit();
+            }
+        }
     }
+    if (STAGED && warp == 0) bulk_wait_all();
 #undef DSR_ISSUE
     if (p.dh0 && slot >= 0)
 #pragma unroll
@@ -495,13 +552,27 @@ static int dstate_wide(const kda_bwd_params_t *p) {
     return p->vc >= KDA_BWD_BV_WIDE && p->seqs.num_seqs * p->hv * (p->vc / KDA_BWD_BV_WIDE) >= p->sm_count;
 }
 
+template <int KC, int BV, int WG, int LO>
+static int launch_dstate_rec_lo(const kda_bwd_params_t *p, int64_t ctas, int device, void *stream) {
+    static int done[KDA_MAX_DEVICES];
+    return kda_launch((const void *)kda_bwd_dstate_rec_kernel<KC, BV, WG, LO>, ctas, 2 * BV, DSR_BYTES(KC, BV), p,
+                      device, done, stream);
+}
+
 template <int KC, int BV, int WG>
 static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->seqs.num_seqs * p->hv * (p->vc / BV);
     if (ctas == 0) return 0;
-    static int done[KDA_MAX_DEVICES];
-    return kda_launch((const void *)kda_bwd_dstate_rec_kernel<KC, BV, WG>, ctas, 2 * BV, DSR_BYTES(KC, BV), p, device,
-                      done, stream);
+#ifdef KDA_DEV_BUILD
+    /* development builds: dev_skip 4096 / 8192 leave out dSᵀ's / dΔᵀ's lo parts (their cost in time and accuracy) */
+    if (KC == 128 && (BV == 32 || WG) && (p->dev_skip & (4096 | 8192))) {
+        const int lo = 3 & ~((p->dev_skip >> 12) & 3);
+        return lo == 0   ? launch_dstate_rec_lo<KC, BV, WG, 0>(p, ctas, device, stream)
+               : lo == 1 ? launch_dstate_rec_lo<KC, BV, WG, 1>(p, ctas, device, stream)
+                         : launch_dstate_rec_lo<KC, BV, WG, 2>(p, ctas, device, stream);
+    }
+#endif
+    return launch_dstate_rec_lo<KC, BV, WG, 3>(p, ctas, device, stream);
 }
 
 /* The recurrence kernel's tile: the widest whose CTAs fill the card (the forward recurrence's rule, backend.c
