@@ -117,21 +117,22 @@ DEV void cp_async_wait_all(void) {}
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
-/* bulk copies and their mbarriers: a copy completes at its issue; an mbarrier (its 8 bytes in the block's shared
- * memory, as on the GPU) counts the arrivals and bytes still expected in its phase, and mbar_wait(parity) spins
+/* bulk copies and their mbarriers: a copy completes at its issue; an mbarrier (kept beside the block's shared
+ * memory, by its offset) counts the arrivals and bytes still expected in its phase, and mbar_wait(parity) spins
  * until the phase of that parity is complete. __syncwarp: the warp's barrier; wgmma paths are not emulated. */
 #include <sched.h>
 #include <stdlib.h>
-typedef struct { uint16_t phase; uint8_t pending, count; int32_t tx; } emu_mbar_t;
+typedef struct { int phase, pending, count, tx; } emu_mbar_t;
 static pthread_mutex_t emu_mbar_lock = PTHREAD_MUTEX_INITIALIZER;
-DEV emu_mbar_t *emu_mbar(uint32_t bar) { return (emu_mbar_t *)(smem_raw + bar); }
+static emu_mbar_t emu_mbar_tab[232448 / 8]; /* by the barrier's offset (blocks run one after the other) */
+DEV emu_mbar_t *emu_mbar(uint32_t bar) { return &emu_mbar_tab[bar / 8]; }
 DEV void emu_mbar_settle(emu_mbar_t *m) {
     if (m->pending == 0 && m->tx == 0) m->phase++, m->pending = m->count;
 }
 DEV void mbar_init(uint32_t bar, int count) {
     pthread_mutex_lock(&emu_mbar_lock);
     emu_mbar_t *m = emu_mbar(bar);
-    m->phase = 0, m->pending = m->count = (uint8_t)count, m->tx = 0;
+    m->phase = 0, m->pending = m->count = count, m->tx = 0;
     pthread_mutex_unlock(&emu_mbar_lock);
 }
 DEV void mbar_init_fence(void) {}
@@ -159,10 +160,13 @@ DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
     emu_mbar_settle(m);
     pthread_mutex_unlock(&emu_mbar_lock);
 }
-DEV void bulk_s2g(void *dst, uint32_t src, uint32_t bytes) { memcpy(dst, smem_raw + src, bytes); }
-DEV void bulk_commit(void) {}
-DEV void bulk_wait_read(void) {}
-DEV void bulk_wait_all(void) {}
+DEV void cp_async_mbar_arrive(uint32_t bar) { /* the copies are done at their issue: an arrival now */
+    pthread_mutex_lock(&emu_mbar_lock);
+    emu_mbar_t *m = emu_mbar(bar);
+    m->pending--;
+    emu_mbar_settle(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
 DEV void fence_proxy_async(void) {}
 static inline void __syncwarp(void) { pthread_barrier_wait(&emu_warp_bar[threadIdx.x >> 5]); }
 #define __trap() abort()

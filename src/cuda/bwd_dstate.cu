@@ -388,22 +388,29 @@ DEV void dsr_wgmma_second(float (&s)[KC / 8][4], float (&dacc)[8][4], const dsr_
 #endif
 }
 
-/* Warp 0 issues chunk `cid`'s copies into a stage: its block's [W | QΓ | K̃ | Aqk | γ] byte for byte, and the
- * chunk's dO rows of this tile (rows past the chunk's end and columns past V are not copied: they stay zero) */
+/* Chunk `cid`'s copies into a stage, by every thread of the CTA: thread 0 arms the stage's barrier with the bytes
+ * of the block's [W | QΓ | K̃ | Aqk | γ] and copies them byte for byte (one bulk copy); the chunk's dO rows of this
+ * tile go by 16-byte asynchronous copies, each thread's completing on the barrier (an arrival of each thread:
+ * the barrier counts 1 + the CTA's threads). Rows past the chunk's end and columns past V are not copied: they
+ * stay zero. (One bulk copy per dO row, by warp 0, was slower: a bulk copy's operands are uniform registers, so
+ * the warp issued its 32 lanes' copies one after the other while the other warps waited at the step's first
+ * product.) */
 DEV void dsr_issue(const kda_bwd_params_t &p, unsigned char *stg, uint32_t bar, int64_t cid, int h, int64_t t0,
-                   int clen, int v0, int bv, int lin, int rowb, int lane) {
-    const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
-    const int rowbytes = p.V > v0 ? (int)min((int64_t)bv, (int64_t)(p.V - v0)) * 2 : 0;
-    const int rows = rowbytes ? clen : 0;
-    fence_proxy_async(); /* the stage was last read through the generic proxy */
-    if (lane == 0) {
-        mbar_expect_tx(bar, (uint32_t)(lin + rows * rowbytes));
+                   int clen, int v0, int bv, int lin, int rowb, int tid, int nth) {
+    if (tid == 0) {
+        const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
+        fence_proxy_async(); /* the stage was last read through the generic proxy */
+        mbar_expect_tx(bar, (uint32_t)lin);
         bulk_g2s(smem_u32(stg), blk, (uint32_t)lin, bar);
     }
-    __syncwarp();
+    const int pieces = p.V > v0 ? (int)min((int64_t)bv, (int64_t)(p.V - v0)) / 8 : 0; /* 16-byte pieces per row */
     const unsigned char *src = (const unsigned char *)p.d_o + ((t0 * p.hv + h) * (int64_t)p.V + v0) * 2;
     const int64_t stride = (int64_t)p.hv * p.V * 2;
-    for (int r = lane; r < rows; r += 32) bulk_g2s(smem_u32(stg + lin + r * rowb), src + r * stride, (uint32_t)rowbytes, bar);
+    for (int e = tid; e < clen * pieces; e += nth) {
+        const int r = e / pieces, c = e % pieces;
+        cp_async16_zfill(smem_u32(stg + lin + r * rowb + 16 * c), src + r * stride + 16 * c, 16);
+    }
+    cp_async_mbar_arrive(bar);
 }
 
 /* LO: bit 0 dSᵀ's lo parts, bit 1 dΔᵀ's (3 in the library; development builds time and measure the others) */
@@ -432,7 +439,7 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     }
     fence_proxy_async();
     if (tid == 0) {
-        for (int i = 0; i < DSR_NST; i++) mbar_init(bars + 8 * i, 1);
+        for (int i = 0; i < DSR_NST; i++) mbar_init(bars + 8 * i, 1 + NTH);
         mbar_init_fence();
     }
     /* dSᵀ: s[nt][c] = dS[d][v], v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
@@ -451,28 +458,25 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     do {                                                                                                            \
         const int64_t ci_ = nc - 1 - (j), t0_ = bos + ci_ * KDA_CHUNK;                                              \
         dsr_issue(p, smem + ((j) % DSR_NST) * STAGE, bars + 8 * (uint32_t)((j) % DSR_NST), chunk0 + ci_, h, t0_,     \
-                  (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, lane);                                \
+                  (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, tid, NTH);                            \
     } while (0)
-    if (warp == 0)
-        for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
+    for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
 
-    /* dS⁺ rows [KC][BV + 4] fp32 in the stage just used (STAGED: they fit in its linear part, and the dO rows
-       stay as zeroed): out by bulk copies, off the registers' path; else by each thread's stores */
-    constexpr int SROW = BV + 4, STAGED = KC * SROW * 4 <= LIN;
     float *const dsout = p.dstates + (chunk0 * p.hv + h) * (int64_t)KC * p.vc + v0;
     const int64_t chunk_stride = (int64_t)p.hv * KC * p.vc;
     for (int64_t j = 0; j < nc; j++) {
         const int64_t ci = nc - 1 - j;
+        if (j + DSR_NST - 1 < nc) DSR_ISSUE(j + DSR_NST - 1); /* into the stage step j − 1 freed */
         const int cur = (int)(j % DSR_NST);
         mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
-        unsigned char *stg = smem + cur * STAGE;
-        if (!STAGED || j == 0) /* dS⁺ of this chunk by stores (STAGED: the first, d_final_state, only) */
+        const unsigned char *stg = smem + cur * STAGE;
+        /* dS⁺ of this chunk, fp32 [KC][VC] */
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int c = 0; c < 4; c++)
-                    dsout[ci * chunk_stride + (int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + 16 * warp + g + 8 * (c >> 1)] =
-                        s[nt][c];
+            for (int c = 0; c < 4; c++)
+                dsout[ci * chunk_stride + (int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + 16 * warp + g + 8 * (c >> 1)] =
+                    s[nt][c];
         /* dOᵀ's A fragments (16 columns × 16 tokens each) straight from the staged rows */
         uint32_t da_o[4][4];
         const uint32_t sdo = smem_u32(stg + LIN);
@@ -487,45 +491,16 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         st.KT = st.W + 2 * KDA_CHUNK * KC * 2;
         st.Aqk = st.W + 3 * KDA_CHUNK * KC * 2;
         st.gam = (const float *)(stg + 3 * KDA_CHUNK * KC * 2 + KDA_CHUNK * KDA_CHUNK * 2);
-        /* the copies two chunks on, into the stage step j − 1 used, once its dS⁺ rows are read out (issued
-           here, inside the step, so that the wait for that read is over) */
-        const int issue = warp == 0 && j + DSR_NST - 1 < nc;
         if (WG) {
             float dacc[8][4];
             uint32_t hi[KC / 16][4], lo[KC / 16][4];
             dsr_wgmma_first<KC>(s, dacc, hi, lo, da_o, st, lane, LO & 1);
-            if (issue) {
-                if (STAGED) bulk_wait_read();
-                DSR_ISSUE(j + DSR_NST - 1);
-            }
             dsr_wgmma_second<KC>(s, dacc, st, LO >> 1);
         } else {
-            if (issue) {
-                if (STAGED) bulk_wait_read();
-                DSR_ISSUE(j + DSR_NST - 1);
-            }
             dsr_step_mma<KC>(s, da_o, st, lane, LO & 1, LO >> 1);
         }
-        __syncthreads(); /* every warp is done with the stage */
-        if (STAGED && ci > 0) { /* dS at this chunk's start = dS⁺ of the chunk before */
-            float *rows = (float *)stg;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    rows[(8 * nt + 2 * t + (c & 1)) * SROW + 16 * warp + g + 8 * (c >> 1)] = s[nt][c];
-            fence_proxy_async();
-            __syncthreads();
-            if (warp == 0) {
-                const int bytes = (int)min((int64_t)BV, (int64_t)(p.vc - v0)) * 4;
-                for (int d = lane; d < KC; d += 32)
-                    bulk_s2g(dsout + (ci - 1) * chunk_stride + (int64_t)d * p.vc, smem_u32(rows + d * SROW),
-                             (uint32_t)bytes);
-                bulk_commit();
-            }
-        }
+        __syncthreads(); /* the stage is free for the copies two steps on */
     }
-    if (STAGED && warp == 0) bulk_wait_all();
 #undef DSR_ISSUE
     if (p.dh0 && slot >= 0)
 #pragma unroll

@@ -169,6 +169,11 @@ DEV void cp_async4_zfill(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 DEV void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+/* An arrival on the mbarrier at `bar` once this thread's earlier cp.async copies are complete (.noinc: the
+ * barrier's count includes it) */
+DEV void cp_async_mbar_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 /* Close this thread's copies issued since the last commit into a group; wait until at most N groups are pending
  * (the older ones' data is then visible to this thread). */
 DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -201,16 +206,6 @@ DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
                  "l"(src), "r"(bytes), "r"(bar)
                  : "memory");
 }
-/* Bulk copies shared → global (16-byte aligned, a multiple of 16 bytes), in this thread's bulk groups: commit
- * closes a group; wait_read: until the shared source of every group of this thread has been read; wait_all: until
- * their writes are done */
-DEV void bulk_s2g(void *dst, uint32_t src, uint32_t bytes) {
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
-                 : "memory");
-}
-DEV void bulk_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-DEV void bulk_wait_read(void) { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-DEV void bulk_wait_all(void) { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 /* order this thread's earlier generic-proxy shared accesses before later async-proxy (bulk copy) ones */
 DEV void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
