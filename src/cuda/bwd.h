@@ -7,7 +7,7 @@
  *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
  *                  chunk start, fp32
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
- *                  end, fp32, and d_initial_state
+ *                  end, fp32, and d_initial_state (bf16 d_o: the forward's recurrence transposed, dSᵀ in registers)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
  *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ = rowsum(S ⊙ dS⁺)
  *                  (16-bit inputs only)
@@ -35,7 +35,7 @@ extern "C" {
 #endif
 
 #define KDA_BWD_MAX_HEAD_DIM 128 /* largest K and V of the CUDA backward */
-#define KDA_BWD_BV 16            /* V columns per CTA of the dstate kernel: narrow, so that a long sequence with few
+#define KDA_BWD_BV 16            /* V columns per CTA of the dstate fallback kernel (bwd_dstate.cu): narrow, so that a long sequence with few
                                     heads still gives the card ~V/16 CTAs per head for its sequential chain; 32
                                     (KDA_BWD_BV_WIDE) when the (sequence, head) pairs fill the card anyway */
 #define KDA_BWD_BV_WIDE 32

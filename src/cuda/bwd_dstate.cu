@@ -21,7 +21,8 @@
  * dSᵀ and dΔᵀ enter the bf16 products as hi + lo (x = hi + lo, both bf16: 16 bits of the fp32 mantissa, more
  * than tf32's 11); the panels and dO are bf16 already, exactly. dOᵀ's A fragments come straight from the staged
  * dO rows by ldmatrix.trans. The chunk's block (W, QΓ, K̃, Aqk, γ byte for byte) and its dO rows stream in by
- * bulk copies into a 3-stage ring, two chunks ahead; dOᵀ Aqk and dOᵀ QΓ do not depend on dS and run beside the
+ * copies into a 3-stage ring, two chunks ahead (the block by one bulk copy, the dO rows by every thread's cp.async,
+ * all completing on the stage's mbarrier); dOᵀ Aqk and dOᵀ QΓ do not depend on dS and run beside the
  * chain. wgmma on sm_90a (a warpgroup per 64 columns: BV ≥ 64), else mma.sync m16n8k16 per warp. The tile width
  * BV ∈ {32, 64, 128} as the forward's recurrence picks it (enough CTAs to fill the card).
  *
@@ -32,8 +33,9 @@
  * mma16: the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 4 · BV/8 tiles of 16 × 8,
  * BV/16 per warp; the dS update as KC/16 · BV/8 tiles, KC · BV/1024 per warp.
  *
- * Measured (H200, B2 T8192 H32): the fallback kernel 1.29 ms (10 µs a chunk step: every step waited for its own
- * copies); the recurrence kernel: see docs/PERF.md, "Backward v5".
+ * Measured (H200, dev builds): B2 T8192 H32 1.29 ms with the fallback kernel (10 µs a chunk step: every step
+ * waited for its own copies), 0.31 with the recurrence kernel (2.4 µs a step); B1 T32768 H16 2.40 → 1.24
+ * (docs/PERF.md, "Backward v5, second session").
  */
 #include "bwd.cuh"
 #include "seq.cuh"
