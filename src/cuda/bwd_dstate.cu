@@ -553,12 +553,15 @@ static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream
 }
 
 /* The recurrence kernel's tile: the widest whose CTAs fill the card (the forward recurrence's rule, backend.c
- * choose_bv); wgmma from 64 columns on sm_90a */
+ * choose_bv), but on sm_90a never below 64, wgmma's width (fewer (sequence, head) pairs than SMs leave SMs idle
+ * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
+ * step; development builds: dev_skip 16384 gives the narrow tile back, to time it) */
 template <int KC>
 static int launch_dstate_rec_k(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t heads = p->seqs.num_seqs * p->hv;
     int bv = p->vc;
     while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
+    if (p->wgmma && bv < 64 && p->vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
     if (bv == 128) return p->wgmma ? launch_dstate_rec<KC, 128, 1>(p, device, stream)
                                    : launch_dstate_rec<KC, 128, 0>(p, device, stream);
     if (bv == 64) return p->wgmma ? launch_dstate_rec<KC, 64, 1>(p, device, stream)
