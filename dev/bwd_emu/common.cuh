@@ -114,6 +114,14 @@ DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
 }
 DEV void cp_async_commit(void) {}
 DEV void cp_async_wait_all(void) {}
+/* common.cuh's decay_state (the dstate recurrence kernel's decay) */
+template <int KD>
+DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
+    for (int nt = 0; nt < KD / 8; nt++) {
+        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
+        s[nt][0] *= gg.x, s[nt][1] *= gg.y, s[nt][2] *= gg.x, s[nt][3] *= gg.y;
+    }
+}
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }

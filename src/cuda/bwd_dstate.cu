@@ -237,16 +237,14 @@ DEV void acc_pair_split(const float c0[4], const float c1[4], float sign, uint32
     split_bf16(sign * c1[2], sign * c1[3], hi[3], lo[3]);
 }
 
-/* dSᵀ ← dSᵀ Diag(γ) */
-template <int KC>
-DEV void dsr_decay(float (&s)[KC / 8][4], const float *gam, int t) {
-#pragma unroll
-    for (int nt = 0; nt < KC / 8; nt++) {
-        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
-        s[nt][0] *= gg.x;
-        s[nt][1] *= gg.y;
-        s[nt][2] *= gg.x;
-        s[nt][3] *= gg.y;
+/* Two 8-column accumulator tiles += A B with A = hi (+ lo when with_lo), b: the tiles' B fragments (ldmatrix x4) */
+DEV void mma_hilo(float c0[4], float c1[4], const uint32_t hi[4], const uint32_t lo[4], const uint32_t b[4],
+                  int with_lo) {
+    mma_bf16(c0, hi, b[0], b[1]);
+    mma_bf16(c1, hi, b[2], b[3]);
+    if (with_lo) {
+        mma_bf16(c0, lo, b[0], b[1]);
+        mma_bf16(c1, lo, b[2], b[3]);
     }
 }
 
@@ -275,12 +273,7 @@ DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const
             const int row = np * 16 + (lane & 7) + (lane >> 4) * 8, col = kt * 16 + ((lane >> 3) & 1) * 8;
             uint32_t b[4];
             ldsm_x4(b, st.KT + pan_off(row, col));
-            mma_bf16(dacc[2 * np], hi, b[0], b[1]);
-            mma_bf16(dacc[2 * np + 1], hi, b[2], b[3]);
-            if (lo_s) {
-                mma_bf16(dacc[2 * np], lo, b[0], b[1]);
-                mma_bf16(dacc[2 * np + 1], lo, b[2], b[3]);
-            }
+            mma_hilo(dacc[2 * np], dacc[2 * np + 1], hi, lo, b, lo_s);
         }
     }
     /* + dOᵀ Aqk: B(j, i) = Aqk[j][i], nonzero for j ≥ i (token tiles kt ≥ np) */
@@ -295,7 +288,7 @@ DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const
             mma_bf16(dacc[2 * np + 1], da_o[kt], b[2], b[3]);
         }
     /* dSᵀ ← dSᵀ Diag(γ) + dOᵀ QΓ − dΔᵀ W: B(i, d) = QΓ[i][d], W[i][d] by ldmatrix.trans (as the forward's K̃) */
-    dsr_decay<KC>(s, st.gam, lane & 3);
+    decay_state<KC>(s, st.gam, lane & 3);
 #pragma unroll
     for (int kt = 0; kt < 4; kt++) {
         uint32_t hi[4], lo[4];
@@ -308,12 +301,7 @@ DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const
             mma_bf16(s[2 * pp], da_o[kt], b[0], b[1]);
             mma_bf16(s[2 * pp + 1], da_o[kt], b[2], b[3]);
             ldsm_x4_t(b, st.W + pan_off(row, col));
-            mma_bf16(s[2 * pp], hi, b[0], b[1]);
-            mma_bf16(s[2 * pp + 1], hi, b[2], b[3]);
-            if (lo_d) {
-                mma_bf16(s[2 * pp], lo, b[0], b[1]);
-                mma_bf16(s[2 * pp + 1], lo, b[2], b[3]);
-            }
+            mma_hilo(s[2 * pp], s[2 * pp + 1], hi, lo, b, lo_d);
         }
     }
 }
@@ -331,7 +319,7 @@ DEV void dsr_wgmma_first(float (&s)[KC / 8][4], float (&dacc)[8][4], uint32_t (&
     constexpr int NT = KC / 8, NKT = KC / 16;
 #pragma unroll
     for (int kt = 0; kt < NKT; kt++) acc_pair_split(s[2 * kt], s[2 * kt + 1], 1.0f, hi[kt], lo[kt]);
-    dsr_decay<KC>(s, st.gam, lane & 3);
+    decay_state<KC>(s, st.gam, lane & 3);
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll

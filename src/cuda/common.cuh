@@ -144,6 +144,20 @@ DEV void acc_pair_to_a(const float c0[4], const float c1[4], uint32_t a[4]) {
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+/* A state held transposed in accumulators, s[nt][c] = S[8 nt + 2 t + (c & 1)][row]: each of its K rows d scaled by
+ * gam[d] (Sᵀ ← Sᵀ Diag(γ); the recurrence's decay, forward and backward) */
+template <int KD>
+DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++) {
+        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
+        s[nt][0] *= gg.x;
+        s[nt][1] *= gg.y;
+        s[nt][2] *= gg.x;
+        s[nt][3] *= gg.y;
+    }
+}
+
 DEV void ldsm_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -116,19 +116,6 @@ DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU,
         acc_pair_to_a(dacc[2 * kt], dacc[2 * kt + 1], da[kt]);
 }
 
-/* Sᵀ ← Sᵀ Diag(γ) */
-template <int KD>
-DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
-#pragma unroll
-    for (int nt = 0; nt < KD / 8; nt++) {
-        const float2 gg = *(const float2 *)&gam[8 * nt + 2 * t];
-        s[nt][0] *= gg.x;
-        s[nt][1] *= gg.y;
-        s[nt][2] *= gg.x;
-        s[nt][3] *= gg.y;
-    }
-}
-
 /* The stage's tiles (shared addresses) and the warp's first column within the copied U panels */
 typedef struct {
     uint32_t W, QG, KT, Aqk, U;
