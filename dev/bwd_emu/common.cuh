@@ -127,7 +127,8 @@ DEV int pan_off(int row, int col) {
 }
 /* bulk copies and their mbarriers: a copy completes at its issue; an mbarrier (kept beside the block's shared
  * memory, by its offset) counts the arrivals and bytes still expected in its phase, and mbar_wait(parity) spins
- * until the phase of that parity is complete. __syncwarp: the warp's barrier; wgmma paths are not emulated. */
+ * until the phase of that parity is complete; cp.async's arrival (.noinc) is one arrival at its issue. wgmma
+ * paths are not emulated. */
 #include <sched.h>
 #include <stdlib.h>
 typedef struct { int phase, pending, count, tx; } emu_mbar_t;
@@ -176,5 +177,4 @@ DEV void cp_async_mbar_arrive(uint32_t bar) { /* the copies are done at their is
     pthread_mutex_unlock(&emu_mbar_lock);
 }
 DEV void fence_proxy_async(void) {}
-static inline void __syncwarp(void) { pthread_barrier_wait(&emu_warp_bar[threadIdx.x >> 5]); }
 #define __trap() abort()

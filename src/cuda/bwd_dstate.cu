@@ -427,7 +427,6 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         const int st = e / (KDA_CHUNK * ROWB / 16), r = e % (KDA_CHUNK * ROWB / 16);
         *(uint4 *)(smem + st * STAGE + LIN + 16 * r) = make_uint4(0u, 0u, 0u, 0u);
     }
-    fence_proxy_async();
     if (tid == 0) {
         for (int i = 0; i < DSR_NST; i++) mbar_init(bars + 8 * i, 1 + NTH);
         mbar_init_fence();
