@@ -25,6 +25,12 @@ DEV float bits_value(uint32_t b, int dtype) {
     if (dtype == KDA_DT_F16) return f16_bits_to_f32((uint16_t)b);
     return bf16_bits_to_f32((uint16_t)b);
 }
+template <int DT>
+DEV float bits_as(uint32_t b) { return bits_value(b, DT); }
+template <int N>
+DEV void bits_values(float (&x)[N], const uint32_t (&b)[N], int dtype) {
+    for (int r = 0; r < N; r++) x[r] = bits_value(b[r], dtype);
+}
 /* the SFU's 2^x (ex2.approx.ftz: results below 2^-126 flushed to 0), sigmoid and softplus (common.cuh), in libm */
 #define LOG2E 1.4426950408889634f
 DEV float ex2(float x) {
@@ -63,10 +69,10 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
-/* tf32: round to nearest, ties away (cvt.rna.tf32.f32), and the m16n8k8 tf32 product of a warp */
+/* tf32: round to nearest, ties to even (cvt.rn.tf32.f32), and the m16n8k8 tf32 product of a warp */
 DEV float to_tf32(float x) {
     uint32_t u; memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
     float y; memcpy(&y, &u, 4); return y;
 }
 typedef struct { float a[4], b[2]; } emu_tf32_frag;

@@ -103,13 +103,17 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         const int i = warp + (CK_THREADS / 32) * lane;
         if (lane < RW && i < clen) bb = load_bits(p.beta, p.beta_dtype, (t0 + i) * p.hv + h);
     }
+    if (SPLIT) { /* Δ's rows by cp.async, one commit group, waited for with dS⁺'s first half (before dAqk, its
+                    first use): as loads into registers and stores, every thread's first store waited for DRAM */
+        for (unsigned e = tid; e < (unsigned)(C * VC / 4); e += CK_THREADS) {
+            const int i = e / (VC / 4), c = 4 * (e % (VC / 4));
+            cp_async16_zfill(smem_u32(&sm.D[i * VS + c]), delta + i * VC + c, 16);
+        }
+        cp_async_commit();
+    } else {
 #pragma unroll
-    for (int r = 0; r < RW; r++) {
-        const int i = warp + (CK_THREADS / 32) * r;
-        if (SPLIT) {
-#pragma unroll
-            for (int c = lane; c < VC; c += 32) sm.D[i * VS + c] = delta[i * VC + c];
-        } else {
+        for (int r = 0; r < RW; r++) {
+            const int i = warp + (CK_THREADS / 32) * r;
             uint32_t vb[VC / 32];
 #pragma unroll
             for (int u = 0; u < VC / 32; u++) {
@@ -123,14 +127,15 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
-        float qv[U], kv[U], sq = 0.0f, sk = 0.0f;
+        float qv[U], kv[U], gv[U], sq = 0.0f, sk = 0.0f;
+        bits_values<U>(qv, qb[r], p.dtype);
+        bits_values<U>(kv, kb[r], p.dtype);
+        bits_values<U>(gv, gb[r], p.g_dtype);
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            qv[u] = bits_value(qb[r][u], p.dtype);
-            kv[u] = bits_value(kb[r][u], p.dtype);
             sq += qv[u] * qv[u];
             sk += kv[u] * kv[u];
-            sm.G[i * KS + lane + 32 * u] = bits_value(gb[r][u], p.g_dtype) + db[u]; /* the gate input x */
+            sm.G[i * KS + lane + 32 * u] = gv[u] + db[u]; /* the gate input x */
         }
         const float rq = p.l2norm ? 1.0f / sqrtf(warp_sum(sq) + 1e-6f) : 1.0f;
         const float rk = p.l2norm ? 1.0f / sqrtf(warp_sum(sk) + 1e-6f) : 1.0f;
@@ -286,7 +291,7 @@ DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, cons
  * row d0 first) by cp.async, one commit group */
 template <int KC, int VC>
 DEV void copy_state_half(float *dst, const float *src, int d0, int tid) {
-    for (int e = tid; e < KC / 2 * VC / 4; e += CK_THREADS) {
+    for (unsigned e = tid; e < (unsigned)(KC / 2 * VC / 4); e += CK_THREADS) {
         const int d = e / (VC / 4), c = 4 * (e % (VC / 4));
         cp_async16_zfill(smem_u32(&dst[d * (VC + 4) + c]), src + (int64_t)(d0 + d) * VC + c, 16);
     }
@@ -429,6 +434,16 @@ DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
     }
 }
 
+/* dO's elements tid + CK_THREADS j (their bits in ob, dtype DT) into the rows of R (stride VC + 4) */
+template <int DT, int VC, int N>
+DEV void do_rows(float *R, const uint32_t (&ob)[N], int tid) {
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        const int e = tid + CK_THREADS * j;
+        R[(e / VC) * (VC + 4) + e % VC] = bits_as<DT>(ob[j]);
+    }
+}
+
 /* Σ over the lanes of one t (the rows g) of a per-row value: the 4 lanes of a row (t = 0..3) summed */
 DEV float row_sum4(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -526,10 +541,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
         ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
     }
-#pragma unroll
-    for (int j = 0; j < NO; j++) {
-        const int e = tid + CK_THREADS * j;
-        sm.R[(e / VC) * VS + e % VC] = bits_value(ob[j], p.do_dtype);
+    switch (p.do_dtype) { /* the dtype tested once, not per element */
+    case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
+    case KDA_DT_F16: do_rows<KDA_DT_F16, VC>(sm.R, ob, tid); break;
+    default: do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
     }
     if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with 16-bit inputs): TPR threads per row of S, dS⁺
                      (adjacent lanes), all their float4 loads in flight */
@@ -631,7 +646,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     __syncthreads();
     {   /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 rows */
         float *dc = p.dcoef + pair * (int64_t)(2 * C * C);
-        for (int e = tid; e < 2 * C * C / 4; e += CK_THREADS) {
+        for (unsigned e = tid; e < (unsigned)(2 * C * C / 4); e += CK_THREADS) {
             const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
             const float4 x = *(const float4 *)&(m ? sm.T : sm.A2)[i * CS + j];
             const float f = m ? sm.beta[i] : scale;
@@ -644,7 +659,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     static_assert(SPLIT == 0 || KC * (VC + 4) <= 3 * C * CS + C * (VC + 4), "S fits over M, A2, T and D");
     if (SPLIT) {
         __syncthreads(); /* every read of M, Aqk, T, Δ is done */
-        for (int e = tid; e < KC * VC / 4; e += CK_THREADS) {
+        for (unsigned e = tid; e < (unsigned)(KC * VC / 4); e += CK_THREADS) {
             const int d = e / (VC / 4), c = 4 * (e % (VC / 4));
             cp_async16_zfill(smem_u32(&sS[d * VS + c]), S + (int64_t)d * VC + c, 16);
         }
@@ -661,13 +676,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int j0 = 0; j0 < 2 * N; j0 += N) {
             uint32_t vb[N];
+            float vv[N];
 #pragma unroll
             for (int j = 0; j < N; j++) {
                 const int c = l4 + TPRW * (j0 + j);
                 vb[j] = c < p.V ? load_bits(p.v, p.dtype, row + c) : 0u;
             }
+            bits_values<N>(vv, vb, p.dtype);
 #pragma unroll
-            for (int j = 0; j < N; j++) db += bits_value(vb[j], p.dtype) * sm.R[r * VS + l4 + TPRW * (j0 + j)];
+            for (int j = 0; j < N; j++) db += vv[j] * sm.R[r * VS + l4 + TPRW * (j0 + j)];
         }
         for (int c = l4; c < p.V; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }

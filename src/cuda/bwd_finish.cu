@@ -58,11 +58,8 @@ __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_qk_kernel(const kda_bwd_p
         }
     }
     if (p.l2norm) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            xq[u] = bits_value(bq[u], p.dtype);
-            xk[u] = bits_value(bk[u], p.dtype);
-        }
+        bits_values<U>(xq, bq, p.dtype);
+        bits_values<U>(xk, bk, p.dtype);
         l2norm_backward<KC>(dq, xq);
         l2norm_backward<KC>(dk, xk);
     }

@@ -103,8 +103,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         for (int j = 0; j < N; j++) {
             const int e = tid + BI_THREADS * j, i = e / (VC / 8), c = (e % (VC / 8)) * 8;
             float x[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) x[u] = bits_value(ob[j][u], p.do_dtype);
+            bits_values<8>(x, ob[j], p.do_dtype);
             *(uint4 *)(sm.o + tile_off(C, i, c)) =
                 make_uint4(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]), pack_bf16(x[4], x[5]), pack_bf16(x[6], x[7]));
         }

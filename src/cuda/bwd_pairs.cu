@@ -214,10 +214,11 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
 
-    /* P and B by cp.async: 16-byte pieces of their rows */
+    /* P and B by cp.async: 16-byte pieces of their rows (an unsigned index: its divisions are shifts, where a
+       signed one's took sign fixes, ~25 instructions a piece) */
     {
         const float *dc = p.dcoef + pair * (int64_t)(2 * C * C);
-        for (int e = tid; e < 2 * C * C / 4; e += PK_THREADS) {
+        for (unsigned e = tid; e < 2u * C * C / 4; e += PK_THREADS) {
             const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
             cp_async16_zfill(smem_u32(&(m ? sm.B : sm.P)[i * CS + j]), dc + (m * C + i) * C + j, 16);
         }
@@ -241,12 +242,16 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
             rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
         }
         const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+        float qv[PK_RG], kv[PK_RG], gv[PK_RG];
+        bits_values<PK_RG>(qv, qb, p.dtype);
+        bits_values<PK_RG>(kv, kb, p.dtype);
+        bits_values<PK_RG>(gv, gb, p.g_dtype);
 #pragma unroll
         for (int r = 0; r < PK_RG; r++) {
             const int i = PK_RG * w + r;
-            sm.q[i * TS + dl] = bits_value(qb[r], p.dtype) * rq[r];
-            sm.k[i * TS + dl] = bits_value(kb[r], p.dtype) * rk[r];
-            sm.x[i * TS + dl] = r < nrow ? bits_value(gb[r], p.g_dtype) + bias : 0.0f;
+            sm.q[i * TS + dl] = qv[r] * rq[r];
+            sm.k[i * TS + dl] = kv[r] * rk[r];
+            sm.x[i * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
         }
         switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
         case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, w, dl, nrow); break;

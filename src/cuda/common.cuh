@@ -102,6 +102,28 @@ DEV float bits_value(uint32_t b, int dtype) {
     return bf16_bits_to_f32((uint16_t)b);
 }
 
+/* bits_value for a dtype known at compile time */
+template <int DT>
+DEV float bits_as(uint32_t b) {
+    return DT == KDA_DT_F32 ? __uint_as_float(b) : DT == KDA_DT_F16 ? f16_bits_to_f32((uint16_t)b) : bf16_bits_to_f32((uint16_t)b);
+}
+
+/* bits_value of N elements, the dtype tested once outside the loop (per element the test became a constant
+ * load, a compare and a branch around each conversion: ~6 instructions instead of 1) */
+template <int N>
+DEV void bits_values(float (&x)[N], const uint32_t (&b)[N], int dtype) {
+    if (dtype == KDA_DT_F32) {
+#pragma unroll
+        for (int r = 0; r < N; r++) x[r] = __uint_as_float(b[r]);
+    } else if (dtype == KDA_DT_F16) {
+#pragma unroll
+        for (int r = 0; r < N; r++) x[r] = f16_bits_to_f32((uint16_t)b[r]);
+    } else {
+#pragma unroll
+        for (int r = 0; r < N; r++) x[r] = bf16_bits_to_f32((uint16_t)b[r]);
+    }
+}
+
 DEV void store_elem(void *p, int dtype, int64_t i, float x) {
     if (dtype == KDA_DT_F32) ((float *)p)[i] = x;
     else if (dtype == KDA_DT_F16) ((__half *)p)[i] = __float2half_rn(x);
@@ -118,10 +140,12 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* x rounded to tf32 (nearest, ties away), as an fp32 bit pattern */
+/* x rounded to tf32 (nearest, ties to even), as an fp32 bit pattern. cvt.rn (sm_90+) is one instruction
+ * (F2FP.TF32.F32); cvt.rna, ties away, was emulated by three (a compare with inf, an add, a mask), ~30 % of the
+ * backward kernels' instructions in their product phases */
 DEV float to_tf32(float x) {
     uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    asm("cvt.rn.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return __uint_as_float(r);
 }
 
