@@ -301,130 +301,84 @@ DEV void copy_state_half(float *dst, const float *src, int d0, int tid) {
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk on the tensor cores
  * ------------------------------------------------------------------------------------------------------- */
-/* One 16 × 16 block (I, J), J ≤ I, of M (strictly lower) and Aqk (lower, × s) over the channels [d0, d1):
- * Σ_d (k_i, q_i) e^{G_i − R} · k_j e^{R − G_j} by 16-channel k-steps around the reference row R of block I, the
- * diagonal block (DIAG) in 3xTF32 when `split` (block I's block_split), else by exponentials per pair. Into om,
- * oq at row stride ld (M's and Aqk's own tiles, or a diagonal block's scratch) */
-template <int KC, int DIAG>
-DEV void pair_block(const float *q, const float *k, const float *G, float *om, float *oq, int ld, float scale, int I,
-                    int J, int split, int d0, int d1, int lane) {
+/* M (strictly lower) and Aqk (lower, × s) of the warp's row block I, columns (C / CK_NQ) hf..: Σ_d (k_i, q_i) e^{G_i − R}
+ * · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by exponentials per pair when not split */
+template <int KC, int VC>
+DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, int split, int lane) {
     constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
-    const float *R = G + (16 * I + (split ? 7 : 0)) * KS;
-    float am[2][4], aq[2][4];
-    zero_acc<2>(am);
-    zero_acc<2>(aq);
-    if (!DIAG || split) {
+    const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
+    constexpr int CT = C / 8 / CK_NQ; /* 8-column tiles of the warp's columns */
+    const int jc0 = (C / CK_NQ) * hf;
+    float am[CT][4], aq[CT][4];
+    zero_acc<CT>(am);
+    zero_acc<CT>(aq);
+    /* tile nt (columns jc0 + 8 nt.., block J = (jc0 + 8 nt) / 16) by the split factors when J < I, or J == I when
+       split; the tiles of later blocks stay 0 */
+    int any = 0;
+#pragma unroll
+    for (int nt = 0; nt < CT; nt++) {
+        const int J = (jc0 + 8 * nt) >> 4;
+        any |= J < I || (J == I && split);
+    }
+    if (any) {
 #pragma unroll 1
-        for (int dk = d0; dk < d1; dk += 16) {
+        for (int d0 = 0; d0 < KC; d0 += 16) {
             frag_t fk[4], fq[4], fkl[4], fql[4];
 #pragma unroll
             for (int r = 0; r < 4; r++) {
-                const int row = 16 * I + g + 8 * (r & 1), col = dk + 2 * t + 8 * (r >> 1);
-                const float2 gx = *(const float2 *)&G[row * KS + col], rf = *(const float2 *)&R[col];
+                const int row = 16 * I + g + 8 * (r & 1), col = d0 + 2 * t + 8 * (r >> 1);
+                const float2 gx = *(const float2 *)&sm.G[row * KS + col], rf = *(const float2 *)&R[col];
                 const float e0 = gexp(gx.x - rf.x), e1 = gexp(gx.y - rf.y);
-                const float2 kx = *(const float2 *)&k[row * KS + col], qx = *(const float2 *)&q[row * KS + col];
-                const float2 xk = make_float2(kx.x * e0, kx.y * e1), xq = make_float2(qx.x * e0, qx.y * e1);
-                if (DIAG) {
-                    split2(xk, &fk[r], &fkl[r]);
-                    split2(xq, &fq[r], &fql[r]);
-                } else {
-                    fk[r] = tf2(xk.x, xk.y);
-                    fq[r] = tf2(xq.x, xq.y);
-                }
+                const float2 kx = *(const float2 *)&sm.k[row * KS + col], qx = *(const float2 *)&sm.q[row * KS + col];
+                split2(make_float2(kx.x * e0, kx.y * e1), &fk[r], &fkl[r]);
+                split2(make_float2(qx.x * e0, qx.y * e1), &fq[r], &fql[r]);
             }
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                const int j = 16 * J + 8 * nt + g;
+            for (int nt = 0; nt < CT; nt++) {
+                const int J = (jc0 + 8 * nt) >> 4;
+                if (!(J < I || (J == I && split))) continue;
+                const int j = jc0 + 8 * nt + g;
                 frag_t bf[2];
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    const int col = dk + 2 * t + 8 * hh;
-                    const float2 gx = *(const float2 *)&G[j * KS + col], rf = *(const float2 *)&R[col];
-                    const float2 kx = *(const float2 *)&k[j * KS + col];
+                    const int col = d0 + 2 * t + 8 * hh;
+                    const float2 gx = *(const float2 *)&sm.G[j * KS + col], rf = *(const float2 *)&R[col];
+                    const float2 kx = *(const float2 *)&sm.k[j * KS + col];
                     bf[hh] = make_float2(kx.x * gexp(rf.x - gx.x), kx.y * gexp(rf.y - gx.y));
                 }
-                if (DIAG) {
-                    mma16_x3(am[nt], fk, fkl, bf[0], bf[1], 1);
-                    mma16_x3(aq[nt], fq, fql, bf[0], bf[1], 1);
-                } else {
-                    const frag_t b0 = tf2(bf[0].x, bf[0].y), b1 = tf2(bf[1].x, bf[1].y);
-                    mma16(am[nt], fk, b0, b1);
-                    mma16(aq[nt], fq, b0, b1);
-                }
+                const int x3 = J == I; /* the diagonal block */
+                mma16_x3(am[nt], fk, fkl, bf[0], bf[1], x3);
+                mma16_x3(aq[nt], fq, fql, bf[0], bf[1], x3);
             }
         }
-    } else { /* a diagonal block that does not split: pair by pair */
+    }
+    if (!split) { /* the diagonal block, pair by pair */
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < CT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), j = 16 * J + 8 * nt + 2 * t + (c & 1);
+                if (((jc0 + 8 * nt) >> 4) != I) continue; /* constant indices: the accumulators stay in registers */
+                const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
                 float sa = 0.0f, sq = 0.0f;
                 if (j <= i)
-                    for (int d = d0; d < d1; d++) {
-                        const float kk = k[j * KS + d] * gexp(G[i * KS + d] - G[j * KS + d]);
-                        sa += k[i * KS + d] * kk;
-                        sq += q[i * KS + d] * kk;
+                    for (int d = 0; d < KC; d++) {
+                        const float kk = sm.k[j * KS + d] * gexp(sm.G[i * KS + d] - sm.G[j * KS + d]);
+                        sa += sm.k[i * KS + d] * kk;
+                        sq += sm.q[i * KS + d] * kk;
                     }
                 am[nt][c] = sa;
                 aq[nt][c] = sq;
             }
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < CT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int i = 16 * I + g + 8 * (c >> 1), j = 16 * J + 8 * nt + 2 * t + (c & 1);
-            const int r = i - 16 * I, cl = j - 16 * J; /* within the block */
-            om[r * ld + cl] = j < i ? am[nt][c] : 0.0f;
-            oq[r * ld + cl] = j <= i ? scale * aq[nt][c] : 0.0f;
+            const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
+            sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f;
+            sm.A2[i * CS + j] = j <= i ? scale * aq[nt][c] : 0.0f;
         }
-}
-
-#define PS 20 /* the diagonal blocks' scratch rows: a fragment's 8 rows 20 banks apart */
-static_assert(4 * 32 * PS <= C * CS, "the diagonal blocks' scratch fits in T's tile");
-
-/* The diagonal block a warp above the diagonal (J > I: no block of its own) helps with: its channels' second
- * half (-1: none). Warps (0, 1), (1, 2), (2, 3) take the block of their own row block, (0, 2) block 3. */
-DEV int pair_helper_block(int I, int J) { return J == I + 1 ? I : (I == 0 && J == 2) ? 3 : -1; }
-
-/* M and Aqk of warp (I, J = hf)'s 16 × 16 block: off the diagonal (J < I) whole; on it (J == I) over the first
- * half of the channels, a helper warp (pair_helper_block) doing the second half into the scratch `scr`
- * ([4][2][16][PS]: per diagonal block M's then Aqk's part), added by pair_products_merge; above it zeros. The
- * diagonal blocks' 3xTF32 products took three times an off-diagonal block's, and the warps without a block
- * waited for them at the barrier (7 % of the kernel's stall samples). */
-template <int KC, int VC>
-DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float *scr, float scale, int I, int hf, int lane) {
-    const int J = hf;
-    float *om = sm.M + (16 * I) * CS + 16 * J, *oq = sm.A2 + (16 * I) * CS + 16 * J;
-    if (J <= I) {
-        const int split = block_split<KC + 4, KC>(sm.G, I, lane);
-        if (J < I) pair_block<KC, 0>(sm.q, sm.k, sm.G, om, oq, CS, scale, I, J, split, 0, KC, lane);
-        else pair_block<KC, 1>(sm.q, sm.k, sm.G, om, oq, CS, scale, I, I, split, 0, KC / 2, lane);
-    } else {
-        const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int c = 0; c < 8; c++) { /* the block above the diagonal: zeros */
-            const int r = g + 8 * (c & 1), cl = 2 * t + (c >> 2 & 1) + 8 * (c >> 1 & 1);
-            om[r * CS + cl] = 0.0f;
-            oq[r * CS + cl] = 0.0f;
-        }
-        const int D = pair_helper_block(I, J);
-        if (D >= 0)
-            pair_block<KC, 1>(sm.q, sm.k, sm.G, scr + D * 32 * PS, scr + (D * 32 + 16) * PS, PS, scale, D, D,
-                              block_split<KC + 4, KC>(sm.G, D, lane), KC / 2, KC, lane);
-    }
-}
-
-/* The helpers' halves added into the diagonal blocks of M and Aqk (after a barrier) */
-template <int KC, int VC>
-DEV void pair_products_merge(chunk_smem<KC, VC> &sm, const float *scr, int tid) {
-    for (int e = tid; e < 4 * 2 * 256; e += CK_THREADS) {
-        const int D = e >> 9, m = (e >> 8) & 1, r = (e >> 4) & 15, c = e & 15;
-        float *dst = (m ? sm.A2 : sm.M) + (16 * D + r) * CS + 16 * D + c;
-        *dst += scr[(D * 32 + 16 * m + r) * PS + c];
-    }
 }
 
 /* T = (I + Diag(β) M)⁻¹ by 16-row blocks: the diagonal blocks T_II by forward substitution (warps 0-3, a column
@@ -536,9 +490,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
-    pair_products_mma<KC, VC>(sm, sm.T, scale, I, hf, lane); /* T: the helpers' scratch until the inverse */
-    __syncthreads();
-    pair_products_merge<KC, VC>(sm, sm.T, tid);
+    const int split = block_split<KC + 4, KC>(sm.G, I, lane);
+    pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
     /* dO's first loads issued now, converted into R after the inverse (which uses R as its scratch): their round
        trip overlaps the inverse's barrier-bound steps (8: more held across it spill) */
