@@ -37,6 +37,7 @@ DEV float ex2(float x) {
     const float y = exp2f(x);
     return y < 1.17549435e-38f ? 0.0f : y;
 }
+DEV float rsqrtf(float x) { return 1.0f / sqrtf(x); } /* the SFU's (MUFU.RSQ) within 2 ulp */
 DEV float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 DEV float softplusf_(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 DEV void store_elem(void *p, int dtype, int64_t i, float x) {

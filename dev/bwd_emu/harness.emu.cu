@@ -235,7 +235,7 @@ int main(int argc, char **argv) {
             free(qh); free(kh); free(al); free(lamv); free(bt); free(S); free(Sall); free(dS);
         }
     float *dqk = floats(T * HV * 2 * KC, NAN), *part = floats(max_chunks * HV * 2 * KC, NAN);
-    float *dcoef = floats(max_chunks * HV * 2 * C * C, NAN), *dx = floats(T * HV * KC, NAN), *rnorm = floats(T * HV * 2, NAN);
+    float *dcoef = floats(max_chunks * HV * 2 * C * (C + 4), NAN), *dx = floats(T * HV * KC, NAN), *rnorm = floats(T * HV * 2, NAN);
     kda_bwd_params_t p;
     memset(&p, 0, sizeof p);
     p.seqs.cu_seqlens = s.cu_seqlens; p.seqs.cu_seqlens_64 = 1; p.seqs.num_tokens = T; p.seqs.seq_len = s.cu_seqlens ? T : cfg.seq_len;

@@ -398,7 +398,7 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk
  *   and head) | Δ per chunk (fp32 [C][VC]; 16-bit inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32
  *   [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head (fp32 2 × KC) | the coefficient gradients P, B per
- *   chunk (fp32 2 × [C][C]) | β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and
+ *   chunk (fp32 2 × [C][C + 4]: rows padded as the pairs kernel's shared tiles, which take them by one bulk copy) | β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and
  *   value head) | dA_log/ddt_bias partials per chunk, head and channel (fp32 2 × KC)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
@@ -420,7 +420,7 @@ static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
     l.dqk = l.dgam + align256(heads * kc * 4);
     l.dcoef = l.dqk + align256(rows * 2 * kc * 4);
-    l.dx = l.dcoef + align256(heads * 2 * KDA_CHUNK * KDA_CHUNK * 4);
+    l.dx = l.dcoef + align256(heads * 2 * KDA_CHUNK * (KDA_CHUNK + 4) * 4);
     l.rnorm = l.dx + align256(rows * kc * 4);
     l.part = l.rnorm + align256(rows * 2 * 4);
     l.total = l.part + align256(heads * 2 * kc * 4);

@@ -52,8 +52,8 @@ typedef struct kda_bwd_params {
     float *dqk;                   /* [num_tokens][hv][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
                                      with fp32 inputs), then dq̂, dk̂ of each value head before the l2norm step
                                      (pairs kernel) */
-    float *dcoef;                 /* [max_chunks][hv][2][C][C]: P = s·dAqk (lower), B = Diag(β) dA (strictly lower)
-                                     of each chunk (chunk kernel) */
+    float *dcoef;                 /* [max_chunks][hv][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
+                                     lower) of each chunk, rows padded with zeros (chunk kernel) */
     float *dx;                    /* [num_tokens][hv][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
     float *rnorm;                 /* [num_tokens][hv][2]: the l2norm factors 1/‖q‖, 1/‖k‖ (chunk kernel; l2norm) */
     float *part;                  /* [max_chunks][hv][2][KC]: per chunk and channel Σ ∂L/∂A_log, Σ ∂L/∂dt_bias[d] */

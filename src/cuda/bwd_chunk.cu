@@ -124,35 +124,57 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
             for (int u = 0; u < VC / 32; u++) sm.D[i * VS + lane + 32 * u] = bits_value(vb[u], p.dtype);
         }
     }
+    /* the rows' squared norms first, their warp sums interleaved, then the factors (rsqrtf, as the forward's
+       prep), the stores, one l2norm-factor store and one β per lane: row by row, each sum's shuffles, the IEEE
+       square root and division and the per-row stores ran as one dependent chain after another */
+    float qv[RW][U], kv[RW][U], sq[RW], sk[RW];
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
-        float qv[U], kv[U], gv[U], sq = 0.0f, sk = 0.0f;
-        bits_values<U>(qv, qb[r], p.dtype);
-        bits_values<U>(kv, kb[r], p.dtype);
+        float gv[U];
+        bits_values<U>(qv[r], qb[r], p.dtype);
+        bits_values<U>(kv[r], kb[r], p.dtype);
         bits_values<U>(gv, gb[r], p.g_dtype);
+        sq[r] = sk[r] = 0.0f;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            sq += qv[u] * qv[u];
-            sk += kv[u] * kv[u];
+            sq[r] += qv[r][u] * qv[r][u];
+            sk[r] += kv[r][u] * kv[r][u];
             sm.G[i * KS + lane + 32 * u] = gv[u] + db[u]; /* the gate input x */
         }
-        const float rq = p.l2norm ? 1.0f / sqrtf(warp_sum(sq) + 1e-6f) : 1.0f;
-        const float rk = p.l2norm ? 1.0f / sqrtf(warp_sum(sk) + 1e-6f) : 1.0f;
-        if (p.l2norm && lane < 2 && i < clen) p.rnorm[((t0 + i) * p.hv + h) * 2 + lane] = lane ? rk : rq; /* for bwd_pairs.cu */
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], o);
+            sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], o);
+        }
+    float fl = 0.0f; /* lane 2r + m < 2 RW: row r's factor for q (m = 0) or k (m = 1) */
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = warp + (CK_THREADS / 32) * r;
+        const float rq = p.l2norm ? rsqrtf(sq[r] + 1e-6f) : 1.0f;
+        const float rk = p.l2norm ? rsqrtf(sk[r] + 1e-6f) : 1.0f;
+        fl = lane == 2 * r ? rq : lane == 2 * r + 1 ? rk : fl;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            sm.q[i * KS + lane + 32 * u] = qv[u] * rq;
-            sm.k[i * KS + lane + 32 * u] = kv[u] * rk;
+            sm.q[i * KS + lane + 32 * u] = qv[r][u] * rq;
+            sm.k[i * KS + lane + 32 * u] = kv[r][u] * rk;
         }
-        if (lane == r) {
-            float b = 0.0f;
-            if (i < clen) {
-                b = bits_value(bb, p.beta_dtype);
-                if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
-            }
-            sm.beta[i] = b;
+    }
+    if (lane < 2 * RW) { /* for bwd_pairs.cu */
+        const int i = warp + (CK_THREADS / 32) * (lane >> 1);
+        if (p.l2norm && i < clen) p.rnorm[((t0 + i) * p.hv + h) * 2 + (lane & 1)] = fl;
+    }
+    if (lane < RW) { /* β of the warp's row `lane` */
+        const int i = warp + (CK_THREADS / 32) * lane;
+        float b = 0.0f;
+        if (i < clen) {
+            b = bits_value(bb, p.beta_dtype);
+            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
         }
+        sm.beta[i] = b;
     }
     /* ĝ from x, each lane its own elements, the gate's form tested once */
     switch (gate_mode(p)) {
@@ -644,14 +666,17 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     __syncthreads();
-    {   /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 rows */
-        float *dc = p.dcoef + pair * (int64_t)(2 * C * C);
+    {   /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 pieces of rows padded to CS (the
+           pairs kernel's shared layout: one bulk copy there), the padding zero */
+        float *dc = p.dcoef + pair * (int64_t)(2 * C * CS);
         for (unsigned e = tid; e < (unsigned)(2 * C * C / 4); e += CK_THREADS) {
             const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
             const float4 x = *(const float4 *)&(m ? sm.T : sm.A2)[i * CS + j];
             const float f = m ? sm.beta[i] : scale;
-            *(float4 *)&dc[(m * C + i) * C + j] = make_float4(f * x.x, f * x.y, f * x.z, f * x.w);
+            *(float4 *)&dc[(m * C + i) * CS + j] = make_float4(f * x.x, f * x.y, f * x.z, f * x.w);
         }
+        static_assert(CS - C == 4 && 2 * C <= CK_THREADS, "one float4 of padding per row, a thread each");
+        if (tid < 2 * C) *(float4 *)&dc[tid * CS + C] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     /* SPLIT: S into shared memory over M, Aqk, T and Δ (free from here on) by cp.async, in flight during the dv
        loads, for dX's products (read from L2 element by element they were ~22% of the kernel's stall samples) */

@@ -28,8 +28,8 @@
  * so the most warps that fit: 8 per CTA, three CTAs per SM at 80 registers (2.61 → 2.07 ms for 4 → 8 warps, → 1.93
  * for 2 → 3 CTAs, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no
  * longer form unused lo parts: ~110 bytes of spills; B2 T8192 H32 on an H200). Layout: q̂, k̂, G (later dG), the gate
- * inputs [C][PK_KT] and P, B [C][C], fp32 in shared memory (74 KB); P and B arrive by cp.async while the rows are
- * loaded and the gate computed.
+ * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by one bulk copy (the
+ * chunk kernel writes their rows padded as here) while the rows are loaded and the gate computed.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -45,10 +45,11 @@
 
 struct pairs_smem {
     float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂ (later dG), k̂, G, the gate inputs x = g (+ dt_bias) */
-    float P[C * CS], B[C * CS];
+    float P[C * CS], B[C * CS];   /* adjacent: one bulk copy of the chunk kernel's padded rows */
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
+    unsigned long long bar;       /* P and B's mbarrier */
 };
 
 /* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
@@ -214,15 +215,15 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
 
-    /* P and B by cp.async: 16-byte pieces of their rows (an unsigned index: its divisions are shifts, where a
-       signed one's took sign fixes, ~25 instructions a piece) */
-    {
-        const float *dc = p.dcoef + pair * (int64_t)(2 * C * C);
-        for (unsigned e = tid; e < 2u * C * C / 4; e += PK_THREADS) {
-            const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
-            cp_async16_zfill(smem_u32(&(m ? sm.B : sm.P)[i * CS + j]), dc + (m * C + i) * C + j, 16);
-        }
-        cp_async_commit();
+    /* P and B, rows padded as here, by one bulk copy (as 16-byte cp.async pieces they took ~200 instructions a
+       thread: 7 % of the kernel's, and its largest stall) */
+    const uint32_t bar = smem_u32(&sm.bar);
+    static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4 && sizeof(sm.P) % 16 == 0, "P, B: one copy");
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        mbar_init_fence();
+        mbar_expect_tx(bar, 2 * C * CS * 4);
+        bulk_g2s(smem_u32(sm.P), p.dcoef + pair * (int64_t)(2 * C * CS), 2 * C * CS * 4, bar);
     }
     /* the warp's PK_RG rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
@@ -234,12 +235,12 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
         load_bits_n<PK_RG>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
         load_bits_n<PK_RG>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
         float rq[PK_RG], rk[PK_RG];
-        const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
+        const float2 *rn = (const float2 *)(p.rnorm + (t1 * p.hv + h) * 2); /* (1/‖q‖, 1/‖k‖) per row: one load */
 #pragma unroll
         for (int r = 0; r < PK_RG; r++) {
-            const bool l2 = p.l2norm && r < nrow;
-            rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
-            rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
+            const float2 f = p.l2norm && r < nrow ? rn[(int64_t)r * p.hv] : make_float2(1.0f, 1.0f);
+            rq[r] = f.x;
+            rk[r] = f.y;
         }
         const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
         float qv[PK_RG], kv[PK_RG], gv[PK_RG];
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
             xb[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dx[srow[hr] * KC + dd]) : z;
         }
     }
-    cp_async_wait_all();
+    mbar_wait(bar, 0); /* P and B are in (the barrier's init: before the __syncthreads above) */
     __syncthreads();
 
     const int split = block_split<TS, PK_KT>(sm.G, I, lane);
