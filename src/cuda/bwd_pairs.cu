@@ -28,8 +28,8 @@
  * so the most warps that fit: 8 per CTA, three CTAs per SM at 80 registers (2.61 → 2.07 ms for 4 → 8 warps, → 1.93
  * for 2 → 3 CTAs, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no
  * longer form unused lo parts: ~110 bytes of spills; B2 T8192 H32 on an H200). Layout: q̂, k̂, G (later dG), the gate
- * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by one bulk copy (the
- * chunk kernel writes their rows padded as here) while the rows are loaded and the gate computed.
+ * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async (the chunk
+ * kernel writes their rows padded as here) while the rows are loaded and the gate computed.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -45,11 +45,10 @@
 
 struct pairs_smem {
     float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂ (later dG), k̂, G, the gate inputs x = g (+ dt_bias) */
-    float P[C * CS], B[C * CS];   /* adjacent: one bulk copy of the chunk kernel's padded rows */
+    float P[C * CS], B[C * CS];   /* adjacent: one region, as the chunk kernel writes them */
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
-    unsigned long long bar;       /* P and B's mbarrier */
 };
 
 /* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
@@ -215,15 +214,15 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
 
-    /* P and B, rows padded as here, by one bulk copy (as 16-byte cp.async pieces they took ~200 instructions a
-       thread: 7 % of the kernel's, and its largest stall) */
-    const uint32_t bar = smem_u32(&sm.bar);
-    static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4 && sizeof(sm.P) % 16 == 0, "P, B: one copy");
-    if (tid == 0) {
-        mbar_init(bar, 1);
-        mbar_init_fence();
-        mbar_expect_tx(bar, 2 * C * CS * 4);
-        bulk_g2s(smem_u32(sm.P), p.dcoef + pair * (int64_t)(2 * C * CS), 2 * C * CS * 4, bar);
+    /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
+       pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of the
+       kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency) */
+    {
+        const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
+        const uint32_t dst = smem_u32(sm.P);
+        static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
+        for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
+        cp_async_commit();
     }
     /* the warp's PK_RG rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
             xb[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dx[srow[hr] * KC + dd]) : z;
         }
     }
-    mbar_wait(bar, 0); /* P and B are in (the barrier's init: before the __syncthreads above) */
+    cp_async_wait_all();
     __syncthreads();
 
     const int split = block_split<TS, PK_KT>(sm.G, I, lane);
