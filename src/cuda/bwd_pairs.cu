@@ -234,12 +234,12 @@ __global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_
         load_bits_n<PK_RG>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
         load_bits_n<PK_RG>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
         float rq[PK_RG], rk[PK_RG];
-        const float2 *rn = (const float2 *)(p.rnorm + (t1 * p.hv + h) * 2); /* (1/‖q‖, 1/‖k‖) per row: one load */
+        const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
 #pragma unroll
         for (int r = 0; r < PK_RG; r++) {
-            const float2 f = p.l2norm && r < nrow ? rn[(int64_t)r * p.hv] : make_float2(1.0f, 1.0f);
-            rq[r] = f.x;
-            rk[r] = f.y;
+            const bool l2 = p.l2norm && r < nrow;
+            rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
+            rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
         }
         const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
         float qv[PK_RG], kv[PK_RG], gv[PK_RG];
