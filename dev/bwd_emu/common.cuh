@@ -49,6 +49,17 @@ DEV void store_elem(void *p, int dtype, int64_t i, float x) {
  * fragments, then computes its own four outputs from the whole warp's (the PTX fragment layouts) */
 DEV uint32_t pack_bf16(float lo, float hi) { return (uint32_t)f32_to_bf16_bits(lo) | ((uint32_t)f32_to_bf16_bits(hi) << 16); }
 DEV float2 unpack_bf16(uint32_t u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
+DEV uint16_t emu_f16_bits(float x) { _Float16 h = (_Float16)x; uint16_t b; memcpy(&b, &h, 2); return b; }
+template <int F16>
+DEV uint32_t pack_16x2(float lo, float hi) {
+    if (F16) return (uint32_t)emu_f16_bits(lo) | ((uint32_t)emu_f16_bits(hi) << 16);
+    return pack_bf16(lo, hi);
+}
+template <int F16>
+DEV float2 unpack_16x2(uint32_t u) {
+    if (F16) return make_float2(f16_bits_to_f32((uint16_t)(u & 0xffffu)), f16_bits_to_f32((uint16_t)(u >> 16)));
+    return unpack_bf16(u);
+}
 typedef struct { uint32_t a[4], b[2]; } emu_mma_frag;
 extern emu_mma_frag emu_mma[16][32];
 DEV float emu_half(uint32_t w, int hi) { return bf16_bits_to_f32((uint16_t)(hi ? w >> 16 : w & 0xffff)); }

@@ -466,6 +466,30 @@ DEV void do_rows(float *R, const uint32_t (&ob)[N], int tid) {
     }
 }
 
+/* dv = β dR of one row and its part of dβ's v·dR, thread l4 of the row's CK_THREADS / C: columns 4 l4 + 32 k
+ * (groups of four, so that the 16-byte reads of R of 8 adjacent threads fall in distinct banks), by 8-byte loads
+ * and stores. For 16-bit v and dv of one format (F16: fp16, else bf16), V = VC, 8-byte aligned (per element
+ * the loads were 2-byte pieces of 16-byte segments and each store tested the dtype) */
+template <int F16, int VC>
+DEV float dv_row_vec(const kda_bwd_params_t &p, const float *Rr, float br, int64_t row, int l4) {
+    static_assert(CK_THREADS / C == 8 && VC % 32 == 0, "8 threads a row, 4 columns each per 32");
+    constexpr int NK = VC / 32;
+    const uint2 *vs = (const uint2 *)((const uint16_t *)p.v + row);
+    uint2 *ds = (uint2 *)((uint16_t *)p.dv + row);
+    uint2 vb[NK];
+#pragma unroll
+    for (int k = 0; k < NK; k++) vb[k] = vs[l4 + 8 * k];
+    float db = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NK; k++) {
+        const float4 x = *(const float4 *)&Rr[4 * l4 + 32 * k];
+        const float2 a = unpack_16x2<F16>(vb[k].x), b = unpack_16x2<F16>(vb[k].y);
+        db += a.x * x.x + a.y * x.y + b.x * x.z + b.y * x.w;
+        ds[l4 + 8 * k] = make_uint2(pack_16x2<F16>(br * x.x, br * x.y), pack_16x2<F16>(br * x.z, br * x.w));
+    }
+    return db;
+}
+
 /* Σ over the lanes of one t (the rows g) of a per-row value: the 4 lanes of a row (t = 0..3) summed */
 DEV float row_sum4(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -694,7 +718,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
     const int r = tid / TPRW, l4 = tid % TPRW;
     float db = 0.0f;
-    if (r < clen) {
+    const bool dv_vec = p.V == VC && p.dtype != KDA_DT_F32 && p.dv_dtype == p.dtype &&
+                        (((uintptr_t)p.v | (uintptr_t)p.dv) & 7) == 0;
+    if (r < clen && dv_vec) {
+        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
+        db = p.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], row, l4)
+                                   : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], row, l4);
+    } else if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
         const float br = sm.beta[r];
         constexpr int N = VC / TPRW / 2; /* two batches */

@@ -51,6 +51,16 @@ DEV float2 unpack_16x2(uint32_t u) {
     return unpack_bf16(u);
 }
 
+/* two fp32 → a pair of 16-bit floats (the low half first, rounded to nearest), F16 fp16, else bf16 */
+template <int F16>
+DEV uint32_t pack_16x2(float lo, float hi) {
+    if (F16) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *(uint32_t *)&v;
+    }
+    return pack_bf16(lo, hi);
+}
+
 DEV float bf16_bits_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 DEV float f16_bits_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
