@@ -19,7 +19,8 @@
 #   cpprof    per-kernel durations (ncu) of one call of each CPPROF_SHAPES shape (bench/cp_kernels.py), auto and off
 #   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py) of
 #             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
-#   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried) and of this tree, two rounds, dev
+#   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried), of this tree and of .var2 when carried,
+#             two rounds, dev
 #             builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
@@ -52,7 +53,7 @@ build() { # dir src [cmake args]
     { grep -E "error" "$LOG/build-$(basename $dir).log" | head -30; return 1; }
   echo "build $dir $(( $(date +%s) - t0 )) s ($(grep -c 'spill' "$LOG/build-$(basename $dir).log") spill lines)"
 }
-build build-gpu . || exit 1
+[ "$*" = bwdab ] || build build-gpu . || exit 1 # bwdab alone needs only its dev builds
 PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
 
 # Triton's cache (with FLA's autotuning results: FLA_CACHE_RESULTS) in .triton-cache/ when carried there: FLA's
@@ -246,9 +247,12 @@ PY
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1
     build build-var1dev .var1 -DKDA_DEV=ON || exit 1
+    vars="var1dev dev"
+    if [ -d .var2 ]; then build build-var2dev .var2 -DKDA_DEV=ON || exit 1; vars="var1dev dev var2dev"; fi
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
-    for r in 1 2; do for which in var1dev dev; do
+    for r in 1 2; do for which in $vars; do
       if [ $which = var1dev ]; then g="--save-grads /tmp/ref_grads.pt"; py=$PWD/.var1/python
+      elif [ $which = var2dev ]; then g="--ref-grads /tmp/ref_grads.pt"; py=$PWD/.var2/python
       else g="--ref-grads /tmp/ref_grads.pt"; py=$PWD/python; fi  # each library with its own package
       echo "-- $which (round $r)"
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:$PWD/bench PYTHONUNBUFFERED=1 \
