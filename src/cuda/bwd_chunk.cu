@@ -323,41 +323,26 @@ DEV void copy_state_half(float *dst, const float *src, int d0, int tid) {
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk on the tensor cores
  * ------------------------------------------------------------------------------------------------------- */
-/* Which block (and 8-column tiles) of M and Aqk warp (I, hf) computes. Block (I, J = hf) below the diagonal
- * takes one tf32 product per tile, a diagonal block three (3xTF32), a block above none: the four diagonal warps
- * set the phase's length (~3 off-diagonal blocks' time), and a row block's warps share one scheduler (warp w on
- * w mod 4). So the second tile of each split diagonal block goes to a warp above the diagonal, chosen to even the
- * schedulers (off-diagonal + diagonal units 3 / 4 / 5 / 6 → 4.5 / 4 / 5 / 4.5): block 3's to warp (0, 1), 2's to
- * (0, 2), 1's to (1, 2), 0's to (2, 3). The same loop and sums: the tile's bits are unchanged. */
-struct pp_work {
-    int I, mask; /* row block (the diagonal block's, for a helper) and tiles (bit nt) of columns 16 J.., J = hf or I */
-};
-DEV pp_work pp_assign(int I, int hf) {
-    pp_work w = {I, 3};
-    if (hf == I) w.mask = 1; /* the first tile; the second by a helper (both when the block is not split) */
-    else if (hf > I) {
-        const int code = 4 * I + hf; /* (0,1) → 3, (0,2) → 2, (1,2) → 1, (2,3) → 0 */
-        w.I = code == 1 ? 3 : code == 2 ? 2 : code == 6 ? 1 : code == 11 ? 0 : -1;
-        w.mask = w.I < 0 ? 0 : 2;
-    }
-    return w;
-}
-
-/* M (strictly lower) and Aqk (lower, × s) of the tiles `mask` of block (I, J) (columns 16 J + 8 nt..; J = I for a
- * diagonal block): Σ_d (k_i, q_i) e^{G_i − R} · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by
- * exponentials per pair when not split (then its warp does both tiles: mask 3) */
+/* M (strictly lower) and Aqk (lower, × s) of the warp's row block I, columns (C / CK_NQ) hf..: Σ_d (k_i, q_i) e^{G_i − R}
+ * · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by exponentials per pair when not split */
 template <int KC, int VC>
-DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int J, int mask, int split, int lane) {
+DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, int split, int lane) {
     constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
-    constexpr int CT = 2; /* 8-column tiles of a 16-column block */
-    static_assert(C == 64 && CK_NQ == 4, "pp_assign: 4 × 4 blocks of 16 rows, a warp per block");
-    const int jc0 = 16 * J;
+    constexpr int CT = C / 8 / CK_NQ; /* 8-column tiles of the warp's columns */
+    const int jc0 = (C / CK_NQ) * hf;
     float am[CT][4], aq[CT][4];
     zero_acc<CT>(am);
     zero_acc<CT>(aq);
-    const int any = mask && (J < I || (J == I && split));
+    /* tile nt (columns jc0 + 8 nt.., block J = (jc0 + 8 nt) / 16) by the split factors when J < I, or J == I when
+       split; the tiles of later blocks stay 0 */
+    int any = 0;
+#pragma unroll
+    for (int nt = 0; nt < CT; nt++) {
+        const int J = (jc0 + 8 * nt) >> 4;
+        any |= J < I || (J == I && split);
+    }
     if (any) {
 #pragma unroll 1
         for (int d0 = 0; d0 < KC; d0 += 16) {
@@ -373,7 +358,8 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int J, in
             }
 #pragma unroll
             for (int nt = 0; nt < CT; nt++) {
-                if (!((mask >> nt) & 1)) continue;
+                const int J = (jc0 + 8 * nt) >> 4;
+                if (!(J < I || (J == I && split))) continue;
                 const int j = jc0 + 8 * nt + g;
                 frag_t bf[2];
 #pragma unroll
@@ -389,11 +375,12 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int J, in
             }
         }
     }
-    if (!split && J == I && mask) { /* the diagonal block, pair by pair */
+    if (!split) { /* the diagonal block, pair by pair */
 #pragma unroll
         for (int nt = 0; nt < CT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
+                if (((jc0 + 8 * nt) >> 4) != I) continue; /* constant indices: the accumulators stay in registers */
                 const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
                 float sa = 0.0f, sq = 0.0f;
                 if (j <= i)
@@ -411,21 +398,9 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int J, in
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
-            if (!((mask >> nt) & 1)) continue;
             sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f;
             sm.A2[i * CS + j] = j <= i ? scale * aq[nt][c] : 0.0f;
         }
-}
-
-/* Zeros in block (I, J) of M and Aqk (above the diagonal) */
-template <int KC, int VC>
-DEV void pair_zero_block(chunk_smem<KC, VC> &sm, int I, int J, int lane) {
-#pragma unroll
-    for (int e = lane; e < 16 * 16; e += 32) {
-        const int i = 16 * I + (e >> 4), j = 16 * J + (e & 15);
-        sm.M[i * CS + j] = 0.0f;
-        sm.A2[i * CS + j] = 0.0f;
-    }
 }
 
 /* T = (I + Diag(β) M)⁻¹ by 16-row blocks: the diagonal blocks T_II by forward substitution (warps 0-3, a column
@@ -561,17 +536,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
-    {
-        const pp_work w = pp_assign(I, hf);
-        if (w.mask) {
-            const int split = block_split<KC + 4, KC>(sm.G, w.I, lane);
-            const int J = hf < I ? hf : w.I;
-            /* a diagonal block not split: its warp does both tiles (pair by pair), the helper nothing */
-            const int mask = J == w.I && !split ? (hf == I ? 3 : 0) : w.mask;
-            if (mask) pair_products_mma<KC, VC>(sm, scale, w.I, J, mask, split, lane);
-        }
-        if (hf > I) pair_zero_block<KC, VC>(sm, I, hf, lane);
-    }
+    const int split = block_split<KC + 4, KC>(sm.G, I, lane);
+    pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
     /* dO's first loads issued now, converted into R after the inverse (which uses R as its scratch): their round
        trip overlaps the inverse's barrier-bound steps (8: more held across it spill) */
