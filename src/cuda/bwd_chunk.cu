@@ -490,6 +490,28 @@ DEV float dv_row_vec(const kda_bwd_params_t &p, const float *Rr, float br, int64
     return db;
 }
 
+/* dX's tiles (−ax) of rows i0.., columns n0 + 8 nt..: β ⊙ dX into the rows dx_row (the lane's rows g, g + 8),
+ * dβ's term Σ_d k e^G dX into dbx; DK: ak (dK̃) into dq_row's second half */
+template <int NT, int KC, int DK>
+DEV void dx_out(const float (*ax)[4], const float (*ak)[4], const float *k, const float *G, const float *beta,
+                float *const *dx_row, float *const *dq_row, float *dbx, int i0, int n0, int clen, int lane) {
+    constexpr int KS = KC + 4;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c += 2) { /* the element pair (c, c + 1): adjacent columns of one row */
+            const int i = i0 + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t;
+            const float b = beta[i], x0 = -ax[nt][c], x1 = -ax[nt][c + 1];
+            const float2 kd = *(const float2 *)&k[i * KS + d], gd = *(const float2 *)&G[i * KS + d];
+            dbx[c >> 1] += kd.x * gexp(gd.x) * x0 + kd.y * gexp(gd.y) * x1;
+            if (i < clen) {
+                *(float2 *)&dx_row[c >> 1][d] = make_float2(b * x0, b * x1);
+                if (DK) *(float2 *)&dq_row[c >> 1][KC + d] = make_float2(ak[nt][c], ak[nt][c + 1]);
+            }
+        }
+}
+
 /* Σ over the lanes of one t (the rows g) of a per-row value: the 4 lanes of a row (t = 0..3) summed */
 DEV float row_sum4(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
@@ -748,31 +770,26 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         __syncthreads();
     }
     /* dX = −dR Sᵀ: β ⊙ dX into the pairs kernel's rows and dβ's term Σ_d k e^G dX (X = β k e^G); with fp32
-       inputs also dK̃ = Δ dS⁺ᵀ, raw; by halves of the warp's columns */
+       inputs also dK̃ = Δ dS⁺ᵀ, raw, by halves of the warp's columns (two products' accumulators); SPLIT: all
+       the warp's columns at once (dR's fragments read and rounded once per k-step, not once per half) */
     {
         float dbx[2] = {0.0f, 0.0f};
+        if (SPLIT) {
+            float ax[KN][4];
+            zero_acc<KN>(ax);
+            mma_rows<KN, 0, 1, 0>(ax, sm.R, VS, sS, VS, 16 * I, nk0, 0, VC, lane);
+            dx_out<KN, KC, 0>(ax, ax, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, nk0, clen, lane);
+        } else {
 #pragma unroll
-        for (int q2 = 0; q2 < 2; q2++) {
-            constexpr int NH = KN / 2;
-            const int n0 = nk0 + q2 * (KC / 2 / CK_NQ);
-            float ax[NH][4], ak[NH][4];
-            zero_acc<NH>(ax);
-            zero_acc<NH>(ak);
-            if (SPLIT) mma_rows<NH, 0, 1, 0>(ax, sm.R, VS, sS, VS, 16 * I, n0, 0, VC, lane);
-            else mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
-#pragma unroll
-            for (int nt = 0; nt < NH; nt++)
-#pragma unroll
-                for (int c = 0; c < 4; c += 2) { /* the element pair (c, c + 1): adjacent columns of one row */
-                    const int i = 16 * I + g + 8 * (c >> 1), d = n0 + 8 * nt + 2 * t;
-                    const float b = sm.beta[i], x0 = -ax[nt][c], x1 = -ax[nt][c + 1];
-                    const float2 kd = *(const float2 *)&sm.k[i * KS + d], gd = *(const float2 *)&sm.G[i * KS + d];
-                    dbx[c >> 1] += kd.x * gexp(gd.x) * x0 + kd.y * gexp(gd.y) * x1;
-                    if (i < clen) {
-                        *(float2 *)&dx_row[c >> 1][d] = make_float2(b * x0, b * x1);
-                        if (!SPLIT) *(float2 *)&dq_row[c >> 1][KC + d] = make_float2(ak[nt][c], ak[nt][c + 1]);
-                    }
-                }
+            for (int q2 = 0; q2 < 2; q2++) {
+                constexpr int NH = KN / 2;
+                const int n0 = nk0 + q2 * (KC / 2 / CK_NQ);
+                float ax[NH][4], ak[NH][4];
+                zero_acc<NH>(ax);
+                zero_acc<NH>(ak);
+                mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
+                dx_out<NH, KC, 1>(ax, ak, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, n0, clen, lane);
+            }
         }
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
