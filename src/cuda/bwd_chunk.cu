@@ -19,15 +19,16 @@
  * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with 16-bit inputs).
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
- * then dΔ, then dR) in shared memory, fp32 (≤ 220 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
+ * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
  * the workspace (L2: prefetched at the start) as tensor-core operands (SPLIT: of dX and K̃ dS⁺ only).
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
  * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
  * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts; 8 warps and
  * halves until the instruction count showed the kernel latency-bound at 2 warps per scheduler: docs/PERF.md,
- * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_blocks). dev/bwd_emu
- * runs the kernel on the host against the fp64 oracle (and `run.sh profile` counts its source lines' executions).
+ * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_diag, invert_offdiag).
+ * dev/bwd_emu runs the kernel on the host against the fp64 oracle (and `run.sh profile` counts its source lines'
+ * executions).
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -44,6 +45,7 @@ struct chunk_smem {
     float D[C * (VC + 4)], R[C * (VC + 4)];
     float beta[C];
     float dbp[2 * CK_NQ][C]; /* dβ's pair terms (by column part) and dX terms (CK_NQ + part) per row */
+    float Y[16 * C];         /* the inverse's scratch (Y_IJ of one row block) */
 };
 
 /* A hint that this CTA will read [p, p + bytes) soon: into L2 */
@@ -403,10 +405,11 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
         }
 }
 
-/* T = (I + Diag(β) M)⁻¹ by 16-row blocks: the diagonal blocks T_II by forward substitution (warps 0-3, a column
- * per lane), then for I = 1..3: Y_IJ = Σ_{J ≤ L < I} Diag(β_I) M_IL T_LJ (into `scr`), T_IJ = −T_II Y_IJ. fp32. */
+/* T = (I + Diag(β) M)⁻¹ by 16-row blocks, fp32: here the blocks above the diagonal zeroed and the diagonal blocks
+ * T_II by forward substitution (warps 0-3, a column per lane; the other warps go on: no barrier), then
+ * invert_offdiag */
 template <int KC, int VC>
-DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
+DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
     const int warp = tid >> 5, lane = tid & 31;
     for (int e = tid; e < C * C; e += CK_THREADS) {
         const int i = e / C, j = e % C;
@@ -429,7 +432,12 @@ DEV void invert_blocks(chunk_smem<KC, VC> &sm, float *scr, int tid) {
 #pragma unroll
         for (int i = 0; i < 16; i++) sm.T[(b + i) * CS + b + j] = tcol[i];
     }
-    __syncthreads();
+}
+
+/* The rest of T (after invert_diag and a barrier): for I = 1..3, Y_IJ = Σ_{J ≤ L < I} Diag(β_I) M_IL T_LJ into
+ * scr, T_IJ = −T_II Y_IJ */
+template <int KC, int VC>
+DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int tid) {
     /* the dot products unrolled with compile-time bounds and the terms outside a thread's range predicated off:
        the same sums in the same order, with their loads issued ahead (the loops with per-thread bounds waited
        for two shared-memory loads per FMA) */
@@ -561,8 +569,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const int split = block_split<KC + 4, KC>(sm.G, I, lane);
     pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
-    /* dO's first loads issued now, converted into R after the inverse (which uses R as its scratch): their round
-       trip overlaps the inverse's barrier-bound steps (8: more held across it spill) */
+    /* dO's first loads issued now, the rest after the diagonal inverse blocks, then all converted into R: warps
+       4-15 do it while warps 0-3 compute T_II (it followed the whole inverse, which used R as its scratch; 8 held
+       across the inverse: more spill) */
     constexpr int NO = C * VC / CK_THREADS, NO1 = NO < 8 ? NO : 8;
     uint32_t ob[NO];
 #pragma unroll
@@ -575,7 +584,20 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     float *sdS = sm.q; /* [KC / 2][VC + 4] */
     static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
     copy_state_half<KC, VC>(sdS, dS, 0, tid);
-    invert_blocks<KC, VC>(sm, sm.R, tid);
+    invert_diag<KC, VC>(sm, tid);
+    const float *Gl = sm.G + (C - 1) * KS;
+#pragma unroll
+    for (int j = NO1; j < NO; j++) {
+        const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+        ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+    }
+    switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
+    case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
+    case KDA_DT_F16: do_rows<KDA_DT_F16, VC>(sm.R, ob, tid); break;
+    default: do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
+    }
+    __syncthreads(); /* T_II and dO are in */
+    invert_offdiag<KC, VC>(sm, sm.Y, tid);
 
     float acc[VN][4];
     if (!SPLIT) {
@@ -602,18 +624,6 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
 
     /* ---- backward ---- */
-    /* dO into R */
-    const float *Gl = sm.G + (C - 1) * KS;
-#pragma unroll
-    for (int j = NO1; j < NO; j++) {
-        const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
-        ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
-    }
-    switch (p.do_dtype) { /* the dtype tested once, not per element */
-    case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
-    case KDA_DT_F16: do_rows<KDA_DT_F16, VC>(sm.R, ob, tid); break;
-    default: do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
-    }
     if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with 16-bit inputs): TPR threads per row of S, dS⁺
                      (adjacent lanes), all their float4 loads in flight */
         constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
