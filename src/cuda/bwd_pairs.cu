@@ -25,9 +25,10 @@
  * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 (mma16_x3) or, where a block
  * does not split, pair by pair. Warp w owns row block w mod 4: its rows as the later token (Pq, Pk) and as the earlier
  * one (E), for one half of the tile's channels. Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction),
- * so the most warps that fit: 8 per CTA, three CTAs per SM at 80 registers (2.61 → 2.07 ms for 4 → 8 warps, → 1.93
- * for 2 → 3 CTAs, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no
- * longer form unused lo parts: ~110 bytes of spills; B2 T8192 H32 on an H200). Layout: q̂, k̂, G (later dG), the gate
+ * so 8 warps per CTA (2.61 → 2.07 ms for 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
+ * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
+ * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
+ * per SM at 127 registers and no spills are 1.6 % faster than three (H100). Layout: q̂, k̂, G (later dG), the gate
  * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async (the chunk
  * kernel writes their rows padded as here) while the rows are loaded and the gate computed.
  */
@@ -198,7 +199,7 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
 }
 
 template <int KC>
-__global__ void __launch_bounds__(PK_THREADS, 3) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
+__global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
     constexpr int NTILE = KC / PK_KT;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     pairs_smem &sm = *(pairs_smem *)smem_raw;
