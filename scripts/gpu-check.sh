@@ -23,6 +23,7 @@
 #             two rounds, dev
 #             builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
+#   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
 #             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
 #   bwdcheck  the backward after a kernel change: gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS), per-stage ms
@@ -240,6 +241,12 @@ PY
       python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_stages.log"; done
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 timeout 150 \
       python3 bench/bwd_accuracy.py 2>&1 | grep -v Warn | tee "$OUT/bwd_accuracy_kda.log"
+    ;;
+  bwdbench) # the training step against FLA in one process (bench/bench_bwd.py BWD_BENCH_ARGS; FLA's wheels in .whl/)
+    fla_site
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
+      PYTHONUNBUFFERED=1 python3 bench/bench_bwd.py ${BWD_BENCH_ARGS:---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
+      grep -v Warn | tail -30
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
     tar -czf "$OUT/triton-cache.tgz" -C .triton-cache . && ls -la "$OUT/triton-cache.tgz"
