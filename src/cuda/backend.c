@@ -398,8 +398,9 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk
  *   and head) | Δ per chunk (fp32 [C][VC]; 16-bit inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32
  *   [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head (fp32 2 × KC) | the coefficient gradients P, B per
- *   chunk (fp32 2 × [C][C + 4]: rows padded as the pairs kernel's shared tiles, which take them by one bulk copy) | β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and
- *   value head) | dA_log/ddt_bias partials per chunk, head and channel (fp32 2 × KC)
+ *   chunk (fp32 2 × [C][C + 4]: rows padded as the pairs kernel's shared tiles, one contiguous region there) |
+ *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
+ *   partials per chunk, head and channel (fp32 2 × KC)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
     size_t blocks, states, dstates, delta, dgam, dqk, dcoef, dx, rnorm, part, total;

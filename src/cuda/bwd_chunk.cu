@@ -585,7 +585,6 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
     copy_state_half<KC, VC>(sdS, dS, 0, tid);
     invert_diag<KC, VC>(sm, tid);
-    const float *Gl = sm.G + (C - 1) * KS;
 #pragma unroll
     for (int j = NO1; j < NO; j++) {
         const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
@@ -624,6 +623,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
 
     /* ---- backward ---- */
+    const float *Gl = sm.G + (C - 1) * KS;
     if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with 16-bit inputs): TPR threads per row of S, dS⁺
                      (adjacent lanes), all their float4 loads in flight */
         constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
@@ -723,7 +723,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
     __syncthreads();
     {   /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 pieces of rows padded to CS (the
-           pairs kernel's shared layout: one bulk copy there), the padding zero */
+           pairs kernel's shared layout: one contiguous copy there), the padding zero */
         float *dc = p.dcoef + pair * (int64_t)(2 * C * CS);
         for (unsigned e = tid; e < (unsigned)(2 * C * C / 4); e += CK_THREADS) {
             const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));

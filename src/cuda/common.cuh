@@ -112,10 +112,10 @@ DEV float bits_value(uint32_t b, int dtype) {
     return bf16_bits_to_f32((uint16_t)b);
 }
 
-/* bits_value for a dtype known at compile time */
+/* bits_value for a dtype known at compile time (its tests fold away) */
 template <int DT>
 DEV float bits_as(uint32_t b) {
-    return DT == KDA_DT_F32 ? __uint_as_float(b) : DT == KDA_DT_F16 ? f16_bits_to_f32((uint16_t)b) : bf16_bits_to_f32((uint16_t)b);
+    return bits_value(b, DT);
 }
 
 /* bits_value of N elements, the dtype tested once outside the loop (per element the test became a constant
