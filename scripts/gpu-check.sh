@@ -22,6 +22,8 @@
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried), of this tree and of .var2 when carried,
 #             two rounds, dev
 #             builds, and this tree's gradients against .var1's ("vs ref")
+#   timeline  one training step of TIMELINE_SHAPE under torch.profiler: every kernel's start, duration and the idle
+#             gap before it; the host's time to enqueue the forward and the backward (bench/step_timeline.py)
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
@@ -265,6 +267,11 @@ PY
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:$PWD/bench PYTHONUNBUFFERED=1 \
         python3 bench/bwd_stages.py $g --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_ab.log"
     done; done
+    ;;
+  timeline) # one training step's kernels, their gaps, and the host's time to enqueue (bench/step_timeline.py)
+    [ -f build-dev/libkda.so ] || build build-dev . -DKDA_DEV=ON || exit 1
+    env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
+      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" 2>&1 | grep -v Warn | tee "$OUT/step_timeline.log"
     ;;
   bwdsrc) # the backward kernels' source lines by warp-stall samples (ncu source counters, one training step)
     for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_pairs_kernel kda_bwd_dstate_kernel}; do

@@ -15,11 +15,11 @@
  *                  the products with its C × C coefficients (16-bit inputs: with Δ from bwd_inter.cu): dv, dβ
  *                  written; the coefficient gradients s·dAqk and Diag(β) dA, β ⊙ dX and the l2norm factors into
  *                  the workspace (fp32 inputs: also dQΓ, dK̃, dγ); tensor cores (tf32, fp32 sums)
- *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
- *                  rules per channel, the gate's backward: dg written, dq̂ and dk̂ of the value head into the
- *                  scratch, dA_log/ddt_bias partial sums per (chunk, head, channel)
- *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
- *                  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
+ *   bwd_pairs.cu   one CTA per (chunk, query/key head), its value heads and 32-channel tiles in turn: the pair
+ *                  products' backward and the factor rules per channel, the gate's backward: dg written, dq̂ and
+ *                  dk̂ of each value head into the scratch, dA_log/ddt_bias partial sums per (chunk, head,
+ *                  channel); then the value heads' dq̂, dk̂ summed in order, the l2norm step, dq and dk written
+ *   bwd_finish.cu  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps

@@ -2,8 +2,9 @@
  * Backward, stage 3c: what is per channel — the pair products' backward, the factor rules, the gate's backward
  * (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the same computation on the CPU).
  *
- * One CTA of 256 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
- * for one channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu)
+ * One CTA of 256 threads per (chunk, query/key head): its G value heads in turn, and for each the PK_KT-channel
+ * tiles d0.. in turn. Every term below is a sum over tokens for one channel d, so the tiles are independent. The
+ * chunk kernel (bwd_chunk.cu)
  * leaves the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the l2norm
  * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (16-bit inputs) or the chunk kernel (fp32 inputs). With
  * q̂, k̂, ĝ recomputed from the inputs and G = cumsum ĝ, for each channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
@@ -16,9 +17,11 @@
  *   dĝ_i = Σ_{i' ≥ i} dG_i' + γ dγ + Σ_i' k_i' f_i' dK̃_i'          (the G_last terms: every row; γ = e^{G_last})
  *   then the clamp and the gate (softplus or lower-bound form): dg, and the chunk's sums of ∂L/∂A_log and
  *   ∂L/∂dt_bias for the channel.
- * Written: dg of the chunk's tokens in the tile's channels; dq̂, dk̂ of this value head over the raw dQΓ, dK̃ in
- * the scratch (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the
- * per-channel partial sums (bwd_finish.cu sums them over chunks and channels, in order).
+ * Written per tile: dg of the chunk's tokens in the tile's channels; dq̂, dk̂ of the value head over the raw dQΓ,
+ * dK̃ in the scratch; the per-channel partial sums (bwd_finish.cu sums them over chunks and channels, in order).
+ * Last, with every tile of every value head in the scratch (L2): per token, dq̂ = Σ_h dq̂_h over the G value heads
+ * in order (likewise dk̂), the l2norm step dx = r (dy − y (y·dy)), y = r x, r = (Σ x² + 1e−6)^−½, and dq, dk
+ * stored in their dtypes (a kernel of its own until 2026-11-24: it read the scratch back from DRAM).
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
@@ -29,15 +32,16 @@
  * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
  * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
  * per SM at 127 registers and no spills are 1.6 % faster than three (H100). Layout: q̂, k̂, G (later dG), the gate
- * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async (the chunk
- * kernel writes their rows padded as here) while the rows are loaded and the gate computed.
+ * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async once per value
+ * head (the chunk kernel writes their rows padded as here) while the first tile's rows are loaded and its gate
+ * computed.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
 
 #define PK_THREADS 256 /* 8 warps; in the products warp w has row block w mod 4 and the channel half w / 4 */
 #define PK_WARPS (PK_THREADS / 32)
-#define PK_KT 32       /* channels per CTA */
+#define PK_KT 32       /* channels per tile */
 #define PK_NT (PK_KT / 16) /* 8-channel tiles of a warp's half */
 #define PK_RG (KDA_CHUNK / PK_WARPS) /* rows per warp in the per-element phases */
 #define C KDA_CHUNK
@@ -198,33 +202,15 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
         if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
+/* The channels d0 .. d0 + PK_KT − 1 of one (chunk, value head) `pair` (value head h of query/key head hq), everything
+ * above: dg and the partial sums written, dq̂ and dk̂ over the raw dQΓ and dK̃ in the scratch. P and B of the pair
+ * are in shared memory or in flight (one cp.async group); every other tile of shared memory is free. */
 template <int KC>
-__global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
-    constexpr int NTILE = KC / PK_KT;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    pairs_smem &sm = *(pairs_smem *)smem_raw;
+DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int h, int hq, int d0, int64_t t0,
+                    int clen, float A) {
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
-    const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
-    const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
-    const int64_t cid = pair / p.hv;
-    const int h = (int)(pair % p.hv), hq = h / p.group;
-    int64_t t0;
-    const int clen = chunk_tokens(p.seqs, cid, &t0);
-    if (clen <= 0) return;
     const float scale = p.scale;
-    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-
-    /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
-       pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of the
-       kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency) */
-    {
-        const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
-        const uint32_t dst = smem_u32(sm.P);
-        static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
-        for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
-        cp_async_commit();
-    }
     /* the warp's PK_RG rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
     const int nrow = d < p.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
@@ -380,9 +366,104 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     }
 }
 
+/* dy (lanes' columns d = lane + 32 u) → dx through y = x / sqrt(Σx² + eps), in place */
+template <int KC>
+DEV void l2norm_backward(float dy[KC / 32], const float x[KC / 32]) {
+    float ss = 0.0f, xdy = 0.0f;
+#pragma unroll
+    for (int u = 0; u < KC / 32; u++) {
+        ss += x[u] * x[u];
+        xdy += x[u] * dy[u];
+    }
+    const float r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), ydy = warp_sum(xdy) * r;
+#pragma unroll
+    for (int u = 0; u < KC / 32; u++) dy[u] = r * (dy[u] - r * x[u] * ydy);
+}
+
+/* dq and dk of token row `row` (= token · hqk + hq), one warp: dq̂ = Σ over the G value heads h = hq·G … hq·G + G − 1
+ * (in that order) of their dq̂ rows in the scratch, likewise dk̂; then the l2norm step and the store in the
+ * gradient's dtype. The scratch rows were written by this CTA (plain loads, not __ldg). Every load is issued
+ * before any arithmetic (a loop over dq then dk waited for two round trips per row, and a third for the inputs). */
+template <int KC>
+DEV void qk_row(const kda_bwd_params_t &p, int64_t row, int lane) {
+    constexpr int U = KC / 32;
+    const int64_t t = row / p.hqk;
+    const int hq = (int)(row % p.hqk);
+    float dq[U], dk[U], xq[U], xk[U];
+    uint32_t bq[U], bk[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int d = lane + 32 * u;
+        const bool in = p.l2norm && d < p.K;
+        bq[u] = in ? load_bits(p.q, p.dtype, row * p.K + d) : 0u;
+        bk[u] = in ? load_bits(p.k, p.dtype, row * p.K + d) : 0u;
+        dq[u] = dk[u] = 0.0f;
+    }
+    for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
+        const float *src = p.dqk + (t * p.hv + h) * (int64_t)(2 * KC);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            dq[u] += src[lane + 32 * u];
+            dk[u] += src[KC + lane + 32 * u];
+        }
+    }
+    if (p.l2norm) {
+        bits_values<U>(xq, bq, p.dtype);
+        bits_values<U>(xk, bk, p.dtype);
+        l2norm_backward<KC>(dq, xq);
+        l2norm_backward<KC>(dk, xk);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int d = lane + 32 * u;
+        if (d < p.K) {
+            store_elem(p.dq, p.dq_dtype, row * p.K + d, dq[u]);
+            store_elem(p.dk, p.dk_dtype, row * p.K + d, dk[u]);
+        }
+    }
+}
+
+/* One CTA per (chunk, query/key head): its G value heads one after the other, each head's channel tiles one after
+ * the other (P and B copied once per head), then dq and dk of the chunk's tokens from the scratch rows just
+ * written (the sum over value heads and the l2norm step: a pass over the scratch from L2, where a kernel of its own
+ * read them back from DRAM) */
+template <int KC>
+__global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    pairs_smem &sm = *(pairs_smem *)smem_raw;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int64_t cid = blockIdx.x / p.hqk;
+    const int hq = (int)(blockIdx.x % p.hqk);
+    int64_t t0;
+    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    if (clen <= 0) return;
+#pragma unroll 1
+    for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
+        const int64_t pair = cid * p.hv + h;
+        /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte
+           cp.async pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each:
+           7 % of the kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency).
+           The previous head's last tile read them before its last barriers. */
+        {
+            const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
+            const uint32_t dst = smem_u32(sm.P);
+            static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
+            for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS)
+                cp_async16_zfill(dst + o, src + o, 16);
+            cp_async_commit();
+        }
+        const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+#pragma unroll 1
+        for (int d0 = 0; d0 < KC; d0 += PK_KT) pairs_tile<KC>(p, sm, pair, h, hq, d0, t0, clen, A);
+    }
+    __syncthreads(); /* every scratch row of the chunk is written (and visible to the block) */
+#pragma unroll 1
+    for (int i = w; i < clen; i += PK_WARPS) qk_row<KC>(p, (t0 + i) * p.hqk + hq, lane);
+}
+
 template <int KC>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv * (KC / PK_KT);
+    const int64_t ctas = p->blocks.max_chunks * p->hqk;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
