@@ -57,7 +57,12 @@ def main():
     ap.add_argument("--profile", default=None, help="one step of this shape between cudaProfilerStart/Stop")
     ap.add_argument("--save-grads", default=None, help="save each shape's gradients to this file (torch.save)")
     ap.add_argument("--ref-grads", default=None, help="compare the gradients with those saved in this file")
+    ap.add_argument("--dev-skip", type=int, default=0,
+                    help="development builds: kda_dev_set_tuning's skip bits (parts of kernels left out, to time "
+                         "the rest; the gradients are then wrong)")
     a = ap.parse_args()
+    if a.dev_skip:
+        ctypes.CDLL(os.environ.get("KDA_LIBRARY", "libkda.so")).kda_dev_set_tuning(a.dev_skip, 0, 0, 0)
     if a.profile:
         name, B, T, HQK, HV = next(s for s in SHAPES if s[0] == a.profile)
         x, w, flags = make_inputs(B, T, HQK, HV)

@@ -366,60 +366,80 @@ DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int
     }
 }
 
-/* dy (lanes' columns d = lane + 32 u) → dx through y = x / sqrt(Σx² + eps), in place */
-template <int KC>
-DEV void l2norm_backward(float dy[KC / 32], const float x[KC / 32]) {
+/* dy → dx through y = x / sqrt(Σx² + eps), in place: the lanes' U adjacent columns of one row */
+template <int U>
+DEV void l2norm_backward(float (&dy)[U], const float (&x)[U]) {
     float ss = 0.0f, xdy = 0.0f;
 #pragma unroll
-    for (int u = 0; u < KC / 32; u++) {
+    for (int u = 0; u < U; u++) {
         ss += x[u] * x[u];
         xdy += x[u] * dy[u];
     }
     const float r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), ydy = warp_sum(xdy) * r;
 #pragma unroll
-    for (int u = 0; u < KC / 32; u++) dy[u] = r * (dy[u] - r * x[u] * ydy);
+    for (int u = 0; u < U; u++) dy[u] = r * (dy[u] - r * x[u] * ydy);
 }
 
-/* dq and dk of token row `row` (= token · hqk + hq), one warp: dq̂ = Σ over the G value heads h = hq·G … hq·G + G − 1
- * (in that order) of their dq̂ rows in the scratch, likewise dk̂; then the l2norm step and the store in the
- * gradient's dtype. The scratch rows were written by this CTA (plain loads, not __ldg). Every load is issued
- * before any arithmetic (a loop over dq then dk waited for two round trips per row, and a third for the inputs). */
-template <int KC>
-DEV void qk_row(const kda_bwd_params_t &p, int64_t row, int lane) {
-    constexpr int U = KC / 32;
-    const int64_t t = row / p.hqk;
-    const int hq = (int)(row % p.hqk);
-    float dq[U], dk[U], xq[U], xk[U];
-    uint32_t bq[U], bk[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int d = lane + 32 * u;
-        const bool in = p.l2norm && d < p.K;
-        bq[u] = in ? load_bits(p.q, p.dtype, row * p.K + d) : 0u;
-        bk[u] = in ? load_bits(p.k, p.dtype, row * p.K + d) : 0u;
-        dq[u] = dk[u] = 0.0f;
+/* y += the U floats at p (16- or 8-byte aligned: one vector load) */
+template <int U>
+DEV void add_vec(float (&y)[U], const float *p) {
+    if (U == 4) {
+        const float4 v = *(const float4 *)p;
+        y[0] += v.x, y[1] += v.y, y[2] += v.z, y[3] += v.w;
+    } else {
+        const float2 v = *(const float2 *)p;
+        y[0] += v.x, y[1] += v.y;
     }
-    for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
-        const float *src = p.dqk + (t * p.hv + h) * (int64_t)(2 * KC);
+}
+
+#define PK_QR 4 /* rows of the last phase a warp has in flight */
+
+/* dq and dk of the chunk's rows i0 .. i0 + n − 1 (n ≤ PK_QR) of query/key head hq, one warp, lane = the columns
+ * U·lane ..: dq̂ = Σ over the G value heads h = hq·G … hq·G + G − 1 (in that order) of their dq̂ rows in the scratch,
+ * likewise dk̂; then the l2norm step and the store in the gradient's dtype. The scratch rows were written by this
+ * CTA (plain loads, not __ldg). Every row's loads are issued before any arithmetic. */
+template <int KC>
+DEV void qk_rows(const kda_bwd_params_t &p, int64_t t0, int i0, int n, int hq, int lane) {
+    constexpr int U = KC / 32;
+    const int d0 = U * lane;
+    float dq[PK_QR][U], dk[PK_QR][U];
+    uint32_t bq[PK_QR][U], bk[PK_QR][U];
+#pragma unroll
+    for (int r = 0; r < PK_QR; r++) {
+        const int64_t row = (t0 + i0 + r) * p.hqk + hq;
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            dq[u] += src[lane + 32 * u];
-            dk[u] += src[KC + lane + 32 * u];
+            const bool in = r < n && p.l2norm && d0 + u < p.K;
+            bq[r][u] = in ? load_bits(p.q, p.dtype, row * p.K + d0 + u) : 0u;
+            bk[r][u] = in ? load_bits(p.k, p.dtype, row * p.K + d0 + u) : 0u;
+            dq[r][u] = dk[r][u] = 0.0f;
         }
     }
-    if (p.l2norm) {
-        bits_values<U>(xq, bq, p.dtype);
-        bits_values<U>(xk, bk, p.dtype);
-        l2norm_backward<KC>(dq, xq);
-        l2norm_backward<KC>(dk, xk);
-    }
+#pragma unroll 1
+    for (int h = hq * p.group; h < (hq + 1) * p.group; h++)
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int d = lane + 32 * u;
-        if (d < p.K) {
-            store_elem(p.dq, p.dq_dtype, row * p.K + d, dq[u]);
-            store_elem(p.dk, p.dk_dtype, row * p.K + d, dk[u]);
+        for (int r = 0; r < PK_QR; r++)
+            if (r < n) {
+                const float *src = p.dqk + ((t0 + i0 + r) * p.hv + h) * (int64_t)(2 * KC) + d0;
+                add_vec<U>(dq[r], src);
+                add_vec<U>(dk[r], src + KC);
+            }
+#pragma unroll
+    for (int r = 0; r < PK_QR; r++) {
+        if (p.l2norm) { /* warp-uniform; rows past n hold zeros and are not stored */
+            float xq[U], xk[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) xq[u] = bits_value(bq[r][u], p.dtype), xk[u] = bits_value(bk[r][u], p.dtype);
+            l2norm_backward<U>(dq[r], xq);
+            l2norm_backward<U>(dk[r], xk);
         }
+        const int64_t row = (t0 + i0 + r) * p.hqk + hq;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (r < n && d0 + u < p.K) {
+                store_elem(p.dq, p.dq_dtype, row * p.K + d0 + u, dq[r][u]);
+                store_elem(p.dk, p.dk_dtype, row * p.K + d0 + u, dk[r][u]);
+            }
     }
 }
 
@@ -457,8 +477,9 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         for (int d0 = 0; d0 < KC; d0 += PK_KT) pairs_tile<KC>(p, sm, pair, h, hq, d0, t0, clen, A);
     }
     __syncthreads(); /* every scratch row of the chunk is written (and visible to the block) */
+    if (KDA_SKIP(p, 65536)) return; /* development: the pairs without the last phase, to time it */
 #pragma unroll 1
-    for (int i = w; i < clen; i += PK_WARPS) qk_row<KC>(p, (t0 + i) * p.hqk + hq, lane);
+    for (int i = PK_QR * w; i < clen; i += PK_QR * PK_WARPS) qk_rows<KC>(p, t0, i, min(PK_QR, clen - i), hq, lane);
 }
 
 template <int KC>
