@@ -302,11 +302,14 @@ def _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, h0, want_dh0, want_dA_log, wa
 
 
 def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dht, scale, l2, gate, bsig, neg, safe,
-                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias):
+                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias, checked=False):
+    """`checked`: the forward's tensors passed kda.chunk_kda's checks, and do and dht are autograd's gradients of
+    its outputs (their shapes, dtypes and devices), made contiguous (_ChunkKDA.backward)."""
     fn = "chunk_kda backward"
     if dht is not None and dht.numel() == 0:
         dht = None
-    _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, dht, cu, cu_cpu, None, do, vfirst)
+    if not checked:
+        _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, dht, cu, cu_cpu, None, do, vfirst)
     if dht is not None and dht.dim() == 4 and dht.shape[0] != _num_seqs(q, cu):
         raise KDAInvalidValueError(f"{fn}: argument 'dht': expected {_num_seqs(q, cu)} sequences, got "
                                    f"{dht.shape[0]}")
@@ -475,6 +478,37 @@ def _chunk_backward(ctx, do, dht):
 
 
 chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
+
+
+class _ChunkKDA(torch.autograd.Function):
+    """chunk_kda_fwd and its autograd formula (_chunk_backward) without the custom op's dispatch, for eager calls
+    on plain tensors that need gradients: the op and its registered backward cost ~0.4 ms and ~0.5 ms of host time
+    a training step (bench/step_timeline.py, H100 host), which a single step's time includes before its first
+    kernel. torch.compile and tensor subclasses keep the op. The arguments were checked by kda.chunk_kda."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig,
+                neg, safe, lb, vfirst, cp):
+        o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
+                                    gate, bsig, neg, safe, lb, vfirst, checked=True, cp=cp)
+        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
+        ctx.flags = (scale, l2, gate, bsig, neg, safe, lb, vfirst)
+        if not output_final_state:
+            ctx.mark_non_differentiable(ht)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = ctx.saved_tensors
+        scale, l2, gate, bsig, neg, safe, lb, vfirst = ctx.flags
+        need = ctx.needs_input_grad
+        dq, dk, dv, dg, dbeta, dh0, dA, ddt = _chunk_kda_bwd_impl(
+            q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do.contiguous(),
+            dht.contiguous() if dht is not None and dht.numel() > 0 else None, scale, l2, gate, bsig, neg, safe, lb,
+            vfirst, bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
+            bool(need[6]) and dt_bias is not None and gate, checked=True)
+        return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None,
+                ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 12
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)
 
 
@@ -624,6 +658,10 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
         if remember is not None:
             _remember_chunk(remember, (q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu), o, ht, scale,
                             output_final_state, l2, gate, bsig, neg, safe, lb, vfirst, cp)
+    elif not _is_compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in (q, k, v, g, beta, A_log,
+                                                                                      dt_bias, h0)):
+        o, ht = _ChunkKDA.apply(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
+                                gate, bsig, neg, safe, lb, vfirst, cp)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale,
                                             output_final_state, l2, gate, bsig, neg, safe, lb, vfirst, cp)

@@ -2,9 +2,8 @@
  * Backward, stage 3c: what is per channel — the pair products' backward, the factor rules, the gate's backward
  * (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the same computation on the CPU).
  *
- * One CTA of 256 threads per (chunk, query/key head): its G value heads in turn, and for each the PK_KT-channel
- * tiles d0.. in turn. Every term below is a sum over tokens for one channel d, so the tiles are independent. The
- * chunk kernel (bwd_chunk.cu)
+ * One CTA of 256 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
+ * for one channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu)
  * leaves the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the l2norm
  * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (16-bit inputs) or the chunk kernel (fp32 inputs). With
  * q̂, k̂, ĝ recomputed from the inputs and G = cumsum ĝ, for each channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
@@ -17,11 +16,9 @@
  *   dĝ_i = Σ_{i' ≥ i} dG_i' + γ dγ + Σ_i' k_i' f_i' dK̃_i'          (the G_last terms: every row; γ = e^{G_last})
  *   then the clamp and the gate (softplus or lower-bound form): dg, and the chunk's sums of ∂L/∂A_log and
  *   ∂L/∂dt_bias for the channel.
- * Written per tile: dg of the chunk's tokens in the tile's channels; dq̂, dk̂ of the value head over the raw dQΓ,
- * dK̃ in the scratch; the per-channel partial sums (bwd_finish.cu sums them over chunks and channels, in order).
- * Last, with every tile of every value head in the scratch (L2): per token, dq̂ = Σ_h dq̂_h over the G value heads
- * in order (likewise dk̂), the l2norm step dx = r (dy − y (y·dy)), y = r x, r = (Σ x² + 1e−6)^−½, and dq, dk
- * stored in their dtypes (a kernel of its own until 2026-11-24: it read the scratch back from DRAM).
+ * Written: dg of the chunk's tokens in the tile's channels; dq̂, dk̂ of this value head over the raw dQΓ, dK̃ in
+ * the scratch (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the
+ * per-channel partial sums (bwd_finish.cu sums them over chunks and channels, in order).
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
@@ -32,16 +29,15 @@
  * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
  * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
  * per SM at 127 registers and no spills are 1.6 % faster than three (H100). Layout: q̂, k̂, G (later dG), the gate
- * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async once per value
- * head (the chunk kernel writes their rows padded as here) while the first tile's rows are loaded and its gate
- * computed.
+ * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async (the chunk
+ * kernel writes their rows padded as here) while the rows are loaded and the gate computed.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
 
 #define PK_THREADS 256 /* 8 warps; in the products warp w has row block w mod 4 and the channel half w / 4 */
 #define PK_WARPS (PK_THREADS / 32)
-#define PK_KT 32       /* channels per tile */
+#define PK_KT 32       /* channels per CTA */
 #define PK_NT (PK_KT / 16) /* 8-channel tiles of a warp's half */
 #define PK_RG (KDA_CHUNK / PK_WARPS) /* rows per warp in the per-element phases */
 #define C KDA_CHUNK
@@ -54,6 +50,14 @@ struct pairs_smem {
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
+};
+
+/* After pairs_smem in a CTA of a cluster (pairs_dqk): the tile's dq̂, dk̂, kept for the l2norm step, its rows'
+ * l2norm factors, and their sums Σ q̂ dq̂, Σ k̂ dk̂ over the tile's channels, which the cluster's CTAs read */
+struct pairs_out {
+    float dq[C * TS], dk[C * TS];
+    float rn[2][C];  /* rq, rk (1 without the l2norm) */
+    float dot[2][C];
 };
 
 /* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
@@ -184,7 +188,7 @@ DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int w, int dl, in
     }
 }
 
-/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
+/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (in G's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
  * terms summed into *dAl, *dbias; every store after the gate's math */
 template <int MODE>
 DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int w, int dl,
@@ -193,7 +197,7 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) {
         const int i = PK_RG * w + r;
-        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.q[i * TS + dl] + off, dAl) : 0.0f;
+        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.G[i * TS + dl] + off, dAl) : 0.0f;
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
     const int64_t stride = (int64_t)p.hv * p.K;
@@ -202,15 +206,85 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
         if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
-/* The channels d0 .. d0 + PK_KT − 1 of one (chunk, value head) `pair` (value head h of query/key head hq), everything
- * above: dg and the partial sums written, dq̂ and dk̂ over the raw dQΓ and dK̃ in the scratch. P and B of the pair
- * are in shared memory or in flight (one cp.async group); every other tile of shared memory is free. */
+/* Without GVA (pairs_dqk; the NTILE CTAs of a (chunk, head) form a cluster, the CTA of channels d0.. has rank
+ * d0 / PK_KT): dq and dk of the tile's channels from dq̂, dk̂ — the l2norm step dx = r (dy − y (y·dy)), y = r x
+ * = q̂ (or k̂), r from the chunk kernel: y·dy sums the row over every channel, the tiles' partial sums exchanged
+ * through the cluster's shared memory and added in rank order — and stored in their dtypes. Thread: row tid / 4,
+ * channels 8 (tid mod 4) .. of the tile. */
 template <int KC>
-DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int h, int hq, int d0, int64_t t0,
-                    int clen, float A) {
+DEV void pairs_dqk_out(const kda_bwd_params_t &p, const pairs_smem &sm, pairs_out &out, int64_t t0, int clen,
+                       int hq, int d0) {
+    constexpr int NTILE = KC / PK_KT;
+    const int tid = threadIdx.x, i = tid >> 2, c0 = 8 * (tid & 3);
+    if (p.l2norm) {
+        float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            sq += sm.q[i * TS + c0 + c] * out.dq[i * TS + c0 + c];
+            sk += sm.k[i * TS + c0 + c] * out.dk[i * TS + c0 + c];
+        }
+        sq += __shfl_xor_sync(0xffffffffu, sq, 1);
+        sk += __shfl_xor_sync(0xffffffffu, sk, 1);
+        sq += __shfl_xor_sync(0xffffffffu, sq, 2);
+        sk += __shfl_xor_sync(0xffffffffu, sk, 2);
+        if ((tid & 3) == 0) out.dot[0][i] = sq, out.dot[1][i] = sk;
+    }
+    cluster_arrive();
+    cluster_wait(); /* every CTA's partial sums are written (and every CTA of the cluster has started) */
+    float dotq = 0.0f, dotk = 0.0f;
+    if (p.l2norm)
+#pragma unroll
+        for (int r = 0; r < NTILE; r++) {
+            dotq += ld_cluster_f32(smem_u32(&out.dot[0][i]), (uint32_t)r);
+            dotk += ld_cluster_f32(smem_u32(&out.dot[1][i]), (uint32_t)r);
+        }
+    cluster_arrive(); /* this thread's reads of the other CTAs' shared memory are done */
+    if (i < clen) {
+        const float rq = out.rn[0][i], rk = out.rn[1][i];
+        const int64_t row = ((t0 + i) * p.hqk + hq) * (int64_t)p.K + d0 + c0;
+#pragma unroll
+        for (int c = 0; c < 8; c++) {
+            if (d0 + c0 + c >= p.K) break;
+            float dq = out.dq[i * TS + c0 + c], dk = out.dk[i * TS + c0 + c];
+            if (p.l2norm) {
+                dq = rq * (dq - sm.q[i * TS + c0 + c] * dotq);
+                dk = rk * (dk - sm.k[i * TS + c0 + c] * dotk);
+            }
+            store_elem(p.dq, p.dq_dtype, row + c, dq);
+            store_elem(p.dk, p.dk_dtype, row + c, dk);
+        }
+    }
+    cluster_wait(); /* no CTA leaves while another may still read its shared memory */
+}
+
+template <int KC, int CL>
+__global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
+    constexpr int NTILE = KC / PK_KT;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    pairs_smem &sm = *(pairs_smem *)smem_raw;
+    pairs_out &out = *(pairs_out *)(smem_raw + sizeof(pairs_smem)); /* CL only */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
+    const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
+    const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
+    const int64_t cid = pair / p.hv;
+    const int h = (int)(pair % p.hv), hq = h / p.group;
+    int64_t t0;
+    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    if (clen <= 0) return;
     const float scale = p.scale;
+    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+
+    /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
+       pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of the
+       kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency) */
+    {
+        const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
+        const uint32_t dst = smem_u32(sm.P);
+        static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
+        for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
+        cp_async_commit();
+    }
     /* the warp's PK_RG rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
     const int nrow = d < p.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
@@ -238,6 +312,7 @@ DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int
             const int i = PK_RG * w + r;
             sm.q[i * TS + dl] = qv[r] * rq[r];
             sm.k[i * TS + dl] = kv[r] * rk[r];
+            if (CL && lane == 0) out.rn[0][i] = rq[r], out.rn[1][i] = rk[r];
             sm.x[i * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
         }
         switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
@@ -311,7 +386,10 @@ DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int
                 dG[nt][c] = qv * oq[u] + kv * (ex - fy + pk[nt][c] - pe[nt][c]);
                 ext[u] += kv * fy;
             }
-            if (srow[hr] >= 0) {
+            if (CL) { /* kept for the l2norm step */
+                *(float2 *)&out.dq[i * TS + col] = make_float2(oq[0], oq[1]);
+                *(float2 *)&out.dk[i * TS + col] = make_float2(ok[0], ok[1]);
+            } else if (srow[hr] >= 0) {
                 float *row = p.dqk + srow[hr] * (2 * KC) + d0 + col;
                 *(float2 *)row = make_float2(oq[0], oq[1]);
                 *(float2 *)(row + KC) = make_float2(ok[0], ok[1]);
@@ -327,12 +405,13 @@ DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int
             if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
         }
     }
-    __syncthreads(); /* every read of q̂ is done: it holds dG next */
+    const float gam = gexp(Gl[dl]); /* γ of the lane's column, before G's tile holds dG */
+    __syncthreads(); /* every read of G is done: it holds dG next (q̂ and k̂ stay, for the l2norm step) */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            sm.q[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
+            sm.G[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
     __syncthreads();
 
     /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
@@ -340,13 +419,13 @@ DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int
     float s = 0.0f;
 #pragma unroll
     for (int r = PK_RG - 1; r >= 0; r--) {
-        s += sm.q[(PK_RG * w + r) * TS + dl];
-        sm.q[(PK_RG * w + r) * TS + dl] = s;
+        s += sm.G[(PK_RG * w + r) * TS + dl];
+        sm.G[(PK_RG * w + r) * TS + dl] = s;
     }
     sm.tot[w][dl] = s;
     __syncthreads();
     float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
-    if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
+    if (d < p.K) off += gam * p.dgam[pair * KC + d]; /* γ dγ */
     for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
     float dAl = 0.0f, dbias = 0.0f;
     const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
@@ -364,131 +443,19 @@ DEV void pairs_tile(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int
         for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
         p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
     }
-}
-
-/* dy → dx through y = x / sqrt(Σx² + eps), in place: the lanes' U adjacent columns of one row */
-template <int U>
-DEV void l2norm_backward(float (&dy)[U], const float (&x)[U]) {
-    float ss = 0.0f, xdy = 0.0f;
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-        ss += x[u] * x[u];
-        xdy += x[u] * dy[u];
-    }
-    const float r = 1.0f / sqrtf(warp_sum(ss) + 1e-6f), ydy = warp_sum(xdy) * r;
-#pragma unroll
-    for (int u = 0; u < U; u++) dy[u] = r * (dy[u] - r * x[u] * ydy);
-}
-
-/* y += the U floats at p (16- or 8-byte aligned: one vector load) */
-template <int U>
-DEV void add_vec(float (&y)[U], const float *p) {
-    if (U == 4) {
-        const float4 v = *(const float4 *)p;
-        y[0] += v.x, y[1] += v.y, y[2] += v.z, y[3] += v.w;
-    } else {
-        const float2 v = *(const float2 *)p;
-        y[0] += v.x, y[1] += v.y;
-    }
-}
-
-#define PK_QR 4 /* rows of the last phase a warp has in flight */
-
-/* dq and dk of the chunk's rows i0 .. i0 + n − 1 (n ≤ PK_QR) of query/key head hq, one warp, lane = the columns
- * U·lane ..: dq̂ = Σ over the G value heads h = hq·G … hq·G + G − 1 (in that order) of their dq̂ rows in the scratch,
- * likewise dk̂; then the l2norm step and the store in the gradient's dtype. The scratch rows were written by this
- * CTA (plain loads, not __ldg). Every row's loads are issued before any arithmetic. */
-template <int KC>
-DEV void qk_rows(const kda_bwd_params_t &p, int64_t t0, int i0, int n, int hq, int lane) {
-    constexpr int U = KC / 32;
-    const int d0 = U * lane;
-    float dq[PK_QR][U], dk[PK_QR][U];
-    uint32_t bq[PK_QR][U], bk[PK_QR][U];
-#pragma unroll
-    for (int r = 0; r < PK_QR; r++) {
-        const int64_t row = (t0 + i0 + r) * p.hqk + hq;
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const bool in = r < n && p.l2norm && d0 + u < p.K;
-            bq[r][u] = in ? load_bits(p.q, p.dtype, row * p.K + d0 + u) : 0u;
-            bk[r][u] = in ? load_bits(p.k, p.dtype, row * p.K + d0 + u) : 0u;
-            dq[r][u] = dk[r][u] = 0.0f;
-        }
-    }
-#pragma unroll 1
-    for (int h = hq * p.group; h < (hq + 1) * p.group; h++)
-#pragma unroll
-        for (int r = 0; r < PK_QR; r++)
-            if (r < n) {
-                const float *src = p.dqk + ((t0 + i0 + r) * p.hv + h) * (int64_t)(2 * KC) + d0;
-                add_vec<U>(dq[r], src);
-                add_vec<U>(dk[r], src + KC);
-            }
-#pragma unroll
-    for (int r = 0; r < PK_QR; r++) {
-        if (p.l2norm) { /* warp-uniform; rows past n hold zeros and are not stored */
-            float xq[U], xk[U];
-#pragma unroll
-            for (int u = 0; u < U; u++) xq[u] = bits_value(bq[r][u], p.dtype), xk[u] = bits_value(bk[r][u], p.dtype);
-            l2norm_backward<U>(dq[r], xq);
-            l2norm_backward<U>(dk[r], xk);
-        }
-        const int64_t row = (t0 + i0 + r) * p.hqk + hq;
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (r < n && d0 + u < p.K) {
-                store_elem(p.dq, p.dq_dtype, row * p.K + d0 + u, dq[r][u]);
-                store_elem(p.dk, p.dk_dtype, row * p.K + d0 + u, dk[r][u]);
-            }
-    }
-}
-
-/* One CTA per (chunk, query/key head): its G value heads one after the other, each head's channel tiles one after
- * the other (P and B copied once per head), then dq and dk of the chunk's tokens from the scratch rows just
- * written (the sum over value heads and the l2norm step: a pass over the scratch from L2, where a kernel of its own
- * read them back from DRAM) */
-template <int KC>
-__global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    pairs_smem &sm = *(pairs_smem *)smem_raw;
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-    const int64_t cid = blockIdx.x / p.hqk;
-    const int hq = (int)(blockIdx.x % p.hqk);
-    int64_t t0;
-    const int clen = chunk_tokens(p.seqs, cid, &t0);
-    if (clen <= 0) return;
-#pragma unroll 1
-    for (int h = hq * p.group; h < (hq + 1) * p.group; h++) {
-        const int64_t pair = cid * p.hv + h;
-        /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte
-           cp.async pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each:
-           7 % of the kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency).
-           The previous head's last tile read them before its last barriers. */
-        {
-            const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
-            const uint32_t dst = smem_u32(sm.P);
-            static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
-            for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS)
-                cp_async16_zfill(dst + o, src + o, 16);
-            cp_async_commit();
-        }
-        const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-#pragma unroll 1
-        for (int d0 = 0; d0 < KC; d0 += PK_KT) pairs_tile<KC>(p, sm, pair, h, hq, d0, t0, clen, A);
-    }
-    __syncthreads(); /* every scratch row of the chunk is written (and visible to the block) */
-    if (KDA_SKIP(p, 65536)) return; /* development: the pairs without the last phase, to time it */
-#pragma unroll 1
-    for (int i = PK_QR * w; i < clen; i += PK_QR * PK_WARPS) qk_rows<KC>(p, t0, i, min(PK_QR, clen - i), hq, lane);
+    if constexpr (CL) pairs_dqk_out<KC>(p, sm, out, t0, clen, hq, d0);
 }
 
 template <int KC>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hqk;
+    const int64_t ctas = p->blocks.max_chunks * p->hv * (KC / PK_KT);
     if (ctas == 0) return 0;
-    static int done[KDA_MAX_DEVICES];
-    return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
-                      done, stream);
+    static int done[2][KDA_MAX_DEVICES];
+    if (!p->pairs_dqk)
+        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, 0>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
+                          device, done[0], stream);
+    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC, 1>, ctas, PK_THREADS,
+                              (int)(sizeof(pairs_smem) + sizeof(pairs_out)), p, device, done[1], stream, KC / PK_KT);
 }
 
 extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
