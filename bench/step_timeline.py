@@ -1,7 +1,9 @@
-"""Where a training step's wall time goes between the GPU's kernels: one step of bench_bwd.py's shape under
-torch.profiler (after warm-up), every GPU kernel and memset with its start (µs after the step's first GPU event),
-its duration and the idle gap before it; then the host's time to enqueue the forward and the backward
-(time.perf_counter around each call, no synchronisation between them) and a single step's CUDA-event time.
+"""Where a training step's wall time goes outside the GPU's kernels: the host's time to enqueue the forward and
+the backward (time.perf_counter around each call, no synchronisation between them; a single step's CUDA events
+include the forward's, before its first kernel), a single step's CUDA-event time, then one step under
+torch.profiler: every kernel with its start (µs after the step's first), duration and the idle gap before it
+(the profiler slows the launches of kernels it meets for the first time: those gaps are its own, not the step's).
+--cprofile: the Python functions with the most own time over 200 forward calls (no_grad) and 50 steps.
 
     KDA_LIBRARY=build-gpu/libkda.so PYTHONPATH=python:bench python3 bench/step_timeline.py [--shape "B2 T8192 H32"]
 """
@@ -19,6 +21,7 @@ from timing import time_ms
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="B2 T8192 H32")
+    ap.add_argument("--cprofile", action="store_true")
     a = ap.parse_args()
     name, B, T, HQK, HV = next(s for s in SHAPES if s[0] == a.shape)
     x, w, flags = make_inputs(B, T, HQK, HV)
@@ -56,6 +59,20 @@ def main():
     print("%s: host µs to enqueue (medians of 20): forward with autograd %.0f, backward %.0f; forward under "
           "no_grad %.0f" % (name, statistics.median(fh), statistics.median(bh), statistics.median(nh)))
     print("single step (CUDA events, median of 10): %.3f ms" % time_ms(step, reps=10))
+
+    if a.cprofile:
+        import cProfile
+        import pstats
+        for what, fn, n in (("forward, no_grad", lambda: forward(kda.chunk_kda, x, flags), 200), ("step", step, 50)):
+            pr = cProfile.Profile()
+            with torch.no_grad() if what.endswith("no_grad") else torch.enable_grad():
+                pr.enable()
+                for _ in range(n):
+                    fn()
+                pr.disable()
+            torch.cuda.synchronize()
+            print("-- cProfile: %s, %d calls (own time)" % (what, n))
+            pstats.Stats(pr).sort_stats("tottime").print_stats(14)
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()

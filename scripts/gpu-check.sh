@@ -276,7 +276,7 @@ PY
   timeline) # one training step's kernels, their gaps, and the host's time to enqueue (bench/step_timeline.py)
     [ -f build-dev/libkda.so ] || build build-dev . -DKDA_DEV=ON || exit 1
     env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
-      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" 2>&1 | grep -v Warn | tee "$OUT/step_timeline.log"
+      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" $TIMELINE_ARGS 2>&1 | grep -v Warn | tee "$OUT/step_timeline.log"
     ;;
   bwdsrc) # the backward kernels' source lines by warp-stall samples (ncu source counters, one training step)
     for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_pairs_kernel kda_bwd_dstate_kernel}; do

@@ -1,6 +1,5 @@
 /* emulator stand-in for src/cuda/common.cuh: only what the backward kernels use */
 #pragma once
-#include <stdlib.h>
 #include "shim.h"
 #include "kda_cuda.h"
 #define DEV static inline
@@ -133,10 +132,6 @@ DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
 }
 DEV void cp_async_commit(void) {}
 DEV void cp_async_wait_all(void) {}
-/* thread-block clusters: not emulated (blocks run one after the other); the kernels' cluster paths are not run */
-DEV void cluster_arrive(void) { abort(); }
-DEV void cluster_wait(void) { abort(); }
-DEV float ld_cluster_f32(uint32_t addr, uint32_t rank) { (void)addr, (void)rank; abort(); }
 /* common.cuh's decay_state (the dstate recurrence kernel's decay) */
 template <int KD>
 DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {

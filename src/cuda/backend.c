@@ -574,7 +574,6 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
     bw.wgmma = ((const cuda_impl_t *)ctx->impl)->major == 9 && cfg->rec_wgmma;
-    bw.pairs_dqk = bw.group == 1 && ((const cuda_impl_t *)ctx->impl)->major >= 9; /* thread-block clusters */
     if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* the pairs kernel's grid */
         p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
         p->num_tokens * a->num_qk_heads >= ((int64_t)1 << 34)) /* the finish kernel: a warp per row, 8 per CTA */

@@ -18,9 +18,8 @@
  *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
  *                  rules per channel, the gate's backward: dg written, dq̂ and dk̂ of the value head into the
  *                  scratch, dA_log/ddt_bias partial sums per (chunk, head, channel)
- *                  (without GVA, pairs_dqk: the l2norm step, dq and dk written by the pairs kernel itself)
- *   bwd_finish.cu  (GVA) the G value heads of each query/key head summed in order, the l2norm step, dq and dk
- *                  written; ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
+ *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
+ *                  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
@@ -78,10 +77,6 @@ typedef struct kda_bwd_params {
                                      fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
-    int pairs_dqk;                /* no GVA (group 1) on sm_90+: the pairs kernel's CTAs of one (chunk, head) form a
-                                     cluster and write dq, dk themselves (the l2norm's row sums exchanged through
-                                     distributed shared memory); else the finish kernel sums the value heads' dq̂,
-                                     dk̂ from the scratch */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 

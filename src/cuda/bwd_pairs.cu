@@ -52,14 +52,6 @@ struct pairs_smem {
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
 };
 
-/* After pairs_smem in a CTA of a cluster (pairs_dqk): the tile's dq̂, dk̂, kept for the l2norm step, its rows'
- * l2norm factors, and their sums Σ q̂ dq̂, Σ k̂ dk̂ over the tile's channels, which the cluster's CTAs read */
-struct pairs_out {
-    float dq[C * TS], dk[C * TS];
-    float rn[2][C];  /* rq, rk (1 without the l2norm) */
-    float dot[2][C];
-};
-
 /* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
  * (X3) as parts hi + lo */
 template <int X3, int TR>
@@ -188,7 +180,7 @@ DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int w, int dl, in
     }
 }
 
-/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (in G's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
+/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
  * terms summed into *dAl, *dbias; every store after the gate's math */
 template <int MODE>
 DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int w, int dl,
@@ -197,7 +189,7 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) {
         const int i = PK_RG * w + r;
-        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.G[i * TS + dl] + off, dAl) : 0.0f;
+        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.q[i * TS + dl] + off, dAl) : 0.0f;
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
     const int64_t stride = (int64_t)p.hv * p.K;
@@ -206,63 +198,11 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
         if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
-/* Without GVA (pairs_dqk; the NTILE CTAs of a (chunk, head) form a cluster, the CTA of channels d0.. has rank
- * d0 / PK_KT): dq and dk of the tile's channels from dq̂, dk̂ — the l2norm step dx = r (dy − y (y·dy)), y = r x
- * = q̂ (or k̂), r from the chunk kernel: y·dy sums the row over every channel, the tiles' partial sums exchanged
- * through the cluster's shared memory and added in rank order — and stored in their dtypes. Thread: row tid / 4,
- * channels 8 (tid mod 4) .. of the tile. */
 template <int KC>
-DEV void pairs_dqk_out(const kda_bwd_params_t &p, const pairs_smem &sm, pairs_out &out, int64_t t0, int clen,
-                       int hq, int d0) {
-    constexpr int NTILE = KC / PK_KT;
-    const int tid = threadIdx.x, i = tid >> 2, c0 = 8 * (tid & 3);
-    if (p.l2norm) {
-        float sq = 0.0f, sk = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            sq += sm.q[i * TS + c0 + c] * out.dq[i * TS + c0 + c];
-            sk += sm.k[i * TS + c0 + c] * out.dk[i * TS + c0 + c];
-        }
-        sq += __shfl_xor_sync(0xffffffffu, sq, 1);
-        sk += __shfl_xor_sync(0xffffffffu, sk, 1);
-        sq += __shfl_xor_sync(0xffffffffu, sq, 2);
-        sk += __shfl_xor_sync(0xffffffffu, sk, 2);
-        if ((tid & 3) == 0) out.dot[0][i] = sq, out.dot[1][i] = sk;
-    }
-    cluster_arrive();
-    cluster_wait(); /* every CTA's partial sums are written (and every CTA of the cluster has started) */
-    float dotq = 0.0f, dotk = 0.0f;
-    if (p.l2norm)
-#pragma unroll
-        for (int r = 0; r < NTILE; r++) {
-            dotq += ld_cluster_f32(smem_u32(&out.dot[0][i]), (uint32_t)r);
-            dotk += ld_cluster_f32(smem_u32(&out.dot[1][i]), (uint32_t)r);
-        }
-    cluster_arrive(); /* this thread's reads of the other CTAs' shared memory are done */
-    if (i < clen) {
-        const float rq = out.rn[0][i], rk = out.rn[1][i];
-        const int64_t row = ((t0 + i) * p.hqk + hq) * (int64_t)p.K + d0 + c0;
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            if (d0 + c0 + c >= p.K) break;
-            float dq = out.dq[i * TS + c0 + c], dk = out.dk[i * TS + c0 + c];
-            if (p.l2norm) {
-                dq = rq * (dq - sm.q[i * TS + c0 + c] * dotq);
-                dk = rk * (dk - sm.k[i * TS + c0 + c] * dotk);
-            }
-            store_elem(p.dq, p.dq_dtype, row + c, dq);
-            store_elem(p.dk, p.dk_dtype, row + c, dk);
-        }
-    }
-    cluster_wait(); /* no CTA leaves while another may still read its shared memory */
-}
-
-template <int KC, int CL>
 __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
     constexpr int NTILE = KC / PK_KT;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     pairs_smem &sm = *(pairs_smem *)smem_raw;
-    pairs_out &out = *(pairs_out *)(smem_raw + sizeof(pairs_smem)); /* CL only */
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
     const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
@@ -312,7 +252,6 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
             const int i = PK_RG * w + r;
             sm.q[i * TS + dl] = qv[r] * rq[r];
             sm.k[i * TS + dl] = kv[r] * rk[r];
-            if (CL && lane == 0) out.rn[0][i] = rq[r], out.rn[1][i] = rk[r];
             sm.x[i * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
         }
         switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
@@ -386,10 +325,7 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
                 dG[nt][c] = qv * oq[u] + kv * (ex - fy + pk[nt][c] - pe[nt][c]);
                 ext[u] += kv * fy;
             }
-            if (CL) { /* kept for the l2norm step */
-                *(float2 *)&out.dq[i * TS + col] = make_float2(oq[0], oq[1]);
-                *(float2 *)&out.dk[i * TS + col] = make_float2(ok[0], ok[1]);
-            } else if (srow[hr] >= 0) {
+            if (srow[hr] >= 0) {
                 float *row = p.dqk + srow[hr] * (2 * KC) + d0 + col;
                 *(float2 *)row = make_float2(oq[0], oq[1]);
                 *(float2 *)(row + KC) = make_float2(ok[0], ok[1]);
@@ -405,13 +341,12 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
             if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
         }
     }
-    const float gam = gexp(Gl[dl]); /* γ of the lane's column, before G's tile holds dG */
-    __syncthreads(); /* every read of G is done: it holds dG next (q̂ and k̂ stay, for the l2norm step) */
+    __syncthreads(); /* every read of q̂ is done: it holds dG next */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            sm.G[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
+            sm.q[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
     __syncthreads();
 
     /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
@@ -419,13 +354,13 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     float s = 0.0f;
 #pragma unroll
     for (int r = PK_RG - 1; r >= 0; r--) {
-        s += sm.G[(PK_RG * w + r) * TS + dl];
-        sm.G[(PK_RG * w + r) * TS + dl] = s;
+        s += sm.q[(PK_RG * w + r) * TS + dl];
+        sm.q[(PK_RG * w + r) * TS + dl] = s;
     }
     sm.tot[w][dl] = s;
     __syncthreads();
     float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
-    if (d < p.K) off += gam * p.dgam[pair * KC + d]; /* γ dγ */
+    if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
     for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
     float dAl = 0.0f, dbias = 0.0f;
     const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
@@ -443,19 +378,15 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
         p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
     }
-    if constexpr (CL) pairs_dqk_out<KC>(p, sm, out, t0, clen, hq, d0);
 }
 
 template <int KC>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hv * (KC / PK_KT);
     if (ctas == 0) return 0;
-    static int done[2][KDA_MAX_DEVICES];
-    if (!p->pairs_dqk)
-        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, 0>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
-                          device, done[0], stream);
-    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC, 1>, ctas, PK_THREADS,
-                              (int)(sizeof(pairs_smem) + sizeof(pairs_out)), p, device, done[1], stream, KC / PK_KT);
+    static int done[KDA_MAX_DEVICES];
+    return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
+                      done, stream);
 }
 
 extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {

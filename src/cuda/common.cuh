@@ -257,20 +257,6 @@ DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
 /* order this thread's earlier generic-proxy shared accesses before later async-proxy (bulk copy) ones */
 DEV void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-/* Thread-block clusters (sm_90+): the cluster-wide barrier in two halves (arrive: this thread's earlier memory
- * accesses released to the cluster; wait: until every thread of every CTA of the cluster arrived, acquiring
- * theirs), every thread of the warp together (.aligned); and a float of another CTA's shared memory (the same
- * variable's address in this CTA, the other CTA's rank in the cluster). */
-DEV void cluster_arrive(void) { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
-DEV void cluster_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
-DEV float ld_cluster_f32(uint32_t addr, uint32_t rank) {
-    uint32_t remote;
-    float x;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(remote) : "memory");
-    return x;
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * Tile layout
  * ------------------------------------------------------------------------------------------------------- */
@@ -384,30 +370,6 @@ static inline int kda_launch(const void *kernel, int64_t ctas, int threads, int 
     void *args[] = {(void *)params};
     err = cudaLaunchKernel(kernel, dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
                            (cudaStream_t)stream);
-    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
-}
-
-/* kda_launch with the grid in clusters of `cluster` consecutive CTAs (a multiple of it; sm_90+) */
-static inline int kda_launch_cluster(const void *kernel, int64_t ctas, int threads, int bytes, const void *params,
-                                     int device, int done[KDA_MAX_DEVICES], void *stream, int cluster) {
-    cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
-    if (err != cudaSuccess) return (int)err;
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr[1];
-    memset(&cfg, 0, sizeof cfg);
-    memset(attr, 0, sizeof attr);
-    cfg.gridDim = dim3((unsigned)ctas);
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = (size_t)bytes;
-    cfg.stream = (cudaStream_t)stream;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    void *args[] = {(void *)params};
-    err = cudaLaunchKernelExC(&cfg, kernel, args);
     return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
 }
 
