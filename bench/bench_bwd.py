@@ -108,12 +108,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/bwd"))
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
-    ap.add_argument("--only", default=None, help="only the shapes whose name contains this")
+    ap.add_argument("--only", default=None, help="only the shapes whose name contains this (\"_\" for a space)")
     args = ap.parse_args()
     reps = 5 if args.quick else 20
     rows = []
     for name, B, T, HQK, HV in SHAPES:
-        if args.only and args.only not in name:
+        if args.only and args.only.replace("_", " ") not in name:
             continue
         x, w, flags = make_inputs(B, T, HQK, HV)
         row = dict(shape=name)

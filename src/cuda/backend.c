@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "../internal.h"
 #include "bwd.h"
 #include "decode.h"
@@ -18,9 +20,23 @@ typedef struct {
     int sm_count;
     int major, minor;
     char name[128];
+    /* The backward's second stream: its states stage runs there beside the state-gradient stage when the two
+       grids fit the card together (bwd_overlap), forked from and joined to the caller's stream by the two events;
+       the lock keeps each call's record-wait pairs together when threads share the context. Created with the
+       context (no call allocates). */
+    cudaStream_t side;
+    cudaEvent_t fork, join;
+    pthread_mutex_t lock;
 } cuda_impl_t;
 
 static void cuda_destroy(kda_context_t *ctx) {
+    cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    if (impl) {
+        if (impl->side) (void)cudaStreamDestroy(impl->side);
+        if (impl->fork) (void)cudaEventDestroy(impl->fork);
+        if (impl->join) (void)cudaEventDestroy(impl->join);
+        pthread_mutex_destroy(&impl->lock);
+    }
     free(ctx->impl);
     ctx->impl = NULL;
 }
@@ -50,7 +66,19 @@ kda_status_t kda_cuda_init(kda_context_t *ctx, int device) {
     impl->major = prop.major;
     impl->minor = prop.minor;
     memcpy(impl->name, prop.name, sizeof impl->name - 1);
+    pthread_mutex_init(&impl->lock, NULL);
+    int prev = -1;
+    (void)cudaGetDevice(&prev);
+    if ((e = cudaSetDevice(device)) == cudaSuccess && (e = cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking)) ==
+            cudaSuccess && (e = cudaEventCreateWithFlags(&impl->fork, cudaEventDisableTiming)) == cudaSuccess)
+        e = cudaEventCreateWithFlags(&impl->join, cudaEventDisableTiming);
+    if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
     ctx->impl = impl;
+    if (e != cudaSuccess) {
+        cuda_destroy(ctx);
+        return kda_error(KDA_STATUS_BACKEND_ERROR, "kda_create: the backward's stream and events: %s",
+                         cudaGetErrorString(e));
+    }
     ctx->num_threads = 0;
     return KDA_STATUS_SUCCESS;
 }
@@ -495,6 +523,30 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
 }
 
+/* Whether the states stage runs on the second stream beside the state-gradient stage: both are chains of chunk
+ * steps, one CTA per SM, on as many CTAs as their (sequence, head, tile)s; when the two grids fit the SMs
+ * together (B1 T32768 H16: 64 + 32 CTAs) the second one's time is saved, else (B2 T8192 H32: 128 + 128) they
+ * would only queue behind each other. Not under the development build's stage timing (its events are on the
+ * caller's stream). */
+static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw) {
+#ifdef KDA_DEV_BUILD
+    if (bwd_timing) return 0;
+#endif
+    const int64_t states = p->num_seqs * p->a.num_v_heads * (bw->vc / choose_bv(impl, p, bw->vc));
+    return states + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
+}
+
+/* The states stage on the second stream, after everything the caller's stream holds so far (the chunk blocks);
+ * the join event recorded after it (the caller's stream waits for it before the inter kernel) */
+static int bwd_fork_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw,
+                           const kda_cuda_config_t *cfg, int device, void *stream) {
+    cudaError_t e = cudaEventRecord(impl->fork, (cudaStream_t)stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(impl->side, impl->fork, 0);
+    if (e != cudaSuccess) return (int)e;
+    const int err = bwd_states(impl, p, bw, cfg, device, (void *)impl->side);
+    return err != 0 ? err : (int)cudaEventRecord(impl->join, impl->side);
+}
+
 static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,
                                   void *stream) {
     (void)ws_bytes;
@@ -580,12 +632,15 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
+    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+    const int overlap = bwd_overlap(impl, p, &bw);
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     if (e == cudaSuccess && prev != ctx->device) e = cudaSetDevice(ctx->device);
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     int err = 0;
     const char *stage = "";
+    if (overlap) pthread_mutex_lock(&((cuda_impl_t *)ctx->impl)->lock);
     (void)BWD_MARK(0);
     if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
     else if (BWD_MARK(1) || (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
@@ -595,16 +650,21 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
                                                         kda_dtype_size(b->d_initial_state_dtype),
                                          (cudaStream_t)stream)) != 0))
         stage = "d_initial_state memset";
-    else if (BWD_MARK(3) || (err = bwd_states((const cuda_impl_t *)ctx->impl, p, &bw, cfg, ctx->device, stream)) != 0)
+    else if (overlap && (err = bwd_fork_states(impl, p, &bw, cfg, ctx->device, stream)) != 0)
+        stage = "backward states (second stream)";
+    else if (BWD_MARK(3) || (!overlap && (err = bwd_states(impl, p, &bw, cfg, ctx->device, stream)) != 0))
         stage = "backward states";
     else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
         stage = "backward state-gradient";
+    else if (overlap && (err = (int)cudaStreamWaitEvent((cudaStream_t)stream, impl->join, 0)) != 0)
+        stage = "backward states (join)";
     else if (BWD_MARK(5) || (bw.split && (err = kda_bwd_launch_inter(&bw, ctx->device, stream)) != 0))
         stage = "backward inter";
     else if (BWD_MARK(6) || (err = kda_bwd_launch_chunk(&bw, ctx->device, stream)) != 0) stage = "backward chunk";
     else if (BWD_MARK(7) || (err = kda_bwd_launch_pairs(&bw, ctx->device, stream)) != 0) stage = "backward pairs";
     else if (BWD_MARK(8) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
     (void)BWD_MARK(9);
+    if (overlap) pthread_mutex_unlock(&((cuda_impl_t *)ctx->impl)->lock);
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

@@ -83,6 +83,7 @@ typedef struct kda_bwd_params {
 
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
+int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches */
 int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream);

@@ -543,12 +543,17 @@ static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream
  * choose_bv), but on sm_90a never below 64, wgmma's width (fewer (sequence, head) pairs than SMs leave SMs idle
  * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
  * step; development builds: dev_skip 16384 gives the narrow tile back, to time it) */
-template <int KC>
-static int launch_dstate_rec_k(const kda_bwd_params_t *p, int device, void *stream) {
+static int dstate_rec_bv(const kda_bwd_params_t *p) {
     const int64_t heads = p->seqs.num_seqs * p->hv;
     int bv = p->vc;
     while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
     if (p->wgmma && bv < 64 && p->vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
+    return bv;
+}
+
+template <int KC>
+static int launch_dstate_rec_k(const kda_bwd_params_t *p, int device, void *stream) {
+    const int bv = dstate_rec_bv(p);
     if (bv == 128) return p->wgmma ? launch_dstate_rec<KC, 128, 1>(p, device, stream)
                                    : launch_dstate_rec<KC, 128, 0>(p, device, stream);
     if (bv == 64) return p->wgmma ? launch_dstate_rec<KC, 64, 1>(p, device, stream)
@@ -559,6 +564,11 @@ static int launch_dstate_rec_k(const kda_bwd_params_t *p, int device, void *stre
 /* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback */
 static int dstate_rec_applies(const kda_bwd_params_t *p) {
     return p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
+}
+
+extern "C" int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p) {
+    const int64_t heads = p->seqs.num_seqs * p->hv;
+    return heads * (p->vc / (dstate_rec_applies(p) ? dstate_rec_bv(p) : dstate_wide(p) ? KDA_BWD_BV_WIDE : KDA_BWD_BV));
 }
 
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
