@@ -19,6 +19,11 @@ allocator on the current stream):
 
 A final state that was not requested is returned by the functional ops as an empty float32 tensor (custom ops
 cannot return None) and mapped to None by the Python entry points.
+
+Eager calls on plain tensors skip the ops' dispatch (its host time is more than a small call's GPU time):
+without gradients the implementations are called directly; a chunk_kda that needs gradients runs through
+_ChunkKDA, a torch.autograd.Function with the same forward and backward. torch.compile and tensor subclasses
+go through the ops.
 """
 
 import ctypes
