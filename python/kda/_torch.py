@@ -487,9 +487,9 @@ chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_cont
 
 class _ChunkKDA(torch.autograd.Function):
     """chunk_kda_fwd and its autograd formula (_chunk_backward) without the custom op's dispatch, for eager calls
-    on plain tensors that need gradients: the op and its registered backward cost ~0.4 ms and ~0.5 ms of host time
-    a training step (bench/step_timeline.py, H100 host), which a single step's time includes before its first
-    kernel. torch.compile and tensor subclasses keep the op. The arguments were checked by kda.chunk_kda."""
+    on plain tensors that need gradients: through the op and its registered backward a training step's host time
+    was ~0.5 ms more in the forward (before its first kernel: a single step's time includes it) and ~0.3 ms more in
+    the backward (bench/step_timeline.py, H100 host). torch.compile and tensor subclasses keep the op. The arguments were checked by kda.chunk_kda."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig,
@@ -514,6 +514,8 @@ class _ChunkKDA(torch.autograd.Function):
             bool(need[6]) and dt_bias is not None and gate, checked=True)
         return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None,
                 ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 12
+
+
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)
 
 

@@ -69,8 +69,9 @@ kda_status_t kda_cuda_init(kda_context_t *ctx, int device) {
     pthread_mutex_init(&impl->lock, NULL);
     int prev = -1;
     (void)cudaGetDevice(&prev);
-    if ((e = cudaSetDevice(device)) == cudaSuccess && (e = cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking)) ==
-            cudaSuccess && (e = cudaEventCreateWithFlags(&impl->fork, cudaEventDisableTiming)) == cudaSuccess)
+    if ((e = cudaSetDevice(device)) == cudaSuccess &&
+        (e = cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking)) == cudaSuccess &&
+        (e = cudaEventCreateWithFlags(&impl->fork, cudaEventDisableTiming)) == cudaSuccess)
         e = cudaEventCreateWithFlags(&impl->join, cudaEventDisableTiming);
     if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
     ctx->impl = impl;
@@ -632,7 +633,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
-    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+    cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
     const int overlap = bwd_overlap(impl, p, &bw);
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
@@ -640,7 +641,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     int err = 0;
     const char *stage = "";
-    if (overlap) pthread_mutex_lock(&((cuda_impl_t *)ctx->impl)->lock);
+    if (overlap) pthread_mutex_lock(&impl->lock);
     (void)BWD_MARK(0);
     if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
     else if (BWD_MARK(1) || (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
@@ -664,7 +665,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     else if (BWD_MARK(7) || (err = kda_bwd_launch_pairs(&bw, ctx->device, stream)) != 0) stage = "backward pairs";
     else if (BWD_MARK(8) || (err = kda_bwd_launch_finish(&bw, ctx->device, stream)) != 0) stage = "backward finish";
     (void)BWD_MARK(9);
-    if (overlap) pthread_mutex_unlock(&((cuda_impl_t *)ctx->impl)->lock);
+    if (overlap) pthread_mutex_unlock(&impl->lock);
     if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
     if (err != 0)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,

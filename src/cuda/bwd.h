@@ -5,7 +5,8 @@
  * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
  * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace:
  *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
- *                  chunk start, fp32
+ *                  chunk start, fp32; on the context's second stream beside bwd_dstate.cu when the two grids fit
+ *                  the SMs together (backend.c bwd_overlap: dS never reads S)
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state (bf16 d_o: the forward's recurrence transposed, dSᵀ in registers)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
