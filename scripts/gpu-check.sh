@@ -22,6 +22,8 @@
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried), of this tree and of .var2 when carried,
 #             two rounds, dev builds, and this tree's gradients against .var1's ("vs ref"); then, with
 #             BWD_AB_SKIP, this tree once more with those development skip bits
+#   bwdskip   the backward's per-stage ms and step time with and without BWD_SKIP (development skip bits), two
+#             rounds, dev build; gradients against the skip run's
 #   timeline  one training step of TIMELINE_SHAPE under torch.profiler: every kernel's start, duration and the idle
 #             gap before it; the host's time to enqueue the forward and the backward (bench/step_timeline.py)
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
@@ -56,7 +58,8 @@ build() { # dir src [cmake args]
     { grep -E "error" "$LOG/build-$(basename $dir).log" | head -30; return 1; }
   echo "build $dir $(( $(date +%s) - t0 )) s ($(grep -c 'spill' "$LOG/build-$(basename $dir).log") spill lines)"
 }
-[ "$*" = bwdab ] || build build-gpu . || exit 1 # bwdab alone needs only its dev builds
+case "$*" in bwdab | bwdskip) build build-dev . -DKDA_DEV=ON || exit 1 ;; # these alone need only dev builds
+  *) build build-gpu . || exit 1 ;; esac
 PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
 
 # Triton's cache (with FLA's autotuning results: FLA_CACHE_RESULTS) in .triton-cache/ when carried there: FLA's
@@ -272,6 +275,16 @@ PY
       env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
         python3 bench/bwd_stages.py --dev-skip "$BWD_AB_SKIP" --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_ab.log"
     fi
+    ;;
+  bwdskip) # this tree's backward with and without the development skip bits BWD_SKIP (dev build only), two rounds;
+    # the skip runs' gradients are the reference of the others'
+    IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32}"
+    for r in 1 2; do for sk in $BWD_SKIP 0; do
+      if [ "$sk" != 0 ]; then g="--save-grads /tmp/skip_grads.pt --dev-skip $sk"; else g="--ref-grads /tmp/skip_grads.pt"; fi
+      echo "-- dev_skip $sk (round $r)"
+      env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
+        python3 bench/bwd_stages.py $g --reps 15 --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_skip.log"
+    done; done
     ;;
   timeline) # one training step's kernels, their gaps, and the host's time to enqueue (bench/step_timeline.py)
     [ -f build-dev/libkda.so ] || build build-dev . -DKDA_DEV=ON || exit 1
