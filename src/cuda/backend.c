@@ -255,7 +255,7 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
                              kda_rec_params_t *rp, int device, void *stream) {
     rp->mode = KDA_REC_STATES;
-    if (!rp->bv) rp->bv = choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v)); /* else the caller's */
+    rp->bv = choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
     rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
     rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
     return cfg->rec(rp, device, stream);
@@ -264,7 +264,6 @@ static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, co
 static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
                              const kda_rec_params_t *fwd, int device, void *stream) {
     kda_rec_params_t rp = *fwd;
-    rp.bv = 0; /* launch_rec_states' choice */
     rp.chunk_states = NULL;
     rp.states_out = p->a.chunk_states;
     rp.states_out_dtype = (int)p->a.chunk_states_dtype;
@@ -522,30 +521,20 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
     rp.V = bw->V;
     rp.v_first = bw->v_first;
     rp.chunk_states = bw->states;
-    rp.bv = bw->states_bv;
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
 }
 
 /* Whether the states stage runs on the second stream beside the state-gradient stage: both are chains of chunk
  * steps, one CTA per SM, on as many CTAs as their (sequence, head, tile)s; when the two grids fit the SMs
- * together (B1 T32768 H16: 64 + 32 CTAs) the second one's time is saved, else they would only queue behind each
- * other. Where the tiles each stage would choose to fill the card alone do not fit together (B2 T8192 H32: 128 +
- * 128 CTAs of 64 columns) but whole-width tiles do (64 + 64 CTAs of 128 columns), both take whole-width tiles
- * (bw->states_bv, bw->dstate_bv; a step of 128 columns is slower than one of 64, but the two chains then run at
- * once; development builds: dev_skip 131072 leaves this out, to time it). Not under the development build's stage
- * timing (its events are on the caller's stream). */
-static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, kda_bwd_params_t *bw) {
+ * together (B1 T32768 H16: 64 + 32 CTAs) the second one's time is saved, else (B2 T8192 H32: 128 + 128) they
+ * would only queue behind each other. Not under the development build's stage timing (its events are on the
+ * caller's stream). */
+static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw) {
 #ifdef KDA_DEV_BUILD
     if (bwd_timing) return 0;
 #endif
-    const int64_t heads = p->num_seqs * p->a.num_v_heads;
-    if (heads * (bw->vc / choose_bv(impl, p, bw->vc)) + kda_bwd_dstate_ctas(bw) <= impl->sm_count) return 1;
-    kda_bwd_params_t wide = *bw;
-    wide.dstate_bv = bw->vc;
-    if (KDA_SKIP(*bw, 131072) || bw->vc < 64 || 2 * heads > impl->sm_count || kda_bwd_dstate_ctas(&wide) != heads)
-        return 0;
-    bw->states_bv = bw->dstate_bv = bw->vc;
-    return 1;
+    const int64_t states = p->num_seqs * p->a.num_v_heads * (bw->vc / choose_bv(impl, p, bw->vc));
+    return states + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
 }
 
 /* The states stage on the second stream, after everything the caller's stream holds so far (the chunk blocks);

@@ -78,8 +78,6 @@ typedef struct kda_bwd_params {
                                      fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
-    int states_bv, dstate_bv;     /* the states and dstate stages' tile widths; 0: their own choice (backend.c
-                                     bwd_overlap sets both to VC when the two stages run side by side) */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 

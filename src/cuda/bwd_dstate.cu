@@ -544,7 +544,6 @@ static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream
  * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
  * step; development builds: dev_skip 16384 gives the narrow tile back, to time it) */
 static int dstate_rec_bv(const kda_bwd_params_t *p) {
-    if (p->dstate_bv) return p->dstate_bv; /* the caller's (backend.c bwd_overlap) */
     const int64_t heads = p->seqs.num_seqs * p->hv;
     int bv = p->vc;
     while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
