@@ -14,7 +14,7 @@ import time
 import torch
 
 import kda
-from bench_bwd import SHAPES, make_inputs, forward
+from bench_bwd import SHAPES, make_inputs, forward, step as train_step
 from timing import time_ms
 
 
@@ -27,10 +27,7 @@ def main():
     x, w, flags = make_inputs(B, T, HQK, HV)
 
     def step():
-        for t in x.values():
-            t.grad = None
-        o, ht = forward(kda.chunk_kda, x, flags)
-        torch.autograd.backward([o, ht], [w["do"], w["dht"]])
+        train_step(kda.chunk_kda, x, w, flags)
 
     for _ in range(3):
         step()

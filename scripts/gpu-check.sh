@@ -20,8 +20,7 @@
 #   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py) of
 #             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried), of this tree and of .var2 when carried,
-#             two rounds, dev builds, and this tree's gradients against .var1's ("vs ref"); then, with
-#             BWD_AB_SKIP, this tree once more with those development skip bits
+#             two rounds, dev builds, and this tree's gradients against .var1's ("vs ref")
 #   bwdskip   the backward's per-stage ms and step time with and without BWD_SKIP (development skip bits), two
 #             rounds, dev build; gradients against the skip run's
 #   timeline  one training step of TIMELINE_SHAPE under torch.profiler: every kernel's start, duration and the idle
@@ -270,11 +269,6 @@ PY
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:$PWD/bench PYTHONUNBUFFERED=1 \
         python3 bench/bwd_stages.py $g --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_ab.log"
     done; done
-    if [ -n "$BWD_AB_SKIP" ]; then  # this tree with development skip bits (timing a kernel without a part)
-      echo "-- dev, dev_skip $BWD_AB_SKIP"
-      env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-        python3 bench/bwd_stages.py --dev-skip "$BWD_AB_SKIP" --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_ab.log"
-    fi
     ;;
   bwdskip) # this tree's backward with and without the development skip bits BWD_SKIP (dev build only), two rounds;
     # the skip runs' gradients are the reference of the others'
@@ -287,7 +281,7 @@ PY
     done; done
     ;;
   timeline) # one training step's kernels, their gaps, and the host's time to enqueue (bench/step_timeline.py)
-    [ -f build-dev/libkda.so ] || build build-dev . -DKDA_DEV=ON || exit 1
+    build build-dev . -DKDA_DEV=ON || exit 1
     env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
       python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" $TIMELINE_ARGS 2>&1 | grep -v Warn | tee "$OUT/step_timeline.log"
     ;;

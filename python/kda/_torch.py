@@ -467,13 +467,15 @@ def _chunk_setup_context(ctx, inputs, output):
     ctx.flags = (inputs[10],) + tuple(inputs[12:19])
 
 
-def _chunk_backward(ctx, do, dht):
+def _chunk_grads(ctx, do, dht, bwd):
+    """chunk_kda_fwd's gradients from what _chunk_setup_context saved, computed by `bwd`: the op chunk_kda_bwd or
+    (_ChunkKDA) its implementation"""
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = ctx.saved_tensors
     scale, l2, gate, bsig, neg, safe, lb, vfirst = ctx.flags
     need = ctx.needs_input_grad
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
-    dq, dk, dv, dg, dbeta, dh0, dA, ddt = torch.ops.kda.chunk_kda_bwd(
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = bwd(
         q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do.contiguous(),
         dht.contiguous() if dht is not None else None, scale, l2, gate, bsig, neg, safe, lb, vfirst,
         bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
@@ -482,38 +484,36 @@ def _chunk_backward(ctx, do, dht):
             ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 12
 
 
+def _chunk_backward(ctx, do, dht):
+    return _chunk_grads(ctx, do, dht, torch.ops.kda.chunk_kda_bwd)
+
+
+def _chunk_kda_bwd_checked(*args):
+    return _chunk_kda_bwd_impl(*args, checked=True)
+
+
 chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
 
 
 class _ChunkKDA(torch.autograd.Function):
-    """chunk_kda_fwd and its autograd formula (_chunk_backward) without the custom op's dispatch, for eager calls
-    on plain tensors that need gradients: through the op and its registered backward a training step's host time
-    was ~0.5 ms more in the forward (before its first kernel: a single step's time includes it) and ~0.3 ms more in
-    the backward (bench/step_timeline.py, H100 host). torch.compile and tensor subclasses keep the op. The arguments were checked by kda.chunk_kda."""
+    """chunk_kda_fwd and its autograd formula without the custom op's dispatch, for eager calls on plain tensors
+    that need gradients: through the op and its registered backward a training step's host time was ~0.5 ms more
+    in the forward (before its first kernel: a single step's time includes it) and ~0.3 ms more in the backward
+    (bench/step_timeline.py, H100 host). torch.compile and tensor subclasses keep the op. The arguments were
+    checked by kda.chunk_kda (and the backward's do and dht are autograd's gradients of the outputs)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2, gate, bsig,
-                neg, safe, lb, vfirst, cp):
-        o, ht = _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
-                                    gate, bsig, neg, safe, lb, vfirst, checked=True, cp=cp)
-        ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
-        ctx.flags = (scale, l2, gate, bsig, neg, safe, lb, vfirst)
-        if not output_final_state:
+    def forward(ctx, *inputs):  # chunk_kda_fwd's inputs, in its order
+        *args, cp = inputs
+        o, ht = _chunk_kda_fwd_impl(*args, checked=True, cp=cp)
+        _chunk_setup_context(ctx, inputs, (o, ht))
+        if not inputs[11]:  # output_final_state
             ctx.mark_non_differentiable(ht)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = ctx.saved_tensors
-        scale, l2, gate, bsig, neg, safe, lb, vfirst = ctx.flags
-        need = ctx.needs_input_grad
-        dq, dk, dv, dg, dbeta, dh0, dA, ddt = _chunk_kda_bwd_impl(
-            q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do.contiguous(),
-            dht.contiguous() if dht is not None and dht.numel() > 0 else None, scale, l2, gate, bsig, neg, safe, lb,
-            vfirst, bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
-            bool(need[6]) and dt_bias is not None and gate, checked=True)
-        return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None,
-                ddt if need[6] and ddt.numel() else None, dh0 if need[7] and dh0.numel() else None) + (None,) * 12
+        return _chunk_grads(ctx, do, dht, _chunk_kda_bwd_checked)
 
 
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)

@@ -552,8 +552,7 @@ static int dstate_rec_bv(const kda_bwd_params_t *p) {
 }
 
 template <int KC>
-static int launch_dstate_rec_k(const kda_bwd_params_t *p, int device, void *stream) {
-    const int bv = dstate_rec_bv(p);
+static int launch_dstate_rec_k(const kda_bwd_params_t *p, int bv, int device, void *stream) {
     if (bv == 128) return p->wgmma ? launch_dstate_rec<KC, 128, 1>(p, device, stream)
                                    : launch_dstate_rec<KC, 128, 0>(p, device, stream);
     if (bv == 64) return p->wgmma ? launch_dstate_rec<KC, 64, 1>(p, device, stream)
@@ -566,15 +565,21 @@ static int dstate_rec_applies(const kda_bwd_params_t *p) {
     return p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
 }
 
+/* The state columns per CTA of the kernel that applies (one decision for the launch and for its CTA count) */
+static int dstate_bv(const kda_bwd_params_t *p) {
+    return dstate_rec_applies(p) ? dstate_rec_bv(p) : dstate_wide(p) ? KDA_BWD_BV_WIDE : KDA_BWD_BV;
+}
+
 extern "C" int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p) {
-    const int64_t heads = p->seqs.num_seqs * p->hv;
-    return heads * (p->vc / (dstate_rec_applies(p) ? dstate_rec_bv(p) : dstate_wide(p) ? KDA_BWD_BV_WIDE : KDA_BWD_BV));
+    return p->seqs.num_seqs * p->hv * (p->vc / dstate_bv(p));
 }
 
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
+    const int bv = dstate_bv(p);
     if (dstate_rec_applies(p))
-        return p->kc == 64 ? launch_dstate_rec_k<64>(p, device, stream) : launch_dstate_rec_k<128>(p, device, stream);
-    if (dstate_wide(p))
+        return p->kc == 64 ? launch_dstate_rec_k<64>(p, bv, device, stream)
+                           : launch_dstate_rec_k<128>(p, bv, device, stream);
+    if (bv == KDA_BWD_BV_WIDE)
         return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
                            : launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream);
     return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV>(p, device, stream) : launch_dstate<128, KDA_BWD_BV>(p, device, stream);
