@@ -290,6 +290,20 @@ typedef struct kda_args {
     void *chunk_states;           /* [Σ_n ceil(len_n / 64), HV, K, V] (V-first: [.., HV, V, K]) or NULL: not
                                      written. Default NULL */
     kda_dtype_t chunk_states_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
+
+    /* -- Training: what the forward keeps for the backward (appended; see struct_size) ------------------
+     * A training step can let kda_forward keep what kda_backward would otherwise recompute. The CUDA backend
+     * keeps the chunk blocks of its preparation stage (docs/ALGORITHM.md §6: 1,160 bytes per token and value
+     * head at K = V = 128, 644 at 64), so that kda_backward does not rerun that stage and its workspace is
+     * smaller by as much; the CPU backends keep nothing (0 bytes). Ask kda_forward_saved_size for the bytes,
+     * give kda_forward that memory here (device memory, any alignment), leave it unchanged until the
+     * backward, and pass the same kda_args_t, these fields included, as kda_backward's problem: it then reads
+     * the memory instead of recomputing (its contents are not checked: a buffer of another call or other
+     * inputs gives wrong gradients). kda_forward only (kda_decode refuses it). */
+    void *saved;                  /* the forward writes, the backward reads; NULL: nothing kept, the backward
+                                     recomputes. Default NULL */
+    size_t saved_bytes;           /* bytes at saved: at least kda_forward_saved_size's answer when saved is
+                                     set. Default 0 */
 } kda_args_t;
 
 /* Fill `args` with the defaults written beside each field and set struct_size. kda_args_init passes the
@@ -310,6 +324,10 @@ KDA_API void(kda_args_init)(kda_args_t *args);
 /* Bytes of workspace kda_forward needs for this problem on this context (may be 0). Validates args. */
 KDA_API kda_status_t kda_forward_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
                                                 size_t *workspace_bytes);
+
+/* Bytes kda_forward keeps at args->saved for kda_backward (0: this backend or problem keeps nothing, and
+ * saved may stay NULL). Validates args as kda_forward_workspace_size does; args->saved is not read. */
+KDA_API kda_status_t kda_forward_saved_size(const kda_context_t *ctx, const kda_args_t *args, size_t *saved_bytes);
 
 /* Compute o (and final_state if set) for every sequence. `workspace` points to workspace_bytes bytes, at
  * least the size kda_forward_workspace_size answered, on the context's device (host memory for the CPU

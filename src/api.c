@@ -198,6 +198,24 @@ static kda_status_t prepare(const kda_context_t *ctx, const kda_args_t *args, al
     return st;
 }
 
+/* Bytes the backend keeps at saved for this (checked, supported) problem */
+static kda_status_t saved_need(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
+    *bytes = 0;
+    return ctx->ops->saved_size ? ctx->ops->saved_size(ctx, p, bytes) : KDA_STATUS_SUCCESS;
+}
+
+/* saved, when set, holds what the backend keeps */
+static kda_status_t check_saved(const kda_context_t *ctx, const kda_problem_t *p, const char *fn) {
+    if (!p->a.saved) return KDA_STATUS_SUCCESS;
+    size_t need = 0;
+    const kda_status_t st = saved_need(ctx, p, &need);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    if (p->a.saved_bytes < need)
+        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE, "%s: argument 'saved_bytes': %zu bytes given, %zu needed "
+                         "(kda_forward_saved_size)", fn, p->a.saved_bytes, need);
+    return KDA_STATUS_SUCCESS;
+}
+
 static kda_status_t workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes, algo_t algo,
                                    const char *fn) {
     if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
@@ -213,6 +231,7 @@ static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, si
     kda_problem_t p;
     size_t need = 0;
     kda_status_t st = prepare(ctx, args, algo, fn, &p, &need);
+    if (st == KDA_STATUS_SUCCESS) st = check_saved(ctx, &p, fn);
     if (st != KDA_STATUS_SUCCESS) return st;
     if (ws_bytes < need)
         return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
@@ -225,6 +244,17 @@ static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, si
 
 kda_status_t kda_forward_workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
     return workspace_size(ctx, args, bytes, ALGO_FORWARD, "kda_forward_workspace_size");
+}
+
+kda_status_t kda_forward_saved_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
+    const char *fn = "kda_forward_saved_size";
+    if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'saved_bytes': NULL", fn);
+    kda_problem_t p;
+    size_t need = 0, ws = 0;
+    kda_status_t st = prepare(ctx, args, ALGO_FORWARD, fn, &p, &ws);
+    if (st == KDA_STATUS_SUCCESS) st = saved_need(ctx, &p, &need);
+    if (st == KDA_STATUS_SUCCESS) *bytes = need;
+    return st;
 }
 
 kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
@@ -275,6 +305,8 @@ static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backwar
         st = ctx->ops->supports(ctx, &p->f, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
     }
+    st = check_saved(ctx, &p->f, fn);
+    if (st != KDA_STATUS_SUCCESS) return st;
     return ctx->ops->backward_workspace(ctx, p, need);
 }
 

@@ -170,6 +170,8 @@ typedef struct kda_backend_ops {
     /* Backend-specific checks beyond the shared ones (e.g. supported head sizes), or NULL. */
     kda_status_t (*supports)(const kda_context_t *ctx, const kda_problem_t *p, const char *fn);
     void (*destroy)(kda_context_t *ctx);
+    /* Bytes kda_forward keeps at a.saved for the backward (NULL: the backend keeps nothing, 0 bytes). */
+    kda_status_t (*saved_size)(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
     /* The training backward (NULL: the backend has none; kda_backward answers NOT_SUPPORTED). */
     kda_status_t (*backward_workspace)(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
     kda_status_t (*backward)(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,

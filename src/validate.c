@@ -123,6 +123,13 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
             FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of input '%s'", in[i].name);
     if (overlap(cs, o)) FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of output 'o'");
     if (overlap(cs, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of output 'final_state'");
+    const extent_t sv = extent("saved", a->saved, (int64_t)(a->saved_bytes > (size_t)KDA_MAX_ELEMS ? KDA_MAX_ELEMS
+                                                                                                 : a->saved_bytes), 1);
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        if (overlap(sv, in[i])) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of input '%s'", in[i].name);
+    if (overlap(sv, o)) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of output 'o'");
+    if (overlap(sv, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of output 'final_state'");
+    if (overlap(sv, cs)) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of output 'chunk_states'");
     return KDA_STATUS_SUCCESS;
 }
 
@@ -352,6 +359,12 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         }
     }
 
+    /* -- what the forward keeps for the backward (kda_forward writes it, kda_backward reads it) --------------- */
+    if (!a->saved && a->saved_bytes != 0)
+        FAIL(KDA_STATUS_INVALID_VALUE, "saved_bytes", "%zu is set but saved is NULL", a->saved_bytes);
+    if (a->saved && strncmp(fn, "kda_decode", 10) == 0)
+        FAIL(KDA_STATUS_INVALID_VALUE, "saved", "is for kda_forward and kda_backward only; set it to NULL here");
+
     /* -- options ----------------------------------------------------------------------------------------- */
     if (!isfinite(a->scale)) FAIL(KDA_STATUS_INVALID_VALUE, "scale", "%g is not finite", (double)a->scale);
     p.scale = a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->head_dim_k));
@@ -529,6 +542,7 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
         {"state_indices", a->state_indices, a->state_indices ? (size_t)p.f.num_seqs * 4 : 0},
         {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
         {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
+        {"saved", a->saved, a->saved ? a->saved_bytes : 0},
     };
     const span_t outputs[] = {
         {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},

@@ -104,6 +104,9 @@ class KdaArgs(ctypes.Structure):
         # chunk-start states (appended)
         ("chunk_states", c_void_p),
         ("chunk_states_dtype", _enum),
+        # what the forward keeps for the backward (appended)
+        ("saved", c_void_p),
+        ("saved_bytes", c_size_t),
     ]
 
 
@@ -191,6 +194,7 @@ class _Library:
         self.get_num_threads = fn("kda_get_num_threads", c_int, c_void_p, POINTER(c_int))
         self.args_init = fn("kda_args_init", None, c_void_p)
         self.forward_workspace_size = fn("kda_forward_workspace_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
+        self.forward_saved_size = fn("kda_forward_saved_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
         self.forward = fn("kda_forward", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p)
         self.decode_workspace_size = fn("kda_decode_workspace_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
         self.decode = fn("kda_decode", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p)
@@ -394,6 +398,17 @@ def _call(L: _Library, ctx: Context, pa, decode: bool, n: int, workspace, stream
     st = (L.decode if decode else L.forward)(ctx.handle, pa, ptr, n, stream)
     del keep  # the allocator's block stays valid for the stream it was allocated on
     return st
+
+
+def saved_size(ctx: Context, args: KdaArgs) -> int:
+    """kda_forward_saved_size: the bytes kda_forward keeps for kda_backward at args.saved (0: nothing)."""
+    L = _lib
+    size = c_size_t()
+    with ctx.lock:
+        st = L.forward_saved_size(ctx.handle, byref(args), byref(size))
+        if st:
+            raise L.error(st)
+    return size.value
 
 
 def run_backward(ctx: Context, args: KdaBackwardArgs, workspace=None, stream=None) -> int:

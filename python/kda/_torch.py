@@ -123,19 +123,41 @@ def _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx,
 
 def _launch(fn: str, decode: bool, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float,
             l2: bool, gate: bool, bsig: bool, neg: bool, safe: bool, lower_bound: float, vfirst: bool,
-            checked: bool = False, nat=None, cp: int = -1, hs=None) -> None:
+            checked: bool = False, nat=None, cp: int = -1, hs=None, keep: bool = False) -> Optional[Tensor]:
     """Fill a kda_args_t from tensors and run it on the tensors' device (h0 may be ht: in place). `checked`:
     the caller is an entry point that has made every check of _check_launch already (the eager fast path).
-    `hs`: a contiguous float32 or bfloat16 tensor for kda_args_t.chunk_states (the states before each chunk)."""
+    `hs`: a contiguous float32 or bfloat16 tensor for kda_args_t.chunk_states (the states before each chunk).
+    `keep`: the forward of a training step on CUDA keeps what the backward reuses (kda_args_t.saved) in a uint8
+    tensor, returned (None where the library keeps nothing)."""
     if not checked:
         _check_launch(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, vfirst, nat)
     a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale, l2, gate, bsig, neg, safe,
               lower_bound, vfirst, nat, cp)
     if hs is not None:
         a.chunk_states, a.chunk_states_dtype = hs.data_ptr(), _code(fn, "h", hs, _STATE)
+    saved = _saved_tensor(fn, a, q.device) if keep else None
     _run(fn, a, decode, q.device)
     if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
         o.zero_()
+    return saved
+
+
+def _saved_tensor(fn: str, a: KdaArgs, dev: torch.device) -> Optional[Tensor]:
+    """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor of kda_forward_saved_size bytes, set
+    into `a` and returned; None when the library keeps nothing for this problem (or on the CPU)."""
+    if dev.type != "cuda":
+        return None
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+    try:
+        n = _lib.saved_size(ctx, a)
+    except KDAError as e:
+        raise in_callers_terms(e, fn) from None
+    if n == 0:
+        return None
+    t = torch.empty(n, dtype=torch.uint8, device=dev)
+    a.saved, a.saved_bytes = t.data_ptr(), n
+    return t
 
 
 def _fill(fn: str, q, k, v, g, beta, A_log, dt_bias, h0, ht, cu, cu_cpu, idx, o, scale: float, l2: bool, gate: bool,
@@ -240,15 +262,18 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 
 def _chunk_kda_fwd_impl(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale,
                         output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False, cp=-1, hs=None):
+                        allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked=False, cp=-1, hs=None,
+                        keep=False):
+    """(o, final_state or []); with `keep` (_ChunkKDA), (o, final_state, what the backward reuses or None)."""
     o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
     n = _num_seqs(q, cu_seqlens) if output_final_state else 0
     ht = torch.empty(_state_shape(q, v, n, state_v_first) if output_final_state else (0,), dtype=torch.float32,
                      device=q.device)
-    _launch("chunk_kda", False, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens, cu_seqlens_cpu,
-            None, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-            allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked, cp=cp, hs=hs)
-    return o, ht
+    saved = _launch("chunk_kda", False, q, k, v, g, beta, A_log, dt_bias, initial_state, ht, cu_seqlens,
+                    cu_seqlens_cpu, None, o, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
+                    use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first, checked,
+                    cp=cp, hs=hs, keep=keep)
+    return (o, ht, saved) if keep else (o, ht)
 
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, vfirst):
@@ -307,9 +332,10 @@ def _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, h0, want_dh0, want_dA_log, wa
 
 
 def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dht, scale, l2, gate, bsig, neg, safe,
-                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias, checked=False):
+                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias, checked=False, saved=None):
     """`checked`: the forward's tensors passed kda.chunk_kda's checks, and do and dht are autograd's gradients of
-    its outputs (their shapes, dtypes and devices), made contiguous (_ChunkKDA.backward)."""
+    its outputs (their shapes, dtypes and devices), made contiguous (_ChunkKDA.backward). `saved`: what the forward
+    kept for this backward (_launch's `keep`), or None: the backward recomputes it."""
     fn = "chunk_kda backward"
     if dht is not None and dht.numel() == 0:
         dht = None
@@ -325,6 +351,8 @@ def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dh
     # the forward's problem; `do` stands in for o, which the backward does not read
     a = _fill(fn, q, k, v, g, beta, A_log, dt_bias, h0, None, cu, cu_cpu, None, do, scale, l2, gate, bsig, neg, safe,
               lower_bound, vfirst)
+    if saved is not None:
+        a.saved, a.saved_bytes = saved.data_ptr(), saved.numel()
     b = KdaBackwardArgs.from_buffer_copy(_lib.library().backward_template)
     b.problem = ctypes.addressof(a)
     b.d_o, b.d_o_dtype = do.data_ptr(), _code(fn, "do", do)
@@ -488,8 +516,6 @@ def _chunk_backward(ctx, do, dht):
     return _chunk_grads(ctx, do, dht, torch.ops.kda.chunk_kda_bwd)
 
 
-def _chunk_kda_bwd_checked(*args):
-    return _chunk_kda_bwd_impl(*args, checked=True)
 
 
 chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
@@ -505,7 +531,9 @@ class _ChunkKDA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):  # chunk_kda_fwd's inputs, in its order
         *args, cp = inputs
-        o, ht = _chunk_kda_fwd_impl(*args, checked=True, cp=cp)
+        # the forward keeps its chunk blocks for the backward (kda_args_t.saved; CUDA), which then does not rerun
+        # the preparation stage and needs as much less workspace
+        o, ht, ctx.kda_saved = _chunk_kda_fwd_impl(*args, checked=True, cp=cp, keep=True)
         _chunk_setup_context(ctx, inputs, (o, ht))
         if not inputs[11]:  # output_final_state
             ctx.mark_non_differentiable(ht)
@@ -513,7 +541,8 @@ class _ChunkKDA(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dht):
-        return _chunk_grads(ctx, do, dht, _chunk_kda_bwd_checked)
+        saved = ctx.kda_saved
+        return _chunk_grads(ctx, do, dht, lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved))
 
 
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)

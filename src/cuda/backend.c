@@ -174,13 +174,34 @@ static size_t blocks_bytes(const kda_problem_t *p) {
     return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)block_bytes(p));
 }
 
+/* What kda_forward keeps for the backward (kda_args_t.saved): the chunk blocks, where the forward's prep writes
+ * them and the backward's stages read them instead of rerunning the prep; kept for the problems the CUDA
+ * backward takes (the chunked path, K, V <= KDA_BWD_MAX_HEAD_DIM), 256 bytes more for the alignment. */
+static size_t saved_bytes(const kda_problem_t *p) {
+    if (kda_cuda_decode_fits(p, 0) || p->a.head_dim_k > KDA_BWD_MAX_HEAD_DIM || p->a.head_dim_v > KDA_BWD_MAX_HEAD_DIM)
+        return 0;
+    return 256 + blocks_bytes(p);
+}
+static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
+    (void)ctx;
+    *bytes = saved_bytes(p);
+    return KDA_STATUS_SUCCESS;
+}
+/* The caller's saved memory holds the blocks (the API checked that saved_bytes is large enough) */
+static int uses_saved(const kda_problem_t *p) { return p->a.saved && saved_bytes(p) > 0; }
+static unsigned char *saved_base(const kda_problem_t *p) {
+    return (unsigned char *)(((uintptr_t)p->a.saved + 255) & ~(uintptr_t)255);
+}
+/* The blocks' bytes in the workspace: none when they go to saved */
+static size_t ws_blocks_bytes(const kda_problem_t *p) { return uses_saved(p) ? 0 : blocks_bytes(p); }
+
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    *bytes = 256 + meta_bytes(p) + blocks_bytes(p) + cp_bytes(p, cp_capacity(ctx, p)) + kda_cuda_claim_bytes(p);
+    *bytes = 256 + meta_bytes(p) + ws_blocks_bytes(p) + cp_bytes(p, cp_capacity(ctx, p)) + kda_cuda_claim_bytes(p);
     return KDA_STATUS_SUCCESS;
 }
 
-/* The sequences, the chunk blocks at `base` (after the varlen offsets) and the chunk preparation's params: the
- * forward's first stages, which the backward runs too. */
+/* The sequences, the chunk blocks (at `base` after the varlen offsets, or in the caller's saved memory) and the
+ * chunk preparation's params: the forward's first stages, which the backward runs too (unless saved). */
 static void fill_prep_params(const kda_problem_t *p, unsigned char *base, int dev_skip, kda_prep_params_t *out) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
@@ -193,7 +214,7 @@ static void fill_prep_params(const kda_problem_t *p, unsigned char *base, int de
     seqs.num_seqs = p->num_seqs;
     seqs.chunks_per_row = (a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
     seqs.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
-    kda_cuda_blocks_t blocks = {base + meta_bytes(p), block_bytes(p), max_chunks(p)};
+    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p), block_bytes(p), max_chunks(p)};
 
     kda_prep_params_t pp;
     memset(&pp, 0, sizeof pp);
@@ -304,7 +325,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     /* slot ownership (slots.cu) at the workspace's end */
     const kda_cp_capacity_t cap = cp_capacity(ctx, p);
     kda_claim_params_t cl = {a->state_indices, p->num_seqs, 1, 1, a->num_state_slots, NULL};
-    if (kda_cuda_claim_bytes(p) > 0) cl.claim = (int32_t *)(base + meta_bytes(p) + blocks_bytes(p) + cp_bytes(p, cap));
+    if (kda_cuda_claim_bytes(p) > 0) cl.claim = (int32_t *)(base + meta_bytes(p) + ws_blocks_bytes(p) + cp_bytes(p, cap));
     rp.claim = cl.claim;
     rp.o_dtype = (int)a->o_dtype;
     rp.h0_dtype = (int)a->initial_state_dtype;
@@ -330,7 +351,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     kda_cp_params_t cpp;
     memset(&cpp, 0, sizeof cpp);
     if (cap.slots > 0) {
-        unsigned char *cpbase = base + meta_bytes(p) + blocks_bytes(p);
+        unsigned char *cpbase = base + meta_bytes(p) + ws_blocks_bytes(p);
         cpp.seqs = seqs;
         cpp.header = (int64_t *)cpbase;
         cpp.table = (kda_cp_piece_t *)(cpbase + 256);
@@ -424,8 +445,8 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
 /* ---------------------------------------------------------------------------------------------------------
  * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks, then the six
  * backward stages. Workspace, each region 256-byte aligned:
- *   varlen offsets | chunk blocks (bf16, as the forward's) | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk
- *   and head) | Δ per chunk (fp32 [C][VC]; 16-bit inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32
+ *   varlen offsets | chunk blocks (bf16, as the forward's; none when the forward kept them in kda_args_t.saved)
+ *   | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk and head) | Δ per chunk (fp32 [C][VC]; 16-bit inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32
  *   [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head (fp32 2 × KC) | the coefficient gradients P, B per
  *   chunk (fp32 2 × [C][C + 4]: rows padded as the pairs kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
@@ -444,7 +465,7 @@ static bwd_layout_t bwd_layout(const kda_problem_t *p) {
     const size_t rows = (size_t)p->num_tokens * (size_t)p->a.num_v_heads; /* (token, value head) */
     bwd_layout_t l;
     l.blocks = meta_bytes(p);
-    l.states = l.blocks + align256(heads * (size_t)block_bytes(p));
+    l.states = l.blocks + (uses_saved(p) ? 0 : align256(heads * (size_t)block_bytes(p)));
     l.dstates = l.states + align256(heads * kc * vc * 4);
     l.delta = l.dstates + align256(heads * kc * vc * 4);
     l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
@@ -644,7 +665,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     if (overlap) pthread_mutex_lock(&impl->lock);
     (void)BWD_MARK(0);
     if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
-    else if (BWD_MARK(1) || (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
+    else if (BWD_MARK(1) || (!uses_saved(p) && (err = cfg->prep(&pp, ctx->device, stream)) != 0)) stage = "prep";
     else if (BWD_MARK(2) || (bw.dh0 && a->state_indices &&
              (err = (int)cudaMemsetAsync(bw.dh0, 0, (size_t)a->num_state_slots * (size_t)a->num_v_heads *
                                                         (size_t)kda_state_head_elems(p) *
@@ -681,6 +702,7 @@ const kda_backend_ops_t kda_cuda_ops = {
     .decode = cuda_decode,
     .supports = cuda_supports,
     .destroy = cuda_destroy,
+    .saved_size = cuda_saved_size,
     .backward_workspace = cuda_backward_workspace,
     .backward = cuda_backward,
 };

@@ -217,3 +217,45 @@ static void cp_settings_same_bits(kda_backend_t backend) {
 
 TEST(api_cp_fields_ignored_cpu) { cp_settings_same_bits(KDA_BACKEND_CPU); }
 TEST(api_cp_fields_ignored_reference) { cp_settings_same_bits(KDA_BACKEND_REFERENCE); }
+
+/* kda_args_t.saved: the CPU backends keep nothing (kda_forward_saved_size answers 0); a buffer given anyway is
+ * accepted and left untouched, and the forward's bits are those without it. */
+TEST(api_saved_cpu_keeps_nothing) {
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.seq_len = 100;
+    c.final_state = 1;
+    kda_synth_t s;
+    kda_args_t a;
+    CHECK(kda_synth_make(&c, &s, &a) == 0, "synth");
+    CHECK(a.saved == NULL && a.saved_bytes == 0, "saved: default NULL, 0");
+    static const kda_backend_t backends[] = {KDA_BACKEND_CPU, KDA_BACKEND_REFERENCE};
+    for (int i = 0; i < 2; i++) {
+        kda_context_t *ctx = NULL;
+        CHECK(kda_create(&ctx, backends[i], 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        size_t n = 123;
+        CHECK(kda_forward_saved_size(ctx, &a, &n) == KDA_STATUS_SUCCESS && n == 0, "%s: saved size %zu (%s)",
+              kda_backend_name(backends[i]), n, kda_last_error());
+        CHECK(kda_forward_saved_size(ctx, &a, NULL) == KDA_STATUS_INVALID_VALUE &&
+                  strstr(kda_last_error(), "'saved_bytes'") != NULL, "NULL size: %s", kda_last_error());
+        a.saved = NULL;
+        CHECK(kda_run_host(ctx, &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        void *o0 = malloc(s.o_bytes);
+        memcpy(o0, s.o, s.o_bytes);
+        unsigned char buf[64];
+        memset(buf, 0x5a, sizeof buf);
+        a.saved = buf;
+        a.saved_bytes = sizeof buf;
+        kda_synth_poison(s.o, c.o_dtype, (int64_t)(s.o_bytes / 2));
+        CHECK(kda_run_host(ctx, &a, KDA_ALGO_FORWARD) == KDA_STATUS_SUCCESS, "with saved: %s", kda_last_error());
+        CHECK(memcmp(o0, s.o, s.o_bytes) == 0, "%s: o differs with saved", kda_backend_name(backends[i]));
+        int untouched = 1;
+        for (size_t j = 0; j < sizeof buf; j++) untouched &= buf[j] == 0x5a;
+        CHECK(untouched, "%s: saved was written", kda_backend_name(backends[i]));
+        a.saved = NULL;
+        a.saved_bytes = 0;
+        free(o0);
+        kda_destroy(ctx);
+    }
+    kda_synth_free(&s);
+}

@@ -713,6 +713,8 @@ BAD(bad_bwd_ddt_bias_without_dt_bias, INVALID, "ddt_bias", c->a.dt_bias = NULL)
 BAD(bad_bwd_dv_is_v, INVALID, "dv", c->b.dv = (void *)c->a.v)
 BAD(bad_bwd_dk_overlaps_dq, INVALID, "dk", c->b.dk = (char *)c->b.dq + 4)
 BAD(bad_bwd_dg_overlaps_d_o, INVALID, "dg", c->b.dg = (char *)c->d_o + 8)
+BAD(bad_bwd_dbeta_overlaps_saved, INVALID, "dbeta", { c->a.saved = c->b.dbeta; c->a.saved_bytes = 8; })
+BAD(bad_bwd_saved_bytes_without_saved, INVALID, "saved_bytes", c->a.saved_bytes = 64)
 BAD(bad_bwd_d_initial_state_is_initial_state, INVALID, "d_initial_state",
     c->b.d_initial_state = (void *)c->a.initial_state)
 BAD(bad_bwd_struct_size_newer, KDA_STATUS_NOT_SUPPORTED, "struct_size", c->b.struct_size += 8)

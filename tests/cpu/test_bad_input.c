@@ -259,3 +259,11 @@ BAD(bad_chunk_states_headwise_beta, KDA_STATUS_NOT_SUPPORTED, "chunk_states", {
 BAD(bad_chunk_states_aliases_o, INVALID, "chunk_states", f->a.chunk_states = f->a.o)
 BAD(bad_chunk_states_aliases_k, INVALID, "chunk_states", f->a.chunk_states = (char *)f->a.k + 4)
 BAD(bad_chunk_states_aliases_final_state, INVALID, "chunk_states", f->a.chunk_states = f->a.final_state)
+/* saved (what kda_forward keeps for kda_backward: nothing on the CPU backends, but the buffer is still checked;
+   kda_decode refuses any) */
+static unsigned char saved_buf[256];
+BAD(bad_saved_bytes_without_saved, INVALID, "saved_bytes", f->a.saved_bytes = 64)
+BAD(bad_saved_aliases_q, INVALID, "saved", { f->a.saved = (char *)f->a.q + 4; f->a.saved_bytes = 16; })
+BAD(bad_saved_aliases_final_state, INVALID, "saved", { f->a.saved = f->a.final_state; f->a.saved_bytes = 16; })
+BAD(bad_saved_aliases_o, INVALID, "saved", { f->a.saved = saved_buf; f->a.saved_bytes = sizeof saved_buf;
+                                              f->a.o = saved_buf + 8; })

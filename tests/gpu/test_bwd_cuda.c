@@ -593,6 +593,108 @@ TEST(gpu_bwd_large_b2_t8192_h32) {
     bcase_free(&x);
 }
 
+/* kda_args_t.saved: the forward keeps its chunk blocks, the backward reads them instead of rerunning the prep.
+ * The gradients are the same bytes as the backward's own recomputation (the same kernel on the same inputs), the
+ * forward's o too; both workspaces shrink; a saved_bytes below the size is refused by name. The forward runs
+ * with the CP split forced on for the varlen case (the blocks do not depend on it), and saved is misaligned. */
+static void saved_case(const char *name, const kda_synth_config_t *cfg, const opts_t *o, int cp_piece) {
+    bcase_t x;
+    bcase_make(&x, cfg, o);
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
+    void *ref[G_N];
+    for (int i = 0; i < G_N; i++) ref[i] = fetch(&x, i);
+    size_t bwd_plain = x.ws_bytes;
+
+    kda_args_t *a = &x.dev;
+    const size_t o_bytes = (size_t)x.n[G_DV] * kda_dtype_size(a->o_dtype);
+    void *o_dev = NULL;
+    CUDA_OK(cudaMalloc(&o_dev, o_bytes + 16));
+    a->o = o_dev;
+    if (cp_piece) {
+        a->cp_mode = KDA_CP_ON;
+        a->cp_piece_len = cp_piece;
+    }
+    size_t n = 0, fws_plain = 0, fws_saved = 0;
+    CHECK(kda_forward_saved_size(gpu(), a, &n) == KDA_STATUS_SUCCESS && n > 0, "%s: saved size %zu: %s", name, n,
+          kda_last_error());
+    CHECK(kda_forward_workspace_size(gpu(), a, &fws_plain) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    void *fws = NULL, *saved = NULL;
+    CUDA_OK(cudaMalloc(&fws, fws_plain + 16));
+    CUDA_OK(cudaMalloc(&saved, n + 16));
+    /* the forward without saved: o for comparison */
+    CHECK(kda_forward(gpu(), a, fws, fws_plain, NULL) == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    void *o_plain = malloc(o_bytes + 1);
+    CUDA_OK(cudaMemcpy(o_plain, o_dev, o_bytes, cudaMemcpyDeviceToHost));
+    /* too small: refused by name, o untouched */
+    a->saved = (char *)saved + 1;
+    a->saved_bytes = n - 1;
+    CUDA_OK(cudaMemset(o_dev, 0x5a, o_bytes));
+    kda_status_t st = kda_forward(gpu(), a, fws, fws_plain, NULL);
+    CHECK(st == KDA_STATUS_INSUFFICIENT_WORKSPACE && strstr(kda_last_error(), "'saved_bytes'"), "%s: status %s: %s",
+          name, kda_status_string(st), kda_last_error());
+    unsigned char *oh = (unsigned char *)malloc(o_bytes + 1);
+    CUDA_OK(cudaMemcpy(oh, o_dev, o_bytes, cudaMemcpyDeviceToHost));
+    int same = 1;
+    for (size_t e = 0; e < o_bytes; e++) same &= oh[e] == 0x5a;
+    CHECK(same, "%s: o written by a refused call", name);
+    size_t need = 0;
+    st = kda_backward_workspace_size(gpu(), &x.db, &need);
+    CHECK(st == KDA_STATUS_INSUFFICIENT_WORKSPACE && strstr(kda_last_error(), "'saved_bytes'"),
+          "%s: backward with a short saved: %s: %s", name, kda_status_string(st), kda_last_error());
+    /* the forward with saved (misaligned by a byte): a smaller workspace, the same o */
+    a->saved_bytes = n;
+    CHECK(kda_forward_workspace_size(gpu(), a, &fws_saved) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(fws_saved + n - 256 <= fws_plain + 512, "%s: forward workspace %zu with saved (%zu bytes), %zu without",
+          name, fws_saved, n, fws_plain);
+    CHECK(kda_forward(gpu(), a, fws, fws_saved, NULL) == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(oh, o_dev, o_bytes, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(oh, o_plain, o_bytes) == 0, "%s: o differs with saved", name);
+    /* the backward from saved: the same bytes, a smaller workspace */
+    a->o = NULL;
+    a->cp_mode = KDA_CP_AUTO;
+    a->cp_piece_len = 0;
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: from saved: %s", name, kda_last_error());
+    CHECK(kda_backward_workspace_size(gpu(), &x.db, &need) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(need + n - 256 <= bwd_plain + 512, "%s: backward workspace %zu with saved, %zu without", name, need,
+          bwd_plain);
+    for (int i = 0; i < G_N; i++) {
+        void *g = fetch(&x, i);
+        CHECK(memcmp(g, ref[i], (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "%s: %s differs from saved", name,
+              grad_names[i]);
+        free(g);
+        free(ref[i]);
+    }
+    printf("bwd saved %-20s %zu bytes kept; workspace forward %zu -> %zu, backward %zu -> %zu\n", name, n,
+           fws_plain, fws_saved, bwd_plain, need);
+    a->saved = NULL;
+    a->saved_bytes = 0;
+    free(o_plain);
+    free(oh);
+    cudaFree(o_dev);
+    cudaFree(fws);
+    cudaFree(saved);
+    bcase_free(&x);
+}
+
+TEST(gpu_bwd_saved_blocks) {
+    static const int64_t lens[] = {300, 0, 129, 7};
+    kda_synth_config_t c = base(128);
+    c.batch = 1;
+    c.num_seqs = 4;
+    c.seqlens = lens;
+    c.hqk = 1;
+    c.hv = 4;
+    c.gate = KDA_GATE_SOFTPLUS;
+    opts_t o = TRAIN;
+    o.pool = 1;
+    saved_case("varlen_gva4_cp", &c, &o, 128);
+    kda_synth_config_t f = base(64);
+    f.dtype = f.g_dtype = f.beta_dtype = f.o_dtype = KDA_FLOAT32;
+    saved_case("fp32_k64", &f, &TRAIN, 0);
+}
+
 /* Heads beyond 128: NOT_SUPPORTED naming the argument, from the size query and the call, nothing written. */
 TEST(gpu_bwd_head_dim_256_not_supported) {
     kda_synth_config_t c = base(128);

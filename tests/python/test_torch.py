@@ -513,6 +513,42 @@ def test_cuda_chunk_gradients_against_cpu(name, KV):
 
 
 @requires_gpu
+@pytest.mark.parametrize("name", ["varlen_gva", "bounded_vfirst", "t1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
+    """Under autograd the CUDA forward keeps its chunk blocks for the backward (kda_args_t.saved), which then does
+    not rerun its preparation stage: the same gradient bytes as the backward that recomputes them."""
+    import kda._torch as kt
+    x, cu, opts = case_inputs(name, seed=11, K_V=(128, 128))
+    kept = []
+    real = kt._saved_tensor
+
+    def spy(*a):
+        t = real(*a)
+        kept.append(t)
+        return t
+
+    runs = []
+    for keep in (True, False):
+        monkeypatch.setattr(kt, "_saved_tensor", spy if keep else (lambda *a: None))
+        xt = to_torch(x, "cuda", dtype=dtype)
+        kw = gate_to(opts, "cuda")
+        for key in ("A_log", "dt_bias"):
+            if key in kw:
+                xt[key] = kw.pop(key)
+        leaves = {key: xt[key].clone().requires_grad_() for key in GRAD_INPUTS if key in xt}
+        cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int64, device="cuda")
+        o, ht = kda.chunk_kda(**{**xt, **leaves}, cu_seqlens=cu_t, **kw)
+        gen = torch.Generator().manual_seed(9)
+        wo, wh = torch.randn(o.shape, generator=gen).to("cuda"), torch.randn(ht.shape, generator=gen).to("cuda")
+        ((o.float() * wo).sum() + (ht * wh).sum()).backward()
+        runs.append({key: t.grad for key, t in leaves.items()})
+    assert len(kept) == 1 and kept[0] is not None and kept[0].dtype == torch.uint8
+    for key, g in runs[0].items():
+        assert g is not None and torch.equal(g, runs[1][key]), key
+
+
+@requires_gpu
 @pytest.mark.parametrize("entry", ["chunk", "fused"])
 @pytest.mark.parametrize("name", list(TORCH_CASES))
 @pytest.mark.parametrize("KV", [64, 128])
