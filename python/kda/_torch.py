@@ -22,8 +22,9 @@ cannot return None) and mapped to None by the Python entry points.
 
 Eager calls on plain tensors skip the ops' dispatch (its host time is more than a small call's GPU time):
 without gradients the implementations are called directly; a chunk_kda that needs gradients runs through
-_ChunkKDA, a torch.autograd.Function with the same forward and backward. torch.compile and tensor subclasses
-go through the ops.
+_ChunkKDA, a torch.autograd.Function with the same forward and backward, whose CUDA forward also keeps its
+chunk blocks for the backward (kda_args_t.saved: the backward then skips its preparation stage). torch.compile
+and tensor subclasses go through the ops (the backward recomputes the blocks there).
 """
 
 import ctypes

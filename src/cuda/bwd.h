@@ -3,7 +3,8 @@
  * from a checked kda_bwd_problem_t, passed by value), the workspace regions, and the launchers.
  *
  * Stages of kda_backward (docs/ALGORITHM.md §6), after the forward's meta (varlen) and prep kernels have written
- * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace:
+ * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace, or with the blocks the forward
+ * kept in the caller's kda_args_t.saved (then no prep runs):
  *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
  *                  chunk start, fp32; on the context's second stream beside bwd_dstate.cu when the two grids fit
  *                  the SMs together (backend.c bwd_overlap: dS never reads S)
