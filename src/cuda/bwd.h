@@ -12,9 +12,9 @@
  *                  end, fp32, and d_initial_state (bf16 d_o: the forward's recurrence transposed, dSᵀ in registers)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
  *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ = rowsum(S ⊙ dS⁺)
- *                  (16-bit inputs only)
+ *                  (bf16 inputs only)
  *   bwd_chunk.cu   one CTA per (chunk, value head): the chunk's pair products and inverse from the inputs, then
- *                  the products with its C × C coefficients (16-bit inputs: with Δ from bwd_inter.cu): dv, dβ
+ *                  the products with its C × C coefficients (bf16 inputs: with Δ from bwd_inter.cu): dv, dβ
  *                  written; the coefficient gradients s·dAqk and Diag(β) dA, β ⊙ dX and the l2norm factors into
  *                  the workspace (fp32 inputs: also dQΓ, dK̃, dγ); tensor cores (tf32, fp32 sums)
  *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
@@ -74,9 +74,10 @@ typedef struct kda_bwd_params {
     int hqk, hv, group, K, V, kc, vc, v_first;
     float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
-    int split;                    /* 16-bit q, k, v: the products with the states by bwd_inter.cu (Δ, dγ, dQΓ, dK̃:
+    int split;                    /* bf16 q, k, v: the products with the states by bwd_inter.cu (Δ, dγ, dQΓ, dK̃:
                                      products of the bf16 chunk blocks and bf16-rounded states), then bwd_chunk.cu;
-                                     fp32 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32 products) */
+                                     fp32 and fp16 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32
+                                     products; backend.c bwd_split says why fp16 too) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
     int dev_skip;                 /* development builds (0 in the shipped library) */

@@ -4,7 +4,7 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * 16-bit inputs (SPLIT), Δ from bwd_inter.cu. In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V,
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cu. In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V,
  * Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
@@ -16,7 +16,7 @@
  * Written: dv, dβ (through the sigmoid) of the chunk's tokens; for bwd_pairs.cu, which does the rest per channel
  * (the pair products' backward, the factor rules into dq̂, dk̂, dG, the gate's backward): P = s·dAqk and
  * B = Diag(β) dA, β ⊙ dX, the l2norm factors; with fp32 inputs also the raw dQΓ = dO Sᵀ, dK̃ = Δ dS⁺ᵀ and
- * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with 16-bit inputs).
+ * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with bf16 inputs).
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
  * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
@@ -624,7 +624,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 
     /* ---- backward ---- */
     const float *Gl = sm.G + (C - 1) * KS;
-    if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with 16-bit inputs): TPR threads per row of S, dS⁺
+    if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with bf16 inputs): TPR threads per row of S, dS⁺
                      (adjacent lanes), all their float4 loads in flight */
         constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
         const int d = tid / TPR, c0 = (tid % TPR) * NC;
@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         dq_row[hr] = p.dqk + row * (int64_t)(2 * KC);
         dx_row[hr] = p.dx + row * (int64_t)KC;
     }
-    if (!SPLIT) { /* dQΓ = dO Sᵀ, raw (the inter kernel's with 16-bit inputs) */
+    if (!SPLIT) { /* dQΓ = dO Sᵀ, raw (the inter kernel's with bf16 inputs) */
         float a[KN][4];
         zero_acc<KN>(a);
         mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);

@@ -5,7 +5,7 @@
  * One CTA of 256 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
  * for one channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu)
  * leaves the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the l2norm
- * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (16-bit inputs) or the chunk kernel (fp32 inputs). With
+ * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (bf16 inputs) or the chunk kernel (fp32, fp16 inputs). With
  * q̂, k̂, ĝ recomputed from the inputs and G = cumsum ĝ, for each channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
  *
  *   Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j}     Pk_i = Σ_{j < i} B_ij k_j e^{G_i − G_j}
