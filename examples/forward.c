@@ -25,9 +25,7 @@
 
 #include <kda.h>
 
-#ifdef KDA_EXAMPLE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "example_mem.h" /* mem_alloc, mem_free, mem_upload, mem_download: host or device memory */
 
 /* The problem: B sequences of T tokens, HQK query/key heads, HV value heads (GVA: HV a multiple of HQK). */
 enum { B = 2, T = 100, HQK = 2, HV = 4, K = 64, V = 64 };
@@ -40,56 +38,6 @@ enum { B = 2, T = 100, HQK = 2, HV = 4, K = 64, V = 64 };
             goto done;                                                                                      \
         }                                                                                                   \
     } while (0)
-
-/* ---- memory where the backend reads it: host (CPU, reference) or device (CUDA) -------------------------- */
-static void *mem_alloc(kda_backend_t backend, size_t bytes) {
-#ifdef KDA_EXAMPLE_CUDA
-    if (backend == KDA_BACKEND_CUDA) {
-        void *p = NULL;
-        return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
-    }
-#endif
-    (void)backend;
-    return malloc(bytes);
-}
-
-static void mem_free(kda_backend_t backend, void *p) {
-#ifdef KDA_EXAMPLE_CUDA
-    if (backend == KDA_BACKEND_CUDA) {
-        cudaFree(p);
-        return;
-    }
-#endif
-    (void)backend;
-    free(p);
-}
-
-/* A copy of host data where the backend reads it. */
-static void *mem_upload(kda_backend_t backend, const void *host, size_t bytes) {
-    void *p = mem_alloc(backend, bytes);
-    if (!p) return NULL;
-#ifdef KDA_EXAMPLE_CUDA
-    if (backend == KDA_BACKEND_CUDA) {
-        if (cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-            cudaFree(p);
-            return NULL;
-        }
-        return p;
-    }
-#endif
-    memcpy(p, host, bytes);
-    return p;
-}
-
-static int mem_download(kda_backend_t backend, void *host, const void *p, size_t bytes) {
-#ifdef KDA_EXAMPLE_CUDA
-    if (backend == KDA_BACKEND_CUDA) /* cudaMemcpy waits for the default stream, where kda_forward ran */
-        return cudaMemcpy(host, p, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
-#endif
-    (void)backend;
-    memcpy(host, p, bytes);
-    return 0;
-}
 
 /* ---- synthetic inputs ------------------------------------------------------------------------------------- */
 static float uniform(unsigned *s) { /* in [-1, 1) */

@@ -1,0 +1,68 @@
+/*
+ * example_mem.h — the examples' memory helpers: buffers where a backend reads them, host memory for the CPU and
+ * reference backends, device memory for CUDA (when the example is built with KDA_EXAMPLE_CUDA and the CUDA
+ * runtime). Every function returns NULL / nonzero on failure; mem_free takes NULL.
+ */
+#ifndef KDA_EXAMPLE_MEM_H
+#define KDA_EXAMPLE_MEM_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <kda.h>
+
+#ifdef KDA_EXAMPLE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+/* ---- memory where the backend reads it: host (CPU, reference) or device (CUDA) -------------------------- */
+static void *mem_alloc(kda_backend_t backend, size_t bytes) {
+#ifdef KDA_EXAMPLE_CUDA
+    if (backend == KDA_BACKEND_CUDA) {
+        void *p = NULL;
+        return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+    }
+#endif
+    (void)backend;
+    return malloc(bytes);
+}
+
+static void mem_free(kda_backend_t backend, void *p) {
+#ifdef KDA_EXAMPLE_CUDA
+    if (backend == KDA_BACKEND_CUDA) {
+        cudaFree(p);
+        return;
+    }
+#endif
+    (void)backend;
+    free(p);
+}
+
+/* A copy of host data where the backend reads it. */
+static void *mem_upload(kda_backend_t backend, const void *host, size_t bytes) {
+    void *p = mem_alloc(backend, bytes);
+    if (!p) return NULL;
+#ifdef KDA_EXAMPLE_CUDA
+    if (backend == KDA_BACKEND_CUDA) {
+        if (cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+            cudaFree(p);
+            return NULL;
+        }
+        return p;
+    }
+#endif
+    memcpy(p, host, bytes);
+    return p;
+}
+
+static int mem_download(kda_backend_t backend, void *host, const void *p, size_t bytes) {
+#ifdef KDA_EXAMPLE_CUDA
+    if (backend == KDA_BACKEND_CUDA) /* cudaMemcpy waits for the default stream, where kda_forward ran */
+        return cudaMemcpy(host, p, bytes, cudaMemcpyDeviceToHost) == cudaSuccess ? 0 : -1;
+#endif
+    (void)backend;
+    memcpy(host, p, bytes);
+    return 0;
+}
+
+#endif /* KDA_EXAMPLE_MEM_H */
