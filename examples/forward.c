@@ -25,25 +25,10 @@
 
 #include <kda.h>
 
-#include "example_mem.h" /* mem_alloc, mem_free, mem_upload, mem_download: host or device memory */
+#include "example_util.h" /* CHECK_KDA; mem_alloc, mem_free, mem_upload, mem_download; uniform */
 
 /* The problem: B sequences of T tokens, HQK query/key heads, HV value heads (GVA: HV a multiple of HQK). */
 enum { B = 2, T = 100, HQK = 2, HV = 4, K = 64, V = 64 };
-
-#define CHECK_KDA(call)                                                                                     \
-    do {                                                                                                    \
-        kda_status_t st_ = (call);                                                                          \
-        if (st_ != KDA_STATUS_SUCCESS) {                                                                    \
-            fprintf(stderr, "%s failed: %s: %s\n", #call, kda_status_string(st_), kda_last_error());        \
-            goto done;                                                                                      \
-        }                                                                                                   \
-    } while (0)
-
-/* ---- synthetic inputs ------------------------------------------------------------------------------------- */
-static float uniform(unsigned *s) { /* in [-1, 1) */
-    *s = *s * 1664525u + 1013904223u;
-    return (float)(*s >> 8) / 8388608.0f - 1.0f;
-}
 
 /* One forward pass on `ctx` (backend `be`) over host inputs; the output is copied back into o_host. */
 static int run_forward(kda_context_t *ctx, kda_backend_t be, const float *const host[5], const size_t bytes[5],

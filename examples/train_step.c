@@ -24,7 +24,7 @@
 
 #include <kda.h>
 
-#include "example_mem.h"
+#include "example_util.h" /* CHECK_KDA; mem_alloc, mem_free, mem_upload, mem_download; uniform */
 
 /* The problem: B sequences of T tokens, HQK query/key heads, HV value heads (GVA: HV a multiple of HQK). */
 enum { B = 2, T = 100, HQK = 2, HV = 4, K = 64, V = 64 };
@@ -40,15 +40,6 @@ static const size_t g_n[G_N] = {(size_t)B * T * HQK * K, (size_t)B * T * HQK * K
                                 (size_t)B * T * HV * K,  (size_t)B * T * HV,       (size_t)B * HV * K * V,
                                 HV,                      (size_t)HV * K};
 static const char *g_name[G_N] = {"dq", "dk", "dv", "dg", "dbeta", "d_initial_state", "dA_log", "ddt_bias"};
-
-#define CHECK_KDA(call)                                                                                     \
-    do {                                                                                                    \
-        kda_status_t st_ = (call);                                                                          \
-        if (st_ != KDA_STATUS_SUCCESS) {                                                                    \
-            fprintf(stderr, "%s failed: %s: %s\n", #call, kda_status_string(st_), kda_last_error());        \
-            goto done;                                                                                      \
-        }                                                                                                   \
-    } while (0)
 
 /* One step on `ctx` (backend `be`): forward, backward; the gradients copied back into grad[]. */
 static int run_step(kda_context_t *ctx, kda_backend_t be, float *const in[IN_N], float *const w[W_N],
@@ -137,11 +128,6 @@ done:
     for (int i = 0; i < W_N; i++) mem_free(be, d_w[i]);
     for (int i = 0; i < G_N; i++) mem_free(be, d_g[i]);
     return rc;
-}
-
-static float uniform(unsigned *s) { /* in [-1, 1) */
-    *s = *s * 1664525u + 1013904223u;
-    return (float)(*s >> 8) / 8388608.0f - 1.0f;
 }
 
 int main(int argc, char **argv) {
