@@ -148,8 +148,7 @@ def _saved_tensor(fn: str, a: KdaArgs, dev: torch.device) -> Optional[Tensor]:
     into `a` and returned; None when the library keeps nothing for this problem (or on the CPU)."""
     if dev.type != "cuda":
         return None
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+    _, ctx = _cuda_context(dev)
     try:
         n = _lib.saved_size(ctx, a)
     except KDAError as e:
@@ -210,12 +209,17 @@ def _run(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Optional[
         raise in_callers_terms(e, fn) from None
 
 
+def _cuda_context(dev: torch.device):
+    """(device index, libkda's cached CUDA context of it) for CUDA device `dev`."""
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+
+
 def _run_on(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Optional[int] = None) -> int:
     """Run `a` on device `dev` (its current stream; workspace from torch's allocator), or on the CPU backend.
     Returns the workspace size (`nbytes`: one remembered from an earlier call of the signature, see _lib.run)."""
     if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+        index, ctx = _cuda_context(dev)
         if torch.cuda.current_device() != index:
             with torch.cuda.device(index):
                 return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
@@ -370,8 +374,7 @@ def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dh
         b.ddt_bias = ddt.data_ptr()
     dev = q.device
     if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        ctx = _lib.get_context(BACKEND_CUDA, index)
+        index, ctx = _cuda_context(dev)
         with torch.cuda.device(index):
             _lib.run_backward(ctx, b, _workspace(dev), _stream_of(index))
     elif dev.type == "cpu":
@@ -515,8 +518,6 @@ def _chunk_grads(ctx, do, dht, bwd):
 
 def _chunk_backward(ctx, do, dht):
     return _chunk_grads(ctx, do, dht, torch.ops.kda.chunk_kda_bwd)
-
-
 
 
 chunk_kda_fwd.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)

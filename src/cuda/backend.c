@@ -268,20 +268,26 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 }
 #endif
 
-/* chunk_states: S before every chunk, by the recurrence kernel in KDA_REC_STATES mode over the prep's blocks (no O
- * products), into the caller's tensor. It runs before the forward's own recurrence, which may overwrite an
- * in-place initial state; whole sequences, whatever the CP split of the forward. */
+/* The state columns per CTA of the recurrence kernel in KDA_REC_STATES mode (its launch and the backward's count
+ * of its CTAs, bwd_overlap) */
+static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
+}
+
 /* The recurrence kernel in KDA_REC_STATES mode over whole sequences, with its tiling (rp: the problem and where the
  * states go; the forward's and the backward's stage 1 both launch through here). */
 static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
                              kda_rec_params_t *rp, int device, void *stream) {
     rp->mode = KDA_REC_STATES;
-    rp->bv = choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
+    rp->bv = states_bv(impl, p);
     rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
     rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
     return cfg->rec(rp, device, stream);
 }
 
+/* chunk_states: S before every chunk, by the recurrence kernel in KDA_REC_STATES mode over the prep's blocks (no O
+ * products), into the caller's tensor. It runs before the forward's own recurrence, which may overwrite an
+ * in-place initial state; whole sequences, whatever the CP split of the forward. */
 static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
                              const kda_rec_params_t *fwd, int device, void *stream) {
     kda_rec_params_t rp = *fwd;
@@ -557,7 +563,7 @@ static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kd
 #ifdef KDA_DEV_BUILD
     if (bwd_timing) return 0;
 #endif
-    const int64_t states = p->num_seqs * p->a.num_v_heads * (bw->vc / choose_bv(impl, p, bw->vc));
+    const int64_t states = p->num_seqs * p->a.num_v_heads * (bw->vc / states_bv(impl, p));
     return states + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
 }
 
