@@ -239,6 +239,8 @@ typedef struct kda_args {
     int safe_gate;                /* 1: the caller promises bounded gates (FLA's safe_gate); with
                                      use_gate_in_kernel it requires lower_bound. Default 0 */
     int use_beta_sigmoid;         /* 1: beta is a logit and β = sigmoid(beta). (use_beta_sigmoid_in_kernel)
+                                     CUDA forms it as torch does in fp32 (1 / (1 + expf(-x)), IEEE
+                                     division): the same β bits as a caller's torch.sigmoid in float32.
                                      Default 0 */
     int allow_neg_eigval;         /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid. Default 0 */
 

@@ -53,6 +53,46 @@ DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
     for (int64_t o = (int64_t)tid * 128; o < bytes; o += (int64_t)CK_THREADS * 128) l2_prefetch((const char *)p + o);
 }
 
+/* The rows that the CTA one wave later (blockIdx + sm_count: one CTA per SM) reads first, into L2 now: q, k, g,
+   β and Δ (SPLIT) or v — its load phase then waits for L2, not DRAM (S, dS⁺, dO and v it prefetches itself,
+   long before their use). One or two lines a thread; waves drift apart, so "one wave later" is approximate. */
+template <int KC, int VC, int SPLIT>
+DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
+    const int64_t nb = (int64_t)blockIdx.x + p.sm_count;
+    if (nb >= (int64_t)gridDim.x) return;
+    const int64_t cid = nb / p.hv;
+    const int h = (int)(nb % p.hv);
+    int64_t t0;
+    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    if (clen <= 0) return;
+    const int esz = p.dtype == KDA_DT_F32 ? 4 : 2, gsz = p.g_dtype == KDA_DT_F32 ? 4 : 2;
+    static_assert(CK_THREADS == 8 * C, "thread groups of C rows");
+    const int grp = tid / C, i = tid % C;
+    const int64_t t = t0 + (i < clen ? i : 0);
+    const char *row = NULL;
+    int bytes = 0;
+    switch (grp) {
+    case 0: row = (const char *)p.q + (t * p.hqk + h / p.group) * (int64_t)p.K * esz; bytes = p.K * esz; break;
+    case 1: row = (const char *)p.k + (t * p.hqk + h / p.group) * (int64_t)p.K * esz; bytes = p.K * esz; break;
+    case 2: row = (const char *)p.g + (t * p.hv + h) * (int64_t)p.K * gsz; bytes = p.K * gsz; break;
+    case 3:
+        row = (const char *)p.beta + (t * p.hv + h) * (int64_t)(p.beta_dtype == KDA_DT_F32 ? 4 : 2);
+        bytes = 1;
+        break;
+    default:
+        if (SPLIT) { /* Δ: C × VC fp32, contiguous, a line per thread of the four groups */
+            row = (const char *)(p.delta + (cid * p.hv + h) * (int64_t)C * VC) + (int64_t)(tid - 4 * C) * 128;
+            bytes = (tid - 4 * C) * 128 < C * VC * 4 ? 1 : 0;
+        } else if (grp == 4) {
+            row = (const char *)p.v + (t * p.hv + h) * (int64_t)p.V * esz;
+            bytes = p.V * esz;
+        }
+    }
+    if (i >= clen && grp < 4) bytes = 0;
+    for (int o = 0; o < bytes; o += 128) l2_prefetch(row + o);
+    if (bytes > 1) l2_prefetch(row + bytes - 1); /* a row not aligned to a line ends in one more */
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk
  * ------------------------------------------------------------------------------------------------------- */
@@ -174,7 +214,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         float b = 0.0f;
         if (i < clen) {
             b = bits_value(bb, p.beta_dtype);
-            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+            if (p.beta_sigmoid) b = beta_sigmoid(b, p.neg_eigval);
         }
         sm.beta[i] = b;
     }
@@ -734,6 +774,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         static_assert(CS - C == 4 && 2 * C <= CK_THREADS, "one float4 of padding per row, a thread each");
         if (tid < 2 * C) *(float4 *)&dc[tid * CS + C] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    prefetch_next_wave<KC, VC, SPLIT>(p, tid);
     /* SPLIT: S into shared memory over M, Aqk, T and Δ (free from here on) by cp.async, in flight during the dv
        loads, for dX's products (read from L2 element by element they were ~22% of the kernel's stall samples) */
     float *sS = sm.M; /* [KC][VC + 4] */
@@ -817,7 +858,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         for (int u = 0; u < 2 * CK_NQ; u++) db += sm.dbp[u][r];
         const int64_t e = (t0 + r) * p.hv + h;
         if (p.beta_sigmoid) {
-            const float sg = sigmoidf_(load_elem(p.beta, p.beta_dtype, e));
+            const float sg = beta_sigmoid(load_elem(p.beta, p.beta_dtype, e), 0);
             db *= (p.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
         }
         store_elem(p.dbeta, p.dbeta_dtype, e, db);

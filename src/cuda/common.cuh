@@ -87,6 +87,15 @@ DEV float lg2_approx(float x) {
 
 DEV float sigmoidf_(float x) { return rcp_approx(1.0f + ex2(-x * LOG2E)); }
 
+/* β after its sigmoid (c = 1, or 2 with allow_neg_eigval), as torch computes sigmoid in fp32: 1 / (1 + expf(−x))
+   with the accurate expf and an IEEE division. A caller who applies the sigmoid before the call (FLA's tests
+   compare the two) then passes the same β bits as the kernel forms; one value per token and head, so the cost
+   of the accurate functions is nothing. */
+DEV float beta_sigmoid(float x, int neg_eigval) {
+    const float s = __fdiv_rn(1.0f, 1.0f + expf(-x));
+    return neg_eigval ? 2.0f * s : s;
+}
+
 DEV float softplusf_(float x) {
     /* log(1 + e^x) = max(x, 0) + log1p(e^-|x|), log1p(e) = e below 2^-12 (error < e^2 / 2) */
     const float e = ex2(-fabsf(x) * LOG2E);

@@ -111,7 +111,7 @@ DEV float dec_gate(const kda_decode_params_t &p, float g, float bias, float A) {
 
 /* β from its raw value: as given, sigmoid(β), or 2 sigmoid(β) (allow_neg_eigval). */
 DEV float dec_beta(const kda_decode_params_t &p, float b) {
-    return p.beta_sigmoid ? (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b) : b;
+    return p.beta_sigmoid ? beta_sigmoid(b, p.neg_eigval) : b;
 }
 
 /* Rows whose slot ownership the tile kernel settles itself (1-D indices): each of its 128 threads compares

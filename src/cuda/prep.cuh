@@ -193,7 +193,7 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         float b = 0.0f;
         if (tid < ck.clen) {
             b = load_elem(p.beta, p.beta_dtype, (ck.t0 + tid) * p.hv + ck.h);
-            if (p.beta_sigmoid) b = (p.neg_eigval ? 2.0f : 1.0f) * sigmoidf_(b);
+            if (p.beta_sigmoid) b = beta_sigmoid(b, p.neg_eigval);
             if (!(fabsf(b) < PREP_HUGE)) bad = tid;
         }
         sm.beta[tid] = b;
