@@ -27,6 +27,7 @@
 #             gap before it; the host's time to enqueue the forward and the backward (bench/step_timeline.py)
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
+#   cptimeline  one intra-card CP forward call: host time, single vs back-to-back ms, its runtime calls and kernels
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
 #             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
 #   bwdcheck  the backward after a kernel change: gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS), per-stage ms
@@ -251,6 +252,13 @@ PY
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
       PYTHONUNBUFFERED=1 python3 bench/bench_bwd.py ${BWD_BENCH_ARGS:---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
       grep -v Warn | tail -30
+    ;;
+  cptimeline) # a single CP forward call: host time to enqueue, single vs back-to-back ms, runtime calls and kernels
+    # (bench/experiments/cp_call_timeline.py; CP_TIMELINE_ARGS, e.g. --only "T65536 H8" --cprofile)
+    fla_site
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
+      PYTHONUNBUFFERED=1 python3 bench/experiments/cp_call_timeline.py ${CP_TIMELINE_ARGS:-} 2>&1 | grep -v Warn |
+      tee "$OUT/cp_call_timeline.log" | head -120
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
     tar -czf "$OUT/triton-cache.tgz" -C .triton-cache . && ls -la "$OUT/triton-cache.tgz"

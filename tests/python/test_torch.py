@@ -550,6 +550,37 @@ def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
 
 @requires_gpu
 @pytest.mark.parametrize("entry", ["chunk", "fused"])
+@pytest.mark.parametrize("neg", [False, True])
+def test_cuda_beta_sigmoid_in_kernel_same_bits(entry, neg):
+    """β's sigmoid inside the kernel gives the bits of torch's float32 sigmoid passed as β (FLA's
+    test_chunk_use_beta_sigmoid_in_kernel compares the two): o, the final state and, for chunk_kda, the gradients
+    of q, k, v, g and the initial state are equal."""
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, D = 1, 300, 2, 64
+    q, k, v = (torch.rand(B, T, H, D, generator=gen).to("cuda", torch.bfloat16) for _ in range(3))
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, D, generator=gen)).to("cuda")
+    logit = torch.randn(B, T, H, generator=gen).to("cuda", torch.bfloat16)
+    h0 = torch.randn(B, H, D, D, generator=gen).to("cuda")
+    do = torch.randn(B, T, H, D, generator=gen).to("cuda", torch.bfloat16)
+    dht = torch.randn(B, H, D, D, generator=gen).to("cuda")
+    outs = []
+    for inside in (True, False):
+        leaves = [t.clone().requires_grad_(entry == "chunk") for t in (q, k, v, g, h0)]
+        beta = logit if inside else logit.float().sigmoid() * (2.0 if neg else 1.0)
+        kw = dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=neg) if inside else {}
+        o, ht = ENTRIES[entry](*leaves[:4], beta, initial_state=leaves[4], output_final_state=True,
+                               use_qk_l2norm_in_kernel=True, **kw)
+        res = [o, ht]
+        if entry == "chunk":
+            ((o * do).sum() + (ht * dht).sum()).backward()
+            res += [t.grad for t in leaves]
+        outs.append(res)
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+
+
+@requires_gpu
+@pytest.mark.parametrize("entry", ["chunk", "fused"])
 @pytest.mark.parametrize("name", list(TORCH_CASES))
 @pytest.mark.parametrize("KV", [64, 128])
 def test_cuda_against_reference(entry, name, KV):
