@@ -20,7 +20,8 @@
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
  * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
- * the workspace (L2: prefetched at the start) as tensor-core operands (SPLIT: of dX and K̃ dS⁺ only).
+ * the workspace (L2: prefetched at the start) as tensor-core operands (SPLIT: of dX and K̃ dS⁺ only). Before its
+ * dv phase a CTA prefetches into L2 the rows that the CTA one wave later reads first (prefetch_next_wave).
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
  * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
