@@ -70,21 +70,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--fla-cases", default=None, help="the cases FLA runs too (default: all; each compiles its kernels)")
+    ap.add_argument("--seeds", type=int, default=1, help="inputs drawn from seeds 0 .. N-1 (a row per seed)")
     args = ap.parse_args()
     kt._CPU_CONTEXT = (BACKEND_REFERENCE, 0)  # CPU tensors: the fp64 oracle
     print("case                 impl   " + " ".join(f"{n[:8]:>9s}" for n in GRADS))
     for name in args.cases.split(","):
         B, T, HQK, HV, K, dtype, gs = CASES[name]
-        x, w, cu = make(B, T, HQK, HV, K, dtype, gs)
-        ref = grads(kda.chunk_kda, x, w, cu, torch.float32, "cpu")
         with_fla = fla_chunk_kda is not None and (args.fla_cases is None or name in args.fla_cases.split(","))
         impls = [("kda", kda.chunk_kda)] + ([("fla", fla_chunk_kda)] if with_fla else [])
-        for iname, fn in impls:
-            try:
-                g = grads(fn, x, w, cu, dtype, "cuda")
-                print(f"{name:20s} {iname:5s} " + " ".join(f"{rel(g[n], ref[n]):9.2e}" for n in GRADS), flush=True)
-            except Exception as e:  # noqa: BLE001 (a peer's failure is reported, not fatal)
-                print(f"{name:20s} {iname:5s} failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
+        for seed in range(args.seeds):
+            x, w, cu = make(B, T, HQK, HV, K, dtype, gs, seed=seed)
+            ref = grads(kda.chunk_kda, x, w, cu, torch.float32, "cpu")
+            label = name if args.seeds == 1 else f"{name}/{seed}"
+            for iname, fn in impls:
+                try:
+                    g = grads(fn, x, w, cu, dtype, "cuda")
+                    print(f"{label:20s} {iname:5s} " + " ".join(f"{rel(g[n], ref[n]):9.2e}" for n in GRADS), flush=True)
+                except Exception as e:  # noqa: BLE001 (a peer's failure is reported, not fatal)
+                    print(f"{label:20s} {iname:5s} failed: {type(e).__name__}: {str(e)[:100]}", flush=True)
 
 
 if __name__ == "__main__":
