@@ -144,6 +144,7 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(kda_args_t) = %zu: "
              "the program was built against a newer libkda", args->struct_size, sizeof(kda_args_t));
 
+    const int decode = strncmp(fn, "kda_decode", 10) == 0; /* kda_decode and its workspace query */
     /* an older program's shorter struct: the fields it lacks take their defaults */
     kda_problem_t p;
     memset(&p, 0, sizeof p);
@@ -341,7 +342,7 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (a->state_indices && a->state_indices_cols > 0)
             FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
                  "decoding keeps a state per token instead)");
-        if (!need_o || strncmp(fn, "kda_decode", 10) == 0)
+        if (!need_o || decode)
             FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
         const void *lens = !p.varlen ? NULL : host_readable ? a->cu_seqlens : a->cu_seqlens_host;
         if (!p.varlen) {
@@ -362,7 +363,7 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     /* -- what the forward keeps for the backward (kda_forward writes it, kda_backward reads it) --------------- */
     if (!a->saved && a->saved_bytes != 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "saved_bytes", "%zu is set but saved is NULL", a->saved_bytes);
-    if (a->saved && strncmp(fn, "kda_decode", 10) == 0)
+    if (a->saved && decode)
         FAIL(KDA_STATUS_INVALID_VALUE, "saved", "is for kda_forward and kda_backward only; set it to NULL here");
 
     /* -- options ----------------------------------------------------------------------------------------- */
