@@ -268,6 +268,15 @@ static kda_synth_config_t base(int kd) {
     return c;
 }
 
+/* base(kd) as one batch row of n sequences of the given lengths (varlen) */
+static kda_synth_config_t base_varlen(int kd, const int64_t *lens, int n) {
+    kda_synth_config_t c = base(kd);
+    c.batch = 1;
+    c.num_seqs = n;
+    c.seqlens = lens;
+    return c;
+}
+
 /* bf16 inputs and gradients: the bf16 rounding of the outputs alone is ~3e-3; the states run on the forward's
  * bf16 chunk blocks (as FLA's h and w/u). */
 #define TOL_BF16 3e-2
@@ -349,10 +358,7 @@ TEST(gpu_bwd_states) {
 TEST(gpu_bwd_varlen_empty_seq_gva4) {
     static const int64_t lens[] = {65, 0, 1, 130, 0, 17};
     for (int kd = 64; kd <= 128; kd *= 2) {
-        kda_synth_config_t c = base(kd);
-        c.batch = 1;
-        c.num_seqs = 6;
-        c.seqlens = lens;
+        kda_synth_config_t c = base_varlen(kd, lens, 6);
         c.hqk = 1;
         c.hv = 4;
         opts_t o = TRAIN;
@@ -444,10 +450,7 @@ TEST(gpu_bwd_head_size_pairs) {
 /* Two identical calls give identical bytes (no atomics). */
 TEST(gpu_bwd_deterministic) {
     static const int64_t lens[] = {300, 7, 129};
-    kda_synth_config_t c = base(128);
-    c.batch = 1;
-    c.num_seqs = 3;
-    c.seqlens = lens;
+    kda_synth_config_t c = base_varlen(128, lens, 3);
     c.hqk = 1;
     c.hv = 4;
     c.gate = KDA_GATE_SOFTPLUS;
@@ -470,10 +473,7 @@ TEST(gpu_bwd_deterministic) {
 /* Captured in a CUDA graph (no host sync, no allocation inside), replayed: the same bytes as a direct call. */
 TEST(gpu_bwd_cuda_graph_capture) {
     static const int64_t lens[] = {100, 0, 64};
-    kda_synth_config_t c = base(128);
-    c.batch = 1;
-    c.num_seqs = 3;
-    c.seqlens = lens;
+    kda_synth_config_t c = base_varlen(128, lens, 3);
     c.gate = KDA_GATE_SOFTPLUS;
     opts_t o = TRAIN;
     o.pool = 1;
@@ -511,10 +511,7 @@ TEST(gpu_bwd_cuda_graph_capture) {
  * it, dg and dβ of that (sequence, head) NaN, the other heads bit for bit as without it. */
 TEST(gpu_bwd_nonfinite_initial_state) {
     static const int64_t lens[] = {70, 9};
-    kda_synth_config_t c = base(128);
-    c.batch = 1;
-    c.num_seqs = 2;
-    c.seqlens = lens;
+    kda_synth_config_t c = base_varlen(128, lens, 2);
     c.hqk = 2;
     c.hv = 2;
     c.gate = KDA_GATE_SOFTPLUS;
@@ -680,10 +677,7 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
 
 TEST(gpu_bwd_saved_blocks) {
     static const int64_t lens[] = {300, 0, 129, 7};
-    kda_synth_config_t c = base(128);
-    c.batch = 1;
-    c.num_seqs = 4;
-    c.seqlens = lens;
+    kda_synth_config_t c = base_varlen(128, lens, 4);
     c.hqk = 1;
     c.hv = 4;
     c.gate = KDA_GATE_SOFTPLUS;
