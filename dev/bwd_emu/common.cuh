@@ -39,6 +39,7 @@ DEV float ex2(float x) {
 }
 DEV float rsqrtf(float x) { return 1.0f / sqrtf(x); } /* the SFU's (MUFU.RSQ) within 2 ulp */
 DEV float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+DEV float beta_sigmoid(float x, int neg_eigval) { const float s = 1.0f / (1.0f + expf(-x)); return neg_eigval ? 2.0f * s : s; }
 DEV float softplusf_(float x) { return fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x))); }
 DEV void store_elem(void *p, int dtype, int64_t i, float x) {
     if (dtype == KDA_DT_F32) ((float *)p)[i] = x;
@@ -122,6 +123,30 @@ DEV void emu_ldsm(uint32_t r[4], uint32_t addr, int trans) {
         }
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
+}
+/* stmatrix x4 .trans: each lane posts its row address; lane (g, t)'s halves of r[q] go to element g of rows 2t and
+   2t + 1 of matrix q (the lanes 8q + 2t, 8q + 2t + 1's addresses) */
+DEV void stsm_x4_t(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint32_t r[4] = {r0, r1, r2, r3};
+    emu_ldsm_addr[w][lane] = addr;
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    for (int q = 0; q < 4; q++) {
+        const uint16_t lo = (uint16_t)r[q], hi = (uint16_t)(r[q] >> 16);
+        memcpy(smem_raw + emu_ldsm_addr[w][8 * q + 2 * t] + 2 * g, &lo, 2);
+        memcpy(smem_raw + emu_ldsm_addr[w][8 * q + 2 * t + 1] + 2 * g, &hi, 2);
+    }
+    pthread_barrier_wait(&emu_warp_bar[w]);
+}
+/* movmatrix .trans: lane (g, t) takes element (2t, g) (lane 4 · 2t + g / 2's half g mod 2) and (2t + 1, g) */
+DEV uint32_t movm_t(uint32_t a) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    emu_ldsm_addr[w][lane] = a;
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    const uint32_t x = emu_ldsm_addr[w][4 * (2 * t) + g / 2], y = emu_ldsm_addr[w][4 * (2 * t + 1) + g / 2];
+    const uint32_t lo = (g & 1) ? x >> 16 : x & 0xffffu, hi = (g & 1) ? y >> 16 : y & 0xffffu;
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    return lo | (hi << 16);
 }
 DEV void ldsm_x4(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 0); }
 DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 1); }

@@ -13,6 +13,7 @@ extern "C" { /* C headers without their own guard (this file is compiled by g++ 
  * ------------------------------------------------------------------------------------------------------- */
 #define EMU_SMEM_BYTES 232448 /* an H100 block's largest dynamic shared memory */
 __thread emu_dim threadIdx, blockIdx;
+emu_dim gridDim = {0, 1, 1};
 pthread_barrier_t emu_block_bar, emu_warp_bar[16];
 float emu_warp_x[16][32];
 emu_mma_frag emu_mma[16][32];
@@ -261,6 +262,7 @@ int main(int argc, char **argv) {
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
+    uint16_t *sb = NULL;
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
         memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
@@ -272,7 +274,18 @@ int main(int argc, char **argv) {
             for (int64_t c = 0; c < total * HV * KC * VC; c++) { if (!isfinite(x[c])) nf++; num += pow(x[c] - y[c], 2); den += pow(y[c], 2); }
             printf("%s rel err %.3e nonfinite %lld\n", w2 ? "dstates" : "states", sqrt(num / den), (long long)nf);
         }
-        if (p.split) run_inter(&p);
+        if (p.split) { /* the split path reads S in bf16 (stage 1 or the forward writes it so) */
+            sb = (uint16_t *)malloc((size_t)nstates * sizeof *sb);
+            const int64_t per = (int64_t)KC * VC; /* kda_cuda_states_dv's order within each (chunk, head) */
+            for (int64_t c = 0; c < nstates; c++) {
+                int d, v;
+                kda_cuda_states_dv((int)(c % per), KC, &d, &v);
+                sb[c] = f32_to_bf16_bits(st2[c - c % per + (int64_t)d * VC + v]);
+            }
+            p.states_bf16 = sb;
+            p.states = NULL;
+            run_inter(&p);
+        }
     }
     run_chunk(&p);
     run_pairs(&p);
@@ -297,7 +310,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
+    free(sb); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
     kda_synth_free(&s);
     return bad;
 }

@@ -21,12 +21,14 @@
 /* threadIdx, blockIdx: per host thread; the block's and the warps' barriers and the shuffle exchange: shared */
 typedef struct { unsigned x, y, z; } emu_dim;
 extern __thread emu_dim threadIdx, blockIdx;
+extern emu_dim gridDim; /* {0, 1, 1}: the chunk kernel's next-wave L2 prefetch (a hint) finds no next CTA */
 extern pthread_barrier_t emu_block_bar;
 extern pthread_barrier_t emu_warp_bar[16];
 extern float emu_warp_x[16][32];
 extern unsigned char smem_raw[]; /* the block's shared memory (the kernels' `extern __shared__` array) */
 
 static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; pthread_barrier_wait(&emu_warp_bar[threadIdx.x >> 5]); }
 static inline float __shfl_xor_sync(unsigned mask, float x, int o) {
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     (void)mask;

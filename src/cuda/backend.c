@@ -174,23 +174,54 @@ static size_t blocks_bytes(const kda_problem_t *p) {
     return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)block_bytes(p));
 }
 
+/* bwd.h kda_bwd_params_t.split: bf16 inputs take the split stage 3 (and its Δ region). fp16 inputs take the fp32
+ * recomputation as fp32 ones do: the split's bf16 tiles round fp16's 10-bit dO and S to 7 bits, and on FLA's
+ * test_chunk_varlen fp16 case that put dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar (PERF.md) */
+static int bwd_split(const kda_problem_t *p) { return p->a.dtype == KDA_BFLOAT16; }
+
+/* S at every chunk start in bf16 ([max_chunks][hv][KC][VC]): the split path's states (its products take S in
+ * bf16, as the forward's do) */
+static size_t states_bf16_bytes(const kda_problem_t *p) {
+    const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
+    return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * kc * vc * 2);
+}
+
 /* What kda_forward keeps for the backward (kda_args_t.saved): the chunk blocks, where the forward's prep writes
  * them and the backward's stages read them instead of rerunning the prep; kept for the problems the CUDA
  * backward takes (the chunked path, K, V <= KDA_BWD_MAX_HEAD_DIM), 256 bytes more for the alignment. */
-static size_t saved_bytes(const kda_problem_t *p) {
+static size_t saved_blocks_bytes(const kda_problem_t *p) {
     if (kda_cuda_decode_fits(p, 0) || p->a.head_dim_k > KDA_BWD_MAX_HEAD_DIM || p->a.head_dim_v > KDA_BWD_MAX_HEAD_DIM)
         return 0;
     return 256 + blocks_bytes(p);
 }
+static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p);
+/* With bf16 inputs the forward also keeps S at every chunk start in bf16, which its recurrence writes as it
+ * passes (+128 bytes per token-head at K = V = 64, +512 at 128), so that the backward runs no states stage —
+ * where that stage would take the card: its CTAs fill more than half of the SMs. Otherwise (few long sequences:
+ * B1 T32768 H16's 64 CTAs) it runs beside the state-gradient stage on the second stream and costs the step
+ * nothing, while the forward's writes would (+0.16 ms measured there). The problem alone decides, so the forward
+ * and the backward agree. */
+static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
+    if (!bwd_split(p) || saved_blocks_bytes(p) == 0) return 0;
+    const int vc = kda_cuda_size_class(p->a.head_dim_v);
+    return 2 * p->num_seqs * p->a.num_v_heads * (vc / states_bv(impl, p)) > impl->sm_count;
+}
+static size_t saved_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
+    const size_t b = saved_blocks_bytes(p);
+    return b == 0 ? 0 : b + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0);
+}
 static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    (void)ctx;
-    *bytes = saved_bytes(p);
+    *bytes = saved_bytes((const cuda_impl_t *)ctx->impl, p);
     return KDA_STATUS_SUCCESS;
 }
 /* The caller's saved memory holds the blocks (the API checked that saved_bytes is large enough) */
-static int uses_saved(const kda_problem_t *p) { return p->a.saved && saved_bytes(p) > 0; }
+static int uses_saved(const kda_problem_t *p) { return p->a.saved && saved_blocks_bytes(p) > 0; }
 static unsigned char *saved_base(const kda_problem_t *p) {
     return (unsigned char *)(((uintptr_t)p->a.saved + 255) & ~(uintptr_t)255);
+}
+/* The kept bf16 states (after the blocks in saved), or NULL */
+static uint16_t *saved_states(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return uses_saved(p) && keeps_states(impl, p) ? (uint16_t *)(saved_base(p) + blocks_bytes(p)) : NULL;
 }
 /* The blocks' bytes in the workspace: none when they go to saved */
 static size_t ws_blocks_bytes(const kda_problem_t *p) { return uses_saved(p) ? 0 : blocks_bytes(p); }
@@ -292,6 +323,7 @@ static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, co
                              const kda_rec_params_t *fwd, int device, void *stream) {
     kda_rec_params_t rp = *fwd;
     rp.chunk_states = NULL;
+    rp.states_bf16 = NULL;
     rp.states_out = p->a.chunk_states;
     rp.states_out_dtype = (int)p->a.chunk_states_dtype;
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
@@ -340,6 +372,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     rp.K = K;
     rp.V = V;
     rp.v_first = a->state_v_first != 0;
+    rp.states_bf16 = saved_states(impl, p); /* S for the backward, written as the recurrence (or CP's pieces) passes */
     /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
     if (cap.slots > 0) { /* the pieces' recurrence: the widest tiles (the split made the CTAs); M's columns come in
                             tiles of the same width, so no wider than the K class */
@@ -464,19 +497,15 @@ typedef struct {
     size_t blocks, states, dstates, delta, dgam, dqk, dcoef, dx, rnorm, part, total;
 } bwd_layout_t;
 
-/* bwd.h kda_bwd_params_t.split: bf16 inputs take the split stage 3 (and its Δ region). fp16 inputs take the fp32
- * recomputation as fp32 ones do: the split's bf16 tiles round fp16's 10-bit dO and S to 7 bits, and on FLA's
- * test_chunk_varlen fp16 case that put dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar (PERF.md) */
-static int bwd_split(const kda_problem_t *p) { return p->a.dtype == KDA_BFLOAT16; }
-
-static bwd_layout_t bwd_layout(const kda_problem_t *p) {
+static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) {
     const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
     const size_t heads = (size_t)max_chunks(p) * (size_t)p->a.num_v_heads;
     const size_t rows = (size_t)p->num_tokens * (size_t)p->a.num_v_heads; /* (token, value head) */
     bwd_layout_t l;
     l.blocks = meta_bytes(p);
     l.states = l.blocks + (uses_saved(p) ? 0 : align256(heads * (size_t)block_bytes(p)));
-    l.dstates = l.states + align256(heads * kc * vc * 4);
+    /* S: fp32, or bf16 on the split path, none when the forward kept it */
+    l.dstates = l.states + (!bwd_split(p) ? align256(heads * kc * vc * 4) : saved_states(impl, p) ? 0 : states_bf16_bytes(p));
     l.delta = l.dstates + align256(heads * kc * vc * 4);
     l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
     l.dqk = l.dgam + align256(heads * kc * 4);
@@ -489,8 +518,7 @@ static bwd_layout_t bwd_layout(const kda_problem_t *p) {
 }
 
 static kda_status_t cuda_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes) {
-    (void)ctx;
-    *bytes = 256 + bwd_layout(&p->f).total;
+    *bytes = 256 + bwd_layout((const cuda_impl_t *)ctx->impl, &p->f).total;
     return KDA_STATUS_SUCCESS;
 }
 
@@ -552,6 +580,7 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
     rp.V = bw->V;
     rp.v_first = bw->v_first;
     rp.chunk_states = bw->states;
+    rp.states_bf16 = bw->states_bf16;
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
 }
 
@@ -564,6 +593,7 @@ static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kd
 #ifdef KDA_DEV_BUILD
     if (bwd_timing) return 0;
 #endif
+    if (saved_states(impl, p)) return 0; /* no states stage */
     const int64_t states = p->num_seqs * p->a.num_v_heads * (bw->vc / states_bv(impl, p));
     return states + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
 }
@@ -586,8 +616,10 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     const kda_problem_t *p = &bp->f;
     const kda_args_t *a = &p->a;
     const kda_backward_args_t *b = &bp->b;
+    cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    uint16_t *kept_states = saved_states(impl, p);
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
-    const bwd_layout_t l = bwd_layout(p);
+    const bwd_layout_t l = bwd_layout(impl, p);
     kda_prep_params_t pp;
     fill_prep_params(p, base, 0, &pp);
 
@@ -595,7 +627,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     memset(&bw, 0, sizeof bw);
     bw.seqs = pp.seqs;
     bw.blocks = pp.blocks;
-    bw.states = (float *)(base + l.states);
+    bw.states = bwd_split(p) ? NULL : (float *)(base + l.states);
+    bw.states_bf16 = !bwd_split(p) ? NULL : kept_states ? kept_states : (uint16_t *)(base + l.states);
     bw.dstates = (float *)(base + l.dstates);
     bw.delta = (float *)(base + l.delta);
     bw.dgam = (float *)(base + l.dgam);
@@ -664,7 +697,6 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
-    cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
     const int overlap = bwd_overlap(impl, p, &bw);
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
@@ -684,7 +716,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         stage = "d_initial_state memset";
     else if (overlap && (err = bwd_fork_states(impl, p, &bw, cfg, ctx->device, stream)) != 0)
         stage = "backward states (second stream)";
-    else if (BWD_MARK(3) || (!overlap && (err = bwd_states(impl, p, &bw, cfg, ctx->device, stream)) != 0))
+    else if (BWD_MARK(3) ||
+             (!overlap && !kept_states && (err = bwd_states(impl, p, &bw, cfg, ctx->device, stream)) != 0))
         stage = "backward states";
     else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
         stage = "backward state-gradient";

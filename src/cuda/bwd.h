@@ -6,8 +6,9 @@
  * the chunk blocks (W, QΓ, K̃, Aqk, γ, U in bf16, kda_cuda.h) into the workspace, or with the blocks the forward
  * kept in the caller's kda_args_t.saved (then no prep runs):
  *   states         the forward's recurrence kernel in KDA_REC_STATES mode (backend.c bwd_states): S at every
- *                  chunk start, fp32; on the context's second stream beside bwd_dstate.cu when the two grids fit
- *                  the SMs together (backend.c bwd_overlap: dS never reads S)
+ *                  chunk start, fp32 (bf16 on the split path); on the context's second stream beside bwd_dstate.cu
+ *                  when the two grids fit the SMs together (backend.c bwd_overlap: dS never reads S). Not run
+ *                  when the forward kept S (bf16 inputs with kda_args_t.saved: its recurrence wrote it)
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32, and d_initial_state (bf16 d_o: the forward's recurrence transposed, dSᵀ in registers)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
@@ -46,7 +47,10 @@ typedef struct kda_bwd_params {
     kda_cuda_seqs_t seqs;
     kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
     /* workspace regions, fp32 */
-    float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero) */
+    float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero); fp32 and fp16
+                                     inputs (NULL on the split path) */
+    uint16_t *states_bf16;        /* the split path's: the same in bf16 (from the states stage, or kept by the
+                                     forward in kda_args_t.saved: then no states stage runs) */
     float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end */
     float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only) */
     float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the

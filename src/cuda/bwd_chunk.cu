@@ -4,7 +4,7 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * bf16 inputs (SPLIT), Δ from bwd_inter.cu. In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V,
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cu and S in bf16 (from stage 1 or kept by the forward). In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V,
  * Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
@@ -588,12 +588,14 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
     const int64_t pair = cid * p.hv + h;
-    const float *__restrict__ S = p.states + pair * (int64_t)KC * VC;
+    const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KC * VC;     /* fp32 */
+    const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
     const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC;
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
-    prefetch_l2(S, (int64_t)KC * VC * 4, tid);
+    if (SPLIT) prefetch_l2(Sb, (int64_t)KC * VC * 2, tid);
+    else prefetch_l2(S, (int64_t)KC * VC * 4, tid);
     prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
     {   /* dO's and v's rows into L2: read after the inverse and in the dv step (~9% of the stall samples waited
            for v from DRAM) */
@@ -776,16 +778,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         if (tid < 2 * C) *(float4 *)&dc[tid * CS + C] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     prefetch_next_wave<KC, VC, SPLIT>(p, tid);
-    /* SPLIT: S into shared memory over M, Aqk, T and Δ (free from here on) by cp.async, in flight during the dv
-       loads, for dX's products (read from L2 element by element they were ~22% of the kernel's stall samples) */
+    /* SPLIT: S (bf16, kda_cuda_states_dv's order) into q̂'s tile (free since dΔ) by cp.async, in flight during the
+       dv loads, then widened to fp32 [KC][VC + 4] over M, Aqk, T and Δ for dX's products (read from L2 element by element they were ~22% of
+       the kernel's stall samples) */
     float *sS = sm.M; /* [KC][VC + 4] */
     static_assert(SPLIT == 0 || KC * (VC + 4) <= 3 * C * CS + C * (VC + 4), "S fits over M, A2, T and D");
+    static_assert(SPLIT == 0 || KC * VC * 2 <= C * (KC + 4) * 4, "bf16 S fits in q̂'s tile");
     if (SPLIT) {
-        __syncthreads(); /* every read of M, Aqk, T, Δ is done */
-        for (unsigned e = tid; e < (unsigned)(KC * VC / 4); e += CK_THREADS) {
-            const int d = e / (VC / 4), c = 4 * (e % (VC / 4));
-            cp_async16_zfill(smem_u32(&sS[d * VS + c]), S + (int64_t)d * VC + c, 16);
-        }
+        for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS)
+            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), Sb + 8 * (int64_t)e, 16);
         cp_async_commit();
     }
 
@@ -819,6 +820,19 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
     if (SPLIT) {
         cp_async_wait_all();
+        __syncthreads(); /* S is in; every read of M, Aqk, T, Δ is done */
+        /* the warp's 32 pieces e are the 32 lanes of one (vb, np): four 8 × 8 matrices Sᵀ[16 vb + 8 h + ·][8 nt + ·]
+           (m = 2 (nt − 2 np) + h), each transposed by movmatrix so that the lane holds two adjacent columns */
+        for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS) {
+            const uint4 b = *(const uint4 *)((const unsigned char *)sm.q + 16 * e);
+            const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+            const int piece = (int)(e >> 5), vb = piece / (KC / 16), np = piece % (KC / 16);
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const float2 x = unpack_bf16(movm_t(w[m]));
+                *(float2 *)&sS[(8 * (2 * np + (m >> 1)) + g) * VS + 16 * vb + 8 * (m & 1) + 2 * t] = x;
+            }
+        }
         __syncthreads();
     }
     /* dX = −dR Sᵀ: β ⊙ dX into the pairs kernel's rows and dβ's term Σ_d k e^G dX (X = β k e^G); with fp32

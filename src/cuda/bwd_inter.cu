@@ -8,7 +8,7 @@
  *     Δ   = U − W S          (= T Z: the chunk's new values; C × V)
  *     dQΓ = dO Sᵀ            (C × K)
  *     dK̃  = Δ dS⁺ᵀ           (C × K)
- *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 from the fp32 states)
+ *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and the fp32 dS⁺)
  *
  * Written: Δ (fp32 [C][VC] per (chunk, head)); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
  * chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and overwrites;
@@ -17,8 +17,9 @@
  * read element by element from L2 (two warps of four per product waiting on each other's loads: docs/PERF.md,
  * "Backward v4, first step").
  *
- * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S and dS⁺
- * [KC][VC] (rounded from fp32 here; the forward's products take S in bf16 too), W [C][KC] and U [C][VC] copied
+ * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
+ * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),
+ * dS⁺ [KC][VC] (rounded from fp32 here), W [C][KC] and U [C][VC] copied
  * from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
  * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
  */
@@ -39,6 +40,7 @@ struct inter_smem {
     unsigned char w[C * KC * 2];                   /* W [C][KC] (the block's panels) */
     unsigned char u[C * VC * 2];                   /* U [C][VC], then Δ */
     unsigned char o[C * VC * 2];                   /* dO [C][VC] */
+    float red[KC == 64 ? 2 : 1][KC];               /* KC = 64: dγ's sums of the two warps of an np */
 };
 
 template <int KC, int VC>
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     if (clen <= 0) return;
     const int64_t pair = cid * p.hv + h;
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
-    const float *__restrict__ S = p.states + pair * (int64_t)KC * VC;
+    const uint16_t *__restrict__ S = p.states_bf16 + pair * (int64_t)KC * VC;
     const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC;
 
     /* W and U by 16-byte copies (the panels as they are), in flight while the states are read */
@@ -65,25 +67,49 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         cp_async16_zfill(smem_u32(sm.u + 16 * e), blk + kda_cuda_off_u(KC) + 16 * (int64_t)e, 16);
     cp_async_commit();
 
-    /* S, dS⁺ → bf16, dγ: 8 consecutive columns per thread and step, VC / 8 threads per row (adjacent lanes) */
+    /* S (bf16, kda_cuda_states_dv's order) and dS⁺ (fp32 [KC][VC]) into their bf16 tiles, dγ = rowsum(S ⊙ dS⁺),
+       all loads in flight together and no CTA barrier: warp w owns the rows 16 np.. of np = w mod NP (NP = KC / 16)
+       and every VG-th 16-column block vb. Its lanes load the pieces (vb, np) — a lane's 16 bytes are S as the
+       recurrence's accumulators held it, four 8 × 8 matrices Sᵀ[16 vb + 8 h + ·][8 nt + ·] (m = 2 (nt − 2 np) + h)
+       — and write them transposed into the S tile by stmatrix; then lane (row, half) reads its 8 columns of S back
+       (the warp's own region: __syncwarp) beside the same 8 of dS⁺ (two float4, loaded with the pieces). dγ: the
+       lane's row summed over its blocks, the two halves, and with KC = 64 the VG = 2 warps of an np */
+    constexpr int NP = KC / 16, VG = (BI_THREADS / 32) / NP, NV = VC / 16 / VG; /* blocks per warp: NV */
+    static_assert(VG >= 1 && VG <= 2 && NV >= 1, "inter: warps per np");
     {
-        constexpr int TPR = VC / 8, RPS = BI_THREADS / TPR; /* threads per row, rows per step */
-        const int c0 = (tid % TPR) * 8;
-        float *dgam = p.dgam + pair * (int64_t)KC;
-#pragma unroll 4
-        for (int d = tid / TPR; d < KC; d += RPS) {
-            const float4 s0 = __ldg((const float4 *)(S + d * VC + c0)), s1 = __ldg((const float4 *)(S + d * VC + c0 + 4));
-            const float4 x0 = __ldg((const float4 *)(dS + d * VC + c0)), x1 = __ldg((const float4 *)(dS + d * VC + c0 + 4));
-            float sum = s0.x * x0.x + s0.y * x0.y + s0.z * x0.z + s0.w * x0.w + s1.x * x1.x + s1.y * x1.y +
-                        s1.z * x1.z + s1.w * x1.w;
-            *(uint4 *)(sm.s + tile_off(KC, d, c0)) = make_uint4(pack_bf16(s0.x, s0.y), pack_bf16(s0.z, s0.w),
-                                                                pack_bf16(s1.x, s1.y), pack_bf16(s1.z, s1.w));
-            *(uint4 *)(sm.ds + tile_off(KC, d, c0)) = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w),
-                                                                 pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
+        const int np = warp % NP, vg = warp / NP, m = lane >> 3, r = lane & 7;
+        const int row = 16 * np + (lane & 15), half = lane >> 4; /* the lane's row and 8 columns of a block */
+        float dgs = 0.0f;
+        constexpr int GB = NV < 4 ? NV : 4; /* blocks in flight (registers) */
+#pragma unroll 1
+        for (int j0 = 0; j0 < NV; j0 += GB) {
+            uint4 sb[GB];
+            float4 x0[GB], x1[GB];
 #pragma unroll
-            for (int o = 1; o < TPR; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (tid % TPR == 0) dgam[d] = sum;
+            for (int j = 0; j < GB; j++) {
+                const int vb = vg + VG * (j0 + j), c0 = 16 * vb + 8 * half;
+                sb[j] = __ldg((const uint4 *)S + (vb * NP + np) * 32 + lane);
+                x0[j] = __ldg((const float4 *)(dS + row * VC + c0));
+                x1[j] = __ldg((const float4 *)(dS + row * VC + c0 + 4));
+            }
+#pragma unroll
+            for (int j = 0; j < GB; j++)
+                stsm_x4_t(smem_u32(sm.s + tile_off(KC, 8 * (2 * np + (m >> 1)) + r, 16 * (vg + VG * (j0 + j)) + 8 * (m & 1))),
+                          sb[j].x, sb[j].y, sb[j].z, sb[j].w);
+            __syncwarp();
+#pragma unroll
+            for (int j = 0; j < GB; j++) {
+                const int off = tile_off(KC, row, 16 * (vg + VG * (j0 + j)) + 8 * half);
+                const uint4 sv = *(const uint4 *)(sm.s + off);
+                const float2 s0 = unpack_bf16(sv.x), s1 = unpack_bf16(sv.y), s2 = unpack_bf16(sv.z), s3 = unpack_bf16(sv.w);
+                dgs += s0.x * x0[j].x + s0.y * x0[j].y + s1.x * x0[j].z + s1.y * x0[j].w + s2.x * x1[j].x +
+                       s2.y * x1[j].y + s3.x * x1[j].z + s3.y * x1[j].w;
+                *(uint4 *)(sm.ds + off) = make_uint4(pack_bf16(x0[j].x, x0[j].y), pack_bf16(x0[j].z, x0[j].w),
+                                                     pack_bf16(x1[j].x, x1[j].y), pack_bf16(x1[j].z, x1[j].w));
+            }
         }
+        dgs += __shfl_xor_sync(0xffffffffu, dgs, 16);
+        if (half == 0) (VG == 1 ? p.dgam + pair * (int64_t)KC : sm.red[vg])[row] = dgs;
     }
     /* dO → bf16 (rows past the chunk's end and padded columns zero): a thread's 8 · C·VC/2048 elements, every
        load issued before any conversion (load_bits: one round trip, not one per element) */
@@ -110,6 +136,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     }
     cp_async_wait_all();
     __syncthreads();
+    if (VG == 2) /* dγ: the two warps' sums, in a fixed order */
+        for (int d = tid; d < KC; d += BI_THREADS) p.dgam[pair * (int64_t)KC + d] = sm.red[0][d] + sm.red[VG - 1][d];
 
     /* ldmatrix lane roles: A fragment (rows r0.., k0..): row r0 + (lane & 15), column k0 + 8 (lane >> 4);
        B fragments of two 8-column tiles from a [k][n] tile (trans) or an [n][k] tile (plain) */

@@ -213,6 +213,22 @@ DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
                  : "r"(addr));
 }
 
+/* stmatrix (x4, .trans): the warp's four 8 × 8 bf16 matrices r[q], held as mma accumulators are (lane (g, t):
+ * row g, columns 2t, 2t + 1), stored transposed: row i of matrix q (its column i) to the 16 bytes at the address of
+ * lane 8q + i */
+DEV void stsm_x4_t(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n"
+                 :: "r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+
+/* movmatrix (.trans): an 8 × 8 bf16 matrix held as an mma accumulator, transposed across the warp (lane (g, t)
+ * then holds row g, columns 2t, 2t + 1 of the transpose) */
+DEV uint32_t movm_t(uint32_t a) {
+    uint32_t d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+    return d;
+}
+
 /* 16 bytes global → shared through L2 (cp.async.cg), of which the first src_bytes (0 or 16) are read and the
  * rest zero-filled; cp_async_wait_all waits for this thread's copies. */
 DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {

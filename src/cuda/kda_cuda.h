@@ -109,12 +109,26 @@ typedef struct kda_prep_params {
                              the initial state) per (piece, value head, tile), no O */
 #define KDA_REC_PIECES 2  /* every piece of the table, from its incoming state (merged, or the initial state) */
 #define KDA_REC_STATES 3  /* whole sequences as KDA_REC_SEQ, no O and no final state; S at every chunk start into
-                             chunk_states (the backward's stage 1: fp32 [KC][VC]) or, when set, into states_out (the
-                             caller's kda_args_t.chunk_states: its dtype and layout, masked to K × V) */
+                             chunk_states (the backward's stage 1: fp32 [KC][VC]; states_bf16 on its split path) or,
+                             when set, into states_out (the caller's kda_args_t.chunk_states: its dtype and layout,
+                             masked to K × V) */
 
 /* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d]), E (KC×VC, [d][v]),
  * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
 KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (int64_t)kc * kc + (int64_t)2 * kc * vc; }
+
+/* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S): the recurrence's warps write S as
+ * their mma accumulators hold it, each lane 16-byte pieces, so that a warp's store is whole 512-byte lines (the
+ * row-major [KC][VC] order took one 2-byte store per element, half-sector writes: +0.23 ms a training step at
+ * B2 T8192 H32, measured). Per (chunk, head), KC · VC elements as [VC / 16][KC / 16][32 lanes][8]: element j of
+ * lane l of piece (vb, np), flat index e = ((vb · KC/16 + np) · 32 + l) · 8 + j, is S[d][v] with
+ * nt = 2 np + j / 4, c = j mod 4, d = 8 nt + 2 (l mod 4) + c mod 2, v = 16 vb + l / 4 + 8 (c / 2). */
+KDA_HD static inline void kda_cuda_states_dv(int e, int kc, int *d, int *v) {
+    const int j = e & 7, l = (e >> 3) & 31, np = (e >> 8) % (kc / 16), vb = (e >> 8) / (kc / 16);
+    const int nt = 2 * np + (j >> 2), c = j & 3;
+    *d = 8 * nt + 2 * (l & 3) + (c & 1);
+    *v = 16 * vb + (l >> 2) + 8 * (c >> 1);
+}
 
 typedef struct kda_rec_params {
     kda_cuda_seqs_t seqs;
@@ -137,6 +151,10 @@ typedef struct kda_rec_params {
     float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
     int64_t cp_capacity;             /* table entries the grid covers */
     float *chunk_states;             /* KDA_REC_STATES: [max_chunks][hv][KC][VC], S at each chunk start */
+    uint16_t *states_bf16;           /* KDA_REC_STATES instead of chunk_states, and KDA_REC_SEQ / KDA_REC_PIECES when
+                                        set (the forward keeping S for the backward, kda_args_t.saved): S at each
+                                        chunk start in bf16, [max_chunks][hv] × KC·VC in kda_cuda_states_dv's
+                                        order (the backward's split path) */
     void *states_out;                /* KDA_REC_STATES: instead, the caller's chunk_states ([rows][hv][K][V], V-first
                                         [rows][hv][V][K]) in states_out_dtype */
     int states_out_dtype;

@@ -590,10 +590,13 @@ TEST(gpu_bwd_large_b2_t8192_h32) {
     bcase_free(&x);
 }
 
-/* kda_args_t.saved: the forward keeps its chunk blocks, the backward reads them instead of rerunning the prep.
- * The gradients are the same bytes as the backward's own recomputation (the same kernel on the same inputs), the
- * forward's o too; both workspaces shrink; a saved_bytes below the size is refused by name. The forward runs
- * with the CP split forced on for the varlen case (the blocks do not depend on it), and saved is misaligned. */
+/* kda_args_t.saved: the forward keeps its chunk blocks (and with bf16 inputs S at every chunk start), the
+ * backward reads them instead of rerunning the prep (and its states stage). The gradients are the same bytes as
+ * the backward's own recomputation (the same kernels on the same inputs), the forward's o too; both workspaces
+ * shrink (the backward's by at least what is kept); a saved_bytes below the size is refused by name; saved is misaligned. With the CP split forced on in the
+ * forward (cp_piece) the blocks are the same, but a bf16 S comes from the pieces' merged fp32 states, which differ
+ * from the sequential chain's in their last bits: the gradients then agree to 1e-3 (they are ~2e-3 from the
+ * oracle's). */
 static void saved_case(const char *name, const kda_synth_config_t *cfg, const opts_t *o, int cp_piece) {
     bcase_t x;
     bcase_make(&x, cfg, o);
@@ -642,8 +645,8 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
     /* the forward with saved (misaligned by a byte): a smaller workspace, the same o */
     a->saved_bytes = n;
     CHECK(kda_forward_workspace_size(gpu(), a, &fws_saved) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    CHECK(fws_saved + n - 256 <= fws_plain + 512, "%s: forward workspace %zu with saved (%zu bytes), %zu without",
-          name, fws_saved, n, fws_plain);
+    CHECK(fws_saved < fws_plain, "%s: forward workspace %zu with saved (%zu bytes), %zu without", name, fws_saved, n,
+          fws_plain);
     CHECK(kda_forward(gpu(), a, fws, fws_saved, NULL) == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaMemcpy(oh, o_dev, o_bytes, cudaMemcpyDeviceToHost));
@@ -654,15 +657,25 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
     a->cp_piece_len = 0;
     CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: from saved: %s", name, kda_last_error());
     CHECK(kda_backward_workspace_size(gpu(), &x.db, &need) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    /* what the backward needs in all (its workspace and the kept memory) does not grow */
     CHECK(need + n - 256 <= bwd_plain + 512, "%s: backward workspace %zu with saved, %zu without", name, need,
           bwd_plain);
+    const int bitwise = !cp_piece || cfg->dtype != KDA_BFLOAT16;
+    double worst = 0.0;
     for (int i = 0; i < G_N; i++) {
         void *g = fetch(&x, i);
-        CHECK(memcmp(g, ref[i], (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "%s: %s differs from saved", name,
-              grad_names[i]);
+        if (bitwise) {
+            CHECK(memcmp(g, ref[i], (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "%s: %s differs from saved",
+                  name, grad_names[i]);
+        } else if (x.n[i]) {
+            const double e = kda_rel_err(g, x.dt[i], ref[i], x.dt[i], x.n[i]);
+            CHECK(e <= 1e-3, "%s: %s from saved differs by %.3g relative", name, grad_names[i], e);
+            if (e > worst) worst = e;
+        }
         free(g);
         free(ref[i]);
     }
+    if (!bitwise) printf("bwd saved %-20s gradients within %.2e of the recomputing backward's\n", name, worst);
     printf("bwd saved %-20s %zu bytes kept; workspace forward %zu -> %zu, backward %zu -> %zu\n", name, n,
            fws_plain, fws_saved, bwd_plain, need);
     a->saved = NULL;
@@ -678,12 +691,16 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
 TEST(gpu_bwd_saved_blocks) {
     static const int64_t lens[] = {300, 0, 129, 7};
     kda_synth_config_t c = base_varlen(128, lens, 4);
-    c.hqk = 1;
-    c.hv = 4;
+    c.hqk = 4;
+    c.hv = 16; /* 4 sequences × 16 heads: the states stage would fill the card, so the forward keeps S too */
     c.gate = KDA_GATE_SOFTPLUS;
     opts_t o = TRAIN;
     o.pool = 1;
+    saved_case("varlen_gva4", &c, &o, 0);
     saved_case("varlen_gva4_cp", &c, &o, 128);
+    c.hqk = 1;
+    c.hv = 4; /* few (sequence, head)s: the blocks alone are kept */
+    saved_case("varlen_gva4_few", &c, &o, 0);
     kda_synth_config_t f = base(64);
     f.dtype = f.g_dtype = f.beta_dtype = f.o_dtype = KDA_FLOAT32;
     saved_case("fp32_k64", &f, &TRAIN, 0);
