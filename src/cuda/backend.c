@@ -486,7 +486,8 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks (the prep not when
  * the forward kept them: kda_args_t.saved), then the six backward stages. Workspace, each region 256-byte aligned:
  *   varlen offsets | chunk blocks (bf16, as the forward's; none when the forward kept them in kda_args_t.saved)
- *   | S per chunk | dS⁺ per chunk (fp32 [KC][VC] per chunk and head) | Δ per chunk (fp32 [C][VC]; bf16 inputs
+ *   | S per chunk (fp32 [KC][VC] per chunk and head; bf16 on the split path, kda_cuda_states_dv's order; none when
+ *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]) | Δ per chunk (fp32 [C][VC]; bf16 inputs
  *   only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head
  *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
