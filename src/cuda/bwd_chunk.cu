@@ -4,8 +4,8 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * bf16 inputs (SPLIT), Δ from bwd_inter.cu and S in bf16 (from stage 1 or kept by the forward). In §3's notation, A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V,
- * Z = Y − X S:
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cu and S in bf16 (from stage 1, or kept by the forward). In §3's notation,
+ * A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
  *              M[i][j] = Σ_d k_i k_j e^{G_i − G_j} (j < i),  Aqk[i][j] = s Σ_d q_i k_j e^{G_i − G_j} (j ≤ i)
@@ -779,8 +779,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
     prefetch_next_wave<KC, VC, SPLIT>(p, tid);
     /* SPLIT: S (bf16, kda_cuda_states_dv's order) into q̂'s tile (free since dΔ) by cp.async, in flight during the
-       dv loads, then widened to fp32 [KC][VC + 4] over M, Aqk, T and Δ for dX's products (read from L2 element by element they were ~22% of
-       the kernel's stall samples) */
+       dv loads, then widened to fp32 [KC][VC + 4] over M, Aqk, T and Δ for dX's products (read from L2 element by
+       element they were ~22% of the kernel's stall samples) */
     float *sS = sm.M; /* [KC][VC + 4] */
     static_assert(SPLIT == 0 || KC * (VC + 4) <= 3 * C * CS + C * (VC + 4), "S fits over M, A2, T and D");
     static_assert(SPLIT == 0 || KC * VC * 2 <= C * (KC + 4) * 4, "bf16 S fits in q̂'s tile");

@@ -93,15 +93,17 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                 x1[j] = __ldg((const float4 *)(dS + row * VC + c0 + 4));
             }
 #pragma unroll
-            for (int j = 0; j < GB; j++)
-                stsm_x4_t(smem_u32(sm.s + tile_off(KC, 8 * (2 * np + (m >> 1)) + r, 16 * (vg + VG * (j0 + j)) + 8 * (m & 1))),
-                          sb[j].x, sb[j].y, sb[j].z, sb[j].w);
+            for (int j = 0; j < GB; j++) {
+                const int off = tile_off(KC, 8 * (2 * np + (m >> 1)) + r, 16 * (vg + VG * (j0 + j)) + 8 * (m & 1));
+                stsm_x4_t(smem_u32(sm.s + off), sb[j].x, sb[j].y, sb[j].z, sb[j].w);
+            }
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < GB; j++) {
                 const int off = tile_off(KC, row, 16 * (vg + VG * (j0 + j)) + 8 * half);
                 const uint4 sv = *(const uint4 *)(sm.s + off);
-                const float2 s0 = unpack_bf16(sv.x), s1 = unpack_bf16(sv.y), s2 = unpack_bf16(sv.z), s3 = unpack_bf16(sv.w);
+                const float2 s0 = unpack_bf16(sv.x), s1 = unpack_bf16(sv.y), s2 = unpack_bf16(sv.z),
+                             s3 = unpack_bf16(sv.w);
                 dgs += s0.x * x0[j].x + s0.y * x0[j].y + s1.x * x0[j].z + s1.y * x0[j].w + s2.x * x1[j].x +
                        s2.y * x1[j].y + s3.x * x1[j].z + s3.y * x1[j].w;
                 *(uint4 *)(sm.ds + off) = make_uint4(pack_bf16(x0[j].x, x0[j].y), pack_bf16(x0[j].z, x0[j].w),

@@ -541,8 +541,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             else
                 store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
         } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_MAX_HEAD_DIM && p.states_bf16) {
-            /* the forward keeps S for the backward (kda_args_t.saved, 16-bit inputs): its states stage is then not
-               run (backend.c) */
+            /* the forward keeps S for the backward (kda_args_t.saved, bf16 inputs, backend.c keeps_states): the
+               backward's states stage is then not run */
             store_slot_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
         }
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
