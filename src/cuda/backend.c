@@ -194,7 +194,7 @@ static size_t saved_blocks_bytes(const kda_problem_t *p) {
         return 0;
     return 256 + blocks_bytes(p);
 }
-static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p);
+static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p);
 /* With bf16 inputs the forward also keeps S at every chunk start in bf16, which its recurrence writes as it
  * passes (+128 bytes per token-head at K = V = 64, +512 at 128), so that the backward runs no states stage —
  * where that stage would take the card: its CTAs fill more than half of the SMs. Otherwise (few long sequences:
@@ -202,9 +202,7 @@ static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p);
  * nothing, while the forward's writes would (+0.16 ms measured there). The problem alone decides, so the forward
  * and the backward agree. */
 static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
-    if (!bwd_split(p) || saved_blocks_bytes(p) == 0) return 0;
-    const int vc = kda_cuda_size_class(p->a.head_dim_v);
-    return 2 * p->num_seqs * p->a.num_v_heads * (vc / states_bv(impl, p)) > impl->sm_count;
+    return bwd_split(p) && saved_blocks_bytes(p) > 0 && 2 * states_ctas(impl, p) > impl->sm_count;
 }
 static size_t saved_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
     const size_t b = saved_blocks_bytes(p);
@@ -299,10 +297,13 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 }
 #endif
 
-/* The state columns per CTA of the recurrence kernel in KDA_REC_STATES mode (its launch and the backward's count
- * of its CTAs, bwd_overlap) */
+/* The state columns per CTA of the recurrence kernel in KDA_REC_STATES mode (its launch and states_ctas) */
 static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p) {
     return choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
+}
+/* The CTAs of the backward's states stage (keeps_states, bwd_overlap) */
+static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return p->num_seqs * p->a.num_v_heads * (kda_cuda_size_class(p->a.head_dim_v) / states_bv(impl, p));
 }
 
 /* The recurrence kernel in KDA_REC_STATES mode over whole sequences, with its tiling (rp: the problem and where the
@@ -506,7 +507,9 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     l.blocks = meta_bytes(p);
     l.states = l.blocks + (uses_saved(p) ? 0 : align256(heads * (size_t)block_bytes(p)));
     /* S: fp32, or bf16 on the split path, none when the forward kept it */
-    l.dstates = l.states + (!bwd_split(p) ? align256(heads * kc * vc * 4) : saved_states(impl, p) ? 0 : states_bf16_bytes(p));
+    l.dstates = l.states + (!bwd_split(p)            ? align256(heads * kc * vc * 4)
+                            : saved_states(impl, p) ? 0
+                                                    : states_bf16_bytes(p));
     l.delta = l.dstates + align256(heads * kc * vc * 4);
     l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
     l.dqk = l.dgam + align256(heads * kc * 4);
@@ -595,8 +598,7 @@ static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kd
     if (bwd_timing) return 0;
 #endif
     if (saved_states(impl, p)) return 0; /* no states stage */
-    const int64_t states = p->num_seqs * p->a.num_v_heads * (bw->vc / states_bv(impl, p));
-    return states + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
+    return states_ctas(impl, p) + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
 }
 
 /* The states stage on the second stream, after everything the caller's stream holds so far (the chunk blocks);

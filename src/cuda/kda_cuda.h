@@ -119,8 +119,8 @@ KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (i
 
 /* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S): the recurrence's warps write S as
  * their mma accumulators hold it, each lane 16-byte pieces, so that a warp's store is whole 512-byte lines (the
- * row-major [KC][VC] order took one 2-byte store per element, half-sector writes: +0.23 ms a training step at
- * B2 T8192 H32, measured). Per (chunk, head), KC · VC elements as [VC / 16][KC / 16][32 lanes][8]: element j of
+ * row-major [KC][VC] order took 64 two-byte stores per thread and chunk, each warp store four half sectors; in
+ * this order the writes cost the forward 137 µs at B2 T8192 H32, docs/PERF.md "Backward v8"). Per (chunk, head), KC · VC elements as [VC / 16][KC / 16][32 lanes][8]: element j of
  * lane l of piece (vb, np), flat index e = ((vb · KC/16 + np) · 32 + l) · 8 + j, is S[d][v] with
  * nt = 2 np + j / 4, c = j mod 4, d = 8 nt + 2 (l mod 4) + c mod 2, v = 16 vb + l / 4 + 8 (c / 2). */
 KDA_HD static inline void kda_cuda_states_dv(int e, int kc, int *d, int *v) {

@@ -593,10 +593,10 @@ TEST(gpu_bwd_large_b2_t8192_h32) {
 /* kda_args_t.saved: the forward keeps its chunk blocks (and with bf16 inputs S at every chunk start), the
  * backward reads them instead of rerunning the prep (and its states stage). The gradients are the same bytes as
  * the backward's own recomputation (the same kernels on the same inputs), the forward's o too; both workspaces
- * shrink (the backward's by at least what is kept); a saved_bytes below the size is refused by name; saved is misaligned. With the CP split forced on in the
- * forward (cp_piece) the blocks are the same, but a bf16 S comes from the pieces' merged fp32 states, which differ
- * from the sequential chain's in their last bits: the gradients then agree to 1e-3 (they are ~2e-3 from the
- * oracle's). */
+ * shrink (the backward's by at least what is kept); a saved_bytes below the size is refused by name; saved is
+ * misaligned. With the CP split forced on in the forward (cp_piece) the blocks are the same, but a bf16 S comes
+ * from the pieces' merged fp32 states, which differ from the sequential chain's in their last bits: the gradients
+ * then agree to 1e-3 (they are ~2e-3 from the oracle's). */
 static void saved_case(const char *name, const kda_synth_config_t *cfg, const opts_t *o, int cp_piece) {
     bcase_t x;
     bcase_make(&x, cfg, o);
@@ -699,7 +699,7 @@ TEST(gpu_bwd_saved_blocks) {
     saved_case("varlen_gva4", &c, &o, 0);
     saved_case("varlen_gva4_cp", &c, &o, 128);
     c.hqk = 1;
-    c.hv = 4; /* few (sequence, head)s: the blocks alone are kept */
+    c.hv = 4; /* few (sequence, head)s: the blocks alone are kept (on cards of 128 SMs or more) */
     saved_case("varlen_gva4_few", &c, &o, 0);
     kda_synth_config_t f = base(64);
     f.dtype = f.g_dtype = f.beta_dtype = f.o_dtype = KDA_FLOAT32;
