@@ -27,6 +27,7 @@ CASES = {
     "gva4_bf16": (1, 300, 2, 8, 128, torch.bfloat16, 1.0),
     "strong_decay_bf16": (1, 300, 4, 4, 128, torch.bfloat16, 8.0),
     "varlen_bf16": (1, [70, 130, 1, 99], 4, 4, 128, torch.bfloat16, 1.0),
+    "varlen6_bf16": (1, [1300, 547, 2048, 963, 271, 3063], 4, 4, 128, torch.bfloat16, 1.0),  # the benchmark's lengths
     "k64_bf16": (2, 200, 4, 4, 64, torch.bfloat16, 1.0),
 }
 GRADS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")

@@ -15,7 +15,7 @@ import torch
 
 import kda
 from bench_bwd import SHAPES, make_inputs, forward, step as train_step
-from timing import time_ms
+from timing import back_to_back_ms, time_ms
 
 
 def main():
@@ -56,6 +56,7 @@ def main():
     print("%s: host µs to enqueue (medians of 20): forward with autograd %.0f, backward %.0f; forward under "
           "no_grad %.0f" % (name, statistics.median(fh), statistics.median(bh), statistics.median(nh)))
     print("single step (CUDA events, median of 10): %.3f ms" % time_ms(step, reps=10))
+    print("steps back to back (GPU time per step, the host's hidden): %.3f ms" % back_to_back_ms(step, reps=5, group=4))
 
     if a.cprofile:
         import cProfile

@@ -28,6 +28,8 @@
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
 #   cptimeline  one intra-card CP forward call: host time, single vs back-to-back ms, its runtime calls and kernels
+#   hostprof  the training step's host time: enqueue times, single step against back to back, cProfile (build-gpu)
+#   acc       libkda's and FLA's gradients against the fp64 oracle (bench/bwd_accuracy.py ACC_ARGS)
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
 #             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
 #   bwdcheck  the backward after a kernel change: gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS), per-stage ms
@@ -259,6 +261,18 @@ PY
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
       PYTHONUNBUFFERED=1 python3 bench/experiments/cp_call_timeline.py ${CP_TIMELINE_ARGS:-} 2>&1 | grep -v Warn |
       tee "$OUT/cp_call_timeline.log" | head -120
+    ;;
+  hostprof) # the training step's host time (build-gpu: the library as shipped): enqueue times, single step against
+    # steps back to back, the Python functions by own time (bench/step_timeline.py --cprofile)
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
+      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" --cprofile 2>&1 | grep -v Warn |
+      tee "$OUT/host_profile.log" | head -20
+    ;;
+  acc) # gradients of libkda and FLA against the fp64 oracle, same inputs (bench/bwd_accuracy.py ACC_ARGS)
+    fla_site
+    env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
+      PYTHONUNBUFFERED=1 timeout ${ACC_TIMEOUT:-420} python3 bench/bwd_accuracy.py ${ACC_ARGS:-} 2>&1 | grep -v Warn |
+      tee "$OUT/bwd_accuracy.log"
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
     tar -czf "$OUT/triton-cache.tgz" -C .triton-cache . && ls -la "$OUT/triton-cache.tgz"
