@@ -275,7 +275,8 @@ PY
       tee "$OUT/bwd_accuracy.log"
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
-    tar -czf "$OUT/triton-cache.tgz" -C .triton-cache . && ls -la "$OUT/triton-cache.tgz"
+    # in pieces of 15 MB ($OUT's files come back up to 16 MiB each): `cat triton-cache.tgz.part-* | tar -xz -C .triton-cache`
+    tar -czf - -C .triton-cache . | split -b 15m - "$OUT/triton-cache.tgz.part-" && ls -la "$OUT"/triton-cache.tgz.part-*
     ;;
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1
