@@ -64,10 +64,12 @@ case "$*" in bwdab | bwdskip) build build-dev . -DKDA_DEV=ON || exit 1 ;; # thes
   *) build build-gpu . || exit 1 ;; esac
 PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
 
-# Triton's cache (with FLA's autotuning results: FLA_CACHE_RESULTS) in .triton-cache/ when carried there: FLA's
+# Triton's cache (with FLA's autotuning results: FLA_CACHE_RESULTS, on by default in FLA 0.6.0) in .triton-cache/ when carried there: FLA's
 # backward autotunes for minutes per shape on a fresh machine. The step `tritoncache` brings it back as
 # $OUT/triton-cache.tgz; unpack it into .triton-cache/ (ignored) and carry that folder in the next call.
 mkdir -p .triton-cache && export TRITON_CACHE_DIR=$PWD/.triton-cache
+# or as the pieces the step `tritoncache` brought back, carried in .tc/ (the unpacked cache is over the carry limit)
+ls .tc/triton-cache.tgz.part-* >/dev/null 2>&1 && cat .tc/triton-cache.tgz.part-* | tar -xz -C .triton-cache
 
 fla_site() { # FLA 0.6.0 wheels into /tmp/site, once
   [ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
