@@ -29,6 +29,7 @@
 #   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
 #   cptimeline  one intra-card CP forward call: host time, single vs back-to-back ms, its runtime calls and kernels
 #   hostprof  the training step's host time: enqueue times, single step against back to back, cProfile (build-gpu)
+#   hostbreak the training step's host time by function (bench/experiments/host_breakdown.py)
 #   acc       libkda's and FLA's gradients against the fp64 oracle (bench/bwd_accuracy.py ACC_ARGS)
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
 #             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
@@ -269,6 +270,11 @@ PY
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
       python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" --cprofile 2>&1 | grep -v Warn |
       tee "$OUT/host_profile.log" | head -20
+    ;;
+  hostbreak) # the training step's host time by function (bench/experiments/host_breakdown.py; HOSTBREAK_SHAPES)
+    IFS=';' read -ra shapes <<< "${HOSTBREAK_SHAPES:-B2 T8192 H32}"
+    for sh in "${shapes[@]}"; do env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
+      python3 bench/experiments/host_breakdown.py --shape "$sh" 2>&1 | grep -v Warn | tee -a "$OUT/host_breakdown.log"; done
     ;;
   acc) # gradients of libkda and FLA against the fp64 oracle, same inputs (bench/bwd_accuracy.py ACC_ARGS)
     fla_site
