@@ -30,6 +30,7 @@
 #   cptimeline  one intra-card CP forward call: host time, single vs back-to-back ms, its runtime calls and kernels
 #   hostprof  the training step's host time: enqueue times, single step against back to back, cProfile (build-gpu)
 #   hostbreak the training step's host time by function (bench/experiments/host_breakdown.py)
+#   hostab    host time and single-step ms, .var1's Python package against this tree's (one library)
 #   acc       libkda's and FLA's gradients against the fp64 oracle (bench/bwd_accuracy.py ACC_ARGS)
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
 #             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
@@ -275,6 +276,14 @@ PY
     IFS=';' read -ra shapes <<< "${HOSTBREAK_SHAPES:-B2 T8192 H32}"
     for sh in "${shapes[@]}"; do env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
       python3 bench/experiments/host_breakdown.py --shape "$sh" 2>&1 | grep -v Warn | tee -a "$OUT/host_breakdown.log"; done
+    ;;
+  hostab) # the training step's host time and single-step ms with .var1's Python package and this tree's, one library
+    # (build-gpu), two rounds (bench/step_timeline.py; TIMELINE_SHAPE)
+    for r in 1 2; do for which in var1 this; do py=$PWD/python; [ $which = var1 ] && py=$PWD/.var1/python
+      echo "-- $which (round $r)"
+      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONUNBUFFERED=1 PYTHONPATH=$py:$PWD/bench \
+        python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" 2>&1 | grep -E "host|step" | grep -v Warn
+    done; done | tee "$OUT/host_ab.log"
     ;;
   acc) # gradients of libkda and FLA against the fp64 oracle, same inputs (bench/bwd_accuracy.py ACC_ARGS)
     fla_site

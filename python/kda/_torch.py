@@ -499,12 +499,14 @@ def _chunk_setup_context(ctx, inputs, output):
     ctx.flags = (inputs[10],) + tuple(inputs[12:19])
 
 
-def _chunk_grads(ctx, do, dht, bwd):
+def _chunk_grads(ctx, do, dht, bwd, need=None):
     """chunk_kda_fwd's gradients from what _chunk_setup_context saved, computed by `bwd`: the op chunk_kda_bwd or
-    (_ChunkKDA) its implementation"""
+    (_ChunkKDA) its implementation. `need`: whether A_log, dt_bias and initial_state need theirs at the op's input
+    positions 5, 6, 7 (None: ctx.needs_input_grad, the op's inputs)."""
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = ctx.saved_tensors
     scale, l2, gate, bsig, neg, safe, lb, vfirst = ctx.flags
-    need = ctx.needs_input_grad
+    if need is None:
+        need = ctx.needs_input_grad
     if do is None:
         do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
     dq, dk, dv, dg, dbeta, dh0, dA, ddt = bwd(
@@ -545,6 +547,29 @@ class _ChunkKDA(torch.autograd.Function):
     def backward(ctx, do, dht):
         saved = ctx.kda_saved
         return _chunk_grads(ctx, do, dht, lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved))
+
+
+class _ChunkKDACached(torch.autograd.Function):
+    """_ChunkKDA for a signature that kda.chunk_kda's fast path has cached (_ChunkCall with `train`): the forward
+    launches from the call's kda_args_t, without the checks, the kda_args_t's filling or the size queries; the
+    backward is _ChunkKDA's. Inputs: the call, then q k v g beta A_log dt_bias initial_state cu_seqlens
+    cu_seqlens_cpu."""
+
+    @staticmethod
+    def forward(ctx, call, *tensors):
+        o, ht, ctx.kda_saved = call.launch(*tensors)
+        ctx.save_for_backward(*tensors)
+        ctx.flags = call.flags
+        if call.ht_shape is None:  # output_final_state False: an empty tensor, as _ChunkKDA's
+            ctx.mark_non_differentiable(ht)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        saved, need = ctx.kda_saved, ctx.needs_input_grad
+        grads = _chunk_grads(ctx, do, dht, lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved),
+                             need[1:])
+        return (None,) + grads[:8] + (None, None)
 
 
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)
@@ -700,6 +725,9 @@ def chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, outpu
                                                                                       dt_bias, h0)):
         o, ht = _ChunkKDA.apply(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, output_final_state, l2,
                                 gate, bsig, neg, safe, lb, vfirst, cp)
+        if remember is not None:
+            _remember_chunk(remember, (q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu), o, ht, scale,
+                            output_final_state, l2, gate, bsig, neg, safe, lb, vfirst, cp, train=True)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale,
                                             output_final_state, l2, gate, bsig, neg, safe, lb, vfirst, cp)
@@ -770,7 +798,11 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
 # ---------------------------------------------------------------------------------------------------------
 # kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes,
 # dtypes, devices, contiguity, flags) has passed them before runs without them. A call from a serving loop
-# or benchmark then costs two torch.empty, a kda_args_t copy with its pointers set, and one ctypes call.
+# or benchmark then costs two torch.empty, a kda_args_t copy with its pointers set, and one ctypes call. A
+# training call (tensors that require grad; which ones is part of the signature) runs the same way inside
+# _ChunkKDACached: a single training step's CUDA events count the forward's host time before its first kernel
+# (bench/experiments/host_breakdown.py: ~320 of its ~430 us at B2 T8192 H32 on an H100 host went to the checks,
+# the kda_args_t's filling, the size queries and autograd's Function before kda_forward was entered).
 #
 # Signatures are filed under q's shape, and one is computed only for a shape that was seen before: where the
 # shapes change from call to call (variable-length prefill), a call costs one dict lookup more, not a
@@ -806,21 +838,25 @@ def chunk_kda_cached(q, k, v, g, beta, h0, cu, cu_cpu, kwargs, scale, ofs, l2, g
     for t in tensors:
         if t is None:
             key.append(None)
-        elif type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad):  # as _eager
-            key.append((t.shape, t.dtype, t.device, t.is_contiguous()))
+        elif type(t) in _PLAIN_TENSORS:  # the last field: autograd records the call (as _eager decides)
+            key.append((t.shape, t.dtype, t.device, t.is_contiguous(), grad and t.requires_grad))
         else:
             return None, None
     key = tuple(key)
     call = calls.get(key)
     if call is None:
         return None, (shape, key, tensors)
+    if call.train:
+        o, ht = _ChunkKDACached.apply(call, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
+        return (o, ht if call.ht_shape is not None else None), None
     return call(*tensors), None
 
 
-def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst, cp=-1) -> None:
-    """After an eager chunk_kda call: note q's shape if new, else cache the call's signature if the launch used
-    the caller's tensors as they came (no copy, conversion or replacement), or none in their place (an
-    argument the call ignores)."""
+def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe, lb, vfirst, cp=-1,
+                    train=False) -> None:
+    """After an eager chunk_kda call (`train`: one through _ChunkKDA): note q's shape if new, else cache the call's
+    signature if the launch used the caller's tensors as they came (no copy, conversion or replacement), or none
+    in their place (an argument the call ignores)."""
     shape, key, given = remember
     calls = _chunk_calls.get(shape)
     if calls is None:
@@ -841,22 +877,40 @@ def _remember_chunk(remember, used, o, ht, scale, ofs, l2, gate, bsig, neg, safe
             cu_cpu is not None and q.is_cuda)
     if len(calls) >= _MAX_CALLS:
         calls.clear()
-    calls[key] = _ChunkCall(args, sets, o, ht if ofs else None, scale == 0.0)
+    calls[key] = _ChunkCall(args, sets, o, ht if ofs else None, scale == 0.0,
+                            (scale, l2, gate, bsig, neg, safe, lb, vfirst) if train else None)
 
 
 class _ChunkCall:
     """One cached chunk_kda signature: the kda_args_t of its calls (their pointers aside: each call sets every
     pointer that is set in it), which optional pointers are set, the outputs' shapes and dtype, the device,
     and the workspace size its last call used."""
-    __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "zero", "nbytes")
+    __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "zero", "nbytes", "flags", "train",
+                 "saved_bytes")
 
-    def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], zero: bool):
+    def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], zero: bool,
+                 flags: Optional[tuple] = None):
         self.args, self.sets, self.zero = args, sets, zero
         self.o_shape, self.dtype, self.device = tuple(o.shape), o.dtype, o.device
         self.ht_shape = tuple(ht.shape) if ht is not None else None  # None: no final state returned
         self.nbytes = None
+        # a call through autograd (_ChunkKDACached): _chunk_grads's flags, and the bytes the forward keeps for the
+        # backward (kda_args_t.saved; asked once, or every call where the host's lengths may change them)
+        self.flags, self.train, self.saved_bytes = flags, flags is not None, None
 
     def __call__(self, q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu):
+        o, ht, _ = self._run(q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, False)
+        return o, ht
+
+    def launch(self, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu):
+        """_ChunkKDACached's forward: (o, ht, what the forward kept for the backward or None); ht is an empty
+        tensor where no final state is returned (the Function returns two tensors)."""
+        o, ht, saved = self._run(q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, True)
+        if ht is None:
+            ht = torch.empty(0, dtype=torch.float32, device=self.device)
+        return o, ht, saved
+
+    def _run(self, q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, keep):
         # what _chunk_kda_fwd_impl and _launch do, the kda_args_t's other fields kept from the first call
         dev = self.device
         o = torch.empty(*self.o_shape, dtype=self.dtype, device=dev)
@@ -877,10 +931,18 @@ class _ChunkCall:
             a.cu_seqlens = cu.data_ptr()
         if shost:
             a.cu_seqlens_host = cu_cpu.data_ptr()
+        saved = None
+        if keep:
+            if self.saved_bytes is None or shost:
+                saved = _saved_tensor("chunk_kda", a, dev)
+                self.saved_bytes = saved.numel() if saved is not None else 0
+            elif self.saved_bytes > 0:
+                saved = torch.empty(self.saved_bytes, dtype=torch.uint8, device=dev)
+                a.saved, a.saved_bytes = saved.data_ptr(), self.saved_bytes
         self.nbytes = _run("chunk_kda", a, False, dev, self.nbytes)
         if self.zero:
             o.zero_()
-        return o, ht
+        return o, ht, saved
 
 
 _api._torch_chunk_cached = chunk_kda_cached

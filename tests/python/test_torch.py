@@ -519,6 +519,8 @@ def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
     """Under autograd the CUDA forward keeps its chunk blocks for the backward (kda_args_t.saved), which then does
     not rerun its preparation stage: the same gradient bytes as the backward that recomputes them."""
     import kda._torch as kt
+    from kda import _api
+    monkeypatch.setattr(_api, "_torch_chunk_cached", None)  # every call through kt._saved_tensor
     x, cu, opts = case_inputs(name, seed=11, K_V=(128, 128))
     kept = []
     real = kt._saved_tensor
@@ -695,12 +697,17 @@ def fast_path(monkeypatch):
     from kda import _torch
     _torch._chunk_calls.clear()
     served = []
-    call = _torch._ChunkCall.__call__
+    call, launch = _torch._ChunkCall.__call__, _torch._ChunkCall.launch
 
     def counted(self, *args):
         served.append(self)
         return call(self, *args)
+
+    def counted_launch(self, *args):  # a training call's forward (_ChunkKDACached)
+        served.append(self)
+        return launch(self, *args)
     monkeypatch.setattr(_torch._ChunkCall, "__call__", counted)
+    monkeypatch.setattr(_torch._ChunkCall, "launch", counted_launch)
     yield served
     _torch._chunk_calls.clear()
 
@@ -811,6 +818,51 @@ def test_fast_path_grad_mode(fast_path):
     assert o.requires_grad and len(fast_path) == 1
     o.float().sum().backward()
     assert xt["q"].grad is not None and xt["q"].grad.shape == xt["q"].shape
+
+
+def _training_step(fn, xt, cu, kw, need, seed):
+    """o, the final state (None if not returned) and every leaf's gradient of one training step through fn"""
+    leaves = {key: xt[key].clone().requires_grad_() for key in need if key in xt}
+    o, ht = fn(**{**xt, **leaves}, cu_seqlens=cu, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    loss = (o.float() * torch.randn(o.shape, generator=gen)).sum()
+    if ht is not None:
+        loss = loss + (ht * torch.randn(ht.shape, generator=gen)).sum()
+    loss.backward()
+    return o.detach(), None if ht is None else ht.detach(), {key: t.grad for key, t in leaves.items()}
+
+
+@pytest.mark.parametrize("name,need,changes", [
+    ("varlen_gva", GRAD_INPUTS, {}),
+    ("basic", ("q", "v", "initial_state"), dict(output_final_state=False)),
+    ("bounded_vfirst", ("k", "g", "A_log"), {}),
+])
+def test_fast_path_training(fast_path, name, need, changes):
+    """Training calls (tensors that require grad) of a signature seen before skip the checks too
+    (_ChunkKDACached): o, the final state and every gradient equal the checked path's, bit for bit, with new
+    data each call; a call that differs in which tensors require grad takes the checked path."""
+    for rnd in range(4):
+        xt, cu, kw = _grad_case(name, seed=20 + rnd)
+        kw.update(changes)
+        cu = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+        got = _training_step(kda.chunk_kda, xt, cu, kw, need, seed=rnd)
+        expected = _training_step(lambda **a: uncached(kda.chunk_kda, **a), xt, cu, kw, need, seed=rnd)
+        assert (got[1] is None) == (expected[1] is None) == ("output_final_state" in changes)
+        assert torch.equal(got[0], expected[0]) and (got[1] is None or torch.equal(got[1], expected[1]))
+        for key, t in expected[2].items():
+            assert got[2][key] is not None and got[2][key].dtype == t.dtype and torch.equal(got[2][key], t), key
+    assert len(fast_path) == 2  # a shape's first call notes it, the second caches the signature
+    xt, cu, kw = _grad_case(name, seed=30)
+    kw.update(changes)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+    other = tuple(n for n in GRAD_INPUTS if n in xt and n not in need)[:1]
+    for fewer in (need[1:],) + ((need + other,) if other else ()):
+        got = _training_step(kda.chunk_kda, xt, cu, kw, fewer, seed=5)
+        expected = _training_step(lambda **a: uncached(kda.chunk_kda, **a), xt, cu, kw, fewer, seed=5)
+        assert torch.equal(got[0], expected[0])
+        for key, t in expected[2].items():
+            assert torch.equal(got[2][key], t), key
+    assert len(fast_path) == 2
 
 
 def test_fast_path_workspace_too_small(fast_path):
