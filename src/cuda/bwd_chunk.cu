@@ -476,30 +476,48 @@ DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
 }
 
 /* The rest of T (after invert_diag and a barrier): for I = 1..3, Y_IJ = Σ_{J ≤ L < I} Diag(β_I) M_IL T_LJ into
- * scr, T_IJ = −T_II Y_IJ */
+ * scr, T_IJ = −T_II Y_IJ. A thread takes four adjacent columns j..j + 3 of one row i (a 1 × 4 tile): each term's
+ * coefficient (M_im, T_im) is read once for the four and the four right-hand values by one float4, a quarter of the
+ * shared-memory loads of a thread per element (those loads, two per FMA, were the phase's time: docs/PERF.md).
+ * Each element's sum keeps its order (m ascending), so T is the same bits as element by element. Tile e of round
+ * I: column block J = e / 64, row i = 16 I + (e mod 64) / 4, columns 16 J + 4 (e mod 4)..: a warp's 8 rows fall
+ * in distinct banks (stride CS) and its four float4 are one 64-byte run of a row. */
 template <int KC, int VC>
 DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int tid) {
-    /* the dot products unrolled with compile-time bounds and the terms outside a thread's range predicated off:
-       the same sums in the same order, with their loads issued ahead (the loops with per-thread bounds waited
-       for two shared-memory loads per FMA) */
+    static_assert(C == 64 && CK_THREADS >= 3 * 64, "four 16-row blocks; a thread per 1 × 4 tile of a strip");
+    /* the dot products unrolled with compile-time bounds and the terms outside a thread's range predicated off */
 #pragma unroll
     for (int I = 1; I < 4; I++) {
-        for (int e = tid; e < I * 256; e += CK_THREADS) { /* Y_IJ, J < I: element (i, j) of the 16 × 16I strip */
-            const int i = 16 * I + (e >> 4) % 16, j = 16 * (e >> 8) + (e & 15), J = j >> 4;
-            float s = 0.0f;
+        const int il = (tid % 64) >> 2, J = tid / 64, j = 16 * J + 4 * (tid & 3), i = 16 * I + il;
+        if (tid < 64 * I) { /* Y_IJ, J < I: the 16 × 16 I strip */
+            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int m = 0; m < 16 * I; m++)
-                if (m >= 16 * J) s += sm.M[i * CS + m] * sm.T[m * CS + j];
-            scr[(i - 16 * I) * 64 + j] = sm.beta[i] * s;
+                if (m >= 16 * J) {
+                    const float a = sm.M[i * CS + m];
+                    const float4 b = *(const float4 *)&sm.T[m * CS + j];
+                    s.x += a * b.x;
+                    s.y += a * b.y;
+                    s.z += a * b.z;
+                    s.w += a * b.w;
+                }
+            const float bi = sm.beta[i];
+            *(float4 *)&scr[il * 64 + j] = make_float4(bi * s.x, bi * s.y, bi * s.z, bi * s.w);
         }
         __syncthreads();
-        for (int e = tid; e < I * 256; e += CK_THREADS) {
-            const int i = 16 * I + (e >> 4) % 16, j = 16 * (e >> 8) + (e & 15);
-            float s = 0.0f;
+        if (tid < 64 * I) {
+            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
             for (int m = 16 * I; m < 16 * I + 16; m++)
-                if (m <= i) s += sm.T[i * CS + m] * scr[(m - 16 * I) * 64 + j];
-            sm.T[i * CS + j] = -s;
+                if (m <= i) {
+                    const float a = sm.T[i * CS + m];
+                    const float4 b = *(const float4 *)&scr[(m - 16 * I) * 64 + j];
+                    s.x += a * b.x;
+                    s.y += a * b.y;
+                    s.z += a * b.z;
+                    s.w += a * b.w;
+                }
+            *(float4 *)&sm.T[i * CS + j] = make_float4(-s.x, -s.y, -s.z, -s.w);
         }
         __syncthreads();
     }
@@ -616,11 +634,27 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
        4-15 do it while warps 0-3 compute T_II (it followed the whole inverse, which used R as its scratch; 8 held
        across the inverse: more spill) */
     constexpr int NO = C * VC / CK_THREADS, NO1 = NO < 8 ? NO : 8;
+    /* 16-bit dO with V = VC and 16-byte rows: every element by 16-byte loads (NV a thread), all issued now (the
+       element loads' per-element addresses were ~a quarter of this phase's instructions, and warps 0-3 issued
+       their second batch only after T_II) */
+    constexpr int NV = C * VC / 8 / CK_THREADS;
+    static_assert(NV >= 1 && (C * VC / 8) % CK_THREADS == 0, "whole 16-byte pieces of dO per thread");
+    const bool do_vec = p.do_dtype != KDA_DT_F32 && p.V == VC && ((uintptr_t)p.d_o & 15) == 0;
     uint32_t ob[NO];
+    uint4 ov[NV];
+    if (do_vec) {
 #pragma unroll
-    for (int j = 0; j < NO1; j++) {
-        const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
-        ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+        for (int j = 0; j < NV; j++) {
+            const int u = tid + CK_THREADS * j, i = u / (VC / 8), c = 8 * (u % (VC / 8));
+            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.hv + h) * (int64_t)VC + c))
+                             : make_uint4(0u, 0u, 0u, 0u);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NO1; j++) {
+            const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+            ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+        }
     }
     /* dS⁺'s first KC / 2 rows into q̂'s tile (free from here on), in flight during the inverse (read element by
        element from L2, dΔ's K̃ dS⁺ was ~15% of the kernel's stall samples) */
@@ -628,15 +662,29 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
     copy_state_half<KC, VC>(sdS, dS, 0, tid);
     invert_diag<KC, VC>(sm, tid);
+    if (do_vec) { /* dO into R: each piece's 8 values as two float4 */
 #pragma unroll
-    for (int j = NO1; j < NO; j++) {
-        const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
-        ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
-    }
-    switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
-    case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
-    case KDA_DT_F16: do_rows<KDA_DT_F16, VC>(sm.R, ob, tid); break;
-    default: do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
+        for (int j = 0; j < NV; j++) {
+            const int u = tid + CK_THREADS * j, i = u / (VC / 8), c = 8 * (u % (VC / 8));
+            const uint32_t w[4] = {ov[j].x, ov[j].y, ov[j].z, ov[j].w};
+            float2 x[4];
+#pragma unroll
+            for (int m = 0; m < 4; m++)
+                x[m] = p.do_dtype == KDA_DT_F16 ? unpack_16x2<1>(w[m]) : unpack_16x2<0>(w[m]);
+            *(float4 *)&sm.R[i * VS + c] = make_float4(x[0].x, x[0].y, x[1].x, x[1].y);
+            *(float4 *)&sm.R[i * VS + c + 4] = make_float4(x[2].x, x[2].y, x[3].x, x[3].y);
+        }
+    } else {
+#pragma unroll
+        for (int j = NO1; j < NO; j++) {
+            const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+            ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+        }
+        switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
+        case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
+        case KDA_DT_F16: do_rows<KDA_DT_F16, VC>(sm.R, ob, tid); break;
+        default: do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
+        }
     }
     __syncthreads(); /* T_II and dO are in */
     invert_offdiag<KC, VC>(sm, sm.Y, tid);
