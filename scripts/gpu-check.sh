@@ -34,6 +34,7 @@
 #   acc       libkda's and FLA's gradients against the fp64 oracle (bench/bwd_accuracy.py ACC_ARGS)
 #   tritoncache  Triton's cache (.triton-cache/, FLA's kernels and autotuning) as $OUT/triton-cache.tgz: unpack it
 #             into .triton-cache/ here and carry that folder, so that FLA does not autotune again on a fresh machine
+#   bwdsan    bwdcheck's first half: the gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS)
 #   bwdcheck  the backward after a kernel change: gpu_bwd tests, memcheck + racecheck (BWD_SAN_TESTS), per-stage ms
 #             of BWD_SHAPES twice (dev build), gradients against the fp64 oracle (bench/bwd_accuracy.py, libkda only)
 #   decvar    the decode kernels' forced-size test and gpu_decode_time_variants only
@@ -238,14 +239,16 @@ PY
     grep -E "==PROF==|==ERROR==|Error" "$LOG/bwdprof.txt" | head -3
     awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-44s %s %s\n", substr(k,1,44), $NF, $(NF-1)} /Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Waves Per SM/{printf "      %s\n", $0}' "$LOG/bwdprof.txt" | cut -c1-110
     ;;
-  bwdcheck) # the backward after a kernel change, in one call: gpu_bwd tests (errors kept), memcheck and racecheck on
-    # BWD_SAN_TESTS, per-stage ms of BWD_SHAPES twice (dev build), libkda's gradients against the fp64 oracle
+  bwdcheck | bwdsan) # the backward after a kernel change, in one call: gpu_bwd tests (errors kept), memcheck and
+    # racecheck on BWD_SAN_TESTS; bwdcheck then per-stage ms of BWD_SHAPES twice (dev build) and libkda's gradients
+    # against the fp64 oracle
     (cd build-gpu && ctest -R '^gpu_bwd' -j1 --timeout 300 -V >"$OUT/bwd_tests_full.log" 2>&1)
     grep -E "tests passed|tests failed" "$OUT/bwd_tests_full.log"; grep -E "^[0-9]+: bwd" "$OUT/bwd_tests_full.log" >"$OUT/bwd_tests.log"
     for tool in memcheck racecheck; do for t in ${BWD_SAN_TESTS:-gpu_bwd_varlen_empty_seq_gva4 gpu_bwd_fp32_fp16}; do
       timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 build-gpu/tests/test_gpu_bwd $t >"$LOG/san_$tool.$t.log" 2>&1
       echo "$tool $t rc=$? $(tail -1 "$LOG/san_$tool.$t.log")"
     done; done | tee "$OUT/bwd_sanitizers.log"
+    [ "$step" = bwdsan ] && continue
     build build-dev . -DKDA_DEV=ON || exit 1
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
     for r in 1 2; do env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
