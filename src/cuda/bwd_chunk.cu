@@ -366,11 +366,10 @@ DEV void copy_state_half(float *dst, const float *src, int d0, int tid) {
 /* ---------------------------------------------------------------------------------------------------------
  * Forward of the chunk on the tensor cores
  * ------------------------------------------------------------------------------------------------------- */
-/* M (strictly lower) and Aqk (lower, × s) of row block I, columns (C / CK_NQ) hf..: Σ_d (k_i, q_i) e^{G_i − R}
- * · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by exponentials per pair when not split. `prod`: bit 0
- * M, bit 1 Aqk (pair_roles: a diagonal block that splits has its Aqk products on another warp) */
+/* M (strictly lower) and Aqk (lower, × s) of the warp's row block I, columns (C / CK_NQ) hf..: Σ_d (k_i, q_i) e^{G_i − R}
+ * · k_j e^{R − G_j} by 16-column k-steps; the diagonal block by exponentials per pair when not split */
 template <int KC, int VC>
-DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, int split, int prod, int lane) {
+DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, int split, int lane) {
     constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * KS;
@@ -387,7 +386,7 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
         const int J = (jc0 + 8 * nt) >> 4;
         any |= J < I || (J == I && split);
     }
-    if (any && prod) {
+    if (any) {
 #pragma unroll 1
         for (int d0 = 0; d0 < KC; d0 += 16) {
             frag_t fk[4], fq[4], fkl[4], fql[4];
@@ -396,14 +395,9 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
                 const int row = 16 * I + g + 8 * (r & 1), col = d0 + 2 * t + 8 * (r >> 1);
                 const float2 gx = *(const float2 *)&sm.G[row * KS + col], rf = *(const float2 *)&R[col];
                 const float e0 = gexp(gx.x - rf.x), e1 = gexp(gx.y - rf.y);
-                if (prod & 1) {
-                    const float2 kx = *(const float2 *)&sm.k[row * KS + col];
-                    split2(make_float2(kx.x * e0, kx.y * e1), &fk[r], &fkl[r]);
-                }
-                if (prod & 2) {
-                    const float2 qx = *(const float2 *)&sm.q[row * KS + col];
-                    split2(make_float2(qx.x * e0, qx.y * e1), &fq[r], &fql[r]);
-                }
+                const float2 kx = *(const float2 *)&sm.k[row * KS + col], qx = *(const float2 *)&sm.q[row * KS + col];
+                split2(make_float2(kx.x * e0, kx.y * e1), &fk[r], &fkl[r]);
+                split2(make_float2(qx.x * e0, qx.y * e1), &fq[r], &fql[r]);
             }
 #pragma unroll
             for (int nt = 0; nt < CT; nt++) {
@@ -419,12 +413,12 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
                     bf[hh] = make_float2(kx.x * gexp(rf.x - gx.x), kx.y * gexp(rf.y - gx.y));
                 }
                 const int x3 = J == I; /* the diagonal block */
-                if (prod & 1) mma16_x3(am[nt], fk, fkl, bf[0], bf[1], x3);
-                if (prod & 2) mma16_x3(aq[nt], fq, fql, bf[0], bf[1], x3);
+                mma16_x3(am[nt], fk, fkl, bf[0], bf[1], x3);
+                mma16_x3(aq[nt], fq, fql, bf[0], bf[1], x3);
             }
         }
     }
-    if (!split && prod == 3) { /* the diagonal block, pair by pair */
+    if (!split) { /* the diagonal block, pair by pair */
 #pragma unroll
         for (int nt = 0; nt < CT; nt++)
 #pragma unroll
@@ -447,24 +441,9 @@ DEV void pair_products_mma(chunk_smem<KC, VC> &sm, float scale, int I, int hf, i
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
-            if (prod & 1) sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f;
-            if (prod & 2) sm.A2[i * CS + j] = j <= i ? scale * aq[nt][c] : 0.0f;
+            sm.M[i * CS + j] = j < i ? am[nt][c] : 0.0f;
+            sm.A2[i * CS + j] = j <= i ? scale * aq[nt][c] : 0.0f;
         }
-}
-
-/* Who computes which pair products. Warp (I, hf) owns the block (I, hf) of M and Aqk; a diagonal block that splits
- * costs its owner 3xTF32 products (three per tile and product, against one below the diagonal), and the six warps
- * with hf > I own no block below the diagonal: the others waited for the four diagonal owners at the phase's
- * barrier (8 % of the kernel's stall samples, docs/PERF.md "Backward v9"). So the diagonal block d's Aqk products
- * go to one of the six, (0, 1), (1, 2), (2, 3) and (0, 2) for d = 0..3, which writes zeros into its own block
- * first; where block d does not split, its owner takes both products pair by pair as before. Returns the block row
- * (and column block) the warp computes in *blk and the products' mask. */
-DEV int pair_role(int I, int hf, int *blk) {
-    static_assert(CK_NQ == 4, "four row blocks and four column parts");
-    const int d = hf <= I ? -1 : I == 0 && hf == 1 ? 0 : I == 1 && hf == 2 ? 1 : I == 2 && hf == 3 ? 2
-                                                   : I == 0 && hf == 2 ? 3 : -1;
-    *blk = d < 0 ? I : d;
-    return d >= 0 ? 2 : hf == I ? 1 : 3; /* a diagonal owner: 1 where its block splits (the caller decides) */
 }
 
 /* T = (I + Diag(β) M)⁻¹ by 16-row blocks, fp32: here the blocks above the diagonal zeroed and the diagonal blocks
@@ -648,23 +627,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
-    {   /* the pair products, balanced by pair_role */
-        int blk;
-        int prod = pair_role(I, hf, &blk);
-        const int split = block_split<KC + 4, KC>(sm.G, blk, lane);
-        if (prod == 2) { /* a helper: its own block (above the diagonal) is zero */
-#pragma unroll
-            for (int nt = 0; nt < C / 8 / CK_NQ; nt++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
-                    sm.M[i * CS + j] = 0.0f;
-                    sm.A2[i * CS + j] = 0.0f;
-                }
-            if (!split) prod = 0; /* the diagonal owner takes both, pair by pair */
-        } else if (prod == 1 && !split) prod = 3;
-        pair_products_mma<KC, VC>(sm, scale, blk, prod == 2 ? blk : hf, split, prod, lane);
-    }
+    const int split = block_split<KC + 4, KC>(sm.G, I, lane);
+    pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
     __syncthreads();
     /* dO's first loads issued now, the rest after the diagonal inverse blocks, then all converted into R: warps
        4-15 do it while warps 0-3 compute T_II (it followed the whole inverse, which used R as its scratch; 8 held
