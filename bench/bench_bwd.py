@@ -13,6 +13,7 @@ Writes results.json, results.md and fwd_bwd.png to --out. FLA is optional: witho
 import argparse
 import json
 import os
+import time
 
 import torch
 
@@ -66,6 +67,19 @@ def step(fn, x, w, flags):
         t.grad = None
     o, ht = forward(fn, x, flags)
     torch.autograd.backward([o, ht], [w["do"], w["dht"]])
+
+
+def enqueue_times(fn, x, w, flags):
+    """One training step started on an idle GPU: (t0, t1, t2), perf_counter before the forward, between the
+    forward and the backward, and after the backward's enqueue (the GPU not waited for)."""
+    for t in x.values():
+        t.grad = None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    o, ht = forward(fn, x, flags)
+    t1 = time.perf_counter()
+    torch.autograd.backward([o, ht], [w["do"], w["dht"]])
+    return t0, t1, time.perf_counter()
 
 
 def measure(fn, x, w, flags, reps):

@@ -14,7 +14,7 @@ import time
 import torch
 
 import kda
-from bench_bwd import SHAPES, make_inputs, forward, step as train_step
+from bench_bwd import SHAPES, enqueue_times, make_inputs, forward, step as train_step
 from timing import back_to_back_ms, time_ms
 
 
@@ -36,14 +36,7 @@ def main():
     # host time to enqueue (the GPU is idle at each start: the step's first kernel waits for this much)
     fh, bh, nh = [], [], []
     for _ in range(20):
-        for t in x.values():
-            t.grad = None
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        o, ht = forward(kda.chunk_kda, x, flags)
-        t1 = time.perf_counter()
-        torch.autograd.backward([o, ht], [w["do"], w["dht"]])
-        t2 = time.perf_counter()
+        t0, t1, t2 = enqueue_times(kda.chunk_kda, x, w, flags)
         torch.cuda.synchronize()
         with torch.no_grad():
             t3 = time.perf_counter()
