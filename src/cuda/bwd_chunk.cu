@@ -627,8 +627,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
-    const int split = block_split<KC + 4, KC>(sm.G, I, lane);
-    pair_products_mma<KC, VC>(sm, scale, I, hf, split, lane);
+    {   /* the pair products' blocks by a table that gives each SM sub-partition (warp mod 4) one diagonal block
+           (3xTF32) and at most two below it: with block (I, hf) on warp 4 hf + I, sub-partition 3 carried row block
+           3's four working warps; the table: chunk −3 % (docs/PERF.md "Backward v10") */
+        static_assert(CK_NQ == 4, "16 warps, 4 x 4 blocks");
+        const int map = (int)((0xe984dc32b761fa50ull >> (4 * warp)) & 0xfull); /* warp → (pI, phf) = (map & 3, map >> 2) */
+        const int pI = map & 3, phf = map >> 2;
+        const int split = block_split<KC + 4, KC>(sm.G, pI, lane);
+        pair_products_mma<KC, VC>(sm, scale, pI, phf, split, lane);
+    }
     __syncthreads();
     /* dO's first loads issued now, the rest after the diagonal inverse blocks, then all converted into R: warps
        4-15 do it while warps 0-3 compute T_II (it followed the whole inverse, which used R as its scratch; 8 held
