@@ -25,6 +25,7 @@
 #             rounds, dev build; gradients against the skip run's
 #   timeline  one training step of TIMELINE_SHAPE under torch.profiler: every kernel's start, duration and the idle
 #             gap before it; the host's time to enqueue the forward and the backward (bench/step_timeline.py)
+#   ncuab     one backward kernel (NCUAB_KERNEL) under ncu, .var1's build and this tree's side by side
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
 #   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
 #   cptimeline  one intra-card CP forward call: host time, single vs back-to-back ms, its runtime calls and kernels
@@ -327,6 +328,23 @@ PY
     build build-dev . -DKDA_DEV=ON || exit 1
     env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
       python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" $TIMELINE_ARGS 2>&1 | grep -v Warn | tee "$OUT/step_timeline.log"
+    ;;
+  ncuab) # one backward kernel (NCUAB_KERNEL) under ncu in .var1's build and this tree's, one training step of
+    # BWD_SRC_SHAPE each: launch, occupancy (clusters too), scheduler and warp-state figures side by side; this
+    # tree's source lines by stall samples
+    build build-var1 .var1 || exit 1
+    kn=${NCUAB_KERNEL:-kda_bwd_pairs_kernel}
+    for which in var1 gpu; do py=$PWD/python; [ $which = var1 ] && py=$PWD/.var1/python
+      env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:$PWD/bench PYTHONUNBUFFERED=1 \
+        ncu --profile-from-start off -k regex:$kn --launch-count 1 --section SpeedOfLight --section LaunchStats \
+        --section Occupancy --section WarpStateStats --section SchedulerStats --section SourceCounters \
+        -o "$LOG/${kn}_$which" -f python3 bench/bwd_stages.py --profile "${BWD_SRC_SHAPE:-B2 T8192 H32}" \
+        >"$LOG/ncu_${kn}_$which.log" 2>&1 || tail -5 "$LOG/ncu_${kn}_$which.log"
+      ncu --import "$LOG/${kn}_$which.ncu-rep" --page details >"$OUT/det_${kn}_$which.txt" 2>&1
+    done
+    paste <(grep -E "Duration|Cluster|Occupancy|Active Warps|Waves|Registers|Shared Memory Config|Issued Warp|No Eligible|Warp Cycles Per Issued|Block Limit" "$OUT/det_${kn}_var1.txt" | cut -c1-90) \
+          <(grep -E "Duration|Cluster|Occupancy|Active Warps|Waves|Registers|Shared Memory Config|Issued Warp|No Eligible|Warp Cycles Per Issued|Block Limit" "$OUT/det_${kn}_gpu.txt" | awk '{print $NF}')
+    cp "$LOG/${kn}_gpu.ncu-rep" "$LOG/$kn.ncu-rep" && ncu_src_report "$kn" >/dev/null
     ;;
   bwdsrc) # the backward kernels' source lines by warp-stall samples (ncu source counters, one training step)
     for kn in ${BWD_SRC_KERNELS:-kda_bwd_chunk_kernel kda_bwd_pairs_kernel kda_bwd_dstate_kernel}; do

@@ -62,10 +62,10 @@ DEV float2 unpack_16x2(uint32_t u) {
     return unpack_bf16(u);
 }
 typedef struct { uint32_t a[4], b[2]; } emu_mma_frag;
-extern emu_mma_frag emu_mma[16][32];
+extern emu_mma_frag emu_mma[EMU_WARPS][32];
 DEV float emu_half(uint32_t w, int hi) { return bf16_bits_to_f32((uint16_t)(hi ? w >> 16 : w & 0xffff)); }
 DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     emu_mma_frag *f = &emu_mma[w][lane];
     for (int r = 0; r < 4; r++) f->a[r] = a[r];
     f->b[0] = b0, f->b[1] = b1;
@@ -89,9 +89,9 @@ DEV float to_tf32(float x) {
     float y; memcpy(&y, &u, 4); return y;
 }
 typedef struct { float a[4], b[2]; } emu_tf32_frag;
-extern emu_tf32_frag emu_tf32[16][32];
+extern emu_tf32_frag emu_tf32[EMU_WARPS][32];
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     emu_tf32_frag *f = &emu_tf32[w][lane];
     f->a[0] = a0, f->a[1] = a1, f->a[2] = a2, f->a[3] = a3, f->b[0] = b0, f->b[1] = b1;
     pthread_barrier_wait(&emu_warp_bar[w]);
@@ -104,21 +104,21 @@ DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, 
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
-/* shared-memory "addresses" are offsets into the block's smem_raw; ldmatrix (x4, b16) of a warp: each lane posts
+/* shared-memory "addresses" are offsets into the CTA's shared memory (EMU_SMEM); ldmatrix (x4, b16) of a warp: each lane posts
  * its row address, then gathers its four registers from the rows of the lanes 8q.. (q: the matrix) — row g's
  * 32-bit word t, or (.trans) the 16-bit elements g of rows 2t and 2t + 1 */
-DEV uint32_t smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - smem_raw); }
-extern uint32_t emu_ldsm_addr[16][32];
+DEV uint32_t smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - EMU_SMEM); }
+extern uint32_t emu_ldsm_addr[EMU_WARPS][32];
 DEV void emu_ldsm(uint32_t r[4], uint32_t addr, int trans) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     emu_ldsm_addr[w][lane] = addr;
     pthread_barrier_wait(&emu_warp_bar[w]);
     for (int q = 0; q < 4; q++) {
-        if (!trans) memcpy(&r[q], smem_raw + emu_ldsm_addr[w][8 * q + g] + 4 * t, 4);
+        if (!trans) memcpy(&r[q], EMU_SMEM + emu_ldsm_addr[w][8 * q + g] + 4 * t, 4);
         else {
             uint16_t lo, hi;
-            memcpy(&lo, smem_raw + emu_ldsm_addr[w][8 * q + 2 * t] + 2 * g, 2);
-            memcpy(&hi, smem_raw + emu_ldsm_addr[w][8 * q + 2 * t + 1] + 2 * g, 2);
+            memcpy(&lo, EMU_SMEM + emu_ldsm_addr[w][8 * q + 2 * t] + 2 * g, 2);
+            memcpy(&hi, EMU_SMEM + emu_ldsm_addr[w][8 * q + 2 * t + 1] + 2 * g, 2);
             r[q] = (uint32_t)lo | ((uint32_t)hi << 16);
         }
     }
@@ -127,20 +127,20 @@ DEV void emu_ldsm(uint32_t r[4], uint32_t addr, int trans) {
 /* stmatrix x4 .trans: each lane posts its row address; lane (g, t)'s halves of r[q] go to element g of rows 2t and
    2t + 1 of matrix q (the lanes 8q + 2t, 8q + 2t + 1's addresses) */
 DEV void stsm_x4_t(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     const uint32_t r[4] = {r0, r1, r2, r3};
     emu_ldsm_addr[w][lane] = addr;
     pthread_barrier_wait(&emu_warp_bar[w]);
     for (int q = 0; q < 4; q++) {
         const uint16_t lo = (uint16_t)r[q], hi = (uint16_t)(r[q] >> 16);
-        memcpy(smem_raw + emu_ldsm_addr[w][8 * q + 2 * t] + 2 * g, &lo, 2);
-        memcpy(smem_raw + emu_ldsm_addr[w][8 * q + 2 * t + 1] + 2 * g, &hi, 2);
+        memcpy(EMU_SMEM + emu_ldsm_addr[w][8 * q + 2 * t] + 2 * g, &lo, 2);
+        memcpy(EMU_SMEM + emu_ldsm_addr[w][8 * q + 2 * t + 1] + 2 * g, &hi, 2);
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
 /* movmatrix .trans: lane (g, t) takes element (2t, g) (lane 4 · 2t + g / 2's half g mod 2) and (2t + 1, g) */
 DEV uint32_t movm_t(uint32_t a) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     emu_ldsm_addr[w][lane] = a;
     pthread_barrier_wait(&emu_warp_bar[w]);
     const uint32_t x = emu_ldsm_addr[w][4 * (2 * t) + g / 2], y = emu_ldsm_addr[w][4 * (2 * t + 1) + g / 2];
@@ -152,8 +152,8 @@ DEV void ldsm_x4(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 0); }
 DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 1); }
 /* cp.async: a plain copy (the emulated thread waits for nothing) */
 DEV void cp_async16_zfill(uint32_t dst, const void *src, int src_bytes) {
-    memset(smem_raw + dst, 0, 16);
-    memcpy(smem_raw + dst, src, (size_t)src_bytes);
+    memset(EMU_SMEM + dst, 0, 16);
+    memcpy(EMU_SMEM + dst, src, (size_t)src_bytes);
 }
 DEV void cp_async_commit(void) {}
 DEV void cp_async_wait_all(void) {}
@@ -176,8 +176,8 @@ DEV int pan_off(int row, int col) {
 #include <stdlib.h>
 typedef struct { int phase, pending, count, tx; } emu_mbar_t;
 static pthread_mutex_t emu_mbar_lock = PTHREAD_MUTEX_INITIALIZER;
-static emu_mbar_t emu_mbar_tab[232448 / 8]; /* by the barrier's offset (blocks run one after the other) */
-DEV emu_mbar_t *emu_mbar(uint32_t bar) { return &emu_mbar_tab[bar / 8]; }
+static emu_mbar_t emu_mbar_tab[EMU_MAX_CLUSTER][EMU_SMEM_BYTES / 8]; /* by CTA rank and the barrier's offset */
+DEV emu_mbar_t *emu_mbar(uint32_t bar) { return &emu_mbar_tab[emu_rank][bar / 8]; }
 DEV void emu_mbar_settle(emu_mbar_t *m) {
     if (m->pending == 0 && m->tx == 0) m->phase++, m->pending = m->count;
 }
@@ -205,7 +205,7 @@ DEV void mbar_wait(uint32_t bar, uint32_t parity) {
     }
 }
 DEV void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    memcpy(smem_raw + dst, src, bytes);
+    memcpy(EMU_SMEM + dst, src, bytes);
     pthread_mutex_lock(&emu_mbar_lock);
     emu_mbar_t *m = emu_mbar(bar);
     m->tx -= (int32_t)bytes;
@@ -221,3 +221,18 @@ DEV void cp_async_mbar_arrive(uint32_t bar) { /* the copies are done at their is
 }
 DEV void fence_proxy_async(void) {}
 #define __trap() abort()
+/* thread-block clusters (emu_launch_cluster runs a cluster's CTAs at once, each with its own shared memory and
+ * barriers): a cluster barrier's arrive is a barrier of all the cluster's threads (so its wait has nothing left to
+ * wait for); a float pair into another CTA's shared memory at the same offset, completing bytes on its mbarrier */
+DEV void cluster_arrive(void) { pthread_barrier_wait(&emu_cluster_bar); }
+DEV void cluster_wait(void) {}
+DEV void cluster_st_async2(const void *local, uint32_t bar, unsigned rank, float x, float y) {
+    const float v[2] = {x, y};
+    memcpy(smem_raw + (size_t)rank * EMU_SMEM_BYTES + smem_u32(local), v, 8);
+    pthread_mutex_lock(&emu_mbar_lock);
+    emu_mbar_t *m = &emu_mbar_tab[rank][bar / 8];
+    m->tx -= 8;
+    emu_mbar_settle(m);
+    pthread_mutex_unlock(&emu_mbar_lock);
+}
+DEV unsigned char *cta_smem(unsigned char *smem) { return smem + (size_t)emu_rank * EMU_SMEM_BYTES; }

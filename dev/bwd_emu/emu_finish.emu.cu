@@ -9,6 +9,6 @@ static void gate_params(const void *p) { kda_bwd_gate_params_kernel(*(const kda_
 void run_finish(const kda_bwd_params_t *p) {
     const int64_t rows = p->seqs.num_tokens * p->hqk;
     const unsigned blocks = (unsigned)((rows + 7) / 8);
-    emu_launch(blocks, 256, p->kc == 64 ? qk_64 : qk_128, p);
+    if (!kda_bwd_pairs_final(p)) emu_launch(blocks, 256, p->kc == 64 ? qk_64 : qk_128, p); /* else the pairs kernel's */
     if (p->dA_log || p->ddt_bias) emu_launch((unsigned)p->hv, 256, gate_params, p);
 }

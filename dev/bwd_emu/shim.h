@@ -18,19 +18,28 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define __restrict__
 
-/* threadIdx, blockIdx: per host thread; the block's and the warps' barriers and the shuffle exchange: shared */
+/* threadIdx, blockIdx, the CTA's rank in its cluster (0 outside clusters): per host thread; the CTAs' and the
+ * warps' barriers and the shuffle exchange: shared, by rank (and warp) */
+#define EMU_SMEM_BYTES 232448 /* an H100 block's largest dynamic shared memory */
+#define EMU_MAX_CLUSTER 4
+#define EMU_WARPS (16 * EMU_MAX_CLUSTER)
 typedef struct { unsigned x, y, z; } emu_dim;
 extern __thread emu_dim threadIdx, blockIdx;
+extern __thread int emu_rank;
+#define EMU_W(w) (16 * emu_rank + (w)) /* a warp's slot in the per-warp exchange arrays */
 extern emu_dim gridDim; /* {0, 1, 1}: the chunk kernel's next-wave L2 prefetch (a hint) finds no next CTA */
-extern pthread_barrier_t emu_block_bar;
-extern pthread_barrier_t emu_warp_bar[16];
-extern float emu_warp_x[16][32];
-extern unsigned char smem_raw[]; /* the block's shared memory (the kernels' `extern __shared__` array) */
+extern pthread_barrier_t emu_block_bar[EMU_MAX_CLUSTER], emu_cluster_bar;
+extern pthread_barrier_t emu_warp_bar[EMU_WARPS];
+extern float emu_warp_x[EMU_WARPS][32];
+/* the CTAs' shared memory, EMU_SMEM_BYTES each by rank: the kernels' `extern __shared__` array is rank 0's, and
+ * cta_smem (common.cuh) moves it to the thread's CTA */
+extern unsigned char smem_raw[];
+#define EMU_SMEM (smem_raw + (size_t)emu_rank * EMU_SMEM_BYTES)
 
-static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
-static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; pthread_barrier_wait(&emu_warp_bar[threadIdx.x >> 5]); }
+static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar[emu_rank]); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; pthread_barrier_wait(&emu_warp_bar[EMU_W(threadIdx.x >> 5)]); }
 static inline float __shfl_xor_sync(unsigned mask, float x, int o) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5);
     (void)mask;
     emu_warp_x[w][lane] = x;
     pthread_barrier_wait(&emu_warp_bar[w]);
@@ -48,3 +57,5 @@ static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); re
  * poisoned before each). kernel is a wrapper that calls one template instance with *arg, its parameters. */
 typedef void (*emu_kernel_fn)(const void *arg);
 void emu_launch(unsigned blocks, unsigned threads, emu_kernel_fn kernel, const void *arg);
+/* the same in clusters of `cluster` consecutive blocks, whose threads run at once */
+void emu_launch_cluster(unsigned blocks, unsigned cluster, unsigned threads, emu_kernel_fn kernel, const void *arg);

@@ -19,10 +19,11 @@
  *                  written; the coefficient gradients s·dAqk and Diag(β) dA, β ⊙ dX and the l2norm factors into
  *                  the workspace (fp32 inputs: also dQΓ, dK̃, dγ); tensor cores (tf32, fp32 sums)
  *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
- *                  rules per channel, the gate's backward: dg written, dq̂ and dk̂ of the value head into the
- *                  scratch, dA_log/ddt_bias partial sums per (chunk, head, channel)
- *   bwd_finish.cu  the G value heads of each query/key head summed in order, the l2norm step, dq and dk written;
- *                  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
+ *                  rules per channel, the gate's backward: dg written, dA_log/ddt_bias partial sums per (chunk,
+ *                  head, channel); with G = 1 dq and dk written (the tiles of a row in a cluster), else dq̂ and
+ *                  dk̂ of the value head into the scratch
+ *   bwd_finish.cu  G > 1: the G value heads of each query/key head summed in order, the l2norm step, dq and dk
+ *                  written; ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
@@ -88,6 +89,10 @@ typedef struct kda_bwd_params {
 } kda_bwd_params_t;
 
 
+/* With one value head per query/key head the pairs kernel writes dq and dk itself (the l2norm step's sums over
+ * the channel tiles of a row exchanged within a cluster of its CTAs) and the finish stage runs no dq, dk kernel;
+ * with G > 1 the G value heads' dq̂, dk̂ go through the scratch and bwd_finish.cu sums them. */
+static inline int kda_bwd_pairs_final(const kda_bwd_params_t *p) { return p->group == 1; }
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
 int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches */

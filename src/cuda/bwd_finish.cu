@@ -1,7 +1,8 @@
 /*
  * Backward, stage 4: what sums over value heads and over chunks (docs/ALGORITHM.md §6), in a fixed order.
  *
- *   dq, dk   one warp per (token, query/key head): dq̂ = Σ over its G value heads h = hq·G … hq·G + G − 1 (in
+ *   dq, dk   (G > 1 only: with one value head per query/key head bwd_pairs.cu writes them, bwd.h)
+ *            one warp per (token, query/key head): dq̂ = Σ over its G value heads h = hq·G … hq·G + G − 1 (in
  *            that order) of the chunk kernel's per-head dq̂; likewise dk̂; then the l2norm step
  *            dx = r (dy − y (y·dy)), y = r x, r = (Σ x² + 1e−6)^−½, and the store in the gradient's dtype
  *   dA_log,  one thread per (value head, channel d): the pairs kernel's partial sums summed over the chunks in
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_gate_params_kernel(const 
 extern "C" int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream) {
     (void)device;
     const int64_t rows = p->seqs.num_tokens * p->hqk, per = FIN_THREADS / 32;
-    if (rows > 0) {
+    if (rows > 0 && !kda_bwd_pairs_final(p)) { /* else the pairs kernel wrote dq and dk */
         const unsigned blocks = (unsigned)((rows + per - 1) / per);
         if (p->kc == 64) kda_bwd_qk_kernel<64><<<blocks, FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
         else kda_bwd_qk_kernel<128><<<blocks, FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);

@@ -16,9 +16,17 @@
  *   dĝ_i = Σ_{i' ≥ i} dG_i' + γ dγ + Σ_i' k_i' f_i' dK̃_i'          (the G_last terms: every row; γ = e^{G_last})
  *   then the clamp and the gate (softplus or lower-bound form): dg, and the chunk's sums of ∂L/∂A_log and
  *   ∂L/∂dt_bias for the channel.
- * Written: dg of the chunk's tokens in the tile's channels; dq̂, dk̂ of this value head over the raw dQΓ, dK̃ in
- * the scratch (bwd_finish.cu sums the G value heads of a query/key head and applies the l2norm step); the
- * per-channel partial sums (bwd_finish.cu sums them over chunks and channels, in order).
+ * Written: dg of the chunk's tokens in the tile's channels; the per-channel partial sums (bwd_finish.cu sums them
+ * over chunks and channels, in order); and with G value heads per query/key head
+ *   G > 1  dq̂, dk̂ of this value head over the raw dQΓ, dK̃ in the scratch (bwd_finish.cu sums the G heads and
+ *          applies the l2norm step)
+ *   G = 1  dq, dk themselves (FINAL): dx = r (dŷ − ŷ (ŷ·dŷ)) with ŷ·dŷ summed over the row's KC channels, which
+ *          lie in the KC / 32 CTAs of the (chunk, head). Those CTAs form a cluster: each pushes its rows' partial
+ *          sums into every CTA's shared memory by st.async, completing bytes on the receiver's mbarrier, right
+ *          after the pair products, and waits on its own barrier only at the end, after the gate's backward, so
+ *          that the exchange costs no wait. The sums are added in rank order: the same bits in every CTA. The
+ *          finish stage's dq, dk pass (0.38 ms at B2 T8192 H32, a read of 2 KB per token-head) is gone; the
+ *          kernel costs +0.22 ms for it (cluster scheduling and the epilogue; docs/PERF.md, "Backward v10").
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
@@ -50,7 +58,22 @@ struct pairs_smem {
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
+    float2 ys[4][2][C];           /* FINAL with l2norm: from the cluster's CTA of rank r (its channel tile), by
+                                     channel half, Σ over the half's 16 channels of (q̂ dq̂, k̂ dk̂) of each row */
+    uint64_t bar;                 /* FINAL with l2norm: complete when every CTA's ys have arrived */
 };
+
+/* dq or dk elements d, d + 1 (d even) of row `row` (K per row), those below K: bf16 with K even (the training
+ * case) as one 4-byte store */
+DEV void store_final(void *dst, int dtype, int K, int64_t row, int d, float2 x) {
+    const int64_t i = row * K + d;
+    if (dtype == KDA_DT_BF16 && !(K & 1)) {
+        if (d < K) *(uint32_t *)((uint16_t *)dst + i) = pack_16x2<0>(x.x, x.y);
+        return;
+    }
+    if (d < K) store_elem(dst, dtype, i, x.x);
+    if (d + 1 < K) store_elem(dst, dtype, i + 1, x.y);
+}
 
 /* A fragments of rows 16 I.. at coefficient columns j0.. (TR: coefficient (col, row), the transpose) as tf32, or
  * (X3) as parts hi + lo */
@@ -180,16 +203,16 @@ DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int w, int dl, in
     }
 }
 
-/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (in q's tile) + off; the ∂L/∂A_log and ∂L/∂dt_bias
- * terms summed into *dAl, *dbias; every store after the gate's math */
+/* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (the tile dGt, [C][TS]) + off; the ∂L/∂A_log and
+ * ∂L/∂dt_bias terms summed into *dAl, *dbias; every store after the gate's math */
 template <int MODE>
-DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, float A, float off, int w, int dl,
-                            int nrow, int64_t base, float *dAl, float *dbias) {
+DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, const float *dGt, float A, float off,
+                            int w, int dl, int nrow, int64_t base, float *dAl, float *dbias) {
     float gv[PK_RG];
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) {
         const int i = PK_RG * w + r;
-        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], sm.q[i * TS + dl] + off, dAl) : 0.0f;
+        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], dGt[i * TS + dl] + off, dAl) : 0.0f;
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
     const int64_t stride = (int64_t)p.hv * p.K;
@@ -198,11 +221,43 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, flo
         if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
-template <int KC>
+/* The FINAL kernel's dq and dk of the lane's elements (rows 16 I + g + 8 hr, channels d0 + c0 + 8 nt + 2t, + 1)
+ * from its dq̂, dk̂ (fq, fk), the l2norm factors rn (q, k) and, with l2norm (L2), the rows' sums y·dy from ys
+ * (the cluster's NTILE CTAs and two halves each, in that order: the same bits in every CTA) */
+template <int NTILE>
+DEV void store_dqdk(const kda_bwd_params_t &p, const pairs_smem &sm, int I, int c0, int d0, int g, int t, int64_t t0,
+                    int hq, const int64_t srow[2], const float2 rn[2], const float2 (*fq)[2], const float2 (*fk)[2],
+                    int L2) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int i = 16 * I + g + 8 * hr;
+        if (srow[hr] < 0) continue;
+        float tq = 0.0f, tk = 0.0f;
+        if (L2)
+#pragma unroll
+            for (int r = 0; r < NTILE; r++) {
+                const float2 a = sm.ys[r][0][i], b = sm.ys[r][1][i];
+                tq += a.x + b.x;
+                tk += a.y + b.y;
+            }
+        const int64_t row = (t0 + i) * p.hqk + hq;
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++) {
+            const int col = c0 + 8 * nt + 2 * t;
+            const float2 yq = *(const float2 *)&sm.q[i * TS + col], yk = *(const float2 *)&sm.k[i * TS + col];
+            const float2 dq = make_float2(rn[hr].x * (fq[nt][hr].x - yq.x * tq), rn[hr].x * (fq[nt][hr].y - yq.y * tq));
+            const float2 dk = make_float2(rn[hr].y * (fk[nt][hr].x - yk.x * tk), rn[hr].y * (fk[nt][hr].y - yk.y * tk));
+            store_final(p.dq, p.dq_dtype, p.K, row, d0 + col, dq);
+            store_final(p.dk, p.dk_dtype, p.K, row, d0 + col, dk);
+        }
+    }
+}
+
+template <int KC, int FINAL>
 __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
-    constexpr int NTILE = KC / PK_KT;
+    constexpr int NTILE = KC / PK_KT; /* FINAL with l2norm: the CTAs of a cluster */
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    pairs_smem &sm = *(pairs_smem *)smem_raw;
+    pairs_smem &sm = *(pairs_smem *)cta_smem(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
     const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
@@ -211,7 +266,17 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     const int h = (int)(pair % p.hv), hq = h / p.group;
     int64_t t0;
     const int clen = chunk_tokens(p.seqs, cid, &t0);
-    if (clen <= 0) return;
+    if (clen <= 0) return; /* (the whole cluster: its CTAs share the chunk) */
+    if (FINAL && p.l2norm) { /* the barrier that receives the cluster's sums, expecting their bytes; then this
+                                CTA has started (the wait before the first push: every CTA has) */
+        if (tid == 0) {
+            mbar_init(smem_u32(&sm.bar), 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+        if (tid == 0) mbar_expect_tx(smem_u32(&sm.bar), NTILE * 2 * C * (uint32_t)sizeof(float2));
+        cluster_arrive();
+    }
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
 
@@ -279,12 +344,13 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     }
     /* the lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: none), loaded now, used after the
        pair sums */
-    float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2];
+    float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2], rn[2];
     int64_t srow[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int i = 16 * I + g + 8 * hr;
         srow[hr] = i < clen ? (t0 + i) * p.hv + h : -1;
+        rn[hr] = FINAL && p.l2norm && srow[hr] >= 0 ? __ldg((const float2 *)&p.rnorm[srow[hr] * 2]) : make_float2(1.0f, 1.0f);
 #pragma unroll
         for (int nt = 0; nt < PK_NT; nt++) {
             const int dd = d0 + c0 + 8 * nt + 2 * t;
@@ -305,6 +371,8 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     /* the factor rules, element pairs (c, c + 1) of adjacent columns */
     const float *Gl = sm.G + (C - 1) * TS;
     float dG[PK_NT][4];
+    float2 fq[PK_NT][2], fk[PK_NT][2];                /* FINAL: dq̂, dk̂ of the lane's elements */
+    float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* FINAL: Σ over them of q̂ dq̂, k̂ dk̂, by row */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++) {
         float ext[2] = {0.0f, 0.0f};
@@ -324,8 +392,12 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
                 ok[u] = ex + fy + pk[nt][c] + pe[nt][c];
                 dG[nt][c] = qv * oq[u] + kv * (ex - fy + pk[nt][c] - pe[nt][c]);
                 ext[u] += kv * fy;
+                yq[hr] += qv * oq[u];
+                yk[hr] += kv * ok[u];
             }
-            if (srow[hr] >= 0) {
+            fq[nt][hr] = make_float2(oq[0], oq[1]);
+            fk[nt][hr] = make_float2(ok[0], ok[1]);
+            if (!FINAL && srow[hr] >= 0) {
                 float *row = p.dqk + srow[hr] * (2 * KC) + d0 + col;
                 *(float2 *)row = make_float2(oq[0], oq[1]);
                 *(float2 *)(row + KC) = make_float2(ok[0], ok[1]);
@@ -341,12 +413,32 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
             if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
         }
     }
-    __syncthreads(); /* every read of q̂ is done: it holds dG next */
+    /* dq and dk (FINAL): the l2norm step dx = r (dy − y (y·dy)), y = q̂ or k̂, r = 1/‖x‖ (the chunk kernel's) */
+    if (FINAL && p.l2norm) { /* y·dy of a row over its KC channels: this warp's 16, then the CTA's two halves and
+                                the cluster's CTAs, each of which pushes its sums into every CTA's ys */
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1) {
+                yq[hr] += __shfl_xor_sync(0xffffffffu, yq[hr], o);
+                yk[hr] += __shfl_xor_sync(0xffffffffu, yk[hr], o);
+            }
+        cluster_wait(); /* every CTA of the cluster has started, its barrier initialised */
+        if (t < NTILE) { /* lane t of a quad: the quad's two rows into CTA t, completing bytes on its barrier */
+            const int me = d0 / PK_KT;
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+                cluster_st_async2(&sm.ys[me][w >> 2][16 * I + g + 8 * hr], smem_u32(&sm.bar), (unsigned)t, yq[hr], yk[hr]);
+        }
+    } else if (FINAL)
+        store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, hq, srow, rn, fq, fk, 0);
+    __syncthreads(); /* every read of P and B is done (FINAL: dG goes there) and of q̂ (else: dG goes there) */
+    float *dGt = FINAL ? sm.P : sm.q; /* [C][TS] */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            sm.q[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
+            dGt[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
     __syncthreads();
 
     /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
@@ -354,8 +446,8 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     float s = 0.0f;
 #pragma unroll
     for (int r = PK_RG - 1; r >= 0; r--) {
-        s += sm.q[(PK_RG * w + r) * TS + dl];
-        sm.q[(PK_RG * w + r) * TS + dl] = s;
+        s += dGt[(PK_RG * w + r) * TS + dl];
+        dGt[(PK_RG * w + r) * TS + dl] = s;
     }
     sm.tot[w][dl] = s;
     __syncthreads();
@@ -365,9 +457,9 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     float dAl = 0.0f, dbias = 0.0f;
     const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
     switch (gate_mode(p)) {
-    case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-    case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-    default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, A, off, w, dl, nrow, gbase, &dAl, &dbias);
+    case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+    case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+    default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias);
     }
     sm.red[0][tid] = dAl;
     sm.red[1][tid] = dbias;
@@ -378,15 +470,26 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
         p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
     }
+    if (FINAL && p.l2norm) {
+        mbar_wait(smem_u32(&sm.bar), 0); /* every CTA's sums are in ys (long since: the gate's work came between);
+                                            no CTA exits before the pushes into it have landed */
+        store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, hq, srow, rn, fq, fk, 1);
+    }
 }
 
 template <int KC>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hv * (KC / PK_KT);
     if (ctas == 0) return 0;
-    static int done[KDA_MAX_DEVICES];
-    return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
-                      done, stream);
+    static int done[2][KDA_MAX_DEVICES];
+    if (!kda_bwd_pairs_final(p))
+        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, 0>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
+                          device, done[0], stream);
+    if (!p->l2norm)
+        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, 1>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
+                          device, done[1], stream);
+    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC, 1>, ctas, KC / PK_KT, PK_THREADS,
+                              (int)sizeof(pairs_smem), p, device, done[1], stream);
 }
 
 extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {

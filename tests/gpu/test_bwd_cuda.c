@@ -470,6 +470,92 @@ TEST(gpu_bwd_deterministic) {
     bcase_free(&x);
 }
 
+/* One value head per query/key head (G = 1): the pairs kernel writes dq and dk itself, the l2norm step's sums
+ * over a row's channel tiles exchanged in a cluster (bwd_pairs.cu), where the cases above (G ≥ 2) take the
+ * scratch and the finish kernel. Every option again, on that path: the gate forms, l2norm off, β plain and
+ * 2·sigmoid, a scale, T = 1 and T not a multiple of 64, strong decay, the states' forms, varlen with empty
+ * sequences, fp32 and fp16 inputs and gradients, K of 100 (channels past K in the last tile), and two calls
+ * giving identical bytes. */
+TEST(gpu_bwd_one_head_group) {
+    for (int kd = 64; kd <= 128; kd *= 2) {
+        kda_synth_config_t c = base(kd);
+        c.hqk = c.hv = 3;
+        const kda_gate_mode_t gates[4] = {KDA_GATE_RAW, KDA_GATE_SOFTPLUS, KDA_GATE_LOWER_BOUND,
+                                          KDA_GATE_LOWER_BOUND_NO_A};
+        const char *gnames[4] = {"g1_raw_gate", "g1_softplus", "g1_lower_bound", "g1_lower_bound_no_alog"};
+        for (int g = 0; g < 4; g++) {
+            c.gate = gates[g];
+            expect_bwd(gnames[g], &c, &TRAIN, TOL_BF16);
+        }
+        c.gate = KDA_GATE_SOFTPLUS;
+        c.l2norm = 0;
+        expect_bwd("g1_no_l2norm", &c, &TRAIN, TOL_BF16);
+        c.l2norm = 1;
+        c.beta_sigmoid = 0;
+        expect_bwd("g1_no_beta_sigmoid", &c, &TRAIN, TOL_BF16);
+        c.beta_sigmoid = c.allow_neg_eigval = 1;
+        opts_t o = TRAIN;
+        o.scale = 0.3f;
+        expect_bwd("g1_neg_eigval_scale", &c, &o, TOL_BF16);
+        c.allow_neg_eigval = 0;
+        static const int64_t Ts[] = {1, 63, 65, 129};
+        for (int t = 0; t < 4; t++) {
+            kda_synth_config_t b = c;
+            b.seq_len = Ts[t];
+            b.seed = (uint64_t)(200 + t);
+            char name[32];
+            snprintf(name, sizeof name, "g1_T%lld_k%d", (long long)Ts[t], kd);
+            expect_bwd(name, &b, &TRAIN, TOL_BF16);
+        }
+        kda_synth_config_t d = c;
+        d.decay = 30.0f;
+        expect_bwd("g1_strong_decay", &d, &TRAIN, TOL_BF16);
+        static const int64_t lens[] = {65, 0, 1, 130, 0, 17};
+        d = base_varlen(kd, lens, 6);
+        d.hqk = d.hv = 2;
+        d.gate = KDA_GATE_SOFTPLUS;
+        d.state_v_first = 1;
+        d.initial_state_dtype = KDA_BFLOAT16;
+        o = TRAIN;
+        o.pool = 1;
+        expect_bwd("g1_varlen_empty_pool_vfirst", &d, &o, TOL_BF16);
+        d = c;
+        d.dtype = d.g_dtype = d.beta_dtype = d.o_dtype = KDA_FLOAT32;
+        o = TRAIN;
+        o.grad_f32 = 1;
+        expect_bwd("g1_fp32", &d, &o, TOL_F32);
+        d = c;
+        d.dtype = d.o_dtype = KDA_FLOAT16;
+        expect_bwd("g1_fp16", &d, &TRAIN, TOL_BF16);
+    }
+    kda_synth_config_t c = base(128);
+    c.hqk = c.hv = 2;
+    c.k = 100;
+    c.v = 72;
+    c.seq_len = 90;
+    c.gate = KDA_GATE_SOFTPLUS;
+    expect_bwd("g1_k100_v72", &c, &TRAIN, TOL_BF16);
+    /* two identical calls: identical bytes */
+    static const int64_t lens[] = {300, 7, 129};
+    c = base_varlen(128, lens, 3);
+    c.hqk = c.hv = 3;
+    c.gate = KDA_GATE_SOFTPLUS;
+    bcase_t x;
+    bcase_make(&x, &c, &TRAIN);
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    void *first[G_N];
+    for (int i = 0; i < G_N; i++) first[i] = fetch(&x, i);
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    for (int i = 0; i < G_N; i++) {
+        void *again = fetch(&x, i);
+        CHECK(memcmp(first[i], again, (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "G = 1: %s differs between two calls",
+              grad_names[i]);
+        free(again);
+        free(first[i]);
+    }
+    bcase_free(&x);
+}
+
 /* Captured in a CUDA graph (no host sync, no allocation inside), replayed: the same bytes as a direct call. */
 TEST(gpu_bwd_cuda_graph_capture) {
     static const int64_t lens[] = {100, 0, 64};
