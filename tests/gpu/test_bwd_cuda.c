@@ -447,6 +447,24 @@ TEST(gpu_bwd_head_size_pairs) {
     }
 }
 
+/* Two identical calls of case c give identical bytes in every gradient */
+static void expect_deterministic(const char *name, const kda_synth_config_t *c) {
+    bcase_t x;
+    bcase_make(&x, c, &TRAIN);
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    void *first[G_N];
+    for (int i = 0; i < G_N; i++) first[i] = fetch(&x, i);
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    for (int i = 0; i < G_N; i++) {
+        void *again = fetch(&x, i);
+        CHECK(memcmp(first[i], again, (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "%s: %s differs between two calls",
+              name, grad_names[i]);
+        free(again);
+        free(first[i]);
+    }
+    bcase_free(&x);
+}
+
 /* Two identical calls give identical bytes (no atomics). */
 TEST(gpu_bwd_deterministic) {
     static const int64_t lens[] = {300, 7, 129};
@@ -454,20 +472,7 @@ TEST(gpu_bwd_deterministic) {
     c.hqk = 1;
     c.hv = 4;
     c.gate = KDA_GATE_SOFTPLUS;
-    bcase_t x;
-    bcase_make(&x, &c, &TRAIN);
-    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    void *first[G_N];
-    for (int i = 0; i < G_N; i++) first[i] = fetch(&x, i);
-    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    for (int i = 0; i < G_N; i++) {
-        void *again = fetch(&x, i);
-        CHECK(memcmp(first[i], again, (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "%s differs between two calls",
-              grad_names[i]);
-        free(again);
-        free(first[i]);
-    }
-    bcase_free(&x);
+    expect_deterministic("G = 4", &c);
 }
 
 /* One value head per query/key head (G = 1): the pairs kernel writes dq and dk itself, the l2norm step's sums
@@ -540,20 +545,7 @@ TEST(gpu_bwd_one_head_group) {
     c = base_varlen(128, lens, 3);
     c.hqk = c.hv = 3;
     c.gate = KDA_GATE_SOFTPLUS;
-    bcase_t x;
-    bcase_make(&x, &c, &TRAIN);
-    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    void *first[G_N];
-    for (int i = 0; i < G_N; i++) first[i] = fetch(&x, i);
-    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    for (int i = 0; i < G_N; i++) {
-        void *again = fetch(&x, i);
-        CHECK(memcmp(first[i], again, (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "G = 1: %s differs between two calls",
-              grad_names[i]);
-        free(again);
-        free(first[i]);
-    }
-    bcase_free(&x);
+    expect_deterministic("G = 1", &c);
 }
 
 /* Captured in a CUDA graph (no host sync, no allocation inside), replayed: the same bytes as a direct call. */
