@@ -63,11 +63,11 @@ struct pairs_smem {
     uint64_t bar;                 /* FINAL with l2norm: complete when every CTA's ys have arrived */
 };
 
-/* dq or dk elements d, d + 1 (d even) of row `row` (K per row), those below K: bf16 with K even (the training
- * case) as one 4-byte store */
+/* dq or dk elements d, d + 1 (d even) of row `row` (K per row), those below K: bf16 with K even and the buffer
+ * 4-byte aligned (the training case) as one 4-byte store */
 DEV void store_final(void *dst, int dtype, int K, int64_t row, int d, float2 x) {
     const int64_t i = row * K + d;
-    if (dtype == KDA_DT_BF16 && !(K & 1)) {
+    if (dtype == KDA_DT_BF16 && !(K & 1) && !((uintptr_t)dst & 3)) {
         if (d < K) *(uint32_t *)((uint16_t *)dst + i) = pack_16x2<0>(x.x, x.y);
         return;
     }
