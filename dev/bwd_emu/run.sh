@@ -44,7 +44,8 @@ case "${1:-suite}" in
   suite)
     build
     for args in "64 64 1" "128 128 2" "100 72 3 1" "64 128 1 1 0 2 2 8" "128 64 0 0 0 1" "64 64 1 0 0 0 1 2 30" "64 64 1 0 0 3" \
-                "128 128 2 0 1" "100 72 3 1 1" "64 128 1 1 1 2 2 8" "128 128 2 0 2" "100 72 3 1 2 2 2 8"; do
+                "128 128 2 0 1" "100 72 3 1 1" "64 128 1 1 1 2 2 8" "128 128 2 0 2" "100 72 3 1 2 2 2 8" \
+                "128 128 2 0 2 0 2 2" "64 64 1 0 0 3 2 2"; do # the last two: one value head per q/k head (clusters)
       printf "%-28s " "$args"; $B/harness $args | tr '\n' ' ' | sed 's/ (nonfinite 0)//g'; echo
     done ;;
   *) $B/harness "$@" ;;
