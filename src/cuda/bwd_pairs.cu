@@ -58,8 +58,9 @@ struct pairs_smem {
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
-    float2 ys[4][2][C];           /* FINAL with l2norm: from the cluster's CTA of rank r (its channel tile), by
-                                     channel half, Σ over the half's 16 channels of (q̂ dq̂, k̂ dk̂) of each row */
+    /* FINAL with l2norm: from the cluster's CTA of rank r (its channel tile), by channel half, Σ over the half's 16
+       channels of (q̂ dq̂, k̂ dk̂) of each row */
+    float2 ys[KDA_BWD_MAX_HEAD_DIM / PK_KT][2][C];
     uint64_t bar;                 /* FINAL with l2norm: complete when every CTA's ys have arrived */
 };
 

@@ -300,17 +300,25 @@ TEST(gpu_bwd_training_k64) {
     expect_bwd("training_k64", &c, &TRAIN, TOL_BF16);
 }
 
+/* case c with each gate form (raw, softplus, lower bound, lower bound without A_log), named prefix + the form */
+static void expect_each_gate(const char *prefix, const kda_synth_config_t *c) {
+    static const kda_gate_mode_t gates[4] = {KDA_GATE_RAW, KDA_GATE_SOFTPLUS, KDA_GATE_LOWER_BOUND,
+                                             KDA_GATE_LOWER_BOUND_NO_A};
+    static const char *names[4] = {"raw_gate", "softplus", "lower_bound", "lower_bound_no_alog"};
+    for (int g = 0; g < 4; g++) {
+        kda_synth_config_t x = *c;
+        x.gate = gates[g];
+        char name[48];
+        snprintf(name, sizeof name, "%s%s", prefix, names[g]);
+        expect_bwd(name, &x, &TRAIN, TOL_BF16);
+    }
+}
+
 /* every gate form, l2norm on and off, β plain / sigmoid / 2·sigmoid, a given scale */
 TEST(gpu_bwd_options) {
     for (int kd = 64; kd <= 128; kd *= 2) {
         kda_synth_config_t c = base(kd);
-        const kda_gate_mode_t gates[4] = {KDA_GATE_RAW, KDA_GATE_SOFTPLUS, KDA_GATE_LOWER_BOUND,
-                                          KDA_GATE_LOWER_BOUND_NO_A};
-        const char *gnames[4] = {"raw_gate", "softplus", "lower_bound", "lower_bound_no_alog"};
-        for (int g = 0; g < 4; g++) {
-            c.gate = gates[g];
-            expect_bwd(gnames[g], &c, &TRAIN, TOL_BF16);
-        }
+        expect_each_gate("", &c);
         c.gate = KDA_GATE_SOFTPLUS;
         c.l2norm = 0;
         expect_bwd("no_l2norm", &c, &TRAIN, TOL_BF16);
@@ -485,13 +493,7 @@ TEST(gpu_bwd_one_head_group) {
     for (int kd = 64; kd <= 128; kd *= 2) {
         kda_synth_config_t c = base(kd);
         c.hqk = c.hv = 3;
-        const kda_gate_mode_t gates[4] = {KDA_GATE_RAW, KDA_GATE_SOFTPLUS, KDA_GATE_LOWER_BOUND,
-                                          KDA_GATE_LOWER_BOUND_NO_A};
-        const char *gnames[4] = {"g1_raw_gate", "g1_softplus", "g1_lower_bound", "g1_lower_bound_no_alog"};
-        for (int g = 0; g < 4; g++) {
-            c.gate = gates[g];
-            expect_bwd(gnames[g], &c, &TRAIN, TOL_BF16);
-        }
+        expect_each_gate("g1_", &c);
         c.gate = KDA_GATE_SOFTPLUS;
         c.l2norm = 0;
         expect_bwd("g1_no_l2norm", &c, &TRAIN, TOL_BF16);
