@@ -274,12 +274,25 @@ int main(int argc, char **argv) {
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
-    uint16_t *sb = NULL;
+    uint16_t *sb = NULL, *dsb = NULL;
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
         memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
         p.states = st2; p.dstates = dst2;
+        if (p.split) { /* the split path's dS+: bf16 in kda_cuda_states_dv's order (then widened into dst2 for the print) */
+            dsb = (uint16_t *)malloc((size_t)nstates * sizeof *dsb);
+            for (int64_t c = 0; c < nstates; c++) dsb[c] = 0x7fc0; /* NaN: what the kernel leaves unwritten */
+            p.dstates = NULL; p.dstates_bf16 = dsb;
+        }
         run_dstate(&p);
+        if (dsb) {
+            const int64_t per = (int64_t)KC * VC;
+            for (int64_t c = 0; c < nstates; c++) {
+                int d, v;
+                kda_cuda_states_dv((int)(c % per), KC, &d, &v);
+                dst2[c - c % per + (int64_t)d * VC + v] = bf16_bits_to_f32(dsb[c]);
+            }
+        }
         for (int w2 = 0; w2 < 2; w2++) {
             const float *x = w2 ? dst2 : st2, *y = w2 ? dstates : states;
             double num = 0, den = 0; int64_t nf = 0;
@@ -322,7 +335,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(sb); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
+    free(sb); free(dsb); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
     kda_synth_free(&s);
     return bad;
 }

@@ -4,7 +4,8 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * bf16 inputs (SPLIT), Δ from bwd_inter.cu and S in bf16 (from stage 1, or kept by the forward). In §3's notation,
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cu and S and dS⁺ in bf16 (S from stage 1 or kept by the forward; both in
+ * states_bf16.cuh's order). In §3's notation,
  * A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
@@ -19,8 +20,9 @@
  * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with bf16 inputs).
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
- * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are read from
- * the workspace (L2: prefetched at the start) as tensor-core operands (SPLIT: of dX and K̃ dS⁺ only). Before its
+ * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are staged
+ * from the workspace (L2: prefetched at the start) into the free tiles as tensor-core operands (SPLIT: of dX and
+ * K̃ dS⁺ only; dS⁺ as its bf16 pieces, S widened to fp32 by movmatrix; fp32: dS⁺ by halves). Before its
  * dv phase a CTA prefetches into L2 the rows that the CTA one wave later reads first (prefetch_next_wave).
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
@@ -322,25 +324,30 @@ DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const 
 /* acc[nt] += Σ_{d ∈ [d0, d1)} (k_i f_i)_d B(d, n) for rows i0.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref =
  * G_last: K̃); B(d, n) = b[d ldb + n], a state tile in global memory (GLB: Z's X S) or shared memory (dΔ's K̃ dS⁺,
  * by halves of d) */
+template <int KC>
+DEV void gated_k_frag(frag_t af[4], const float *k, const float *G, const float *ref, int i0, int dk, int lane) {
+    constexpr int KS = KC + 4;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const int row = i0 + g + 8 * (r & 1), col = dk + 2 * t + 8 * (r >> 1);
+        const float2 kx = *(const float2 *)&k[row * KS + col], gx = *(const float2 *)&G[row * KS + col];
+        float2 ex;
+        if (ref) {
+            const float2 rf = *(const float2 *)&ref[col];
+            ex = make_float2(gexp(rf.x - gx.x), gexp(rf.y - gx.y));
+        } else ex = make_float2(gexp(gx.x), gexp(gx.y));
+        af[r] = tf2(kx.x * ex.x, kx.y * ex.y);
+    }
+}
 template <int NT, int KC, int GLB>
 DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, const float *ref, const float *b,
                            int ldb, int i0, int n0, int d0, int d1, int lane) {
-    constexpr int KS = KC + 4;
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll 2
     for (int dk = d0; dk < d1; dk += 16) {
         frag_t af[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int row = i0 + g + 8 * (r & 1), col = dk + 2 * t + 8 * (r >> 1);
-            const float2 kx = *(const float2 *)&k[row * KS + col], gx = *(const float2 *)&G[row * KS + col];
-            float2 ex;
-            if (ref) {
-                const float2 rf = *(const float2 *)&ref[col];
-                ex = make_float2(gexp(rf.x - gx.x), gexp(rf.y - gx.y));
-            } else ex = make_float2(gexp(gx.x), gexp(gx.y));
-            af[r] = tf2(kx.x * ex.x, kx.y * ex.y);
-        }
+        gated_k_frag<KC>(af, k, G, ref, i0, dk, lane);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int n = n0 + 8 * nt + g;
@@ -348,6 +355,27 @@ DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, cons
             const frag_t b0 = tf2(ld<GLB>(&b[kk * ldb + n]), ld<GLB>(&b[(kk + 1) * ldb + n]));
             const frag_t b1 = tf2(ld<GLB>(&b[(kk + 8) * ldb + n]), ld<GLB>(&b[(kk + 9) * ldb + n]));
             mma16(acc[nt], af, b0, b1);
+        }
+    }
+}
+
+/* The split path's K̃ dS⁺ (acc[nt] += Σ_{d < KC} K̃[i][d] dS⁺[d][n], rows i0.., columns n0 + 8 nt.., n0 a multiple
+ * of 16): K̃ = k e^{G_last − G} as mma_gated_k_state's, dS⁺ from its bf16 pieces (states_bf16.cuh) staged whole in
+ * shared memory: the lane's 16 bytes of piece (vb, np) are the B fragments of k-step 16 np for the column tiles
+ * 16 vb.. (.x, .z) and 16 vb + 8.. (.y, .w), one 16-byte load for two tiles; bf16 values are exact in tf32 */
+template <int NT, int KC>
+DEV void mma_gated_k_pieces(float (*acc)[4], const float *k, const float *G, const float *ref, const uint4 *pieces,
+                            int i0, int n0, int lane) {
+    static_assert(NT % 2 == 0, "column tiles in pairs: a piece holds 16 columns");
+#pragma unroll 2
+    for (int dk = 0; dk < KC; dk += 16) {
+        frag_t af[4];
+        gated_k_frag<KC>(af, k, G, ref, i0, dk, lane);
+#pragma unroll
+        for (int vp = 0; vp < NT / 2; vp++) {
+            const uint4 b = pieces[((n0 / 16 + vp) * (KC / 16) + dk / 16) * 32 + lane];
+            mma16(acc[2 * vp], af, unpack_bf16(b.x), unpack_bf16(b.z));
+            mma16(acc[2 * vp + 1], af, unpack_bf16(b.y), unpack_bf16(b.w));
         }
     }
 }
@@ -608,13 +636,18 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const int64_t pair = cid * p.hv + h;
     const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KC * VC;     /* fp32 */
     const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
-    const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC;
+    const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KC * VC;              /* fp32 */
+    const uint16_t *__restrict__ dSb = SPLIT ? p.dstates_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
-    if (SPLIT) prefetch_l2(Sb, (int64_t)KC * VC * 2, tid);
-    else prefetch_l2(S, (int64_t)KC * VC * 4, tid);
-    prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+    if (SPLIT) {
+        prefetch_l2(Sb, (int64_t)KC * VC * 2, tid);
+        prefetch_l2(dSb, (int64_t)KC * VC * 2, tid);
+    } else {
+        prefetch_l2(S, (int64_t)KC * VC * 4, tid);
+        prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+    }
     {   /* dO's and v's rows into L2: read after the inverse and in the dv step (~9% of the stall samples waited
            for v from DRAM) */
         const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
@@ -663,11 +696,19 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
         }
     }
-    /* dS⁺'s first KC / 2 rows into q̂'s tile (free from here on), in flight during the inverse (read element by
-       element from L2, dΔ's K̃ dS⁺ was ~15% of the kernel's stall samples) */
-    float *sdS = sm.q; /* [KC / 2][VC + 4] */
+    /* dS⁺ into q̂'s tile (free from here on), in flight during the inverse (read element by element from L2, dΔ's
+       K̃ dS⁺ was ~15% of the kernel's stall samples): SPLIT, all of its bf16 pieces as they are (KC · VC · 2 bytes);
+       fp32, its first KC / 2 rows (the second half after the first's product) */
+    float *sdS = sm.q; /* fp32: [KC / 2][VC + 4] */
     static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
-    copy_state_half<KC, VC>(sdS, dS, 0, tid);
+    static_assert(KC * VC * 2 <= C * (KC + 4) * 4, "bf16 dS⁺ fits in q̂'s tile");
+    if (SPLIT) {
+        for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS)
+            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), dSb + 8 * (int64_t)e, 16);
+        cp_async_commit();
+    } else {
+        copy_state_half<KC, VC>(sdS, dS, 0, tid);
+    }
     invert_diag<KC, VC>(sm, tid);
     if (do_vec) { /* dO into R: each piece's 8 values as two float4 */
 #pragma unroll
@@ -737,7 +778,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (tid % TPR == 0) p.dgam[pair * KC + d] = s;
     }
-    cp_async_wait_all(); /* dS⁺'s first half */
+    cp_async_wait_all(); /* dS⁺ (fp32: its first half), and SPLIT Δ */
     __syncthreads();
 
     /* the lane's rows g, g + 8 of block I: their scratch rows (raw dQΓ, dK̃ with fp32 inputs) and β ⊙ dX rows
@@ -765,9 +806,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
     zero_acc<VN>(acc);
     mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-    mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
-    __syncthreads(); /* every read of Aqk and of dS⁺'s first half is done */
-    copy_state_half<KC, VC>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */
+    if (SPLIT) mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, 16 * I, nv0, lane);
+    else mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
+    __syncthreads(); /* every read of Aqk (and of dS⁺'s first half) is done */
+    if (!SPLIT) copy_state_half<KC, VC>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */
     {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
         float a[CT][4];
         zero_acc<CT>(a);
@@ -780,9 +822,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 sm.A2[i * CS + j] = j <= i ? a[nt][c] : 0.0f;
             }
     }
-    cp_async_wait_all();
-    __syncthreads(); /* every read of dO is done; dS⁺'s second half is in */
-    mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
+    if (!SPLIT) cp_async_wait_all();
+    __syncthreads(); /* every read of dO is done (fp32: dS⁺'s second half is in) */
+    if (!SPLIT) mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
 #pragma unroll
     for (int nt = 0; nt < VN; nt++)
 #pragma unroll

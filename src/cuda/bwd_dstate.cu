@@ -1,7 +1,9 @@
 /*
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
- * end of every chunk, fp32 into the workspace, and d_initial_state. From the forward's chunk blocks (prep.cuh: W,
- * QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s) and d_o, per (sequence, value head, tile of value columns):
+ * end of every chunk into the workspace — fp32 [KC][VC], or on the split path (bf16 inputs) bf16 in S's order
+ * (states_bf16.cuh: its readers round it to bf16 or take it as exact tf32 operands) — and d_initial_state, from the
+ * fp32 sums. From the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s)
+ * and d_o, per (sequence, value head, tile of value columns):
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
@@ -39,6 +41,7 @@
  */
 #include "bwd.cuh"
 #include "seq.cuh"
+#include "states_bf16.cuh"
 
 #define DS_THREADS 256
 
@@ -107,8 +110,24 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
         const int64_t cid = chunk0 + ci, t0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - t0);
         const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
-        float *out = p.dstates + (cid * p.hv + h) * (int64_t)KC * p.vc + c0;
-        for (int e = tid; e < KC * BV; e += DS_THREADS) out[(e / BV) * (int64_t)p.vc + e % BV] = sm.dS[(e / BV) * SS + e % BV];
+        if (p.dstates_bf16) { /* the split path: bf16 in S's order; the tile's BV / 16 column blocks are contiguous */
+            uint4 *out = (uint4 *)(p.dstates_bf16 + (cid * p.hv + h) * (int64_t)KC * p.vc + (int64_t)c0 * KC);
+            for (int u = tid; u < KC * BV / 8; u += DS_THREADS) {
+                uint32_t w[4];
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    int d0, v0, d1, v1;
+                    kda_cuda_states_dv(8 * u + 2 * m, KC, &d0, &v0);
+                    kda_cuda_states_dv(8 * u + 2 * m + 1, KC, &d1, &v1);
+                    w[m] = pack_bf16(sm.dS[d0 * SS + v0], sm.dS[d1 * SS + v1]);
+                }
+                out[u] = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        } else {
+            float *out = p.dstates + (cid * p.hv + h) * (int64_t)KC * p.vc + c0;
+            for (int e = tid; e < KC * BV; e += DS_THREADS)
+                out[(e / BV) * (int64_t)p.vc + e % BV] = sm.dS[(e / BV) * SS + e % BV];
+        }
         /* the panels by 16-byte asynchronous copies (no registers; waited for before the barrier) */
         for (int e = tid; e < KDA_CHUNK * KC * 2 / 16; e += DS_THREADS) {
             cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * e, 16);
@@ -451,21 +470,25 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     } while (0)
     for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
 
-    float *const dsout = p.dstates + (chunk0 * p.hv + h) * (int64_t)KC * p.vc + v0;
-    const int64_t chunk_stride = (int64_t)p.hv * KC * p.vc;
     for (int64_t j = 0; j < nc; j++) {
         const int64_t ci = nc - 1 - j;
         if (j + DSR_NST - 1 < nc) DSR_ISSUE(j + DSR_NST - 1); /* into the stage step j − 1 freed */
         const int cur = (int)(j % DSR_NST);
         mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
         const unsigned char *stg = smem + cur * STAGE;
-        /* dS⁺ of this chunk, fp32 [KC][VC] */
+        /* dS⁺ of this chunk: bf16 in S's order on the split path (a 16-byte piece per lane and np), else fp32
+           [KC][VC] */
+        const int64_t dso = (chunk0 + ci) * p.hv + h;
+        if (p.dstates_bf16) {
+            store_states_bf16<KC>(p.dstates_bf16 + dso * KC * p.vc, s, vw, lane);
+        } else {
+            float *const dsout = p.dstates + dso * KC * p.vc;
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++)
-                dsout[ci * chunk_stride + (int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + 16 * warp + g + 8 * (c >> 1)] =
-                    s[nt][c];
+                for (int c = 0; c < 4; c++)
+                    dsout[(int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + vw + g + 8 * (c >> 1)] = s[nt][c];
+        }
         /* dOᵀ's A fragments (16 columns × 16 tokens each) straight from the staged rows */
         uint32_t da_o[4][4];
         const uint32_t sdo = smem_u32(stg + LIN);

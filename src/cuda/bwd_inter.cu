@@ -8,7 +8,7 @@
  *     Δ   = U − W S          (= T Z: the chunk's new values; C × V)
  *     dQΓ = dO Sᵀ            (C × K)
  *     dK̃  = Δ dS⁺ᵀ           (C × K)
- *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and the fp32 dS⁺)
+ *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and dS⁺)
  *
  * Written: Δ (fp32 [C][VC] per (chunk, head)); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
  * chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and overwrites;
@@ -19,7 +19,7 @@
  *
  * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
  * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),
- * dS⁺ [KC][VC] (rounded from fp32 here), W [C][KC] and U [C][VC] copied
+ * dS⁺ [KC][VC] (bf16 as stage 2 wrote it, in the same order: states_bf16.cuh), W [C][KC] and U [C][VC] copied
  * from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
  * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
  */
@@ -32,6 +32,22 @@
 /* Byte offset of element (row, col) of a bf16 tile of `rows` rows in 64-column panels (pan_off's swizzle) */
 DEV int tile_off(int rows, int row, int col) {
     return (col >> 6) * (rows * 128) + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
+}
+
+/* Piece (vb, np) of a bf16 state tile as a lane loaded it (states_bf16.cuh) into a [KC][VC] tile, transposed by
+ * stmatrix: lane l gives the address of row l mod 8 of matrix m = l / 8, tile row 8 (2 np + m / 2) + l mod 8,
+ * columns 16 vb + 8 (m mod 2).. */
+template <int KC>
+DEV void piece_to_tile(unsigned char *tile, uint4 piece, int vb, int np, int lane) {
+    const int m = lane >> 3, r = lane & 7;
+    stsm_x4_t(smem_u32(tile + tile_off(KC, 8 * (2 * np + (m >> 1)) + r, 16 * vb + 8 * (m & 1))), piece.x, piece.y,
+              piece.z, piece.w);
+}
+
+/* Σ of the two products of two bf16 pairs, in fp32 (exact products, fp32 sums) */
+DEV float dot_bf16x2(uint32_t a, uint32_t b) {
+    const float2 x = unpack_bf16(a), y = unpack_bf16(b);
+    return x.x * y.x + x.y * y.y;
 }
 
 template <int KC, int VC>
@@ -58,7 +74,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     const int64_t pair = cid * p.hv + h;
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
     const uint16_t *__restrict__ S = p.states_bf16 + pair * (int64_t)KC * VC;
-    const float *__restrict__ dS = p.dstates + pair * (int64_t)KC * VC;
+    const uint16_t *__restrict__ dS = p.dstates_bf16 + pair * (int64_t)KC * VC;
 
     /* W and U by 16-byte copies (the panels as they are), in flight while the states are read */
     for (int e = tid; e < C * KC * 2 / 16; e += BI_THREADS)
@@ -67,47 +83,42 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         cp_async16_zfill(smem_u32(sm.u + 16 * e), blk + kda_cuda_off_u(KC) + 16 * (int64_t)e, 16);
     cp_async_commit();
 
-    /* S (bf16, kda_cuda_states_dv's order) and dS⁺ (fp32 [KC][VC]) into their bf16 tiles, dγ = rowsum(S ⊙ dS⁺),
+    /* S and dS⁺ (bf16, kda_cuda_states_dv's order: states_bf16.cuh) into their bf16 tiles, dγ = rowsum(S ⊙ dS⁺),
        all loads in flight together and no CTA barrier: warp w owns the rows 16 np.. of np = w mod NP (NP = KC / 16)
-       and every VG-th 16-column block vb. Its lanes load the pieces (vb, np) — a lane's 16 bytes are S as the
-       recurrence's accumulators held it, four 8 × 8 matrices Sᵀ[16 vb + 8 h + ·][8 nt + ·] (m = 2 (nt − 2 np) + h)
-       — and write them transposed into the S tile by stmatrix; then lane (row, half) reads its 8 columns of S back
-       (the warp's own region: __syncwarp) beside the same 8 of dS⁺ (two float4, loaded with the pieces). dγ: the
-       lane's row summed over its blocks, the two halves, and with KC = 64 the VG = 2 warps of an np */
+       and every VG-th 16-column block vb. Its lanes load the pieces (vb, np) of both — a lane's 16 bytes are four
+       8 × 8 matrices Xᵀ[16 vb + 8 h + ·][8 nt + ·] (m = 2 (nt − 2 np) + h) — and write them transposed into the
+       tiles by stmatrix (piece_to_tile, the same addresses in both); then lane (row, half) reads its 8 columns of
+       each back (the warp's own region: __syncwarp). dγ: fp32 products of the bf16 values, the lane's row summed
+       over its blocks, the two halves, and with KC = 64 the VG = 2 warps of an np */
     constexpr int NP = KC / 16, VG = (BI_THREADS / 32) / NP, NV = VC / 16 / VG; /* blocks per warp: NV */
     static_assert(VG >= 1 && VG <= 2 && NV >= 1, "inter: warps per np");
     {
-        const int np = warp % NP, vg = warp / NP, m = lane >> 3, r = lane & 7;
+        const int np = warp % NP, vg = warp / NP;
         const int row = 16 * np + (lane & 15), half = lane >> 4; /* the lane's row and 8 columns of a block */
         float dgs = 0.0f;
         constexpr int GB = NV < 4 ? NV : 4; /* blocks in flight (registers) */
 #pragma unroll 1
         for (int j0 = 0; j0 < NV; j0 += GB) {
-            uint4 sb[GB];
-            float4 x0[GB], x1[GB];
+            uint4 sb[GB], db[GB];
 #pragma unroll
             for (int j = 0; j < GB; j++) {
-                const int vb = vg + VG * (j0 + j), c0 = 16 * vb + 8 * half;
+                const int vb = vg + VG * (j0 + j);
                 sb[j] = __ldg((const uint4 *)S + (vb * NP + np) * 32 + lane);
-                x0[j] = __ldg((const float4 *)(dS + row * VC + c0));
-                x1[j] = __ldg((const float4 *)(dS + row * VC + c0 + 4));
+                db[j] = __ldg((const uint4 *)dS + (vb * NP + np) * 32 + lane);
             }
 #pragma unroll
             for (int j = 0; j < GB; j++) {
-                const int off = tile_off(KC, 8 * (2 * np + (m >> 1)) + r, 16 * (vg + VG * (j0 + j)) + 8 * (m & 1));
-                stsm_x4_t(smem_u32(sm.s + off), sb[j].x, sb[j].y, sb[j].z, sb[j].w);
+                const int vb = vg + VG * (j0 + j);
+                piece_to_tile<KC>(sm.s, sb[j], vb, np, lane);
+                piece_to_tile<KC>(sm.ds, db[j], vb, np, lane);
             }
             __syncwarp();
 #pragma unroll
             for (int j = 0; j < GB; j++) {
                 const int off = tile_off(KC, row, 16 * (vg + VG * (j0 + j)) + 8 * half);
-                const uint4 sv = *(const uint4 *)(sm.s + off);
-                const float2 s0 = unpack_bf16(sv.x), s1 = unpack_bf16(sv.y), s2 = unpack_bf16(sv.z),
-                             s3 = unpack_bf16(sv.w);
-                dgs += s0.x * x0[j].x + s0.y * x0[j].y + s1.x * x0[j].z + s1.y * x0[j].w + s2.x * x1[j].x +
-                       s2.y * x1[j].y + s3.x * x1[j].z + s3.y * x1[j].w;
-                *(uint4 *)(sm.ds + off) = make_uint4(pack_bf16(x0[j].x, x0[j].y), pack_bf16(x0[j].z, x0[j].w),
-                                                     pack_bf16(x1[j].x, x1[j].y), pack_bf16(x1[j].z, x1[j].w));
+                const uint4 sv = *(const uint4 *)(sm.s + off), dv = *(const uint4 *)(sm.ds + off);
+                dgs += dot_bf16x2(sv.x, dv.x) + dot_bf16x2(sv.y, dv.y) + dot_bf16x2(sv.z, dv.z) +
+                       dot_bf16x2(sv.w, dv.w);
             }
         }
         dgs += __shfl_xor_sync(0xffffffffu, dgs, 16);

@@ -37,6 +37,7 @@
  */
 #include "common.cuh"
 #include "seq.cuh"
+#include "states_bf16.cuh" /* store_states_bf16: S for the backward's split path */
 #include "bwd.h" /* KDA_BWD_MAX_HEAD_DIM: the KDA_REC_STATES instances */
 
 typedef __nv_bfloat16 bf16;
@@ -384,19 +385,6 @@ DEV void store_slot(float *dst, const float (&s)[KD / 8][4], int64_t sd, int64_t
         for (int c = 0; c < 4; c++) dst[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv] = s[nt][c];
 }
 
-/* S at a chunk start in bf16 (the backward's split path) in kda_cuda_states_dv's order: the lane's accumulators
- * s[2 np .. 2 np + 1][0 .. 3] as one 16-byte piece of piece (vb, np), vb = the warp's 16 columns; rounded to
- * nearest even as the step's products round S; padded rows and columns are zero in s */
-template <int KD>
-DEV void store_slot_bf16(uint16_t *dst, const float (&s)[KD / 8][4], int vw, int lane) {
-    uint4 *out = (uint4 *)dst + (vw / 16) * (KD / 16) * 32 + lane;
-#pragma unroll
-    for (int np = 0; np < KD / 16; np++)
-        out[32 * np] = make_uint4(pack_bf16(s[2 * np][0], s[2 * np][1]), pack_bf16(s[2 * np][2], s[2 * np][3]),
-                                  pack_bf16(s[2 * np + 1][0], s[2 * np + 1][1]),
-                                  pack_bf16(s[2 * np + 1][2], s[2 * np + 1][3]));
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
@@ -537,13 +525,13 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 store_state<KD>(p, p.states_out, p.states_out_dtype, s, ((chunk0 + ci) * p.hv + h) * (int64_t)p.K * p.V,
                                 sd, sv, vw, g, t, full);
             else if (p.states_bf16)
-                store_slot_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
+                store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
             else
                 store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
         } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_MAX_HEAD_DIM && p.states_bf16) {
             /* the forward keeps S for the backward (kda_args_t.saved, bf16 inputs, backend.c keeps_states): the
                backward's states stage is then not run */
-            store_slot_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
+            store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
         }
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
            closing barrier, which it must have to get here */
