@@ -274,23 +274,28 @@ int main(int argc, char **argv) {
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
-    uint16_t *sb = NULL, *dsb = NULL;
+    uint16_t *sb = NULL, *dsh = NULL;
+    uint8_t *dse = NULL;
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
         memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
         p.states = st2; p.dstates = dst2;
-        if (p.split) { /* the split path's dS+: bf16 in kda_cuda_states_dv's order (then widened into dst2 for the print) */
-            dsb = (uint16_t *)malloc((size_t)nstates * sizeof *dsb);
-            for (int64_t c = 0; c < nstates; c++) dsb[c] = 0x7fc0; /* NaN: what the kernel leaves unwritten */
-            p.dstates = NULL; p.dstates_bf16 = dsb;
+        if (p.split) { /* the split path's dS+: fp16 in kda_cuda_states_dv's order and the exponents of the factors per
+                          (16 columns, lane) (states16.cuh; widened into dst2 for the print) */
+            dsh = (uint16_t *)malloc((size_t)nstates * sizeof *dsh);
+            dse = (uint8_t *)malloc((size_t)(max_chunks * HV * 2 * VC));
+            for (int64_t c = 0; c < nstates; c++) dsh[c] = 0x7e00; /* NaN: what the kernel leaves unwritten */
+            memset(dse, 0, (size_t)(max_chunks * HV * 2 * VC));
+            p.dstates = NULL; p.dstates_f16 = dsh; p.dstates_exp = dse;
         }
         run_dstate(&p);
-        if (dsb) {
+        if (dsh) {
             const int64_t per = (int64_t)KC * VC;
             for (int64_t c = 0; c < nstates; c++) {
                 int d, v;
-                kda_cuda_states_dv((int)(c % per), KC, &d, &v);
-                dst2[c - c % per + (int64_t)d * VC + v] = bf16_bits_to_f32(dsb[c]);
+                const int e = (int)(c % per), lane = (e >> 3) & 31, vb = (e >> 8) / (KC / 16);
+                kda_cuda_states_dv(e, KC, &d, &v);
+                dst2[c - e + (int64_t)d * VC + v] = f16_bits_to_f32(dsh[c]) * __uint_as_float((uint32_t)dse[c / per * 2 * VC + vb * 32 + lane] << 23);
             }
         }
         for (int w2 = 0; w2 < 2; w2++) {
@@ -335,7 +340,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(sb); free(dsb); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
+    free(sb); free(dsh); free(dse); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
     kda_synth_free(&s);
     return bad;
 }

@@ -51,6 +51,7 @@ static inline float __shfl_xor_sync(unsigned mask, float x, int o) {
 static inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; } /* the kernels' only use: chunk lengths */
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
 #define __expf(x) expf(x) /* glibc declares its own __expf */
 
 /* Runs kernel(arg) as a grid of `blocks` blocks of `threads` threads, one block after the other (shared memory

@@ -488,7 +488,8 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  * the forward kept them: kda_args_t.saved), then the six backward stages. Workspace, each region 256-byte aligned:
  *   varlen offsets | chunk blocks (bf16, as the forward's; none when the forward kept them in kda_args_t.saved)
  *   | S per chunk (fp32 [KC][VC] per chunk and head; bf16 on the split path, kda_cuda_states_dv's order; none when
- *   the forward kept it) | dS⁺ per chunk (the same: fp32, or bf16 in that order on the split path) | Δ per chunk
+ *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]; on the split path fp16 in that order, then the exponents
+ *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk
  *   (fp32 [C][VC]; bf16 inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head
  *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
@@ -496,7 +497,7 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   partials per chunk, head and channel (fp32 2 × KC)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t blocks, states, dstates, delta, dgam, dqk, dcoef, dx, rnorm, part, total;
+    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, total;
 } bwd_layout_t;
 
 static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) {
@@ -510,7 +511,9 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     l.dstates = l.states + (!bwd_split(p)            ? align256(heads * kc * vc * 4)
                             : saved_states(impl, p) ? 0
                                                     : states_bf16_bytes(p));
-    l.delta = l.dstates + align256(heads * kc * vc * (bwd_split(p) ? 2 : 4)); /* dS⁺: bf16 on the split path */
+    /* dS⁺: fp32, or fp16 and a byte per (lane, 16 columns) on the split path */
+    l.dsexp = l.dstates + align256(heads * kc * vc * (bwd_split(p) ? 2 : 4));
+    l.delta = l.dsexp + (size_t)bwd_split(p) * align256(heads * vc * 2);
     l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
     l.dqk = l.dgam + align256(heads * kc * 4);
     l.dcoef = l.dqk + align256(rows * 2 * kc * 4);
@@ -633,7 +636,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.states = bwd_split(p) ? NULL : (float *)(base + l.states);
     bw.states_bf16 = !bwd_split(p) ? NULL : kept_states ? kept_states : (uint16_t *)(base + l.states);
     bw.dstates = bwd_split(p) ? NULL : (float *)(base + l.dstates);
-    bw.dstates_bf16 = bwd_split(p) ? (uint16_t *)(base + l.dstates) : NULL;
+    bw.dstates_f16 = bwd_split(p) ? (uint16_t *)(base + l.dstates) : NULL;
+    bw.dstates_exp = bwd_split(p) ? (uint8_t *)(base + l.dsexp) : NULL;
     bw.delta = (float *)(base + l.delta);
     bw.dgam = (float *)(base + l.dgam);
     bw.dqk = (float *)(base + l.dqk);

@@ -10,8 +10,9 @@
  *                  when the two grids fit the SMs together (backend.c bwd_overlap: dS never reads S). Not run
  *                  when the forward kept S (bf16 inputs with kda_args_t.saved: its recurrence wrote it)
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
- *                  end, fp32 (bf16 on the split path, in S's order), and d_initial_state (from the fp32 sums; bf16
- *                  d_o: the forward's recurrence transposed, dSᵀ in registers)
+ *                  end, fp32 (on the split path fp16 in S's order, scaled per lane and 16 columns), and
+ *                  d_initial_state (from the fp32 sums; bf16 d_o: the forward's recurrence transposed, dSᵀ in
+ *                  registers)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
  *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ = rowsum(S ⊙ dS⁺)
  *                  (bf16 inputs only)
@@ -55,8 +56,10 @@ typedef struct kda_bwd_params {
                                      forward in kda_args_t.saved: then no states stage runs) */
     float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end; fp32 and fp16 inputs
                                      (NULL on the split path) */
-    uint16_t *dstates_bf16;       /* the split path's: the same in bf16, in kda_cuda_states_dv's order (as S: the dstate
-                                     recurrence kernel holds dSᵀ as the forward's holds Sᵀ) */
+    uint16_t *dstates_f16;        /* the split path's: the same in fp16, in kda_cuda_states_dv's order (as S: the dstate
+                                     recurrence kernel holds dSᵀ as the forward's holds Sᵀ), each lane's values of a
+                                     16-column block times 2^−e (states16.cuh) */
+    uint8_t *dstates_exp;         /* [max_chunks][hv][VC / 16][32]: the biased exponent of each 2^e (split path) */
     float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only) */
     float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
                                      chunk kernel with fp32 inputs) */

@@ -4,8 +4,8 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * bf16 inputs (SPLIT), Δ from bwd_inter.cu and S and dS⁺ in bf16 (S from stage 1 or kept by the forward; both in
- * states_bf16.cuh's order). In §3's notation,
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cu, S in bf16 (from stage 1 or kept by the forward) and dS⁺ in scaled fp16
+ * (states16.cuh). In §3's notation,
  * A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
  *   forward    q̂, k̂ (l2norm), ĝ (gate, clamp), β (sigmoid), G = cumsum ĝ
@@ -22,7 +22,7 @@
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
  * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are staged
  * from the workspace (L2: prefetched at the start) into the free tiles as tensor-core operands (SPLIT: of dX and
- * K̃ dS⁺ only; dS⁺ as its bf16 pieces, S widened to fp32 by movmatrix; fp32: dS⁺ by halves). Before its
+ * K̃ dS⁺ only; dS⁺ as its fp16 pieces, S widened to fp32 by movmatrix; fp32: dS⁺ by halves). Before its
  * dv phase a CTA prefetches into L2 the rows that the CTA one wave later reads first (prefetch_next_wave).
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
@@ -35,6 +35,7 @@
  */
 #include "bwd.cuh"
 #include "seq.cuh"
+#include "states16.cuh"
 
 #define CK_THREADS 512
 #define CK_NQ (CK_THREADS / 128) /* column parts: warp w owns row block w mod 4 and column part w / 4 */
@@ -360,13 +361,17 @@ DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, cons
 }
 
 /* The split path's K̃ dS⁺ (acc[nt] += Σ_{d < KC} K̃[i][d] dS⁺[d][n], rows i0.., columns n0 + 8 nt.., n0 a multiple
- * of 16): K̃ = k e^{G_last − G} as mma_gated_k_state's, dS⁺ from its bf16 pieces (states_bf16.cuh) staged whole in
- * shared memory: the lane's 16 bytes of piece (vb, np) are the B fragments of k-step 16 np for the column tiles
- * 16 vb.. (.x, .z) and 16 vb + 8.. (.y, .w), one 16-byte load for two tiles; bf16 values are exact in tf32 */
+ * of 16): K̃ = k e^{G_last − G} as mma_gated_k_state's, dS⁺ from its fp16 pieces (states16.cuh) staged whole in
+ * shared memory with the exponents of their factors after them: the lane's 16 bytes of piece (vb, np) are the B
+ * fragments of k-step 16 np for the column tiles 16 vb.. (.x, .z) and 16 vb + 8.. (.y, .w), one 16-byte load for
+ * two tiles; fp16 values times 2^e are exact in tf32 (the values fp32 dS⁺ rounded to tf32 had) */
 template <int NT, int KC>
 DEV void mma_gated_k_pieces(float (*acc)[4], const float *k, const float *G, const float *ref, const uint4 *pieces,
-                            int i0, int n0, int lane) {
+                            const uint8_t *exps, int i0, int n0, int lane) {
     static_assert(NT % 2 == 0, "column tiles in pairs: a piece holds 16 columns");
+    float f[NT / 2];
+#pragma unroll
+    for (int vp = 0; vp < NT / 2; vp++) f[vp] = f16s_factor(exps[(n0 / 16 + vp) * 32 + lane]);
 #pragma unroll 2
     for (int dk = 0; dk < KC; dk += 16) {
         frag_t af[4];
@@ -374,8 +379,8 @@ DEV void mma_gated_k_pieces(float (*acc)[4], const float *k, const float *G, con
 #pragma unroll
         for (int vp = 0; vp < NT / 2; vp++) {
             const uint4 b = pieces[((n0 / 16 + vp) * (KC / 16) + dk / 16) * 32 + lane];
-            mma16(acc[2 * vp], af, unpack_bf16(b.x), unpack_bf16(b.z));
-            mma16(acc[2 * vp + 1], af, unpack_bf16(b.y), unpack_bf16(b.w));
+            mma16(acc[2 * vp], af, f16s_pair(b.x, f[vp]), f16s_pair(b.z, f[vp]));
+            mma16(acc[2 * vp + 1], af, f16s_pair(b.y, f[vp]), f16s_pair(b.w, f[vp]));
         }
     }
 }
@@ -637,13 +642,15 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KC * VC;     /* fp32 */
     const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
     const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KC * VC;              /* fp32 */
-    const uint16_t *__restrict__ dSb = SPLIT ? p.dstates_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
+    const uint16_t *__restrict__ dSh = SPLIT ? p.dstates_f16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
+    const uint8_t *__restrict__ dSe = SPLIT ? p.dstates_exp + pair * (int64_t)(VC / 16) * 32 : NULL;
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
     if (SPLIT) {
         prefetch_l2(Sb, (int64_t)KC * VC * 2, tid);
-        prefetch_l2(dSb, (int64_t)KC * VC * 2, tid);
+        prefetch_l2(dSh, (int64_t)KC * VC * 2, tid);
+        prefetch_l2(dSe, (int64_t)VC * 2, tid);
     } else {
         prefetch_l2(S, (int64_t)KC * VC * 4, tid);
         prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
@@ -697,14 +704,17 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     /* dS⁺ into q̂'s tile (free from here on), in flight during the inverse (read element by element from L2, dΔ's
-       K̃ dS⁺ was ~15% of the kernel's stall samples): SPLIT, all of its bf16 pieces as they are (KC · VC · 2 bytes);
-       fp32, its first KC / 2 rows (the second half after the first's product) */
+       K̃ dS⁺ was ~15% of the kernel's stall samples): SPLIT, all of its fp16 pieces as they are (KC · VC · 2 bytes)
+       and then their exponent bytes (2 VC); fp32, its first KC / 2 rows (the second half after the first's
+       product) */
     float *sdS = sm.q; /* fp32: [KC / 2][VC + 4] */
     static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
-    static_assert(KC * VC * 2 <= C * (KC + 4) * 4, "bf16 dS⁺ fits in q̂'s tile");
+    static_assert(KC * VC * 2 + 2 * VC <= C * (KC + 4) * 4, "fp16 dS⁺ and its exponents fit in q̂'s tile");
+    const uint8_t *sdSe = (const uint8_t *)sm.q + KC * VC * 2;
     if (SPLIT) {
-        for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS)
-            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), dSb + 8 * (int64_t)e, 16);
+        for (unsigned e = tid; e < (unsigned)(KC * VC / 8 + VC / 8); e += CK_THREADS)
+            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e),
+                             e < KC * VC / 8 ? (const void *)(dSh + 8 * (int64_t)e) : (const void *)(dSe + 16 * (e - KC * VC / 8)), 16);
         cp_async_commit();
     } else {
         copy_state_half<KC, VC>(sdS, dS, 0, tid);
@@ -806,7 +816,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
     zero_acc<VN>(acc);
     mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-    if (SPLIT) mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, 16 * I, nv0, lane);
+    if (SPLIT) mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, sdSe, 16 * I, nv0, lane);
     else mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
     __syncthreads(); /* every read of Aqk (and of dS⁺'s first half) is done */
     if (!SPLIT) copy_state_half<KC, VC>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */

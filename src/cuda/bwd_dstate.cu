@@ -1,8 +1,8 @@
 /*
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
- * end of every chunk into the workspace — fp32 [KC][VC], or on the split path (bf16 inputs) bf16 in S's order
- * (states_bf16.cuh: its readers round it to bf16 or take it as exact tf32 operands) — and d_initial_state, from the
- * fp32 sums. From the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s)
+ * end of every chunk into the workspace — fp32 [KC][VC], or on the split path (bf16 inputs) fp16 in S's order with
+ * a power-of-two factor per (lane, 16 columns) (states16.cuh: tf32's precision, half the bytes) — and
+ * d_initial_state, from the fp32 sums. From the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s)
  * and d_o, per (sequence, value head, tile of value columns):
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
@@ -41,7 +41,7 @@
  */
 #include "bwd.cuh"
 #include "seq.cuh"
-#include "states_bf16.cuh"
+#include "states16.cuh"
 
 #define DS_THREADS 256
 
@@ -110,18 +110,34 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
         const int64_t cid = chunk0 + ci, t0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - t0);
         const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
-        if (p.dstates_bf16) { /* the split path: bf16 in S's order; the tile's BV / 16 column blocks are contiguous */
-            uint4 *out = (uint4 *)(p.dstates_bf16 + (cid * p.hv + h) * (int64_t)KC * p.vc + (int64_t)c0 * KC);
-            for (int u = tid; u < KC * BV / 8; u += DS_THREADS) {
-                uint32_t w[4];
+        if (p.dstates_f16) { /* the split path: fp16 pieces in S's order and the factors' exponents (states16.cuh);
+                                the tile's BV / 16 column blocks are contiguous. Four adjacent threads per (block vb,
+                                lane l): each forms the pieces np ≡ its part (mod 4) after their largest magnitude */
+            const int64_t pair = cid * p.hv + h;
+            uint4 *out = (uint4 *)(p.dstates_f16 + pair * KC * p.vc + (int64_t)c0 * KC);
+            static_assert(BV / 16 * 32 * 4 <= DS_THREADS && KC / 16 % 4 == 0, "dstate: four threads per lane's pieces");
+            if (tid < BV / 16 * 32 * 4) {
+                const int unit = tid >> 2, part = tid & 3, vb = unit >> 5, l = unit & 31, gl = l >> 2, tl = l & 3;
+                constexpr int NPP = KC / 16 / 4; /* pieces per thread */
+                float x[NPP][8], m = 0.0f;
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    int d0, v0, d1, v1;
-                    kda_cuda_states_dv(8 * u + 2 * m, KC, &d0, &v0);
-                    kda_cuda_states_dv(8 * u + 2 * m + 1, KC, &d1, &v1);
-                    w[m] = pack_bf16(sm.dS[d0 * SS + v0], sm.dS[d1 * SS + v1]);
-                }
-                out[u] = make_uint4(w[0], w[1], w[2], w[3]);
+                for (int i = 0; i < NPP; i++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) { /* element e of piece np: X[8 (2 np + e / 4) + 2 tl + e mod 2][16 vb + gl + 8 (e / 2 mod 2)] */
+                        const int np = part + 4 * i, d = 8 * (2 * np + (e >> 2)) + 2 * tl + (e & 1);
+                        x[i][e] = sm.dS[d * SS + 16 * vb + gl + 8 * ((e >> 1) & 1)];
+                        m = fmaxf(m, fabsf(x[i][e]));
+                    }
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                float inv;
+                const uint32_t eb = f16s_exponent(m, &inv);
+#pragma unroll
+                for (int i = 0; i < NPP; i++)
+                    out[(vb * (KC / 16) + part + 4 * i) * 32 + l] =
+                        make_uint4(pack_16x2<1>(x[i][0] * inv, x[i][1] * inv), pack_16x2<1>(x[i][2] * inv, x[i][3] * inv),
+                                   pack_16x2<1>(x[i][4] * inv, x[i][5] * inv), pack_16x2<1>(x[i][6] * inv, x[i][7] * inv));
+                if (part == 0) p.dstates_exp[pair * (p.vc / 16) * 32 + (c0 / 16 + vb) * 32 + l] = (uint8_t)eb;
             }
         } else {
             float *out = p.dstates + (cid * p.hv + h) * (int64_t)KC * p.vc + c0;
@@ -476,11 +492,11 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         const int cur = (int)(j % DSR_NST);
         mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
         const unsigned char *stg = smem + cur * STAGE;
-        /* dS⁺ of this chunk: bf16 in S's order on the split path (a 16-byte piece per lane and np), else fp32
-           [KC][VC] */
+        /* dS⁺ of this chunk: on the split path fp16 in S's order (a 16-byte piece per lane and np) and the lane's
+           factor (states16.cuh), else fp32 [KC][VC] */
         const int64_t dso = (chunk0 + ci) * p.hv + h;
-        if (p.dstates_bf16) {
-            store_states_bf16<KC>(p.dstates_bf16 + dso * KC * p.vc, s, vw, lane);
+        if (p.dstates_f16) {
+            store_dstates_f16s<KC>(p.dstates_f16 + dso * KC * p.vc, p.dstates_exp + dso * (p.vc / 16) * 32, s, vw, lane);
         } else {
             float *const dsout = p.dstates + dso * KC * p.vc;
 #pragma unroll

@@ -8,7 +8,7 @@
  *     Δ   = U − W S          (= T Z: the chunk's new values; C × V)
  *     dQΓ = dO Sᵀ            (C × K)
  *     dK̃  = Δ dS⁺ᵀ           (C × K)
- *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and dS⁺)
+ *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and the fp16-exact dS⁺)
  *
  * Written: Δ (fp32 [C][VC] per (chunk, head)); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
  * chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and overwrites;
@@ -19,12 +19,13 @@
  *
  * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
  * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),
- * dS⁺ [KC][VC] (bf16 as stage 2 wrote it, in the same order: states_bf16.cuh), W [C][KC] and U [C][VC] copied
+ * dS⁺ [KC][VC] (rounded to bf16 here from stage 2's fp16 in the same order: states16.cuh), W [C][KC] and U [C][VC] copied
  * from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
  * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
  */
 #include "bwd.cuh"
 #include "seq.cuh"
+#include "states16.cuh"
 
 #define BI_THREADS 256
 #define C KDA_CHUNK
@@ -34,7 +35,7 @@ DEV int tile_off(int rows, int row, int col) {
     return (col >> 6) * (rows * 128) + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
 
-/* Piece (vb, np) of a bf16 state tile as a lane loaded it (states_bf16.cuh) into a [KC][VC] tile, transposed by
+/* Piece (vb, np) of a bf16 state tile as a lane loaded it (states16.cuh) into a [KC][VC] tile, transposed by
  * stmatrix: lane l gives the address of row l mod 8 of matrix m = l / 8, tile row 8 (2 np + m / 2) + l mod 8,
  * columns 16 vb + 8 (m mod 2).. */
 template <int KC>
@@ -42,12 +43,6 @@ DEV void piece_to_tile(unsigned char *tile, uint4 piece, int vb, int np, int lan
     const int m = lane >> 3, r = lane & 7;
     stsm_x4_t(smem_u32(tile + tile_off(KC, 8 * (2 * np + (m >> 1)) + r, 16 * vb + 8 * (m & 1))), piece.x, piece.y,
               piece.z, piece.w);
-}
-
-/* Σ of the two products of two bf16 pairs, in fp32 (exact products, fp32 sums) */
-DEV float dot_bf16x2(uint32_t a, uint32_t b) {
-    const float2 x = unpack_bf16(a), y = unpack_bf16(b);
-    return x.x * y.x + x.y * y.y;
 }
 
 template <int KC, int VC>
@@ -74,7 +69,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     const int64_t pair = cid * p.hv + h;
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
     const uint16_t *__restrict__ S = p.states_bf16 + pair * (int64_t)KC * VC;
-    const uint16_t *__restrict__ dS = p.dstates_bf16 + pair * (int64_t)KC * VC;
+    const uint16_t *__restrict__ dS = p.dstates_f16 + pair * (int64_t)KC * VC;
+    const uint8_t *__restrict__ dSe = p.dstates_exp + pair * (int64_t)(VC / 16) * 32;
 
     /* W and U by 16-byte copies (the panels as they are), in flight while the states are read */
     for (int e = tid; e < C * KC * 2 / 16; e += BI_THREADS)
@@ -83,46 +79,57 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         cp_async16_zfill(smem_u32(sm.u + 16 * e), blk + kda_cuda_off_u(KC) + 16 * (int64_t)e, 16);
     cp_async_commit();
 
-    /* S and dS⁺ (bf16, kda_cuda_states_dv's order: states_bf16.cuh) into their bf16 tiles, dγ = rowsum(S ⊙ dS⁺),
-       all loads in flight together and no CTA barrier: warp w owns the rows 16 np.. of np = w mod NP (NP = KC / 16)
-       and every VG-th 16-column block vb. Its lanes load the pieces (vb, np) of both — a lane's 16 bytes are four
-       8 × 8 matrices Xᵀ[16 vb + 8 h + ·][8 nt + ·] (m = 2 (nt − 2 np) + h) — and write them transposed into the
-       tiles by stmatrix (piece_to_tile, the same addresses in both); then lane (row, half) reads its 8 columns of
-       each back (the warp's own region: __syncwarp). dγ: fp32 products of the bf16 values, the lane's row summed
-       over its blocks, the two halves, and with KC = 64 the VG = 2 warps of an np */
+    /* S (bf16) and dS⁺ (fp16 and the lane's factor) in kda_cuda_states_dv's order (states16.cuh) into their bf16
+       tiles, dγ = rowsum(S ⊙ dS⁺), all loads in flight together and no CTA barrier: warp w takes the rows
+       16 np.. of np = w mod NP (NP = KC / 16) and every VG-th 16-column block vb. Its lanes load the pieces
+       (vb, np) of both — a lane's 16 bytes are four 8 × 8 matrices Xᵀ[16 vb + 8 h + ·][8 nt + ·]
+       (m = 2 (nt − 2 np) + h) — and write them transposed into the tiles by stmatrix (piece_to_tile, dS⁺ rounded
+       to bf16 first). dγ from the pieces themselves (a lane holds the same elements of both): fp32 products of
+       bf16 S and fp16-exact dS⁺, per lane 4 rows (16 np + 2 t + {0, 1, 8, 9}) summed over its blocks, then over
+       the lanes g, and with KC = 64 the VG = 2 warps of an np */
     constexpr int NP = KC / 16, VG = (BI_THREADS / 32) / NP, NV = VC / 16 / VG; /* blocks per warp: NV */
     static_assert(VG >= 1 && VG <= 2 && NV >= 1, "inter: warps per np");
     {
         const int np = warp % NP, vg = warp / NP;
-        const int row = 16 * np + (lane & 15), half = lane >> 4; /* the lane's row and 8 columns of a block */
-        float dgs = 0.0f;
-        constexpr int GB = NV < 4 ? NV : 4; /* blocks in flight (registers) */
+        float dg4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* rows 16 np + 2 t + {0, 1, 8, 9} */
+        constexpr int GB = NV < 4 ? NV : 4;      /* blocks in flight (registers) */
 #pragma unroll 1
         for (int j0 = 0; j0 < NV; j0 += GB) {
             uint4 sb[GB], db[GB];
+            uint32_t eb[GB];
 #pragma unroll
             for (int j = 0; j < GB; j++) {
                 const int vb = vg + VG * (j0 + j);
                 sb[j] = __ldg((const uint4 *)S + (vb * NP + np) * 32 + lane);
                 db[j] = __ldg((const uint4 *)dS + (vb * NP + np) * 32 + lane);
+                eb[j] = __ldg(dSe + vb * 32 + lane);
             }
 #pragma unroll
             for (int j = 0; j < GB; j++) {
                 const int vb = vg + VG * (j0 + j);
-                piece_to_tile<KC>(sm.s, sb[j], vb, np, lane);
-                piece_to_tile<KC>(sm.ds, db[j], vb, np, lane);
-            }
-            __syncwarp();
+                const float f = f16s_factor(eb[j]);
+                const uint32_t sw[4] = {sb[j].x, sb[j].y, sb[j].z, sb[j].w}, dw[4] = {db[j].x, db[j].y, db[j].z, db[j].w};
+                uint32_t bw[4];
 #pragma unroll
-            for (int j = 0; j < GB; j++) {
-                const int off = tile_off(KC, row, 16 * (vg + VG * (j0 + j)) + 8 * half);
-                const uint4 sv = *(const uint4 *)(sm.s + off), dv = *(const uint4 *)(sm.ds + off);
-                dgs += dot_bf16x2(sv.x, dv.x) + dot_bf16x2(sv.y, dv.y) + dot_bf16x2(sv.z, dv.z) +
-                       dot_bf16x2(sv.w, dv.w);
+                for (int q = 0; q < 4; q++) { /* q: .x .y (rows 2t, 2t + 1), .z .w (rows 2t + 8, 2t + 9) */
+                    const float2 x = unpack_bf16(sw[q]), y = f16s_pair(dw[q], f);
+                    dg4[2 * (q >> 1)] += x.x * y.x;
+                    dg4[2 * (q >> 1) + 1] += x.y * y.y;
+                    bw[q] = pack_bf16(y.x, y.y);
+                }
+                piece_to_tile<KC>(sm.s, sb[j], vb, np, lane);
+                piece_to_tile<KC>(sm.ds, make_uint4(bw[0], bw[1], bw[2], bw[3]), vb, np, lane);
             }
         }
-        dgs += __shfl_xor_sync(0xffffffffu, dgs, 16);
-        if (half == 0) (VG == 1 ? p.dgam + pair * (int64_t)KC : sm.red[vg])[row] = dgs;
+#pragma unroll
+        for (int r = 0; r < 4; r++) /* over the lanes g of a t */
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) dg4[r] += __shfl_xor_sync(0xffffffffu, dg4[r], o);
+        if (lane < 4) {
+            float *out = VG == 1 ? p.dgam + pair * (int64_t)KC : sm.red[vg];
+#pragma unroll
+            for (int r = 0; r < 4; r++) out[16 * np + 2 * lane + (r & 1) + 8 * (r >> 1)] = dg4[r];
+        }
     }
     /* dO → bf16 (rows past the chunk's end and padded columns zero): a thread's 8 · C·VC/2048 elements, every
        load issued before any conversion (load_bits: one round trip, not one per element) */

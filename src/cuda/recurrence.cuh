@@ -37,7 +37,7 @@
  */
 #include "common.cuh"
 #include "seq.cuh"
-#include "states_bf16.cuh" /* store_states_bf16: S for the backward's split path */
+#include "states16.cuh" /* store_states_bf16: S for the backward's split path */
 #include "bwd.h" /* KDA_BWD_MAX_HEAD_DIM: the KDA_REC_STATES instances */
 
 typedef __nv_bfloat16 bf16;
