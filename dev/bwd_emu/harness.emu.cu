@@ -119,7 +119,8 @@ int main(int argc, char **argv) {
     cfg.allow_neg_eigval = neg; cfg.k = K; cfg.v = V;
     cfg.dtype = cfg.g_dtype = cfg.beta_dtype = cfg.o_dtype = KDA_FLOAT32;
     cfg.initial_state = 1; cfg.initial_state_dtype = KDA_FLOAT32; cfg.state_v_first = vfirst;
-    cfg.gate = (kda_gate_mode_t)gate; cfg.l2norm = 1; cfg.beta_sigmoid = 1; cfg.seed = 3;
+    cfg.gate = (kda_gate_mode_t)gate; cfg.l2norm = 1; cfg.beta_sigmoid = 1;
+    cfg.seed = getenv("EMU_SEED") ? (uint64_t)atoll(getenv("EMU_SEED")) : 3; /* EMU_SEED: other inputs (d_o's stream too) */
     kda_synth_t s; kda_args_t a;
     if (kda_synth_make(&cfg, &s, &a)) return 1;
     int64_t *cu = (int64_t *)malloc((size_t)(s.num_seqs + 1) * sizeof *cu);
@@ -127,7 +128,7 @@ int main(int argc, char **argv) {
     a.final_state = NULL;
     const int64_t T = s.num_tokens, N = s.num_seqs, HV = cfg.hv, HQK = cfg.hqk, G = HV / HQK;
     float *d_o = floats(T * HV * V, 0.f), *dht = floats(N * HV * K * V, 0.f);
-    uint64_t r = 77;
+    uint64_t r = 77 + cfg.seed - 3;
     for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = (float)urand(&r);
     if (getenv("EMU_DS_REC") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
         for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = bf16_bits_to_f32(f32_to_bf16_bits(d_o[i]));

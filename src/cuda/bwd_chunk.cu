@@ -322,9 +322,8 @@ DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const 
     }
 }
 
-/* acc[nt] += Σ_{d ∈ [d0, d1)} (k_i f_i)_d B(d, n) for rows i0.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref =
- * G_last: K̃); B(d, n) = b[d ldb + n], a state tile in global memory (GLB: Z's X S) or shared memory (dΔ's K̃ dS⁺,
- * by halves of d) */
+/* The tf32 A fragment of (k_i f_i)_d, rows i0.., k-step dk.., f = e^{G} (ref NULL: KΓ) or e^{ref − G} (ref =
+ * G_last: K̃) */
 template <int KC>
 DEV void gated_k_frag(frag_t af[4], const float *k, const float *G, const float *ref, int i0, int dk, int lane) {
     constexpr int KS = KC + 4;
@@ -341,6 +340,8 @@ DEV void gated_k_frag(frag_t af[4], const float *k, const float *G, const float 
         af[r] = tf2(kx.x * ex.x, kx.y * ex.y);
     }
 }
+/* acc[nt] += Σ_{d ∈ [d0, d1)} (k_i f_i)_d B(d, n) for rows i0.., f as gated_k_frag's; B(d, n) = b[d ldb + n], a
+ * state tile in global memory (GLB: Z's X S) or shared memory (dΔ's K̃ dS⁺ with fp32 inputs, by halves of d) */
 template <int NT, int KC, int GLB>
 DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, const float *ref, const float *b,
                            int ldb, int i0, int n0, int d0, int d1, int lane) {
@@ -641,7 +642,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const int64_t pair = cid * p.hv + h;
     const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KC * VC;     /* fp32 */
     const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
-    const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KC * VC;              /* fp32 */
+    const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KC * VC;          /* fp32 */
     const uint16_t *__restrict__ dSh = SPLIT ? p.dstates_f16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
     const uint8_t *__restrict__ dSe = SPLIT ? p.dstates_exp + pair * (int64_t)(VC / 16) * 32 : NULL;
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
@@ -712,9 +713,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     static_assert(KC * VC * 2 + 2 * VC <= C * (KC + 4) * 4, "fp16 dS⁺ and its exponents fit in q̂'s tile");
     const uint8_t *sdSe = (const uint8_t *)sm.q + KC * VC * 2;
     if (SPLIT) {
-        for (unsigned e = tid; e < (unsigned)(KC * VC / 8 + VC / 8); e += CK_THREADS)
-            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e),
-                             e < KC * VC / 8 ? (const void *)(dSh + 8 * (int64_t)e) : (const void *)(dSe + 16 * (e - KC * VC / 8)), 16);
+        for (unsigned e = tid; e < (unsigned)(KC * VC / 8 + VC / 8); e += CK_THREADS) {
+            const void *src = e < KC * VC / 8 ? (const void *)(dSh + 8 * (int64_t)e) : dSe + 16 * (e - KC * VC / 8);
+            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), src, 16);
+        }
         cp_async_commit();
     } else {
         copy_state_half<KC, VC>(sdS, dS, 0, tid);
@@ -834,7 +836,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
     if (!SPLIT) cp_async_wait_all();
     __syncthreads(); /* every read of dO is done (fp32: dS⁺'s second half is in) */
-    if (!SPLIT) mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
+    if (!SPLIT)
+        mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
 #pragma unroll
     for (int nt = 0; nt < VN; nt++)
 #pragma unroll

@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
 #pragma unroll
                 for (int i = 0; i < NPP; i++)
 #pragma unroll
-                    for (int e = 0; e < 8; e++) { /* element e of piece np: X[8 (2 np + e / 4) + 2 tl + e mod 2][16 vb + gl + 8 (e / 2 mod 2)] */
+                    for (int e = 0; e < 8; e++) { /* element e of piece np: dS⁺[8 (2 np + e / 4) + 2 tl + e mod 2]
+                                                      [16 vb + gl + 8 (e / 2 mod 2)] */
                         const int np = part + 4 * i, d = 8 * (2 * np + (e >> 2)) + 2 * tl + (e & 1);
                         x[i][e] = sm.dS[d * SS + 16 * vb + gl + 8 * ((e >> 1) & 1)];
                         m = fmaxf(m, fabsf(x[i][e]));

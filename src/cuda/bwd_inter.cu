@@ -19,8 +19,8 @@
  *
  * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
  * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),
- * dS⁺ [KC][VC] (rounded to bf16 here from stage 2's fp16 in the same order: states16.cuh), W [C][KC] and U [C][VC] copied
- * from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
+ * dS⁺ [KC][VC] (rounded to bf16 here from stage 2's fp16 in the same order: states16.cuh), W [C][KC] and U [C][VC]
+ * copied from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
  * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
  */
 #include "bwd.cuh"
@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             for (int j = 0; j < GB; j++) {
                 const int vb = vg + VG * (j0 + j);
                 const float f = f16s_factor(eb[j]);
-                const uint32_t sw[4] = {sb[j].x, sb[j].y, sb[j].z, sb[j].w}, dw[4] = {db[j].x, db[j].y, db[j].z, db[j].w};
+                const uint32_t sw[4] = {sb[j].x, sb[j].y, sb[j].z, sb[j].w};
+                const uint32_t dw[4] = {db[j].x, db[j].y, db[j].z, db[j].w};
                 uint32_t bw[4];
 #pragma unroll
                 for (int q = 0; q < 4; q++) { /* q: .x .y (rows 2t, 2t + 1), .z .w (rows 2t + 8, 2t + 9) */
