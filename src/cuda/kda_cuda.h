@@ -117,7 +117,8 @@ typedef struct kda_prep_params {
  * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
 KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (int64_t)kc * kc + (int64_t)2 * kc * vc; }
 
-/* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S): the recurrence's warps write S as
+/* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S; also of its fp16 dS⁺, bwd.h
+ * dstates_f16: states16.cuh writes and reads both): the recurrence's warps write S as
  * their mma accumulators hold it, each lane 16-byte pieces, so that a warp's store is whole 512-byte lines (the
  * row-major [KC][VC] order took 64 two-byte stores per thread and chunk, each warp store four half sectors; in
  * this order the writes cost the forward 137 µs at B2 T8192 H32, docs/PERF.md "Backward v8"). Per (chunk, head), KC · VC elements as [VC / 16][KC / 16][32 lanes][8]: element j of
