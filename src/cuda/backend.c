@@ -489,8 +489,8 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   varlen offsets | chunk blocks (bf16, as the forward's; none when the forward kept them in kda_args_t.saved)
  *   | S per chunk (fp32 [KC][VC] per chunk and head; bf16 on the split path, kda_cuda_states_dv's order; none when
  *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]; on the split path fp16 in that order, then the exponents
- *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk
- *   (fp32 [C][VC]; bf16 inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head
+ *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk (fp32 [C][VC]; bf16 inputs only:
+ *   the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head
  *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias

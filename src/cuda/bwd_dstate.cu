@@ -2,8 +2,8 @@
  * Backward, stage 2: the reverse recurrence of the state gradient (docs/ALGORITHM.md §6), dS⁺ = ∂L/∂S at the
  * end of every chunk into the workspace — fp32 [KC][VC], or on the split path (bf16 inputs) fp16 in S's order with
  * a power-of-two factor per (lane, 16 columns) (states16.cuh: tf32's precision, half the bytes) — and
- * d_initial_state, from the fp32 sums. From the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ and Aqk carry the scale s)
- * and d_o, per (sequence, value head, tile of value columns):
+ * d_initial_state, from the fp32 sums. From the forward's chunk blocks (prep.cuh: W, QΓ, K̃, Aqk, γ in bf16; QΓ
+ * and Aqk carry the scale s) and d_o, per (sequence, value head, tile of value columns):
  *
  *     dS ← d_final_state (zeros without it, or for a sequence without a slot)
  *     for each chunk, last first:  dstates[chunk] ← dS                       (dS⁺ of the chunk)
@@ -135,9 +135,9 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
                 const uint32_t eb = f16s_exponent(m, &inv);
 #pragma unroll
                 for (int i = 0; i < NPP; i++)
-                    out[(vb * (KC / 16) + part + 4 * i) * 32 + l] =
-                        make_uint4(pack_16x2<1>(x[i][0] * inv, x[i][1] * inv), pack_16x2<1>(x[i][2] * inv, x[i][3] * inv),
-                                   pack_16x2<1>(x[i][4] * inv, x[i][5] * inv), pack_16x2<1>(x[i][6] * inv, x[i][7] * inv));
+                    out[(vb * (KC / 16) + part + 4 * i) * 32 + l] = make_uint4(
+                        pack_16x2<1>(x[i][0] * inv, x[i][1] * inv), pack_16x2<1>(x[i][2] * inv, x[i][3] * inv),
+                        pack_16x2<1>(x[i][4] * inv, x[i][5] * inv), pack_16x2<1>(x[i][6] * inv, x[i][7] * inv));
                 if (part == 0) p.dstates_exp[pair * (p.vc / 16) * 32 + (c0 / 16 + vb) * 32 + l] = (uint8_t)eb;
             }
         } else {
@@ -497,7 +497,8 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
            factor (states16.cuh), else fp32 [KC][VC] */
         const int64_t dso = (chunk0 + ci) * p.hv + h;
         if (p.dstates_f16) {
-            store_dstates_f16s<KC>(p.dstates_f16 + dso * KC * p.vc, p.dstates_exp + dso * (p.vc / 16) * 32, s, vw, lane);
+            store_dstates_f16s<KC>(p.dstates_f16 + dso * KC * p.vc, p.dstates_exp + dso * (p.vc / 16) * 32, s, vw,
+                                   lane);
         } else {
             float *const dsout = p.dstates + dso * KC * p.vc;
 #pragma unroll

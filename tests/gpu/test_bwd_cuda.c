@@ -438,12 +438,19 @@ TEST(gpu_bwd_fp32_fp16) {
     opts_t o = TRAIN;
     o.grad_f32 = 1;
     expect_bwd("bf16_in_f32_grads", &c, &o, TOL_BF16);
+    /* bf16 inputs with a float32 / float16 o (and d_o): the split path's dS⁺ from the fallback dstate kernel */
+    for (int kd = 64; kd <= 128; kd *= 2) {
+        kda_synth_config_t b = base(kd);
+        b.o_dtype = kd == 64 ? KDA_FLOAT16 : KDA_FLOAT32;
+        expect_bwd(kd == 64 ? "bf16_in_f16_do" : "bf16_in_f32_do", &b, &TRAIN, TOL_BF16);
+    }
 }
 
 /* K and V of other sizes up to 128 (padded to their class), K ≠ V so that a mix-up shows */
 TEST(gpu_bwd_head_size_pairs) {
-    static const int kv[][2] = {{64, 128}, {128, 64}, {100, 72}, {32, 48}, {128, 96}};
-    for (int i = 0; i < 5; i++) {
+    /* {64, 20}: V not a multiple of 8, so the split path's dS⁺ comes from the fallback dstate kernel */
+    static const int kv[][2] = {{64, 128}, {128, 64}, {100, 72}, {32, 48}, {128, 96}, {64, 20}};
+    for (int i = 0; i < 6; i++) {
         kda_synth_config_t c = base(128);
         c.k = kv[i][0];
         c.v = kv[i][1];
