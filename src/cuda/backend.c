@@ -489,7 +489,7 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   varlen offsets | chunk blocks (bf16, as the forward's; none when the forward kept them in kda_args_t.saved)
  *   | S per chunk (fp32 [KC][VC] per chunk and head; bf16 on the split path, kda_cuda_states_dv's order; none when
  *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]) | Δ per chunk (fp32 [C][VC]; bf16 inputs
- *   only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head
+ *   only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ per token and value head
  *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
@@ -694,9 +694,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
     bw.wgmma = ((const cuda_impl_t *)ctx->impl)->major == 9 && cfg->rec_wgmma;
-    if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* the pairs kernel's grid */
-        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
-        p->num_tokens * a->num_qk_heads >= ((int64_t)1 << 34)) /* the finish kernel: a warp per row, 8 per CTA */
+    if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
+        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 

@@ -18,12 +18,11 @@
  *                  the products with its C × C coefficients (bf16 inputs: with Δ from bwd_inter.cu): dv, dβ
  *                  written; the coefficient gradients s·dAqk and Diag(β) dA, β ⊙ dX and the l2norm factors into
  *                  the workspace (fp32 inputs: also dQΓ, dK̃, dγ); tensor cores (tf32, fp32 sums)
- *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
- *                  rules per channel, the gate's backward: dg written, dA_log/ddt_bias partial sums per (chunk,
- *                  head, channel); with G = 1 dq and dk written (the tiles of a row in a cluster), else dq̂ and
- *                  dk̂ of the value head into the scratch
- *   bwd_finish.cu  G > 1: the G value heads of each query/key head summed in order, the l2norm step, dq and dk
- *                  written; ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
+ *   bwd_pairs.cu   one CTA per (chunk, query/key head, 32-channel tile), its G value heads in turn: the pair
+ *                  products' backward and the factor rules per channel, the gate's backward: dg written, dA_log/
+ *                  ddt_bias partial sums per (chunk, value head, channel); dq̂, dk̂ summed over the G value heads in
+ *                  order, then the l2norm step and dq, dk written (the KC/32 tiles of a row in a cluster)
+ *   bwd_finish.cu  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
@@ -57,8 +56,7 @@ typedef struct kda_bwd_params {
     float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
                                      chunk kernel with fp32 inputs) */
     float *dqk;                   /* [num_tokens][hv][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
-                                     with fp32 inputs), then dq̂, dk̂ of each value head before the l2norm step
-                                     (pairs kernel) */
+                                     with fp32 inputs), read by the pairs kernel */
     float *dcoef;                 /* [max_chunks][hv][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
                                      lower) of each chunk, rows padded with zeros (chunk kernel) */
     float *dx;                    /* [num_tokens][hv][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
@@ -88,11 +86,6 @@ typedef struct kda_bwd_params {
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 
-
-/* With one value head per query/key head the pairs kernel writes dq and dk itself (the l2norm step's sums over
- * the channel tiles of a row exchanged within a cluster of its CTAs) and the finish stage runs no dq, dk kernel;
- * with G > 1 the G value heads' dq̂, dk̂ go through the scratch and bwd_finish.cu sums them. */
-static inline int kda_bwd_pairs_final(const kda_bwd_params_t *p) { return p->group == 1; }
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
 int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches */

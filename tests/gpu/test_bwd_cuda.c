@@ -398,12 +398,57 @@ TEST(gpu_bwd_t1_and_boundaries) {
         }
 }
 
+static void expect_deterministic(const char *name, const kda_synth_config_t *c);
+
+/* G > 1 with more than one query/key head: the pairs kernel's CTA of (chunk, query/key head hq, channel tile) runs
+ * the value heads hq·G … hq·G + G − 1 in turn and sums their dq̂, dk̂ in order before the l2norm step
+ * (bwd_pairs.cu). G = 4 and 3: l2norm on and off, K = 100 (channels past K in the last tile) and K = 32 (a tile
+ * wholly past K), the K class 64, fp32 and fp16 inputs, varlen with empty sequences, and two calls giving
+ * identical bytes. */
 TEST(gpu_bwd_gva_4x) {
     kda_synth_config_t c = base(128);
     c.hqk = 2;
     c.hv = 8;
     c.gate = KDA_GATE_SOFTPLUS;
     expect_bwd("gva_4x", &c, &TRAIN, TOL_BF16);
+    kda_synth_config_t d = c;
+    d.l2norm = 0;
+    expect_bwd("gva_4x_no_l2norm", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.hv = 6;
+    expect_bwd("gva_3x", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.k = 100;
+    d.v = 72;
+    d.seq_len = 90;
+    expect_bwd("gva_4x_k100_v72", &d, &TRAIN, TOL_BF16);
+    d.l2norm = 0;
+    expect_bwd("gva_4x_k100_no_l2norm", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.k = 32;
+    d.v = 48;
+    expect_bwd("gva_4x_k32_v48", &d, &TRAIN, TOL_BF16);
+    d = base(64);
+    d.hqk = 2;
+    d.hv = 8;
+    expect_bwd("gva_4x_k64_lower_bound", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.dtype = d.g_dtype = d.beta_dtype = d.o_dtype = KDA_FLOAT32;
+    opts_t o = TRAIN;
+    o.grad_f32 = 1;
+    expect_bwd("gva_4x_fp32", &d, &o, TOL_F32);
+    d = c;
+    d.dtype = d.o_dtype = KDA_FLOAT16;
+    expect_bwd("gva_4x_fp16", &d, &TRAIN, TOL_BF16);
+    static const int64_t lens[] = {300, 0, 7, 129, 0};
+    d = base_varlen(128, lens, 5);
+    d.hqk = 2;
+    d.hv = 8;
+    d.gate = KDA_GATE_SOFTPLUS;
+    o = TRAIN;
+    o.pool = 1;
+    expect_bwd("gva_4x_varlen_empty_pool", &d, &o, TOL_BF16);
+    expect_deterministic("G = 4, two query/key heads", &d);
 }
 
 TEST(gpu_bwd_strong_decay) {
@@ -483,9 +528,9 @@ TEST(gpu_bwd_deterministic) {
     expect_deterministic("G = 4", &c);
 }
 
-/* One value head per query/key head (G = 1): the pairs kernel writes dq and dk itself, the l2norm step's sums
- * over a row's channel tiles exchanged in a cluster (bwd_pairs.cu), where the cases above (G ≥ 2) take the
- * scratch and the finish kernel. Every option again, on that path: the gate forms, l2norm off, β plain and
+/* One value head per query/key head (G = 1): the pairs kernel's loop over the group's value heads runs once (the
+ * cases above have G ≥ 2; until v11 they took a scratch and a finish kernel for dq and dk, and G = 1 alone the
+ * pairs kernel's stores). Every option again at G = 1: the gate forms, l2norm off, β plain and
  * 2·sigmoid, a scale, T = 1 and T not a multiple of 64, strong decay, the states' forms, varlen with empty
  * sequences, fp32 and fp16 inputs and gradients, K of 100 (channels past K in the last tile), and two calls
  * giving identical bytes. */
