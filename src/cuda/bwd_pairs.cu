@@ -396,8 +396,9 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
 
         /* the factor rules, element pairs (c, c + 1) of adjacent columns */
         float dG[PK_NT][4];
-        float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* the last head: Σ over the lane's elements of q̂ dq̂,
-                                                              k̂ dk̂ (dq̂, dk̂ summed over the heads), by row */
+        float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* Σ over the lane's elements of q̂ dq̂, k̂ dk̂ (dq̂, dk̂
+                                                              summed over the heads so far), by row: used after
+                                                              the last head */
 #pragma unroll
         for (int nt = 0; nt < PK_NT; nt++) {
             float ext[2] = {0.0f, 0.0f};
@@ -420,7 +421,7 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
                 }
                 fq[nt][hr] = make_float2(fq[nt][hr].x + oq[0], fq[nt][hr].y + oq[1]);
                 fk[nt][hr] = make_float2(fk[nt][hr].x + ok[0], fk[nt][hr].y + ok[1]);
-                yq[hr] += qv[0] * fq[nt][hr].x; /* (used after the last head only) */
+                yq[hr] += qv[0] * fq[nt][hr].x;
                 yq[hr] += qv[1] * fq[nt][hr].y;
                 yk[hr] += kv[0] * fk[nt][hr].x;
                 yk[hr] += kv[1] * fk[nt][hr].y;
