@@ -297,7 +297,10 @@ PY
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
     # in pieces of 15 MB ($OUT's files come back up to 16 MiB each): `cat triton-cache.tgz.part-* | tar -xz -C .triton-cache`
-    tar -czf - -C .triton-cache . | split -b 15m - "$OUT/triton-cache.tgz.part-" && ls -la "$OUT"/triton-cache.tgz.part-*
+    # only what Triton loads (the kernels' metadata and cubins, the launchers, the autotuning results): the
+    # intermediates (.llir, .ptx, .ttir, .ttgir, .source) are ~80 % of the cache and over the carry limit
+    tar -czf - -C .triton-cache --exclude='*.llir' --exclude='*.ptx' --exclude='*.ttir' --exclude='*.ttgir' \
+      --exclude='*.source' . | split -b 15m - "$OUT/triton-cache.tgz.part-" && ls -la "$OUT"/triton-cache.tgz.part-*
     ;;
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1
