@@ -897,6 +897,21 @@ TEST(gpu_bwd_cp_state_gradient) {
     cp_case("k128_v64", &k, &TRAIN, 64);
 }
 
+/* Small split cases for compute-sanitizer (memcheck, racecheck): the CP modes of the state-gradient kernel at both
+ * tiles (64 and 128 columns) and the merge, on problems that racecheck finishes in seconds */
+TEST(gpu_bwd_cp_sanitize) {
+    for (int kd = 64; kd <= 128; kd *= 2) {
+        kda_synth_config_t c = base(kd);
+        c.batch = 1;
+        c.seq_len = 260;
+        c.hqk = 1;
+        c.hv = 2;
+        c.gate = KDA_GATE_SOFTPLUS;
+        c.decay = 0.001f;
+        cp_case(kd == 64 ? "sanitize_k64" : "sanitize_k128", &c, &TRAIN, 64);
+    }
+}
+
 /* Heads beyond 128: NOT_SUPPORTED naming the argument, from the size query and the call, nothing written. */
 TEST(gpu_bwd_head_dim_256_not_supported) {
     kda_synth_config_t c = base(128);
