@@ -66,6 +66,9 @@ def main():
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5, help="medians per round, then the median of the rounds")
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--stub", action="store_true", help="kda_forward and kda_backward replaced by a stub that returns "
+                    "success after the warm-up round (results garbage): the host's time alone, without the CPU "
+                    "backend's kernels or the C checks")
     ap.add_argument("--clock", choices=("wall", "thread"), default="thread",
                     help="thread (default): this thread's CPU time, which a loaded machine's waits do not inflate")
     a = ap.parse_args()
@@ -75,8 +78,17 @@ def main():
     lens = [a.T // 2, a.T - a.T // 2] if a.varlen else None
     x, w, flags = make_inputs(1 if a.varlen else 1, a.T, a.H, a.K, lens)
     L = kl.library()
+    if a.stub:  # after the first calls (the signature cached and its backward remembered): no kernels at all
+        fwd_c, bwd_c = L.forward, L.backward
+        L.forward = lambda *args: 0 if stubbed else fwd_c(*args)
+        L.backward = lambda *args: 0 if stubbed else bwd_c(*args)
+    stubbed = False
     for n in ("forward", "backward", "forward_workspace_size", "backward_workspace_size", "forward_saved_size"):
         setattr(L, n, wrap("C " + n, getattr(L, n), mark={"forward": "fwd_c", "backward": "bwd_c"}.get(n)))
+    # marks at the autograd Functions' entries (the signature's cached one from its second call on)
+    for F in (kt._ChunkKDA, kt._ChunkKDACached):
+        F.forward = staticmethod(wrap(F.__name__ + ".forward", F.forward, mark="fwd_py"))
+        F.backward = staticmethod(wrap(F.__name__ + ".backward", F.backward, mark="bwd_py"))
     if a.breakdown:
         for mod, names in ((kt, ("_fill", "_launch", "_saved_tensor", "_run", "_chunk_kda_fwd_impl",
                                  "_chunk_kda_bwd_impl", "_chunk_grads", "_bwd_outputs", "_inputs", "_f32",
@@ -85,13 +97,12 @@ def main():
             for n in names:
                 if hasattr(mod, n):
                     setattr(mod, n, wrap(mod.__name__.split(".")[-1] + "." + n, getattr(mod, n)))
-        for F in (kt._ChunkKDA, kt._ChunkKDACached):
-            F.forward = staticmethod(wrap(F.__name__ + ".forward", F.forward))
-            F.backward = staticmethod(wrap(F.__name__ + ".backward", F.backward))
-        for n in ("_BwdCall",):
+        for n in ("_BwdCall", "_ChunkCall"):
             if hasattr(kt, n):
                 cls = getattr(kt, n)
-                cls.run = wrap(n + ".run", cls.run)
+                for m in ("__call__", "launch", "_run"):
+                    if m in cls.__dict__:
+                        setattr(cls, m, wrap(n + "." + m, cls.__dict__[m]))
     fn = kda.chunk_kda
 
     def forward():
@@ -104,6 +115,7 @@ def main():
         if r == 1:
             TOT.clear()
             CNT.clear()
+            stubbed = a.stub
         for _ in range(a.steps):
             for t in x.values():
                 t.grad = None
@@ -116,8 +128,10 @@ def main():
             t2 = CLOCK()
             cf, cb = TOT["C forward"] - c0[0], TOT["C backward"] - c0[1]
             per["forward host (C forward excluded)"].append((t1 - t0 - cf) * 1e6)
+            per["  to the autograd Function's forward"].append((MARK["fwd_py"] - t0) * 1e6)
             per["  to kda_forward's entry"].append((MARK["fwd_c"] - t0) * 1e6)
             per["backward host (C backward excluded)"].append((t2 - t1 - cb) * 1e6)
+            per["  to the autograd Function's backward"].append((MARK["bwd_py"] - t1) * 1e6)
             per["  to kda_backward's entry"].append((MARK["bwd_c"] - t1) * 1e6)
             per["C kda_forward"].append(cf * 1e6)
             per["C kda_backward"].append(cb * 1e6)
@@ -127,7 +141,8 @@ def main():
                 cols[k].append(statistics.median(v))
     med = statistics.median
     shape = f"B1 T{a.T} H{a.H} K=V={a.K}" + (" varlen [%d, %d]" % tuple(lens) if lens else "")
-    print(f"{shape}, bf16, bench flags, {torch.get_num_threads()} torch threads, {a.clock} clock; µs per step, median of "
+    print(f"{shape}, bf16, bench flags, {torch.get_num_threads()} torch threads, {a.clock} clock"
+          f"{', C calls stubbed' if a.stub else ''}; µs per step, median of "
           f"{a.rounds} rounds of {a.steps} steps (each round's median; min-max of the rounds)")
     for k, v in cols.items():
         print("%-40s %8.1f   (%.1f-%.1f)" % (k, med(v), min(v), max(v)))
@@ -136,6 +151,7 @@ def main():
         print("%-40s %8s %6s" % ("function (inclusive)", "µs/step", "calls"))
         for k in sorted(TOT, key=lambda k: -TOT[k]):
             print("%-40s %8.1f %6.1f" % (k, TOT[k] / n * 1e6, CNT[k] / n))
+        print("(means: a loaded machine's outliers are in them; the medians above are not)")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,11 @@ except AttributeError:  # pragma: no cover
     _raw_stream = None
 
 
+# The current CUDA device: torch.cuda.current_device() without its lazy-initialisation check, for callers that hold
+# CUDA tensors (torch's CUDA state is up; the workspace's allocation would start it anyway)
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+
+
 def _stream_of(index: int) -> int:
     """The current torch stream of CUDA device `index`, as a cudaStream_t value."""
     if _raw_stream is not None:
@@ -220,7 +225,7 @@ def _run_on(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Option
     Returns the workspace size (`nbytes`: one remembered from an earlier call of the signature, see _lib.run)."""
     if dev.type == "cuda":
         index, ctx = _cuda_context(dev)
-        if torch.cuda.current_device() != index:
+        if _cuda_get_device() != index:
             with torch.cuda.device(index):
                 return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
         return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
@@ -387,7 +392,7 @@ def _run_backward(fn: str, b: KdaBackwardArgs, dev: torch.device, nbytes: Option
     _workspace(dev) made before), or on the CPU backend; returns the workspace size. `nbytes`: see _lib.run."""
     if dev.type == "cuda":
         index, ctx = _cuda_context(dev)
-        if torch.cuda.current_device() != index:
+        if _cuda_get_device() != index:
             with torch.cuda.device(index):
                 return _lib.run_backward(ctx, b, workspace or _workspace(dev), _stream_of(index), nbytes)
         return _lib.run_backward(ctx, b, workspace or _workspace(dev), _stream_of(index), nbytes)
@@ -994,7 +999,7 @@ class _ChunkCall:
     pointer that is set in it), which optional pointers are set, the outputs' shapes and dtype, the device,
     and the workspace size its last call used."""
     __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "zero", "nbytes", "flags", "train",
-                 "saved_bytes", "bwd")
+                 "saved_bytes", "bwd", "index", "workspace")
 
     def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], zero: bool,
                  flags: Optional[tuple] = None):
@@ -1006,6 +1011,11 @@ class _ChunkCall:
         # backward (kda_args_t.saved; asked once, or every call where the host's lengths may change them)
         self.flags, self.train, self.saved_bytes = flags, flags is not None, None
         self.bwd = None  # a training signature's backward, once its first one has run (_BwdCall)
+        # CUDA: the device's index (the context is looked up per call: a fork drops the cached ones) and the
+        # workspace getter
+        cuda = o.device.type == "cuda" and o.device.index is not None
+        self.index = o.device.index if cuda else None
+        self.workspace = _workspace(o.device) if cuda else None
 
     def __call__(self, q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu):
         o, ht, _ = self._run(q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, False)
@@ -1048,7 +1058,19 @@ class _ChunkCall:
             elif self.saved_bytes > 0:
                 saved = torch.empty(self.saved_bytes, dtype=torch.uint8, device=dev)
                 a.saved, a.saved_bytes = saved.data_ptr(), self.saved_bytes
-        self.nbytes = _run("chunk_kda", a, False, dev, self.nbytes)
+        # _run, with the device's index and workspace getter at hand
+        index = self.index
+        try:
+            if index is not None and _cuda_get_device() == index:
+                ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+                self.nbytes = _lib.run(ctx, a, False, self.workspace, _stream_of(index), self.nbytes)
+            elif dev.type == "cpu":
+                ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(*_CPU_CONTEXT)
+                self.nbytes = _lib.run(ctx, a, False, None, None, self.nbytes)
+            else:
+                self.nbytes = _run_on("chunk_kda", a, False, dev, self.nbytes)
+        except KDAError as e:
+            raise in_callers_terms(e, "chunk_kda") from None
         if self.zero:
             o.zero_()
         return o, ht, saved

@@ -1058,6 +1058,42 @@ def test_cuda_fast_path(fast_path):
     assert errs[0] == errs[1] and "aligned" in errs[0]
 
 
+@requires_gpu
+@pytest.mark.parametrize("name,host_copy", [("varlen_gva", True), ("varlen_gva", False), ("basic", False)])
+def test_cuda_fast_path_training(bwd_fast_path, name, host_copy):
+    """CUDA training steps of a cached signature (_ChunkKDACached's forward keeping its blocks, _BwdCall's
+    backward): o, the final state and every gradient equal the checked path's bit for bit, with new data each
+    step, on the current stream (one step on a side stream)."""
+    def step(fn, xt, kw, seed, stream=None):
+        leaves = {key: xt[key].clone().requires_grad_() for key in GRAD_INPUTS if key in xt}
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            o, ht = fn(**{**xt, **leaves}, **kw)
+            gen = torch.Generator().manual_seed(seed)
+            wo, wh = torch.randn(o.shape, generator=gen).cuda(), torch.randn(ht.shape, generator=gen).cuda()
+            ((o.float() * wo).sum() + (ht * wh).sum()).backward()
+        torch.cuda.synchronize()
+        return o.detach(), ht.detach(), {key: t.grad for key, t in leaves.items()}
+
+    side = torch.cuda.Stream()
+    for rnd in range(6):
+        x, cu, opts = case_inputs(name, seed=70 + rnd, K_V=(64, 64))
+        xt = to_torch(x, "cuda", torch.bfloat16)
+        kw = gate_to(opts, "cuda")
+        for key in ("A_log", "dt_bias"):
+            if key in kw:
+                xt[key] = kw.pop(key)
+        if cu is not None:
+            kw["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device="cuda")
+            if host_copy:
+                kw["cu_seqlens_cpu"] = torch.tensor(cu, dtype=torch.int32)
+        got = cuda_call(step, kda.chunk_kda, xt, kw, rnd, side if rnd == 5 else None)
+        expected = step(lambda **a: uncached(kda.chunk_kda, **a), xt, kw, rnd)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        for key, t in expected[2].items():
+            assert got[2][key] is not None and got[2][key].dtype == t.dtype and torch.equal(got[2][key], t), key
+    assert len(bwd_fast_path) == 3
+
+
 # ---------------------------------------------------------------------------------------------------------
 # return_intermediate_states (kda_args_t.chunk_states): the state before every 64-token chunk, inference only
 # ---------------------------------------------------------------------------------------------------------
