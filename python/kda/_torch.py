@@ -569,14 +569,15 @@ class _ChunkKDA(torch.autograd.Function):
 
 class _ChunkKDACached(torch.autograd.Function):
     """_ChunkKDA for a signature that kda.chunk_kda's fast path has cached (_ChunkCall with `train`): the forward
-    launches from the call's kda_args_t, without the checks, the kda_args_t's filling or the size queries. The
-    signature's first backward is _ChunkKDA's, and it is remembered (_BwdCall): every later one launches from its
-    kda_args_t and kda_backward_args_t the same way. Inputs: the call, then q k v g beta A_log dt_bias
-    initial_state cu_seqlens cu_seqlens_cpu."""
+    was launched from the call's kda_args_t (_ChunkCall.launch, just before apply), without the checks, the
+    kda_args_t's filling or the size queries; the Function records it for autograd. The signature's first backward
+    is _ChunkKDA's, and it is remembered (_BwdCall): every later one launches from its kda_args_t and
+    kda_backward_args_t the same way. Inputs: the call, the launch's (o, ht, saved) (a tuple: no input to
+    autograd), then q k v g beta A_log dt_bias initial_state cu_seqlens cu_seqlens_cpu."""
 
     @staticmethod
-    def forward(ctx, call, *tensors):
-        o, ht, ctx.kda_saved = call.launch(*tensors)
+    def forward(ctx, call, launched, *tensors):
+        o, ht, ctx.kda_saved = launched
         ctx.save_for_backward(*tensors)
         ctx.kda_call = call
         if call.ht_shape is None:  # output_final_state False: an empty tensor, as _ChunkKDA's
@@ -595,8 +596,8 @@ class _ChunkKDACached(torch.autograd.Function):
         def record(a, b, outs, nbytes):
             call.bwd = _BwdCall(call, a, b, outs, nbytes, saved)
         grads = _chunk_grads(ctx, do, dht,
-                             lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved, record=record), need[1:])
-        return (None,) + grads[:8] + (None, None)
+                             lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved, record=record), need[2:])
+        return (None, None) + grads[:8] + (None, None)
 
 
 class _BwdCall:
@@ -681,8 +682,9 @@ class _BwdCall:
         n = _run_backward("chunk_kda backward", b, self.device, nbytes, self.workspace)
         if n != nbytes:
             self.nbytes, self.nbytes_saved = n, n_saved
-        # _chunk_grads' result, shifted by the call: None for it, then the 8 gradients, None for cu_seqlens(_cpu)
-        return None, dq, dk, dv, dg, dbeta, dA, ddt, dh0, None, None
+        # _chunk_grads' result, shifted by the call and the launch's outputs: None for them, then the 8 gradients,
+        # None for cu_seqlens(_cpu)
+        return None, None, dq, dk, dv, dg, dbeta, dA, ddt, dh0, None, None
 
 
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)
@@ -960,7 +962,11 @@ def chunk_kda_cached(q, k, v, g, beta, h0, cu, cu_cpu, kwargs, scale, ofs, l2, g
     if call is None:
         return None, (shape, key, tensors)
     if call.train:
-        o, ht = _ChunkKDACached.apply(call, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
+        # the launch first, then autograd's Function: its node and inputs' edges are made while the GPU runs the
+        # forward (a single step's time counts the host's time before the first kernel; Function.apply's is the
+        # largest part of it that need not come first)
+        launched = call.launch(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
+        o, ht = _ChunkKDACached.apply(call, launched, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
         return (o, ht if call.ht_shape is not None else None), None
     return call(*tensors), None
 
@@ -1022,8 +1028,9 @@ class _ChunkCall:
         return o, ht
 
     def launch(self, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu):
-        """_ChunkKDACached's forward: (o, ht, what the forward kept for the backward or None); ht is an empty
-        tensor where no final state is returned (the Function returns two tensors)."""
+        """A training call's forward, before _ChunkKDACached records it: (o, ht, what the forward kept for the
+        backward or None); ht is an empty tensor where no final state is returned (the Function returns two
+        tensors)."""
         o, ht, saved = self._run(q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, True)
         if ht is None:
             ht = torch.empty(0, dtype=torch.float32, device=self.device)
