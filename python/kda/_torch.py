@@ -914,10 +914,13 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
 # kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes,
 # dtypes, devices, contiguity, flags) has passed them before runs without them. A call from a serving loop
 # or benchmark then costs two torch.empty, a kda_args_t copy with its pointers set, and one ctypes call. A
-# training call (tensors that require grad; which ones is part of the signature) runs the same way inside
-# _ChunkKDACached: a single training step's CUDA events count the forward's host time before its first kernel
-# (bench/experiments/host_breakdown.py: ~320 of its ~430 us at B2 T8192 H32 on an H100 host went to the checks,
-# the kda_args_t's filling, the size queries and autograd's Function before kda_forward was entered).
+# training call (tensors that require grad; which ones is part of the signature) is launched the same way, then
+# recorded by _ChunkKDACached: a single training step's CUDA events count the forward's host time before its
+# first kernel (bench/experiments/host_breakdown.py: ~320 of its ~430 us at B2 T8192 H32 on an H100 host went
+# to the checks, the kda_args_t's filling, the size queries and autograd's Function before kda_forward was
+# entered). Its backward, from the signature's second on, is _BwdCall's: the first one's kda_args_t and
+# kda_backward_args_t with new pointers, no checks, no size query (docs/PERF.md, "Training step host time,
+# second pass").
 #
 # Signatures are filed under q's shape, and one is computed only for a shape that was seen before: where the
 # shapes change from call to call (variable-length prefill), a call costs one dict lookup more, not a
