@@ -107,11 +107,11 @@ int main(int argc, char **argv) {
     int use_blocks = argc > 5 ? atoi(argv[5]) : 0;
     const int mode = argc > 6 ? atoi(argv[6]) : 0;
     static const int64_t lens0[] = {70, 0, 20, 129}, lens1[] = {1}, lens2[] = {64, 65, 127, 0};
-    static const int64_t lens3[] = {100, 100, 100};
-    const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : lens0;
+    static const int64_t lens3[] = {100, 100, 100}, lens4[] = {300, 1, 190}; /* 4: long enough for CP's merge */
+    const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : mode == 4 ? lens4 : lens0;
     kda_synth_config_t cfg;
     kda_synth_defaults(&cfg);
-    cfg.batch = 1; cfg.num_seqs = mode == 1 ? 1 : 4; cfg.seqlens = lens;
+    cfg.batch = 1; cfg.num_seqs = mode == 1 ? 1 : mode == 4 ? 3 : 4; cfg.seqlens = lens;
     if (mode == 3) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = 3; cfg.seq_len = 100; }
     cfg.hqk = argc > 7 ? atoi(argv[7]) : 1; cfg.hv = argc > 8 ? atoi(argv[8]) : 2;
     cfg.decay = argc > 9 ? (float)atof(argv[9]) : 1.0f;
@@ -130,7 +130,7 @@ int main(int argc, char **argv) {
     float *d_o = floats(T * HV * V, 0.f), *dht = floats(N * HV * K * V, 0.f);
     uint64_t r = 77;
     for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = (float)urand(&r);
-    if (getenv("EMU_DS_REC") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
+    if (getenv("EMU_DS_REC") || getenv("EMU_DS_CP") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
         for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = bf16_bits_to_f32(f32_to_bf16_bits(d_o[i]));
     for (int64_t i = 0; i < N * HV * K * V; i++) dht[i] = (float)urand(&r);
     /* the oracle */

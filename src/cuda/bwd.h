@@ -10,7 +10,9 @@
  *                  when the two grids fit the SMs together (backend.c bwd_overlap: dS never reads S). Not run
  *                  when the forward kept S (bf16 inputs with kda_args_t.saved: its recurrence wrote it)
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
- *                  end, fp32, and d_initial_state (bf16 d_o: the forward's recurrence transposed, dSᵀ in registers)
+ *                  end, fp32, and d_initial_state (bf16 d_o: the forward's recurrence transposed, dSᵀ in registers);
+ *                  long sequences with few heads split by intra-card CP (the plan, the pieces' maps, the merge,
+ *                  the pieces: ds_mode below)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
  *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ = rowsum(S ⊙ dS⁺)
  *                  (bf16 inputs only)
@@ -42,6 +44,14 @@ extern "C" {
                                     heads still gives the card ~V/16 CTAs per head for its sequential chain; 32
                                     (KDA_BWD_BV_WIDE) when the (sequence, head) pairs fill the card anyway */
 #define KDA_BWD_BV_WIDE 32
+
+/* The state-gradient stage's modes (bwd_dstate.cu's recurrence kernel) */
+#define KDA_DS_SEQ 0     /* one chain per (sequence, value head, tile), last chunk first */
+#define KDA_DS_PRESCAN 1 /* per (piece, value head, tile) of split sequences: the piece's map dS_out = M dS_in + E
+                            (M's columns from the identity without dO; E's from zero, or from d_final_state for a
+                            sequence's last piece, whose M is not needed) into its slot */
+#define KDA_DS_PIECES 2  /* every piece of the table from its incoming dS (merged, or d_final_state): dS⁺ of its
+                            chunks, d_initial_state from a sequence's first piece */
 
 typedef struct kda_bwd_params {
     kda_cuda_seqs_t seqs;
@@ -82,13 +92,23 @@ typedef struct kda_bwd_params {
                                      fp32 and fp16 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32
                                      products; backend.c bwd_split says why fp16 too) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
+    /* intra-card CP of the state-gradient chain (bwd_dstate.cu; docs/ALGORITHM.md §4 and §6): the piece table of
+       the forward's plan (cp_plan.cu, made in the backward's workspace), walked last piece first; ds_mode
+       KDA_DS_SEQ (whole sequences), KDA_DS_PRESCAN or KDA_DS_PIECES */
+    int ds_mode;
+    const kda_cp_piece_t *cp_table;
+    const int64_t *cp_header;     /* [0] pieces in the table */
+    float *cp_slots;              /* per (slot, value head): kda_cuda_cp_slot_floats (Mᵀ, E, incoming dS) */
+    int64_t cp_capacity;          /* table entries the grids cover */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
-int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches */
+int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches (KDA_DS_SEQ) */
+/* Whether the state-gradient chain can take the CP modes (its recurrence kernel applies: bf16 d_o, 16-byte rows) */
+int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p);
 int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream);
