@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: build for sm_90a, then the steps named on the command line, in order (default: tests):
-#   tests     the GPU tests (CTest gpu_*: accuracy table against the fp64 oracle)
+#   tests     the GPU tests (CTest gpu_*, or those matching GTEST_RE: accuracy table against the fp64 oracle)
 #   sanitize  compute-sanitizer memcheck + racecheck on SAN_TESTS at each recurrence tiling (KDA_TEST_BV 32/64/128)
 #   ab        A/B of this tree against the tree in .base/ (carried; e.g. `git archive <commit> | tar -x -C .base`):
 #             GPU time of back-to-back calls (bench/stages.py, set "all"), A B A B, on AB_SHAPES
@@ -95,8 +95,8 @@ ncu_src_report() { # kernel: the report $LOG/KERNEL.ncu-rep as source (CUDA, and
 for step in "$@"; do
   echo "== $step $(date +%T)"
   case "$step" in
-  tests)
-    (cd build-gpu && ctest -R '^gpu_' -V -j1 --timeout 600) >"$OUT/gpu_tests.log" 2>&1
+  tests) # GTEST_RE: the CTests to run (default every GPU test)
+    (cd build-gpu && ctest -R "${GTEST_RE:-^gpu_}" -V -j1 --timeout 600) >"$OUT/gpu_tests.log" 2>&1
     grep -E "tests passed|tests failed" "$OUT/gpu_tests.log"
     grep -E "CHECK|FAIL|Failed" "$OUT/gpu_tests.log" | head -20
     echo "largest errors:"; grep -E "^[0-9]+: case" "$OUT/gpu_tests.log" | sort -k5 -g | tail -4 | cut -c1-110
@@ -297,7 +297,10 @@ PY
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
     # in pieces of 15 MB ($OUT's files come back up to 16 MiB each): `cat triton-cache.tgz.part-* | tar -xz -C .triton-cache`
-    tar -czf - -C .triton-cache . | split -b 15m - "$OUT/triton-cache.tgz.part-" && ls -la "$OUT"/triton-cache.tgz.part-*
+    # only what Triton loads (the kernels' metadata and cubins, the launchers, the autotuning results): the
+    # intermediates (.llir, .ptx, .ttir, .ttgir, .source) are ~80 % of the cache and over the carry limit
+    tar -czf - -C .triton-cache --exclude='*.llir' --exclude='*.ptx' --exclude='*.ttir' --exclude='*.ttgir' \
+      --exclude='*.source' . | split -b 15m - "$OUT/triton-cache.tgz.part-" && ls -la "$OUT"/triton-cache.tgz.part-*
     ;;
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1

@@ -48,16 +48,25 @@ def main():
         setattr(L, n, wrap("C " + n, getattr(L, n), mark={"forward": "fwd_c", "backward": "bwd_c"}.get(n)))
     for mod, names in ((kt, ("_fill", "_launch", "_saved_tensor", "_run", "_chunk_kda_fwd_impl", "_chunk_kda_bwd_impl",
                              "_chunk_grads", "_bwd_outputs", "_inputs", "_f32", "_workspace", "_cuda_context",
-                             "chunk_kda", "_eager")),
-                       (kl, ("run", "run_backward", "saved_size", "_call"))):
+                             "chunk_kda", "_eager", "chunk_kda_cached", "_run_backward")),
+                       (kl, ("run", "run_backward", "saved_size", "_call", "_call_backward"))):
         for n in names:
-            setattr(mod, n, wrap(mod.__name__.split(".")[-1] + "." + n, getattr(mod, n)))
+            if hasattr(mod, n):  # (an older package lacks some)
+                setattr(mod, n, wrap(mod.__name__.split(".")[-1] + "." + n, getattr(mod, n)))
     kda.chunk_kda = wrap("kda.chunk_kda", kda.chunk_kda)
-    F = kt._ChunkKDA
-    F.forward = staticmethod(wrap("_ChunkKDA.forward", F.forward))
-    F.backward = staticmethod(wrap("_ChunkKDA.backward", F.backward))
+    # the autograd Functions (the checked one, and the fast path's from a signature's second call on), with marks
+    # at their entries
+    for F in (getattr(kt, "_ChunkKDA", None), getattr(kt, "_ChunkKDACached", None)):
+        if F is not None:
+            F.forward = staticmethod(wrap(F.__name__ + ".forward", F.forward, mark="fwd_py"))
+            F.backward = staticmethod(wrap(F.__name__ + ".backward", F.backward, mark="bwd_py"))
+    for n in ("_ChunkCall", "_BwdCall"):  # the fast path's forward launch and backward
+        cls = getattr(kt, n, None)
+        for m in ("_run", "__call__"):
+            if cls is not None and m in cls.__dict__:
+                setattr(cls, m, wrap(n + "." + m, cls.__dict__[m]))
 
-    pre_f, pre_b, fw, bw = [], [], [], []
+    pre_f, pre_b, fw, bw, py_f, py_b = [], [], [], [], [], []
     for i in range(a.steps + 3):
         if i == 3:
             TOT.clear()
@@ -68,11 +77,14 @@ def main():
         if i >= 3:
             pre_f.append((MARK["fwd_c"] - t0) * 1e6)
             pre_b.append((MARK["bwd_c"] - t1) * 1e6)
+            py_f.append((MARK["fwd_py"] - t0) * 1e6)
+            py_b.append((MARK["bwd_py"] - t1) * 1e6)
             fw.append((t1 - t0) * 1e6)
             bw.append((t2 - t1) * 1e6)
     med = statistics.median
     print(f"{name}: host µs per step (medians of {a.steps}): forward {med(fw):.0f} (to kda_forward's entry "
           f"{med(pre_f):.0f}), backward {med(bw):.0f} (to kda_backward's entry {med(pre_b):.0f})")
+    print(f"  to the autograd Function's forward {med(py_f):.0f}, to its backward {med(py_b):.0f}")
     print("%-34s %9s %6s" % ("function (inclusive)", "µs/step", "calls"))
     for n in sorted(TOT, key=lambda n: -TOT[n]):
         print("%-34s %9.1f %6.1f" % (n, TOT[n] / a.steps * 1e6, CNT[n] / a.steps))

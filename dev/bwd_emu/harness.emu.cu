@@ -107,11 +107,11 @@ int main(int argc, char **argv) {
     int use_blocks = argc > 5 ? atoi(argv[5]) : 0;
     const int mode = argc > 6 ? atoi(argv[6]) : 0;
     static const int64_t lens0[] = {70, 0, 20, 129}, lens1[] = {1}, lens2[] = {64, 65, 127, 0};
-    static const int64_t lens3[] = {100, 100, 100};
-    const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : lens0;
+    static const int64_t lens3[] = {100, 100, 100}, lens4[] = {300, 1, 190}; /* 4: long enough for CP's merge */
+    const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : mode == 4 ? lens4 : lens0;
     kda_synth_config_t cfg;
     kda_synth_defaults(&cfg);
-    cfg.batch = 1; cfg.num_seqs = mode == 1 ? 1 : 4; cfg.seqlens = lens;
+    cfg.batch = 1; cfg.num_seqs = mode == 1 ? 1 : mode == 4 ? 3 : 4; cfg.seqlens = lens;
     if (mode == 3) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = 3; cfg.seq_len = 100; }
     cfg.hqk = argc > 7 ? atoi(argv[7]) : 1; cfg.hv = argc > 8 ? atoi(argv[8]) : 2;
     cfg.decay = argc > 9 ? (float)atof(argv[9]) : 1.0f;
@@ -119,7 +119,8 @@ int main(int argc, char **argv) {
     cfg.allow_neg_eigval = neg; cfg.k = K; cfg.v = V;
     cfg.dtype = cfg.g_dtype = cfg.beta_dtype = cfg.o_dtype = KDA_FLOAT32;
     cfg.initial_state = 1; cfg.initial_state_dtype = KDA_FLOAT32; cfg.state_v_first = vfirst;
-    cfg.gate = (kda_gate_mode_t)gate; cfg.l2norm = 1; cfg.beta_sigmoid = 1;
+    const int l2 = !getenv("EMU_NO_L2NORM"); /* EMU_NO_L2NORM set: q, k as given */
+    cfg.gate = (kda_gate_mode_t)gate; cfg.l2norm = l2; cfg.beta_sigmoid = 1;
     cfg.seed = getenv("EMU_SEED") ? (uint64_t)atoll(getenv("EMU_SEED")) : 3; /* EMU_SEED: other inputs (d_o's stream too) */
     kda_synth_t s; kda_args_t a;
     if (kda_synth_make(&cfg, &s, &a)) return 1;
@@ -130,7 +131,7 @@ int main(int argc, char **argv) {
     float *d_o = floats(T * HV * V, 0.f), *dht = floats(N * HV * K * V, 0.f);
     uint64_t r = 77 + cfg.seed - 3;
     for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = (float)urand(&r);
-    if (getenv("EMU_DS_REC") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
+    if (getenv("EMU_DS_REC") || getenv("EMU_DS_CP") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
         for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = bf16_bits_to_f32(f32_to_bf16_bits(d_o[i]));
     for (int64_t i = 0; i < N * HV * K * V; i++) dht[i] = (float)urand(&r);
     /* the oracle */
@@ -174,8 +175,8 @@ int main(int argc, char **argv) {
                 double sq2 = 0, sk2 = 0;
                 for (int d = 0; d < K; d++) { sq2 += pow(q[(tt * HQK + hq) * K + d], 2); sk2 += pow(k[(tt * HQK + hq) * K + d], 2); }
                 for (int d = 0; d < K; d++) {
-                    qh[t * K + d] = q[(tt * HQK + hq) * K + d] / sqrt(sq2 + 1e-6);
-                    kh[t * K + d] = k[(tt * HQK + hq) * K + d] / sqrt(sk2 + 1e-6);
+                    qh[t * K + d] = q[(tt * HQK + hq) * K + d] / (l2 ? sqrt(sq2 + 1e-6) : 1.0);
+                    kh[t * K + d] = k[(tt * HQK + hq) * K + d] / (l2 ? sqrt(sk2 + 1e-6) : 1.0);
                     double lam = g[(tt * HV + h) * K + d];
                     if (a.use_gate_in_kernel) {
                         const double x = lam + (a.dt_bias ? a.dt_bias[h * K + d] : 0.0), A = a.A_log ? exp(a.A_log[h]) : 1.0;
@@ -264,7 +265,7 @@ int main(int argc, char **argv) {
     p.dh0 = got[5];
     p.dA_log = has_a ? got[6] : NULL; p.ddt_bias = has_dt ? got[7] : NULL;
     p.hqk = HQK; p.hv = HV; p.group = G; p.K = K; p.V = V; p.kc = KC; p.vc = VC; p.v_first = vfirst;
-    p.scale = scale; p.lower_bound = a.lower_bound; p.l2norm = 1; p.gate_in_kernel = a.use_gate_in_kernel;
+    p.scale = scale; p.lower_bound = a.lower_bound; p.l2norm = l2; p.gate_in_kernel = a.use_gate_in_kernel;
     p.beta_sigmoid = 1; p.neg_eigval = neg;
     (void)total;
     float *st2 = floats(nstates, NAN), *dst2 = floats(nstates, NAN), *h0bad = floats(N * HV * K * V, 0.f);
@@ -338,6 +339,11 @@ int main(int argc, char **argv) {
         int64_t nf_dv = 0; for (int64_t e = 0; e < n[2]; e++) nf_dv += !isfinite(got[2][e]);
         printf("inject: dg NaN %lld of %lld expected, other non-finite %lld, dv non-finite %lld\n", (long long)nan_dg, (long long)(lens[0] * K), (long long)nan_other, (long long)nf_dv);
     }
+    const char *dump = getenv("EMU_DUMP"); /* the gradients as computed, float32, in names[]' order */
+    FILE *df = dump ? fopen(dump, "wb") : NULL;
+    if (dump && !df) { fprintf(stderr, "cannot write %s\n", dump); bad = 1; }
+    for (int i = 0; df && i < NG; i++) fwrite(got[i], sizeof(float), (size_t)n[i], df);
+    if (df) fclose(df);
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);

@@ -6,9 +6,13 @@
 # the split stage 3 of 16-bit inputs (bwd_inter.cu, the chunk kernel's SPLIT path; the inputs stay fp32 here).
 # No GPU needed; about a minute per case on two cores.
 #   dev/bwd_emu/run.sh [build|suite|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
+# Environment: EMU_NO_L2NORM=1 runs without the l2norm (q, k as given); EMU_DUMP=FILE writes the computed gradients
+# (float32, in the order printed) to FILE; for the suite, EMU_DUMP_DIR=DIR writes each case's to DIR/<its args>.bin,
+# and dev/bwd_emu/compare.py DIR1 DIR2 compares two trees' cases gradient by gradient, bit for bit.
 # Needs a CPU build in build-c (libkda.a). The emulator (harness.emu.cu, emu_*.emu.cu: the launches; shim.h,
 # common.cuh: the CUDA features) is C, compiled by g++ (-x c++) because the kernels' tile sizes are templates.
 set -e
+[ -n "$EMU_DUMP_DIR" ] && mkdir -p "$EMU_DUMP_DIR"
 W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/bwd_emu; B=$W/build-emu
 mkdir -p $B
 build() {
@@ -45,8 +49,12 @@ case "${1:-suite}" in
     build
     for args in "64 64 1" "128 128 2" "100 72 3 1" "64 128 1 1 0 2 2 8" "128 64 0 0 0 1" "64 64 1 0 0 0 1 2 30" "64 64 1 0 0 3" \
                 "128 128 2 0 1" "100 72 3 1 1" "64 128 1 1 1 2 2 8" "128 128 2 0 2" "100 72 3 1 2 2 2 8" \
-                "128 128 2 0 2 0 2 2" "64 64 1 0 0 3 2 2"; do # the last two: one value head per q/k head (clusters)
+                "128 128 2 0 2 0 2 2" "64 64 1 0 0 3 2 2"; do # the last two: one value head per q/k head (G = 1)
+      [ -n "$EMU_DUMP_DIR" ] && export EMU_DUMP="$EMU_DUMP_DIR/$(echo $args | tr ' ' _).bin"
       printf "%-28s " "$args"; $B/harness $args | tr '\n' ' ' | sed 's/ (nonfinite 0)//g'; echo
-    done ;;
+    done
+    args="100 72 3 1 2 2 2 8" # without l2norm: no cluster (G = 4, K below its class)
+    [ -n "$EMU_DUMP_DIR" ] && export EMU_DUMP="$EMU_DUMP_DIR/nol2_$(echo $args | tr ' ' _).bin"
+    printf "%-28s " "nol2 $args"; EMU_NO_L2NORM=1 $B/harness $args | tr '\n' ' ' | sed 's/ (nonfinite 0)//g'; echo ;;
   *) $B/harness "$@" ;;
 esac

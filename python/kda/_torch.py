@@ -52,6 +52,11 @@ except AttributeError:  # pragma: no cover
     _raw_stream = None
 
 
+# The current CUDA device: torch.cuda.current_device() without its lazy-initialisation check, for callers that hold
+# CUDA tensors (torch's CUDA state is up; the workspace's allocation would start it anyway)
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+
+
 def _stream_of(index: int) -> int:
     """The current torch stream of CUDA device `index`, as a cudaStream_t value."""
     if _raw_stream is not None:
@@ -220,7 +225,7 @@ def _run_on(fn: str, a: KdaArgs, decode: bool, dev: torch.device, nbytes: Option
     Returns the workspace size (`nbytes`: one remembered from an earlier call of the signature, see _lib.run)."""
     if dev.type == "cuda":
         index, ctx = _cuda_context(dev)
-        if torch.cuda.current_device() != index:
+        if _cuda_get_device() != index:
             with torch.cuda.device(index):
                 return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
         return _lib.run(ctx, a, decode, _workspace(dev), _stream_of(index), nbytes)
@@ -337,10 +342,13 @@ def _bwd_outputs(q, k, v, g, beta, A_log, dt_bias, h0, want_dh0, want_dA_log, wa
 
 
 def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dht, scale, l2, gate, bsig, neg, safe,
-                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias, checked=False, saved=None):
+                        lower_bound, vfirst, want_dh0, want_dA_log, want_ddt_bias, checked=False, saved=None,
+                        record=None):
     """`checked`: the forward's tensors passed kda.chunk_kda's checks, and do and dht are autograd's gradients of
     its outputs (their shapes, dtypes and devices), made contiguous (_ChunkKDA.backward). `saved`: what the forward
-    kept for this backward (_launch's `keep`), or None: the backward recomputes it."""
+    kept for this backward (_launch's `keep`), or None: the backward recomputes it. `record(a, b, outs, nbytes)`:
+    called after a successful run with the kda_args_t and kda_backward_args_t it filled, the outputs and the
+    workspace size (_ChunkKDACached's first backward of a signature, which _BwdCall then repeats)."""
     fn = "chunk_kda backward"
     if dht is not None and dht.numel() == 0:
         dht = None
@@ -372,16 +380,26 @@ def _chunk_kda_bwd_impl(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, do, dh
         b.dA_log = dA.data_ptr()
     if ddt.numel() > 0:
         b.ddt_bias = ddt.data_ptr()
-    dev = q.device
+    nbytes = _run_backward(fn, b, q.device)
+    if record is not None:
+        record(a, b, outs, nbytes)
+    return outs
+
+
+def _run_backward(fn: str, b: KdaBackwardArgs, dev: torch.device, nbytes: Optional[int] = None,
+                  workspace=None) -> int:
+    """kda_backward of `b` on device `dev` (its current stream; workspace from torch's allocator, `workspace` a
+    _workspace(dev) made before), or on the CPU backend; returns the workspace size. `nbytes`: see _lib.run."""
     if dev.type == "cuda":
         index, ctx = _cuda_context(dev)
-        with torch.cuda.device(index):
-            _lib.run_backward(ctx, b, _workspace(dev), _stream_of(index))
-    elif dev.type == "cpu":
-        _lib.run_backward(_lib.get_context(*_CPU_CONTEXT), b)
-    else:
-        raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
-    return outs
+        if _cuda_get_device() != index:
+            with torch.cuda.device(index):
+                return _lib.run_backward(ctx, b, workspace or _workspace(dev), _stream_of(index), nbytes)
+        return _lib.run_backward(ctx, b, workspace or _workspace(dev), _stream_of(index), nbytes)
+    if dev.type == "cpu":
+        return _lib.run_backward(_lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(*_CPU_CONTEXT), b, None, None,
+                                 nbytes)
+    raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
 
 
 @chunk_kda_bwd.register_fake
@@ -551,25 +569,122 @@ class _ChunkKDA(torch.autograd.Function):
 
 class _ChunkKDACached(torch.autograd.Function):
     """_ChunkKDA for a signature that kda.chunk_kda's fast path has cached (_ChunkCall with `train`): the forward
-    launches from the call's kda_args_t, without the checks, the kda_args_t's filling or the size queries; the
-    backward is _ChunkKDA's. Inputs: the call, then q k v g beta A_log dt_bias initial_state cu_seqlens
-    cu_seqlens_cpu."""
+    was launched from the call's kda_args_t (_ChunkCall.launch, just before apply), without the checks, the
+    kda_args_t's filling or the size queries; the Function records it for autograd. The signature's first backward
+    is _ChunkKDA's, and it is remembered (_BwdCall): every later one launches from its kda_args_t and
+    kda_backward_args_t the same way. Inputs: the call, the launch's (o, ht, saved) (a tuple: no input to
+    autograd), then q k v g beta A_log dt_bias initial_state cu_seqlens cu_seqlens_cpu."""
 
     @staticmethod
-    def forward(ctx, call, *tensors):
-        o, ht, ctx.kda_saved = call.launch(*tensors)
+    def forward(ctx, call, launched, *tensors):
+        o, ht, ctx.kda_saved = launched
         ctx.save_for_backward(*tensors)
-        ctx.flags = call.flags
+        ctx.kda_call = call
         if call.ht_shape is None:  # output_final_state False: an empty tensor, as _ChunkKDA's
             ctx.mark_non_differentiable(ht)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
+        call = ctx.kda_call
+        bwd = call.bwd
+        if bwd is not None:
+            return bwd(ctx, do, dht)
         saved, need = ctx.kda_saved, ctx.needs_input_grad
-        grads = _chunk_grads(ctx, do, dht, lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved),
-                             need[1:])
-        return (None,) + grads[:8] + (None, None)
+        ctx.flags = call.flags
+
+        def record(a, b, outs, nbytes):
+            call.bwd = _BwdCall(call, a, b, outs, nbytes, saved)
+        grads = _chunk_grads(ctx, do, dht,
+                             lambda *a: _chunk_kda_bwd_impl(*a, checked=True, saved=saved, record=record), need[2:])
+        return (None, None) + grads[:8] + (None, None)
+
+
+class _BwdCall:
+    """The backward of one cached training signature (_ChunkCall with `train`): the kda_args_t and
+    kda_backward_args_t that its first backward filled on the checked path (_chunk_kda_bwd_impl), with their
+    pointers set anew by each call, exactly where the checked path sets them; which of d_initial_state, dA_log and
+    ddt_bias it computes; and the workspace size its last call used. What the checked path reads per call is read
+    per call here too: whether do and dht are given (and contiguous), and the forward's saved memory. Everything
+    else it decides from the signature: the shapes, dtypes, devices and flags (autograd gives do and dht the
+    outputs' shapes, dtypes and devices), and which inputs need gradients."""
+    __slots__ = ("args", "bargs", "sets", "wants", "zero", "device", "workspace", "nbytes", "nbytes_saved")
+
+    def __init__(self, call: "_ChunkCall", a: KdaArgs, b: KdaBackwardArgs, outs, nbytes: int, saved):
+        # the per-call fields cleared (each call sets those it has): saved, the problem, d_final_state
+        self.args = KdaArgs.from_buffer_copy(a)
+        self.args.saved, self.args.saved_bytes = None, 0
+        self.bargs = KdaBackwardArgs.from_buffer_copy(b)
+        template = _lib.library().backward_template
+        self.bargs.problem, self.bargs.d_final_state = None, None
+        self.bargs.d_final_state_dtype = template.d_final_state_dtype
+        self.sets = call.sets[1:]  # initial_state, A_log, dt_bias, cu_seqlens, cu_seqlens_host (no final_state)
+        # the optional gradients whose pointers the checked path set (want_* and an output with elements)
+        self.wants = tuple(t.numel() > 0 for t in outs[5:])  # d_initial_state, dA_log, ddt_bias
+        self.zero = call.zero
+        self.device = call.device
+        self.workspace = _workspace(call.device) if call.device.type == "cuda" else None
+        # the workspace size, and the saved bytes of the call that used it (the CUDA backward's workspace depends
+        # on whether the forward kept its blocks: another saved size asks again)
+        self.nbytes, self.nbytes_saved = nbytes, saved.numel() if saved is not None else 0
+
+    def __call__(self, ctx, do, dht):
+        """_ChunkKDACached.backward's gradients: what _chunk_grads and _chunk_kda_bwd_impl compute, in the same
+        order, with the same allocations and calls."""
+        q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+        do = do.contiguous()
+        if dht is not None:
+            dht = dht.contiguous()
+            if dht.numel() == 0:
+                dht = None
+        if self.zero:  # FLA: o = 0 * S^T q, so o passes no gradient
+            do = torch.zeros_like(do)
+        wh, wa, wd = self.wants
+        dq, dk, dv, dg, dbeta = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+                                 torch.empty_like(beta))
+        dh0 = torch.empty_like(h0) if wh else None
+        dA = torch.empty_like(A_log) if wa else None
+        ddt = torch.empty_like(dt_bias) if wd else None
+        a = KdaArgs.from_buffer_copy(self.args)
+        a.q, a.k, a.v, a.g, a.beta, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), \
+            do.data_ptr()  # `do` stands in for o, as on the checked path
+        sh0, sa, sd, scu, shost = self.sets
+        if sh0:
+            a.initial_state = h0.data_ptr()
+        if sa:
+            a.A_log = A_log.data_ptr()
+        if sd:
+            a.dt_bias = dt_bias.data_ptr()
+        if scu:
+            a.cu_seqlens = cu.data_ptr()
+        if shost:
+            a.cu_seqlens_host = cu_cpu.data_ptr()
+        saved = ctx.kda_saved
+        n_saved = 0
+        if saved is not None:
+            n_saved = saved.numel()
+            a.saved, a.saved_bytes = saved.data_ptr(), n_saved
+        b = KdaBackwardArgs.from_buffer_copy(self.bargs)
+        b.problem = ctypes.addressof(a)
+        b.d_o = do.data_ptr()
+        if dht is not None:
+            b.d_final_state, b.d_final_state_dtype = dht.data_ptr(), _code("chunk_kda backward", "dht", dht, _STATE)
+        b.dq, b.dk, b.dv, b.dg, b.dbeta = dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), dg.data_ptr(), dbeta.data_ptr()
+        if wh:
+            b.d_initial_state = dh0.data_ptr()
+        if wa:
+            b.dA_log = dA.data_ptr()
+        if wd:
+            b.ddt_bias = ddt.data_ptr()
+        nbytes = self.nbytes if n_saved == self.nbytes_saved else None
+        n = _run_backward("chunk_kda backward", b, self.device, nbytes, self.workspace)
+        if n != nbytes:
+            self.nbytes, self.nbytes_saved = n, n_saved
+        # _chunk_grads' result, shifted by the call and the launch's outputs: None for them, then the 8 gradients,
+        # None for cu_seqlens(_cpu)
+        return None, None, dq, dk, dv, dg, dbeta, dA, ddt, dh0, None, None
 
 
 fused_recurrent_kda_fwd.register_autograd(_make_backward("fused_recurrent_kda", 21), setup_context=_setup_context)
@@ -799,10 +914,13 @@ def fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, id
 # kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes,
 # dtypes, devices, contiguity, flags) has passed them before runs without them. A call from a serving loop
 # or benchmark then costs two torch.empty, a kda_args_t copy with its pointers set, and one ctypes call. A
-# training call (tensors that require grad; which ones is part of the signature) runs the same way inside
-# _ChunkKDACached: a single training step's CUDA events count the forward's host time before its first kernel
-# (bench/experiments/host_breakdown.py: ~320 of its ~430 us at B2 T8192 H32 on an H100 host went to the checks,
-# the kda_args_t's filling, the size queries and autograd's Function before kda_forward was entered).
+# training call (tensors that require grad; which ones is part of the signature) is launched the same way, then
+# recorded by _ChunkKDACached: a single training step's CUDA events count the forward's host time before its
+# first kernel (bench/experiments/host_breakdown.py: ~320 of its ~430 us at B2 T8192 H32 on an H100 host went
+# to the checks, the kda_args_t's filling, the size queries and autograd's Function before kda_forward was
+# entered). Its backward, from the signature's second on, is _BwdCall's: the first one's kda_args_t and
+# kda_backward_args_t with new pointers, no checks, no size query (docs/PERF.md, "Training step host time,
+# second pass").
 #
 # Signatures are filed under q's shape, and one is computed only for a shape that was seen before: where the
 # shapes change from call to call (variable-length prefill), a call costs one dict lookup more, not a
@@ -847,7 +965,11 @@ def chunk_kda_cached(q, k, v, g, beta, h0, cu, cu_cpu, kwargs, scale, ofs, l2, g
     if call is None:
         return None, (shape, key, tensors)
     if call.train:
-        o, ht = _ChunkKDACached.apply(call, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
+        # the launch first, then autograd's Function: its node and inputs' edges are made while the GPU runs the
+        # forward (a single step's time counts the host's time before the first kernel; Function.apply's is the
+        # largest part of it that need not come first)
+        launched = call.launch(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
+        o, ht = _ChunkKDACached.apply(call, launched, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
         return (o, ht if call.ht_shape is not None else None), None
     return call(*tensors), None
 
@@ -886,7 +1008,7 @@ class _ChunkCall:
     pointer that is set in it), which optional pointers are set, the outputs' shapes and dtype, the device,
     and the workspace size its last call used."""
     __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "zero", "nbytes", "flags", "train",
-                 "saved_bytes")
+                 "saved_bytes", "bwd", "index", "workspace")
 
     def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], zero: bool,
                  flags: Optional[tuple] = None):
@@ -897,14 +1019,21 @@ class _ChunkCall:
         # a call through autograd (_ChunkKDACached): _chunk_grads's flags, and the bytes the forward keeps for the
         # backward (kda_args_t.saved; asked once, or every call where the host's lengths may change them)
         self.flags, self.train, self.saved_bytes = flags, flags is not None, None
+        self.bwd = None  # a training signature's backward, once its first one has run (_BwdCall)
+        # CUDA: the device's index (the context is looked up per call: a fork drops the cached ones) and the
+        # workspace getter
+        cuda = o.device.type == "cuda" and o.device.index is not None
+        self.index = o.device.index if cuda else None
+        self.workspace = _workspace(o.device) if cuda else None
 
     def __call__(self, q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu):
         o, ht, _ = self._run(q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, False)
         return o, ht
 
     def launch(self, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu):
-        """_ChunkKDACached's forward: (o, ht, what the forward kept for the backward or None); ht is an empty
-        tensor where no final state is returned (the Function returns two tensors)."""
+        """A training call's forward, before _ChunkKDACached records it: (o, ht, what the forward kept for the
+        backward or None); ht is an empty tensor where no final state is returned (the Function returns two
+        tensors)."""
         o, ht, saved = self._run(q, k, v, g, beta, h0, A_log, dt_bias, cu, cu_cpu, True)
         if ht is None:
             ht = torch.empty(0, dtype=torch.float32, device=self.device)
@@ -939,7 +1068,19 @@ class _ChunkCall:
             elif self.saved_bytes > 0:
                 saved = torch.empty(self.saved_bytes, dtype=torch.uint8, device=dev)
                 a.saved, a.saved_bytes = saved.data_ptr(), self.saved_bytes
-        self.nbytes = _run("chunk_kda", a, False, dev, self.nbytes)
+        # _run, with the device's index and workspace getter at hand
+        index = self.index
+        try:
+            if index is not None and _cuda_get_device() == index:
+                ctx = _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+                self.nbytes = _lib.run(ctx, a, False, self.workspace, _stream_of(index), self.nbytes)
+            elif dev.type == "cpu":
+                ctx = _lib._contexts.get(_CPU_CONTEXT) or _lib.get_context(*_CPU_CONTEXT)
+                self.nbytes = _lib.run(ctx, a, False, None, None, self.nbytes)
+            else:
+                self.nbytes = _run_on("chunk_kda", a, False, dev, self.nbytes)
+        except KDAError as e:
+            raise in_callers_terms(e, "chunk_kda") from None
         if self.zero:
             o.zero_()
         return o, ht, saved

@@ -156,11 +156,22 @@ static int64_t block_bytes(const kda_problem_t *p) {
  * this problem. Zero slots: no sequence can be split, and kda_forward launches exactly what it did before CP
  * existed. The lengths are exact with equal rows or cu_seqlens_host, else bounded from num_tokens; the plan itself
  * is made on the device (cp_plan.cu) from the lengths it holds, within this capacity. */
-static kda_cp_capacity_t cp_capacity(const kda_context_t *ctx, const kda_problem_t *p) {
-    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+static kda_cp_capacity_t cp_capacity_tiles(const cuda_impl_t *impl, const kda_problem_t *p, int tiles_factor) {
     kda_cp_problem_t cp;
     const int known = kda_cp_problem_from(p, impl->sm_count, p->a.cu_seqlens_host, &cp);
+    cp.v_tiles *= tiles_factor;
     return kda_cp_capacity(&cp, known);
+}
+static kda_cp_capacity_t cp_capacity(const kda_context_t *ctx, const kda_problem_t *p) {
+    return cp_capacity_tiles((const cuda_impl_t *)ctx->impl, p, 1);
+}
+/* The backward's state-gradient chain takes the same plan (bwd_dstate.cu's CP modes, run last piece first) with
+ * twice the tiles: its pre-scan runs each piece's M columns beside its E columns, each as long a chain as the
+ * piece, and the split aims at one pre-scan CTA per SM (B1 T32768 H16 on 132 SMs: 4 pieces of 128 chunks, 80
+ * pre-scan CTAs of 128 steps and 64 piece CTAs of 128 steps against 32 CTAs of 512) */
+#define KDA_BWD_CP_TILES 2
+static kda_cp_capacity_t bwd_cp_capacity(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return cp_capacity_tiles(impl, p, KDA_BWD_CP_TILES);
 }
 
 /* The CP region after the blocks: a 256-byte header ([0] pieces, [1] P, [2] slots), the piece table, the slots. */
@@ -197,12 +208,13 @@ static size_t saved_blocks_bytes(const kda_problem_t *p) {
 static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p);
 /* With bf16 inputs the forward also keeps S at every chunk start in bf16, which its recurrence writes as it
  * passes (+128 bytes per token-head at K = V = 64, +512 at 128), so that the backward runs no states stage —
- * where that stage would take the card: its CTAs fill more than half of the SMs. Otherwise (few long sequences:
- * B1 T32768 H16's 64 CTAs) it runs beside the state-gradient stage on the second stream and costs the step
- * nothing, while the forward's writes would (+0.16 ms measured there). The problem alone decides, so the forward
- * and the backward agree. */
+ * where that stage would take the card: its CTAs fill more than half of the SMs, or the state-gradient chain is
+ * split (its pieces then take the card). Otherwise it runs beside the state-gradient stage on the second stream
+ * and costs the step nothing, while the forward's writes would (+0.16 ms measured at B1 T32768 H16 before the
+ * chain's split). The problem alone decides, so the forward and the backward agree. */
 static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
-    return bwd_split(p) && saved_blocks_bytes(p) > 0 && 2 * states_ctas(impl, p) > impl->sm_count;
+    return bwd_split(p) && saved_blocks_bytes(p) > 0 &&
+           (2 * states_ctas(impl, p) > impl->sm_count || bwd_cp_capacity(impl, p).slots > 0);
 }
 static size_t saved_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
     const size_t b = saved_blocks_bytes(p);
@@ -330,6 +342,27 @@ static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, co
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
 }
 
+/* The CP region at cpbase (cp_bytes(p, cap) bytes: the header, the piece table, the slots) and the plan's inputs;
+ * tiles_factor 1 for the forward, KDA_BWD_CP_TILES for the backward's state-gradient chain */
+static void fill_cp_params(const cuda_impl_t *impl, const kda_problem_t *p, kda_cp_capacity_t cap, int tiles_factor,
+                           unsigned char *cpbase, const kda_cuda_seqs_t *seqs, kda_cp_params_t *cpp) {
+    const kda_args_t *a = &p->a;
+    memset(cpp, 0, sizeof *cpp);
+    cpp->seqs = *seqs;
+    cpp->header = (int64_t *)cpbase;
+    cpp->table = (kda_cp_piece_t *)(cpbase + 256);
+    cpp->slots = (float *)(cpbase + 256 + (cap.pieces * (int64_t)sizeof(kda_cp_piece_t) + 255) / 256 * 256);
+    cpp->cap_pieces = cap.pieces;
+    cpp->cap_slots = cap.slots;
+    cpp->mode = (int)a->cp_mode;
+    cpp->piece_len = a->cp_piece_len;
+    cpp->hv = a->num_v_heads;
+    cpp->v_tiles = kda_cp_v_tiles(a->head_dim_v) * tiles_factor;
+    cpp->sm_count = impl->sm_count;
+    cpp->kc = kda_cuda_size_class(a->head_dim_k);
+    cpp->vc = kda_cuda_size_class(a->head_dim_v);
+}
+
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
     const kda_args_t *a = &p->a;
@@ -391,20 +424,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     kda_cp_params_t cpp;
     memset(&cpp, 0, sizeof cpp);
     if (cap.slots > 0) {
-        unsigned char *cpbase = base + meta_bytes(p) + ws_blocks_bytes(p);
-        cpp.seqs = seqs;
-        cpp.header = (int64_t *)cpbase;
-        cpp.table = (kda_cp_piece_t *)(cpbase + 256);
-        cpp.slots = (float *)(cpbase + 256 + (cap.pieces * (int64_t)sizeof(kda_cp_piece_t) + 255) / 256 * 256);
-        cpp.cap_pieces = cap.pieces;
-        cpp.cap_slots = cap.slots;
-        cpp.mode = (int)a->cp_mode;
-        cpp.piece_len = a->cp_piece_len;
-        cpp.hv = a->num_v_heads;
-        cpp.v_tiles = kda_cp_v_tiles(V);
-        cpp.sm_count = impl->sm_count;
-        cpp.kc = kc;
-        cpp.vc = vc;
+        fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(p), &seqs, &cpp);
         rp.cp_table = cpp.table;
         rp.cp_header = cpp.header;
         rp.cp_slots = cpp.slots;
@@ -490,14 +510,16 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   | S per chunk (fp32 [KC][VC] per chunk and head; bf16 on the split path, kda_cuda_states_dv's order; none when
  *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]; on the split path fp16 in that order, then the exponents
  *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk (fp32 [C][VC]; bf16 inputs only:
- *   the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ then dq̂, dk̂ per token and value head
+ *   the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ per token and value head
  *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
- *   partials per chunk, head and channel (fp32 2 × KC)
+ *   partials per chunk, head and channel (fp32 2 × KC) | the state-gradient chain's CP region (cp_bytes: the plan's
+ *   header and table, per stored piece and head Mᵀ, E and the incoming dS; none where it never splits)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, total;
+    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, cp, total;
+    kda_cp_capacity_t cap; /* the state-gradient chain's CP capacity (bwd_cp_capacity; slots 0: never split) */
 } bwd_layout_t;
 
 static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) {
@@ -520,7 +542,9 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     l.dx = l.dcoef + align256(heads * 2 * KDA_CHUNK * (KDA_CHUNK + 4) * 4);
     l.rnorm = l.dx + align256(rows * kc * 4);
     l.part = l.rnorm + align256(rows * 2 * 4);
-    l.total = l.part + align256(heads * 2 * kc * 4);
+    l.cp = l.part + align256(heads * 2 * kc * 4);
+    l.cap = bwd_cp_capacity(impl, p);
+    l.total = l.cp + align256(cp_bytes(p, l.cap));
     return l;
 }
 
@@ -601,6 +625,7 @@ static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kd
     if (bwd_timing) return 0;
 #endif
     if (saved_states(impl, p)) return 0; /* no states stage */
+    if (bw->ds_mode != KDA_DS_SEQ) return 0; /* the split chain's pieces take the card */
     return states_ctas(impl, p) + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
 }
 
@@ -613,6 +638,19 @@ static int bwd_fork_states(const cuda_impl_t *impl, const kda_problem_t *p, cons
     if (e != cudaSuccess) return (int)e;
     const int err = bwd_states(impl, p, bw, cfg, device, (void *)impl->side);
     return err != 0 ? err : (int)cudaEventRecord(impl->join, impl->side);
+}
+
+/* The state-gradient stage: one chain per (sequence, head, tile), or, split (cpp non-NULL: its plan made by
+ * the plan kernel, launched first in the call), the pieces' maps dS_out = M dS_in + E, the merge over each split
+ * sequence's pieces (mirrored slots: the last piece first) and the pieces from their incoming dS */
+static int bwd_dstate_stage(kda_bwd_params_t *bw, const kda_cp_params_t *cpp, int device, void *stream) {
+    if (!cpp) return kda_bwd_launch_dstate(bw, device, stream);
+    bw->ds_mode = KDA_DS_PRESCAN;
+    int err = kda_bwd_launch_dstate(bw, device, stream);
+    if (!err) err = kda_cuda_launch_cp_merge(cpp, device, stream);
+    bw->ds_mode = KDA_DS_PIECES;
+    if (!err) err = kda_bwd_launch_dstate(bw, device, stream);
+    return err;
 }
 
 static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void *ws, size_t ws_bytes,
@@ -699,12 +737,23 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
     bw.wgmma = ((const cuda_impl_t *)ctx->impl)->major == 9 && cfg->rec_wgmma;
-    if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* the pairs kernel's grid */
-        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
-        p->num_tokens * a->num_qk_heads >= ((int64_t)1 << 34)) /* the finish kernel: a warp per row, 8 per CTA */
+    if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
+        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
+    /* the state-gradient chain split (intra-card CP) where the workspace holds a plan and its kernel applies; the
+       plan itself is made on the device (it may still decide on no split: then every piece is a whole sequence) */
+    kda_cp_params_t cpp;
+    const int ds_cp = l.cap.slots > 0 && kda_bwd_dstate_cp_applies(&bw);
+    if (ds_cp) {
+        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.seqs, &cpp);
+        bw.ds_mode = KDA_DS_PIECES; /* (bwd_overlap: not KDA_DS_SEQ) */
+        bw.cp_table = cpp.table;
+        bw.cp_header = cpp.header;
+        bw.cp_slots = cpp.slots;
+        bw.cp_capacity = l.cap.pieces;
+    }
     const int overlap = bwd_overlap(impl, p, &bw);
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
@@ -715,6 +764,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     if (overlap) pthread_mutex_lock(&impl->lock);
     (void)BWD_MARK(0);
     if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
+    else if (ds_cp && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) stage = "CP plan";
     else if (BWD_MARK(1) || (!uses_saved(p) && (err = cfg->prep(&pp, ctx->device, stream)) != 0)) stage = "prep";
     else if (BWD_MARK(2) || (bw.dh0 && a->state_indices &&
              (err = (int)cudaMemsetAsync(bw.dh0, 0, (size_t)a->num_state_slots * (size_t)a->num_v_heads *
@@ -727,7 +777,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     else if (BWD_MARK(3) ||
              (!overlap && !kept_states && (err = bwd_states(impl, p, &bw, cfg, ctx->device, stream)) != 0))
         stage = "backward states";
-    else if (BWD_MARK(4) || (err = kda_bwd_launch_dstate(&bw, ctx->device, stream)) != 0)
+    else if (BWD_MARK(4) || (err = bwd_dstate_stage(&bw, ds_cp ? &cpp : NULL, ctx->device, stream)) != 0)
         stage = "backward state-gradient";
     else if (overlap && (err = (int)cudaStreamWaitEvent((cudaStream_t)stream, impl->join, 0)) != 0)
         stage = "backward states (join)";

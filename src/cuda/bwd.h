@@ -12,7 +12,8 @@
  *   bwd_dstate.cu  one CTA per (sequence, value head, V tile), last chunk to first: dS⁺ = ∂L/∂S at every chunk
  *                  end, fp32 (on the split path fp16 in S's order, scaled per lane and 16 columns), and
  *                  d_initial_state (from the fp32 sums; bf16 d_o: the forward's recurrence transposed, dSᵀ in
- *                  registers)
+ *                  registers); long sequences with few heads split by intra-card CP (the plan, the pieces' maps,
+ *                  the merge, the pieces: ds_mode below)
  *   bwd_inter.cu   one CTA per (chunk, value head): the products with the states on bf16 tiles — Δ = U − W S,
  *                  dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ (raw, into the dq̂, dk̂ scratch), dγ = rowsum(S ⊙ dS⁺)
  *                  (bf16 inputs only)
@@ -20,12 +21,11 @@
  *                  the products with its C × C coefficients (bf16 inputs: with Δ from bwd_inter.cu): dv, dβ
  *                  written; the coefficient gradients s·dAqk and Diag(β) dA, β ⊙ dX and the l2norm factors into
  *                  the workspace (fp32 inputs: also dQΓ, dK̃, dγ); tensor cores (tf32, fp32 sums)
- *   bwd_pairs.cu   one CTA per (chunk, value head, 32-channel tile): the pair products' backward and the factor
- *                  rules per channel, the gate's backward: dg written, dA_log/ddt_bias partial sums per (chunk,
- *                  head, channel); with G = 1 dq and dk written (the tiles of a row in a cluster), else dq̂ and
- *                  dk̂ of the value head into the scratch
- *   bwd_finish.cu  G > 1: the G value heads of each query/key head summed in order, the l2norm step, dq and dk
- *                  written; ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
+ *   bwd_pairs.cu   one CTA per (chunk, query/key head, 32-channel tile), its G value heads in turn: the pair
+ *                  products' backward and the factor rules per channel, the gate's backward: dg written, dA_log/
+ *                  ddt_bias partial sums per (chunk, value head, channel); dq̂, dk̂ summed over the G value heads in
+ *                  order, then the l2norm step and dq, dk written (the KC/32 tiles of a row in a cluster)
+ *   bwd_finish.cu  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
  * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
@@ -46,6 +46,14 @@ extern "C" {
                                     (KDA_BWD_BV_WIDE) when the (sequence, head) pairs fill the card anyway */
 #define KDA_BWD_BV_WIDE 32
 
+/* The state-gradient stage's modes (bwd_dstate.cu's recurrence kernel) */
+#define KDA_DS_SEQ 0     /* one chain per (sequence, value head, tile), last chunk first */
+#define KDA_DS_PRESCAN 1 /* per (piece, value head, tile) of split sequences: the piece's map dS_out = M dS_in + E
+                            (M's columns from the identity without dO; E's from zero, or from d_final_state for a
+                            sequence's last piece, whose M is not needed) into its slot */
+#define KDA_DS_PIECES 2  /* every piece of the table from its incoming dS (merged, or d_final_state): dS⁺ of its
+                            chunks, d_initial_state from a sequence's first piece */
+
 typedef struct kda_bwd_params {
     kda_cuda_seqs_t seqs;
     kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
@@ -64,8 +72,7 @@ typedef struct kda_bwd_params {
     float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
                                      chunk kernel with fp32 inputs) */
     float *dqk;                   /* [num_tokens][hv][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
-                                     with fp32 inputs), then dq̂, dk̂ of each value head before the l2norm step
-                                     (pairs kernel) */
+                                     with fp32 inputs), read by the pairs kernel */
     float *dcoef;                 /* [max_chunks][hv][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
                                      lower) of each chunk, rows padded with zeros (chunk kernel) */
     float *dx;                    /* [num_tokens][hv][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
@@ -91,18 +98,23 @@ typedef struct kda_bwd_params {
                                      fp32 and fp16 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32
                                      products; backend.c bwd_split says why fp16 too) */
     int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
+    /* intra-card CP of the state-gradient chain (bwd_dstate.cu; docs/ALGORITHM.md §4 and §6): the piece table of
+       the forward's plan (cp_plan.cu, made in the backward's workspace), walked last piece first; ds_mode
+       KDA_DS_SEQ (whole sequences), KDA_DS_PRESCAN or KDA_DS_PIECES */
+    int ds_mode;
+    const kda_cp_piece_t *cp_table;
+    const int64_t *cp_header;     /* [0] pieces in the table */
+    float *cp_slots;              /* per (slot, value head): kda_cuda_cp_slot_floats (Mᵀ, E, incoming dS) */
+    int64_t cp_capacity;          /* table entries the grids cover */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 
-
-/* With one value head per query/key head the pairs kernel writes dq and dk itself (the l2norm step's sums over
- * the channel tiles of a row exchanged within a cluster of its CTAs) and the finish stage runs no dq, dk kernel;
- * with G > 1 the G value heads' dq̂, dk̂ go through the scratch and bwd_finish.cu sums them. */
-static inline int kda_bwd_pairs_final(const kda_bwd_params_t *p) { return p->group == 1; }
 /* The launchers: a cudaError_t as int (0 = success); each dispatches on p->kc (and p->vc). */
 int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream);
-int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches */
+int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p); /* the CTAs kda_bwd_launch_dstate launches (KDA_DS_SEQ) */
+/* Whether the state-gradient chain can take the CP modes (its recurrence kernel applies: bf16 d_o, 16-byte rows) */
+int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p);
 int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream);
 int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream);

@@ -28,6 +28,14 @@
  * chain. wgmma on sm_90a (a warpgroup per 64 columns: BV ≥ 64), else mma.sync m16n8k16 per warp. The tile width
  * BV ∈ {32, 64, 128} as the forward's recurrence picks it (enough CTAs to fill the card).
  *
+ * Intra-card CP (docs/ALGORITHM.md §6, the last paragraph): the chain is affine, dS = B dS⁺ + F per chunk, so
+ * a long sequence with few heads (B1 T32768 H16: 32 chains of 512 steps on 132 SMs) splits into pieces as the
+ * forward's does, on the forward's plan (cp_plan.cu, in this stage's workspace) walked mirrored: KDA_DS_PRESCAN
+ * computes per (piece, head, tile) columns of M (from the identity, no dO) or of E (from zero, or from
+ * d_final_state for a sequence's last piece) into the piece's mirrored slot; cp_merge.cu gives every piece its
+ * incoming dS; KDA_DS_PIECES runs every piece from it (or from d_final_state), writing dS⁺ of its chunks and, for
+ * a first piece, d_initial_state. The recurrence kernel alone takes these modes, with the widest tile.
+ *
  * The fallback kernel (d_o in fp16 or fp32, V not a multiple of 8, or d_o not 16-byte aligned). One CTA of 256
  * threads per (sequence, value head, tile of BV value columns) (BV = KDA_BWD_BV = 16, or 32 when the (sequence,
  * head) pairs alone give a CTA per SM), dS in shared memory [KC][16], fp32; the chunk's panels copied in each
@@ -40,6 +48,7 @@
  * (docs/PERF.md, "Backward v5, second session").
  */
 #include "bwd.cuh"
+#include "cp_slot.cuh"
 #include "seq.cuh"
 #include "states16.cuh"
 
@@ -439,8 +448,70 @@ DEV void dsr_issue(const kda_bwd_params_t &p, unsigned char *stg, uint32_t bar, 
     cp_async_mbar_arrive(bar);
 }
 
-/* LO: bit 0 dSᵀ's lo parts, bit 1 dΔᵀ's (3 in the library; development builds time and measure the others) */
-template <int KC, int BV, int WG, int LO>
+/* The CTA's work: a whole sequence (KDA_DS_SEQ), or a piece of the CP table (KDA_DS_PRESCAN, KDA_DS_PIECES). The
+ * table is the forward's (pieces in chunk order); this chain runs last chunk first, so the merge (cp_merge.cu,
+ * S_in(j + 1) = M_j S_in(j) + E_j over its slots in order) gets the pieces of a sequence mirrored: the piece of
+ * index i of np takes the sequence's slot np − 1 − i, and the last piece's real output from d_final_state is the
+ * merge's E_0. */
+typedef struct {
+    int64_t n, bos, eos, nc, chunk0; /* the sequence, the piece's tokens and chunks */
+    int h, vt;                        /* value head, column tile (of M's columns when mcols) */
+    float *slot_base;                 /* the piece's CP slot for this head, or NULL */
+    int mcols;                        /* pre-scan: M's columns (from the identity, no dO) */
+    int from_dht;                     /* start from d_final_state (else zero, the identity or the merged dS) */
+    int load_sin;                     /* start from the merged incoming dS in the slot */
+    int write_dh0;                    /* write d_initial_state at the end */
+} dsr_work_t;
+
+/* This CTA's work, or 0 when it has none */
+template <int KC, int BV, int MODE>
+DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
+    memset(w, 0, sizeof *w);
+    if (MODE == KDA_DS_SEQ) {
+        const int tiles = p.vc / BV;
+        w->vt = (int)(blockIdx.x % tiles);
+        w->h = (int)(blockIdx.x / tiles % p.hv);
+        w->n = blockIdx.x / tiles / p.hv;
+        seq_bounds(p.seqs, w->n, &w->bos, &w->eos);
+        w->nc = (w->eos - w->bos + KDA_CHUNK - 1) / KDA_CHUNK;
+        w->chunk0 = w->nc > 0 ? seq_chunk0(p.seqs, w->n) : 0;
+        w->from_dht = w->write_dh0 = 1;
+        return 1;
+    }
+    const int mt = MODE == KDA_DS_PRESCAN ? KC / BV : 0, ntiles = mt + p.vc / BV;
+    const int tile = (int)(blockIdx.x % ntiles);
+    const int64_t rest = blockIdx.x / ntiles;
+    w->h = (int)(rest % p.hv);
+    const int64_t piece = rest / p.hv;
+    if (piece >= p.cp_header[0]) return 0;
+    const kda_cp_piece_t *e = &p.cp_table[piece];
+    const int64_t flags = e->flags;
+    w->n = e->seq;
+    w->bos = e->bos;
+    w->eos = e->eos;
+    w->nc = e->num_chunks;
+    w->chunk0 = e->chunk0;
+    if (e->slot >= 0) { /* the mirrored slot: the sequence's first slot + (np − 1 − index) */
+        const int64_t ms = e->slot - e->index + (e->seq_pieces - 1 - e->index);
+        w->slot_base = p.cp_slots + (ms * p.hv + w->h) * kda_cuda_cp_slot_floats(KC, p.vc);
+    }
+    if (MODE == KDA_DS_PRESCAN) { /* split pieces after their sequence's first; a last piece has no M */
+        if (e->slot < 0 || (flags & KDA_CP_FIRST) || (tile < mt && (flags & KDA_CP_LAST))) return 0;
+        w->mcols = tile < mt;
+        w->vt = w->mcols ? tile : tile - mt;
+        w->from_dht = !w->mcols && (flags & KDA_CP_LAST);
+        return 1;
+    }
+    w->vt = tile;
+    w->load_sin = e->slot >= 0 && !(flags & KDA_CP_LAST);
+    w->from_dht = !w->load_sin;
+    w->write_dh0 = (flags & KDA_CP_FIRST) != 0;
+    return 1;
+}
+
+/* LO: bit 0 dSᵀ's lo parts, bit 1 dΔᵀ's (3 in the library; development builds time and measure the others).
+ * MODE: KDA_DS_SEQ, KDA_DS_PRESCAN or KDA_DS_PIECES (bwd.h). */
+template <int KC, int BV, int WG, int LO, int MODE>
 __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda_bwd_params_t p) {
     constexpr int NT = KC / 8, NTH = 2 * BV, LIN = DSR_LIN(KC), ROWB = DSR_ROWB(BV), STAGE = DSR_STAGE(KC, BV);
     static_assert(KDA_CHUNK == 64 && (BV == 32 || BV == 64 || BV == 128) && (!WG || BV >= 64) && KC <= 128,
@@ -448,14 +519,12 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int tiles = p.vc / BV;
-    const int tile = (int)(blockIdx.x % tiles), h = (int)(blockIdx.x / tiles % p.hv);
-    const int64_t n = blockIdx.x / tiles / p.hv;
-    const int v0 = tile * BV, vw = v0 + 16 * warp; /* the CTA's and the warp's first column */
-    int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    const int64_t nc = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = nc > 0 ? seq_chunk0(p.seqs, n) : 0;
-    const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, n);
+    dsr_work_t wk;
+    if (!dsr_work<KC, BV, MODE>(p, &wk)) return;
+    const int h = wk.h;
+    const int v0 = wk.vt * BV, vw = v0 + 16 * warp; /* the CTA's and the warp's first column */
+    const int64_t bos = wk.bos, eos = wk.eos, nc = wk.nc, chunk0 = wk.chunk0;
+    const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, wk.n);
     const uint32_t bars = smem_u32(smem + DSR_NST * STAGE);
 
     /* dO tiles zero once: a partial chunk (a sequence's last, the first one here) copies only its rows */
@@ -469,21 +538,28 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     }
     /* dSᵀ: s[nt][c] = dS[d][v], v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
     float s[NT][4];
+    if (wk.mcols) {
+        identity_cols<KC>(s, p.K, vw, g, t);
+    } else if (wk.load_sin) {
+        load_slot<KC>(wk.slot_base + KC * KC + KC * p.vc, s, p.vc, 1, vw, g, t);
+    } else {
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-            s[nt][c] = p.dht && slot >= 0 && d < p.K && v < p.V
-                           ? load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, v))
-                           : 0.0f;
-        }
+            for (int c = 0; c < 4; c++) {
+                const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
+                s[nt][c] = wk.from_dht && p.dht && slot >= 0 && d < p.K && v < p.V
+                               ? load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, v))
+                               : 0.0f;
+            }
+    }
     __syncthreads();
+    /* M's columns take no dO: its rows are not copied, so the staged dO stays zero */
 #define DSR_ISSUE(j)                                                                                                \
     do {                                                                                                            \
         const int64_t ci_ = nc - 1 - (j), t0_ = bos + ci_ * KDA_CHUNK;                                              \
         dsr_issue(p, smem + ((j) % DSR_NST) * STAGE, bars + 8 * (uint32_t)((j) % DSR_NST), chunk0 + ci_, h, t0_,     \
-                  (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, tid, NTH);                            \
+                  wk.mcols ? 0 : (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, tid, NTH);             \
     } while (0)
     for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
 
@@ -493,13 +569,13 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         const int cur = (int)(j % DSR_NST);
         mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
         const unsigned char *stg = smem + cur * STAGE;
-        /* dS⁺ of this chunk: on the split path fp16 in S's order (a 16-byte piece per lane and np) and the lane's
-           factor (states16.cuh), else fp32 [KC][VC] */
+        /* dS⁺ of this chunk (none in the pre-scan): on the split path fp16 in S's order (a 16-byte piece per lane
+           and np) and the lane's factor (states16.cuh), else fp32 [KC][VC] */
         const int64_t dso = (chunk0 + ci) * p.hv + h;
-        if (p.dstates_f16) {
+        if (MODE != KDA_DS_PRESCAN && p.dstates_f16) {
             store_dstates_f16s<KC>(p.dstates_f16 + dso * KC * p.vc, p.dstates_exp + dso * (p.vc / 16) * 32, s, vw,
                                    lane);
-        } else {
+        } else if (MODE != KDA_DS_PRESCAN) {
             float *const dsout = p.dstates + dso * KC * p.vc;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
@@ -532,7 +608,10 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         __syncthreads(); /* the stage is free for the copies two steps on */
     }
 #undef DSR_ISSUE
-    if (p.dh0 && slot >= 0)
+    if (MODE == KDA_DS_PRESCAN) {
+        if (wk.mcols) store_slot<KC>(wk.slot_base, s, 1, KC, vw, g, t);          /* Mᵀ[e][d] */
+        else store_slot<KC>(wk.slot_base + KC * KC, s, p.vc, 1, vw, g, t);        /* E[d][v] */
+    } else if (wk.write_dh0 && p.dh0 && slot >= 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -540,6 +619,7 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
                 const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
                 if (d < p.K && v < p.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, v), s[nt][c]);
             }
+    }
 }
 
 template <int KC, int BV>
@@ -557,10 +637,10 @@ static int dstate_wide(const kda_bwd_params_t *p) {
     return p->vc >= KDA_BWD_BV_WIDE && p->seqs.num_seqs * p->hv * (p->vc / KDA_BWD_BV_WIDE) >= p->sm_count;
 }
 
-template <int KC, int BV, int WG, int LO>
+template <int KC, int BV, int WG, int LO, int MODE>
 static int launch_dstate_rec_lo(const kda_bwd_params_t *p, int64_t ctas, int device, void *stream) {
     static int done[KDA_MAX_DEVICES];
-    return kda_launch((const void *)kda_bwd_dstate_rec_kernel<KC, BV, WG, LO>, ctas, 2 * BV, DSR_BYTES(KC, BV), p,
+    return kda_launch((const void *)kda_bwd_dstate_rec_kernel<KC, BV, WG, LO, MODE>, ctas, 2 * BV, DSR_BYTES(KC, BV), p,
                       device, done, stream);
 }
 
@@ -572,14 +652,40 @@ static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream
     /* development builds: dev_skip 4096 / 8192 leave out dSᵀ's / dΔᵀ's lo parts (their cost in time and accuracy) */
     if (KC == 128 && (BV == 32 || WG) && (p->dev_skip & (4096 | 8192))) {
         const int lo = 3 & ~((p->dev_skip >> 12) & 3);
-        return lo == 0   ? launch_dstate_rec_lo<KC, BV, WG, 0>(p, ctas, device, stream)
-               : lo == 1 ? launch_dstate_rec_lo<KC, BV, WG, 1>(p, ctas, device, stream)
-                         : launch_dstate_rec_lo<KC, BV, WG, 2>(p, ctas, device, stream);
+        return lo == 0   ? launch_dstate_rec_lo<KC, BV, WG, 0, KDA_DS_SEQ>(p, ctas, device, stream)
+               : lo == 1 ? launch_dstate_rec_lo<KC, BV, WG, 1, KDA_DS_SEQ>(p, ctas, device, stream)
+                         : launch_dstate_rec_lo<KC, BV, WG, 2, KDA_DS_SEQ>(p, ctas, device, stream);
     }
 #endif
-    return launch_dstate_rec_lo<KC, BV, WG, 3>(p, ctas, device, stream);
+    return launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_SEQ>(p, ctas, device, stream);
 }
 
+/* The CP modes: a CTA per (table entry up to the capacity, value head, tile), the pre-scan's tiles M's KC / BV
+ * then E's VC / BV */
+template <int KC, int BV, int WG>
+static int launch_dstate_cp(const kda_bwd_params_t *p, int device, void *stream) {
+    const int prescan = p->ds_mode == KDA_DS_PRESCAN;
+    const int64_t ctas = p->cp_capacity * p->hv * (p->vc / BV + (prescan ? KC / BV : 0));
+    if (ctas == 0) return 0;
+    return prescan ? launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PRESCAN>(p, ctas, device, stream)
+                   : launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PIECES>(p, ctas, device, stream);
+}
+
+/* The CP modes' tile: the widest, one CTA per piece and head where the classes allow (the pieces fill the card;
+ * each tile reloads the chunk's panels), and M's columns in tiles of the same width: min(VC, KC, 128) */
+static int dstate_cp_bv(const kda_bwd_params_t *p) {
+    const int bv = p->vc < 128 ? p->vc : 128;
+    return p->kc < bv ? p->kc : bv;
+}
+
+template <int KC>
+static int launch_dstate_cp_k(const kda_bwd_params_t *p, int device, void *stream) {
+    if constexpr (KC == 128)
+        if (dstate_cp_bv(p) == 128)
+            return p->wgmma ? launch_dstate_cp<KC, 128, 1>(p, device, stream)
+                            : launch_dstate_cp<KC, 128, 0>(p, device, stream);
+    return p->wgmma ? launch_dstate_cp<KC, 64, 1>(p, device, stream) : launch_dstate_cp<KC, 64, 0>(p, device, stream);
+}
 /* The recurrence kernel's tile: the widest whose CTAs fill the card (the forward recurrence's rule, backend.c
  * choose_bv), but on sm_90a never below 64, wgmma's width (fewer (sequence, head) pairs than SMs leave SMs idle
  * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
@@ -615,7 +721,11 @@ extern "C" int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p) {
     return p->seqs.num_seqs * p->hv * (p->vc / dstate_bv(p));
 }
 
+extern "C" int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p) { return dstate_rec_applies(p); }
+
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
+    if (p->ds_mode != KDA_DS_SEQ) /* the host takes the CP modes only where the recurrence kernel applies */
+        return p->kc == 64 ? launch_dstate_cp_k<64>(p, device, stream) : launch_dstate_cp_k<128>(p, device, stream);
     const int bv = dstate_bv(p);
     if (dstate_rec_applies(p))
         return p->kc == 64 ? launch_dstate_rec_k<64>(p, bv, device, stream)

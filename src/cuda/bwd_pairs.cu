@@ -2,11 +2,13 @@
  * Backward, stage 3c: what is per channel — the pair products' backward, the factor rules, the gate's backward
  * (docs/ALGORITHM.md §6, "Chunked"; src/cpu/chunk_bwd.c is the same computation on the CPU).
  *
- * One CTA of 256 threads per (chunk, value head, PK_KT-channel tile d0..). Every term below is a sum over tokens
- * for one channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu)
- * leaves the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the l2norm
- * factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (bf16 inputs) or the chunk kernel (fp32, fp16 inputs). With
- * q̂, k̂, ĝ recomputed from the inputs and G = cumsum ĝ, for each channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
+ * One CTA of 256 threads per (chunk, query/key head, PK_KT-channel tile d0..), looping over the G value heads
+ * h = hq·G … hq·G + G − 1 of its query/key head hq in that order. Every term below is a sum over tokens for one
+ * channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu) leaves, per
+ * value head, the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the
+ * l2norm factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (bf16 inputs) or the chunk kernel (fp32, fp16
+ * inputs). With q̂, k̂ (per query/key head: loaded once) and ĝ (per value head) recomputed from the inputs and
+ * G = cumsum ĝ, for each value head and channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
  *
  *   Pq_i = Σ_{j ≤ i} P_ij k_j e^{G_i − G_j}     Pk_i = Σ_{j < i} B_ij k_j e^{G_i − G_j}
  *   E_j  = Σ_{i ≥ j} (B_ij k_i + P_ij q_i) e^{G_i − G_j}        (the pair products M, Aqk differentiated)
@@ -16,17 +18,17 @@
  *   dĝ_i = Σ_{i' ≥ i} dG_i' + γ dγ + Σ_i' k_i' f_i' dK̃_i'          (the G_last terms: every row; γ = e^{G_last})
  *   then the clamp and the gate (softplus or lower-bound form): dg, and the chunk's sums of ∂L/∂A_log and
  *   ∂L/∂dt_bias for the channel.
- * Written: dg of the chunk's tokens in the tile's channels; the per-channel partial sums (bwd_finish.cu sums them
- * over chunks and channels, in order); and with G value heads per query/key head
- *   G > 1  dq̂, dk̂ of this value head over the raw dQΓ, dK̃ in the scratch (bwd_finish.cu sums the G heads and
- *          applies the l2norm step)
- *   G = 1  dq, dk themselves (FINAL): dx = r (dŷ − ŷ (ŷ·dŷ)) with ŷ·dŷ summed over the row's KC channels, which
- *          lie in the KC / 32 CTAs of the (chunk, head). Those CTAs form a cluster: each pushes its rows' partial
- *          sums into every CTA's shared memory by st.async, completing bytes on the receiver's mbarrier, right
- *          after the pair products, and waits on its own barrier only at the end, after the gate's backward, so
- *          that the exchange costs no wait. The sums are added in rank order: the same bits in every CTA. The
- *          finish stage's dq, dk pass (0.38 ms at B2 T8192 H32, a read of 2 KB per token-head) is gone; the
- *          kernel costs +0.22 ms for it (cluster scheduling and the epilogue; docs/PERF.md, "Backward v10").
+ * Written per value head: dg of the chunk's tokens in the tile's channels and the per-channel partial sums
+ * (bwd_finish.cu sums them over chunks and channels, in order). dq̂, dk̂ of the lane's elements are summed over the
+ * G heads in registers, in head order (no atomics: the same bits on every call); after the last head, dq and dk
+ * themselves: dx = r (dŷ − ŷ (ŷ·dŷ)) with ŷ·dŷ summed over the row's KC channels, which lie in the KC / 32 CTAs of
+ * the (chunk, query/key head); r is the chunk kernel's factor of any value head of the group (all the same).
+ * Those CTAs form a cluster: each pushes its rows' partial sums into every CTA's shared memory by st.async,
+ * completing bytes on the receiver's mbarrier, right after the last head's pair products, and waits on its own
+ * barrier only at the end, after that head's gate backward, so that the exchange costs no wait. The sums are added
+ * in rank order: the same bits in every CTA. Without l2norm (dx = dŷ) no cluster: the stores follow the last head's
+ * factor rules. (Until v11 only G = 1 took this way, and G > 1 wrote each value head's
+ * dq̂, dk̂ into the scratch for a finish kernel to sum: docs/PERF.md, "Backward v10" and "Backward v11".)
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
@@ -36,9 +38,10 @@
  * so 8 warps per CTA (2.61 → 2.07 ms for 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
  * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
  * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
- * per SM at 127 registers and no spills are 1.6 % faster than three (H100). Layout: q̂, k̂, G (later dG), the gate
- * inputs [C][PK_KT] and P, B [C][C + 4], fp32 in shared memory (74 KB); P and B arrive by cp.async (the chunk
- * kernel writes their rows padded as here) while the rows are loaded and the gate computed.
+ * per SM at 127 registers and no spills are 1.6 % faster than three (H100; 128 registers, no spills, since the
+ * dq, dk epilogue). Layout: q̂, k̂, G, the gate inputs [C][PK_KT] and P (later dG), B [C][C + 4], fp32 in shared
+ * memory (74 KB); each head's P and B arrive by cp.async (the chunk kernel writes their rows padded as here) while
+ * its rows are loaded and its gate computed.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -53,15 +56,15 @@
 #define TS (PK_KT + 4)
 
 struct pairs_smem {
-    float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂ (later dG), k̂, G, the gate inputs x = g (+ dt_bias) */
-    float P[C * CS], B[C * CS];   /* adjacent: one region, as the chunk kernel writes them */
+    float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂, k̂, G, the gate inputs x = g (+ dt_bias) */
+    float P[C * CS], B[C * CS];   /* adjacent: one region, as the chunk kernel writes them; P later dG [C][TS] */
     float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
     float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
-    /* FINAL with l2norm: from the cluster's CTA of rank r (its channel tile), by channel half, Σ over the half's 16
+    /* with l2norm: from the cluster's CTA of rank r (its channel tile), by channel half, Σ over the half's 16
        channels of (q̂ dq̂, k̂ dk̂) of each row */
     float2 ys[KDA_BWD_MAX_HEAD_DIM / PK_KT][2][C];
-    uint64_t bar;                 /* FINAL with l2norm: complete when every CTA's ys have arrived */
+    uint64_t bar;                 /* with l2norm: complete when every CTA's ys have arrived */
 };
 
 /* dq or dk elements d, d + 1 (d even) of row `row` (K per row), those below K: bf16 with K even and the buffer
@@ -222,17 +225,17 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, con
         if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
 }
 
-/* The FINAL kernel's dq and dk of the lane's elements (rows 16 I + g + 8 hr, channels d0 + c0 + 8 nt + 2t, + 1)
- * from its dq̂, dk̂ (fq, fk), the l2norm factors rn (q, k) and, with l2norm (L2), the rows' sums y·dy from ys
- * (the cluster's NTILE CTAs and two halves each, in that order: the same bits in every CTA) */
+/* dq and dk of the lane's elements (rows 16 I + g + 8 hr below clen, channels d0 + c0 + 8 nt + 2t, + 1) from
+ * their dq̂, dk̂ summed over the group's value heads (fq, fk), the l2norm factors rn (q, k) and, with l2norm (L2),
+ * the rows' sums y·dy from ys (the cluster's NTILE CTAs and two halves each, in that order: the same bits in every
+ * CTA) */
 template <int NTILE>
 DEV void store_dqdk(const kda_bwd_params_t &p, const pairs_smem &sm, int I, int c0, int d0, int g, int t, int64_t t0,
-                    int hq, const int64_t srow[2], const float2 rn[2], const float2 (*fq)[2], const float2 (*fk)[2],
-                    int L2) {
+                    int clen, int hq, const float2 rn[2], const float2 (*fq)[2], const float2 (*fk)[2], int L2) {
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int i = 16 * I + g + 8 * hr;
-        if (srow[hr] < 0) continue;
+        if (i >= clen) continue;
         float tq = 0.0f, tk = 0.0f;
         if (L2)
 #pragma unroll
@@ -254,22 +257,65 @@ DEV void store_dqdk(const kda_bwd_params_t &p, const pairs_smem &sm, int I, int 
     }
 }
 
-template <int KC, int FINAL>
+/* The rows of value head h (the warp's PK_RG, lane = channel d0 + lane; nrow of them exist): the gate inputs
+ * x = g (+ dt_bias) and ĝ into G (rows that do not exist: 0), and with QK (the group's first head) q̂ = r q,
+ * k̂ = r k of the query/key head; every load issued before any is converted */
+DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int64_t t0, int w, int d0, int nrow,
+                   float A, int QK) {
+    const int dl = threadIdx.x & 31, d = d0 + dl;
+    const int nqk = QK ? nrow : 0;
+    uint32_t qb[PK_RG], kb[PK_RG], gb[PK_RG];
+    const int64_t t1 = t0 + PK_RG * w; /* the warp's first token */
+    load_bits_n<PK_RG>(qb, p.q, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nqk);
+    load_bits_n<PK_RG>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nqk);
+    load_bits_n<PK_RG>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
+    float rq[PK_RG], rk[PK_RG]; /* (the factors of any value head of the group: the same) */
+    const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
+#pragma unroll
+    for (int r = 0; r < PK_RG; r++) {
+        const bool l2 = p.l2norm && r < nqk;
+        rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
+        rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
+    }
+    const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+    float gv[PK_RG];
+    bits_values<PK_RG>(gv, gb, p.g_dtype);
+    if (QK) {
+        float qv[PK_RG], kv[PK_RG];
+        bits_values<PK_RG>(qv, qb, p.dtype);
+        bits_values<PK_RG>(kv, kb, p.dtype);
+#pragma unroll
+        for (int r = 0; r < PK_RG; r++) {
+            const int i = PK_RG * w + r;
+            sm.q[i * TS + dl] = qv[r] * rq[r];
+            sm.k[i * TS + dl] = kv[r] * rk[r];
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < PK_RG; r++) sm.x[(PK_RG * w + r) * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
+    switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
+    case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, w, dl, nrow); break;
+    case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.lower_bound, A, w, dl, nrow); break;
+    default: gate_rows<GATE_SOFTPLUS>(sm, p.lower_bound, A, w, dl, nrow);
+    }
+}
+
+template <int KC>
 __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
-    constexpr int NTILE = KC / PK_KT; /* FINAL with l2norm: the CTAs of a cluster */
+    constexpr int NTILE = KC / PK_KT; /* with l2norm: the CTAs of a cluster */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     pairs_smem &sm = *(pairs_smem *)cta_smem(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
     const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
-    const int64_t pair = blockIdx.x / NTILE; /* (chunk, value head) */
+    const int64_t qpair = blockIdx.x / NTILE; /* (chunk, query/key head) */
     const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
-    const int64_t cid = pair / p.hv;
-    const int h = (int)(pair % p.hv), hq = h / p.group;
+    const int64_t cid = qpair / p.hqk;
+    const int hq = (int)(qpair % p.hqk), h0 = hq * p.group, h1 = h0 + p.group; /* its value heads h0 .. h1 − 1 */
     int64_t t0;
     const int clen = chunk_tokens(p.seqs, cid, &t0);
     if (clen <= 0) return; /* (the whole cluster: its CTAs share the chunk) */
-    if (FINAL && p.l2norm) { /* the barrier that receives the cluster's sums, expecting their bytes; then this
-                                CTA has started (the wait before the first push: every CTA has) */
+    if (p.l2norm) { /* the barrier that receives the cluster's sums, expecting their bytes; then this CTA has
+                       started (the wait before the first push: every CTA has) */
         if (tid == 0) {
             mbar_init(smem_u32(&sm.bar), 1);
             mbar_init_fence();
@@ -279,218 +325,194 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         cluster_arrive();
     }
     const float scale = p.scale;
-    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-
-    /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
-       pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of the
-       kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency) */
-    {
-        const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
-        const uint32_t dst = smem_u32(sm.P);
-        static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
-        for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
-        cp_async_commit();
-    }
-    /* the warp's PK_RG rows of q, k, g (lane = channel d0 + lane): every load issued before any is converted */
     const int dl = lane, d = d0 + lane;
     const int nrow = d < p.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
-    {
-        uint32_t qb[PK_RG], kb[PK_RG], gb[PK_RG];
-        const int64_t t1 = t0 + PK_RG * w; /* the warp's first token */
-        load_bits_n<PK_RG>(qb, p.q, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
-        load_bits_n<PK_RG>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nrow);
-        load_bits_n<PK_RG>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
-        float rq[PK_RG], rk[PK_RG];
-        const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
-#pragma unroll
-        for (int r = 0; r < PK_RG; r++) {
-            const bool l2 = p.l2norm && r < nrow;
-            rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
-            rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
-        }
-        const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
-        float qv[PK_RG], kv[PK_RG], gv[PK_RG];
-        bits_values<PK_RG>(qv, qb, p.dtype);
-        bits_values<PK_RG>(kv, kb, p.dtype);
-        bits_values<PK_RG>(gv, gb, p.g_dtype);
-#pragma unroll
-        for (int r = 0; r < PK_RG; r++) {
-            const int i = PK_RG * w + r;
-            sm.q[i * TS + dl] = qv[r] * rq[r];
-            sm.k[i * TS + dl] = kv[r] * rk[r];
-            sm.x[i * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
-        }
-        switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
-        case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, w, dl, nrow); break;
-        case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.lower_bound, A, w, dl, nrow); break;
-        default: gate_rows<GATE_SOFTPLUS>(sm, p.lower_bound, A, w, dl, nrow);
-        }
-    }
-    /* G = cumsum ĝ: each thread its warp's rows of its column, then the earlier warps' totals */
-    {
-        float s = 0.0f;
-#pragma unroll
-        for (int r = 0; r < PK_RG; r++) {
-            s += sm.G[(PK_RG * w + r) * TS + dl];
-            sm.G[(PK_RG * w + r) * TS + dl] = s;
-        }
-        sm.tot[w][dl] = s;
-    }
-    __syncthreads();
-    {
-        float off = 0.0f;
-        for (int u = 0; u < w; u++) off += sm.tot[u][dl];
-#pragma unroll
-        for (int r = 0; r < PK_RG; r++) sm.G[(PK_RG * w + r) * TS + dl] += off;
-    }
-    /* the lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: none), loaded now, used after the
-       pair sums */
-    float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2], rn[2];
-    int64_t srow[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int i = 16 * I + g + 8 * hr;
-        srow[hr] = i < clen ? (t0 + i) * p.hv + h : -1;
-        rn[hr] = FINAL && p.l2norm && srow[hr] >= 0 ? __ldg((const float2 *)&p.rnorm[srow[hr] * 2]) : make_float2(1.0f, 1.0f);
-#pragma unroll
-        for (int nt = 0; nt < PK_NT; nt++) {
-            const int dd = d0 + c0 + 8 * nt + 2 * t;
-            const float2 z = make_float2(0.0f, 0.0f);
-            dQ[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dqk[srow[hr] * (2 * KC) + dd]) : z;
-            dK[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dqk[srow[hr] * (2 * KC) + KC + dd]) : z;
-            xb[nt][hr] = srow[hr] >= 0 ? __ldg((const float2 *)&p.dx[srow[hr] * KC + dd]) : z;
-        }
-    }
-    cp_async_wait_all();
-    __syncthreads();
-
-    const int split = block_split<TS, PK_KT>(sm.G, I, lane);
-    float pq[PK_NT][4], pk[PK_NT][4], pe[PK_NT][4];
-    pairs_later(sm, I, c0, split, lane, pq, pk);
-    pairs_earlier(sm, I, c0, split, lane, pe);
-
-    /* the factor rules, element pairs (c, c + 1) of adjacent columns */
-    const float *Gl = sm.G + (C - 1) * TS;
-    float dG[PK_NT][4];
-    float2 fq[PK_NT][2], fk[PK_NT][2];                /* FINAL: dq̂, dk̂ of the lane's elements */
-    float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* FINAL: Σ over them of q̂ dq̂, k̂ dk̂, by row */
-#pragma unroll
-    for (int nt = 0; nt < PK_NT; nt++) {
-        float ext[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int i = 16 * I + g + 8 * hr, col = c0 + 8 * nt + 2 * t;
-            const float dq_in[2] = {dQ[nt][hr].x, dQ[nt][hr].y}, dk_in[2] = {dK[nt][hr].x, dK[nt][hr].y};
-            const float x_in[2] = {xb[nt][hr].x, xb[nt][hr].y};
-            float oq[2], ok[2];
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                const int c = 2 * hr + u;
-                const float Gi = sm.G[i * TS + col + u], e = gexp(Gi), f = gexp(Gl[col + u] - Gi);
-                const float qv = sm.q[i * TS + col + u], kv = sm.k[i * TS + col + u];
-                const float ex = e * x_in[u], fy = f * dk_in[u];
-                oq[u] = scale * e * dq_in[u] + pq[nt][c];
-                ok[u] = ex + fy + pk[nt][c] + pe[nt][c];
-                dG[nt][c] = qv * oq[u] + kv * (ex - fy + pk[nt][c] - pe[nt][c]);
-                ext[u] += kv * fy;
-                yq[hr] += qv * oq[u];
-                yk[hr] += kv * ok[u];
-            }
-            fq[nt][hr] = make_float2(oq[0], oq[1]);
-            fk[nt][hr] = make_float2(ok[0], ok[1]);
-            if (!FINAL && srow[hr] >= 0) {
-                float *row = p.dqk + srow[hr] * (2 * KC) + d0 + col;
-                *(float2 *)row = make_float2(oq[0], oq[1]);
-                *(float2 *)(row + KC) = make_float2(ok[0], ok[1]);
-            }
-        }
-        /* Σ over the block's 16 rows (the lanes of one t) of k f dK̃ for columns 2t, 2t + 1 */
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            float x = ext[u];
-            x += __shfl_xor_sync(0xffffffffu, x, 4);
-            x += __shfl_xor_sync(0xffffffffu, x, 8);
-            x += __shfl_xor_sync(0xffffffffu, x, 16);
-            if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
-        }
-    }
-    /* dq and dk (FINAL): the l2norm step dx = r (dy − y (y·dy)), y = q̂ or k̂, r = 1/‖x‖ (the chunk kernel's) */
-    if (FINAL && p.l2norm) { /* y·dy of a row over its KC channels: this warp's 16, then the CTA's two halves and
-                                the cluster's CTAs, each of which pushes its sums into every CTA's ys */
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++)
-#pragma unroll
-            for (int o = 1; o <= 2; o <<= 1) {
-                yq[hr] += __shfl_xor_sync(0xffffffffu, yq[hr], o);
-                yk[hr] += __shfl_xor_sync(0xffffffffu, yk[hr], o);
-            }
-        cluster_wait(); /* every CTA of the cluster has started, its barrier initialised */
-        if (t < NTILE) { /* lane t of a quad: the quad's two rows into CTA t, completing bytes on its barrier */
-            const int me = d0 / PK_KT;
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++)
-                cluster_st_async2(&sm.ys[me][w >> 2][16 * I + g + 8 * hr], smem_u32(&sm.bar), (unsigned)t, yq[hr], yk[hr]);
-        }
-    } else if (FINAL)
-        store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, hq, srow, rn, fq, fk, 0);
-    __syncthreads(); /* every read of P and B is done (FINAL: dG goes there) and of q̂ (else: dG goes there) */
-    float *dGt = FINAL ? sm.P : sm.q; /* [C][TS] */
+    float2 fq[PK_NT][2], fk[PK_NT][2]; /* dq̂, dk̂ of the lane's elements, summed over the value heads in order */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
-        for (int c = 0; c < 4; c++)
-            dGt[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
-    __syncthreads();
+        for (int hr = 0; hr < 2; hr++) fq[nt][hr] = fk[nt][hr] = make_float2(0.0f, 0.0f);
+    float2 rn[2];                      /* the l2norm factors of the lane's rows g, g + 8 of block I */
+    const float *Gl = sm.G + (C - 1) * TS;
 
-    /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
-       warps' totals; then the clamp and the gate, element by element */
-    float s = 0.0f;
+#pragma unroll 1
+    for (int h = h0; h < h1; h++) { /* one value head: everything but q̂, k̂ and the l2norm step */
+        const int64_t pair = cid * p.hv + h; /* (chunk, value head) */
+        const int first = h == h0, last = h == h1 - 1;
+        const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+        /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
+           pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of
+           the kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency). The previous
+           head's last reads of this region (dG) were before its barrier after the gate's backward. */
+        {
+            const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
+            const uint32_t dst = smem_u32(sm.P);
+            static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
+            for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
+            cp_async_commit();
+        }
+        head_rows(p, sm, h, hq, t0, w, d0, nrow, A, first);
+        /* G = cumsum ĝ: each thread its warp's rows of its column, then the earlier warps' totals */
+        {
+            float s = 0.0f;
 #pragma unroll
-    for (int r = PK_RG - 1; r >= 0; r--) {
-        s += dGt[(PK_RG * w + r) * TS + dl];
-        dGt[(PK_RG * w + r) * TS + dl] = s;
+            for (int r = 0; r < PK_RG; r++) {
+                s += sm.G[(PK_RG * w + r) * TS + dl];
+                sm.G[(PK_RG * w + r) * TS + dl] = s;
+            }
+            sm.tot[w][dl] = s;
+        }
+        __syncthreads();
+        {
+            float off = 0.0f;
+            for (int u = 0; u < w; u++) off += sm.tot[u][dl];
+#pragma unroll
+            for (int r = 0; r < PK_RG; r++) sm.G[(PK_RG * w + r) * TS + dl] += off;
+        }
+        /* the lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: none), loaded now, used after the
+           pair sums */
+        float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr;
+            const int64_t srow = i < clen ? (t0 + i) * p.hv + h : -1;
+            if (first) rn[hr] = p.l2norm && srow >= 0 ? __ldg((const float2 *)&p.rnorm[srow * 2]) : make_float2(1.0f, 1.0f);
+#pragma unroll
+            for (int nt = 0; nt < PK_NT; nt++) {
+                const int dd = d0 + c0 + 8 * nt + 2 * t;
+                const float2 z = make_float2(0.0f, 0.0f);
+                dQ[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * (2 * KC) + dd]) : z;
+                dK[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * (2 * KC) + KC + dd]) : z;
+                xb[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dx[srow * KC + dd]) : z;
+            }
+        }
+        cp_async_wait_all();
+        __syncthreads();
+
+        const int split = block_split<TS, PK_KT>(sm.G, I, lane);
+        float pq[PK_NT][4], pk[PK_NT][4], pe[PK_NT][4];
+        pairs_later(sm, I, c0, split, lane, pq, pk);
+        pairs_earlier(sm, I, c0, split, lane, pe);
+
+        /* the factor rules, element pairs (c, c + 1) of adjacent columns */
+        float dG[PK_NT][4];
+        float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* Σ over the lane's elements of q̂ dq̂, k̂ dk̂ (dq̂, dk̂
+                                                              summed over the heads so far), by row: used after
+                                                              the last head */
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++) {
+            float ext[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int i = 16 * I + g + 8 * hr, col = c0 + 8 * nt + 2 * t;
+                const float dq_in[2] = {dQ[nt][hr].x, dQ[nt][hr].y}, dk_in[2] = {dK[nt][hr].x, dK[nt][hr].y};
+                const float x_in[2] = {xb[nt][hr].x, xb[nt][hr].y};
+                float oq[2], ok[2], qv[2], kv[2];
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int c = 2 * hr + u;
+                    const float Gi = sm.G[i * TS + col + u], e = gexp(Gi), f = gexp(Gl[col + u] - Gi);
+                    qv[u] = sm.q[i * TS + col + u], kv[u] = sm.k[i * TS + col + u];
+                    const float ex = e * x_in[u], fy = f * dk_in[u];
+                    oq[u] = scale * e * dq_in[u] + pq[nt][c];
+                    ok[u] = ex + fy + pk[nt][c] + pe[nt][c];
+                    dG[nt][c] = qv[u] * oq[u] + kv[u] * (ex - fy + pk[nt][c] - pe[nt][c]);
+                    ext[u] += kv[u] * fy;
+                }
+                fq[nt][hr] = make_float2(fq[nt][hr].x + oq[0], fq[nt][hr].y + oq[1]);
+                fk[nt][hr] = make_float2(fk[nt][hr].x + ok[0], fk[nt][hr].y + ok[1]);
+                yq[hr] += qv[0] * fq[nt][hr].x;
+                yq[hr] += qv[1] * fq[nt][hr].y;
+                yk[hr] += kv[0] * fk[nt][hr].x;
+                yk[hr] += kv[1] * fk[nt][hr].y;
+            }
+            /* Σ over the block's 16 rows (the lanes of one t) of k f dK̃ for columns 2t, 2t + 1 */
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float x = ext[u];
+                x += __shfl_xor_sync(0xffffffffu, x, 4);
+                x += __shfl_xor_sync(0xffffffffu, x, 8);
+                x += __shfl_xor_sync(0xffffffffu, x, 16);
+                if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
+            }
+        }
+        /* after the last head, dq and dk: the l2norm step dx = r (dy − y (y·dy)), y = q̂ or k̂, r = 1/‖x‖ (the chunk
+           kernel's) */
+        if (last && p.l2norm) { /* y·dy of a row over its KC channels: this warp's 16, then the CTA's two halves and
+                                   the cluster's CTAs, each of which pushes its sums into every CTA's ys */
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+                for (int o = 1; o <= 2; o <<= 1) {
+                    yq[hr] += __shfl_xor_sync(0xffffffffu, yq[hr], o);
+                    yk[hr] += __shfl_xor_sync(0xffffffffu, yk[hr], o);
+                }
+            cluster_wait(); /* every CTA of the cluster has started, its barrier initialised */
+            if (t < NTILE) { /* lane t of a quad: the quad's two rows into CTA t, completing bytes on its barrier */
+                const int me = d0 / PK_KT;
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++)
+                    cluster_st_async2(&sm.ys[me][w >> 2][16 * I + g + 8 * hr], smem_u32(&sm.bar), (unsigned)t, yq[hr], yk[hr]);
+            }
+        } else if (last)
+            store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, clen, hq, rn, fq, fk, 0);
+        __syncthreads(); /* every read of P and B is done: dG goes there */
+        float *dGt = sm.P; /* [C][TS] */
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                dGt[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
+        __syncthreads();
+
+        /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
+           warps' totals; then the clamp and the gate, element by element */
+        float s = 0.0f;
+#pragma unroll
+        for (int r = PK_RG - 1; r >= 0; r--) {
+            s += dGt[(PK_RG * w + r) * TS + dl];
+            dGt[(PK_RG * w + r) * TS + dl] = s;
+        }
+        sm.tot[w][dl] = s;
+        __syncthreads();
+        float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
+        if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
+        for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
+        float dAl = 0.0f, dbias = 0.0f;
+        const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
+        switch (gate_mode(p)) {
+        case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+        case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+        default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias);
+        }
+        sm.red[0][tid] = dAl;
+        sm.red[1][tid] = dbias;
+        __syncthreads(); /* also: every read of this head's P (dG), G, x, ext and tot is done, so the next head may
+                            write them */
+        if (tid < 2 * PK_KT && p.part) { /* per channel: Σ ∂L/∂A_log terms (tid < PK_KT), Σ ∂L/∂dt_bias[d] */
+            const int which = tid / PK_KT, c = tid % PK_KT;
+            float v = 0.0f;
+            for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
+            p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
+        }
     }
-    sm.tot[w][dl] = s;
-    __syncthreads();
-    float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
-    if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
-    for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
-    float dAl = 0.0f, dbias = 0.0f;
-    const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
-    switch (gate_mode(p)) {
-    case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-    case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-    default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias);
-    }
-    sm.red[0][tid] = dAl;
-    sm.red[1][tid] = dbias;
-    __syncthreads();
-    if (tid < 2 * PK_KT && p.part) { /* per channel: Σ ∂L/∂A_log terms (tid < PK_KT), Σ ∂L/∂dt_bias[d] */
-        const int which = tid / PK_KT, c = tid % PK_KT;
-        float v = 0.0f;
-        for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
-        p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
-    }
-    if (FINAL && p.l2norm) {
+    if (p.l2norm) {
         mbar_wait(smem_u32(&sm.bar), 0); /* every CTA's sums are in ys (long since: the gate's work came between);
                                             no CTA exits before the pushes into it have landed */
-        store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, hq, srow, rn, fq, fk, 1);
+        store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, clen, hq, rn, fq, fk, 1);
     }
 }
 
 template <int KC>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv * (KC / PK_KT);
+    const int64_t ctas = p->blocks.max_chunks * p->hqk * (KC / PK_KT);
     if (ctas == 0) return 0;
-    static int done[2][KDA_MAX_DEVICES];
-    if (!kda_bwd_pairs_final(p))
-        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, 0>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
-                          device, done[0], stream);
+    static int done[KDA_MAX_DEVICES];
     if (!p->l2norm)
-        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, 1>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
-                          device, done[1], stream);
-    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC, 1>, ctas, KC / PK_KT, PK_THREADS,
-                              (int)sizeof(pairs_smem), p, device, done[1], stream);
+        return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
+                          done, stream);
+    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC>, ctas, KC / PK_KT, PK_THREADS,
+                              (int)sizeof(pairs_smem), p, device, done, stream);
 }
 
 extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {

@@ -5,33 +5,40 @@
  *
  *     S_in(1) = E_0,     S_in(j + 1) = M_j S_in(j) + E_j      (j = 1 .. np − 2)
  *
- * fp32 throughout. One CTA of KC threads per (split sequence, value head, 16 state columns): the columns are
- * independent, so the chain of one head splits over VC / 16 CTAs, and a step's time is the CTA's KC·KC·16
- * multiply-adds (~2 k cycles at K = 128; the chain is np − 2 steps long). Each thread holds a 4×4 tile of S
- * (rows 4 tr .. 4 tr + 3, columns 4 tc ..); the CTA keeps S_in(j) in shared memory and streams Mᵀ_j (stored [e][d]
- * by the pre-scan, so 32 rows e are one contiguous block) through a ring of shared-memory stages by bulk copies,
- * up to two steps ahead, across the step boundaries.
+ * fp32 throughout. One CTA per (split sequence, value head, 16 state columns): the columns are independent, so the
+ * chain of one head splits over VC / 16 CTAs, and a step is a KC × KC by KC × 16 product. The CTA's threads are
+ * NG groups of KC (NG = 4 where K's class has four 32-row blocks of Mᵀ): group b takes the rows e of Mᵀ_j's blocks
+ * b, b + NG, .. (Mᵀ stored [e][d] by the pre-scan, so 32 rows e are one contiguous block), each thread a 4 × 4
+ * tile of the partial product (rows 4 tr .. 4 tr + 3, columns 4 tc ..) from S_in(j) in shared memory; then the
+ * NG partials are summed in group order (the same bits in every run) with E_j into S_in(j + 1). Mᵀ's blocks
+ * stream through a ring of shared-memory stages by bulk copies, issued as soon as a round frees its stages (two
+ * steps ahead at K = 128). With one group the step took ~3.7 µs (T65536 H8: 16 pieces, 52 µs on an H100), four
+ * times the work of a group of four: the step was the CTA's 128 threads' FMAs and their waits.
  */
 #include "common.cuh"
 
 #define MERGE_COLS 16 /* state columns per CTA */
 #define MERGE_EB 32   /* rows of Mᵀ per streamed block */
-/* Ring stages: a step's compute (~1 µs) is shorter than a block's copy latency, so the ring holds about two
- * steps' blocks (128 KB) and the copies run up to that far ahead. */
-#define MERGE_NST(KC) ((KC) <= 128 ? 8 * 128 / (KC) : 4)
+#define MERGE_NB(KC) ((KC) / MERGE_EB)                         /* blocks of Mᵀ per step */
+#define MERGE_NG(KC) (MERGE_NB(KC) < 4 ? MERGE_NB(KC) : 4)      /* thread groups: 2 (K class 64) or 4 */
+/* Ring stages: two steps' blocks (64 KB at K = 128), one at K = 64's four; half a step at 256 (128 KB of 256) */
+#define MERGE_NST(KC) ((KC) <= 128 ? 8 : 4)
 
-/* shared memory: the ring of Mᵀ blocks, S_in(j) (KC × 16), the ring's barriers */
+/* shared memory: the ring of Mᵀ blocks, S_in(j) (KC × 16), the groups' partial products, the ring's barriers */
 static int merge_smem(int kc) {
-    return MERGE_NST(kc) * MERGE_EB * kc * 4 + kc * MERGE_COLS * 4 + 8 * MERGE_NST(kc);
+    const int nb = kc / MERGE_EB, ng = nb < 4 ? nb : 4;
+    return MERGE_NST(kc) * MERGE_EB * kc * 4 + kc * MERGE_COLS * 4 + ng * kc * MERGE_COLS * 4 + 8 * MERGE_NST(kc);
 }
 
 /* KC: the K class (a compile-time size: each thread's rows live in registers) */
 template <int KC>
-__global__ void __launch_bounds__(KC) kda_cp_merge_kernel(const kda_cp_params_t p) {
-    constexpr int nb = KC / MERGE_EB, MERGE_NST = MERGE_NST(KC);
+__global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const kda_cp_params_t p) {
+    constexpr int NB = MERGE_NB(KC), NG = MERGE_NG(KC), ROUNDS = NB / NG, NST = MERGE_NST(KC), NTH = NG * KC;
+    constexpr int NF = KC * MERGE_COLS / 4 / NTH; /* float4s of S per thread in the sum */
+    static_assert(NB % NG == 0 && NST % NG == 0 && NF >= 1 && KC * MERGE_COLS / 4 == NF * NTH, "merge tiling");
     extern __shared__ __align__(16) float msm[];
     const int VC = p.vc, nct = VC / MERGE_COLS;
-    const int tid = threadIdx.x, tc = tid & 3, tr = tid >> 2;
+    const int tid = threadIdx.x, grp = tid / KC, tc = (tid % KC) & 3, tr = (tid % KC) >> 2;
     const int tile = (int)(blockIdx.x % nct);
     const int64_t rest = blockIdx.x / nct;
     const int h = (int)(rest % p.hv);
@@ -41,74 +48,97 @@ __global__ void __launch_bounds__(KC) kda_cp_merge_kernel(const kda_cp_params_t 
     if (!(e->flags & KDA_CP_FIRST) || e->slot < 0) return;
     const int64_t np = e->seq_pieces, s0 = e->slot;
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
-    const int c0 = tile * MERGE_COLS + tc * 4, r0 = 4 * tr;
-    float *ring = msm;                               /* MERGE_NST blocks of MERGE_EB × KC */
-    float *sS = msm + MERGE_NST * MERGE_EB * KC;     /* KC × MERGE_COLS */
-    const uint32_t bars = smem_u32(sS + KC * MERGE_COLS);
+    const int r0 = 4 * tr, c4 = tile * MERGE_COLS;
+    float *ring = msm;                               /* NST blocks of MERGE_EB × KC */
+    float *sS = msm + NST * MERGE_EB * KC;           /* KC × MERGE_COLS */
+    float *red = sS + KC * MERGE_COLS;               /* NG × KC × MERGE_COLS */
+    const uint32_t bars = smem_u32(red + NG * KC * MERGE_COLS);
 #define SLOT(j) (p.slots + ((s0 + (j)) * p.hv + h) * sz)
-    /* block q of the stream: rows b·EB .. of Mᵀ_j, j = 1 + q / nb, b = q % nb; Q blocks in all */
-    const int64_t Q = np > 2 ? (np - 2) * nb : 0;
+    /* block q of the stream: rows b·EB .. of Mᵀ_j, j = 1 + q / NB, b = q % NB; Q blocks in all */
+    const int64_t Q = np > 2 ? (np - 2) * NB : 0;
     if (tid == 0) {
-        for (int i = 0; i < MERGE_NST; i++) mbar_init(bars + 8 * i, 1);
+        for (int i = 0; i < NST; i++) mbar_init(bars + 8 * i, 1);
         mbar_init_fence();
     }
     __syncthreads();
 #define ISSUE(q)                                                                                                \
     do {                                                                                                        \
-        const int st_ = (int)((q) % MERGE_NST);                                                                 \
+        const int st_ = (int)((q) % NST);                                                                       \
         fence_proxy_async();                                                                                    \
         mbar_expect_tx(bars + 8 * st_, MERGE_EB * KC * 4);                                                      \
-        bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), SLOT(1 + (q) / nb) + ((q) % nb) * MERGE_EB * KC,         \
+        bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), SLOT(1 + (q) / NB) + ((q) % NB) * MERGE_EB * KC,         \
                  MERGE_EB * KC * 4, bars + 8 * st_);                                                            \
     } while (0)
     if (tid == 0)
-        for (int64_t q = 0; q < MERGE_NST - 1 && q < Q; q++) ISSUE(q);
+        for (int64_t q = 0; q < NST && q < Q; q++) ISSUE(q);
 
-    float4 acc[4];
+    /* the thread's float4s f = tid + NTH u of the KC × 16 tile: row f / 4, columns 4 (f mod 4) .. */
+    float4 sv[NF];
 #pragma unroll
-    for (int r = 0; r < 4; r++) acc[r] = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)(r0 + r) * VC + c0);
-    for (int64_t j = 1; j < np; j++) {
-        float *sj = SLOT(j);
+    for (int u = 0; u < NF; u++) { /* S_in(1) = E_0 */
+        const int f = tid + NTH * u, row = f >> 2, col = c4 + 4 * (f & 3);
+        sv[u] = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)row * VC + col);
+        *(float4 *)(SLOT(1) + KC * KC + KC * VC + (int64_t)row * VC + col) = sv[u];
+        *(float4 *)&sS[row * MERGE_COLS + 4 * (f & 3)] = sv[u];
+    }
+    for (int64_t j = 1; j + 1 < np; j++) {
+        float4 ej[NF]; /* E_j, added at the step's end */
 #pragma unroll
-        for (int r = 0; r < 4; r++) *(float4 *)(sj + KC * KC + KC * VC + (int64_t)(r0 + r) * VC + c0) = acc[r];
-        if (j == np - 1) break;
-        float4 ej[4]; /* E_j, consumed at the end of the step */
-#pragma unroll
-        for (int r = 0; r < 4; r++) ej[r] = *(const float4 *)(sj + KC * KC + (int64_t)(r0 + r) * VC + c0);
-        __syncthreads(); /* the previous step is done with sS */
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            *(float4 *)&sS[(r0 + r) * MERGE_COLS + tc * 4] = acc[r];
-            acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int u = 0; u < NF; u++) {
+            const int f = tid + NTH * u;
+            ej[u] = *(const float4 *)(SLOT(j) + KC * KC + (int64_t)(f >> 2) * VC + c4 + 4 * (f & 3));
         }
-        __syncthreads();
-        for (int b = 0; b < nb; b++) {
-            const int64_t q = (j - 1) * nb + b;
-            /* the stage of block q − 1 is free (every thread passed the barrier after using it) */
-            if (tid == 0 && q + MERGE_NST - 1 < Q) ISSUE(q + MERGE_NST - 1);
-            mbar_wait(bars + 8 * (int)(q % MERGE_NST), (uint32_t)((q / MERGE_NST) & 1));
-            const float *blk = ring + (q % MERGE_NST) * MERGE_EB * KC;
+        __syncthreads(); /* S_in(j) is in sS */
+        float4 acc[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 1
+        for (int rd = 0; rd < ROUNDS; rd++) {
+            const int b = rd * NG + grp;
+            const int64_t q = (j - 1) * NB + b;
+            mbar_wait(bars + 8 * (int)(q % NST), (uint32_t)((q / NST) & 1));
+            const float *blk = ring + (q % NST) * MERGE_EB * KC;
 #pragma unroll 4
             for (int ee = 0; ee < MERGE_EB; ee++) {
                 const float4 m = *(const float4 *)&blk[ee * KC + r0]; /* M[r0 .. r0 + 3][e] */
-                const float4 sv = *(const float4 *)&sS[(b * MERGE_EB + ee) * MERGE_COLS + tc * 4];
+                const float4 x = *(const float4 *)&sS[(b * MERGE_EB + ee) * MERGE_COLS + tc * 4];
                 const float mr[4] = {m.x, m.y, m.z, m.w};
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
-                    acc[r].x = fmaf(mr[r], sv.x, acc[r].x);
-                    acc[r].y = fmaf(mr[r], sv.y, acc[r].y);
-                    acc[r].z = fmaf(mr[r], sv.z, acc[r].z);
-                    acc[r].w = fmaf(mr[r], sv.w, acc[r].w);
+                    acc[r].x = fmaf(mr[r], x.x, acc[r].x);
+                    acc[r].y = fmaf(mr[r], x.y, acc[r].y);
+                    acc[r].z = fmaf(mr[r], x.z, acc[r].z);
+                    acc[r].w = fmaf(mr[r], x.w, acc[r].w);
                 }
             }
-            __syncthreads();
+            __syncthreads(); /* the round's stages are read: refill them NST blocks on */
+            if (tid == 0)
+                for (int g2 = 0; g2 < NG; g2++) {
+                    const int64_t q2 = (j - 1) * NB + rd * NG + g2 + NST;
+                    if (q2 < Q) ISSUE(q2);
+                }
         }
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            acc[r].x += ej[r].x;
-            acc[r].y += ej[r].y;
-            acc[r].z += ej[r].z;
-            acc[r].w += ej[r].w;
+        for (int r = 0; r < 4; r++) *(float4 *)&red[(grp * KC + r0 + r) * MERGE_COLS + tc * 4] = acc[r];
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < NF; u++) { /* S_in(j + 1) = Σ_groups, in order, + E_j */
+            const int f = tid + NTH * u, row = f >> 2, cl = 4 * (f & 3);
+            float4 x = *(const float4 *)&red[row * MERGE_COLS + cl];
+#pragma unroll
+            for (int g2 = 1; g2 < NG; g2++) {
+                const float4 y = *(const float4 *)&red[(g2 * KC + row) * MERGE_COLS + cl];
+                x.x += y.x;
+                x.y += y.y;
+                x.z += y.z;
+                x.w += y.w;
+            }
+            x.x += ej[u].x;
+            x.y += ej[u].y;
+            x.z += ej[u].z;
+            x.w += ej[u].w;
+            *(float4 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + cl) = x;
+            *(float4 *)&sS[row * MERGE_COLS + cl] = x;
         }
     }
 #undef ISSUE
@@ -122,5 +152,6 @@ extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, vo
     const void *kernels[3] = {(const void *)kda_cp_merge_kernel<64>, (const void *)kda_cp_merge_kernel<128>,
                               (const void *)kda_cp_merge_kernel<256>};
     static int done[3][KDA_MAX_DEVICES];
-    return kda_launch(kernels[which], ctas, p->kc, bytes, p, device, done[which], stream);
+    const int threads = MERGE_NG(p->kc) * p->kc;
+    return kda_launch(kernels[which], ctas, threads, bytes, p, device, done[which], stream);
 }

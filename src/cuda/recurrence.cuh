@@ -36,6 +36,7 @@
  * each piece's merged incoming state.
  */
 #include "common.cuh"
+#include "cp_slot.cuh"
 #include "seq.cuh"
 #include "states16.cuh" /* store_states_bf16: S for the backward's split path */
 #include "bwd.h" /* KDA_BWD_MAX_HEAD_DIM: the KDA_REC_STATES instances */
@@ -367,24 +368,6 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
     }
 }
 
-/* The CP storage (fp32, [d][v] with strides sd, sv) → s, or s → it: no masks (the tiles are the padded
- * classes; padded rows and columns hold zeros) */
-template <int KD>
-DEV void load_slot(const float *src, float (&s)[KD / 8][4], int64_t sd, int64_t sv, int vw, int g, int t) {
-#pragma unroll
-    for (int nt = 0; nt < KD / 8; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) s[nt][c] = src[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv];
-}
-
-template <int KD>
-DEV void store_slot(float *dst, const float (&s)[KD / 8][4], int64_t sd, int64_t sv, int vw, int g, int t) {
-#pragma unroll
-    for (int nt = 0; nt < KD / 8; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) dst[(8 * nt + 2 * t + (c & 1)) * sd + (vw + g + 8 * (c >> 1)) * sv] = s[nt][c];
-}
-
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
@@ -471,14 +454,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
         for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
     const int full = EXACT || (p.K == KD && v0 + bv <= p.V); /* no padded rows or columns in this CTA's part of S */
-    if (mcols) { /* M's columns start from the identity (rows past K stay zero) */
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int d = 8 * nt + 2 * t + (c & 1);
-                s[nt][c] = (d == vw + g + 8 * (c >> 1) && d < p.K) ? 1.0f : 0.0f;
-            }
+    if (mcols) {
+        identity_cols<KD>(s, p.K, vw, g, t);
     } else if (load_sin) {
         load_slot<KD>(slot_base + KD * KD + KD * vc, s, vc, 1, vw, g, t);
     } else if (from_h0 && p.h0 && slot >= 0) {

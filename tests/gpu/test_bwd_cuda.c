@@ -216,6 +216,16 @@ static void *fetch(const bcase_t *c, int i) {
     return h;
 }
 
+/* The oracle's gradients into c->ref */
+static void run_oracle(bcase_t *c, const char *name) {
+    size_t ws = 0;
+    kda_status_t rs = kda_backward_workspace_size(kda_test_reference(), &c->hb, &ws);
+    void *w = malloc(ws + 16);
+    if (rs == KDA_STATUS_SUCCESS) rs = kda_backward(kda_test_reference(), &c->hb, w, ws, NULL);
+    free(w);
+    CHECK(rs == KDA_STATUS_SUCCESS, "%s: oracle: %s", name, kda_last_error());
+}
+
 /* tol: bound on each gradient's relative error (dA_log, ddt_bias: 3 × tol, sums over every token with
  * cancellation). Returns the worst relative error. */
 static double expect_bwd(const char *name, const kda_synth_config_t *cfg, const opts_t *o, double tol) {
@@ -225,12 +235,7 @@ static double expect_bwd(const char *name, const kda_synth_config_t *cfg, const 
     CHECK(st == KDA_STATUS_SUCCESS, "%s: %s: %s", name, kda_describe(cfg), kda_last_error());
     double worst = 0.0;
     if (st == KDA_STATUS_SUCCESS) {
-        size_t ws = 0;
-        kda_status_t rs = kda_backward_workspace_size(kda_test_reference(), &c.hb, &ws);
-        void *w = malloc(ws + 16);
-        if (rs == KDA_STATUS_SUCCESS) rs = kda_backward(kda_test_reference(), &c.hb, w, ws, NULL);
-        free(w);
-        CHECK(rs == KDA_STATUS_SUCCESS, "%s: oracle: %s", name, kda_last_error());
+        run_oracle(&c, name);
         char line[512];
         int len = snprintf(line, sizeof line, "bwd %-26s", name);
         for (int i = 0; i < G_N; i++) {
@@ -398,12 +403,57 @@ TEST(gpu_bwd_t1_and_boundaries) {
         }
 }
 
+static void expect_deterministic(const char *name, const kda_synth_config_t *c);
+
+/* G > 1 with more than one query/key head: the pairs kernel's CTA of (chunk, query/key head hq, channel tile) runs
+ * the value heads hq·G … hq·G + G − 1 in turn and sums their dq̂, dk̂ in order before the l2norm step
+ * (bwd_pairs.cu). G = 4 and 3: l2norm on and off, K = 100 (channels past K in the last tile) and K = 32 (a tile
+ * wholly past K), the K class 64, fp32 and fp16 inputs, varlen with empty sequences, and two calls giving
+ * identical bytes. */
 TEST(gpu_bwd_gva_4x) {
     kda_synth_config_t c = base(128);
     c.hqk = 2;
     c.hv = 8;
     c.gate = KDA_GATE_SOFTPLUS;
     expect_bwd("gva_4x", &c, &TRAIN, TOL_BF16);
+    kda_synth_config_t d = c;
+    d.l2norm = 0;
+    expect_bwd("gva_4x_no_l2norm", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.hv = 6;
+    expect_bwd("gva_3x", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.k = 100;
+    d.v = 72;
+    d.seq_len = 90;
+    expect_bwd("gva_4x_k100_v72", &d, &TRAIN, TOL_BF16);
+    d.l2norm = 0;
+    expect_bwd("gva_4x_k100_no_l2norm", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.k = 32;
+    d.v = 48;
+    expect_bwd("gva_4x_k32_v48", &d, &TRAIN, TOL_BF16);
+    d = base(64);
+    d.hqk = 2;
+    d.hv = 8;
+    expect_bwd("gva_4x_k64_lower_bound", &d, &TRAIN, TOL_BF16);
+    d = c;
+    d.dtype = d.g_dtype = d.beta_dtype = d.o_dtype = KDA_FLOAT32;
+    opts_t o = TRAIN;
+    o.grad_f32 = 1;
+    expect_bwd("gva_4x_fp32", &d, &o, TOL_F32);
+    d = c;
+    d.dtype = d.o_dtype = KDA_FLOAT16;
+    expect_bwd("gva_4x_fp16", &d, &TRAIN, TOL_BF16);
+    static const int64_t lens[] = {300, 0, 7, 129, 0};
+    d = base_varlen(128, lens, 5);
+    d.hqk = 2;
+    d.hv = 8;
+    d.gate = KDA_GATE_SOFTPLUS;
+    o = TRAIN;
+    o.pool = 1;
+    expect_bwd("gva_4x_varlen_empty_pool", &d, &o, TOL_BF16);
+    expect_deterministic("G = 4, two query/key heads", &d);
 }
 
 TEST(gpu_bwd_strong_decay) {
@@ -490,9 +540,9 @@ TEST(gpu_bwd_deterministic) {
     expect_deterministic("G = 4", &c);
 }
 
-/* One value head per query/key head (G = 1): the pairs kernel writes dq and dk itself, the l2norm step's sums
- * over a row's channel tiles exchanged in a cluster (bwd_pairs.cu), where the cases above (G ≥ 2) take the
- * scratch and the finish kernel. Every option again, on that path: the gate forms, l2norm off, β plain and
+/* One value head per query/key head (G = 1): the pairs kernel's loop over the group's value heads runs once (the
+ * cases above have G ≥ 2; until v11 they took a scratch and a finish kernel for dq and dk, and G = 1 alone the
+ * pairs kernel's stores). Every option again at G = 1: the gate forms, l2norm off, β plain and
  * 2·sigmoid, a scale, T = 1 and T not a multiple of 64, strong decay, the states' forms, varlen with empty
  * sequences, fp32 and fp16 inputs and gradients, K of 100 (channels past K in the last tile), and two calls
  * giving identical bytes. */
@@ -795,6 +845,123 @@ TEST(gpu_bwd_saved_blocks) {
     kda_synth_config_t f = base(64);
     f.dtype = f.g_dtype = f.beta_dtype = f.o_dtype = KDA_FLOAT32;
     saved_case("fp32_k64", &f, &TRAIN, 0);
+}
+
+/* The state-gradient chain split by intra-card CP (bwd_dstate.cu's modes, forced on through kda_args_t.cp_mode
+ * with pieces of `piece` tokens) against the same call with the split off: each gradient's error against the
+ * oracle at most 1.1x the unsplit call's (+ 1e-5), nothing left unwritten, two split calls giving identical
+ * bytes, and — the inputs decay slowly, so the state gradient carries across pieces — some gradient byte
+ * different from the unsplit call's (the split was taken: the merged fp32 dS differs in its last bits). */
+static void cp_case(const char *name, const kda_synth_config_t *cfg, const opts_t *o, int64_t piece) {
+    bcase_t x;
+    bcase_make(&x, cfg, o);
+    run_oracle(&x, name);
+    double e_off[G_N], e_cp[G_N];
+    void *off[G_N], *cp[G_N];
+    x.dev.cp_mode = KDA_CP_OFF;
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: split off: %s", name, kda_last_error());
+    for (int i = 0; i < G_N; i++) off[i] = fetch(&x, i);
+    x.dev.cp_mode = KDA_CP_ON;
+    x.dev.cp_piece_len = piece;
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: split: %s", name, kda_last_error());
+    for (int i = 0; i < G_N; i++) cp[i] = fetch(&x, i);
+    CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: split, again: %s", name, kda_last_error());
+    char line[512];
+    int len = snprintf(line, sizeof line, "bwd cp %-22s piece %4lld:", name, (long long)piece);
+    int differs = 0;
+    for (int i = 0; i < G_N; i++) {
+        const size_t bytes = (size_t)x.n[i] * kda_dtype_size(x.dt[i]);
+        void *again = fetch(&x, i);
+        CHECK(memcmp(cp[i], again, bytes) == 0, "%s: %s differs between two split calls", name, grad_names[i]);
+        free(again);
+        if (x.n[i] == 0) continue;
+        differs |= memcmp(cp[i], off[i], bytes) != 0;
+        e_off[i] = kda_rel_err(off[i], x.dt[i], x.ref[i], KDA_FLOAT32, x.n[i]);
+        e_cp[i] = kda_rel_err(cp[i], x.dt[i], x.ref[i], KDA_FLOAT32, x.n[i]);
+        CHECK(kda_count_nonfinite(cp[i], x.dt[i], x.n[i]) == 0, "%s: %s not finite or unwritten", name, grad_names[i]);
+        CHECK(e_cp[i] <= 1.1 * e_off[i] + 1e-5, "%s: %s error %.3g split, %.3g unsplit", name, grad_names[i], e_cp[i],
+              e_off[i]);
+        len += snprintf(line + len, sizeof line - (size_t)len, " %s %.2e/%.2e", grad_names[i], e_cp[i], e_off[i]);
+    }
+    CHECK(differs, "%s: the split gradients equal the unsplit ones bit for bit: no split was taken", name);
+    printf("%s  (split/unsplit) %s\n", line, kda_describe(cfg));
+    for (int i = 0; i < G_N; i++) {
+        free(off[i]);
+        free(cp[i]);
+    }
+    bcase_free(&x);
+}
+
+TEST(gpu_bwd_cp_state_gradient) {
+    kda_synth_config_t c = base(128); /* one long row, K = V = 128: one 128-column tile per piece and head */
+    c.batch = 1;
+    c.seq_len = 1100;
+    c.gate = KDA_GATE_SOFTPLUS;
+    c.decay = 0.001f;
+    cp_case("row_k128", &c, &TRAIN, 64);
+    cp_case("row_k128", &c, &TRAIN, 320);
+    c.allow_neg_eigval = 1;
+    c.gate = KDA_GATE_LOWER_BOUND;
+    cp_case("row_k128_neg_lb", &c, &TRAIN, 192);
+    c.allow_neg_eigval = 0;
+    c.gate = KDA_GATE_SOFTPLUS;
+    c.decay = 30.0f; /* strong decay: the split still exact, the pieces' maps near zero */
+    {
+        bcase_t x;
+        bcase_make(&x, &c, &TRAIN);
+        x.dev.cp_mode = KDA_CP_ON;
+        x.dev.cp_piece_len = 64;
+        run_oracle(&x, "row_k128_strong");
+        CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "strong decay, split: %s", kda_last_error());
+        for (int i = 0; i < G_N; i++) {
+            if (x.n[i] == 0) continue;
+            void *g = fetch(&x, i);
+            const double e = kda_rel_err(g, x.dt[i], x.ref[i], KDA_FLOAT32, x.n[i]);
+            CHECK(e <= (i >= G_DA ? 3 : 1) * TOL_BF16 && kda_count_nonfinite(g, x.dt[i], x.n[i]) == 0,
+                  "strong decay, split: %s error %.3g", grad_names[i], e);
+            free(g);
+        }
+        bcase_free(&x);
+    }
+    /* varlen with empty and one-token sequences, GVA 4x, a state pool, K = V = 64 (64-column tiles) */
+    static const int64_t lens[] = {700, 0, 129, 1, 260};
+    kda_synth_config_t v = base_varlen(64, lens, 5);
+    v.hqk = 1;
+    v.hv = 4;
+    v.gate = KDA_GATE_SOFTPLUS;
+    v.decay = 0.001f;
+    opts_t o = TRAIN;
+    o.pool = 1;
+    cp_case("varlen_pool_gva4_k64", &v, &o, 64);
+    cp_case("varlen_pool_gva4_k64", &v, &o, 128);
+    /* padded classes: K = 100, V = 72 (128-column tiles over 100 and 72 real columns); K = 128, V = 64 (M in two
+       64-column tiles) */
+    kda_synth_config_t k = base(128);
+    k.batch = 1;
+    k.seq_len = 600;
+    k.k = 100;
+    k.v = 72;
+    k.gate = KDA_GATE_SOFTPLUS;
+    k.decay = 0.001f;
+    cp_case("k100_v72", &k, &TRAIN, 128);
+    k.k = 128;
+    k.v = 64;
+    cp_case("k128_v64", &k, &TRAIN, 64);
+}
+
+/* Small split cases for compute-sanitizer (memcheck, racecheck): the CP modes of the state-gradient kernel at both
+ * tiles (64 and 128 columns) and the merge, on problems that racecheck finishes in seconds */
+TEST(gpu_bwd_cp_sanitize) {
+    for (int kd = 64; kd <= 128; kd *= 2) {
+        kda_synth_config_t c = base(kd);
+        c.batch = 1;
+        c.seq_len = 260;
+        c.hqk = 1;
+        c.hv = 2;
+        c.gate = KDA_GATE_SOFTPLUS;
+        c.decay = 0.001f;
+        cp_case(kd == 64 ? "sanitize_k64" : "sanitize_k128", &c, &TRAIN, 64);
+    }
 }
 
 /* Heads beyond 128: NOT_SUPPORTED naming the argument, from the size query and the call, nothing written. */

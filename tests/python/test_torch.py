@@ -865,6 +865,128 @@ def test_fast_path_training(fast_path, name, need, changes):
     assert len(fast_path) == 2
 
 
+@pytest.fixture
+def bwd_fast_path(fast_path, monkeypatch):
+    """fast_path, and a count of the backward calls _BwdCall served (a cached training signature's backward)."""
+    from kda import _torch
+    served = []
+    call = _torch._BwdCall.__call__
+
+    def counted(self, *args):
+        served.append(self)
+        return call(self, *args)
+    monkeypatch.setattr(_torch._BwdCall, "__call__", counted)
+    yield served
+
+
+def _loss_step(fn, xt, cu, kw, need, seed, loss, retain=False):
+    """_training_step with a choice of loss: "both" (o and the final state, random weights), "o" (o alone: autograd
+    hands the backward zeros for the final state), "ht" (the final state alone: zeros for o), "sum" (o.sum(): an
+    expanded, non-contiguous gradient of o). `retain`: backward twice through the same graph (retain_graph), the
+    gradients accumulated."""
+    leaves = {key: xt[key].clone().requires_grad_() for key in need if key in xt}
+    o, ht = fn(**{**xt, **leaves}, cu_seqlens=cu, **kw)
+    gen = torch.Generator().manual_seed(seed)
+    if loss == "sum":
+        total = o.sum()
+    elif loss == "ht" and ht is not None:
+        total = (ht * torch.randn(ht.shape, generator=gen)).sum()
+    else:
+        total = (o.float() * torch.randn(o.shape, generator=gen)).sum()
+        if ht is not None and loss == "both":
+            total = total + (ht * torch.randn(ht.shape, generator=gen)).sum()
+    total.backward(retain_graph=retain)
+    if retain:
+        total.backward()
+    return o.detach(), None if ht is None else ht.detach(), {key: t.grad for key, t in leaves.items()}
+
+
+@pytest.mark.parametrize("name,need,changes", [
+    ("varlen_gva", GRAD_INPUTS, {}),
+    ("basic", ("q", "v", "initial_state"), dict(output_final_state=False)),
+    ("basic", ("k", "beta", "initial_state"), dict(scale=0.0)),
+    ("bounded_vfirst", ("k", "g", "A_log"), {}),
+    ("t1", ("q", "dt_bias", "initial_state"), {}),
+])
+def test_fast_path_training_backward(bwd_fast_path, name, need, changes):
+    """A cached training signature's backward (_BwdCall, from its second call on): with new data every call and
+    every kind of loss (incoming gradients of o and the final state given, zero, or non-contiguous), and through
+    retain_graph, o, the final state and every gradient equal the checked path's bit for bit, in dtype too. A call
+    that differs in which tensors require grad, or in a shape, takes the checked path, forward and backward."""
+    losses = ("both", "o", "ht", "sum", "both", "o", "both")
+    for rnd, loss in enumerate(losses):
+        xt, cu, kw = _grad_case(name, seed=40 + rnd)
+        kw.update(changes)
+        cu = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+        retain = rnd == len(losses) - 1
+        got = _loss_step(kda.chunk_kda, xt, cu, kw, need, rnd, loss, retain)
+        expected = _loss_step(lambda **a: uncached(kda.chunk_kda, **a), xt, cu, kw, need, rnd, loss, retain)
+        assert (got[1] is None) == (expected[1] is None)
+        assert torch.equal(got[0], expected[0]) and (got[1] is None or torch.equal(got[1], expected[1]))
+        assert got[2].keys() == expected[2].keys()
+        for key, t in expected[2].items():
+            if t is None:  # an input the loss does not reach (h0 with scale 0 and no final state, ...)
+                assert got[2][key] is None, key
+                continue
+            assert got[2][key] is not None and got[2][key].dtype == t.dtype, key
+            assert got[2][key].shape == t.shape and torch.equal(got[2][key], t), (key, loss)
+    # the first call notes the shape, the second caches the signature, the third runs the checked backward and
+    # remembers it; every later backward (two with retain_graph) is _BwdCall's
+    assert len(bwd_fast_path) == len(losses) - 3 + 1
+    served = len(bwd_fast_path)
+    xt, cu, kw = _grad_case(name, seed=50)
+    kw.update(changes)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int64)
+    other = tuple(n for n in GRAD_INPUTS if n in xt and n not in need)[:1]
+    for fewer in (need[1:],) + ((need + other,) if other else ()):
+        got = _loss_step(kda.chunk_kda, xt, cu, kw, fewer, 5, "both")
+        expected = _loss_step(lambda **a: uncached(kda.chunk_kda, **a), xt, cu, kw, fewer, 5, "both")
+        for key, t in expected[2].items():
+            assert torch.equal(got[2][key], t), key
+    assert len(bwd_fast_path) == served  # other requires-grad sets: other signatures, checked
+    longer = {key: (torch.cat([t, t[:, :1]], dim=1) if key in ("q", "k", "v", "g", "beta") else t)
+              for key, t in xt.items()}
+    if cu is None:  # one token more per row: another shape
+        got = _loss_step(kda.chunk_kda, longer, None, kw, need, 6, "both")
+        expected = _loss_step(lambda **a: uncached(kda.chunk_kda, **a), longer, None, kw, need, 6, "both")
+        for key, t in expected[2].items():
+            assert torch.equal(got[2][key], t), key
+        assert len(bwd_fast_path) == served
+
+
+def test_fast_path_training_backward_varlen_lengths(bwd_fast_path):
+    """One cached varlen signature (the number of sequences fixed) with other lengths each call: the CPU
+    backward's workspace follows the longest sequence, so a remembered size may be too small (the call is made
+    again with the size libkda asks for) or larger than needed; the gradients equal the checked path's."""
+    from kda import _lib, _torch
+    L = _lib.library()
+    queries = []
+    query = L.backward_workspace_size
+    xt, _, kw = _grad_case("varlen_gva", seed=60)
+    T = xt["q"].shape[1]
+    # the third call's backward is remembered with the longest sequence 30; the fourth needs more (87), the
+    # fifth less (45)
+    sizes = []
+    for rnd, lens in enumerate(([3, 0, 67, 20], [30, 30, 10, 20], [10, 30, 30, 20], [1, 1, 1, 87], [45, 45, 0, 0])):
+        cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int64)
+        assert int(cu[-1]) == T
+        L.backward_workspace_size = lambda *a: queries.append(rnd) or query(*a)
+        try:
+            got = _loss_step(kda.chunk_kda, xt, cu, kw, GRAD_INPUTS, rnd, "both")
+        finally:
+            L.backward_workspace_size = query
+        expected = _loss_step(lambda **a: uncached(kda.chunk_kda, **a), xt, cu, kw, GRAD_INPUTS, rnd, "both")
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        for key, t in expected[2].items():
+            assert torch.equal(got[2][key], t), key
+        calls = [c for calls in _torch._chunk_calls.values() for c in calls.values()]
+        sizes.append(calls[0].bwd.nbytes if calls and calls[0].bwd else None)
+    assert len(bwd_fast_path) == 2
+    # checked backwards ask for the size; the remembered one asks again only where it fell short
+    assert queries == [0, 1, 2, 3]
+    assert sizes[2] < sizes[3] == sizes[4]
+
+
 def test_fast_path_workspace_too_small(fast_path):
     """A remembered workspace size that no longer suffices (more CPU threads since, or simply wrong) is never
     handed to libkda as if it did: the call is made again with the size libkda asks for."""
@@ -934,6 +1056,42 @@ def test_cuda_fast_path(fast_path):
             f(**dict(xt, q=misaligned), **kw)
         errs.append(str(e.value))
     assert errs[0] == errs[1] and "aligned" in errs[0]
+
+
+@requires_gpu
+@pytest.mark.parametrize("name,host_copy", [("varlen_gva", True), ("varlen_gva", False), ("basic", False)])
+def test_cuda_fast_path_training(bwd_fast_path, name, host_copy):
+    """CUDA training steps of a cached signature (_ChunkKDACached's forward keeping its blocks, _BwdCall's
+    backward): o, the final state and every gradient equal the checked path's bit for bit, with new data each
+    step, on the current stream (one step on a side stream)."""
+    def step(fn, xt, kw, seed, stream=None):
+        leaves = {key: xt[key].clone().requires_grad_() for key in GRAD_INPUTS if key in xt}
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            o, ht = fn(**{**xt, **leaves}, **kw)
+            gen = torch.Generator().manual_seed(seed)
+            wo, wh = torch.randn(o.shape, generator=gen).cuda(), torch.randn(ht.shape, generator=gen).cuda()
+            ((o.float() * wo).sum() + (ht * wh).sum()).backward()
+        torch.cuda.synchronize()
+        return o.detach(), ht.detach(), {key: t.grad for key, t in leaves.items()}
+
+    side = torch.cuda.Stream()
+    for rnd in range(6):
+        x, cu, opts = case_inputs(name, seed=70 + rnd, K_V=(64, 64))
+        xt = to_torch(x, "cuda", torch.bfloat16)
+        kw = gate_to(opts, "cuda")
+        for key in ("A_log", "dt_bias"):
+            if key in kw:
+                xt[key] = kw.pop(key)
+        if cu is not None:
+            kw["cu_seqlens"] = torch.tensor(cu, dtype=torch.int32, device="cuda")
+            if host_copy:
+                kw["cu_seqlens_cpu"] = torch.tensor(cu, dtype=torch.int32)
+        got = cuda_call(step, kda.chunk_kda, xt, kw, rnd, side if rnd == 5 else None)
+        expected = step(lambda **a: uncached(kda.chunk_kda, **a), xt, kw, rnd)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+        for key, t in expected[2].items():
+            assert got[2][key] is not None and got[2][key].dtype == t.dtype and torch.equal(got[2][key], t), key
+    assert len(bwd_fast_path) == 3
 
 
 # ---------------------------------------------------------------------------------------------------------
