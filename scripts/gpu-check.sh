@@ -17,6 +17,7 @@
 #   cp        intra-card CP (issue 9): the gpu_fwd_cp* tests, memcheck + racecheck on them (CP_SAN_TESTS), then
 #             bench/bench_cp.py against FLA and FLA-CP (CP_BENCH_ARGS, e.g. "--quick" or "--only 65536")
 #   cpprof    per-kernel durations (ncu) of one call of each CPPROF_SHAPES shape (bench/cp_kernels.py), auto and off
+#             (CPPROF_PIECES), for each build-$lib of CPPROF_LIBS (default gpu)
 #   bwdprof   the backward (issue 11): per-stage ms (CUDA events in a -DKDA_DEV=ON build, bench/bwd_stages.py) of
 #             BWD_SHAPES, then per-kernel duration and SOL (ncu) of one training step of "B2 T8192 H32"
 #   bwdab     the backward's per-stage ms of .var1 (a variant tree, carried), of this tree and of .var2 when carried,
@@ -219,14 +220,14 @@ PY
   cpprof)
     fla_site # bench_cp.py, where the shapes are, imports FLA
     IFS=';' read -ra shapes <<< "${CPPROF_SHAPES:-single T65536 H8;single T131072 H4;B1 T32768 H32}"
-    for sh in "${shapes[@]}"; do for pl in None 0; do
-      env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site PYTHONUNBUFFERED=1 \
+    for lib in ${CPPROF_LIBS:-gpu}; do for sh in "${shapes[@]}"; do for pl in ${CPPROF_PIECES:-None 0}; do
+      env KDA_LIBRARY=$PWD/build-$lib/libkda.so PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site PYTHONUNBUFFERED=1 \
         ncu --profile-from-start off --section SpeedOfLight python3 bench/cp_kernels.py "$sh" $pl >"$LOG/cpprof.txt" 2>&1
-      echo "-- $sh piece_len=$pl"
+      echo "-- build-$lib: $sh piece_len=$pl"
       [ "$pl" = None ] && [ "$sh" = "${shapes[0]}" ] && cp "$LOG/cpprof.txt" "$OUT/cpprof_first.txt"
       grep -E "==PROF==|==ERROR==|Error" "$LOG/cpprof.txt" | head -3
       awk '/^  [a-z_A-Z].*\(.*Context/{k=$0; sub(/^ +/, "", k)} /Duration/{printf "   %-40s %s %s\n", substr(k,1,40), $NF, $(NF-1); t+=$NF*($(NF-1)=="ms"?1000:($(NF-1)=="us"?1:0.001))} END{printf "   total %.1f us\n", t}' "$LOG/cpprof.txt"
-    done; done
+    done; done; done
     ;;
   bwdprof)
     build build-dev . -DKDA_DEV=ON || exit 1
