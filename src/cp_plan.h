@@ -88,6 +88,9 @@ typedef struct kda_cp_problem {
     int32_t sm_count;     /* the device's multiprocessors */
     int32_t mode;         /* kda_cp_mode_t: KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON */
     int64_t piece_len;    /* KDA_CP_ON: tokens per piece (validated: a multiple of C in [C, KDA_CP_MAX_PIECE_LEN]) */
+    int32_t prescan_pairs; /* the backward's state-gradient chain (v_tiles then counts its two chains per tile): a
+                              piece's pre-scan runs two chains (M beside E) but a sequence's last piece one (E) and
+                              its first none; rule 3 counts them so (0: the forward) */
 } kda_cp_problem_t;
 
 KDA_HD static inline int64_t kda_cp_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -115,6 +118,10 @@ KDA_HD static inline int64_t kda_cp_auto_slot_limit(const kda_cp_problem_t *p) {
  *        KDA_CP_CTAS_PER_SM × sm_count, the most that keeps the pieces of all sequences within the target (a
  *        piece more would start a second wave of CTAs: T65536 H8 on 132 SMs in 17 pieces of 61 chunks, 136 CTAs,
  *        took 1.07 ms, in 16 of 64 0.98); n ≤ 1: 0;
+ *        with prescan_pairs (the backward's chain: 2n − 3 pre-scan chains for n pieces, as many as one CTA per SM
+ *        takes when 2n − 3 <= 2 × that share, v_tiles counting two per tile): n = floor(share + 3/2), and n <= 2
+ *        is no split (two pieces: the last piece's pre-scan is as long as the pieces' pass, nothing saved); B1
+ *        T32768 H16 on 132 SMs: share 4.125, 5 pieces of 103 chunks, 112 pre-scan and 80 piece CTAs;
  *     4. balanced: P = ceil(max / n), at least KDA_CP_MIN_PIECE_CHUNKS;
  *     5. raised where needed so that the pieces of split sequences stay within kda_cp_auto_slot_limit;
  *     6. P >= max_chunks (nothing would be split): 0.
@@ -128,8 +135,9 @@ KDA_HD static inline int64_t kda_cp_piece_chunks(const kda_cp_problem_t *p) {
     const int64_t sm = kda_cp_max64(1, p->sm_count);
     if (total * units * KDA_CP_FILL_DIV >= sm * max_c) return 0; /* 2 */
     const int64_t target = (int64_t)KDA_CP_CTAS_PER_SM * sm;
-    const int64_t n = max_c * target / (total * units); /* 3 */
-    if (n <= 1) return 0;
+    const int64_t n = p->prescan_pairs ? (2 * max_c * target + 3 * total * units) / (2 * total * units)
+                                       : max_c * target / (total * units); /* 3 */
+    if (n <= (p->prescan_pairs ? 2 : 1)) return 0;
     int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n)); /* 4 */
     P = kda_cp_max64(P, kda_cp_ceil_div(2 * total, kda_cp_auto_slot_limit(p)));                  /* 5 */
     return P >= max_c ? 0 : P;                                                                     /* 6 */
@@ -275,6 +283,7 @@ static inline int kda_cp_problem_from(const kda_problem_t *p, int32_t sm_count, 
     out->sm_count = sm_count;
     out->mode = (int32_t)a->cp_mode;
     out->piece_len = a->cp_piece_len;
+    out->prescan_pairs = 0;
     if (p->varlen && !host_cu_seqlens) {
         kda_cp_chunk_bounds(p->num_tokens, p->num_seqs, &out->total_chunks, &out->max_chunks);
         return 0;

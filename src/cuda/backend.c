@@ -152,6 +152,13 @@ static int64_t block_bytes(const kda_problem_t *p) {
     return kda_cuda_block_bytes(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v));
 }
 
+/* The backward's state-gradient chain takes the same plan (bwd_dstate.cu's CP modes, run last piece first) with
+ * twice the tiles: its pre-scan runs each piece's M columns beside its E columns, each as long a chain as the
+ * piece, and the split aims at one pre-scan CTA per SM, counting a sequence's 2n − 3 pre-scan chains of n pieces
+ * (kda_cp_problem_t.prescan_pairs; B1 T32768 H16 on 132 SMs: 5 pieces of 103 chunks, 112 pre-scan CTAs and 80
+ * piece CTAs of 103 steps against 32 CTAs of 512) */
+#define KDA_BWD_CP_TILES 2
+
 /* Intra-card context parallelism (docs/ALGORITHM.md §4, src/cp_plan.h): the capacity the workspace holds for
  * this problem. Zero slots: no sequence can be split, and kda_forward launches exactly what it did before CP
  * existed. The lengths are exact with equal rows or cu_seqlens_host, else bounded from num_tokens; the plan itself
@@ -160,16 +167,12 @@ static kda_cp_capacity_t cp_capacity_tiles(const cuda_impl_t *impl, const kda_pr
     kda_cp_problem_t cp;
     const int known = kda_cp_problem_from(p, impl->sm_count, p->a.cu_seqlens_host, &cp);
     cp.v_tiles *= tiles_factor;
+    cp.prescan_pairs = tiles_factor == KDA_BWD_CP_TILES;
     return kda_cp_capacity(&cp, known);
 }
 static kda_cp_capacity_t cp_capacity(const kda_context_t *ctx, const kda_problem_t *p) {
     return cp_capacity_tiles((const cuda_impl_t *)ctx->impl, p, 1);
 }
-/* The backward's state-gradient chain takes the same plan (bwd_dstate.cu's CP modes, run last piece first) with
- * twice the tiles: its pre-scan runs each piece's M columns beside its E columns, each as long a chain as the
- * piece, and the split aims at one pre-scan CTA per SM (B1 T32768 H16 on 132 SMs: 4 pieces of 128 chunks, 80
- * pre-scan CTAs of 128 steps and 64 piece CTAs of 128 steps against 32 CTAs of 512) */
-#define KDA_BWD_CP_TILES 2
 static kda_cp_capacity_t bwd_cp_capacity(const cuda_impl_t *impl, const kda_problem_t *p) {
     return cp_capacity_tiles(impl, p, KDA_BWD_CP_TILES);
 }
@@ -358,6 +361,7 @@ static void fill_cp_params(const cuda_impl_t *impl, const kda_problem_t *p, kda_
     cpp->piece_len = a->cp_piece_len;
     cpp->hv = a->num_v_heads;
     cpp->v_tiles = kda_cp_v_tiles(a->head_dim_v) * tiles_factor;
+    cpp->prescan_pairs = tiles_factor == KDA_BWD_CP_TILES;
     cpp->sm_count = impl->sm_count;
     cpp->kc = kda_cuda_size_class(a->head_dim_k);
     cpp->vc = kda_cuda_size_class(a->head_dim_v);

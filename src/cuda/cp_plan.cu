@@ -78,6 +78,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
     cp.sm_count = p.sm_count;
     cp.mode = p.mode;
     cp.piece_len = p.piece_len;
+    cp.prescan_pairs = p.prescan_pairs;
     int64_t P = kda_cp_piece_chunks(&cp);
 
     /* offsets of each thread's run; P = 0 if the plan does not fit the workspace */

@@ -171,6 +171,7 @@ typedef struct kda_cp_params {
     int mode;                        /* kda_cp_mode_t */
     int64_t piece_len;               /* tokens, KDA_CP_ON */
     int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
+    int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
     int kc, vc;                      /* size classes: the slots' tiles */
 } kda_cp_params_t;
 

@@ -126,6 +126,35 @@ TEST(cp_plan_guard_fill_threshold) {
     CHECK(kda_cp_piece_chunks(&p) > 0, "T65536 HV30 V128: 30 tiles do not");
 }
 
+/* The backward's state-gradient chain (prescan_pairs, two tiles counted per head): n = floor(share + 3/2) pieces
+ * of the longest sequence, whose 2n − 3 pre-scan chains per head fit one CTA per SM; no split at n <= 2. */
+TEST(cp_plan_prescan_pairs) {
+    struct { int HV; int64_t T; int64_t P; } cases[] = {
+        {16, 32768, 103}, /* share 132 / 32 = 4.125: 5 pieces, 16 × 7 = 112 pre-scan CTAs, 80 piece CTAs */
+        {8, 65536, 114},  /* share 8.25: 9 pieces, 8 × 15 = 120 pre-scan CTAs */
+        {4, 131072, 114}, /* share 16.5: 18 pieces of ceil(2048 / 18) chunks, 4 × 33 = 132 pre-scan CTAs */
+        {1, 65536, 16},   /* share 66: 67 pieces, ceil(1024 / 67) = 16 chunks each (>= the slot limit's 11) */
+        {32, 32768, 0},   /* the fill guard (64 tiles × KDA_CP_FILL_DIV >= 132) */
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kda_cp_problem_t p = shape(1, NULL, cases[i].T, cases[i].HV, 128, H100_SMS);
+        p.v_tiles *= 2;
+        p.prescan_pairs = 1;
+        const int64_t P = kda_cp_piece_chunks(&p);
+        CHECK(P == cases[i].P, "B1 T%lld H%d: P = %lld, expected %lld", (long long)cases[i].T, cases[i].HV,
+              (long long)P, (long long)cases[i].P);
+        if (P > 0) {
+            const int64_t n = kda_cp_ceil_div(p.max_chunks, P);
+            CHECK(cases[i].HV * (2 * n - 3) <= H100_SMS && n >= 3, "B1 T%lld H%d: %lld pieces",
+                  (long long)cases[i].T, cases[i].HV, (long long)n);
+        }
+    }
+    /* the forward's rule on the same problem: share pieces (4 of 128 chunks at B1 T32768 H16) */
+    kda_cp_problem_t p = shape(1, NULL, 32768, 16, 128, H100_SMS);
+    p.v_tiles *= 2;
+    CHECK(kda_cp_piece_chunks(&p) == 128, "without prescan_pairs: P = %lld", (long long)kda_cp_piece_chunks(&p));
+}
+
 TEST(cp_plan_forced_modes) {
     kda_cp_problem_t p = shape(1, NULL, 65536, 8, 128, H100_SMS);
     p.mode = KDA_CP_OFF;
