@@ -299,7 +299,9 @@ typedef struct kda_args {
      * head at K = V = 128, 644 at 64), so that kda_backward does not rerun that stage and its workspace is
      * smaller by as much, and with bfloat16 inputs, where the backward's stage that recomputes the states would
      * fill the GPU (many sequence-heads), the state at every chunk start in bfloat16 (+512 bytes per token and
-     * value head at K = V = 128, +128 at 64; that stage then does not run); the CPU backends keep nothing. Ask
+     * value head at K = V = 128, +128 at 64; that stage then does not run), and where that stage's state-gradient
+     * chain may be split by intra-card CP, the forward's maps of its split pieces (+64 KB per piece and value
+     * head at K = 128), which spare the backward half of its pre-scan; the CPU backends keep nothing. Ask
      * kda_forward_saved_size for the bytes, give kda_forward that memory here (device memory, any alignment), leave it unchanged until the
      * backward, and pass the same kda_args_t, these fields included, as kda_backward's problem: it then reads
      * the memory instead of recomputing (its contents are not checked: a buffer of another call or other

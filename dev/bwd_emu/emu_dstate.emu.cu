@@ -40,7 +40,7 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
     const int64_t cap = q->seqs.num_seqs + q->blocks.max_chunks + 1;
     kda_cp_piece_t *table = (kda_cp_piece_t *)calloc((size_t)cap, sizeof *table);
     const kda_cp_plan_t plan = kda_cp_fill_table(&cs, P, table, cap);
-    int64_t header[3] = {plan.num_pieces, P, plan.num_slots};
+    int64_t header[4] = {plan.num_pieces, P, plan.num_slots, 0}; /* [3]: no kept forward maps */
     const int KC = q->kc, VC = q->vc, HV = q->hv;
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
     float *slots = (float *)malloc((size_t)(plan.num_slots > 0 ? plan.num_slots : 1) * HV * sz * sizeof(float));

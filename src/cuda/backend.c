@@ -173,8 +173,22 @@ static kda_cp_capacity_t cp_capacity_tiles(const cuda_impl_t *impl, const kda_pr
 static kda_cp_capacity_t cp_capacity(const kda_context_t *ctx, const kda_problem_t *p) {
     return cp_capacity_tiles((const cuda_impl_t *)ctx->impl, p, 1);
 }
-static kda_cp_capacity_t bwd_cp_capacity(const cuda_impl_t *impl, const kda_problem_t *p) {
+/* The backward chain's own capacity: slots > 0 where its chain may split (then the forward keeps S, and its maps) */
+static kda_cp_capacity_t bwd_own_capacity(const cuda_impl_t *impl, const kda_problem_t *p) {
     return cp_capacity_tiles(impl, p, KDA_BWD_CP_TILES);
+}
+static int keeps_maps(const cuda_impl_t *impl, const kda_problem_t *p);
+static int uses_saved(const kda_problem_t *p);
+/* The backward chain's capacity: where the forward kept its piece maps, the plan may take the forward's pieces or
+ * its own (cp_plan.cu), so room for either */
+static kda_cp_capacity_t bwd_cp_capacity(const cuda_impl_t *impl, const kda_problem_t *p) {
+    kda_cp_capacity_t c = bwd_own_capacity(impl, p);
+    if (uses_saved(p) && keeps_maps(impl, p)) {
+        const kda_cp_capacity_t f = cp_capacity_tiles(impl, p, 1);
+        if (f.pieces > c.pieces) c.pieces = f.pieces;
+        if (f.slots > c.slots) c.slots = f.slots;
+    }
+    return c;
 }
 
 /* The CP region after the blocks: a 256-byte header ([0] pieces, [1] P, [2] slots), the piece table, the slots. */
@@ -217,11 +231,24 @@ static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p);
  * chain's split). The problem alone decides, so the forward and the backward agree. */
 static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
     return bwd_split(p) && saved_blocks_bytes(p) > 0 &&
-           (2 * states_ctas(impl, p) > impl->sm_count || bwd_cp_capacity(impl, p).slots > 0);
+           (2 * states_ctas(impl, p) > impl->sm_count || bwd_own_capacity(impl, p).slots > 0);
+}
+/* Where the backward's chain may split (bf16 inputs), the forward also keeps its pre-scan's piece maps: a middle
+ * piece's M, which is the chain's Mᵀ (ALGORITHM.md §6), so that the chain, walking the forward's pieces, runs no
+ * M of its own (B1 T32768 H16: 112 pre-scan CTAs of E alone over 8 pieces of 64 chunks, against 5 pieces of 103
+ * chunks with M beside E). A 256-byte header (the forward's piece length, cp_plan.cu), then KC × KC fp32 per
+ * forward slot and value head: +64 KB per piece-head at K = 128, 4 MB per 64 piece-heads. */
+static int keeps_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return bwd_split(p) && saved_blocks_bytes(p) > 0 && bwd_own_capacity(impl, p).slots > 0;
+}
+static size_t saved_maps_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
+    if (!keeps_maps(impl, p)) return 0;
+    const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k);
+    return align256(256 + (size_t)cp_capacity_tiles(impl, p, 1).slots * (size_t)p->a.num_v_heads * kc * kc * 4);
 }
 static size_t saved_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
     const size_t b = saved_blocks_bytes(p);
-    return b == 0 ? 0 : b + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0);
+    return b == 0 ? 0 : b + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0) + saved_maps_bytes(impl, p);
 }
 static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
     *bytes = saved_bytes((const cuda_impl_t *)ctx->impl, p);
@@ -235,6 +262,11 @@ static unsigned char *saved_base(const kda_problem_t *p) {
 /* The kept bf16 states (after the blocks in saved), or NULL */
 static uint16_t *saved_states(const cuda_impl_t *impl, const kda_problem_t *p) {
     return uses_saved(p) && keeps_states(impl, p) ? (uint16_t *)(saved_base(p) + blocks_bytes(p)) : NULL;
+}
+/* The kept piece maps' header (after the blocks and the states in saved), or NULL; the maps follow it */
+static int64_t *saved_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
+    if (!uses_saved(p) || !keeps_maps(impl, p)) return NULL;
+    return (int64_t *)(saved_base(p) + blocks_bytes(p) + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0));
 }
 /* The blocks' bytes in the workspace: none when they go to saved */
 static size_t ws_blocks_bytes(const kda_problem_t *p) { return uses_saved(p) ? 0 : blocks_bytes(p); }
@@ -429,6 +461,12 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     memset(&cpp, 0, sizeof cpp);
     if (cap.slots > 0) {
         fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(p), &seqs, &cpp);
+        int64_t *maps = saved_maps(impl, p);
+        if (maps) { /* the plan records its piece length, the pre-scan writes M for the backward */
+            cpp.maps_mode = 1;
+            cpp.maps_header = maps;
+            rp.cp_maps = (float *)(maps + 32);
+        }
         rp.cp_table = cpp.table;
         rp.cp_header = cpp.header;
         rp.cp_slots = cpp.slots;
@@ -752,6 +790,12 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     const int ds_cp = l.cap.slots > 0 && kda_bwd_dstate_cp_applies(&bw);
     if (ds_cp) {
         fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.seqs, &cpp);
+        int64_t *maps = saved_maps(impl, p);
+        if (maps) { /* the forward's pieces and maps where its plan's length is this call's (cp_plan.cu) */
+            cpp.maps_mode = 2;
+            cpp.maps_header = maps;
+            cpp.maps = (const float *)(maps + 32);
+        }
         bw.ds_mode = KDA_DS_PIECES; /* (bwd_overlap: not KDA_DS_SEQ) */
         bw.cp_table = cpp.table;
         bw.cp_header = cpp.header;

@@ -103,7 +103,8 @@ typedef struct kda_bwd_params {
        KDA_DS_SEQ (whole sequences), KDA_DS_PRESCAN or KDA_DS_PIECES */
     int ds_mode;
     const kda_cp_piece_t *cp_table;
-    const int64_t *cp_header;     /* [0] pieces in the table */
+    const int64_t *cp_header;     /* [0] pieces in the table, [3] 1: the plan took the forward's pieces and maps
+                                     (the pre-scan runs no M, the merge reads the maps: cp_plan.cu) */
     float *cp_slots;              /* per (slot, value head): kda_cuda_cp_slot_floats (Mᵀ, E, incoming dS) */
     int64_t cp_capacity;          /* table entries the grids cover */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */

@@ -495,8 +495,10 @@ DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
         const int64_t ms = e->slot - e->index + (e->seq_pieces - 1 - e->index);
         w->slot_base = p.cp_slots + (ms * p.hv + w->h) * kda_cuda_cp_slot_floats(KC, p.vc);
     }
-    if (MODE == KDA_DS_PRESCAN) { /* split pieces after their sequence's first; a last piece has no M */
-        if (e->slot < 0 || (flags & KDA_CP_FIRST) || (tile < mt && (flags & KDA_CP_LAST))) return 0;
+    if (MODE == KDA_DS_PRESCAN) { /* split pieces after their sequence's first; a last piece has no M, nor any
+                                     piece where the plan took the forward's maps (cp_header[3]: cp_merge.cu) */
+        if (e->slot < 0 || (flags & KDA_CP_FIRST) || (tile < mt && ((flags & KDA_CP_LAST) || p.cp_header[3])))
+            return 0;
         w->mcols = tile < mt;
         w->vt = w->mcols ? tile : tile - mt;
         w->from_dht = !w->mcols && (flags & KDA_CP_LAST);

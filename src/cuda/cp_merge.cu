@@ -13,7 +13,9 @@
  * NG partials are summed in group order (the same bits in every run) with E_j into S_in(j + 1). Mᵀ's blocks
  * stream through a ring of shared-memory stages by bulk copies, issued as soon as a round frees its stages (two
  * steps ahead at K = 128). With one group the step took ~3.7 µs (T65536 H8: 16 pieces, 52 µs on an H100), four
- * times the work of a group of four: the step was the CTA's 128 threads' FMAs and their waits.
+ * times the work of a group of four: the step was the CTA's 128 threads' FMAs and their waits. The backward's
+ * chain may take Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]):
+ * its chunk map is the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6).
  */
 #include "common.cuh"
 
@@ -54,6 +56,10 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
     float *red = sS + KC * MERGE_COLS;               /* NG × KC × MERGE_COLS */
     const uint32_t bars = smem_u32(red + NG * KC * MERGE_COLS);
 #define SLOT(j) (p.slots + ((s0 + (j)) * p.hv + h) * sz)
+    /* Mᵀ_j: in the slot, or the forward's kept map (the backward's chain, when its plan took the forward's pieces) */
+    const float *mts = p.maps && p.header[3] ? p.maps : p.slots;
+    const int64_t msz = p.maps && p.header[3] ? (int64_t)KC * KC : sz;
+#define MT(j) (mts + ((s0 + (j)) * p.hv + h) * msz)
     /* block q of the stream: rows b·EB .. of Mᵀ_j, j = 1 + q / NB, b = q % NB; Q blocks in all */
     const int64_t Q = np > 2 ? (np - 2) * NB : 0;
     if (tid == 0) {
@@ -66,7 +72,7 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
         const int st_ = (int)((q) % NST);                                                                       \
         fence_proxy_async();                                                                                    \
         mbar_expect_tx(bars + 8 * st_, MERGE_EB * KC * 4);                                                      \
-        bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), SLOT(1 + (q) / NB) + ((q) % NB) * MERGE_EB * KC,         \
+        bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), MT(1 + (q) / NB) + ((q) % NB) * MERGE_EB * KC,           \
                  MERGE_EB * KC * 4, bars + 8 * st_);                                                            \
     } while (0)
     if (tid == 0)
@@ -142,6 +148,7 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
         }
     }
 #undef ISSUE
+#undef MT
 #undef SLOT
 }
 

@@ -9,6 +9,10 @@
  * lengths the host bound did not foresee), the plan falls back to P = 0: every sequence whole, which is always
  * within the capacity (one entry per sequence) and always exact.
  *
+ * Kept piece maps (kda_cp_params_t.maps_mode): the forward's plan records its P where the forward keeps its maps
+ * (kda_args_t.saved); the backward's plan takes that P, with the maps (header[3] = 1), when the forward's rule on
+ * its own arguments gives the same P, else its own rule (no maps).
+ *
  * One CTA of 1024 threads, each owning a contiguous run of sequences (as meta.cu): two block reductions, then
  * block scans of (pieces, slots, chunks). No host involvement, so kda_forward stays graph-capturable.
  */
@@ -80,6 +84,17 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
     cp.piece_len = p.piece_len;
     cp.prescan_pairs = p.prescan_pairs;
     int64_t P = kda_cp_piece_chunks(&cp);
+    int maps = 0; /* the backward takes the forward's pieces and maps */
+    if (p.maps_mode == 2) {
+        kda_cp_problem_t f = cp; /* the forward's rule on these arguments */
+        f.prescan_pairs = 0;
+        f.v_tiles = p.v_tiles / 2;
+        const int64_t Pf = kda_cp_piece_chunks(&f);
+        if (Pf > 0 && p.maps_header[0] == Pf) {
+            P = Pf;
+            maps = 1;
+        }
+    }
 
     /* offsets of each thread's run; P = 0 if the plan does not fit the workspace */
     int64_t pieces_total, slots_total, piece0, slot0, chunk0;
@@ -94,6 +109,7 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
         slot0 = block_exclusive_scan(slots, scratch, &slots_total);
         if (P == 0 || (pieces_total <= p.cap_pieces && slots_total <= p.cap_slots)) break;
         P = 0; /* uniform: every thread saw the same totals */
+        maps = 0;
     }
     int64_t unused;
     chunk0 = block_exclusive_scan(chunks, scratch, &unused);
@@ -107,6 +123,8 @@ __global__ void __launch_bounds__(PLAN_THREADS) kda_cp_plan_kernel(const kda_cp_
         p.header[0] = pieces_total;
         p.header[1] = P;
         p.header[2] = slots_total;
+        p.header[3] = maps;
+        if (p.maps_mode == 1) p.maps_header[0] = P;
     }
 }
 

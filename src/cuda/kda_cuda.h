@@ -151,6 +151,9 @@ typedef struct kda_rec_params {
     const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split) */
     float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
     int64_t cp_capacity;             /* table entries the grid covers */
+    float *cp_maps;                  /* KDA_REC_PRESCAN, the forward keeping its piece maps for the backward
+                                        (kda_args_t.saved; ALGORITHM.md §6): M of every middle piece, [d][e] (the
+                                        backward's Mᵀ), at the backward's mirrored slot; NULL: not kept */
     float *chunk_states;             /* KDA_REC_STATES: [max_chunks][hv][KC][VC], S at each chunk start */
     uint16_t *states_bf16;           /* KDA_REC_STATES instead of chunk_states, and KDA_REC_SEQ / KDA_REC_PIECES when
                                         set (the forward keeping S for the backward, kda_args_t.saved): S at each
@@ -173,6 +176,14 @@ typedef struct kda_cp_params {
     int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
     int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
     int kc, vc;                      /* size classes: the slots' tiles */
+    /* The forward's piece maps kept for the backward's chain (kda_args_t.saved): maps_header[0] is the piece length
+       the forward's plan chose (0: none split, nothing kept), written by the forward's plan (maps_mode 1) and read
+       by the backward's (maps_mode 2), which takes that length, and the maps (header[3] = 1), when its own
+       arguments give the same under the forward's rule; else its own rule (prescan_pairs) and header[3] = 0. The
+       backward's merge reads Mᵀ from `maps` when header[3] is set. */
+    int maps_mode;                   /* 0: no kept maps; 1: the forward (writes maps_header); 2: the backward */
+    int64_t *maps_header;
+    const float *maps;               /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
 } kda_cp_params_t;
 
 int kda_cuda_launch_cp_plan(const kda_cp_params_t *p, void *stream);

@@ -396,6 +396,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     int h, vt, mcols = 0; /* mcols: this CTA computes columns of M (pre-scan) */
     int64_t n, bos, eos, nchunks, chunk0;
     float *slot_base = NULL; /* this (piece, head)'s CP storage, or NULL */
+    float *map_out = NULL;   /* the pre-scan's M for the backward (kda_rec_params_t.cp_maps), or NULL */
     int load_sin = 0, from_h0 = 1, store_final = 1;
     if (MODE == KDA_REC_SEQ || MODE == KDA_REC_STATES) {
         vt = (int)(blockIdx.x % nvt);
@@ -428,6 +429,10 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             vt = mcols ? tile : tile - mt;
             from_h0 = !mcols && (flags & KDA_CP_FIRST);
             store_final = 0;
+            if (mcols && p.cp_maps) { /* at the backward's mirrored slot: its first slot + (np − 1 − index) */
+                const int64_t ms = cslot - e->index + (e->seq_pieces - 1 - e->index);
+                map_out = p.cp_maps + (ms * p.hv + h) * (int64_t)KD * KD;
+            }
         } else {
             vt = tile;
             load_sin = cslot >= 0 && !(flags & KDA_CP_FIRST);
@@ -563,6 +568,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 
     if (MODE == KDA_REC_PRESCAN) {
         if (mcols) store_slot<KD>(slot_base, s, 1, KD, vw, g, t);       /* Mᵀ[e][d] */
+        if (map_out) store_slot<KD>(map_out, s, KD, 1, vw, g, t);         /* M[d][e]: the backward's Mᵀ */
         else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
     } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
         store_state<KD>(p, p.ht, p.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
