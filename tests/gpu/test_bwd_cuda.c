@@ -912,8 +912,10 @@ static void cp_case(const char *name, const kda_synth_config_t *cfg, const opts_
             void *g = fetch(&x, i);
             const double e = kda_rel_err(g, x.dt[i], x.ref[i], KDA_FLOAT32, x.n[i]);
             CHECK(kda_count_nonfinite(g, x.dt[i], x.n[i]) == 0, "%s: %s from saved not finite", name, grad_names[i]);
-            CHECK(e <= 1.1 * e_off[i] + 1e-5, "%s: %s error %.3g from saved (the forward's maps), %.3g unsplit", name,
-                  grad_names[i], e, e_off[i]);
+            /* dA_log, ddt_bias: sums over every token and channel, whose error moves by its noise with the kept
+               S (bf16, the forward's) against the recomputed one, split or not: a wider bound */
+            CHECK(e <= (i >= G_DA ? 3.0 : 1.1) * e_off[i] + 1e-5, "%s: %s error %.3g from saved (the forward's maps), "
+                  "%.3g unsplit", name, grad_names[i], e, e_off[i]);
             len += snprintf(line + len, sizeof line - (size_t)len, " %s %.2e", grad_names[i], e);
             free(g);
         }
