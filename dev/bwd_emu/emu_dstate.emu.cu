@@ -12,6 +12,8 @@ DSTATE_INSTANCE(64, KDA_BWD_BV, narrow)
 DSTATE_INSTANCE(128, KDA_BWD_BV, narrow)
 DSTATE_INSTANCE(64, KDA_BWD_BV_WIDE, wide)
 DSTATE_INSTANCE(128, KDA_BWD_BV_WIDE, wide)
+DSTATE_INSTANCE(256, KDA_BWD_BV, narrow)
+DSTATE_INSTANCE(256, KDA_BWD_BV_WIDE, wide)
 
 #define DSTATE_REC_INSTANCE(KC, BV) \
     static void dstate_rec_##KC##_##BV(const void *p) { kda_bwd_dstate_rec_kernel<KC, BV, 0, 3, KDA_DS_SEQ>(*(const kda_bwd_params_t *)p); }
@@ -106,7 +108,7 @@ void run_dstate(const kda_bwd_params_t *p) {
     const int bv = getenv("EMU_DS_BV") ? atoi(getenv("EMU_DS_BV")) : KDA_BWD_BV_WIDE;
     const unsigned blocks = (unsigned)(p->seqs.num_seqs * p->hv * (p->vc / bv));
     emu_kernel_fn kernel;
-    if (bv == KDA_BWD_BV) kernel = p->kc == 64 ? dstate_64_narrow : dstate_128_narrow;
-    else kernel = p->kc == 64 ? dstate_64_wide : dstate_128_wide;
+    if (bv == KDA_BWD_BV) kernel = p->kc == 64 ? dstate_64_narrow : p->kc == 128 ? dstate_128_narrow : dstate_256_narrow;
+    else kernel = p->kc == 64 ? dstate_64_wide : p->kc == 128 ? dstate_128_wide : dstate_256_wide;
     emu_launch(blocks, 256, kernel, p);
 }
