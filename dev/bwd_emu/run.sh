@@ -18,10 +18,10 @@ mkdir -p $B
 build() {
   python3 - "$W" "$B" <<'PY'
 import sys; w, b = sys.argv[1], sys.argv[2]
-for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
+for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT, int KSP, int NVH>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
                ('bwd_dstate.cu', 'template <int KC, int BV>\nstatic int launch_dstate'),
-               ('bwd_inter.cu', 'template <int KC, int VC>\nstatic int launch_inter'),
-               ('bwd_pairs.cu', 'template <int KC>\nstatic int launch_pairs')]:
+               ('bwd_inter.cu', 'template <int KC, int VC, int NVH>\nstatic int launch_inter'),
+               ('bwd_pairs.cu', 'template <int KC, int NVH>\nstatic int launch_pairs')]:
     s = open(w + '/src/cuda/' + f).read()
     open(b + '/' + f.replace('.cu', '.emu.h'), 'w').write(s[:s.index(cut)])
 PY

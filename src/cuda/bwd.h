@@ -28,8 +28,12 @@
  *   bwd_finish.cu  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
- * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
- * its fp32 tiles in shared memory, which is what bounds the class (the pairs kernel holds 32 channels).
+ * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128, 256} (KDA_BWD_MAX_HEAD_DIM). The chunk kernel keeps
+ * its fp32 tiles in shared memory, which bounds its tile to 128 (KDA_BWD_TILE): class 256 runs as 128-wide parts —
+ * V by two halves of the inter and chunk grids whose sums over V go into a copy of their regions per half (added
+ * by the pairs and finish kernels), K by a cluster of two chunk-kernel CTAs exchanging partial sums (bwd_chunk.cu);
+ * the dstate stage's recurrence kernel takes K ≤ 128, its fallback kernel K 256 (docs/PERF.md, "Backward at
+ * K = V = 256").
  */
 #ifndef KDA_CUDA_BWD_H
 #define KDA_CUDA_BWD_H
@@ -40,7 +44,7 @@
 extern "C" {
 #endif
 
-#define KDA_BWD_MAX_HEAD_DIM 128 /* largest K and V of the CUDA backward */
+#define KDA_BWD_MAX_HEAD_DIM 256 /* largest K and V of the CUDA backward */
 #define KDA_BWD_TILE 128         /* the inter and chunk kernels' widest K and V tile: class 256 runs as two (V: two
                                     launched halves whose sums over V add up; K: a cluster of two CTAs, bwd_chunk.cu) */
 /* The V halves of class vc (1 or 2): the per-(chunk, head) and per-(token, head) regions that sum over V (dγ, dQΓ

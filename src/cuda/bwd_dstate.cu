@@ -707,9 +707,11 @@ static int launch_dstate_rec_k(const kda_bwd_params_t *p, int bv, int device, vo
     return launch_dstate_rec<KC, 32, 0>(p, device, stream);
 }
 
-/* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback */
+/* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start) and K class ≤ 128,
+ * else the fallback (K class 256: 138,240 bytes at BV 16; the recurrence kernel's three stages would need 338,968 at
+ * BV 32 — two fit, 226,320: docs/PERF.md "Backward at K = V = 256") */
 static int dstate_rec_applies(const kda_bwd_params_t *p) {
-    return p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
+    return p->kc <= 128 && p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
 }
 
 /* The state columns per CTA of the kernel that applies (one decision for the launch and for its CTA count) */
@@ -731,7 +733,10 @@ extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void
         return p->kc == 64 ? launch_dstate_rec_k<64>(p, bv, device, stream)
                            : launch_dstate_rec_k<128>(p, bv, device, stream);
     if (bv == KDA_BWD_BV_WIDE)
-        return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
-                           : launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream);
-    return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV>(p, device, stream) : launch_dstate<128, KDA_BWD_BV>(p, device, stream);
+        return p->kc == 64    ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
+               : p->kc == 128 ? launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream)
+                              : launch_dstate<256, KDA_BWD_BV_WIDE>(p, device, stream);
+    return p->kc == 64    ? launch_dstate<64, KDA_BWD_BV>(p, device, stream)
+           : p->kc == 128 ? launch_dstate<128, KDA_BWD_BV>(p, device, stream)
+                          : launch_dstate<256, KDA_BWD_BV>(p, device, stream);
 }
