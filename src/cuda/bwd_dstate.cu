@@ -90,8 +90,8 @@ DEV void panel_frag(frag_t a[4], const unsigned char *tile, int r0, int c0, int 
     for (int r = 0; r < 4; r++) a[r] = unpack_bf16(w[r]);
 }
 
-template <int KC, int BV>
-__global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
+template <int KC, int BV> /* (K class 256: one CTA per SM by shared memory, 138-163 KB, so no cap of 128 registers) */
+__global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
     constexpr int SS = BV + 4, NTL = BV / 8; /* 8-column tiles */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     dstate_smem<KC, BV> &sm = *(dstate_smem<KC, BV> *)smem_raw;
