@@ -23,6 +23,7 @@ DSTATE_REC_INSTANCE(64, 128)
 DSTATE_REC_INSTANCE(128, 32)
 DSTATE_REC_INSTANCE(128, 64)
 DSTATE_REC_INSTANCE(128, 128)
+DSTATE_REC_INSTANCE(256, 32) /* K class 256: BV 32 only (a 2-stage ring) */
 
 #define DSTATE_CP_INSTANCE(KC, BV, MODE) \
     static void dstate_cp_##KC##_##BV##_##MODE(const void *p) { kda_bwd_dstate_rec_kernel<KC, BV, 0, 3, MODE>(*(const kda_bwd_params_t *)p); }
@@ -99,8 +100,10 @@ void run_dstate(const kda_bwd_params_t *p) {
         kda_bwd_params_t q = *p;
         q.d_o = bf;
         q.do_dtype = KDA_DT_BF16;
+        if (p->kc == 256 && bv != 32) { fprintf(stderr, "EMU_DS_REC: K class 256 takes 32 only\n"); exit(2); }
         emu_kernel_fn kernel = p->kc == 64 ? (bv == 32 ? dstate_rec_64_32 : bv == 64 ? dstate_rec_64_64 : dstate_rec_64_128)
-                                           : (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128);
+                               : p->kc == 128 ? (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128)
+                                              : dstate_rec_256_32;
         emu_launch((unsigned)(p->seqs.num_seqs * p->hv * (p->vc / bv)), 2 * bv, kernel, &q);
         free(bf);
         return;
