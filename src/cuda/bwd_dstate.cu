@@ -695,7 +695,7 @@ static int launch_dstate_cp_k(const kda_bwd_params_t *p, int device, void *strea
 static int dstate_rec_bv(const kda_bwd_params_t *p) {
     if (p->kc > 128) return 32;
     const int64_t heads = p->seqs.num_seqs * p->hv;
-    int bv = p->vc;
+    int bv = p->vc > 128 ? 128 : p->vc; /* (V class 256: at most 128, the kernel's widest tile) */
     while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
     if (p->wgmma && bv < 64 && p->vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
     return bv;
