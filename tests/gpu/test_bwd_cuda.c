@@ -1002,6 +1002,22 @@ TEST(gpu_bwd_head_dim_256) {
     expect_deterministic("k256_v256", &c);
 }
 
+/* gpu_bwd_head_dim_256 small enough for compute-sanitizer (memcheck, racecheck: the chunk kernel's two-CTA
+ * clusters, the pairs kernel's clusters of 8): K = V = 256, bf16 (split path, dstate recurrence kernel at K 256) and
+ * fp32 (fp32 path, fallback dstate kernel), two sequences */
+TEST(gpu_bwd_k256_sanitize) {
+    static const int64_t lens[] = {70, 20};
+    kda_synth_config_t c = base_varlen(256, lens, 2);
+    c.hqk = 1;
+    c.hv = 1;
+    c.gate = KDA_GATE_SOFTPLUS;
+    expect_bwd("k256_sanitize_bf16", &c, &TRAIN, TOL_BF16);
+    c.dtype = c.g_dtype = c.beta_dtype = c.o_dtype = KDA_FLOAT32;
+    opts_t o = TRAIN;
+    o.grad_f32 = 1;
+    expect_bwd("k256_sanitize_fp32", &c, &o, TOL_F32);
+}
+
 #else
 /* Built without CUDA: every case CTest names from this file is skipped. */
 const char *kda_test_skip_missing = "libkda was built without CUDA (no nvcc when CMake configured it, or KDA_WITH_CUDA=OFF)";
