@@ -99,9 +99,10 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
        the lanes g, and with KC = 64 the VG = 2 warps of an np */
     constexpr int NP = KC / 16, NW = BI_THREADS / 32, VG = NW / NP > 0 ? NW / NP : 1, NV = VC / 16 / VG; /* blocks per warp: NV */
     static_assert(VG >= 1 && VG <= 2 && NV >= 1 && (NP <= NW || NP % NW == 0), "inter: warps per np");
+    constexpr int NPW = NP > NW ? NP / NW : 1; /* row blocks per warp (K 256: two) */
 #pragma unroll 1
-    for (int np = warp % NP; np < NP; np += NW) { /* (K 256: two row blocks per warp) */
-        const int vg = warp / NP;
+    for (int u = 0; u < NPW; u++) {
+        const int np = warp % NP + NW * u, vg = warp / NP;
         float dg4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* rows 16 np + 2 t + {0, 1, 8, 9} */
         constexpr int GB = NV < 4 ? NV : 4;      /* blocks in flight (registers) */
 #pragma unroll 1
