@@ -79,14 +79,21 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
     free(slots);
 }
 
+/* *q = *p with d_o as a bf16 copy (the recurrence kernel's input); returns the copy, for free() */
+static uint16_t *with_bf16_do(const kda_bwd_params_t *p, kda_bwd_params_t *q) {
+    const int64_t n = p->seqs.num_tokens * p->hv * p->V;
+    uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
+    *q = *p;
+    q->d_o = bf;
+    q->do_dtype = KDA_DT_BF16;
+    return bf;
+}
+
 void run_dstate(const kda_bwd_params_t *p) {
     if (getenv("EMU_DS_CP")) {
-        const int64_t n = p->seqs.num_tokens * p->hv * p->V;
-        uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
-        for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
-        kda_bwd_params_t q = *p;
-        q.d_o = bf;
-        q.do_dtype = KDA_DT_BF16;
+        kda_bwd_params_t q;
+        uint16_t *bf = with_bf16_do(p, &q);
         run_dstate_cp(&q, atoll(getenv("EMU_DS_CP")));
         free(bf);
         return;
@@ -94,12 +101,8 @@ void run_dstate(const kda_bwd_params_t *p) {
     if (getenv("EMU_DS_REC")) {
         const int bv = atoi(getenv("EMU_DS_REC"));
         if (bv > p->vc) { fprintf(stderr, "EMU_DS_REC %d above the V class %d\n", bv, p->vc); exit(2); }
-        const int64_t n = p->seqs.num_tokens * p->hv * p->V;
-        uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
-        for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
-        kda_bwd_params_t q = *p;
-        q.d_o = bf;
-        q.do_dtype = KDA_DT_BF16;
+        kda_bwd_params_t q;
+        uint16_t *bf = with_bf16_do(p, &q);
         if (p->kc == 256 && bv != 32) { fprintf(stderr, "EMU_DS_REC: K class 256 takes 32 only\n"); exit(2); }
         emu_kernel_fn kernel = p->kc == 64 ? (bv == 32 ? dstate_rec_64_32 : bv == 64 ? dstate_rec_64_64 : dstate_rec_64_128)
                                : p->kc == 128 ? (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128)
