@@ -54,6 +54,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="*", default=["B2 T8192 H32", "B1 T32768 H16"])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--k", type=int, default=128, help="the head sizes K = V (e.g. 256: the backward's class 256)")
     ap.add_argument("--profile", default=None, help="one step of this shape between cudaProfilerStart/Stop")
     ap.add_argument("--save-grads", default=None, help="save each shape's gradients to this file (torch.save)")
     ap.add_argument("--ref-grads", default=None, help="compare the gradients with those saved in this file")
@@ -65,7 +66,7 @@ def main():
         ctypes.CDLL(os.environ.get("KDA_LIBRARY", "libkda.so")).kda_dev_set_tuning(a.dev_skip, 0, 0, 0)
     if a.profile:
         name, B, T, HQK, HV = next(s for s in SHAPES if s[0] == a.profile)
-        x, w, flags = make_inputs(B, T, HQK, HV)
+        x, w, flags = make_inputs(B, T, HQK, HV, K=a.k)
         for _ in range(2):
             step(kda.chunk_kda, x, w, flags)
         torch.cuda.synchronize()
@@ -80,7 +81,9 @@ def main():
         print("no kda_dev_bwd_timing: a shipped build (cmake -DKDA_DEV=ON for the stage times)", file=sys.stderr)
     for s in a.shapes:
         name, B, T, HQK, HV = next(r for r in SHAPES if r[0] == s)
-        x, w, flags = make_inputs(B, T, HQK, HV)
+        x, w, flags = make_inputs(B, T, HQK, HV, K=a.k)
+        if a.k != 128:
+            name = "%s K%d" % (name, a.k)
         with torch.no_grad():
             fwd = time_ms(lambda: kda.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                                 initial_state=x["initial_state"], A_log=x["A_log"],

@@ -261,7 +261,7 @@ PY
   bwdbench) # the training step against FLA in one process (bench/bench_bwd.py BWD_BENCH_ARGS; FLA's wheels in .whl/)
     fla_site
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
-      PYTHONUNBUFFERED=1 python3 bench/bench_bwd.py ${BWD_BENCH_ARGS:---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
+      PYTHONUNBUFFERED=1 python3 bench/bench_bwd.py ${BWD_BENCH_ARGS---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
       grep -v Warn | tail -30
     ;;
   cptimeline) # a single CP forward call: host time to enqueue, single vs back-to-back ms, runtime calls and kernels

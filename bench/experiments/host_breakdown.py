@@ -49,7 +49,7 @@ def main():
     for mod, names in ((kt, ("_fill", "_launch", "_saved_tensor", "_run", "_chunk_kda_fwd_impl", "_chunk_kda_bwd_impl",
                              "_chunk_grads", "_bwd_outputs", "_inputs", "_f32", "_workspace", "_cuda_context",
                              "chunk_kda", "_eager", "chunk_kda_cached", "_run_backward")),
-                       (kl, ("run", "run_backward", "saved_size", "_call", "_call_backward"))):
+                       (kl, ("run", "run_backward", "saved_size", "_settle", "_call", "_call_backward"))):
         for n in names:
             if hasattr(mod, n):  # (an older package lacks some)
                 setattr(mod, n, wrap(mod.__name__.split(".")[-1] + "." + n, getattr(mod, n)))

@@ -236,3 +236,9 @@ DEV void cluster_st_async2(const void *local, uint32_t bar, unsigned rank, float
     pthread_mutex_unlock(&emu_mbar_lock);
 }
 DEV unsigned char *cta_smem(unsigned char *smem) { return smem + (size_t)emu_rank * EMU_SMEM_BYTES; }
+DEV float cluster_ld(const float *local, unsigned rank) {
+    float x;
+    memcpy(&x, smem_raw + (size_t)rank * EMU_SMEM_BYTES + smem_u32(local), 4);
+    return x;
+}
+DEV void cluster_sync(void) { pthread_barrier_wait(&emu_cluster_bar); }

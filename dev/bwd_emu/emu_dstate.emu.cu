@@ -12,6 +12,8 @@ DSTATE_INSTANCE(64, KDA_BWD_BV, narrow)
 DSTATE_INSTANCE(128, KDA_BWD_BV, narrow)
 DSTATE_INSTANCE(64, KDA_BWD_BV_WIDE, wide)
 DSTATE_INSTANCE(128, KDA_BWD_BV_WIDE, wide)
+DSTATE_INSTANCE(256, KDA_BWD_BV, narrow)
+DSTATE_INSTANCE(256, KDA_BWD_BV_WIDE, wide)
 
 #define DSTATE_REC_INSTANCE(KC, BV) \
     static void dstate_rec_##KC##_##BV(const void *p) { kda_bwd_dstate_rec_kernel<KC, BV, 0, 3, KDA_DS_SEQ>(*(const kda_bwd_params_t *)p); }
@@ -21,6 +23,7 @@ DSTATE_REC_INSTANCE(64, 128)
 DSTATE_REC_INSTANCE(128, 32)
 DSTATE_REC_INSTANCE(128, 64)
 DSTATE_REC_INSTANCE(128, 128)
+DSTATE_REC_INSTANCE(256, 32) /* K class 256: BV 32 only (a 2-stage ring) */
 
 #define DSTATE_CP_INSTANCE(KC, BV, MODE) \
     static void dstate_cp_##KC##_##BV##_##MODE(const void *p) { kda_bwd_dstate_rec_kernel<KC, BV, 0, 3, MODE>(*(const kda_bwd_params_t *)p); }
@@ -76,14 +79,21 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
     free(slots);
 }
 
+/* *q = *p with d_o as a bf16 copy (the recurrence kernel's input); returns the copy, for free() */
+static uint16_t *with_bf16_do(const kda_bwd_params_t *p, kda_bwd_params_t *q) {
+    const int64_t n = p->seqs.num_tokens * p->hv * p->V;
+    uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
+    *q = *p;
+    q->d_o = bf;
+    q->do_dtype = KDA_DT_BF16;
+    return bf;
+}
+
 void run_dstate(const kda_bwd_params_t *p) {
     if (getenv("EMU_DS_CP")) {
-        const int64_t n = p->seqs.num_tokens * p->hv * p->V;
-        uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
-        for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
-        kda_bwd_params_t q = *p;
-        q.d_o = bf;
-        q.do_dtype = KDA_DT_BF16;
+        kda_bwd_params_t q;
+        uint16_t *bf = with_bf16_do(p, &q);
         run_dstate_cp(&q, atoll(getenv("EMU_DS_CP")));
         free(bf);
         return;
@@ -91,14 +101,12 @@ void run_dstate(const kda_bwd_params_t *p) {
     if (getenv("EMU_DS_REC")) {
         const int bv = atoi(getenv("EMU_DS_REC"));
         if (bv > p->vc) { fprintf(stderr, "EMU_DS_REC %d above the V class %d\n", bv, p->vc); exit(2); }
-        const int64_t n = p->seqs.num_tokens * p->hv * p->V;
-        uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
-        for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
-        kda_bwd_params_t q = *p;
-        q.d_o = bf;
-        q.do_dtype = KDA_DT_BF16;
+        kda_bwd_params_t q;
+        uint16_t *bf = with_bf16_do(p, &q);
+        if (p->kc == 256 && bv != 32) { fprintf(stderr, "EMU_DS_REC: K class 256 takes 32 only\n"); exit(2); }
         emu_kernel_fn kernel = p->kc == 64 ? (bv == 32 ? dstate_rec_64_32 : bv == 64 ? dstate_rec_64_64 : dstate_rec_64_128)
-                                           : (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128);
+                               : p->kc == 128 ? (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128)
+                                              : dstate_rec_256_32;
         emu_launch((unsigned)(p->seqs.num_seqs * p->hv * (p->vc / bv)), 2 * bv, kernel, &q);
         free(bf);
         return;
@@ -106,7 +114,7 @@ void run_dstate(const kda_bwd_params_t *p) {
     const int bv = getenv("EMU_DS_BV") ? atoi(getenv("EMU_DS_BV")) : KDA_BWD_BV_WIDE;
     const unsigned blocks = (unsigned)(p->seqs.num_seqs * p->hv * (p->vc / bv));
     emu_kernel_fn kernel;
-    if (bv == KDA_BWD_BV) kernel = p->kc == 64 ? dstate_64_narrow : dstate_128_narrow;
-    else kernel = p->kc == 64 ? dstate_64_wide : dstate_128_wide;
+    if (bv == KDA_BWD_BV) kernel = p->kc == 64 ? dstate_64_narrow : p->kc == 128 ? dstate_128_narrow : dstate_256_narrow;
+    else kernel = p->kc == 64 ? dstate_64_wide : p->kc == 128 ? dstate_128_wide : dstate_256_wide;
     emu_launch(blocks, 256, kernel, p);
 }

@@ -2,19 +2,27 @@
  * split stage 3 (harness mode use_blocks = 2). */
 #include "bwd_inter.emu.h"
 
-#define INTER_INSTANCE(KC, VC) \
-    static void inter_##KC##_##VC(const void *p) { kda_bwd_inter_kernel<KC, VC>(*(const kda_bwd_params_t *)p); }
-INTER_INSTANCE(64, 64)
-INTER_INSTANCE(64, 128)
-INTER_INSTANCE(128, 64)
-INTER_INSTANCE(128, 128)
+#define INTER_INSTANCE(KC, VC, NVH) \
+    static void inter_##KC##_##VC##_##NVH(const void *p) { kda_bwd_inter_kernel<KC, VC, NVH>(*(const kda_bwd_params_t *)p); }
+INTER_INSTANCE(64, 64, 1)
+INTER_INSTANCE(64, 128, 1)
+INTER_INSTANCE(128, 64, 1)
+INTER_INSTANCE(128, 128, 1)
+INTER_INSTANCE(64, 128, 2) /* V class 256: two halves */
+INTER_INSTANCE(128, 128, 2)
+INTER_INSTANCE(256, 64, 1)
+INTER_INSTANCE(256, 128, 1)
+INTER_INSTANCE(256, 128, 2)
 
 void run_inter(const kda_bwd_params_t *p) {
-    const unsigned blocks = (unsigned)(p->blocks.max_chunks * p->hv);
+    const int nvh = kda_bwd_vhalves(p->vc);
+    const unsigned blocks = (unsigned)(p->blocks.max_chunks * p->hv * nvh);
     emu_kernel_fn kernel;
-    if (p->kc == 64 && p->vc == 64) kernel = inter_64_64;
-    else if (p->kc == 64) kernel = inter_64_128;
-    else if (p->vc == 64) kernel = inter_128_64;
-    else kernel = inter_128_128;
+    if (p->kc == 256) kernel = nvh == 2 ? inter_256_128_2 : p->vc == 64 ? inter_256_64_1 : inter_256_128_1;
+    else if (nvh == 2) kernel = p->kc == 64 ? inter_64_128_2 : inter_128_128_2;
+    else if (p->kc == 64 && p->vc == 64) kernel = inter_64_64_1;
+    else if (p->kc == 64) kernel = inter_64_128_1;
+    else if (p->vc == 64) kernel = inter_128_64_1;
+    else kernel = inter_128_128_1;
     emu_launch(blocks, BI_THREADS, kernel, p);
 }

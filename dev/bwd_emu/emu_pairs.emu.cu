@@ -3,10 +3,19 @@
  * step's sums exchanged within a cluster of a row's channel tiles), as the launcher does. */
 #include "bwd_pairs.emu.h"
 
-static void pairs_64(const void *p) { kda_bwd_pairs_kernel<64>(*(const kda_bwd_params_t *)p); }
-static void pairs_128(const void *p) { kda_bwd_pairs_kernel<128>(*(const kda_bwd_params_t *)p); }
+#define PAIRS_INSTANCE(KC, NVH) \
+    static void pairs_##KC##_##NVH(const void *p) { kda_bwd_pairs_kernel<KC, NVH>(*(const kda_bwd_params_t *)p); }
+PAIRS_INSTANCE(64, 1)
+PAIRS_INSTANCE(128, 1)
+PAIRS_INSTANCE(256, 1)
+PAIRS_INSTANCE(64, 2)
+PAIRS_INSTANCE(128, 2)
+PAIRS_INSTANCE(256, 2)
 
 void run_pairs(const kda_bwd_params_t *p) {
     const unsigned tiles = (unsigned)(p->kc / PK_KT), blocks = (unsigned)(p->blocks.max_chunks * p->hqk) * tiles;
-    emu_launch_cluster(blocks, p->l2norm ? tiles : 1, PK_THREADS, p->kc == 64 ? pairs_64 : pairs_128, p);
+    const int nvh = kda_bwd_vhalves(p->vc);
+    emu_kernel_fn k = p->kc == 64 ? (nvh == 2 ? pairs_64_2 : pairs_64_1)
+                      : p->kc == 128 ? (nvh == 2 ? pairs_128_2 : pairs_128_1) : (nvh == 2 ? pairs_256_2 : pairs_256_1);
+    emu_launch_cluster(blocks, p->l2norm ? tiles : 1, PK_THREADS, k, p);
 }

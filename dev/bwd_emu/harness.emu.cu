@@ -154,7 +154,8 @@ int main(int argc, char **argv) {
     if (kda_backward(kda_test_reference(), &b, work, ws, NULL)) { printf("%s\n", kda_last_error()); return 1; }
 
     /* exact S at chunk starts and dS+ at chunk ends, fp64 */
-    const int KC = K <= 64 ? 64 : 128, VC = V <= 64 ? 64 : 128, C = 64;
+    const int KC = K <= 64 ? 64 : K <= 128 ? 128 : 256, VC = V <= 64 ? 64 : V <= 128 ? 128 : 256, C = 64;
+    const int NVH = kda_bwd_vhalves(VC); /* the regions that sum over V: a copy per V half */
     int32_t *coff = (int32_t *)calloc((size_t)(N + 1), sizeof *coff);
     for (int64_t i = 0; i < N; i++) coff[i + 1] = coff[i] + (int32_t)((lens[i] + C - 1) / C);
     const int64_t max_chunks = (T + (C - 1) * N) / C, total = coff[N];
@@ -249,15 +250,16 @@ int main(int argc, char **argv) {
             }
             free(qh); free(kh); free(al); free(lamv); free(bt); free(S); free(Sall); free(dS);
         }
-    float *dqk = floats(T * HV * 2 * KC, NAN), *part = floats(max_chunks * HV * 2 * KC, NAN);
-    float *dcoef = floats(max_chunks * HV * 2 * C * (C + 4), NAN), *dx = floats(T * HV * KC, NAN), *rnorm = floats(T * HV * 2, NAN);
+    float *dqk = floats(T * HV * NVH * 2 * KC, NAN), *part = floats(max_chunks * HV * 2 * KC, NAN);
+    float *dcoef = floats(max_chunks * HV * NVH * 2 * C * (C + 4), NAN), *dx = floats(T * HV * NVH * KC, NAN), *rnorm = floats(T * HV * 2, NAN);
+    float *dbeta_part = floats(T * HV * 2, NAN);
     kda_bwd_params_t p;
     memset(&p, 0, sizeof p);
     p.seqs.cu_seqlens = s.cu_seqlens; p.seqs.cu_seqlens_64 = 1; p.seqs.num_tokens = T; p.seqs.seq_len = s.cu_seqlens ? T : cfg.seq_len;
     p.seqs.num_seqs = N; p.seqs.chunks_per_row = (p.seqs.seq_len + C - 1) / C; p.seqs.chunk_offsets = s.cu_seqlens ? coff : NULL;
     p.blocks.max_chunks = max_chunks;
     p.states = states; p.dstates = dstates; p.dqk = dqk; p.part = part;
-    p.dcoef = dcoef; p.dx = dx; p.rnorm = rnorm;
+    p.dcoef = dcoef; p.dx = dx; p.rnorm = rnorm; p.dbeta_part = NVH == 2 ? dbeta_part : NULL;
     p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta;
     p.A_log = a.use_gate_in_kernel ? a.A_log : NULL; p.dt_bias = a.use_gate_in_kernel ? a.dt_bias : NULL;
     p.h0 = a.initial_state; p.dht = dht; p.d_o = d_o;
@@ -270,7 +272,7 @@ int main(int argc, char **argv) {
     (void)total;
     float *st2 = floats(nstates, NAN), *dst2 = floats(nstates, NAN), *h0bad = floats(N * HV * K * V, 0.f);
     /* use_blocks = 2: the split stage 3 of 16-bit inputs (the inter kernel runs) */
-    float *delta = floats(max_chunks * HV * C * VC, NAN), *dgam = floats(max_chunks * HV * KC, NAN);
+    float *delta = floats(max_chunks * HV * C * VC, NAN), *dgam = floats(max_chunks * HV * NVH * KC, NAN);
     p.split = use_blocks == 2;
     p.delta = delta; p.dgam = dgam;
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
@@ -347,7 +349,7 @@ int main(int argc, char **argv) {
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
     free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
-    free(sb); free(dsh); free(dse); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm);
+    free(sb); free(dsh); free(dse); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm); free(dbeta_part);
     kda_synth_free(&s);
     return bad;
 }

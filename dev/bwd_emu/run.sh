@@ -5,7 +5,7 @@
 # blocks (S stays exact: stage 1 is the forward's recurrence kernel, not emulated here); use_blocks = 2: as 1, then
 # the split stage 3 of 16-bit inputs (bwd_inter.cu, the chunk kernel's SPLIT path; the inputs stay fp32 here).
 # No GPU needed; about a minute per case on two cores.
-#   dev/bwd_emu/run.sh [build|suite|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
+#   dev/bwd_emu/run.sh [build|suite|k256|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
 # Environment: EMU_NO_L2NORM=1 runs without the l2norm (q, k as given); EMU_DUMP=FILE writes the computed gradients
 # (float32, in the order printed) to FILE; for the suite, EMU_DUMP_DIR=DIR writes each case's to DIR/<its args>.bin,
 # and dev/bwd_emu/compare.py DIR1 DIR2 compares two trees' cases gradient by gradient, bit for bit.
@@ -18,10 +18,10 @@ mkdir -p $B
 build() {
   python3 - "$W" "$B" <<'PY'
 import sys; w, b = sys.argv[1], sys.argv[2]
-for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
+for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT, int KSP, int NVH>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
                ('bwd_dstate.cu', 'template <int KC, int BV>\nstatic int launch_dstate'),
-               ('bwd_inter.cu', 'template <int KC, int VC>\nstatic int launch_inter'),
-               ('bwd_pairs.cu', 'template <int KC>\nstatic int launch_pairs')]:
+               ('bwd_inter.cu', 'template <int KC, int VC, int NVH>\nstatic int launch_inter'),
+               ('bwd_pairs.cu', 'template <int KC, int NVH>\nstatic int launch_pairs')]:
     s = open(w + '/src/cuda/' + f).read()
     open(b + '/' + f.replace('.cu', '.emu.h'), 'w').write(s[:s.index(cut)])
 PY
@@ -56,5 +56,12 @@ case "${1:-suite}" in
     args="100 72 3 1 2 2 2 8" # without l2norm: no cluster (G = 4, K below its class)
     [ -n "$EMU_DUMP_DIR" ] && export EMU_DUMP="$EMU_DUMP_DIR/nol2_$(echo $args | tr ' ' _).bin"
     printf "%-28s " "nol2 $args"; EMU_NO_L2NORM=1 $B/harness $args | tr '\n' ' ' | sed 's/ (nonfinite 0)//g'; echo ;;
+  k256) # class 256 (docs/PERF.md "Backward at K = V = 256"): the chunk kernel's K cluster and V halves, the pairs
+    # kernel's clusters of 8, the inter kernel at K 256; 2-4 minutes a case on two cores
+    build
+    for args in "256 128 2" "256 256 2" "256 256 2 0 2" "200 150 3 1 2 2 2 8" "64 256 1 0 2" "256 64 0 0 1 1"; do
+      [ -n "$EMU_DUMP_DIR" ] && export EMU_DUMP="$EMU_DUMP_DIR/$(echo $args | tr ' ' _).bin"
+      printf "%-28s " "$args"; $B/harness $args | tr '\n' ' ' | sed 's/ (nonfinite 0)//g'; echo
+    done ;;
   *) $B/harness "$@" ;;
 esac

@@ -21,7 +21,7 @@
 /* threadIdx, blockIdx, the CTA's rank in its cluster (0 outside clusters): per host thread; the CTAs' and the
  * warps' barriers and the shuffle exchange: shared, by rank (and warp) */
 #define EMU_SMEM_BYTES 232448 /* an H100 block's largest dynamic shared memory */
-#define EMU_MAX_CLUSTER 4
+#define EMU_MAX_CLUSTER 8
 #define EMU_WARPS (16 * EMU_MAX_CLUSTER)
 typedef struct { unsigned x, y, z; } emu_dim;
 extern __thread emu_dim threadIdx, blockIdx;

@@ -366,28 +366,36 @@ def run(ctx: Context, args: KdaArgs, decode: bool, workspace=None, stream=None, 
     given more threads since), the call again with that much; else the call's own error.
     """
     L = _lib
-    pa = byref(args)
+    return _settle(ctx, byref(args), L.decode_workspace_size if decode else L.forward_workspace_size,
+                   L.decode if decode else L.forward, workspace, stream, nbytes)
+
+
+def _settle(ctx: Context, pa, size_fn, entry, workspace, stream, nbytes: int | None) -> int:
+    """run's order for one entry point and its size query (kda_forward, kda_decode, kda_backward): the call with
+    `nbytes` when given, else or on failure the size query, then the call with the size it asks for."""
+    L = _lib
     with ctx.lock:
         if nbytes is not None:
-            st = _call(L, ctx, pa, decode, nbytes, workspace, stream)
+            st = _call(ctx, pa, entry, nbytes, workspace, stream)
             if not st:
                 return nbytes
             err = L.error(st)  # now: the size query below may overwrite the thread's last error
         size = c_size_t()
-        st = (L.decode_workspace_size if decode else L.forward_workspace_size)(ctx.handle, pa, byref(size))
+        st = size_fn(ctx.handle, pa, byref(size))
         if st:
             raise L.error(st)
         n = size.value
         if nbytes is not None and n <= nbytes:
             raise err
-        st = _call(L, ctx, pa, decode, n, workspace, stream)
+        st = _call(ctx, pa, entry, n, workspace, stream)
         if st:
             raise L.error(st)
         return n
 
 
-def _call(L: _Library, ctx: Context, pa, decode: bool, n: int, workspace, stream) -> int:
-    """kda_forward / kda_decode with a workspace of n bytes (ctx.lock held); returns the status."""
+def _call(ctx: Context, pa, entry, n: int, workspace, stream) -> int:
+    """An entry point (kda_forward, kda_decode, kda_backward) with a workspace of n bytes (ctx.lock held); returns
+    the status."""
     keep = None
     if n == 0:
         ptr = None
@@ -395,7 +403,7 @@ def _call(L: _Library, ctx: Context, pa, decode: bool, n: int, workspace, stream
         ptr = ctx.host_workspace(n)
     else:
         ptr, keep = workspace(n)
-    st = (L.decode if decode else L.forward)(ctx.handle, pa, ptr, n, stream)
+    st = entry(ctx.handle, pa, ptr, n, stream)
     del keep  # the allocator's block stays valid for the stream it was allocated on
     return st
 
@@ -416,35 +424,4 @@ def run_backward(ctx: Context, args: KdaBackwardArgs, workspace=None, stream=Non
     `nbytes`: the size this returned for an earlier call of the same signature: the size query is skipped, and a
     failing call is settled as run settles it (kda._torch's backward fast path)."""
     L = _lib
-    pa = byref(args)
-    with ctx.lock:
-        if nbytes is not None:
-            st = _call_backward(L, ctx, pa, nbytes, workspace, stream)
-            if not st:
-                return nbytes
-            err = L.error(st)  # now: the size query below may overwrite the thread's last error
-        size = c_size_t()
-        st = L.backward_workspace_size(ctx.handle, pa, byref(size))
-        if st:
-            raise L.error(st)
-        n = size.value
-        if nbytes is not None and n <= nbytes:
-            raise err
-        st = _call_backward(L, ctx, pa, n, workspace, stream)
-        if st:
-            raise L.error(st)
-        return n
-
-
-def _call_backward(L: _Library, ctx: Context, pa, n: int, workspace, stream) -> int:
-    """kda_backward with a workspace of n bytes (ctx.lock held); returns the status."""
-    keep = None
-    if n == 0:
-        ptr = None
-    elif workspace is None:
-        ptr = ctx.host_workspace(n)
-    else:
-        ptr, keep = workspace(n)
-    st = L.backward(ctx.handle, pa, ptr, n, stream)
-    del keep  # the allocator's block stays valid for the stream it was allocated on
-    return st
+    return _settle(ctx, byref(args), L.backward_workspace_size, L.backward, workspace, stream, nbytes)

@@ -600,6 +600,26 @@ class _ChunkKDACached(torch.autograd.Function):
         return (None, None) + grads[:8] + (None, None)
 
 
+def _cached_args(args: KdaArgs, sets: tuple, q, k, v, g, beta, o, h0, A_log, dt_bias, cu, cu_cpu) -> KdaArgs:
+    """A copy of a cached signature's kda_args_t with this call's pointers: the tensors', and the optional ones
+    that `sets` (initial_state, A_log, dt_bias, cu_seqlens, cu_seqlens_host) says the signature sets."""
+    a = KdaArgs.from_buffer_copy(args)
+    a.q, a.k, a.v, a.g, a.beta, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), \
+        o.data_ptr()
+    sh0, sa, sd, scu, shost = sets
+    if sh0:
+        a.initial_state = h0.data_ptr()
+    if sa:
+        a.A_log = A_log.data_ptr()
+    if sd:
+        a.dt_bias = dt_bias.data_ptr()
+    if scu:
+        a.cu_seqlens = cu.data_ptr()
+    if shost:
+        a.cu_seqlens_host = cu_cpu.data_ptr()
+    return a
+
+
 class _BwdCall:
     """The backward of one cached training signature (_ChunkCall with `train`): the kda_args_t and
     kda_backward_args_t that its first backward filled on the checked path (_chunk_kda_bwd_impl), with their
@@ -647,20 +667,8 @@ class _BwdCall:
         dh0 = torch.empty_like(h0) if wh else None
         dA = torch.empty_like(A_log) if wa else None
         ddt = torch.empty_like(dt_bias) if wd else None
-        a = KdaArgs.from_buffer_copy(self.args)
-        a.q, a.k, a.v, a.g, a.beta, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), \
-            do.data_ptr()  # `do` stands in for o, as on the checked path
-        sh0, sa, sd, scu, shost = self.sets
-        if sh0:
-            a.initial_state = h0.data_ptr()
-        if sa:
-            a.A_log = A_log.data_ptr()
-        if sd:
-            a.dt_bias = dt_bias.data_ptr()
-        if scu:
-            a.cu_seqlens = cu.data_ptr()
-        if shost:
-            a.cu_seqlens_host = cu_cpu.data_ptr()
+        # `do` stands in for o, as on the checked path
+        a = _cached_args(self.args, self.sets, q, k, v, g, beta, do, h0, A_log, dt_bias, cu, cu_cpu)
         saved = ctx.kda_saved
         n_saved = 0
         if saved is not None:
@@ -1044,25 +1052,13 @@ class _ChunkCall:
         dev = self.device
         o = torch.empty(*self.o_shape, dtype=self.dtype, device=dev)
         ht = torch.empty(*self.ht_shape, dtype=torch.float32, device=dev) if self.ht_shape else None
-        a = KdaArgs.from_buffer_copy(self.args)
-        a.q, a.k, a.v, a.g, a.beta, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), \
-            o.data_ptr()
-        sht, sh0, sa, sd, scu, shost = self.sets
-        if sht:
+        sets = self.sets
+        a = _cached_args(self.args, sets[1:], q, k, v, g, beta, o, h0, A_log, dt_bias, cu, cu_cpu)
+        if sets[0]:
             a.final_state = ht.data_ptr()
-        if sh0:
-            a.initial_state = h0.data_ptr()
-        if sa:
-            a.A_log = A_log.data_ptr()
-        if sd:
-            a.dt_bias = dt_bias.data_ptr()
-        if scu:
-            a.cu_seqlens = cu.data_ptr()
-        if shost:
-            a.cu_seqlens_host = cu_cpu.data_ptr()
         saved = None
         if keep:
-            if self.saved_bytes is None or shost:
+            if self.saved_bytes is None or sets[5]:  # cu_seqlens_cpu set: the lengths may change the saved size
                 saved = _saved_tensor("chunk_kda", a, dev)
                 self.saved_bytes = saved.numel() if saved is not None else 0
             elif self.saved_bytes > 0:

@@ -121,9 +121,9 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backward takes K, V <= %d (K = %d, V = %d); "
                          "use the cpu backend for larger heads", fn, a->head_dim_k > KDA_BWD_MAX_HEAD_DIM ? "head_dim_k" : "head_dim_v",
                          KDA_BWD_MAX_HEAD_DIM, a->head_dim_k, a->head_dim_v);
-    if (a->chunk_states && a->head_dim_k > KDA_BWD_MAX_HEAD_DIM)
+    if (a->chunk_states && a->head_dim_k > KDA_BWD_TILE)
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'chunk_states': the CUDA backend writes it for K <= %d "
-                         "(K = %d); use the cpu backend for larger heads", fn, KDA_BWD_MAX_HEAD_DIM, a->head_dim_k);
+                         "(K = %d); use the cpu backend for larger heads", fn, KDA_BWD_TILE, a->head_dim_k);
     if (!kda_cuda_find_config(kc, vc))
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
                          "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
@@ -215,10 +215,10 @@ static size_t states_bf16_bytes(const kda_problem_t *p) {
 }
 
 /* What kda_forward keeps for the backward (kda_args_t.saved): the chunk blocks, where the forward's prep writes
- * them and the backward's stages read them instead of rerunning the prep; kept for the problems the CUDA
- * backward takes (the chunked path, K, V <= KDA_BWD_MAX_HEAD_DIM), 256 bytes more for the alignment. */
+ * them and the backward's stages read them instead of rerunning the prep; kept for the chunked path with K, V <=
+ * KDA_BWD_TILE (class 256: nothing kept yet, the backward reruns the prep), 256 bytes more for the alignment. */
 static size_t saved_blocks_bytes(const kda_problem_t *p) {
-    if (kda_cuda_decode_fits(p, 0) || p->a.head_dim_k > KDA_BWD_MAX_HEAD_DIM || p->a.head_dim_v > KDA_BWD_MAX_HEAD_DIM)
+    if (kda_cuda_decode_fits(p, 0) || p->a.head_dim_k > KDA_BWD_TILE || p->a.head_dim_v > KDA_BWD_TILE)
         return 0;
     return 256 + blocks_bytes(p);
 }
@@ -556,11 +556,13 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
- *   partials per chunk, head and channel (fp32 2 × KC) | the state-gradient chain's CP region (cp_bytes: the plan's
+ *   partials per chunk, head and channel (fp32 2 × KC) | V class 256: dβ before its sigmoid per token, head and V
+ *   half (fp32 2); with V class 256 the regions dγ, dQΓ and dK̃, P and B, β ⊙ dX hold a copy per V half
+ *   (kda_bwd_vhalves, bwd.h) | the state-gradient chain's CP region (cp_bytes: the plan's
  *   header and table, per stored piece and head Mᵀ, E and the incoming dS; none where it never splits)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, cp, total;
+    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, dbeta, cp, total;
     kda_cp_capacity_t cap; /* the state-gradient chain's CP capacity (bwd_cp_capacity; slots 0: never split) */
 } bwd_layout_t;
 
@@ -568,6 +570,7 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
     const size_t heads = (size_t)max_chunks(p) * (size_t)p->a.num_v_heads;
     const size_t rows = (size_t)p->num_tokens * (size_t)p->a.num_v_heads; /* (token, value head) */
+    const size_t nvh = (size_t)kda_bwd_vhalves((int)vc); /* the copies of the regions that sum over V */
     bwd_layout_t l;
     l.blocks = meta_bytes(p);
     l.states = l.blocks + (uses_saved(p) ? 0 : align256(heads * (size_t)block_bytes(p)));
@@ -579,12 +582,13 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     l.dsexp = l.dstates + align256(heads * kc * vc * (bwd_split(p) ? 2 : 4));
     l.delta = l.dsexp + (size_t)bwd_split(p) * align256(heads * vc * 2);
     l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
-    l.dqk = l.dgam + align256(heads * kc * 4);
-    l.dcoef = l.dqk + align256(rows * 2 * kc * 4);
-    l.dx = l.dcoef + align256(heads * 2 * KDA_CHUNK * (KDA_CHUNK + 4) * 4);
-    l.rnorm = l.dx + align256(rows * kc * 4);
+    l.dqk = l.dgam + align256(heads * nvh * kc * 4);
+    l.dcoef = l.dqk + align256(rows * nvh * 2 * kc * 4);
+    l.dx = l.dcoef + align256(heads * nvh * 2 * KDA_CHUNK * (KDA_CHUNK + 4) * 4);
+    l.rnorm = l.dx + align256(rows * nvh * kc * 4);
     l.part = l.rnorm + align256(rows * 2 * 4);
-    l.cp = l.part + align256(heads * 2 * kc * 4);
+    l.dbeta = l.part + align256(heads * 2 * kc * 4);
+    l.cp = l.dbeta + (nvh == 2 ? align256(rows * 2 * 4) : 0);
     l.cap = bwd_cp_capacity(impl, p);
     l.total = l.cp + align256(cp_bytes(p, l.cap));
     return l;
@@ -725,6 +729,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.dx = (float *)(base + l.dx);
     bw.rnorm = (float *)(base + l.rnorm);
     bw.part = (float *)(base + l.part);
+    bw.dbeta_part = kda_bwd_vhalves(kda_cuda_size_class(a->head_dim_v)) == 2 ? (float *)(base + l.dbeta) : NULL;
     bw.q = a->q;
     bw.k = a->k;
     bw.v = a->v;

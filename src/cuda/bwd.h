@@ -28,8 +28,12 @@
  *   bwd_finish.cu  ddt_bias summed over the chunks, dA_log over the chunks and then the channels, in order
  * No float atomics anywhere: two identical calls give identical bytes.
  *
- * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128} (KDA_BWD_MAX_HEAD_DIM); the chunk kernel keeps
- * its fp32 tiles in shared memory, which is what bounds the class (the pairs kernel holds 32 channels).
+ * Head sizes: K and V each padded to a class KC, VC ∈ {64, 128, 256} (KDA_BWD_MAX_HEAD_DIM). The chunk kernel keeps
+ * its fp32 tiles in shared memory, which bounds its tile to 128 (KDA_BWD_TILE): class 256 runs as 128-wide parts —
+ * V by two halves of the inter and chunk grids whose sums over V go into a copy of their regions per half (added
+ * by the pairs and finish kernels), K by a cluster of two chunk-kernel CTAs exchanging partial sums (bwd_chunk.cu);
+ * the dstate stage's recurrence kernel takes K ≤ 128, its fallback kernel K 256 (docs/PERF.md, "Backward at
+ * K = V = 256").
  */
 #ifndef KDA_CUDA_BWD_H
 #define KDA_CUDA_BWD_H
@@ -40,7 +44,12 @@
 extern "C" {
 #endif
 
-#define KDA_BWD_MAX_HEAD_DIM 128 /* largest K and V of the CUDA backward */
+#define KDA_BWD_MAX_HEAD_DIM 256 /* largest K and V of the CUDA backward */
+#define KDA_BWD_TILE 128         /* the inter and chunk kernels' widest K and V tile: class 256 runs as two (V: two
+                                    launched halves whose sums over V add up; K: a cluster of two CTAs, bwd_chunk.cu) */
+/* The V halves of class vc (1 or 2): the per-(chunk, head) and per-(token, head) regions that sum over V (dγ, dQΓ
+ * and dK̃, β ⊙ dX, P and B, dβ) hold one copy per half, added by their readers */
+KDA_HD static inline int kda_bwd_vhalves(int vc) { return vc > KDA_BWD_TILE ? 2 : 1; }
 #define KDA_BWD_BV 16            /* V columns per CTA of the dstate fallback kernel (bwd_dstate.cu): narrow, so that a long sequence with few
                                     heads still gives the card ~V/16 CTAs per head for its sequential chain; 32
                                     (KDA_BWD_BV_WIDE) when the (sequence, head) pairs fill the card anyway */
@@ -68,16 +77,20 @@ typedef struct kda_bwd_params {
                                      recurrence kernel holds dSᵀ as the forward's holds Sᵀ), each lane's values of a
                                      16-column block times 2^−e (states16.cuh) */
     uint8_t *dstates_exp;         /* [max_chunks][hv][VC / 16][32]: the biased exponent of each 2^e (split path) */
-    float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only) */
-    float *dgam;                  /* [max_chunks][hv][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
-                                     chunk kernel with fp32 inputs) */
-    float *dqk;                   /* [num_tokens][hv][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
+    float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only); V
+                                     class 256: [max_chunks][hv][2][C][128], by V half */
+    float *dgam;                  /* [max_chunks][hv][NVH][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
+                                     chunk kernel with fp32 inputs); NVH = kda_bwd_vhalves(VC) copies, one per V half,
+                                     as in the next four regions */
+    float *dqk;                   /* [num_tokens][hv][NVH][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
                                      with fp32 inputs), read by the pairs kernel */
-    float *dcoef;                 /* [max_chunks][hv][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
+    float *dcoef;                 /* [max_chunks][hv][NVH][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
                                      lower) of each chunk, rows padded with zeros (chunk kernel) */
-    float *dx;                    /* [num_tokens][hv][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
+    float *dx;                    /* [num_tokens][hv][NVH][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
     float *rnorm;                 /* [num_tokens][hv][2]: the l2norm factors 1/‖q‖, 1/‖k‖ (chunk kernel; l2norm) */
     float *part;                  /* [max_chunks][hv][2][KC]: per chunk and channel Σ ∂L/∂A_log, Σ ∂L/∂dt_bias[d] */
+    float *dbeta_part;            /* V class 256 only: [num_tokens][hv][2] ∂L/∂β before β's sigmoid, per V half (chunk
+                                     kernel), summed by bwd_finish.cu */
     /* inputs */
     const void *q, *k, *v, *g, *beta;
     const float *A_log, *dt_bias; /* NULL unless use_gate_in_kernel */

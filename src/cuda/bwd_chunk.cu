@@ -60,12 +60,13 @@ DEV void prefetch_l2(const void *p, int64_t bytes, int tid) {
 /* The rows that the CTA one wave later (blockIdx + sm_count: one CTA per SM) reads first, into L2 now: q, k, g,
    β and Δ (SPLIT) or v — its load phase then waits for L2, not DRAM (S, dS⁺, dO and v it prefetches itself,
    long before their use). One or two lines a thread; waves drift apart, so "one wave later" is approximate. */
-template <int KC, int VC, int SPLIT>
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
 DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
     const int64_t nb = (int64_t)blockIdx.x + p.sm_count;
     if (nb >= (int64_t)gridDim.x) return;
-    const int64_t cid = nb / p.hv;
-    const int h = (int)(nb % p.hv);
+    const int64_t nu = nb / (KSP * NVH); /* its (chunk, value head) */
+    const int64_t cid = nu / p.hv;
+    const int h = (int)(nu % p.hv);
     int64_t t0;
     const int clen = chunk_tokens(p.seqs, cid, &t0);
     if (clen <= 0) return;
@@ -85,7 +86,8 @@ DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
         break;
     default:
         if (SPLIT) { /* Δ: C × VC fp32, contiguous, a line per thread of the four groups */
-            row = (const char *)(p.delta + (cid * p.hv + h) * (int64_t)C * VC) + (int64_t)(tid - 4 * C) * 128;
+            row = (const char *)(p.delta + ((cid * p.hv + h) * NVH + (nb / KSP) % NVH) * (int64_t)C * VC) +
+                  (int64_t)(tid - 4 * C) * 128;
             bytes = (tid - 4 * C) * 128 < C * VC * 4 ? 1 : 0;
         } else if (grp == 4) {
             row = (const char *)p.v + (t * p.hv + h) * (int64_t)p.V * esz;
@@ -121,9 +123,11 @@ DEV void gate_rows(float *G, float lower_bound, float A, int warp, int lane, int
  * v; rows past the chunk's end and padded columns zero. Each warp's rows (C / 16) at once: every load's bits are
  * issued before any is converted (load_bits), so that the warp waits for one round trip, not one per element
  * (a load_elem per element kept the conversions between the loads: ~20% of the kernel's stall samples). */
-template <int KC, int VC, int SPLIT>
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
 DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const float *delta, int64_t t0, int clen, int h,
-                   float A, int tid) {
+                   float A, int tid, int rank, int v0) {
+    const int dk0 = KC * rank; /* the CTA's first channel (KSP = 2: a cluster's two CTAs split K), first V column v0 */
+    const bool rows_out = (KSP == 1 || rank == 0) && (NVH == 1 || v0 == 0); /* this CTA writes the row factors */
     constexpr int KS = KC + 4, VS = VC + 4, U = KC / 32, RW = C / (CK_THREADS / 32); /* rows per warp */
     static_assert(RW <= 32 && CK_THREADS % KC == 0, "load_rows: a lane per row's β; whole columns per thread");
     const int warp = tid >> 5, lane = tid & 31, hq = h / p.group;
@@ -132,17 +136,18 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int d = lane + 32 * u;
-        db[u] = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+        db[u] = p.gate_in_kernel && p.dt_bias && dk0 + d < p.K ? p.dt_bias[(int64_t)h * p.K + dk0 + d] : 0.0f;
     }
-    const int ucols = p.K > lane ? (p.K - lane + 31) / 32 : 0; /* the lane's columns lane + 32 u that exist */
+    const int kl = p.K - dk0; /* channels of the CTA's that exist (may be ≤ 0) */
+    const int ucols = kl > lane ? (kl - lane + 31) / 32 : 0; /* the lane's columns lane + 32 u that exist */
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
         const int64_t t = t0 + i;
         const int n = i < clen ? ucols : 0;
-        load_bits_n<U>(qb[r], p.q, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + lane, 32, n);
-        load_bits_n<U>(kb[r], p.k, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + lane, 32, n);
-        load_bits_n<U>(gb[r], p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + lane, 32, n);
+        load_bits_n<U>(qb[r], p.q, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + dk0 + lane, 32, n);
+        load_bits_n<U>(kb[r], p.k, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + dk0 + lane, 32, n);
+        load_bits_n<U>(gb[r], p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + dk0 + lane, 32, n);
     }
     {   /* lane r < RW: the β of the warp's row r, one load (four predicated loads into one register waited for
            each other: ~5% of the kernel's stall samples) */
@@ -163,7 +168,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
             uint32_t vb[VC / 32];
 #pragma unroll
             for (int u = 0; u < VC / 32; u++) {
-                const int c = lane + 32 * u;
+                const int c = v0 + lane + 32 * u;
                 vb[u] = i < clen && c < p.V ? load_bits(p.v, p.dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
             }
 #pragma unroll
@@ -196,6 +201,22 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
             sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], o);
             sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], o);
         }
+    if (KSP == 2 && p.l2norm) { /* the rows' sums over the peer's channels too, through dbp (free until the dA phase,
+                                  several cluster barriers later): own + peer, the same bits in both CTAs */
+        float *xs = &sm.dbp[0][0];
+        if (lane == 0)
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                xs[warp + (CK_THREADS / 32) * r] = sq[r];
+                xs[C + warp + (CK_THREADS / 32) * r] = sk[r];
+            }
+        cluster_sync();
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            sq[r] += cluster_ld(&xs[warp + (CK_THREADS / 32) * r], (unsigned)(rank ^ 1));
+            sk[r] += cluster_ld(&xs[C + warp + (CK_THREADS / 32) * r], (unsigned)(rank ^ 1));
+        }
+    }
     float fl = 0.0f; /* lane 2r + m < 2 RW: row r's factor for q (m = 0) or k (m = 1) */
 #pragma unroll
     for (int r = 0; r < RW; r++) {
@@ -211,7 +232,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
     }
     if (lane < 2 * RW) { /* for bwd_pairs.cu */
         const int i = warp + (CK_THREADS / 32) * (lane >> 1);
-        if (p.l2norm && i < clen) p.rnorm[((t0 + i) * p.hv + h) * 2 + (lane & 1)] = fl;
+        if (p.l2norm && i < clen && rows_out) p.rnorm[((t0 + i) * p.hv + h) * 2 + (lane & 1)] = fl;
     }
     if (lane < RW) { /* β of the warp's row `lane` */
         const int i = warp + (CK_THREADS / 32) * lane;
@@ -386,13 +407,13 @@ DEV void mma_gated_k_pieces(float (*acc)[4], const float *k, const float *G, con
     }
 }
 
-/* rows [d0, d0 + KC / 2) of a [KC][VC] fp32 state tile into shared memory at dst (row stride VC + 4, dst holding
- * row d0 first) by cp.async, one commit group */
-template <int KC, int VC>
+/* rows [d0, d0 + KC / 2) of a [KC][VC] fp32 state tile (row stride LDS: the class's VC, or 256 for a 128-column
+ * part) into shared memory at dst (row stride VC + 4, dst holding row d0 first) by cp.async, one commit group */
+template <int KC, int VC, int LDS>
 DEV void copy_state_half(float *dst, const float *src, int d0, int tid) {
     for (unsigned e = tid; e < (unsigned)(KC / 2 * VC / 4); e += CK_THREADS) {
         const int d = e / (VC / 4), c = 4 * (e % (VC / 4));
-        cp_async16_zfill(smem_u32(&dst[d * (VC + 4) + c]), src + (int64_t)(d0 + d) * VC + c, 16);
+        cp_async16_zfill(smem_u32(&dst[d * (VC + 4) + c]), src + (int64_t)(d0 + d) * LDS + c, 16);
     }
     cp_async_commit();
 }
@@ -593,7 +614,7 @@ DEV float dv_row_vec(const kda_bwd_params_t &p, const float *Rr, float br, int64
 
 /* dX's tiles (−ax) of rows i0.., columns n0 + 8 nt..: β ⊙ dX into the rows dx_row (the lane's rows g, g + 8),
  * dβ's term Σ_d k e^G dX into dbx; DK: ak (dK̃) into dq_row's second half */
-template <int NT, int KC, int DK>
+template <int NT, int KC, int DK, int KOFF = KC>
 DEV void dx_out(const float (*ax)[4], const float (*ak)[4], const float *k, const float *G, const float *beta,
                 float *const *dx_row, float *const *dq_row, float *dbx, int i0, int n0, int clen, int lane) {
     constexpr int KS = KC + 4;
@@ -608,7 +629,7 @@ DEV void dx_out(const float (*ax)[4], const float (*ak)[4], const float *k, cons
             dbx[c >> 1] += kd.x * gexp(gd.x) * x0 + kd.y * gexp(gd.y) * x1;
             if (i < clen) {
                 *(float2 *)&dx_row[c >> 1][d] = make_float2(b * x0, b * x1);
-                if (DK) *(float2 *)&dq_row[c >> 1][KC + d] = make_float2(ak[nt][c], ak[nt][c + 1]);
+                if (DK) *(float2 *)&dq_row[c >> 1][KOFF + d] = make_float2(ak[nt][c], ak[nt][c + 1]);
             }
         }
 }
@@ -620,35 +641,127 @@ DEV float row_sum4(float x) {
     return x;
 }
 
+/* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
+template <int KC, int VC>
+DEV void daqk_rows(chunk_smem<KC, VC> &sm, int I, int jc0, int lane) {
+    constexpr int VS = VC + 4, CT = C / 8 / CK_NQ;
+    const int g = lane >> 2, t = lane & 3;
+    float a[CT][4];
+    zero_acc<CT>(a);
+    if ((jc0 >> 4) <= I) mma_rows<CT, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, jc0, 0, VC, lane);
+#pragma unroll
+    for (int nt = 0; nt < CT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
+            sm.A2[i * CS + j] = j <= i ? a[nt][c] : 0.0f;
+        }
+}
+
+/* K class 256 (a cluster of two CTAs, each with 128 of the channels): the lane's tiles of a C-row product summed
+ * over the two CTAs' partial sums (rows i0.., columns n0 + 8 nt..), through buf (a free shared tile, row stride
+ * ld) at the same offsets in both: own + peer, the same bits in both CTAs (a sum of two is commutative). Cluster
+ * barriers before the reads (the peer's partial is in) and after them (buf may be written again). */
+template <int NT>
+DEV void cluster_sum_tiles(float (*acc)[4], float *buf, int ld, int i0, int n0, int lane, int rank) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) buf[(i0 + g + 8 * (c >> 1)) * ld + n0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
+    cluster_sync();
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            acc[nt][c] += cluster_ld(&buf[(i0 + g + 8 * (c >> 1)) * ld + n0 + 8 * nt + 2 * t + (c & 1)], (unsigned)(rank ^ 1));
+    cluster_sync();
+}
+
+/* The same for M and Aqk, which pair_products_mma wrote as this CTA's partial sums: both tiles summed in place */
+template <int KC, int VC>
+DEV void cluster_sum_pairs(chunk_smem<KC, VC> &sm, int tid, int rank) {
+    constexpr int N = C * C / CK_THREADS;
+    float m[N], a[N];
+    cluster_sync();
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+        const int e = tid + CK_THREADS * u, o = (e / C) * CS + e % C;
+        m[u] = sm.M[o] + cluster_ld(&sm.M[o], (unsigned)(rank ^ 1));
+        a[u] = sm.A2[o] + cluster_ld(&sm.A2[o], (unsigned)(rank ^ 1));
+    }
+    cluster_sync();
+#pragma unroll
+    for (int u = 0; u < N; u++) {
+        const int e = tid + CK_THREADS * u, o = (e / C) * CS + e % C;
+        sm.M[o] = m[u];
+        sm.A2[o] = a[u];
+    }
+    __syncthreads();
+}
+
+/* Piece e (16 bytes: lane e mod 32 of piece e / 32, in the local order (vb, np) of a KC × VC part) of a 16-bit
+ * state tile of class KT × VT in kda_cuda_states_dv's order (states16.cuh), the part's first row dk0 and column v0:
+ * its index in the whole tile's pieces */
+template <int KC, int KT>
+DEV int64_t part_piece(unsigned e, int dk0, int v0) {
+    if (KC == KT && v0 == 0) return e; /* (the whole K: the part is a contiguous run) */
+    const int pc = (int)(e >> 5), vb = pc / (KC / 16), np = pc % (KC / 16);
+    return ((int64_t)(v0 / 16 + vb) * (KT / 16) + dk0 / 16 + np) * 32 + (e & 31);
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * The kernel
  * ------------------------------------------------------------------------------------------------------- */
-template <int KC, int VC, int SPLIT>
+/* KC, VC: the CTA's tile (≤ 128). KSP = 2: K class 256, a cluster of two CTAs, rank r holding channels KC r..; NVH =
+ * 2: V class 256, the grid's CTAs (clusters) take the V halves VC vh.. (their sums over V into the regions' copy
+ * vh). Block b: ((chunk · hv + head) · NVH + vh) · KSP + rank. */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
 __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
     constexpr int KS = KC + 4, VS = VC + 4, KN = KC / 8 / CK_NQ, VN = VC / 8 / CK_NQ; /* n-tiles of a column part */
     constexpr int CT = C / 8 / CK_NQ, TPRW = CK_THREADS / C; /* C-column tiles of a part; threads per row */
+    constexpr int KT = KC * KSP, VT = VC * NVH;               /* the classes; S, dS⁺ rows of VT */
+    static_assert((KSP == 1 || (KSP == 2 && KC == 128)) && (NVH == 1 || VC == 128), "chunk: class 256 as 128-wide parts");
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)smem_raw;
+    chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)(KSP == 1 ? smem_raw : cta_smem(smem_raw)); /* (the emulator's
+                                                                                                    rank) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int I = warp & 3, hf = warp >> 2, g = lane >> 2, t = lane & 3;
 
-    const int64_t cid = blockIdx.x / p.hv;
-    const int h = (int)(blockIdx.x % p.hv);
+    const int rank = KSP == 1 ? 0 : (int)(blockIdx.x % KSP);
+    const unsigned unit = blockIdx.x / (KSP * NVH); /* (chunk, head) */
+    const int vh = NVH == 1 ? 0 : (int)(blockIdx.x / KSP % NVH);
+    const int64_t cid = unit / p.hv;
+    const int h = (int)(unit % p.hv);
+    const int dk0 = KC * rank, v0 = VC * vh; /* the CTA's first channel and first V column */
+    const bool lead = KSP == 1 || rank == 0;  /* writes what both CTAs of a cluster compute alike */
     int64_t t0;
     const int clen = chunk_tokens(p.seqs, cid, &t0);
     if (clen <= 0) return;
     const float scale = p.scale;
     const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-    const int64_t pair = cid * p.hv + h;
-    const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KC * VC;     /* fp32 */
-    const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
-    const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KC * VC;          /* fp32 */
-    const uint16_t *__restrict__ dSh = SPLIT ? p.dstates_f16 + pair * (int64_t)KC * VC : NULL; /* the split path's */
-    const uint8_t *__restrict__ dSe = SPLIT ? p.dstates_exp + pair * (int64_t)(VC / 16) * 32 : NULL;
+    const int64_t pair = cid * p.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
+    const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KT * VT + (int64_t)dk0 * VT + v0; /* fp32 */
+    const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KT * VT : NULL; /* the split path's */
+    const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KT * VT + (int64_t)dk0 * VT + v0; /* fp32 */
+    const uint16_t *__restrict__ dSh = SPLIT ? p.dstates_f16 + pair * (int64_t)KT * VT : NULL; /* the split path's */
+    const uint8_t *__restrict__ dSe = SPLIT ? p.dstates_exp + pair * (int64_t)(VT / 16) * 32 + (v0 / 16) * 32 : NULL;
     const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
 
     /* ---- forward ---- */
-    if (SPLIT) {
+    if (KSP * NVH > 1) { /* the CTA's part of S and dS⁺: rows of VC columns (fp32), or runs of pieces (16-bit) */
+        for (int d = tid / 4; d < KC; d += CK_THREADS / 4)
+            if (SPLIT) {
+                if (d < VC / 16 && tid % 4 == 0)
+                    for (int o = 0; o < KC * 32; o += 128) {
+                        l2_prefetch((const char *)(Sb + part_piece<KC, KT>(32u * (KC / 16) * d, dk0, v0) * 8) + o);
+                        l2_prefetch((const char *)(dSh + part_piece<KC, KT>(32u * (KC / 16) * d, dk0, v0) * 8) + o);
+                    }
+            } else {
+                l2_prefetch((const char *)(S + (int64_t)d * VT) + 128 * (tid % 4));
+                l2_prefetch((const char *)(dS + (int64_t)d * VT) + 128 * (tid % 4));
+            }
+    } else if (SPLIT) {
         prefetch_l2(Sb, (int64_t)KC * VC * 2, tid);
         prefetch_l2(dSh, (int64_t)KC * VC * 2, tid);
         prefetch_l2(dSe, (int64_t)VC * 2, tid);
@@ -661,10 +774,11 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
         static_assert(CK_THREADS == 8 * C, "two tensors' C rows, 4 threads each");
         const int esz = which ? (p.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
-        if (row < clen && part * 128 < p.V * esz)
-            l2_prefetch((const char *)(which ? p.v : p.d_o) + ((t0 + row) * p.hv + h) * (int64_t)p.V * esz + part * 128);
+        if (row < clen && part * 128 < (p.V - v0) * esz)
+            l2_prefetch((const char *)(which ? p.v : p.d_o) + (((t0 + row) * p.hv + h) * (int64_t)p.V + v0) * esz +
+                        part * 128);
     }
-    load_rows<KC, VC, SPLIT>(p, sm, p.delta + pair * (int64_t)C * VC, t0, clen, h, A, tid);
+    load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + hpart * (int64_t)C * VC, t0, clen, h, A, tid, rank, v0);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     __syncthreads();
@@ -678,6 +792,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         pair_products_mma<KC, VC>(sm, scale, pI, phf, split, lane);
     }
     __syncthreads();
+    if (KSP == 2) cluster_sum_pairs<KC, VC>(sm, tid, rank); /* M and Aqk over all the channels, in both CTAs */
     /* dO's first loads issued now, the rest after the diagonal inverse blocks, then all converted into R: warps
        4-15 do it while warps 0-3 compute T_II (it followed the whole inverse, which used R as its scratch; 8 held
        across the inverse: more spill) */
@@ -687,20 +802,20 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
        their second batch only after T_II) */
     constexpr int NV = C * VC / 8 / CK_THREADS;
     static_assert(NV >= 1 && (C * VC / 8) % CK_THREADS == 0, "whole 16-byte pieces of dO per thread");
-    const bool do_vec = p.do_dtype != KDA_DT_F32 && p.V == VC && ((uintptr_t)p.d_o & 15) == 0;
+    const bool do_vec = p.do_dtype != KDA_DT_F32 && p.V == VT && ((uintptr_t)p.d_o & 15) == 0;
     uint32_t ob[NO];
     uint4 ov[NV];
     if (do_vec) {
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             const int u = tid + CK_THREADS * j, i = u / (VC / 8), c = 8 * (u % (VC / 8));
-            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.hv + h) * (int64_t)VC + c))
+            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.hv + h) * (int64_t)VT + v0 + c))
                              : make_uint4(0u, 0u, 0u, 0u);
         }
     } else {
 #pragma unroll
         for (int j = 0; j < NO1; j++) {
-            const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+            const int e = tid + CK_THREADS * j, i = e / VC, c = v0 + e % VC;
             ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
         }
     }
@@ -714,12 +829,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const uint8_t *sdSe = (const uint8_t *)sm.q + KC * VC * 2;
     if (SPLIT) {
         for (unsigned e = tid; e < (unsigned)(KC * VC / 8 + VC / 8); e += CK_THREADS) {
-            const void *src = e < KC * VC / 8 ? (const void *)(dSh + 8 * (int64_t)e) : dSe + 16 * (e - KC * VC / 8);
+            const void *src = e < KC * VC / 8 ? (const void *)(dSh + 8 * part_piece<KC, KT>(e, dk0, v0))
+                                              : dSe + 16 * (e - KC * VC / 8);
             cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), src, 16);
         }
         cp_async_commit();
-    } else {
-        copy_state_half<KC, VC>(sdS, dS, 0, tid);
+    } else if (KSP == 1) { /* (KSP = 2: after Z's exchange, which goes through this tile) */
+        copy_state_half<KC, VC, VT>(sdS, dS, 0, tid);
     }
     invert_diag<KC, VC>(sm, tid);
     if (do_vec) { /* dO into R: each piece's 8 values as two float4 */
@@ -737,7 +853,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     } else {
 #pragma unroll
         for (int j = NO1; j < NO; j++) {
-            const int e = tid + CK_THREADS * j, i = e / VC, c = e % VC;
+            const int e = tid + CK_THREADS * j, i = e / VC, c = v0 + e % VC;
             ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
         }
         switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
@@ -753,7 +869,11 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     if (!SPLIT) {
         /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
         zero_acc<VN>(acc);
-        mma_gated_k_state<VN, KC, 1>(acc, sm.k, sm.G, NULL, S, VC, 16 * I, nv0, 0, KC, lane);
+        mma_gated_k_state<VN, KC, 1>(acc, sm.k, sm.G, NULL, S, VT, 16 * I, nv0, 0, KC, lane);
+        if (KSP == 2) { /* over the peer's channels too (q̂'s tile is free), then dS⁺'s first half into that tile */
+            cluster_sum_tiles<VN>(acc, sm.q, VS, 16 * I, nv0, lane, rank);
+            copy_state_half<KC, VC, VT>(sdS, dS, 0, tid);
+        }
 #pragma unroll
         for (int nt = 0; nt < VN; nt++)
 #pragma unroll
@@ -782,13 +902,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         float s = 0.0f;
 #pragma unroll
         for (int c = 0; c < NC; c += 4) {
-            const float4 x = __ldg((const float4 *)(dS + (int64_t)d * VC + c0 + c));
-            const float4 y = __ldg((const float4 *)(S + (int64_t)d * VC + c0 + c));
+            const float4 x = __ldg((const float4 *)(dS + (int64_t)d * VT + c0 + c));
+            const float4 y = __ldg((const float4 *)(S + (int64_t)d * VT + c0 + c));
             s += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
         }
 #pragma unroll
         for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (tid % TPR == 0) p.dgam[pair * KC + d] = s;
+        if (tid % TPR == 0) p.dgam[hpart * KT + dk0 + d] = s;
     }
     cp_async_wait_all(); /* dS⁺ (fp32: its first half), and SPLIT Δ */
     __syncthreads();
@@ -800,13 +920,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     for (int hr = 0; hr < 2; hr++) {
         const int i = 16 * I + g + 8 * hr;
         const int64_t row = (t0 + (i < clen ? i : 0)) * p.hv + h;
-        dq_row[hr] = p.dqk + row * (int64_t)(2 * KC);
-        dx_row[hr] = p.dx + row * (int64_t)KC;
+        dq_row[hr] = p.dqk + (row * NVH + vh) * (int64_t)(2 * KT) + dk0; /* dK̃ at KT on */
+        dx_row[hr] = p.dx + (row * NVH + vh) * (int64_t)KT + dk0;
     }
     if (!SPLIT) { /* dQΓ = dO Sᵀ, raw (the inter kernel's with bf16 inputs) */
         float a[KN][4];
         zero_acc<KN>(a);
-        mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VC, 16 * I, nk0, 0, VC, lane);
+        mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VT, 16 * I, nk0, 0, VC, lane);
 #pragma unroll
         for (int nt = 0; nt < KN; nt++)
 #pragma unroll
@@ -815,34 +935,50 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 if (i < clen) dq_row[c >> 1][d] = a[nt][c];
             }
     }
-    /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
-    zero_acc<VN>(acc);
-    mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-    if (SPLIT) mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, sdSe, 16 * I, nv0, lane);
-    else mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
-    __syncthreads(); /* every read of Aqk (and of dS⁺'s first half) is done */
-    if (!SPLIT) copy_state_half<KC, VC>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */
-    {   /* dAqk = dO Δᵀ (lower) in place of Aqk: the warp's CT tiles of columns jc0.. */
-        float a[CT][4];
-        zero_acc<CT>(a);
-        if ((jc0 >> 4) <= I) mma_rows<CT, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, jc0, 0, VC, lane);
+    if (KSP == 2) {
+        /* dΔ = (K̃ dS⁺ over this CTA's channels + the peer's) + Aqkᵀ dO: the partial first, through q̂'s tile once
+           every read of dS⁺ there is done */
+        zero_acc<VN>(acc);
+        if (SPLIT) {
+            mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, sdSe, 16 * I, nv0, lane);
+        } else {
+            mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
+            __syncthreads();
+            copy_state_half<KC, VC, VT>(sdS, dS, KC / 2, tid);
+            cp_async_wait_all();
+            __syncthreads();
+            mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
+        }
+        __syncthreads(); /* every read of dS⁺ is done */
+        cluster_sum_tiles<VN>(acc, sm.q, VS, 16 * I, nv0, lane, rank);
+        mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
+        __syncthreads(); /* every read of Aqk is done */
+        daqk_rows<KC, VC>(sm, I, jc0, lane);
+        __syncthreads(); /* every read of dO is done */
 #pragma unroll
-        for (int nt = 0; nt < CT; nt++)
+        for (int nt = 0; nt < VN; nt++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
-                sm.A2[i * CS + j] = j <= i ? a[nt][c] : 0.0f;
-            }
+            for (int c = 0; c < 4; c++)
+                sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
+    } else {
+        /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
+        zero_acc<VN>(acc);
+        mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
+        if (SPLIT) mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, sdSe, 16 * I, nv0, lane);
+        else mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
+        __syncthreads(); /* every read of Aqk (and of dS⁺'s first half) is done */
+        if (!SPLIT) copy_state_half<KC, VC, VT>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */
+        daqk_rows<KC, VC>(sm, I, jc0, lane); /* dAqk = dO Δᵀ (lower) in place of Aqk */
+        if (!SPLIT) cp_async_wait_all();
+        __syncthreads(); /* every read of dO is done (fp32: dS⁺'s second half is in) */
+        if (!SPLIT)
+            mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
+#pragma unroll
+        for (int nt = 0; nt < VN; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     }
-    if (!SPLIT) cp_async_wait_all();
-    __syncthreads(); /* every read of dO is done (fp32: dS⁺'s second half is in) */
-    if (!SPLIT)
-        mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
-#pragma unroll
-    for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     __syncthreads();
     /* dR = Tᵀ dΔ */
     zero_acc<VN>(acc);
@@ -875,9 +1011,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     __syncthreads();
-    {   /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 pieces of rows padded to CS (the
-           pairs kernel's shared layout: one contiguous copy there), the padding zero */
-        float *dc = p.dcoef + pair * (int64_t)(2 * C * CS);
+    if (lead) { /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 pieces of rows padded to CS (the
+                   pairs kernel's shared layout: one contiguous copy there), the padding zero */
+        float *dc = p.dcoef + hpart * (int64_t)(2 * C * CS);
         for (unsigned e = tid; e < (unsigned)(2 * C * C / 4); e += CK_THREADS) {
             const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
             const float4 x = *(const float4 *)&(m ? sm.T : sm.A2)[i * CS + j];
@@ -887,7 +1023,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         static_assert(CS - C == 4 && 2 * C <= CK_THREADS, "one float4 of padding per row, a thread each");
         if (tid < 2 * C) *(float4 *)&dc[tid * CS + C] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    prefetch_next_wave<KC, VC, SPLIT>(p, tid);
+    prefetch_next_wave<KC, VC, SPLIT, KSP, NVH>(p, tid);
     /* SPLIT: S (bf16, kda_cuda_states_dv's order) into q̂'s tile (free since dΔ) by cp.async, in flight during the
        dv loads, then widened to fp32 [KC][VC + 4] over M, Aqk, T and Δ for dX's products (read from L2 element by
        element they were ~22% of the kernel's stall samples) */
@@ -896,21 +1032,24 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     static_assert(SPLIT == 0 || KC * VC * 2 <= C * (KC + 4) * 4, "bf16 S fits in q̂'s tile");
     if (SPLIT) {
         for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS)
-            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), Sb + 8 * (int64_t)e, 16);
+            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), Sb + 8 * part_piece<KC, KT>(e, dk0, v0), 16);
         cp_async_commit();
     }
 
     /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
     const int r = tid / TPRW, l4 = tid % TPRW;
     float db = 0.0f;
-    const bool dv_vec = p.V == VC && p.dtype != KDA_DT_F32 && p.dv_dtype == p.dtype &&
+    const bool dv_vec = p.V == VT && p.dtype != KDA_DT_F32 && p.dv_dtype == p.dtype &&
                         (((uintptr_t)p.v | (uintptr_t)p.dv) & 7) == 0;
-    if (r < clen && dv_vec) {
-        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
+    if (!lead) {
+        /* (the peer writes dv and dβ) */
+    } else if (r < clen && dv_vec) {
+        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V + v0;
         db = p.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], row, l4)
                                    : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], row, l4);
     } else if (r < clen) {
-        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V;
+        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V + v0;
+        const int vn = NVH == 1 ? p.V : min(p.V - v0, VC); /* the part's columns that exist */
         const float br = sm.beta[r];
         constexpr int N = VC / TPRW / 2; /* two batches */
 #pragma unroll
@@ -920,13 +1059,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
             for (int j = 0; j < N; j++) {
                 const int c = l4 + TPRW * (j0 + j);
-                vb[j] = c < p.V ? load_bits(p.v, p.dtype, row + c) : 0u;
+                vb[j] = c < vn ? load_bits(p.v, p.dtype, row + c) : 0u;
             }
             bits_values<N>(vv, vb, p.dtype);
 #pragma unroll
             for (int j = 0; j < N; j++) db += vv[j] * sm.R[r * VS + l4 + TPRW * (j0 + j)];
         }
-        for (int c = l4; c < p.V; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
+        for (int c = l4; c < vn; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
     }
     if (SPLIT) {
         cp_async_wait_all();
@@ -954,7 +1093,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             float ax[KN][4];
             zero_acc<KN>(ax);
             mma_rows<KN, 0, 1, 0>(ax, sm.R, VS, sS, VS, 16 * I, nk0, 0, VC, lane);
-            dx_out<KN, KC, 0>(ax, ax, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, nk0, clen, lane);
+            dx_out<KN, KC, 0, KT>(ax, ax, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, nk0, clen, lane);
         } else {
 #pragma unroll
             for (int q2 = 0; q2 < 2; q2++) {
@@ -963,8 +1102,8 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 float ax[NH][4], ak[NH][4];
                 zero_acc<NH>(ax);
                 zero_acc<NH>(ak);
-                mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VC, 16 * I, n0, VC, lane);
-                dx_out<NH, KC, 1>(ax, ak, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, n0, clen, lane);
+                mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VT, 16 * I, n0, VC, lane);
+                dx_out<NH, KC, 1, KT>(ax, ak, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, n0, clen, lane);
             }
         }
 #pragma unroll
@@ -974,38 +1113,57 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     __syncthreads();
+    if (KSP == 2) cluster_sync(); /* the peer's dX terms of dβ are in its dbp */
 
-    /* dβ: the row's TPRW threads sum, with the terms by column part; through the sigmoid */
+    /* dβ: the row's TPRW threads sum, with the terms by column part (KSP = 2: then the peer's dX terms, over its
+       channels); through the sigmoid (NVH = 2: this V half's part before it, into dbeta_part) */
 #pragma unroll
     for (int o = 1; o < TPRW; o <<= 1) db += __shfl_xor_sync(0xffffffffu, db, o);
-    if (l4 == 0 && r < clen) {
+    if (lead && l4 == 0 && r < clen) {
 #pragma unroll
         for (int u = 0; u < 2 * CK_NQ; u++) db += sm.dbp[u][r];
+        if (KSP == 2)
+#pragma unroll
+            for (int u = CK_NQ; u < 2 * CK_NQ; u++) db += cluster_ld(&sm.dbp[u][r], 1u);
         const int64_t e = (t0 + r) * p.hv + h;
-        if (p.beta_sigmoid) {
+        if (NVH == 2) {
+            p.dbeta_part[e * 2 + vh] = db;
+        } else if (p.beta_sigmoid) {
             const float sg = beta_sigmoid(load_elem(p.beta, p.beta_dtype, e), 0);
             db *= (p.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
         }
-        store_elem(p.dbeta, p.dbeta_dtype, e, db);
+        if (NVH == 1) store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
+    if (KSP == 2) cluster_sync(); /* rank 0 has read rank 1's dbp: rank 1 may exit */
 }
 
-template <int KC, int VC, int SPLIT>
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
 static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv;
+    const int64_t ctas = p->blocks.max_chunks * p->hv * NVH * KSP;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(chunk_smem<KC, VC>);
-    return kda_launch((const void *)kda_bwd_chunk_kernel<KC, VC, SPLIT>, ctas, CK_THREADS, bytes, p, device, done, stream);
+    const void *kernel = (const void *)kda_bwd_chunk_kernel<KC, VC, SPLIT, KSP, NVH>;
+    if (KSP == 1) return kda_launch(kernel, ctas, CK_THREADS, bytes, p, device, done, stream);
+    return kda_launch_cluster(kernel, ctas, KSP, CK_THREADS, bytes, p, device, done, stream);
 }
 
-template <int KC, int VC>
+template <int KC, int VC, int KSP, int NVH>
 static int launch_chunk_mode(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->split ? launch_chunk<KC, VC, 1>(p, device, stream) : launch_chunk<KC, VC, 0>(p, device, stream);
+    return p->split ? launch_chunk<KC, VC, 1, KSP, NVH>(p, device, stream)
+                    : launch_chunk<KC, VC, 0, KSP, NVH>(p, device, stream);
+}
+
+/* Class 256 as 128-wide parts: K by a cluster of two CTAs, V by two halves of the grid */
+template <int KC, int KSP>
+static int launch_chunk_k(const kda_bwd_params_t *p, int device, void *stream) {
+    if (p->vc == 64) return launch_chunk_mode<KC, 64, KSP, 1>(p, device, stream);
+    if (p->vc == 128) return launch_chunk_mode<KC, 128, KSP, 1>(p, device, stream);
+    return launch_chunk_mode<KC, 128, KSP, 2>(p, device, stream);
 }
 
 extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->kc == 64)
-        return p->vc == 64 ? launch_chunk_mode<64, 64>(p, device, stream) : launch_chunk_mode<64, 128>(p, device, stream);
-    return p->vc == 64 ? launch_chunk_mode<128, 64>(p, device, stream) : launch_chunk_mode<128, 128>(p, device, stream);
+    if (p->kc == 64) return launch_chunk_k<64, 1>(p, device, stream);
+    if (p->kc == 128) return launch_chunk_k<128, 1>(p, device, stream);
+    return launch_chunk_k<128, 2>(p, device, stream);
 }

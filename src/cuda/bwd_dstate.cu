@@ -90,8 +90,8 @@ DEV void panel_frag(frag_t a[4], const unsigned char *tile, int r0, int c0, int 
     for (int r = 0; r < 4; r++) a[r] = unpack_bf16(w[r]);
 }
 
-template <int KC, int BV>
-__global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
+template <int KC, int BV> /* (K class 256: one CTA per SM by shared memory, 138-163 KB, so no cap of 128 registers) */
+__global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_kernel(const kda_bwd_params_t p) {
     constexpr int SS = BV + 4, NTL = BV / 8; /* 8-column tiles */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     dstate_smem<KC, BV> &sm = *(dstate_smem<KC, BV> *)smem_raw;
@@ -262,11 +262,11 @@ __global__ void __launch_bounds__(DS_THREADS, 2) kda_bwd_dstate_kernel(const kda
 /* ---------------------------------------------------------------------------------------------------------
  * The recurrence kernel
  * ------------------------------------------------------------------------------------------------------- */
-#define DSR_NST 3                                                  /* ring stages: two chunks ahead */
+#define DSR_NST(KC) ((KC) > 128 ? 2 : 3) /* ring stages: two chunks ahead (K class 256: one, for shared memory) */
 #define DSR_LIN(KC) (3 * KDA_CHUNK * (KC) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KC) * 4) /* W, QΓ, K̃, Aqk, γ */
 #define DSR_ROWB(BV) ((BV) * 2 + 16) /* a staged dO row: padded, so that ldmatrix.trans's 8 rows hit 8 bank groups */
 #define DSR_STAGE(KC, BV) ((DSR_LIN(KC) + KDA_CHUNK * DSR_ROWB(BV) + 1023) / 1024 * 1024) /* panels 1 KB-aligned */
-#define DSR_BYTES(KC, BV) (1024 + DSR_NST * DSR_STAGE(KC, BV) + 8 * DSR_NST)
+#define DSR_BYTES(KC, BV) (1024 + DSR_NST(KC) * DSR_STAGE(KC, BV) + 8 * DSR_NST(KC)) /* K 256, BV 32: 226,320 */
 
 /* x = hi + lo for a pair of fp32 values, both parts bf16 (hi: x rounded; lo: the remainder rounded) */
 DEV void split_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
@@ -516,8 +516,10 @@ DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
 template <int KC, int BV, int WG, int LO, int MODE>
 __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda_bwd_params_t p) {
     constexpr int NT = KC / 8, NTH = 2 * BV, LIN = DSR_LIN(KC), ROWB = DSR_ROWB(BV), STAGE = DSR_STAGE(KC, BV);
-    static_assert(KDA_CHUNK == 64 && (BV == 32 || BV == 64 || BV == 128) && (!WG || BV >= 64) && KC <= 128,
-                  "dstate recurrence: C = 64, a warp per 16 columns, wgmma per 64");
+    static_assert(KDA_CHUNK == 64 && (BV == 32 || BV == 64 || BV == 128) && (!WG || BV >= 64) &&
+                      (KC <= 128 || (KC == 256 && BV == 32 && !WG && MODE == KDA_DS_SEQ)),
+                  "dstate recurrence: C = 64, a warp per 16 columns, wgmma per 64; K 256: mma.sync at BV 32");
+    constexpr int NST = DSR_NST(KC);
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -527,15 +529,15 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     const int v0 = wk.vt * BV, vw = v0 + 16 * warp; /* the CTA's and the warp's first column */
     const int64_t bos = wk.bos, eos = wk.eos, nc = wk.nc, chunk0 = wk.chunk0;
     const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, wk.n);
-    const uint32_t bars = smem_u32(smem + DSR_NST * STAGE);
+    const uint32_t bars = smem_u32(smem + NST * STAGE);
 
     /* dO tiles zero once: a partial chunk (a sequence's last, the first one here) copies only its rows */
-    for (int e = tid; e < DSR_NST * KDA_CHUNK * ROWB / 16; e += NTH) {
+    for (int e = tid; e < NST * KDA_CHUNK * ROWB / 16; e += NTH) {
         const int st = e / (KDA_CHUNK * ROWB / 16), r = e % (KDA_CHUNK * ROWB / 16);
         *(uint4 *)(smem + st * STAGE + LIN + 16 * r) = make_uint4(0u, 0u, 0u, 0u);
     }
     if (tid == 0) {
-        for (int i = 0; i < DSR_NST; i++) mbar_init(bars + 8 * i, 1 + NTH);
+        for (int i = 0; i < NST; i++) mbar_init(bars + 8 * i, 1 + NTH);
         mbar_init_fence();
     }
     /* dSᵀ: s[nt][c] = dS[d][v], v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
@@ -560,16 +562,16 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
 #define DSR_ISSUE(j)                                                                                                \
     do {                                                                                                            \
         const int64_t ci_ = nc - 1 - (j), t0_ = bos + ci_ * KDA_CHUNK;                                              \
-        dsr_issue(p, smem + ((j) % DSR_NST) * STAGE, bars + 8 * (uint32_t)((j) % DSR_NST), chunk0 + ci_, h, t0_,     \
+        dsr_issue(p, smem + ((j) % NST) * STAGE, bars + 8 * (uint32_t)((j) % NST), chunk0 + ci_, h, t0_,            \
                   wk.mcols ? 0 : (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, tid, NTH);             \
     } while (0)
-    for (int64_t j = 0; j < DSR_NST - 1 && j < nc; j++) DSR_ISSUE(j);
+    for (int64_t j = 0; j < NST - 1 && j < nc; j++) DSR_ISSUE(j);
 
     for (int64_t j = 0; j < nc; j++) {
         const int64_t ci = nc - 1 - j;
-        if (j + DSR_NST - 1 < nc) DSR_ISSUE(j + DSR_NST - 1); /* into the stage step j − 1 freed */
-        const int cur = (int)(j % DSR_NST);
-        mbar_wait(bars + 8 * cur, (uint32_t)((j / DSR_NST) & 1));
+        if (j + NST - 1 < nc) DSR_ISSUE(j + NST - 1); /* into the stage step j − 1 freed */
+        const int cur = (int)(j % NST);
+        mbar_wait(bars + 8 * cur, (uint32_t)((j / NST) & 1));
         const unsigned char *stg = smem + cur * STAGE;
         /* dS⁺ of this chunk (none in the pre-scan): on the split path fp16 in S's order (a 16-byte piece per lane
            and np) and the lane's factor (states16.cuh), else fp32 [KC][VC] */
@@ -693,8 +695,9 @@ static int launch_dstate_cp_k(const kda_bwd_params_t *p, int device, void *strea
  * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
  * step; development builds: dev_skip 16384 gives the narrow tile back, to time it) */
 static int dstate_rec_bv(const kda_bwd_params_t *p) {
+    if (p->kc > 128) return 32;
     const int64_t heads = p->seqs.num_seqs * p->hv;
-    int bv = p->vc;
+    int bv = p->vc > 128 ? 128 : p->vc; /* (V class 256: at most 128, the kernel's widest tile) */
     while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
     if (p->wgmma && bv < 64 && p->vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
     return bv;
@@ -709,7 +712,9 @@ static int launch_dstate_rec_k(const kda_bwd_params_t *p, int bv, int device, vo
     return launch_dstate_rec<KC, 32, 0>(p, device, stream);
 }
 
-/* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback */
+/* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback.
+ * K class 256: mma.sync at BV 32 with a 2-stage ring (226,320 bytes; three stages would need 338,968: docs/PERF.md
+ * "Backward at K = V = 256"), no CP split (its tiles would be 128 columns wide) */
 static int dstate_rec_applies(const kda_bwd_params_t *p) {
     return p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
 }
@@ -723,17 +728,21 @@ extern "C" int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p) {
     return p->seqs.num_seqs * p->hv * (p->vc / dstate_bv(p));
 }
 
-extern "C" int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p) { return dstate_rec_applies(p); }
+extern "C" int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p) { return p->kc <= 128 && dstate_rec_applies(p); }
 
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
     if (p->ds_mode != KDA_DS_SEQ) /* the host takes the CP modes only where the recurrence kernel applies */
         return p->kc == 64 ? launch_dstate_cp_k<64>(p, device, stream) : launch_dstate_cp_k<128>(p, device, stream);
     const int bv = dstate_bv(p);
     if (dstate_rec_applies(p))
-        return p->kc == 64 ? launch_dstate_rec_k<64>(p, bv, device, stream)
-                           : launch_dstate_rec_k<128>(p, bv, device, stream);
+        return p->kc == 64    ? launch_dstate_rec_k<64>(p, bv, device, stream)
+               : p->kc == 128 ? launch_dstate_rec_k<128>(p, bv, device, stream)
+                              : launch_dstate_rec<256, 32, 0>(p, device, stream);
     if (bv == KDA_BWD_BV_WIDE)
-        return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
-                           : launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream);
-    return p->kc == 64 ? launch_dstate<64, KDA_BWD_BV>(p, device, stream) : launch_dstate<128, KDA_BWD_BV>(p, device, stream);
+        return p->kc == 64    ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
+               : p->kc == 128 ? launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream)
+                              : launch_dstate<256, KDA_BWD_BV_WIDE>(p, device, stream);
+    return p->kc == 64    ? launch_dstate<64, KDA_BWD_BV>(p, device, stream)
+           : p->kc == 128 ? launch_dstate<128, KDA_BWD_BV>(p, device, stream)
+                          : launch_dstate<256, KDA_BWD_BV>(p, device, stream);
 }

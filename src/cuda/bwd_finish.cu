@@ -5,6 +5,9 @@
  *   ddt_bias chunk order (∂L/∂dt_bias[d]; the channel's terms of ∂L/∂A_log, then summed over the channels in
  *            order); zeros when there are no tokens
  *
+ *   dβ,      V class 256 only, one thread per (token, value head): the chunk kernel's two V halves' parts, half 0 +
+ *            half 1, then through β's sigmoid (bwd_chunk.cu writes dβ itself for the other classes)
+ *
  * dq and dk are the pairs kernel's (bwd_pairs.cu: it sums the G value heads of a query/key head in order and
  * applies the l2norm step); until v11 a kernel here did that for G > 1 from a scratch of per-head dq̂, dk̂.
  * No atomics: two identical calls give identical bytes.
@@ -56,8 +59,25 @@ __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_gate_params_kernel(const 
     }
 }
 
+__global__ void __launch_bounds__(FIN_THREADS) kda_bwd_dbeta_kernel(const kda_bwd_params_t p) {
+    const int64_t e = (int64_t)blockIdx.x * FIN_THREADS + threadIdx.x; /* (token, value head) */
+    if (e >= p.seqs.num_tokens * p.hv) return;
+    float db = p.dbeta_part[2 * e] + p.dbeta_part[2 * e + 1];
+    if (p.beta_sigmoid) {
+        const float sg = beta_sigmoid(load_elem(p.beta, p.beta_dtype, e), 0);
+        db *= (p.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
+    }
+    store_elem(p.dbeta, p.dbeta_dtype, e, db);
+}
+
 extern "C" int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void *stream) {
     (void)device;
+    const int64_t rows = p->seqs.num_tokens * p->hv;
+    if (kda_bwd_vhalves(p->vc) == 2 && rows > 0) {
+        kda_bwd_dbeta_kernel<<<(unsigned)((rows + FIN_THREADS - 1) / FIN_THREADS), FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
+        const int err = (int)cudaGetLastError();
+        if (err) return err;
+    }
     if (p->dA_log || p->ddt_bias) {
         kda_bwd_gate_params_kernel<<<(unsigned)p->hv, FIN_THREADS, FIN_THREADS * sizeof(float), (cudaStream_t)stream>>>(*p);
         return (int)cudaGetLastError();

@@ -22,6 +22,11 @@
  * dS⁺ [KC][VC] (rounded to bf16 here from stage 2's fp16 in the same order: states16.cuh), W [C][KC] and U [C][VC]
  * copied from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
  * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
+ *
+ * Class 256: V in two halves (NVH = 2), a CTA per (chunk, value head, half) on 128 columns of U, S, dS⁺ and dO,
+ * writing its half of Δ and its copy of dγ, dQΓ, dK̃ (the pairs kernel adds the halves); K 256 (16 row blocks of
+ * S for 8 warps: two each; dQΓ, dK̃ in two passes of KC / 4 columns per warp, for registers). 197,632 bytes at
+ * K 256, V 128: one CTA per SM.
  */
 #include "bwd.cuh"
 #include "seq.cuh"
@@ -54,29 +59,34 @@ struct inter_smem {
     float red[KC == 64 ? 2 : 1][KC];               /* KC = 64: dγ's sums of the two warps of an np */
 };
 
-template <int KC, int VC>
+/* VC: the CTA's columns (≤ 128); NVH = 2: V class 256, block b = (chunk · hv + head) · 2 + half */
+template <int KC, int VC, int NVH>
 __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_bwd_params_t p) {
+    constexpr int VT = VC * NVH; /* the V class */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     inter_smem<KC, VC> &sm = *(inter_smem<KC, VC> *)smem_raw;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int I = warp & 3, hf = warp >> 2, g = lane >> 2, t = lane & 3;
 
-    const int64_t cid = blockIdx.x / p.hv;
-    const int h = (int)(blockIdx.x % p.hv);
+    const unsigned unit = blockIdx.x / NVH; /* (chunk, head) */
+    const int vh = NVH == 1 ? 0 : (int)(blockIdx.x % NVH), v0 = VC * vh;
+    const int64_t cid = unit / p.hv;
+    const int h = (int)(unit % p.hv);
     int64_t t0;
     const int clen = chunk_tokens(p.seqs, cid, &t0);
     if (clen <= 0) return;
-    const int64_t pair = cid * p.hv + h;
+    const int64_t pair = cid * p.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
-    const uint16_t *__restrict__ S = p.states_bf16 + pair * (int64_t)KC * VC;
-    const uint16_t *__restrict__ dS = p.dstates_f16 + pair * (int64_t)KC * VC;
-    const uint8_t *__restrict__ dSe = p.dstates_exp + pair * (int64_t)(VC / 16) * 32;
+    /* the half's 16-column blocks of S and dS⁺ (kda_cuda_states_dv's order): a contiguous run */
+    const uint16_t *__restrict__ S = p.states_bf16 + pair * (int64_t)KC * VT + (int64_t)v0 * KC;
+    const uint16_t *__restrict__ dS = p.dstates_f16 + pair * (int64_t)KC * VT + (int64_t)v0 * KC;
+    const uint8_t *__restrict__ dSe = p.dstates_exp + pair * (int64_t)(VT / 16) * 32 + (v0 / 16) * 32;
 
     /* W and U by 16-byte copies (the panels as they are), in flight while the states are read */
     for (int e = tid; e < C * KC * 2 / 16; e += BI_THREADS)
         cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * (int64_t)e, 16);
     for (int e = tid; e < C * VC * 2 / 16; e += BI_THREADS)
-        cp_async16_zfill(smem_u32(sm.u + 16 * e), blk + kda_cuda_off_u(KC) + 16 * (int64_t)e, 16);
+        cp_async16_zfill(smem_u32(sm.u + 16 * e), blk + kda_cuda_off_u(KC) + (int64_t)v0 * C * 2 + 16 * (int64_t)e, 16);
     cp_async_commit();
 
     /* S (bf16) and dS⁺ (fp16 and the lane's factor) in kda_cuda_states_dv's order (states16.cuh) into their bf16
@@ -87,10 +97,12 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
        to bf16 first). dγ from the pieces themselves (a lane holds the same elements of both): fp32 products of
        bf16 S and fp16-exact dS⁺, per lane 4 rows (16 np + 2 t + {0, 1, 8, 9}) summed over its blocks, then over
        the lanes g, and with KC = 64 the VG = 2 warps of an np */
-    constexpr int NP = KC / 16, VG = (BI_THREADS / 32) / NP, NV = VC / 16 / VG; /* blocks per warp: NV */
-    static_assert(VG >= 1 && VG <= 2 && NV >= 1, "inter: warps per np");
-    {
-        const int np = warp % NP, vg = warp / NP;
+    constexpr int NP = KC / 16, NW = BI_THREADS / 32, VG = NW / NP > 0 ? NW / NP : 1, NV = VC / 16 / VG; /* blocks per warp: NV */
+    static_assert(VG >= 1 && VG <= 2 && NV >= 1 && (NP <= NW || NP % NW == 0), "inter: warps per np");
+    constexpr int NPW = NP > NW ? NP / NW : 1; /* row blocks per warp (K 256: two) */
+#pragma unroll 1
+    for (int u = 0; u < NPW; u++) {
+        const int np = warp % NP + NW * u, vg = warp / NP;
         float dg4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* rows 16 np + 2 t + {0, 1, 8, 9} */
         constexpr int GB = NV < 4 ? NV : 4;      /* blocks in flight (registers) */
 #pragma unroll 1
@@ -127,7 +139,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
 #pragma unroll
             for (int o = 4; o < 32; o <<= 1) dg4[r] += __shfl_xor_sync(0xffffffffu, dg4[r], o);
         if (lane < 4) {
-            float *out = VG == 1 ? p.dgam + pair * (int64_t)KC : sm.red[vg];
+            float *out = VG == 1 ? p.dgam + hpart * (int64_t)KC : sm.red[vg];
 #pragma unroll
             for (int r = 0; r < 4; r++) out[16 * np + 2 * lane + (r & 1) + 8 * (r >> 1)] = dg4[r];
         }
@@ -142,8 +154,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             const int e = tid + BI_THREADS * j, i = e / (VC / 8), c = (e % (VC / 8)) * 8;
 #pragma unroll
             for (int u = 0; u < 8; u++)
-                ob[j][u] = i < clen && c + u < p.V
-                               ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c + u)
+                ob[j][u] = i < clen && v0 + c + u < p.V
+                               ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + v0 + c + u)
                                : 0u;
         }
 #pragma unroll
@@ -158,7 +170,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     cp_async_wait_all();
     __syncthreads();
     if (VG == 2) /* dγ: the two warps' sums, in a fixed order */
-        for (int d = tid; d < KC; d += BI_THREADS) p.dgam[pair * (int64_t)KC + d] = sm.red[0][d] + sm.red[VG - 1][d];
+        for (int d = tid; d < KC; d += BI_THREADS) p.dgam[hpart * (int64_t)KC + d] = sm.red[0][d] + sm.red[VG - 1][d];
 
     /* ldmatrix lane roles: A fragment (rows r0.., k0..): row r0 + (lane & 15), column k0 + 8 (lane >> 4);
        B fragments of two 8-column tiles from a [k][n] tile (trans) or an [n][k] tile (plain) */
@@ -183,7 +195,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                 mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
             }
         }
-        float *dl = p.delta + pair * (int64_t)C * VC; /* Δ [C][VC] */
+        float *dl = p.delta + hpart * (int64_t)C * VC; /* Δ [C][VC] */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -197,9 +209,11 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             }
     }
     __syncthreads();
-    {   /* dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ: rows 16 I.., columns (KC / 2) hf.. */
-        constexpr int NT = KC / 16;
-        const int n0 = hf * (KC / 2);
+    constexpr int NPASS = KC > 128 ? 2 : 1; /* (registers: 2 × KC / 16 × 4 accumulators a pass) */
+#pragma unroll 1
+    for (int pass = 0; pass < NPASS; pass++) { /* dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ: rows 16 I.., columns (KC / 2) hf.. */
+        constexpr int NT = KC / 16 / NPASS;
+        const int n0 = hf * (KC / 2) + pass * (KC / 2 / NPASS);
         float aq[NT][4], ak[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -226,7 +240,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         for (int hr = 0; hr < 2; hr++) {
             const int i = 16 * I + g + 8 * hr;
             if (i >= clen) continue;
-            float *row = p.dqk + ((t0 + i) * p.hv + h) * (int64_t)(2 * KC);
+            float *row = p.dqk + (((t0 + i) * p.hv + h) * NVH + vh) * (int64_t)(2 * KC);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int col = n0 + 8 * nt + 2 * t;
@@ -237,16 +251,24 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     }
 }
 
-template <int KC, int VC>
+template <int KC, int VC, int NVH>
 static int launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv;
+    const int64_t ctas = p->blocks.max_chunks * p->hv * NVH;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(inter_smem<KC, VC>);
-    return kda_launch((const void *)kda_bwd_inter_kernel<KC, VC>, ctas, BI_THREADS, bytes, p, device, done, stream);
+    return kda_launch((const void *)kda_bwd_inter_kernel<KC, VC, NVH>, ctas, BI_THREADS, bytes, p, device, done, stream);
+}
+
+template <int KC>
+static int launch_inter_k(const kda_bwd_params_t *p, int device, void *stream) {
+    if (p->vc == 64) return launch_inter<KC, 64, 1>(p, device, stream);
+    if (p->vc == 128) return launch_inter<KC, 128, 1>(p, device, stream);
+    return launch_inter<KC, 128, 2>(p, device, stream);
 }
 
 extern "C" int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->kc == 64) return p->vc == 64 ? launch_inter<64, 64>(p, device, stream) : launch_inter<64, 128>(p, device, stream);
-    return p->vc == 64 ? launch_inter<128, 64>(p, device, stream) : launch_inter<128, 128>(p, device, stream);
+    if (p->kc == 64) return launch_inter_k<64>(p, device, stream);
+    if (p->kc == 128) return launch_inter_k<128>(p, device, stream);
+    return launch_inter_k<256>(p, device, stream);
 }

@@ -63,7 +63,7 @@ struct pairs_smem {
     float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
     /* with l2norm: from the cluster's CTA of rank r (its channel tile), by channel half, Σ over the half's 16
        channels of (q̂ dq̂, k̂ dk̂) of each row */
-    float2 ys[KDA_BWD_MAX_HEAD_DIM / PK_KT][2][C];
+    float2 ys[256 / PK_KT][2][C];
     uint64_t bar;                 /* with l2norm: complete when every CTA's ys have arrived */
 };
 
@@ -300,9 +300,11 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
     }
 }
 
-template <int KC>
+/* NVH = 2 (V class 256): the chunk kernel's sums over V come in two copies, one per V half, added here as they are
+ * loaded (P and B by plain loads then, not cp.async) */
+template <int KC, int NVH>
 __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_bwd_params_t p) {
-    constexpr int NTILE = KC / PK_KT; /* with l2norm: the CTAs of a cluster */
+    constexpr int NTILE = KC / PK_KT; /* with l2norm: the CTAs of a cluster (≤ 8, the portable cluster size) */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     pairs_smem &sm = *(pairs_smem *)cta_smem(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -344,12 +346,18 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
            pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of
            the kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency). The previous
            head's last reads of this region (dG) were before its barrier after the gate's backward. */
-        {
+        static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
+        if (NVH == 1) {
             const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
             const uint32_t dst = smem_u32(sm.P);
-            static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
             for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
             cp_async_commit();
+        } else { /* the two V halves' copies, added (half 0 + half 1) */
+            const float4 *s0 = (const float4 *)(p.dcoef + pair * 2 * (int64_t)(2 * C * CS)), *s1 = s0 + C * CS / 2;
+            for (int o = tid; o < C * CS / 2; o += PK_THREADS) {
+                const float4 a = __ldg(s0 + o), b = __ldg(s1 + o);
+                ((float4 *)sm.P)[o] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+            }
         }
         head_rows(p, sm, h, hq, t0, w, d0, nrow, A, first);
         /* G = cumsum ĝ: each thread its warp's rows of its column, then the earlier warps' totals */
@@ -381,9 +389,17 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
             for (int nt = 0; nt < PK_NT; nt++) {
                 const int dd = d0 + c0 + 8 * nt + 2 * t;
                 const float2 z = make_float2(0.0f, 0.0f);
-                dQ[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * (2 * KC) + dd]) : z;
-                dK[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * (2 * KC) + KC + dd]) : z;
-                xb[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dx[srow * KC + dd]) : z;
+                dQ[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * NVH * (2 * KC) + dd]) : z;
+                dK[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * NVH * (2 * KC) + KC + dd]) : z;
+                xb[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dx[srow * NVH * KC + dd]) : z;
+                if (NVH == 2 && srow >= 0) { /* + the second V half's */
+                    const float2 q1 = __ldg((const float2 *)&p.dqk[(srow * 2 + 1) * (2 * KC) + dd]);
+                    const float2 k1 = __ldg((const float2 *)&p.dqk[(srow * 2 + 1) * (2 * KC) + KC + dd]);
+                    const float2 x1 = __ldg((const float2 *)&p.dx[(srow * 2 + 1) * KC + dd]);
+                    dQ[nt][hr] = make_float2(dQ[nt][hr].x + q1.x, dQ[nt][hr].y + q1.y);
+                    dK[nt][hr] = make_float2(dK[nt][hr].x + k1.x, dK[nt][hr].y + k1.y);
+                    xb[nt][hr] = make_float2(xb[nt][hr].x + x1.x, xb[nt][hr].y + x1.y);
+                }
             }
         }
         cp_async_wait_all();
@@ -448,11 +464,14 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
                     yk[hr] += __shfl_xor_sync(0xffffffffu, yk[hr], o);
                 }
             cluster_wait(); /* every CTA of the cluster has started, its barrier initialised */
-            if (t < NTILE) { /* lane t of a quad: the quad's two rows into CTA t, completing bytes on its barrier */
+            /* lane t of a quad: the quad's two rows into CTAs t (and t + 4 in a cluster of 8), completing bytes on their
+               barriers */
+#pragma unroll
+            for (int rk = t; rk < NTILE; rk += 4) {
                 const int me = d0 / PK_KT;
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++)
-                    cluster_st_async2(&sm.ys[me][w >> 2][16 * I + g + 8 * hr], smem_u32(&sm.bar), (unsigned)t, yq[hr], yk[hr]);
+                    cluster_st_async2(&sm.ys[me][w >> 2][16 * I + g + 8 * hr], smem_u32(&sm.bar), (unsigned)rk, yq[hr], yk[hr]);
             }
         } else if (last)
             store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, clen, hq, rn, fq, fk, 0);
@@ -476,7 +495,8 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         sm.tot[w][dl] = s;
         __syncthreads();
         float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
-        if (d < p.K) off += gexp(Gl[dl]) * p.dgam[pair * KC + d]; /* γ dγ */
+        if (d < p.K) /* γ dγ (NVH = 2: half 0's + half 1's) */
+            off += gexp(Gl[dl]) * (NVH == 1 ? p.dgam[pair * KC + d] : p.dgam[pair * 2 * KC + d] + p.dgam[(pair * 2 + 1) * KC + d]);
         for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
         float dAl = 0.0f, dbias = 0.0f;
         const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
@@ -503,18 +523,24 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     }
 }
 
-template <int KC>
+template <int KC, int NVH>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hqk * (KC / PK_KT);
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     if (!p->l2norm)
-        return kda_launch((const void *)kda_bwd_pairs_kernel<KC>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p, device,
-                          done, stream);
-    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC>, ctas, KC / PK_KT, PK_THREADS,
+        return kda_launch((const void *)kda_bwd_pairs_kernel<KC, NVH>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
+                          device, done, stream);
+    return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC, NVH>, ctas, KC / PK_KT, PK_THREADS,
                               (int)sizeof(pairs_smem), p, device, done, stream);
 }
 
+template <int KC>
+static int launch_pairs_v(const kda_bwd_params_t *p, int device, void *stream) {
+    return kda_bwd_vhalves(p->vc) == 2 ? launch_pairs<KC, 2>(p, device, stream) : launch_pairs<KC, 1>(p, device, stream);
+}
+
 extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->kc == 64 ? launch_pairs<64>(p, device, stream) : launch_pairs<128>(p, device, stream);
+    return p->kc == 64 ? launch_pairs_v<64>(p, device, stream)
+           : p->kc == 128 ? launch_pairs_v<128>(p, device, stream) : launch_pairs_v<256>(p, device, stream);
 }

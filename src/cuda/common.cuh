@@ -301,6 +301,21 @@ DEV void cluster_st_async2(const void *local, uint32_t bar, unsigned rank, float
                  "f"(y), "r"(b)
                  : "memory");
 }
+/* The float at the offset that `local` has in this CTA's shared memory, read from CTA `rank`'s (distributed shared
+ * memory; ordered by the cluster barriers around it) */
+DEV float cluster_ld(const float *local, unsigned rank) {
+    uint32_t a;
+    float x;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_u32(local)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(x) : "r"(a) : "memory");
+    return x;
+}
+/* The whole cluster's barrier: every thread's earlier shared-memory accesses (its own CTA's and the others') before
+ * every thread's later ones */
+DEV void cluster_sync(void) {
+    cluster_arrive();
+    cluster_wait();
+}
 DEV unsigned char *cta_smem(unsigned char *smem) { return smem; }
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -510,7 +510,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
                 store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
             else
                 store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
-        } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_MAX_HEAD_DIM && p.states_bf16) {
+        } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_TILE && p.states_bf16) {
             /* the forward keeps S for the backward (kda_args_t.saved, bf16 inputs, backend.c keeps_states): the
                backward's states stage is then not run */
             store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
@@ -583,7 +583,8 @@ static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes);
 }
 
-/* The KDA_REC_STATES kernel of a configuration, or NULL above the backward's head sizes */
+/* The KDA_REC_STATES kernel of a configuration (the backward's stage 1 and chunk_states; every K class since the
+ * backward takes 256), or NULL above the backward's head sizes */
 template <int KD, int WG, int EXACT>
 static const void *rec_states_kernel(void) {
     if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM) return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
@@ -606,7 +607,7 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
      (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>}
-    /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM): no K = 256 instances */
+    /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM) */
 #define REC_STATES_KERNELS                                                                                      \
     {rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),          \
      rec_states_kernel<KD, HAS_WG, 1>()}

@@ -1005,27 +1005,58 @@ TEST(gpu_bwd_cp_sanitize) {
     }
 }
 
-/* Heads beyond 128: NOT_SUPPORTED naming the argument, from the size query and the call, nothing written. */
-TEST(gpu_bwd_head_dim_256_not_supported) {
-    kda_synth_config_t c = base(128);
-    c.k = 256;
-    c.v = 64;
-    c.seq_len = 20;
-    bcase_t x;
-    bcase_make(&x, &c, &TRAIN);
-    size_t need = 0;
-    kda_status_t st = kda_backward_workspace_size(gpu(), &x.db, &need);
-    CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
-    CHECK(strstr(kda_last_error(), "'head_dim_k'") != NULL, "%s", kda_last_error());
-    CUDA_OK(cudaMemset(x.dgrad[G_DQ], 0x5a, (size_t)x.n[G_DQ] * 4));
-    st = kda_backward(gpu(), &x.db, NULL, 0, NULL);
-    CHECK(st == KDA_STATUS_NOT_SUPPORTED, "status %s", kda_status_string(st));
-    unsigned char *h = (unsigned char *)fetch(&x, G_DQ);
-    int same = 1;
-    for (int64_t e = 0; e < x.n[G_DQ] * (int64_t)kda_dtype_size(x.dt[G_DQ]); e++) same &= h[e] == 0x5a;
-    CHECK(same, "dq written by a refused call");
-    free(h);
-    bcase_free(&x);
+/* Class 256 (docs/PERF.md, "Backward at K = V = 256"): the chunk kernel's K split over a cluster of two CTAs and
+ * its V halves, the pairs kernel's clusters of 8, the inter kernel at K 256 and V halves, the fallback dstate kernel
+ * at K 256, the finish kernel's dβ of the halves. FLA's test_chunk_varlen at D = 256 is the varlen bf16 case. */
+TEST(gpu_bwd_head_dim_256) {
+    static const int64_t lens[] = {150, 0, 33, 200};
+    kda_synth_config_t c = base_varlen(256, lens, 4);
+    c.hqk = 1;
+    c.hv = 2;
+    c.gate = KDA_GATE_SOFTPLUS;
+    expect_bwd("k256_v256_varlen", &c, &TRAIN, TOL_BF16);           /* the split path (bf16) */
+    kda_synth_config_t f = c;
+    f.dtype = f.g_dtype = f.beta_dtype = f.o_dtype = KDA_FLOAT32;
+    opts_t o = TRAIN;
+    o.grad_f32 = 1;
+    expect_bwd("k256_v256_fp32", &f, &o, TOL_F32);                  /* the fp32 path: Z's exchange, dQΓ, dK̃, dγ */
+    /* one of K, V in class 256, or both padded; the lower-bound gate; G = 2 with l2norm off */
+    static const int kv[][2] = {{256, 64}, {256, 128}, {64, 256}, {128, 256}, {200, 150}};
+    for (int i = 0; i < 5; i++) {
+        kda_synth_config_t d = base(256);
+        d.k = kv[i][0];
+        d.v = kv[i][1];
+        d.seq_len = 90;
+        char name[32];
+        snprintf(name, sizeof name, "k%d_v%d", d.k, d.v);
+        expect_bwd(name, &d, &TRAIN, TOL_BF16);
+    }
+    kda_synth_config_t g = base(256);
+    g.seq_len = 70;
+    g.l2norm = 0;
+    expect_bwd("k256_gva2_nol2", &g, &TRAIN, TOL_BF16);
+    /* bf16 inputs with a float32 d_o: the split path's fallback dstate kernel (as every K 256 case) with fp32 dO */
+    kda_synth_config_t b = base(256);
+    b.seq_len = 70;
+    b.o_dtype = KDA_FLOAT32;
+    expect_bwd("k256_f32_do", &b, &TRAIN, TOL_BF16);
+    expect_deterministic("k256_v256", &c);
+}
+
+/* gpu_bwd_head_dim_256 small enough for compute-sanitizer (memcheck, racecheck: the chunk kernel's two-CTA
+ * clusters, the pairs kernel's clusters of 8): K = V = 256, bf16 (split path, dstate recurrence kernel at K 256) and
+ * fp32 (fp32 path, fallback dstate kernel), two sequences */
+TEST(gpu_bwd_k256_sanitize) {
+    static const int64_t lens[] = {70, 20};
+    kda_synth_config_t c = base_varlen(256, lens, 2);
+    c.hqk = 1;
+    c.hv = 1;
+    c.gate = KDA_GATE_SOFTPLUS;
+    expect_bwd("k256_sanitize_bf16", &c, &TRAIN, TOL_BF16);
+    c.dtype = c.g_dtype = c.beta_dtype = c.o_dtype = KDA_FLOAT32;
+    opts_t o = TRAIN;
+    o.grad_f32 = 1;
+    expect_bwd("k256_sanitize_fp32", &c, &o, TOL_F32);
 }
 
 #else
