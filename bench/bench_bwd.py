@@ -1,6 +1,6 @@
 """libkda vs FLA: KDA training step (chunk_kda forward + backward) on the GPU, same inputs and loss weights.
 
-    KDA_LIBRARY=build/libkda.so PYTHONPATH=python:/tmp/site python3 bench/bench_bwd.py [--out DIR] [--quick]
+    KDA_LIBRARY=build/libkda.so PYTHONPATH=python:/tmp/site python3 bench/bench_bwd.py [--out DIR] [--quick] [--rounds N]
 
 Issue 11's shapes and flags: l2norm, softplus gate in kernel with A_log and dt_bias, beta sigmoid, fp32 initial
 state, final state with its gradient (dht), bf16, K = V = 128; gradients of q, k, v, g, beta, initial_state,
@@ -13,6 +13,7 @@ Writes results.json, results.md and fwd_bwd.png to --out. FLA is optional: witho
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -123,6 +124,9 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results/bwd"))
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--only", default=None, help="only the shapes whose name contains this (\"_\" for a space)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="training-step timings of libkda and FLA alternated this many times per shape; each side's "
+                         "figure is the median of its rounds' medians (drift of the card's clocks hits both alike)")
     args = ap.parse_args()
     reps = 5 if args.quick else 20
     rows = []
@@ -134,6 +138,16 @@ def main():
         row["kda"], g_kda = measure(kda.chunk_kda, x, w, flags, reps)
         if fla_chunk_kda is not None:
             row["fla"], g_fla = measure(fla_chunk_kda, x, w, flags, reps)
+            if args.rounds > 1:
+                rk, rf = [row["kda"]["fwd_bwd_ms"]], [row["fla"]["fwd_bwd_ms"]]
+                for _ in range(args.rounds - 1):
+                    rk.append(time_ms(lambda: step(kda.chunk_kda, x, w, flags), reps=reps))
+                    rf.append(time_ms(lambda: step(fla_chunk_kda, x, w, flags), reps=reps))
+                row["kda"]["rounds_ms"], row["fla"]["rounds_ms"] = rk, rf
+                row["kda"]["fwd_bwd_ms"], row["fla"]["fwd_bwd_ms"] = statistics.median(rk), statistics.median(rf)
+                row["kda"]["bwd_ms"] = row["kda"]["fwd_bwd_ms"] - row["kda"]["fwd_ms"]
+                row["fla"]["bwd_ms"] = row["fla"]["fwd_bwd_ms"] - row["fla"]["fwd_ms"]
+                row["round_speedups"] = [f / k for k, f in zip(rk, rf)]
             row["speedup"] = row["fla"]["fwd_bwd_ms"] / row["kda"]["fwd_bwd_ms"]
             row["grad_rel_vs_fla"] = {k: rel(g_kda[k], g_fla[k]) for k in g_kda}
         rows.append(row)
@@ -143,15 +157,18 @@ def main():
             line += f" | FLA fwd+bwd {row['fla']['fwd_bwd_ms']:.3f} ms (peak +{row['fla']['peak_mb']:.0f} MB) " \
                     f"x{row['speedup']:.2f} | grads vs FLA " + \
                     " ".join(f"{k} {v:.1e}" for k, v in row["grad_rel_vs_fla"].items())
+            if "round_speedups" in row:
+                line += " | rounds x" + " ".join(f"{r:.2f}" for r in row["round_speedups"])
         print(line, flush=True)
         del x, w
         torch.cuda.empty_cache()
     os.makedirs(args.out, exist_ok=True)
-    meta = dict(device=torch.cuda.get_device_name(), commit=git_commit(), fla_issue_ms=FLA_MS)
+    meta = dict(device=torch.cuda.get_device_name(), commit=git_commit(), fla_issue_ms=FLA_MS, rounds=args.rounds)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(meta=meta, rows=rows), f, indent=1)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"# fwd+bwd, {meta['device']}, libkda {meta['commit']}\n\n")
+        f.write(f"# fwd+bwd, {meta['device']}, libkda {meta['commit']}" +
+                (f" (medians of {args.rounds} alternated rounds)" if args.rounds > 1 else "") + "\n\n")
         f.write("| shape | libkda fwd ms | libkda fwd+bwd ms | FLA fwd+bwd ms | speed-up | libkda peak MB | FLA peak MB |\n")
         f.write("|---|---|---|---|---|---|---|\n")
         for r in rows:
