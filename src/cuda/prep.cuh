@@ -10,7 +10,9 @@
  *
  *   load_inputs        q, k, v (16-bit: into their tiles), the raw 16-bit gate tile, β (sigmoid in kernel)
  *   gate_cumsum        the gate (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel: G
- *   normalize_qkv      q ← s·q/‖q‖, k ← k/‖k‖ (l2norm), v: all as bf16 tiles
+ *   normalize_qkv      q ← s·q/‖q‖, k ← k/‖k‖ (l2norm), v: all as bf16 tiles; a bf16 q stays raw in its tile
+ *                      and its row factor f_q = s/‖q‖ goes to fq, applied in fp32 by its readers (Aqk's rows,
+ *                      QΓ), so that s q̂ e^G is rounded once rather than twice (docs/PERF.md, "QΓ rounded once")
  *   neutral_rows       [rare] the non-finite contract (ALGORITHM.md §7): the chunk's first poisoning row t*
  *                      (NaN gate; q, k, v, β non-finite or |x| ≥ 2^56, found beside the three steps above);
  *                      rows from t* on become neutral (q = k = v = β = 0), so no row before t* reads them
@@ -19,7 +21,7 @@
  *                      [the A warps]; Aqk → workspace. With 16 warps two warps share each run of blocks, one
  *                      channel half each, and intra_chunk_store adds the halves after a barrier
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
- *   gated_qk           QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared
+ *   gated_qk           QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
  *   aqk_diagonal       Aqk's diagonal q_i·k_i from normalize_qkv (unrounded rows) → workspace [warps 4-5, beside it]
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
@@ -35,7 +37,8 @@
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
  *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
- *   β    fp32 [C], and 2·NT floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C]
+ *   β    fp32 [C], and 2·NT floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C],
+ *   and q's row factors fq fp32 [C]
  *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][8][32 lanes][4]
  */
 #include "common.cuh"
@@ -71,7 +74,8 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_TOT(KD, VD) (PREP_OFF_BETA(KD, VD) + KDA_CHUNK * 4)
 #define PREP_OFF_TSTAR(KD, VD) (PREP_OFF_TOT(KD, VD) + 2 * PREP_NT(KD, VD) * 4)
 #define PREP_OFF_DIAG(KD, VD) (PREP_OFF_TSTAR(KD, VD) + 16)
-#define PREP_OFF_RED(KD, VD) (PREP_OFF_DIAG(KD, VD) + KDA_CHUNK * 4)
+#define PREP_OFF_FQ(KD, VD) (PREP_OFF_DIAG(KD, VD) + KDA_CHUNK * 4)
+#define PREP_OFF_RED(KD, VD) (PREP_OFF_FQ(KD, VD) + KDA_CHUNK * 4)
 #define PREP_BYTES_RED(KD, VD) ((PREP_KSPLIT(PREP_NT(KD, VD)) - 1) * PREP_A_WARPS * 32 * 32 * 4)
 #define PREP_BYTES(KD, VD) (PREP_OFF_RED(KD, VD) + PREP_BYTES_RED(KD, VD))
 
@@ -87,6 +91,7 @@ typedef struct {
     float *A, *beta, *tot;
     int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
     float *diag; /* Aqk's diagonal from normalize_qkv */
+    float *fq;   /* q's row factor still to apply: s/‖q‖ where the tile kept the raw bf16 q, else 1 */
     float *red;  /* with 16 warps: intra_chunk_A's second-half accumulators */
 } prep_smem_t;
 
@@ -343,9 +348,13 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
 }
 
 /* The row's factor f (1/‖x‖ with the l2norm, from the row's Σx² ss_row, times the scale), the contract's bound,
- * x f → the bf16 tile; f */
+ * x f → the bf16 tile; f. With keep_raw (the tile holds the 16-bit input exactly, as bf16) and f within 2^±40
+ * the tile keeps x and *kept is set: its readers apply f themselves, so that q's products with the decay factors
+ * are rounded once (docs/PERF.md, "QΓ rounded once"); the bound keeps x e^{G−R} and its sums as far from
+ * overflow and underflow as x f e^{G−R} would be, give or take 2^40. */
 template <int W, int TPR>
-DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad) {
+DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad,
+                    int keep_raw = 0, int *kept = nullptr) {
     constexpr int CW = W / TPR, S = PREP_S(W);
     const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
     const float f = (norm ? rsqrtf(ss_row + 1e-6f) : 1.0f) * scale;
@@ -356,6 +365,10 @@ DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int nor
 #pragma unroll
         for (int c = 0; c < CW; c++) huge |= !(fabsf(x[c] * f) < PREP_HUGE);
         if (huge) bad = min(bad, r);
+    }
+    if (keep_raw && f >= 0x1p-40f && f <= 0x1p40f) {
+        *kept = 1;
+        return f;
     }
 #pragma unroll
     for (int c = 0; c < CW; c += 8)
@@ -394,7 +407,7 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     static_assert((TPR == 4 || TPR == 8) && CW % 8 == 0 && (VD / TPR) % 8 == 0,
                   "normalize_qkv: 4 or 8 threads a row (PREP_LOG2), whole 16-byte pieces each");
     if (KDA_SKIP(p, 64)) {
-        if ((tid & (TPR - 1)) == 0) sm.diag[tid >> PREP_LOG2(TPR)] = 0.0f;
+        if ((tid & (TPR - 1)) == 0) sm.diag[tid >> PREP_LOG2(TPR)] = 0.0f, sm.fq[tid >> PREP_LOG2(TPR)] = 1.0f;
         return;
     }
     const int row = tid >> PREP_LOG2(TPR);
@@ -417,11 +430,13 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         ssq += __shfl_xor_sync(0xffffffffu, ssq, o);
         ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
     }
-    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad);
+    int q_kept = 0; /* bf16 q: the tile keeps it raw and fq waits in sm.fq (the same f in all TPR threads) */
+    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad, p.dtype == KDA_DT_BF16, &q_kept);
     const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad);
     if ((tid & (TPR - 1)) == 0) {
         const float d = dot * fq * fk;
         sm.diag[row] = fabsf(d) < INFINITY ? d : 0.0f;
+        sm.fq[row] = q_kept ? fq : 1.0f;
     }
     if (p.dtype != KDA_DT_BF16) {
         float xv[VD / TPR];
@@ -535,7 +550,7 @@ DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D
 
 /* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
  * into the workspace, from the accumulators of its two 8-column halves. */
-DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int I, int J, int lane,
+DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, const float *sFq, int I, int J, int lane,
                      const float accA[2][4], const float accQ[2][4], int diagonal) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -544,7 +559,7 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, int 
         for (int hr = 0; hr < 2; hr++) {
             const int i = 16 * I + g + 8 * hr, j = 16 * J + 8 * nt + 2 * t;
             float a0 = accA[nt][2 * hr] * sBeta[i], a1 = accA[nt][2 * hr + 1] * sBeta[i];
-            float q0 = accQ[nt][2 * hr], q1 = accQ[nt][2 * hr + 1];
+            float q0 = accQ[nt][2 * hr] * sFq[i], q1 = accQ[nt][2 * hr + 1] * sFq[i]; /* q's row factor, if kept */
             if (diagonal) {
                 if (j >= i) a0 = 0.0f;
                 if (j + 1 >= i) a1 = 0.0f;
@@ -562,7 +577,7 @@ DEV void store_role_blocks(const prep_smem_t &sm, unsigned char *blk_aqk, int I,
                            const float (&accA)[2][2][4], const float (&accQ)[2][2][4]) {
 #pragma unroll
     for (int b = 0; b < 2; b++)
-        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
+        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, sm.fq, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
 }
 
 /* The A warps' six roles, each a run of blocks of one row block I that share their row factors:
@@ -690,7 +705,7 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * gated_qk: QΓ = q e^{G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G
+ * gated_qk: QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int NT>
 DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
@@ -704,12 +719,13 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
         const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
         const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
         const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+        const float fq = sm.fq[r];
         uint32_t qg[4], kg[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once (as FLA's qg, kg) */
+        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once: raw bf16 q · s/‖q‖ · e^G */
             const float e0 = ex2(gv[2 * u]), e1 = ex2(gv[2 * u + 1]);
             const float2 qf = unpack_bf16(qw[u]), kf = unpack_bf16(kw[u]);
-            qg[u] = pack_bf16(qf.x * e0, qf.y * e1);
+            qg[u] = pack_bf16(qf.x * fq * e0, qf.y * fq * e1);
             kg[u] = pack_bf16(kf.x * e0, kf.y * e1);
         }
         *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
@@ -903,6 +919,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
                             (float *)(smem + PREP_OFF_TOT(KD, VD)),
                             (int *)(smem + PREP_OFF_TSTAR(KD, VD)),
                             (float *)(smem + PREP_OFF_DIAG(KD, VD)),
+                            (float *)(smem + PREP_OFF_FQ(KD, VD)),
                             (float *)(smem + PREP_OFF_RED(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
