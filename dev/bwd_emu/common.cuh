@@ -82,8 +82,19 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
+#ifndef EMU_TU
+#define EMU_TU "other"
+#endif
 /* tf32: round to nearest, ties to even (cvt.rn.tf32.f32), and the m16n8k8 tf32 product of a warp */
 DEV float to_tf32(float x) {
+    /* EMU_TF32_EXACT=1: tf32 operands keep all 24 bits (a what-if for the rounding budget); a list of stages
+       (chunk, pairs, inter, dstate: the emulator's translation units, EMU_TU) limits it to those */
+    static int exact = -1;
+    if (exact < 0) {
+        const char *e = getenv("EMU_TF32_EXACT");
+        exact = e && (!strcmp(e, "1") || strstr(e, EMU_TU));
+    }
+    if (exact) return x;
     uint32_t u; memcpy(&u, &x, 4);
     if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
     float y; memcpy(&y, &u, 4); return y;

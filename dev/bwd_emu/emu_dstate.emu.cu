@@ -2,6 +2,7 @@
  * BV-column tile). The fallback kernel: EMU_DS_BV=16 or 32 (default 32), the tile width the launcher picks from the
  * SM count. EMU_DS_REC=32, 64 or 128: the recurrence kernel's mma.sync path at that tile width instead, from a bf16
  * copy of d_o (the harness rounds d_o to bf16 values then, so that the oracle sees the same dO). */
+#define EMU_TU "dstate" /* EMU_TF32_EXACT names stages by it (common.cuh) */
 #include "bwd_dstate.emu.h"
 #include <stdlib.h>
 #include <stdio.h>

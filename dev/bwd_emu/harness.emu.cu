@@ -100,6 +100,19 @@ static void put(unsigned char *B, int64_t off, int row, int col, double x) {
     memcpy(B + off + pan_off(row, col), &bits, 2);
 }
 
+/* EMU_EXACT_DKT's operands: 1 Δ fp32 and dS+ exact; 2 Δ fp32, dS+ as the kernel's bf16; 3 Δ bf16, dS+ exact;
+ * 4 Δ bf16, dS+ as stage 2's fp16 (11 bits); 5 Δ fp16, dS+ fp16 (11 bits each: an f16 product) */
+static float kt_delta(float x, int m) {
+    if (m == 3 || m == 4) return bf16_bits_to_f32(f32_to_bf16_bits(x));
+    if (m == 5) return (float)(_Float16)x;
+    return x;
+}
+static float kt_ds(float exact, float f16s, int m) {
+    if (m == 2) return bf16_bits_to_f32(f32_to_bf16_bits(f16s));
+    if (m == 4 || m == 5) return f16s;
+    return exact;
+}
+
 int main(int argc, char **argv) {
     int K = argc > 1 ? atoi(argv[1]) : 64, V = argc > 2 ? atoi(argv[2]) : 64;
     int gate = argc > 3 ? atoi(argv[3]) : 1;
@@ -124,6 +137,10 @@ int main(int argc, char **argv) {
     cfg.seed = getenv("EMU_SEED") ? (uint64_t)atoll(getenv("EMU_SEED")) : 3; /* EMU_SEED: other inputs (d_o's stream too) */
     kda_synth_t s; kda_args_t a;
     if (kda_synth_make(&cfg, &s, &a)) return 1;
+    if (getenv("EMU_GSCALE")) { /* the raw gate times a factor (bench/bwd_accuracy.py's strong_decay: 8) */
+        const float f = (float)atof(getenv("EMU_GSCALE"));
+        for (int64_t i = 0; i < s.num_tokens * cfg.hv * K; i++) ((float *)a.g)[i] *= f;
+    }
     int64_t *cu = (int64_t *)malloc((size_t)(s.num_seqs + 1) * sizeof *cu);
     for (int64_t i = 0; i <= s.num_seqs; i++) cu[i] = s.cu_seqlens ? s.cu_seqlens[i] : i * cfg.seq_len;
     a.final_state = NULL;
@@ -319,6 +336,39 @@ int main(int argc, char **argv) {
             p.states_bf16 = sb;
             p.states = NULL;
             run_inter(&p);
+            if (getenv("EMU_EXACT_DGAM")) /* a what-if: the inter kernel's dγ = rowsum(S ⊙ dS+) from the exact S and dS+ */
+                for (int64_t c = 0; c < total; c++)
+                    for (int h = 0; h < HV; h++)
+                        for (int vh = 0; vh < NVH; vh++)
+                            for (int d = 0; d < KC; d++) {
+                                const float *S0 = &states[(c * HV + h) * KC * VC + (int64_t)d * VC], *D0 = &dstates[(c * HV + h) * KC * VC + (int64_t)d * VC];
+                                double acc = 0;
+                                for (int v = vh * (VC / NVH); v < (vh + 1) * (VC / NVH); v++) acc += (double)S0[v] * D0[v];
+                                dgam[((c * HV + h) * NVH + vh) * KC + d] = (float)acc;
+                            }
+            /* what-ifs: dQΓ = dO Sᵀ from the exact S (EMU_EXACT_DQG), dK̃ = Δ dS+ᵀ from the kernel's fp32 Δ and the
+               exact dS+ (EMU_EXACT_DKT), in place of the inter kernel's bf16 products */
+            const int xq = getenv("EMU_EXACT_DQG") != NULL, xk = getenv("EMU_EXACT_DKT") ? atoi(getenv("EMU_EXACT_DKT")) : 0;
+            for (int64_t sq = 0; (xq || xk) && sq < N; sq++)
+                for (int64_t t = cu[sq]; t < cu[sq + 1]; t++) {
+                    const int64_t c = coff[sq] + (t - cu[sq]) / C;
+                    const int i = (int)((t - cu[sq]) % C);
+                    for (int h = 0; h < HV; h++)
+                        for (int vh = 0; vh < NVH; vh++) {
+                            float *row = dqk + ((t * HV + h) * NVH + vh) * (int64_t)(2 * KC);
+                            const float *dl = delta + ((c * HV + h) * NVH + vh) * (int64_t)C * VC + (int64_t)i * VC;
+                            for (int d = 0; d < KC; d++) {
+                                const float *S0 = &states[(c * HV + h) * KC * VC + (int64_t)d * VC], *D0 = &dstates[(c * HV + h) * KC * VC + (int64_t)d * VC];
+                                double aq = 0, ak = 0;
+                                for (int v = vh * (VC / NVH); v < (vh + 1) * (VC / NVH) && v < V; v++) {
+                                    aq += (double)d_o[(t * HV + h) * V + v] * S0[v];
+                                    ak += (double)kt_delta(dl[v], xk) * kt_ds(D0[v], dst2[(c * HV + h) * KC * VC + (int64_t)d * VC + v], xk);
+                                }
+                                if (xq) row[d] = (float)aq;
+                                if (xk) row[KC + d] = (float)ak;
+                            }
+                        }
+                }
         }
     }
     run_chunk(&p);
@@ -342,6 +392,16 @@ int main(int argc, char **argv) {
         printf("inject: dg NaN %lld of %lld expected, other non-finite %lld, dv non-finite %lld\n", (long long)nan_dg, (long long)(lens[0] * K), (long long)nan_other, (long long)nf_dv);
     }
     const char *dump = getenv("EMU_DUMP"); /* the gradients as computed, float32, in names[]' order */
+    if (getenv("EMU_DUMP_REF")) { /* the oracle's gradients, then the raw gate, A_log and dt_bias, float32 */
+        FILE *rf = fopen(getenv("EMU_DUMP_REF"), "wb");
+        for (int i = 0; rf && i < NG; i++) fwrite(ref[i], sizeof(float), (size_t)n[i], rf);
+        if (rf) {
+            fwrite(a.g, sizeof(float), (size_t)(T * HV * K), rf);
+            if (a.A_log) fwrite(a.A_log, sizeof(float), (size_t)HV, rf);
+            if (a.dt_bias) fwrite(a.dt_bias, sizeof(float), (size_t)(HV * K), rf);
+            fclose(rf);
+        }
+    }
     FILE *df = dump ? fopen(dump, "wb") : NULL;
     if (dump && !df) { fprintf(stderr, "cannot write %s\n", dump); bad = 1; }
     for (int i = 0; df && i < NG; i++) fwrite(got[i], sizeof(float), (size_t)n[i], df);

@@ -9,6 +9,12 @@
 # Environment: EMU_NO_L2NORM=1 runs without the l2norm (q, k as given); EMU_DUMP=FILE writes the computed gradients
 # (float32, in the order printed) to FILE; for the suite, EMU_DUMP_DIR=DIR writes each case's to DIR/<its args>.bin,
 # and dev/bwd_emu/compare.py DIR1 DIR2 compares two trees' cases gradient by gradient, bit for bit.
+# What-ifs for the rounding budget (docs/PERF.md, "dA_log against FLA"): EMU_GSCALE=F multiplies the raw gate by F
+# (bench/bwd_accuracy.py's strong_decay is 8); EMU_DUMP_REF=FILE writes the oracle's gradients, then g, A_log and
+# dt_bias (dev/bwd_emu/dalog_parts.py reads both dumps); EMU_TF32_EXACT=1 or a list of stages (chunk, pairs, inter,
+# dstate) keeps tf32 operands at 24 bits; on the split path (use_blocks 2) EMU_EXACT_DGAM=1 gives the pairs kernel
+# dγ from the exact S and dS+, EMU_EXACT_DQG=1 dQΓ = dO Sᵀ from the exact S, EMU_EXACT_DKT=1..5 dK̃ = Δ dS+ᵀ from
+# chosen operands (harness.emu.cu, kt_delta / kt_ds).
 # Needs a CPU build in build-c (libkda.a). The emulator (harness.emu.cu, emu_*.emu.cu: the launches; shim.h,
 # common.cuh: the CUDA features) is C, compiled by g++ (-x c++) because the kernels' tile sizes are templates.
 set -e
