@@ -356,7 +356,8 @@ int main(int argc, char **argv) {
                     for (int h = 0; h < HV; h++)
                         for (int vh = 0; vh < NVH; vh++) {
                             float *row = dqk + ((t * HV + h) * NVH + vh) * (int64_t)(2 * KC);
-                            const float *dl = delta + ((c * HV + h) * NVH + vh) * (int64_t)C * VC + (int64_t)i * VC;
+                            const int VH = VC / NVH; /* the inter kernel's Δ: [C][VH] per (chunk, head, V half) */
+                            const float *dl = delta + (((c * HV + h) * NVH + vh) * (int64_t)C + i) * VH - (int64_t)vh * VH;
                             for (int d = 0; d < KC; d++) {
                                 const float *S0 = &states[(c * HV + h) * KC * VC + (int64_t)d * VC], *D0 = &dstates[(c * HV + h) * KC * VC + (int64_t)d * VC];
                                 double aq = 0, ak = 0;

@@ -354,7 +354,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
  * overflow and underflow as x f e^{G−R} would be, give or take 2^40. */
 template <int W, int TPR>
 DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad,
-                    int keep_raw = 0, int *kept = nullptr) {
+                    int keep_raw, int *kept) {
     constexpr int CW = W / TPR, S = PREP_S(W);
     const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
     const float f = (norm ? rsqrtf(ss_row + 1e-6f) : 1.0f) * scale;
@@ -432,7 +432,7 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     }
     int q_kept = 0; /* bf16 q: the tile keeps it raw and fq waits in sm.fq (the same f in all TPR threads) */
     const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad, p.dtype == KDA_DT_BF16, &q_kept);
-    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad);
+    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad, 0, NULL);
     if ((tid & (TPR - 1)) == 0) {
         const float d = dot * fq * fk;
         sm.diag[row] = fabsf(d) < INFINITY ? d : 0.0f;
@@ -441,7 +441,7 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     if (p.dtype != KDA_DT_BF16) {
         float xv[VD / TPR];
         load_row<VD, TPR, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
-        scale_row<VD, TPR>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad);
+        scale_row<VD, TPR>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad, 0, NULL);
     } else {
         huge_bf16_rows<VD, TPR>(sm.V, tid, bad);
     }
