@@ -22,8 +22,9 @@
  * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
  * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),
  * dS⁺ [KC][VC] (fp16 from stage 2's fp16 pieces, rescaled to one factor per row class: states16.cuh), W [C][KC]
- * and U [C][VC] copied from the block byte for byte (Δ in fp16 overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
- * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
+ * and U [C][VC] copied from the block byte for byte (Δ in fp16 overwrites U in place), dO [C][VC]. 8 warps: warp
+ * w owns rows 16 (w mod 4).. and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands,
+ * f16 for dK̃; fp32 sums).
  *
  * Class 256: V in two halves (NVH = 2), a CTA per (chunk, value head, half) on 128 columns of U, S, dS⁺ and dO,
  * writing its half of Δ and its copy of dγ, dQΓ, dK̃ (the pairs kernel adds the halves); K 256 (16 row blocks of
