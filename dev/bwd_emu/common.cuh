@@ -63,8 +63,13 @@ DEV float2 unpack_16x2(uint32_t u) {
 }
 typedef struct { uint32_t a[4], b[2]; } emu_mma_frag;
 extern emu_mma_frag emu_mma[EMU_WARPS][32];
-DEV float emu_half(uint32_t w, int hi) { return bf16_bits_to_f32((uint16_t)(hi ? w >> 16 : w & 0xffff)); }
-DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+template <int F16>
+DEV float emu_half(uint32_t w, int hi) {
+    const uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffff);
+    return F16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
+}
+template <int F16>
+DEV void mma_16bit(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
     emu_mma_frag *f = &emu_mma[w][lane];
     for (int r = 0; r < 4; r++) f->a[r] = a[r];
@@ -75,13 +80,15 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
         float s = c[e];
         for (int k = 0; k < 16; k++) {
             const emu_mma_frag *fa = &emu_mma[w][(row & 7) * 4 + (k & 7) / 2], *fb = &emu_mma[w][col * 4 + (k & 7) / 2];
-            const float x = emu_half(fa->a[(row >> 3) + 2 * (k >> 3)], k & 1), y = emu_half(fb->b[k >> 3], k & 1);
+            const float x = emu_half<F16>(fa->a[(row >> 3) + 2 * (k >> 3)], k & 1), y = emu_half<F16>(fb->b[k >> 3], k & 1);
             s += x * y;
         }
         c[e] = s;
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
+DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) { mma_16bit<0>(c, a, b0, b1); }
+DEV void mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) { mma_16bit<1>(c, a, b0, b1); }
 #ifndef EMU_TU
 #define EMU_TU "other"
 #endif

@@ -49,6 +49,7 @@ static inline float __shfl_xor_sync(unsigned mask, float x, int o) {
 }
 #define __ldg(p) (*(p)) /* read-only load of a float, float2 or float4 */
 static inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; } /* the kernels' only use: chunk lengths */
+static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; } /* the inter kernel's maxima of exponent bytes and |x| bits */
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }

@@ -7,7 +7,9 @@
  *
  *     Δ   = U − W S          (= T Z: the chunk's new values; C × V)
  *     dQΓ = dO Sᵀ            (C × K)
- *     dK̃  = Δ dS⁺ᵀ           (C × K)
+ *     dK̃  = Δ dS⁺ᵀ           (C × K; fp16 operands, 11 bits each, with power-of-two factors: Δ's per row,
+ *                            dS⁺'s per row class; in bf16 its error, carried by the pairs kernel's reverse sum
+ *                            through the chunk, put dA_log above FLA's: docs/PERF.md, "dA_log against FLA")
  *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and the fp16-exact dS⁺)
  *
  * Written: Δ (fp32 [C][VC] per (chunk, head)); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
@@ -19,9 +21,10 @@
  *
  * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
  * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),
- * dS⁺ [KC][VC] (rounded to bf16 here from stage 2's fp16 in the same order: states16.cuh), W [C][KC] and U [C][VC]
- * copied from the block byte for byte (Δ overwrites U in place), dO [C][VC]. 8 warps: warp w owns rows 16 (w mod 4)..
- * and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands, fp32 sums).
+ * dS⁺ [KC][VC] (fp16 from stage 2's fp16 pieces, rescaled to one factor per row class: states16.cuh), W [C][KC]
+ * and U [C][VC] copied from the block byte for byte (Δ in fp16 overwrites U in place), dO [C][VC]. 8 warps: warp
+ * w owns rows 16 (w mod 4).. and the half w / 4 of the columns of each product, mma.sync m16n8k16 (bf16 operands,
+ * f16 for dK̃; fp32 sums).
  *
  * Class 256: V in two halves (NVH = 2), a CTA per (chunk, value head, half) on 128 columns of U, S, dS⁺ and dO,
  * writing its half of Δ and its copy of dγ, dQΓ, dK̃ (the pairs kernel adds the halves); K 256 (16 row blocks of
@@ -100,6 +103,16 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     constexpr int NP = KC / 16, NW = BI_THREADS / 32, VG = NW / NP > 0 ? NW / NP : 1, NV = VC / 16 / VG; /* blocks per warp: NV */
     static_assert(VG >= 1 && VG <= 2 && NV >= 1 && (NP <= NW || NP % NW == 0), "inter: warps per np");
     constexpr int NPW = NP > NW ? NP / NW : 1; /* row blocks per warp (K 256: two) */
+    /* dS⁺'s tile in fp16 for dK̃'s f16 product, at one factor per row class: a lane's rows 16 np + 2 t + {0, 1, 8,
+       9} (every np) carry its exponent byte per 16-column block; the largest over the half's blocks and the lanes
+       of a t, et, is the rows' common factor 2^(et − 127). Every value becomes fp16 after 2^(127 − et): exact
+       where its piece's largest is within 2^28 of the class's (stage 2 put each piece's largest in [2^14, 2^15)) */
+    uint32_t et = 0;
+#pragma unroll
+    for (int vb = 0; vb < VC / 16; vb++) et = max(et, (uint32_t)__ldg(dSe + vb * 32 + lane));
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) et = max(et, __shfl_xor_sync(0xffffffffu, et, o));
+    const float to_f16 = __uint_as_float((254u - et) << 23); /* 2^(127 − et) */
 #pragma unroll 1
     for (int u = 0; u < NPW; u++) {
         const int np = warp % NP + NW * u, vg = warp / NP;
@@ -128,7 +141,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                     const float2 x = unpack_bf16(sw[q]), y = f16s_pair(dw[q], f);
                     dg4[2 * (q >> 1)] += x.x * y.x;
                     dg4[2 * (q >> 1) + 1] += x.y * y.y;
-                    bw[q] = pack_bf16(y.x, y.y);
+                    bw[q] = pack_16x2<1>(y.x * to_f16, y.y * to_f16);
                 }
                 piece_to_tile<KC>(sm.s, sb[j], vb, np, lane);
                 piece_to_tile<KC>(sm.ds, make_uint4(bw[0], bw[1], bw[2], bw[3]), vb, np, lane);
@@ -169,14 +182,17 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     }
     cp_async_wait_all();
     __syncthreads();
-    if (VG == 2) /* dγ: the two warps' sums, in a fixed order */
+    if (VG == 2) { /* dγ: the two warps' sums, in a fixed order */
         for (int d = tid; d < KC; d += BI_THREADS) p.dgam[hpart * (int64_t)KC + d] = sm.red[0][d] + sm.red[VG - 1][d];
+        __syncthreads(); /* red is Δ's row maxima next */
+    }
 
     /* ldmatrix lane roles: A fragment (rows r0.., k0..): row r0 + (lane & 15), column k0 + 8 (lane >> 4);
        B fragments of two 8-column tiles from a [k][n] tile (trans) or an [n][k] tile (plain) */
     const int lr = lane & 7, lm = lane >> 3;
     const uint32_t s_u = smem_u32(sm.s), ds_u = smem_u32(sm.ds), w_u = smem_u32(sm.w), u_u = smem_u32(sm.u),
                    o_u = smem_u32(sm.o);
+    uint32_t rowe[2]; /* Δ's factors 2^(rowe − 127) of the lane's rows 16 I + g, 16 I + g + 8 */
     {   /* Δ = U − W S: rows 16 I.., columns (VC / 2) hf.. */
         constexpr int NT = VC / 16;
         const int n0 = hf * (VC / 2);
@@ -196,17 +212,40 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             }
         }
         float *dl = p.delta + hpart * (int64_t)C * VC; /* Δ [C][VC] */
+        uint32_t mx[2] = {0u, 0u}; /* the largest |Δ| of the lane's two rows, as bits (NaN above ∞) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int i = 16 * I + g + 8 * hr, col = n0 + 8 * nt + 2 * t;
-                uint32_t *up = (uint32_t *)(sm.u + tile_off(C, i, col));
-                const float2 uu = unpack_bf16(*up);
+                const float2 uu = unpack_bf16(*(const uint32_t *)(sm.u + tile_off(C, i, col)));
                 const float d0 = uu.x - acc[nt][2 * hr], d1 = uu.y - acc[nt][2 * hr + 1];
                 *(float2 *)(dl + i * VC + col) = make_float2(d0, d1);
-                *up = pack_bf16(d0, d1); /* the element's owner only: in place */
+                acc[nt][2 * hr] = d0;
+                acc[nt][2 * hr + 1] = d1;
+                mx[hr] = max(mx[hr], max(__float_as_uint(d0) & 0x7fffffffu, __float_as_uint(d1) & 0x7fffffffu));
             }
+        /* Δ in fp16 for dK̃'s product, each row after a power of two 2^(141 − E) that puts its largest below 2^15
+           (f16s_exponent, as stage 2's dS⁺): the row's largest over the lanes t, then over the two column halves
+           (warps hf) through shared memory (red, free here) */
+        uint32_t *rmax = (uint32_t *)&sm.red[0][0]; /* [2][C] */
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            mx[hr] = max(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+            mx[hr] = max(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+            if (t == 0) rmax[hf * C + 16 * I + g + 8 * hr] = mx[hr];
+        }
+        __syncthreads(); /* also: every read of U's tile by the W S product is done */
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr;
+            float inv;
+            rowe[hr] = f16s_exponent(__uint_as_float(max(rmax[i], rmax[C + i])), &inv);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) /* the element's owner only: in place */
+                *(uint32_t *)(sm.u + tile_off(C, i, n0 + 8 * nt + 2 * t)) =
+                    pack_16x2<1>(acc[nt][2 * hr] * inv, acc[nt][2 * hr + 1] * inv);
+        }
     }
     __syncthreads();
     constexpr int NPASS = KC > 128 ? 2 : 1; /* (registers: 2 × KC / 16 × 4 accumulators a pass) */
@@ -232,8 +271,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                 ldsm_x4(bd, ds_u + off);
                 mma_bf16(aq[2 * np], ao, bs[0], bs[1]);
                 mma_bf16(aq[2 * np + 1], ao, bs[2], bs[3]);
-                mma_bf16(ak[2 * np], ad, bd[0], bd[1]);
-                mma_bf16(ak[2 * np + 1], ad, bd[2], bd[3]);
+                mma_f16(ak[2 * np], ad, bd[0], bd[1]);
+                mma_f16(ak[2 * np + 1], ad, bd[2], bd[3]);
             }
         }
 #pragma unroll
@@ -241,11 +280,12 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             const int i = 16 * I + g + 8 * hr;
             if (i >= clen) continue;
             float *row = p.dqk + (((t0 + i) * p.hv + h) * NVH + vh) * (int64_t)(2 * KC);
+            const float fr = f16s_factor(rowe[hr]), fc = f16s_factor(et); /* Δ's row, dS⁺'s class (the lane's t) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const int col = n0 + 8 * nt + 2 * t;
                 *(float2 *)(row + col) = make_float2(aq[nt][2 * hr], aq[nt][2 * hr + 1]);
-                *(float2 *)(row + KC + col) = make_float2(ak[nt][2 * hr], ak[nt][2 * hr + 1]);
+                *(float2 *)(row + KC + col) = make_float2(ak[nt][2 * hr] * fr * fc, ak[nt][2 * hr + 1] * fr * fc);
             }
         }
     }

@@ -160,6 +160,14 @@ DEV void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* the same with fp16 operands (11 significant bits) */
+DEV void mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /* x rounded to tf32 (nearest, ties to even), as an fp32 bit pattern. cvt.rn (sm_90+) is one instruction
  * (F2FP.TF32.F32); cvt.rna, ties away, was emulated by three (a compare with inf, an add, a mask), ~30 % of the
  * backward kernels' instructions in their product phases */
