@@ -122,10 +122,12 @@ int main(int argc, char **argv) {
     static const int64_t lens0[] = {70, 0, 20, 129}, lens1[] = {1}, lens2[] = {64, 65, 127, 0};
     static const int64_t lens3[] = {100, 100, 100}, lens4[] = {300, 1, 190}; /* 4: long enough for CP's merge */
     const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : mode == 4 ? lens4 : lens0;
+    /* mode 5: one sequence of EMU_T tokens (default 300: bench/bwd_accuracy.py's cases), for EMU_INPUTS */
     kda_synth_config_t cfg;
     kda_synth_defaults(&cfg);
     cfg.batch = 1; cfg.num_seqs = mode == 1 ? 1 : mode == 4 ? 3 : 4; cfg.seqlens = lens;
     if (mode == 3) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = 3; cfg.seq_len = 100; }
+    if (mode == 5) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = 1; cfg.seq_len = getenv("EMU_T") ? atoi(getenv("EMU_T")) : 300; }
     cfg.hqk = argc > 7 ? atoi(argv[7]) : 1; cfg.hv = argc > 8 ? atoi(argv[8]) : 2;
     cfg.decay = argc > 9 ? (float)atof(argv[9]) : 1.0f;
     const int neg = argc > 10 ? atoi(argv[10]) : 0;
@@ -151,6 +153,20 @@ int main(int argc, char **argv) {
     if (getenv("EMU_DS_REC") || getenv("EMU_DS_CP") || getenv("EMU_DO_BF16")) /* bf16 dO values (the dstate recurrence kernel reads bf16) */
         for (int64_t i = 0; i < T * HV * V; i++) d_o[i] = bf16_bits_to_f32(f32_to_bf16_bits(d_o[i]));
     for (int64_t i = 0; i < N * HV * K * V; i++) dht[i] = (float)urand(&r);
+    if (getenv("EMU_INPUTS")) { /* another program's inputs (dev/bwd_emu/acc_inputs.py: bench/bwd_accuracy.py's), float32
+                                   in this order: q k v g beta A_log dt_bias h0 do dht, the shapes of these arguments */
+        FILE *f = fopen(getenv("EMU_INPUTS"), "rb");
+        float *dst[10] = {(float *)a.q, (float *)a.k, (float *)a.v, (float *)a.g, (float *)a.beta, (float *)a.A_log,
+                          (float *)a.dt_bias, (float *)a.initial_state, d_o, dht};
+        const int64_t cnt[10] = {T * HQK * K, T * HQK * K, T * HV * V, T * HV * K, T * HV, HV, HV * K, N * HV * K * V,
+                                 T * HV * V, N * HV * K * V};
+        for (int i = 0; i < 10; i++)
+            if (!f || !dst[i] || fread(dst[i], sizeof(float), (size_t)cnt[i], f) != (size_t)cnt[i]) {
+                fprintf(stderr, "EMU_INPUTS: cannot read part %d of %s\n", i, getenv("EMU_INPUTS"));
+                return 1;
+            }
+        fclose(f);
+    }
     /* the oracle */
     enum { NG = 8 };
     int64_t n[NG] = {T * HQK * K, T * HQK * K, T * HV * V, T * HV * K, T * HV, N * HV * K * V, HV, HV * K};
@@ -300,6 +316,12 @@ int main(int argc, char **argv) {
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
         memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
+        if (getenv("EMU_S_NOISE")) { /* a what-if: S with a relative error of this size per element (the GPU's S comes
+                                        from the forward's recurrence, with its own rounding errors) */
+            const double e = atof(getenv("EMU_S_NOISE"));
+            uint64_t rn = 991;
+            for (int64_t c = 0; c < nstates; c++) st2[c] *= (float)(1.0 + e * 1.7320508 * urand(&rn));
+        }
         p.states = st2; p.dstates = dst2;
         if (p.split) { /* the split path's dS+: fp16 in kda_cuda_states_dv's order and the exponents of the factors per
                           (16 columns, lane) (states16.cuh; widened into dst2 for the print) */
@@ -310,6 +332,14 @@ int main(int argc, char **argv) {
             p.dstates = NULL; p.dstates_f16 = dsh; p.dstates_exp = dse;
         }
         run_dstate(&p);
+        if (dsh && getenv("EMU_DS_NOISE")) { /* a what-if: dS+ with a relative error of this size per element */
+            const double e = atof(getenv("EMU_DS_NOISE"));
+            uint64_t rn = 992;
+            for (int64_t c = 0; c < nstates; c++) {
+                const float x = f16_bits_to_f32(dsh[c]) * (float)(1.0 + e * 1.7320508 * urand(&rn));
+                _Float16 h = (_Float16)x; memcpy(&dsh[c], &h, 2);
+            }
+        }
         if (dsh) {
             const int64_t per = (int64_t)KC * VC;
             for (int64_t c = 0; c < nstates; c++) {
