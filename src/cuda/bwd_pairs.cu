@@ -33,7 +33,7 @@
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
  * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 (mma16_x3) or, where a block
- * does not split, pair by pair. Warp w owns row block w mod 4: its rows as the later token (Pq, Pk) and as the earlier
+ * does not split, pair by pair, the others with the k, q operand in two tf32 parts (mma16_blk: why). Warp w owns row block w mod 4: its rows as the later token (Pq, Pk) and as the earlier
  * one (E), for one half of the tile's channels. Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction),
  * so 8 warps per CTA (2.61 → 2.07 ms for 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
  * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
@@ -93,12 +93,22 @@ DEV void coef_frags(const float *X, int I, int j0, int lane, frag_t f[4], frag_t
     }
 }
 
-/* c += A B for one 16-column block: in 3xTF32 on a diagonal block (X3), else in tf32 (the same as mma16_x3 with
- * x3 = 0, without the lo parts it did not use) */
+/* c += A B for one 16-column block: in 3xTF32 on a diagonal block (X3), else as Ah (Bh + Bl) — the operand B (k or
+ * q times its factor) in two tf32 parts, the coefficient A in one. A pair's coefficient enters dG twice (rows i and
+ * j) rounded the same way, so its rounding cancels in dĝ's reverse sum; the operands of the two entries are
+ * different numbers, and their tf32 rounding did not cancel: carried by the reverse sum to every earlier row, it was
+ * most of dA_log's error at strong decay (docs/PERF.md, "dA_log at strong decay, on the acc inputs") */
 template <int X3>
 DEV void mma16_blk(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1) {
-    if (X3) mma16_x3(c, ah, al, b0, b1, 1);
-    else mma16(c, ah, tf2(b0.x, b0.y), tf2(b1.x, b1.y));
+    if (X3) {
+        mma16_x3(c, ah, al, b0, b1, 1);
+    } else {
+        frag_t bh0, bl0, bh1, bl1;
+        split2(b0, &bh0, &bl0);
+        split2(b1, &bh1, &bl1);
+        mma16(c, ah, bl0, bl1);
+        mma16(c, ah, bh0, bh1);
+    }
 }
 
 /* pairs_later's products with the coefficients' columns j0 .. j0 + 15 */
