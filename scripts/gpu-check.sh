@@ -68,6 +68,7 @@ build() { # dir src [cmake args]
 case "$*" in bwdab | bwdskip) build build-dev . -DKDA_DEV=ON || exit 1 ;; # these alone need only dev builds
   *) build build-gpu . || exit 1 ;; esac
 PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
+# (grep --line-buffered in the pipelines below: a step cut by its timeout or by the call's end keeps the lines it had)
 
 # Triton's cache (with FLA's autotuning results: FLA_CACHE_RESULTS, on by default in FLA 0.6.0) in .triton-cache/ when carried there: FLA's
 # backward autotunes for minutes per shape on a fresh machine. The step `tritoncache` brings it back as
@@ -117,7 +118,7 @@ for step in "$@"; do
       py=$PWD/python; [ $which != gpu ] && [ -d .$which/python ] && py=$PWD/.$which/python # the binding of its day
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py PYTHONUNBUFFERED=1 python3 bench/stages.py --sets all \
         --shapes ${AB_SHAPES:-B2T8192H64 B1T8192H64 B8T4096H32 B1T512H64 B1T32768H32 V6 V8x1024 GVA} 2>&1 |
-        grep -v Warn | tee -a "$OUT/ab.log"
+        grep --line-buffered -v Warn | tee -a "$OUT/ab.log"
     done; done
     ;;
   bench)
@@ -138,14 +139,14 @@ for step in "$@"; do
   dev)
     build build-dev . -DKDA_DEV=ON || exit 1
     env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 |
-      tee "$OUT/stages.log" | grep -v Warn
+      tee "$OUT/stages.log" | grep --line-buffered -v Warn
     ;;
   devab) # stage timings of .base (a build that reads KDA_DEV_* variables, or a KDA_DEV build) and of this tree
     build build-dev . -DKDA_DEV=ON || exit 1
     [ -d build-base ] || build build-base .base || exit 1
     for r in 1 2; do
-      echo "base:"; env KDA_LIBRARY=$PWD/build-base/libkda.so $PYENV python3 bench/stages.py --legacy-env ${STAGE_ARGS:-} 2>&1 | grep -v Warn
-      echo "this:"; env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 | grep -v Warn
+      echo "base:"; env KDA_LIBRARY=$PWD/build-base/libkda.so $PYENV python3 bench/stages.py --legacy-env ${STAGE_ARGS:-} 2>&1 | grep --line-buffered -v Warn
+      echo "this:"; env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV python3 bench/stages.py ${STAGE_ARGS:-} 2>&1 | grep --line-buffered -v Warn
     done
     ;;
   ncu)
@@ -233,7 +234,7 @@ PY
     build build-dev . -DKDA_DEV=ON || exit 1
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
     env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-      python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee "$OUT/bwd_stages.log"
+      python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/bwd_stages.log"
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
       ncu --profile-from-start off --section SpeedOfLight --section LaunchStats --section Occupancy \
       python3 bench/bwd_stages.py --profile "${shapes[0]}" >"$LOG/bwdprof.txt" 2>&1
@@ -254,46 +255,46 @@ PY
     build build-dev . -DKDA_DEV=ON || exit 1
     IFS=';' read -ra shapes <<< "${BWD_SHAPES:-B2 T8192 H32;B1 T32768 H16}"
     for r in 1 2; do env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-      python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_stages.log"; done
+      python3 bench/bwd_stages.py --shapes "${shapes[@]}" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/bwd_stages.log"; done
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 timeout 150 \
-      python3 bench/bwd_accuracy.py 2>&1 | grep -v Warn | tee "$OUT/bwd_accuracy_kda.log"
+      python3 bench/bwd_accuracy.py 2>&1 | grep --line-buffered -v Warn | tee "$OUT/bwd_accuracy_kda.log"
     ;;
   bwdbench) # the training step against FLA in one process (bench/bench_bwd.py BWD_BENCH_ARGS; FLA's wheels in .whl/)
     fla_site
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
       PYTHONUNBUFFERED=1 python3 bench/bench_bwd.py ${BWD_BENCH_ARGS---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
-      grep -v Warn | tail -30
+      grep --line-buffered -v Warn | tail -30
     ;;
   cptimeline) # a single CP forward call: host time to enqueue, single vs back-to-back ms, runtime calls and kernels
     # (bench/experiments/cp_call_timeline.py; CP_TIMELINE_ARGS, e.g. --only "T65536 H8" --cprofile)
     fla_site
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
-      PYTHONUNBUFFERED=1 python3 bench/experiments/cp_call_timeline.py ${CP_TIMELINE_ARGS:-} 2>&1 | grep -v Warn |
+      PYTHONUNBUFFERED=1 python3 bench/experiments/cp_call_timeline.py ${CP_TIMELINE_ARGS:-} 2>&1 | grep --line-buffered -v Warn |
       tee "$OUT/cp_call_timeline.log" | head -120
     ;;
   hostprof) # the training step's host time (build-gpu: the library as shipped): enqueue times, single step against
     # steps back to back, the Python functions by own time (bench/step_timeline.py --cprofile)
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
-      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" --cprofile 2>&1 | grep -v Warn |
+      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" --cprofile 2>&1 | grep --line-buffered -v Warn |
       tee "$OUT/host_profile.log" | head -20
     ;;
   hostbreak) # the training step's host time by function (bench/experiments/host_breakdown.py; HOSTBREAK_SHAPES)
     IFS=';' read -ra shapes <<< "${HOSTBREAK_SHAPES:-B2 T8192 H32}"
     for sh in "${shapes[@]}"; do env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
-      python3 bench/experiments/host_breakdown.py --shape "$sh" 2>&1 | grep -v Warn | tee -a "$OUT/host_breakdown.log"; done
+      python3 bench/experiments/host_breakdown.py --shape "$sh" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/host_breakdown.log"; done
     ;;
   hostab) # the training step's host time and single-step ms with .var1's Python package and this tree's, one library
     # (build-gpu), two rounds (bench/step_timeline.py; TIMELINE_SHAPE)
     for r in 1 2; do for which in var1 this; do py=$PWD/python; [ $which = var1 ] && py=$PWD/.var1/python
       echo "-- $which (round $r)"
       env KDA_LIBRARY=$PWD/build-gpu/libkda.so PYTHONUNBUFFERED=1 PYTHONPATH=$py:$PWD/bench \
-        python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" 2>&1 | grep -E "host|step" | grep -v Warn
+        python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" 2>&1 | grep -E "host|step" | grep --line-buffered -v Warn
     done; done | tee "$OUT/host_ab.log"
     ;;
   acc) # gradients of libkda and FLA against the fp64 oracle, same inputs (bench/bwd_accuracy.py ACC_ARGS)
     fla_site
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
-      PYTHONUNBUFFERED=1 timeout ${ACC_TIMEOUT:-420} python3 bench/bwd_accuracy.py ${ACC_ARGS:-} 2>&1 | grep -v Warn |
+      PYTHONUNBUFFERED=1 timeout ${ACC_TIMEOUT:-420} python3 bench/bwd_accuracy.py ${ACC_ARGS:-} 2>&1 | grep --line-buffered -v Warn |
       tee "$OUT/bwd_accuracy.log"
     ;;
   tritoncache) # Triton's cache (FLA's compiled kernels and autotuning results) as one file, to be carried next time
@@ -315,7 +316,7 @@ PY
       else g="--ref-grads /tmp/ref_grads.pt"; py=$PWD/python; fi  # each library with its own package
       echo "-- $which (round $r)"
       env KDA_LIBRARY=$PWD/build-$which/libkda.so PYTHONPATH=$py:$PWD/bench PYTHONUNBUFFERED=1 \
-        python3 bench/bwd_stages.py $g --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_ab.log"
+        python3 bench/bwd_stages.py $g --shapes "${shapes[@]}" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/bwd_ab.log"
     done; done
     ;;
   bwdskip) # this tree's backward with and without the development skip bits BWD_SKIP (dev build only), two rounds;
@@ -325,13 +326,13 @@ PY
       if [ "$sk" != 0 ]; then g="--save-grads /tmp/skip_grads.pt --dev-skip $sk"; else g="--ref-grads /tmp/skip_grads.pt"; fi
       echo "-- dev_skip $sk (round $r)"
       env KDA_LIBRARY=$PWD/build-dev/libkda.so PYTHONPATH=$PWD/python:$PWD/bench PYTHONUNBUFFERED=1 \
-        python3 bench/bwd_stages.py $g --reps 15 --shapes "${shapes[@]}" 2>&1 | grep -v Warn | tee -a "$OUT/bwd_skip.log"
+        python3 bench/bwd_stages.py $g --reps 15 --shapes "${shapes[@]}" 2>&1 | grep --line-buffered -v Warn | tee -a "$OUT/bwd_skip.log"
     done; done
     ;;
   timeline) # one training step's kernels, their gaps, and the host's time to enqueue (bench/step_timeline.py)
     build build-dev . -DKDA_DEV=ON || exit 1
     env KDA_LIBRARY=$PWD/build-dev/libkda.so $PYENV PYTHONPATH=$PWD/python:$PWD/bench \
-      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" $TIMELINE_ARGS 2>&1 | grep -v Warn | tee "$OUT/step_timeline.log"
+      python3 bench/step_timeline.py --shape "${TIMELINE_SHAPE:-B2 T8192 H32}" $TIMELINE_ARGS 2>&1 | grep --line-buffered -v Warn | tee "$OUT/step_timeline.log"
     ;;
   ncuab) # one backward kernel (NCUAB_KERNEL) under ncu in .var1's build and this tree's, one training step of
     # BWD_SRC_SHAPE each: launch, occupancy (clusters too), scheduler and warp-state figures side by side; this
