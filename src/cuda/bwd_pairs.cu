@@ -32,10 +32,11 @@
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
- * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 (mma16_x3) or, where a block
- * does not split, pair by pair, the others with the k, q operand in two tf32 parts (mma16_blk: why). Warp w owns row block w mod 4: its rows as the later token (Pq, Pk) and as the earlier
- * one (E), for one half of the tile's channels. Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction),
- * so 8 warps per CTA (2.61 → 2.07 ms for 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
+ * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 or, where a block does not split,
+ * pair by pair, the others with the k, q operand in two tf32 parts (mma16_blk: why). Warp w owns row block w mod 4:
+ * its rows as the later token (Pq, Pk) and as the earlier one (E), for one half of the tile's channels.
+ * Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction), so 8 warps per CTA (2.61 → 2.07 ms for
+ * 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
  * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
  * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
  * per SM at 127 registers and no spills are 1.6 % faster than three (H100; 128 registers, no spills, since the
@@ -100,15 +101,12 @@ DEV void coef_frags(const float *X, int I, int j0, int lane, frag_t f[4], frag_t
  * most of dA_log's error at strong decay (docs/PERF.md, "dA_log at strong decay, on the acc inputs") */
 template <int X3>
 DEV void mma16_blk(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1) {
-    if (X3) {
-        mma16_x3(c, ah, al, b0, b1, 1);
-    } else {
-        frag_t bh0, bl0, bh1, bl1;
-        split2(b0, &bh0, &bl0);
-        split2(b1, &bh1, &bl1);
-        mma16(c, ah, bl0, bl1);
-        mma16(c, ah, bh0, bh1);
-    }
+    frag_t bh0, bl0, bh1, bl1;
+    split2(b0, &bh0, &bl0);
+    split2(b1, &bh1, &bl1);
+    if (X3) mma16(c, al, bh0, bh1); /* the coefficient's lo part too: mma16_x3's three products, in its order */
+    mma16(c, ah, bl0, bl1);
+    mma16(c, ah, bh0, bh1);
 }
 
 /* pairs_later's products with the coefficients' columns j0 .. j0 + 15 */
