@@ -2,6 +2,7 @@
 A_log dt_bias h0 do dht), so that the host emulation runs on exactly what the GPU's `acc` check ran on.
 
     PYTHONPATH=python:bench python3 dev/bwd_emu/acc_inputs.py strong_decay_bf16 0 /tmp/sd0.bin
+    dev/bwd_emu/run.sh build     (run.sh ARGS runs the harness as last built)
     EMU_INPUTS=/tmp/sd0.bin EMU_T=300 dev/bwd_emu/run.sh 128 128 1 0 2 5 4 4     (K V gate vfirst blocks mode HQK HV)
 Single-sequence cases only (mode 5 is one sequence of EMU_T tokens).
 """

@@ -316,8 +316,8 @@ int main(int argc, char **argv) {
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
         memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
-        if (getenv("EMU_S_NOISE")) { /* a what-if: S with a relative error of this size per element (the GPU's S comes
-                                        from the forward's recurrence, with its own rounding errors) */
+        if (getenv("EMU_S_NOISE")) { /* a what-if: S times 1 + e u, u uniform with standard deviation 1 (the GPU's S
+                                        comes from the forward's recurrence, with its own rounding errors) */
             const double e = atof(getenv("EMU_S_NOISE"));
             uint64_t rn = 991;
             for (int64_t c = 0; c < nstates; c++) st2[c] *= (float)(1.0 + e * 1.7320508 * urand(&rn));
@@ -332,14 +332,6 @@ int main(int argc, char **argv) {
             p.dstates = NULL; p.dstates_f16 = dsh; p.dstates_exp = dse;
         }
         run_dstate(&p);
-        if (dsh && getenv("EMU_DS_NOISE")) { /* a what-if: dS+ with a relative error of this size per element */
-            const double e = atof(getenv("EMU_DS_NOISE"));
-            uint64_t rn = 992;
-            for (int64_t c = 0; c < nstates; c++) {
-                const float x = f16_bits_to_f32(dsh[c]) * (float)(1.0 + e * 1.7320508 * urand(&rn));
-                _Float16 h = (_Float16)x; memcpy(&dsh[c], &h, 2);
-            }
-        }
         if (dsh) {
             const int64_t per = (int64_t)KC * VC;
             for (int64_t c = 0; c < nstates; c++) {

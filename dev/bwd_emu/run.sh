@@ -14,7 +14,9 @@
 # dt_bias (dev/bwd_emu/dalog_parts.py reads both dumps); EMU_TF32_EXACT=1 or a list of stages (chunk, pairs, inter,
 # dstate) keeps tf32 operands at 24 bits; on the split path (use_blocks 2) EMU_EXACT_DGAM=1 gives the pairs kernel
 # dγ from the exact S and dS+, EMU_EXACT_DQG=1 dQΓ = dO Sᵀ from the exact S, EMU_EXACT_DKT=1..5 dK̃ = Δ dS+ᵀ from
-# chosen operands (harness.emu.cu, kt_delta / kt_ds).
+# chosen operands (harness.emu.cu, kt_delta / kt_ds); EMU_S_NOISE=E multiplies each element of S by 1 + E u (u of
+# standard deviation 1). EMU_INPUTS=FILE takes the inputs, do and dht from FILE (dev/bwd_emu/acc_inputs.py writes
+# bench/bwd_accuracy.py's), with mode 5: one sequence of EMU_T tokens (default 300).
 # Needs a CPU build in build-c (libkda.a). The emulator (harness.emu.cu, emu_*.emu.cu: the launches; shim.h,
 # common.cuh: the CUDA features) is C, compiled by g++ (-x c++) because the kernels' tile sizes are templates.
 set -e
