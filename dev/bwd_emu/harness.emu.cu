@@ -99,6 +99,18 @@ static void put(unsigned char *B, int64_t off, int row, int col, double x) {
     const uint16_t bits = f32_to_bf16_bits((float)x);
     memcpy(B + off + pan_off(row, col), &bits, 2);
 }
+/* x rounded to `bits` significant bits (nearest even; no range limits): 8 bf16, 11 fp16 with a scale factor */
+static double round_bits(double x, int bits) {
+    if (x == 0 || !isfinite(x)) return x;
+    int e;
+    const double m = frexp(x, &e); /* x = m 2^e, 0.5 ≤ |m| < 1 */
+    return ldexp(nearbyint(ldexp(m, bits)), e - bits);
+}
+static double get(const unsigned char *B, int64_t off, int row, int col) {
+    uint16_t bits;
+    memcpy(&bits, B + off + pan_off(row, col), 2);
+    return bf16_bits_to_f32(bits);
+}
 
 /* EMU_EXACT_DKT's operands: 1 Δ fp32 and dS+ exact; 2 Δ fp32, dS+ as the kernel's bf16; 3 Δ bf16, dS+ exact;
  * 4 Δ bf16, dS+ as stage 2's fp16 (11 bits); 5 Δ fp16, dS+ fp16 (11 bits each: an f16 product) */
@@ -121,13 +133,17 @@ int main(int argc, char **argv) {
     const int mode = argc > 6 ? atoi(argv[6]) : 0;
     static const int64_t lens0[] = {70, 0, 20, 129}, lens1[] = {1}, lens2[] = {64, 65, 127, 0};
     static const int64_t lens3[] = {100, 100, 100}, lens4[] = {300, 1, 190}; /* 4: long enough for CP's merge */
-    const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : mode == 4 ? lens4 : lens0;
-    /* mode 5: one sequence of EMU_T tokens (default 300: bench/bwd_accuracy.py's cases), for EMU_INPUTS */
+    /* mode 5: EMU_B sequences (default 1) of EMU_T tokens (default 300: bench/bwd_accuracy.py's cases), for EMU_INPUTS */
+    const int nb5 = getenv("EMU_B") ? atoi(getenv("EMU_B")) : 1, t5 = getenv("EMU_T") ? atoi(getenv("EMU_T")) : 300;
+    int64_t lens5[16];
+    if (mode == 5 && (nb5 < 1 || nb5 > 16)) { fprintf(stderr, "EMU_B: 1 to 16\n"); return 1; }
+    for (int i = 0; i < 16; i++) lens5[i] = t5;
+    const int64_t *lens = mode == 1 ? lens1 : mode == 2 ? lens2 : mode == 3 ? lens3 : mode == 4 ? lens4 : mode == 5 ? lens5 : lens0;
     kda_synth_config_t cfg;
     kda_synth_defaults(&cfg);
     cfg.batch = 1; cfg.num_seqs = mode == 1 ? 1 : mode == 4 ? 3 : 4; cfg.seqlens = lens;
     if (mode == 3) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = 3; cfg.seq_len = 100; }
-    if (mode == 5) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = 1; cfg.seq_len = getenv("EMU_T") ? atoi(getenv("EMU_T")) : 300; }
+    if (mode == 5) { cfg.num_seqs = 0; cfg.seqlens = NULL; cfg.batch = nb5; cfg.seq_len = t5; }
     cfg.hqk = argc > 7 ? atoi(argv[7]) : 1; cfg.hv = argc > 8 ? atoi(argv[8]) : 2;
     cfg.decay = argc > 9 ? (float)atof(argv[9]) : 1.0f;
     const int neg = argc > 10 ? atoi(argv[10]) : 0;
@@ -196,7 +212,9 @@ int main(int argc, char **argv) {
     const int64_t nblocks = max_chunks * HV * bbytes + 16, nstates = max_chunks * HV * KC * VC;
     unsigned char *blocks = (unsigned char *)malloc((size_t)nblocks);
     memset(blocks, 0xff, (size_t)nblocks);
-    float *states = floats(nstates, NAN), *dstates = floats(nstates, NAN);
+    float *states = floats(nstates, NAN), *dstates = floats(nstates, NAN), *sblk = floats(nstates, NAN);
+    /* EMU_S_BLOCKS's exact panels: W, K̃ [C][KC] and U [C][VC] per (chunk, head), fp64 */
+    double *xW = zeros(max_chunks * HV * C * KC), *xK = zeros(max_chunks * HV * C * KC), *xU = zeros(max_chunks * HV * C * VC);
     const float scale = 1.0f / sqrtf((float)K);
     const float *q = (const float *)a.q, *k = (const float *)a.k, *v = (const float *)a.v, *g = (const float *)a.g,
                 *be = (const float *)a.beta, *h0 = (const float *)a.initial_state;
@@ -240,10 +258,14 @@ int main(int argc, char **argv) {
                     for (int d = 0; d < KC; d++) {
                         double w = 0; if (d < K) for (int m2 = 0; m2 <= i; m2++) w += Tm[i * C + m2] * X[m2 * K + d];
                         put(B, 0, i, d, i < cl ? w : 0);
+                        const int64_t xb = ((coff[sq] + c0 / C) * HV + h) * (int64_t)C * KC + (int64_t)i * KC + d;
+                        xW[xb] = i < cl ? w : 0;
+                        xK[xb] = i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0;
                         put(B, kda_cuda_off_qg(KC), i, d, i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0);
                         put(B, kda_cuda_off_kt(KC), i, d, i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0);
                     }
-                    for (int j = 0; j < VC; j++) { double u = 0; if (j < V) for (int m2 = 0; m2 <= i; m2++) u += Tm[i * C + m2] * Y[m2 * V + j]; put(B, kda_cuda_off_u(KC), i, j, i < cl ? u : 0); }
+                    for (int j = 0; j < VC; j++) { double u = 0; if (j < V) for (int m2 = 0; m2 <= i; m2++) u += Tm[i * C + m2] * Y[m2 * V + j]; put(B, kda_cuda_off_u(KC), i, j, i < cl ? u : 0);
+                        xU[((coff[sq] + c0 / C) * HV + h) * (int64_t)C * VC + (int64_t)i * VC + j] = i < cl ? u : 0; }
                 }
                 for (int d = 0; d < KC; d++) ((float *)(B + kda_cuda_off_gamma(KC)))[d] = d < K ? (float)exp(Gm[(C - 1) * K + d]) : 1.0f;
                 free(Gm); free(M); free(Tm); free(X); free(Y);
@@ -264,6 +286,48 @@ int main(int argc, char **argv) {
                     for (int i = 0; i < K; i++) u -= kh[t * K + i] * S[i * V + j];
                     for (int i = 0; i < K; i++) S[i * V + j] += bt[t] * kh[t * K + i] * u;
                 }
+            }
+            if (getenv("EMU_S_BLOCKS")) { /* a what-if: S at every chunk start by the chunk recurrence from the bf16
+                panels, S ← Diag(γ) S + K̃ᵀ (U − W S) in fp64 (the forward's recurrence kernel reads these panels: its S
+                carries their rounding, correlated across the chunk), in place of the exact S. EMU_S_BLOCKS is a mask of
+                the panels taken in bf16 (1 W, 2 U, 4 K̃; the others exact): 7 as the GPU */
+                const int mk = atoi(getenv("EMU_S_BLOCKS"));
+                /* EMU_S_BITS=N: the masked panels rounded to N significant bits from the exact values instead (8: bf16's,
+                   11: fp16's with a factor); EMU_S_DELTA=N: Δ = U − W S rounded so before K̃ᵀ Δ (the forward's
+                   operand) */
+                const int sbits = getenv("EMU_S_BITS") ? atoi(getenv("EMU_S_BITS")) : 0;
+                const int dbits = getenv("EMU_S_DELTA") ? atoi(getenv("EMU_S_DELTA")) : 0;
+                /* EMU_S_SOP=N: S rounded to N bits as W S's operand (the forward packs Sᵀ to bf16 A fragments: 8) */
+                const int obits = getenv("EMU_S_SOP") ? atoi(getenv("EMU_S_SOP")) : 0;
+                double *Sc = zeros(K * V), *D = zeros(C * V);
+                for (int i = 0; i < K; i++) for (int j = 0; j < V; j++)
+                    Sc[i * V + j] = h0[(sq * HV + h) * K * V + (vfirst ? j * K + i : i * V + j)];
+                for (int64_t c0 = 0; c0 < L; c0 += C) {
+                    float *o = &sblk[((coff[sq] + c0 / C) * HV + h) * KC * VC];
+                    for (int i = 0; i < KC; i++) for (int j = 0; j < VC; j++) o[i * VC + j] = i < K && j < V ? (float)Sc[i * V + j] : 0.f;
+                    const unsigned char *Bk = blocks + ((coff[sq] + c0 / C) * HV + h) * bbytes;
+                    const float *gam = (const float *)(Bk + kda_cuda_off_gamma(KC));
+                    const int64_t xb = ((coff[sq] + c0 / C) * HV + h) * (int64_t)C;
+#define PX(m, exact, blk) (!(mk & (m)) ? (exact) : sbits ? round_bits((exact), sbits) : (blk))
+#define PW(i, d) PX(1, xW[(xb + (i)) * KC + (d)], get(Bk, 0, i, d))
+#define PU(i, j) PX(2, xU[(xb + (i)) * VC + (j)], get(Bk, kda_cuda_off_u(KC), i, j))
+#define PK(i, d) PX(4, xK[(xb + (i)) * KC + (d)], get(Bk, kda_cuda_off_kt(KC), i, d))
+                    for (int i = 0; i < C; i++) for (int j = 0; j < V; j++) {
+                        double u = PU(i, j);
+                        for (int d = 0; d < K; d++) u -= PW(i, d) * (obits ? round_bits(Sc[d * V + j], obits) : Sc[d * V + j]);
+                        D[i * V + j] = dbits ? round_bits(u, dbits) : u;
+                    }
+                    for (int d = 0; d < K; d++) for (int j = 0; j < V; j++) {
+                        double x = gam[d] * Sc[d * V + j];
+                        for (int i = 0; i < C; i++) x += PK(i, d) * D[i * V + j];
+                        Sc[d * V + j] = x;
+                    }
+                }
+                free(Sc); free(D);
+#undef PX
+#undef PW
+#undef PU
+#undef PK
             }
             double *dS = zeros(K * V);
             for (int i = 0; i < K; i++) for (int j = 0; j < V; j++) dS[i * V + j] = dht[(sq * HV + h) * K * V + (vfirst ? j * K + i : i * V + j)];
@@ -315,7 +379,8 @@ int main(int argc, char **argv) {
     uint8_t *dse = NULL;
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
-        memcpy(st2, states, (size_t)nstates * sizeof *st2); /* stage 1 (the recurrence kernel) is not emulated: exact S */
+        /* stage 1 (the recurrence kernel) is not emulated: exact S, or (EMU_S_BLOCKS) S from the bf16 panels */
+        memcpy(st2, getenv("EMU_S_BLOCKS") ? sblk : states, (size_t)nstates * sizeof *st2);
         if (getenv("EMU_S_NOISE")) { /* a what-if: S times 1 + e u, u uniform with standard deviation 1 (the GPU's S
                                         comes from the forward's recurrence, with its own rounding errors) */
             const double e = atof(getenv("EMU_S_NOISE"));
@@ -431,7 +496,7 @@ int main(int argc, char **argv) {
     if (df) fclose(df);
     printf(bad ? "FAIL\n" : "OK\n");
     for (int i = 0; i < NG; i++) { free(ref[i]); free(got[i]); }
-    free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates);
+    free(cu); free(d_o); free(dht); free(work); free(coff); free(blocks); free(states); free(dstates); free(sblk); free(xW); free(xK); free(xU);
     free(sb); free(dsh); free(dse); free(dqk); free(part); free(st2); free(dst2); free(h0bad); free(delta); free(dgam); free(dcoef); free(dx); free(rnorm); free(dbeta_part);
     kda_synth_free(&s);
     return bad;

@@ -16,7 +16,11 @@
 # dγ from the exact S and dS+, EMU_EXACT_DQG=1 dQΓ = dO Sᵀ from the exact S, EMU_EXACT_DKT=1..5 dK̃ = Δ dS+ᵀ from
 # chosen operands (harness.emu.cu, kt_delta / kt_ds); EMU_S_NOISE=E multiplies each element of S by 1 + E u (u of
 # standard deviation 1). EMU_INPUTS=FILE takes the inputs, do and dht from FILE (dev/bwd_emu/acc_inputs.py writes
-# bench/bwd_accuracy.py's), with mode 5: one sequence of EMU_T tokens (default 300).
+# bench/bwd_accuracy.py's), with mode 5: EMU_B sequences (default 1) of EMU_T tokens (default 300).
+# The forward's S (stage 1 is not emulated; S is exact unless): EMU_S_BLOCKS=MASK computes S by the chunk recurrence
+# S <- Diag(γ) S + K̃ᵀ (U − W S) in fp64 from the panels in MASK (1 W, 2 U, 4 K̃) as the blocks' bf16, the others exact
+# (7: as the GPU's forward reads them); EMU_S_BITS=N rounds the masked panels to N significant bits instead (11: fp16's
+# precision), EMU_S_DELTA=N rounds Δ and EMU_S_SOP=N rounds S as W S's operand (docs/PERF.md, "dA_log at k64 seed 1").
 # Needs a CPU build in build-c (libkda.a). The emulator (harness.emu.cu, emu_*.emu.cu: the launches; shim.h,
 # common.cuh: the CUDA features) is C, compiled by g++ (-x c++) because the kernels' tile sizes are templates.
 set -e
