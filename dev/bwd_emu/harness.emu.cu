@@ -111,6 +111,10 @@ static double get(const unsigned char *B, int64_t off, int row, int col) {
     memcpy(&bits, B + off + pan_off(row, col), 2);
     return bf16_bits_to_f32(bits);
 }
+/* EMU_S_BLOCKS's panel element: exact (its bit off the mask), rounded to sbits from the exact value, or the block's bf16 */
+static double pick(int on, int sbits, double exact, const unsigned char *B, int64_t off, int row, int col) {
+    return !on ? exact : sbits ? round_bits(exact, sbits) : get(B, off, row, col);
+}
 
 /* EMU_EXACT_DKT's operands: 1 Δ fp32 and dS+ exact; 2 Δ fp32, dS+ as the kernel's bf16; 3 Δ bf16, dS+ exact;
  * 4 Δ bf16, dS+ as stage 2's fp16 (11 bits); 5 Δ fp16, dS+ fp16 (11 bits each: an f16 product) */
@@ -214,6 +218,7 @@ int main(int argc, char **argv) {
     memset(blocks, 0xff, (size_t)nblocks);
     float *states = floats(nstates, NAN), *dstates = floats(nstates, NAN), *sblk = floats(nstates, NAN);
     /* EMU_S_BLOCKS's exact panels: W, K̃ [C][KC] and U [C][VC] per (chunk, head), fp64 */
+    const char *s_blocks = getenv("EMU_S_BLOCKS");
     double *xW = zeros(max_chunks * HV * C * KC), *xK = zeros(max_chunks * HV * C * KC), *xU = zeros(max_chunks * HV * C * VC);
     const float scale = 1.0f / sqrtf((float)K);
     const float *q = (const float *)a.q, *k = (const float *)a.k, *v = (const float *)a.v, *g = (const float *)a.g,
@@ -258,11 +263,12 @@ int main(int argc, char **argv) {
                     for (int d = 0; d < KC; d++) {
                         double w = 0; if (d < K) for (int m2 = 0; m2 <= i; m2++) w += Tm[i * C + m2] * X[m2 * K + d];
                         put(B, 0, i, d, i < cl ? w : 0);
+                        const double kt = i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0;
+                        put(B, kda_cuda_off_qg(KC), i, d, i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0);
+                        put(B, kda_cuda_off_kt(KC), i, d, kt);
                         const int64_t xb = ((coff[sq] + c0 / C) * HV + h) * (int64_t)C * KC + (int64_t)i * KC + d;
                         xW[xb] = i < cl ? w : 0;
-                        xK[xb] = i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0;
-                        put(B, kda_cuda_off_qg(KC), i, d, i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0);
-                        put(B, kda_cuda_off_kt(KC), i, d, i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0);
+                        xK[xb] = kt;
                     }
                     for (int j = 0; j < VC; j++) { double u = 0; if (j < V) for (int m2 = 0; m2 <= i; m2++) u += Tm[i * C + m2] * Y[m2 * V + j]; put(B, kda_cuda_off_u(KC), i, j, i < cl ? u : 0);
                         xU[((coff[sq] + c0 / C) * HV + h) * (int64_t)C * VC + (int64_t)i * VC + j] = i < cl ? u : 0; }
@@ -287,11 +293,11 @@ int main(int argc, char **argv) {
                     for (int i = 0; i < K; i++) S[i * V + j] += bt[t] * kh[t * K + i] * u;
                 }
             }
-            if (getenv("EMU_S_BLOCKS")) { /* a what-if: S at every chunk start by the chunk recurrence from the bf16
+            if (s_blocks) { /* a what-if: S at every chunk start by the chunk recurrence from the bf16
                 panels, S ← Diag(γ) S + K̃ᵀ (U − W S) in fp64 (the forward's recurrence kernel reads these panels: its S
                 carries their rounding, correlated across the chunk), in place of the exact S. EMU_S_BLOCKS is a mask of
                 the panels taken in bf16 (1 W, 2 U, 4 K̃; the others exact): 7 as the GPU */
-                const int mk = atoi(getenv("EMU_S_BLOCKS"));
+                const int mk = atoi(s_blocks);
                 /* EMU_S_BITS=N: the masked panels rounded to N significant bits from the exact values instead (8: bf16's,
                    11: fp16's with a factor); EMU_S_DELTA=N: Δ = U − W S rounded so before K̃ᵀ Δ (the forward's
                    operand) */
@@ -299,7 +305,7 @@ int main(int argc, char **argv) {
                 const int dbits = getenv("EMU_S_DELTA") ? atoi(getenv("EMU_S_DELTA")) : 0;
                 /* EMU_S_SOP=N: S rounded to N bits as W S's operand (the forward packs Sᵀ to bf16 A fragments: 8) */
                 const int obits = getenv("EMU_S_SOP") ? atoi(getenv("EMU_S_SOP")) : 0;
-                double *Sc = zeros(K * V), *D = zeros(C * V);
+                double *Sc = zeros(K * V), *D = zeros(C * V), *pw = zeros(C * K), *pk = zeros(C * K), *pu = zeros(C * V);
                 for (int i = 0; i < K; i++) for (int j = 0; j < V; j++)
                     Sc[i * V + j] = h0[(sq * HV + h) * K * V + (vfirst ? j * K + i : i * V + j)];
                 for (int64_t c0 = 0; c0 < L; c0 += C) {
@@ -307,27 +313,26 @@ int main(int argc, char **argv) {
                     for (int i = 0; i < KC; i++) for (int j = 0; j < VC; j++) o[i * VC + j] = i < K && j < V ? (float)Sc[i * V + j] : 0.f;
                     const unsigned char *Bk = blocks + ((coff[sq] + c0 / C) * HV + h) * bbytes;
                     const float *gam = (const float *)(Bk + kda_cuda_off_gamma(KC));
-                    const int64_t xb = ((coff[sq] + c0 / C) * HV + h) * (int64_t)C;
-#define PX(m, exact, blk) (!(mk & (m)) ? (exact) : sbits ? round_bits((exact), sbits) : (blk))
-#define PW(i, d) PX(1, xW[(xb + (i)) * KC + (d)], get(Bk, 0, i, d))
-#define PU(i, j) PX(2, xU[(xb + (i)) * VC + (j)], get(Bk, kda_cuda_off_u(KC), i, j))
-#define PK(i, d) PX(4, xK[(xb + (i)) * KC + (d)], get(Bk, kda_cuda_off_kt(KC), i, d))
+                    const int64_t xb = ((coff[sq] + c0 / C) * HV + h) * (int64_t)C; /* the chunk's first panel row */
+                    for (int i = 0; i < C; i++) {
+                        for (int d = 0; d < K; d++) {
+                            pw[i * K + d] = pick(mk & 1, sbits, xW[(xb + i) * KC + d], Bk, 0, i, d);
+                            pk[i * K + d] = pick(mk & 4, sbits, xK[(xb + i) * KC + d], Bk, kda_cuda_off_kt(KC), i, d);
+                        }
+                        for (int j = 0; j < V; j++) pu[i * V + j] = pick(mk & 2, sbits, xU[(xb + i) * VC + j], Bk, kda_cuda_off_u(KC), i, j);
+                    }
                     for (int i = 0; i < C; i++) for (int j = 0; j < V; j++) {
-                        double u = PU(i, j);
-                        for (int d = 0; d < K; d++) u -= PW(i, d) * (obits ? round_bits(Sc[d * V + j], obits) : Sc[d * V + j]);
+                        double u = pu[i * V + j];
+                        for (int d = 0; d < K; d++) u -= pw[i * K + d] * (obits ? round_bits(Sc[d * V + j], obits) : Sc[d * V + j]);
                         D[i * V + j] = dbits ? round_bits(u, dbits) : u;
                     }
                     for (int d = 0; d < K; d++) for (int j = 0; j < V; j++) {
                         double x = gam[d] * Sc[d * V + j];
-                        for (int i = 0; i < C; i++) x += PK(i, d) * D[i * V + j];
+                        for (int i = 0; i < C; i++) x += pk[i * K + d] * D[i * V + j];
                         Sc[d * V + j] = x;
                     }
                 }
-                free(Sc); free(D);
-#undef PX
-#undef PW
-#undef PU
-#undef PK
+                free(Sc); free(D); free(pw); free(pk); free(pu);
             }
             double *dS = zeros(K * V);
             for (int i = 0; i < K; i++) for (int j = 0; j < V; j++) dS[i * V + j] = dht[(sq * HV + h) * K * V + (vfirst ? j * K + i : i * V + j)];
@@ -380,7 +385,7 @@ int main(int argc, char **argv) {
     if (use_blocks) {
         p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
         /* stage 1 (the recurrence kernel) is not emulated: exact S, or (EMU_S_BLOCKS) S from the bf16 panels */
-        memcpy(st2, getenv("EMU_S_BLOCKS") ? sblk : states, (size_t)nstates * sizeof *st2);
+        memcpy(st2, s_blocks ? sblk : states, (size_t)nstates * sizeof *st2);
         if (getenv("EMU_S_NOISE")) { /* a what-if: S times 1 + e u, u uniform with standard deviation 1 (the GPU's S
                                         comes from the forward's recurrence, with its own rounding errors) */
             const double e = atof(getenv("EMU_S_NOISE"));
