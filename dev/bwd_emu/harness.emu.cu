@@ -212,13 +212,16 @@ int main(int argc, char **argv) {
     int32_t *coff = (int32_t *)calloc((size_t)(N + 1), sizeof *coff);
     for (int64_t i = 0; i < N; i++) coff[i + 1] = coff[i] + (int32_t)((lens[i] + C - 1) / C);
     const int64_t max_chunks = (T + (C - 1) * N) / C, total = coff[N];
-    const int64_t bbytes = kda_cuda_block_bytes(KC, VC);
+    /* fine blocks (QΓ_lo) on the fp32 path as the GPU's fp16 and fp32 inputs; EMU_QG_LO=0 leaves them out */
+    const int fine = use_blocks == 1 && !(getenv("EMU_QG_LO") && atoi(getenv("EMU_QG_LO")) == 0) ? KDA_FINE_QG : 0;
+    const int64_t bbytes = kda_cuda_block_bytes_fine(KC, VC, fine);
     const int64_t nblocks = max_chunks * HV * bbytes + 16, nstates = max_chunks * HV * KC * VC;
     unsigned char *blocks = (unsigned char *)malloc((size_t)nblocks);
     memset(blocks, 0xff, (size_t)nblocks);
     float *states = floats(nstates, NAN), *dstates = floats(nstates, NAN), *sblk = floats(nstates, NAN);
     /* EMU_S_BLOCKS's exact panels: W, K̃ [C][KC] and U [C][VC] per (chunk, head), fp64 */
     const char *s_blocks = getenv("EMU_S_BLOCKS");
+    const int khat = getenv("EMU_S_KHAT") ? atoi(getenv("EMU_S_KHAT")) : 0;
     double *xW = zeros(max_chunks * HV * C * KC), *xK = zeros(max_chunks * HV * C * KC), *xU = zeros(max_chunks * HV * C * VC);
     const float scale = 1.0f / sqrtf((float)K);
     const float *q = (const float *)a.q, *k = (const float *)a.k, *v = (const float *)a.v, *g = (const float *)a.g,
@@ -263,8 +266,12 @@ int main(int argc, char **argv) {
                     for (int d = 0; d < KC; d++) {
                         double w = 0; if (d < K) for (int m2 = 0; m2 <= i; m2++) w += Tm[i * C + m2] * X[m2 * K + d];
                         put(B, 0, i, d, i < cl ? w : 0);
-                        const double kt = i < cl && d < K ? kh[(c0 + i) * K + d] * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0;
-                        put(B, kda_cuda_off_qg(KC), i, d, i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0);
+                        /* EMU_S_KHAT=1: K̃ from k̂ rounded to bf16 first, as the GPU's prep forms it from its k tile */
+                        const double kk = i < cl && d < K ? (khat ? round_bits(kh[(c0 + i) * K + d], 8) : kh[(c0 + i) * K + d]) : 0;
+                        const double kt = i < cl && d < K ? kk * exp(Gm[(C - 1) * K + d] - Gm[i * K + d]) : 0;
+                        const double qgx = i < cl && d < K ? scale * qh[(c0 + i) * K + d] * exp(Gm[i * K + d]) : 0;
+                        put(B, kda_cuda_off_qg(KC), i, d, qgx);
+                        if (fine) put(B, kda_cuda_off_qglo(KC, VC), i, d, qgx - bf16_bits_to_f32(f32_to_bf16_bits((float)qgx)));
                         put(B, kda_cuda_off_kt(KC), i, d, kt);
                         const int64_t xb = ((coff[sq] + c0 / C) * HV + h) * (int64_t)C * KC + (int64_t)i * KC + d;
                         xW[xb] = i < cl ? w : 0;
@@ -383,7 +390,7 @@ int main(int argc, char **argv) {
     uint16_t *sb = NULL, *dsh = NULL;
     uint8_t *dse = NULL;
     if (use_blocks) {
-        p.blocks.base = blocks; p.blocks.block_bytes = bbytes;
+        p.blocks.base = blocks; p.blocks.block_bytes = bbytes; p.blocks.fine = fine;
         /* stage 1 (the recurrence kernel) is not emulated: exact S, or (EMU_S_BLOCKS) S from the bf16 panels */
         memcpy(st2, s_blocks ? sblk : states, (size_t)nstates * sizeof *st2);
         if (getenv("EMU_S_NOISE")) { /* a what-if: S times 1 + e u, u uniform with standard deviation 1 (the GPU's S

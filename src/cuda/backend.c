@@ -148,8 +148,12 @@ static size_t meta_bytes(const kda_problem_t *p) {
     return p->varlen ? align256((size_t)(p->num_seqs + 1) * sizeof(int32_t)) : 0;
 }
 
+/* Fine blocks (kda_cuda.h: QΓ's low part too) for fp16 and fp32 inputs, whose backward takes the fp32 path: its
+ * state-gradient chain reads QΓ as hi + lo (docs/PERF.md, "Fine blocks for fp32 inputs") */
+static int fine_blocks(const kda_problem_t *p) { return p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0; }
 static int64_t block_bytes(const kda_problem_t *p) {
-    return kda_cuda_block_bytes(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v));
+    return kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v),
+                                     fine_blocks(p));
 }
 
 /* The backward's state-gradient chain takes the same plan (bwd_dstate.cu's CP modes, run last piece first) with
@@ -290,7 +294,8 @@ static void fill_prep_params(const kda_problem_t *p, unsigned char *base, int de
     seqs.num_seqs = p->num_seqs;
     seqs.chunks_per_row = (a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
     seqs.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
-    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p), block_bytes(p), max_chunks(p)};
+    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p), block_bytes(p), max_chunks(p),
+                                fine_blocks(p)};
 
     kda_prep_params_t pp;
     memset(&pp, 0, sizeof pp);

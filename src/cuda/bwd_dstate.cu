@@ -60,6 +60,7 @@ struct dstate_smem {
     unsigned char w[KDA_CHUNK * KC * 2];
     unsigned char qg[KDA_CHUNK * KC * 2];
     unsigned char kt[KDA_CHUNK * KC * 2];
+    unsigned char qglo[KDA_CHUNK * KC * 2]; /* fine blocks: QΓ's low part (kda_cuda.h) */
     unsigned char aqk[KDA_PANEL_BYTES];
     float dS[KC * SS];
     float dO[KDA_CHUNK * SS];
@@ -159,6 +160,7 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
             cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * e, 16);
             cp_async16_zfill(smem_u32(sm.qg + 16 * e), blk + kda_cuda_off_qg(KC) + 16 * e, 16);
             cp_async16_zfill(smem_u32(sm.kt + 16 * e), blk + kda_cuda_off_kt(KC) + 16 * e, 16);
+            if (p.blocks.fine & KDA_FINE_QG) cp_async16_zfill(smem_u32(sm.qglo + 16 * e), blk + kda_cuda_off_qglo(KC, p.vc) + 16 * e, 16);
         }
         for (int e = tid; e < KDA_PANEL_BYTES / 16; e += DS_THREADS)
             cp_async16_zfill(smem_u32(sm.aqk + 16 * e), blk + kda_cuda_off_aqk(KC) + 16 * e, 16);
@@ -243,6 +245,11 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
                       tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));
                 mma16(acc, aw, tf2(-sm.dD[k * SS + n], -sm.dD[(k + 1) * SS + n]),
                       tf2(-sm.dD[(k + 8) * SS + n], -sm.dD[(k + 9) * SS + n]));
+                if (p.blocks.fine & KDA_FINE_QG) { /* + QΓ_loᵀ dO: QΓ to ~16 bits (fp16, fp32 inputs) */
+                    panel_frag<0>(aq, sm.qglo, 16 * rb, i0, lane);
+                    mma16(acc, aq, tf2(sm.dO[k * SS + n], sm.dO[(k + 1) * SS + n]),
+                          tf2(sm.dO[(k + 8) * SS + n], sm.dO[(k + 9) * SS + n]));
+                }
             }
 #pragma unroll
             for (int c = 0; c < 4; c++) {

@@ -21,7 +21,8 @@
  *                      [the A warps]; Aqk → workspace. With 16 warps two warps share each run of blocks, one
  *                      channel half each, and intra_chunk_store adds the halves after a barrier
  *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
- *   gated_qk           QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared
+ *   gated_qk           QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared; fine blocks (fp16, fp32 inputs):
+ *                      QΓ = hi + lo from the input row (KDA_FINE_QG)
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
  *   aqk_diagonal       Aqk's diagonal q_i·k_i from normalize_qkv (unrounded rows) → workspace [warps 4-5, beside it]
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
@@ -38,7 +39,7 @@
  *   R_V  bf16 [C][VD+8]   v
  *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
  *   β    fp32 [C], and 2·NT floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C],
- *   and q's row factors fq fp32 [C]
+ *   and q's row factors fq and fqn fp32 [C] each
  *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][8][32 lanes][4]
  */
 #include "common.cuh"
@@ -75,7 +76,8 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_TSTAR(KD, VD) (PREP_OFF_TOT(KD, VD) + 2 * PREP_NT(KD, VD) * 4)
 #define PREP_OFF_DIAG(KD, VD) (PREP_OFF_TSTAR(KD, VD) + 16)
 #define PREP_OFF_FQ(KD, VD) (PREP_OFF_DIAG(KD, VD) + KDA_CHUNK * 4)
-#define PREP_OFF_RED(KD, VD) (PREP_OFF_FQ(KD, VD) + KDA_CHUNK * 4)
+#define PREP_OFF_FQN(KD, VD) (PREP_OFF_FQ(KD, VD) + KDA_CHUNK * 4)
+#define PREP_OFF_RED(KD, VD) (PREP_OFF_FQN(KD, VD) + KDA_CHUNK * 4)
 #define PREP_BYTES_RED(KD, VD) ((PREP_KSPLIT(PREP_NT(KD, VD)) - 1) * PREP_A_WARPS * 32 * 32 * 4)
 #define PREP_BYTES(KD, VD) (PREP_OFF_RED(KD, VD) + PREP_BYTES_RED(KD, VD))
 
@@ -92,6 +94,7 @@ typedef struct {
     int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
     float *diag; /* Aqk's diagonal from normalize_qkv */
     float *fq;   /* q's row factor still to apply: s/‖q‖ where the tile kept the raw bf16 q, else 1 */
+    float *fqn;  /* q's whole row factor s/‖q‖ (fine blocks: gated_qk's QΓ_lo from the input row) */
     float *red;  /* with 16 warps: intra_chunk_A's second-half accumulators */
 } prep_smem_t;
 
@@ -407,7 +410,8 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
     static_assert((TPR == 4 || TPR == 8) && CW % 8 == 0 && (VD / TPR) % 8 == 0,
                   "normalize_qkv: 4 or 8 threads a row (PREP_LOG2), whole 16-byte pieces each");
     if (KDA_SKIP(p, 64)) {
-        if ((tid & (TPR - 1)) == 0) sm.diag[tid >> PREP_LOG2(TPR)] = 0.0f, sm.fq[tid >> PREP_LOG2(TPR)] = 1.0f;
+        if ((tid & (TPR - 1)) == 0)
+            sm.diag[tid >> PREP_LOG2(TPR)] = 0.0f, sm.fq[tid >> PREP_LOG2(TPR)] = sm.fqn[tid >> PREP_LOG2(TPR)] = 1.0f;
         return;
     }
     const int row = tid >> PREP_LOG2(TPR);
@@ -437,6 +441,7 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         const float d = dot * fq * fk;
         sm.diag[row] = fabsf(d) < INFINITY ? d : 0.0f;
         sm.fq[row] = q_kept ? fq : 1.0f;
+        sm.fqn[row] = fq;
     }
     if (p.dtype != KDA_DT_BF16) {
         float xv[VD / TPR];
@@ -707,7 +712,7 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
 /* ---------------------------------------------------------------------------------------------------------
  * gated_qk: QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G
  * ------------------------------------------------------------------------------------------------------- */
-template <int KD, int NT>
+template <int KD, int VD, int NT>
 DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
     constexpr int S = PREP_S(KD), row_chunks = KD / 8;
     if (KDA_SKIP(p, 128)) return;
@@ -730,6 +735,31 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
         }
         *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
         *(uint4 *)(sm.Q + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
+        if (p.blocks.fine & KDA_FINE_QG) { /* fp16 and fp32 inputs: QΓ = hi + lo from the input row, unrounded (the tile holds
+                                bf16(q̂)): hi replaces the panel's piece above, lo goes to QΓ_lo. Rows from t* on
+                                (neutral) and past the chunk's end are zero, as in the tile */
+            float x[8];
+            const int ok = r < ck.clen && r < *sm.tstar;
+            const int64_t row = (ck.t0 + r) * p.hqk + ck.hq;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int col = c * 8 + u;
+                float qv = 0.0f;
+                if (ok && col < ck.K)
+                    qv = p.dtype == KDA_DT_F32 ? ((const float *)p.q)[row * ck.K + col]
+                                               : __half2float(((const __half *)p.q)[row * ck.K + col]);
+                x[u] = qv * sm.fqn[r] * ex2(gv[u]);
+            }
+            uint32_t hi[4], lo[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                hi[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
+                const float2 h = unpack_bf16(hi[u]);
+                lo[u] = pack_bf16(x[2 * u] - h.x, x[2 * u + 1] - h.y);
+            }
+            *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            *(uint4 *)(ck.blk + kda_cuda_off_qglo(KD, VD) + pan_off(r, c * 8)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        }
     }
 }
 
@@ -920,6 +950,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
                             (int *)(smem + PREP_OFF_TSTAR(KD, VD)),
                             (float *)(smem + PREP_OFF_DIAG(KD, VD)),
                             (float *)(smem + PREP_OFF_FQ(KD, VD)),
+                            (float *)(smem + PREP_OFF_FQN(KD, VD)),
                             (float *)(smem + PREP_OFF_RED(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -966,7 +997,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
             intra_chunk_store(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane, accA, accQ);
     }
     __syncthreads(); /* gated_qk overwrites q with KΓ */
-    gated_qk<KD, NT>(p, sm, ck, tid);
+    gated_qk<KD, VD, NT>(p, sm, ck, tid);
     if (warp < 4 && !KDA_SKIP(p, 2)) invert_diag_blocks(sm.A, warp, lane);
     if (warp >= 4 && warp < 6 && !KDA_SKIP(p, 1)) aqk_diagonal(sm, ck.blk + kda_cuda_off_aqk(KD), tid - 128);
     __syncthreads();
