@@ -724,23 +724,21 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
         const uint32_t *qw = (const uint32_t *)&q8, *kw = (const uint32_t *)&k8;
         const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
         const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-        const float fq = sm.fq[r];
+        float eg[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) eg[u] = ex2(gv[u]);
         uint32_t qg[4], kg[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once: raw bf16 q · s/‖q‖ · e^G */
-            const float e0 = ex2(gv[2 * u]), e1 = ex2(gv[2 * u + 1]);
-            const float2 qf = unpack_bf16(qw[u]), kf = unpack_bf16(kw[u]);
-            qg[u] = pack_bf16(qf.x * fq * e0, qf.y * fq * e1);
-            kg[u] = pack_bf16(kf.x * e0, kf.y * e1);
+        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once: raw bf16 k · e^G (and q · s/‖q‖ · e^G) */
+            const float2 kf = unpack_bf16(kw[u]);
+            kg[u] = pack_bf16(kf.x * eg[2 * u], kf.y * eg[2 * u + 1]);
         }
-        *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
-        *(uint4 *)(sm.Q + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
-        if (p.blocks.fine & KDA_FINE_QG) { /* fp16 and fp32 inputs: QΓ = hi + lo from the input row, unrounded (the tile holds
-                                bf16(q̂)): hi replaces the panel's piece above, lo goes to QΓ_lo. Rows from t* on
-                                (neutral) and past the chunk's end are zero, as in the tile */
-            float x[8];
+        if (p.blocks.fine & KDA_FINE_QG) { /* fp16 and fp32 inputs: QΓ = hi + lo from the input row, unrounded (the tile
+                                holds bf16(q̂)): lo goes to QΓ_lo. Rows from t* on (neutral) and past the chunk's end are
+                                zero, as in the tile */
             const int ok = r < ck.clen && r < *sm.tstar;
             const int64_t row = (ck.t0 + r) * p.hqk + ck.hq;
+            float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int col = c * 8 + u;
@@ -748,18 +746,26 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
                 if (ok && col < ck.K)
                     qv = p.dtype == KDA_DT_F32 ? ((const float *)p.q)[row * ck.K + col]
                                                : __half2float(((const __half *)p.q)[row * ck.K + col]);
-                x[u] = qv * sm.fqn[r] * ex2(gv[u]);
+                x[u] = qv * sm.fqn[r] * eg[u];
             }
-            uint32_t hi[4], lo[4];
+            uint32_t lo[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                hi[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
-                const float2 h = unpack_bf16(hi[u]);
+                qg[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
+                const float2 h = unpack_bf16(qg[u]);
                 lo[u] = pack_bf16(x[2 * u] - h.x, x[2 * u + 1] - h.y);
             }
-            *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
             *(uint4 *)(ck.blk + kda_cuda_off_qglo(KD, VD) + pan_off(r, c * 8)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        } else {
+            const float fq = sm.fq[r];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float2 qf = unpack_bf16(qw[u]);
+                qg[u] = pack_bf16(qf.x * fq * eg[2 * u], qf.y * fq * eg[2 * u + 1]);
+            }
         }
+        *(uint4 *)(blk_qg + pan_off(r, c * 8)) = make_uint4(qg[0], qg[1], qg[2], qg[3]);
+        *(uint4 *)(sm.Q + r * S + c * 8) = make_uint4(kg[0], kg[1], kg[2], kg[3]); /* same thread read it */
     }
 }
 
