@@ -26,7 +26,8 @@
  * dv phase a CTA prefetches into L2 the rows that the CTA one wave later reads first (prefetch_next_wave).
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
- * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3): 16 warps, warp w computes
+ * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3, and with fp16/fp32 inputs Δ =
+ * T Z and dK̃ = Δ dS⁺ᵀ too: docs/PERF.md, "dA_log of fp32 inputs"): 16 warps, warp w computes
  * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts; 8 warps and
  * halves until the instruction count showed the kernel latency-bound at 2 warps per scheduler: docs/PERF.md,
  * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_diag, invert_offdiag).
@@ -282,22 +283,21 @@ DEV float2 ld2(const float *p) {
 
 /* acc[nt] += Σ_{k ∈ [k0, k1)} A(i, k) B(k, n) for rows i0..i0+15 and columns n0 + 8 nt.., nt < NT, k1 − k0 a
  * multiple of 16; A(i, k) = a[i lda + k] (AT: a[k lda + i]), B(k, n) = b[k ldb + n] (BT: b[n ldb + k]); b in
- * global memory when GLB */
-template <int NT, int AT, int BT, int GLB>
+ * global memory when GLB; X3: in 3xTF32 (mma16_x3), ~fp32 accurate */
+template <int NT, int AT, int BT, int GLB, int X3 = 0>
 DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
                   int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll(GLB ? 2 : 1) /* global B: two k-steps' loads in flight (an L2 round trip per step otherwise) */
     for (int k = k0; k < k1; k += 16) {
-        frag_t af[4];
+        frag_t af[4], al[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
-            if (AT) af[r] = tf2(a[col * lda + row], a[(col + 1) * lda + row]);
-            else {
-                const float2 x = *(const float2 *)&a[row * lda + col];
-                af[r] = tf2(x.x, x.y);
-            }
+            const float2 x = AT ? make_float2(a[col * lda + row], a[(col + 1) * lda + row])
+                                : *(const float2 *)&a[row * lda + col];
+            if (X3) split2(x, &af[r], &al[r]);
+            else af[r] = tf2(x.x, x.y);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -306,31 +306,33 @@ DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int 
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int kk = k + 2 * t + 8 * hh;
-                if (BT) {
-                    const float2 x = ld2<GLB>(&b[n * ldb + kk]);
-                    bf[hh] = tf2(x.x, x.y);
-                } else bf[hh] = tf2(ld<GLB>(&b[kk * ldb + n]), ld<GLB>(&b[(kk + 1) * ldb + n]));
+                if (BT) bf[hh] = ld2<GLB>(&b[n * ldb + kk]);
+                else bf[hh] = make_float2(ld<GLB>(&b[kk * ldb + n]), ld<GLB>(&b[(kk + 1) * ldb + n]));
             }
-            mma16(acc[nt], af, bf[0], bf[1]);
+            if (X3) mma16_x3(acc[nt], af, al, bf[0], bf[1], 1);
+            else mma16(acc[nt], af, tf2(bf[0].x, bf[0].y), tf2(bf[1].x, bf[1].y));
         }
     }
 }
 
 /* Two products of that form in one k loop (their L2 loads in flight together): acc1[nt] += Σ_k a1(i, k) b1(n, k),
- * acc2[nt] += Σ_k a2(i, k) b2(n, k) over k < kn; a1, a2 shared (row-major), b1, b2 global (BT) */
+ * acc2[nt] += Σ_k a2(i, k) b2(n, k) over k < kn; a1, a2 shared (row-major), b1, b2 global (BT). The second in
+ * 3xTF32 (mma16_x3): it is dK̃ = Δ dS⁺ᵀ, whose tf32 rounding reaches every earlier row's dĝ through the chunk's G_last
+ * terms, a correlated error that was nearly all of fp32 inputs' dg and dA_log error (docs/PERF.md, "dA_log of fp32
+ * inputs") */
 template <int NT>
 DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const float *a2, int lda, const float *b1,
                      const float *b2, int ldb, int i0, int n0, int kn, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll 1
     for (int k = 0; k < kn; k += 16) {
-        frag_t f1[4], f2[4];
+        frag_t f1[4], f2[4], f2l[4];
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
             const float2 x = *(const float2 *)&a1[row * lda + col], y = *(const float2 *)&a2[row * lda + col];
             f1[r] = tf2(x.x, x.y);
-            f2[r] = tf2(y.x, y.y);
+            split2(y, &f2[r], &f2l[r]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -338,7 +340,7 @@ DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const 
             const float2 x0 = __ldg((const float2 *)&b1[n * ldb + kk]), x1 = __ldg((const float2 *)&b1[n * ldb + kk + 8]);
             const float2 y0 = __ldg((const float2 *)&b2[n * ldb + kk]), y1 = __ldg((const float2 *)&b2[n * ldb + kk + 8]);
             mma16(acc1[nt], f1, tf2(x0.x, x0.y), tf2(x1.x, x1.y));
-            mma16(acc2[nt], f2, tf2(y0.x, y0.y), tf2(y1.x, y1.y));
+            mma16_x3(acc2[nt], f2, f2l, y0, y1, 1);
         }
     }
 }
@@ -882,9 +884,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][c]);
             }
         __syncthreads();
-        /* Δ = T Z */
+        /* Δ = T Z, in 3xTF32: Δ's tf32 rounding reached dK̃ = Δ dS⁺ᵀ and through it every earlier row's dĝ
+           (mma_rows_2g) */
         zero_acc<VN>(acc);
-        mma_rows<VN, 0, 0, 0>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
+        mma_rows<VN, 0, 0, 0, !SPLIT>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
         __syncthreads();
 #pragma unroll
         for (int nt = 0; nt < VN; nt++)
