@@ -148,9 +148,13 @@ static size_t meta_bytes(const kda_problem_t *p) {
     return p->varlen ? align256((size_t)(p->num_seqs + 1) * sizeof(int32_t)) : 0;
 }
 
-/* Fine blocks (kda_cuda.h: QΓ's low part too) for fp16 and fp32 inputs, whose backward takes the fp32 path: its
- * state-gradient chain reads QΓ as hi + lo (docs/PERF.md, "Fine blocks for fp32 inputs") */
-static int fine_blocks(const kda_problem_t *p) { return p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0; }
+/* Fine blocks (kda_cuda.h): QΓ's low part for fp16 and fp32 inputs, whose backward takes the fp32 path (its
+ * state-gradient chain reads QΓ as hi + lo); K̃'s for K class ≤ 128, read by every recurrence (the forward's, the
+ * pre-scan's, the backward's states stage), so that o is the same with and without `saved` (docs/PERF.md, "Fine
+ * blocks") */
+static int fine_blocks(const kda_problem_t *p) {
+    return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kda_cuda_size_class(p->a.head_dim_k) <= 128 ? KDA_FINE_KT : 0);
+}
 static int64_t block_bytes(const kda_problem_t *p) {
     return kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v),
                                      fine_blocks(p));
