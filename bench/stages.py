@@ -43,7 +43,6 @@ SETS = {
     "prep-skeleton": (16 | 231, None),
     "rec-nocopy": (8 | 1024, None), "rec-nomath": (8 | 2048, None), "rec-empty": (8 | 3072, None),
     # the recurrence by mma.sync where it would use wgmma: A/B in one build
-    "all-nokt": (32768, None),  # fine blocks without K̃_lo (backend.c KDA_DEV_NO_KTLO): its cost in one build
     "all-mma": (0, None, "mma"), "rec-mma": (8, None, "mma"), "rec-nocopy-mma": (8 | 1024, None, "mma"),
 }
 

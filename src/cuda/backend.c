@@ -152,15 +152,8 @@ static size_t meta_bytes(const kda_problem_t *p) {
  * state-gradient chain reads QΓ as hi + lo); K̃'s for K class ≤ 128, read by every recurrence (the forward's, the
  * pre-scan's, the backward's states stage), so that o is the same with and without `saved` (docs/PERF.md, "Fine
  * blocks") */
-#ifdef KDA_DEV_BUILD
-static int dev_no_ktlo(void); /* development: skip bit KDA_DEV_NO_KTLO leaves K̃_lo out (an A/B in one build) */
-#define KDA_DEV_NO_KTLO 32768
-#else
-#define dev_no_ktlo() 0
-#endif
 static int fine_blocks(const kda_problem_t *p) {
-    const int kt = kda_cuda_size_class(p->a.head_dim_k) <= 128 && !dev_no_ktlo();
-    return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kt ? KDA_FINE_KT : 0);
+    return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kda_cuda_size_class(p->a.head_dim_k) <= 128 ? KDA_FINE_KT : 0);
 }
 static int64_t block_bytes(const kda_problem_t *p) {
     return kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v),
@@ -352,7 +345,6 @@ static int choose_bv(const cuda_impl_t *impl, const kda_problem_t *p, int vc) {
 /* Development builds only: a process-wide tuning a harness (bench/stages.py) sets through ctypes; a context's
  * own tuning (tests) takes precedence field by field. */
 static kda_tuning_t dev_tuning;
-static int dev_no_ktlo(void) { return (dev_tuning.dev_skip & KDA_DEV_NO_KTLO) != 0; }
 KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
     dev_tuning.dev_skip = dev_skip;
     dev_tuning.bv = bv;
@@ -377,7 +369,7 @@ static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, co
     rp->mode = KDA_REC_STATES;
     rp->bv = states_bv(impl, p);
     rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-    rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
+    rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma && (rp->blocks.fine & KDA_FINE_KT);
     return cfg->rec(rp, device, stream);
 }
 
@@ -471,7 +463,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     }
     rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
     if (tune.stages == 2) rp.stages = 2;
-    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
+    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma && (rp.blocks.fine & KDA_FINE_KT);
     rp.dev_skip = tune.dev_skip;
 
     kda_cp_params_t cpp;

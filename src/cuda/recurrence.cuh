@@ -258,12 +258,13 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
         if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
         else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
     }
-    if (st.KTlo) /* fine blocks: + Δᵀ K̃_lo, in the same group */
+    /* + Δᵀ K̃_lo, in the same group: the host takes this path only with fine blocks (backend.c: every K class ≤ 128
+       has them; a branch here would serialize the group's wgmma) */
 #pragma unroll
-        for (int kt = 0; kt < 4; kt++) {
-            if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
-            else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
-        }
+    for (int kt = 0; kt < 4; kt++) {
+        if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
+        else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
+    }
     wg_commit();
     WG_WAIT(0);
     reg_fence(&oacc[0][0], 32);
