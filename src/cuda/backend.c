@@ -148,9 +148,13 @@ static size_t meta_bytes(const kda_problem_t *p) {
     return p->varlen ? align256((size_t)(p->num_seqs + 1) * sizeof(int32_t)) : 0;
 }
 
-/* Fine blocks (kda_cuda.h: QΓ's low part too) for fp16 and fp32 inputs, whose backward takes the fp32 path: its
- * state-gradient chain reads QΓ as hi + lo (docs/PERF.md, "Fine blocks for fp32 inputs") */
-static int fine_blocks(const kda_problem_t *p) { return p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0; }
+/* Fine blocks (kda_cuda.h): QΓ's low part for fp16 and fp32 inputs, whose backward takes the fp32 path (its
+ * state-gradient chain reads QΓ as hi + lo); K̃'s for K class ≤ 128, read by every recurrence (the forward's, the
+ * pre-scan's, the backward's states stage), so that o is the same with and without `saved` (docs/PERF.md, "Fine
+ * blocks") */
+static int fine_blocks(const kda_problem_t *p) {
+    return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kda_cuda_size_class(p->a.head_dim_k) <= 128 ? KDA_FINE_KT : 0);
+}
 static int64_t block_bytes(const kda_problem_t *p) {
     return kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v),
                                      fine_blocks(p));
@@ -349,6 +353,12 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 }
 #endif
 
+/* The recurrence's tile narrowed until two ring stages fit (rp->blocks and o_dtype set): with fine blocks' K̃_lo a
+ * stage at K = 128, BV = 128 is 89 KB, and with fp32 O staging two of them no longer fit at BV 128 */
+static void rec_fit_bv(const kda_cuda_config_t *cfg, kda_rec_params_t *rp) {
+    while (rp->bv > 32 && cfg->rec_smem(rp, 2) > KDA_REC_SMEM_MAX) rp->bv /= 2;
+}
+
 /* The state columns per CTA of the recurrence kernel in KDA_REC_STATES mode (its launch and states_ctas) */
 static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p) {
     return choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
@@ -364,8 +374,9 @@ static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, co
                              kda_rec_params_t *rp, int device, void *stream) {
     rp->mode = KDA_REC_STATES;
     rp->bv = states_bv(impl, p);
+    rec_fit_bv(cfg, rp);
     rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-    rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
+    rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma && (rp->blocks.fine & KDA_FINE_KT);
     return cfg->rec(rp, device, stream);
 }
 
@@ -457,9 +468,10 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
         rp.bv = choose_bv(impl, p, vc);
         if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
     }
+    rec_fit_bv(cfg, &rp);
     rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
     if (tune.stages == 2) rp.stages = 2;
-    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
+    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma && (rp.blocks.fine & KDA_FINE_KT);
     rp.dev_skip = tune.dev_skip;
 
     kda_cp_params_t cpp;

@@ -11,7 +11,7 @@
  *
  *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Uᵀ read in accumulator layout by ldmatrix.trans)
  *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments)
- *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃
+ *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (with fine blocks, K class ≤ 128: Δᵀ K̃_hi + Δᵀ K̃_lo, K̃ to ~16 bits)
  *
  * state_products computes the first two products, state_update the rest. Two ways to do them:
  *   - wgmma (sm_90a, BV ≥ 64, K class ≤ 128): each warpgroup of 4 warps owns 64 columns and issues m64nNk16
@@ -47,24 +47,27 @@ typedef __nv_bfloat16 bf16;
 
 /* One stage: W, QΓ, K̃ (C×KD), Aqk (C×C), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes), then
  * the panels of U that hold this CTA's columns (REC_UP(BV) of them: each panel is KDA_PANEL_BYTES and
- * contiguous in the workspace, common.cuh). NST stages (ring) or one (split), then the O staging rows (two
+ * contiguous in the workspace, common.cuh), then with fine blocks (KTLO, ring mode only) K̃_lo at the next 1 KB
+ * (wgmma's 128-byte swizzle repeats every 1 KB). NST stages (ring) or one (split), then the O staging rows (two
  * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage (split: two). */
 #define REC_PART_A(KD) (2 * KDA_CHUNK * (KD) * 2) /* W, QΓ */
 #define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4)
 #define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
-#define REC_STAGE_BYTES(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
+#define REC_KTLO_OFF(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
+#define REC_STAGE_BYTES(KD, BV, KTLO) (REC_KTLO_OFF(KD, BV) + ((KTLO) ? KDA_CHUNK * (KD) * 2 : 0))
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES) \
-    (1024 + (NST) * REC_STAGE_BYTES(KD, BV) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) + 8 * ((NST) < 2 ? 2 : (NST)))
+#define REC_BYTES(KD, BV, NST, OES, KTLO) \
+    (1024 + (NST) * REC_STAGE_BYTES(KD, BV, KTLO) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) + 8 * ((NST) < 2 ? 2 : (NST)))
 #define REC_SPLIT(KD) ((KD) > 128)
 
 /* Bulk copies of chunk `blk` into a stage, completing on `bar` armed with their byte count (one thread).
- * first..last: the byte range of the linear part; with_u: the U panels too. no_o (the pre-scan, which makes no
- * O): QΓ and Aqk are left out of the range (a third fewer bytes), their places in the stage left stale. */
+ * first..last: the byte range of the linear part; with_u: the U panels too; off_kl ≥ 0: K̃_lo from there (fine
+ * blocks) to the stage's REC_KTLO_OFF. no_o (the pre-scan, which makes no O): QΓ and Aqk are left out of the range
+ * (a third fewer bytes), their places in the stage left stale. */
 DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int first, int last, int with_u,
-                    int64_t off_u, int v0, int bv, int no_o, int kd) {
+                    int64_t off_u, int v0, int bv, int no_o, int kd, int64_t off_kl) {
     const uint32_t dst = smem_u32(stage);
-    const int ubytes = with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0;
+    const int ubytes = (with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0) + (off_kl >= 0 ? KDA_CHUNK * kd * 2 : 0);
     fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
     if (!no_o) {
         mbar_expect_tx(bar, (uint32_t)(last - first + ubytes));
@@ -83,7 +86,10 @@ DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk
         mbar_expect_tx(bar, (uint32_t)bytes);
         for (int i = 0; i < n; i++) bulk_g2s(dst + lo[i], blk + lo[i], (uint32_t)(hi[i] - lo[i]), bar);
     }
-    if (with_u) bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)ubytes, bar);
+    if (with_u)
+        bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)(REC_UP(bv) * KDA_PANEL_BYTES),
+                 bar);
+    if (off_kl >= 0) bulk_g2s(dst + REC_KTLO_OFF(kd, bv), blk + off_kl, (uint32_t)(KDA_CHUNK * kd * 2), bar);
 }
 
 /* Δᵀ = Uᵀ − (Sᵀ Wᵀ) in place, Uᵀ read in accumulator layout by ldmatrix.trans; then Δᵀ as bf16 A fragments over
@@ -120,7 +126,7 @@ DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU,
 
 /* The stage's tiles (shared addresses) and the warp's first column within the copied U panels */
 typedef struct {
-    uint32_t W, QG, KT, Aqk, U;
+    uint32_t W, QG, KT, Aqk, U, KTlo; /* KTlo: K̃'s low part (fine blocks), 0 without */
     const float *gam;
     int ucol;
 } rec_stage_t;
@@ -195,6 +201,11 @@ DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oa
             ldsm_x4_t(b, st.KT + pan_off(row, col));
             mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
             mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+            if (st.KTlo) { /* fine blocks: + Δᵀ K̃_lo */
+                ldsm_x4_t(b, st.KTlo + pan_off(row, col));
+                mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
+                mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+            }
         }
     }
 }
@@ -246,6 +257,13 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
     for (int kt = 0; kt < 4; kt++) {
         if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
         else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
+    }
+    /* + Δᵀ K̃_lo, in the same group: the host takes this path only with fine blocks (backend.c: every K class ≤ 128
+       has them; a branch here would serialize the group's wgmma) */
+#pragma unroll
+    for (int kt = 0; kt < 4; kt++) {
+        if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
+        else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
     }
     wg_commit();
     WG_WAIT(0);
@@ -443,7 +461,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     const int v0 = vt * bv;           /* first state column of this CTA (of M's columns when mcols) */
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
-    const int stage_bytes = REC_STAGE_BYTES(KD, bv);
+    const int ktlo = !SPLIT && (p.blocks.fine & KDA_FINE_KT); /* K̃_lo in the stages (fine blocks) */
+    const int stage_bytes = REC_STAGE_BYTES(KD, bv, ktlo);
     const int nst = SPLIT ? 1 : p.stages; /* ring: chunks in flight, nst - 1 ahead of the one in use */
     unsigned char *sO0 = smem + nst * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
@@ -470,6 +489,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     }
     const unsigned char *blocks = (const unsigned char *)p.blocks.base;
     const int64_t off_u = kda_cuda_off_u(KD);
+    const int64_t off_kl = ktlo ? kda_cuda_off_ktlo(KD, vc, p.blocks.fine) : -1;
     const uint32_t bars = smem_u32(sO0 + 2 * KDA_CHUNK * ostride * oes);
     if (tid == 0) {
         for (int sidx = 0; sidx < (SPLIT ? 2 : nst); sidx++) mbar_init(bars + 8 * sidx, 1);
@@ -480,14 +500,14 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     if (tid == 0) {
         if (SPLIT) {
             if (nchunks > 0) {
-                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD);
+                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD, -1);
                 issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO,
-                           KD);
+                           KD, -1);
             }
         } else {
             for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
                 issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), !mcols,
-                           off_u, v0, bv, !WO, KD);
+                           off_u, v0, bv, !WO, KD, off_kl);
         }
     }
     for (int64_t ci = 0; ci < nchunks; ci++) {
@@ -497,7 +517,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (!SPLIT) {
             if (tid == 0 && ahead < nchunks && !nocopy)
                 issue_copy(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst), REC_BLOCK(ahead), 0,
-                           REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO, KD);
+                           REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO, KD, off_kl);
             if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * cur, (uint32_t)((ci / nst) & 1));
         } else if (!nocopy || ci == 0) {
             mbar_wait(bars, (uint32_t)(ci & 1));
@@ -527,6 +547,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         st.U = st.W + REC_LINEAR(KD);
         st.gam = (const float *)(stg + 3 * KDA_CHUNK * KD * 2 + KDA_CHUNK * KDA_CHUNK * 2);
         st.ucol = (v0 % KDA_PANEL_COLS) + 16 * warp;
+        st.KTlo = ktlo ? st.W + REC_KTLO_OFF(KD, bv) : 0;
 
         float oacc[8][4], dacc[8][4];
         const int math = !KDA_SKIP(p, 2048); /* development: skip the math, to time the copies alone */
@@ -544,7 +565,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (SPLIT) {
             __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
             if (tid == 0 && ci + 1 < nchunks && !nocopy)
-                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD);
+                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD, -1);
             if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
         }
         if (math && !WG) {
@@ -555,7 +576,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
         if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
             issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv,
-                       !WO, KD);
+                       !WO, KD, -1);
 
         /* O rows of this chunk → global */
         if (WO) {
@@ -580,7 +601,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 template <int KD>
 static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
-    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes);
+    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes, !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT));
 }
 
 /* The KDA_REC_STATES kernel of a configuration (the backward's stage 1 and chunk_states; every K class since the
