@@ -11,7 +11,7 @@
  *
  *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Uᵀ read in accumulator layout by ldmatrix.trans)
  *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments)
- *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (with fine blocks, K class ≤ 128: Δᵀ K̃_hi + Δᵀ K̃_lo, K̃ to ~16 bits)
+ *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (the states pass over fine blocks, K class ≤ 128: Δᵀ K̃_hi + Δᵀ K̃_lo, K̃ to ~16 bits)
  *
  * state_products computes the first two products, state_update the rest. Two ways to do them:
  *   - wgmma (sm_90a, BV ≥ 64, K class ≤ 128): each warpgroup of 4 warps owns 64 columns and issues m64nNk16
@@ -47,9 +47,10 @@ typedef __nv_bfloat16 bf16;
 
 /* One stage: W, QΓ, K̃ (C×KD), Aqk (C×C), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes), then
  * the panels of U that hold this CTA's columns (REC_UP(BV) of them: each panel is KDA_PANEL_BYTES and
- * contiguous in the workspace, common.cuh), then with fine blocks (KTLO, ring mode only) K̃_lo at the next 1 KB
- * (wgmma's 128-byte swizzle repeats every 1 KB). NST stages (ring) or one (split), then the O staging rows (two
- * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage (split: two). */
+ * contiguous in the workspace, common.cuh), then in the states pass over fine blocks (KTLO, ring only) K̃_lo at
+ * the next 1 KB (wgmma's 128-byte swizzle repeats every 1 KB). NST stages (ring) or one (split), then the O
+ * staging rows (two buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage
+ * (split: two). */
 #define REC_PART_A(KD) (2 * KDA_CHUNK * (KD) * 2) /* W, QΓ */
 #define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4)
 #define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
@@ -213,7 +214,7 @@ DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oa
 /* The same step by the warpgroup (all 4 warps call it; the warp's rows are the warpgroup's rows 16 (warp % 4)..).
  * Two commit groups for Sᵀ Wᵀ and Sᵀ QΓᵀ, so Δ is formed while the second still runs; then Δᵀ Aqkᵀ joins the
  * Oᵀ accumulators (in order behind Sᵀ QΓᵀ, same shape) and Δᵀ K̃ the decayed Sᵀ. K class 64 or 128. */
-template <int KD, int WO, int ZU>
+template <int KD, int WO, int ZU, int KTLO>
 DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_t &st, int lane) {
 #ifdef KDA_WGMMA
     if (KD > 128) __trap(); /* instantiated but never launched: configs.def gives K class 256 no wgmma version */
@@ -258,10 +259,10 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
         if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
         else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
     }
-    /* + Δᵀ K̃_lo, in the same group: the host takes this path only with fine blocks (backend.c: every K class ≤ 128
-       has them; a branch here would serialize the group's wgmma) */
+    /* + Δᵀ K̃_lo (KDA_REC_STATES), in the same group: the host takes this path in that mode only with K̃_lo in the
+       blocks (launch_rec_states); a runtime branch here would serialize the group's wgmma */
 #pragma unroll
-    for (int kt = 0; kt < 4; kt++) {
+    for (int kt = 0; kt < (KTLO ? 4 : 0); kt++) {
         if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
         else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
     }
@@ -461,7 +462,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     const int v0 = vt * bv;           /* first state column of this CTA (of M's columns when mcols) */
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
-    const int ktlo = !SPLIT && (p.blocks.fine & KDA_FINE_KT); /* K̃_lo in the stages (fine blocks) */
+    /* K̃_lo in the stages: the states pass (the backward's, chunk_states) from fine blocks; WG 2 is the wgmma
+       version that adds it, the host's choice (kda_rec_launch) */
+    const int ktlo = MODE == KDA_REC_STATES && !SPLIT && (p.blocks.fine & KDA_FINE_KT);
     const int stage_bytes = REC_STAGE_BYTES(KD, bv, ktlo);
     const int nst = SPLIT ? 1 : p.stages; /* ring: chunks in flight, nst - 1 ahead of the one in use */
     unsigned char *sO0 = smem + nst * stage_bytes;
@@ -557,8 +560,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
                 for (int c = 0; c < 4; c++) oacc[nt][c] = 0.0f;
         } else if (WG) {
-            if (mcols) step_wgmma<KD, WO, 1>(s, oacc, st, lane);
-            else step_wgmma<KD, WO, 0>(s, oacc, st, lane);
+            if (mcols) step_wgmma<KD, WO, 1, 0>(s, oacc, st, lane);
+            else step_wgmma<KD, WO, 0, WG == 2>(s, oacc, st, lane);
         } else {
             state_products_mma<KD, WO>(s, dacc, oacc, st, lane);
         }
@@ -601,14 +604,17 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 template <int KD>
 static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
-    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes, !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT));
+    const int ktlo = p->mode == KDA_REC_STATES && !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT);
+    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes, ktlo);
 }
 
 /* The KDA_REC_STATES kernel of a configuration (the backward's stage 1 and chunk_states; every K class since the
  * backward takes 256), or NULL above the backward's head sizes */
 template <int KD, int WG, int EXACT>
 static const void *rec_states_kernel(void) {
-    if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM) return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
+    if constexpr (WG == 2 && REC_SPLIT(KD)) return NULL; /* K̃_lo: K class ≤ 128 */
+    else if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM)
+        return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
     else return NULL;
 }
 
@@ -623,16 +629,19 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
-    static int done[4][4][KDA_MAX_DEVICES]; /* per kernel below */
-    const int wg = HAS_WG && p->wgmma, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
+    static int done[4][6][KDA_MAX_DEVICES]; /* per kernel below */
+    /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
+    const int ktlo = p->mode == KDA_REC_STATES && !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT);
+    const int wg = HAS_WG && p->wgmma ? 1 + ktlo : 0, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
-     (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>}
+     (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>, \
+     NULL, NULL}
     /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM) */
 #define REC_STATES_KERNELS                                                                                      \
     {rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),          \
-     rec_states_kernel<KD, HAS_WG, 1>()}
-    const void *kernels[4][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
+     rec_states_kernel<KD, HAS_WG, 1>(), rec_states_kernel<KD, 2 * HAS_WG, 0>(), rec_states_kernel<KD, 2 * HAS_WG, 1>()}
+    const void *kernels[4][6] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
                                  REC_STATES_KERNELS};
 #undef REC_KERNELS
 #undef REC_STATES_KERNELS
