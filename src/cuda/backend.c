@@ -232,15 +232,15 @@ static int keeps_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
     return bwd_split(p) && keeps_blocks(p) && bwd_own_capacity(impl, p).slots > 0;
 }
 /* Fine blocks (kda_cuda.h): QΓ's low part for fp16 and fp32 inputs, whose backward takes the fp32 path (its
- * state-gradient chain reads QΓ as hi + lo); K̃'s low part for K class ≤ 128 where a states pass reads it (the
- * recurrence's KDA_REC_STATES mode adds Δᵀ K̃_lo to S; no forward recurrence reads it, so o is the same with and
- * without `saved`, and an inference forward writes none): in the blocks of a backward, of a forward with
- * chunk_states, and in those a forward keeps — unless the problem is one whose forward keeps S (keeps_states:
- * then the backward's S is the forward's, with or without `saved`, byte for byte). `kept`: the blocks are (or
- * would be) the ones kept in saved (docs/PERF.md, "K̃_lo in the states pass") */
+ * state-gradient chain reads QΓ as hi + lo); K̃'s low part for K class ≤ 128 wherever a states pass reads the
+ * blocks (the recurrence's KDA_REC_STATES mode adds Δᵀ K̃_lo to S; no forward recurrence reads it, so o is the
+ * same with and without `saved`, and an inference forward writes none): the backward's own blocks, a chunk_states
+ * forward's, and the blocks a forward keeps in saved unless it keeps S as well (keeps_states: the backward then
+ * reads the forward's S, made without K̃_lo, and runs no states pass). `kept`: the blocks are (or would be) those
+ * kept in saved (docs/PERF.md, "K̃_lo in the states pass") */
 static int fine_for(const cuda_impl_t *impl, const kda_problem_t *p, int kept) {
-    const int kt = kda_cuda_size_class(p->a.head_dim_k) <= 128 && !keeps_states(impl, p) &&
-                   (kept || p->bwd || p->a.chunk_states != NULL);
+    const int kt = kda_cuda_size_class(p->a.head_dim_k) <= 128 &&
+                   (kept ? !keeps_states(impl, p) : p->bwd || p->a.chunk_states != NULL);
     return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kt ? KDA_FINE_KT : 0);
 }
 static size_t blocks_bytes_fine(const kda_problem_t *p, int fine) {
