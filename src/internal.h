@@ -73,6 +73,8 @@ typedef struct kda_problem {
     int64_t idx_stride;    /* 2-D state_indices: elements between rows (0 for 1-D) */
     int64_t chunk_rows;    /* with chunk_states: its rows, Σ ceil(len_n / 64), when the lengths are host-readable;
                               else ceil(T / 64), a lower bound (the aliasing check only) */
+    int bwd;               /* the backward's problem (kda_check_backward_args): a backend may lay out what its
+                              stages read differently (the CUDA chunk blocks' K̃_lo) */
 } kda_problem_t;
 
 /* First and last+1 token (row of the flattened [B*T] tensors) of sequence n. The CPU backends call this with

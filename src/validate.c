@@ -577,6 +577,7 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
     else if (a->cu_seqlens)
         p.max_seq_len = a->seq_len;
 
+    p.f.bwd = 1;
     *out = p;
     out->b.problem = &out->f.a;
     return KDA_STATUS_SUCCESS;

@@ -148,14 +148,6 @@ static size_t meta_bytes(const kda_problem_t *p) {
     return p->varlen ? align256((size_t)(p->num_seqs + 1) * sizeof(int32_t)) : 0;
 }
 
-/* Fine blocks (kda_cuda.h: QΓ's low part too) for fp16 and fp32 inputs, whose backward takes the fp32 path: its
- * state-gradient chain reads QΓ as hi + lo (docs/PERF.md, "Fine blocks for fp32 inputs") */
-static int fine_blocks(const kda_problem_t *p) { return p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0; }
-static int64_t block_bytes(const kda_problem_t *p) {
-    return kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v),
-                                     fine_blocks(p));
-}
-
 /* The backward's state-gradient chain takes the same plan (bwd_dstate.cu's CP modes, run last piece first) with
  * twice the tiles: its pre-scan runs each piece's M columns beside its E columns, each as long a chain as the
  * piece, and the split aims at one pre-scan CTA per SM, counting a sequence's 2n − 3 pre-scan chains of n pieces
@@ -202,10 +194,6 @@ static size_t cp_bytes(const kda_problem_t *p, kda_cp_capacity_t cap) {
     return 256 + (size_t)kda_cp_workspace_bytes(cap, p->a.num_v_heads, kc, vc);
 }
 
-static size_t blocks_bytes(const kda_problem_t *p) {
-    return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)block_bytes(p));
-}
-
 /* bwd.h kda_bwd_params_t.split: bf16 inputs take the split stage 3 (and its Δ region). fp16 inputs take the fp32
  * recomputation as fp32 ones do: the split's bf16 tiles round fp16's 10-bit dO and S to 7 bits, and on FLA's
  * test_chunk_varlen fp16 case that put dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar (PERF.md) */
@@ -220,11 +208,9 @@ static size_t states_bf16_bytes(const kda_problem_t *p) {
 
 /* What kda_forward keeps for the backward (kda_args_t.saved): the chunk blocks, where the forward's prep writes
  * them and the backward's stages read them instead of rerunning the prep; kept for the chunked path with K, V <=
- * KDA_BWD_TILE (class 256: nothing kept yet, the backward reruns the prep), 256 bytes more for the alignment. */
-static size_t saved_blocks_bytes(const kda_problem_t *p) {
-    if (kda_cuda_decode_fits(p, 0) || p->a.head_dim_k > KDA_BWD_TILE || p->a.head_dim_v > KDA_BWD_TILE)
-        return 0;
-    return 256 + blocks_bytes(p);
+ * KDA_BWD_TILE (class 256: nothing kept yet, the backward reruns the prep). */
+static int keeps_blocks(const kda_problem_t *p) {
+    return !kda_cuda_decode_fits(p, 0) && p->a.head_dim_k <= KDA_BWD_TILE && p->a.head_dim_v <= KDA_BWD_TILE;
 }
 static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p);
 /* With bf16 inputs the forward also keeps S at every chunk start in bf16, which its recurrence writes as it
@@ -234,7 +220,7 @@ static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p);
  * and costs the step nothing, while the forward's writes would (+0.16 ms measured at B1 T32768 H16 before the
  * chain's split). The problem alone decides, so the forward and the backward agree. */
 static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
-    return bwd_split(p) && saved_blocks_bytes(p) > 0 &&
+    return bwd_split(p) && keeps_blocks(p) &&
            (2 * states_ctas(impl, p) > impl->sm_count || bwd_own_capacity(impl, p).slots > 0);
 }
 /* Where the backward's chain may split (bf16 inputs), the forward also keeps its pre-scan's piece maps: a middle
@@ -243,7 +229,28 @@ static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
  * chunks with M beside E). A 256-byte header (the forward's piece length, cp_plan.cu), then KC × KC fp32 per
  * forward slot and value head: +64 KB per piece-head at K = 128, 4 MB per 64 piece-heads. */
 static int keeps_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
-    return bwd_split(p) && saved_blocks_bytes(p) > 0 && bwd_own_capacity(impl, p).slots > 0;
+    return bwd_split(p) && keeps_blocks(p) && bwd_own_capacity(impl, p).slots > 0;
+}
+/* Fine blocks (kda_cuda.h): QΓ's low part for fp16 and fp32 inputs, whose backward takes the fp32 path (its
+ * state-gradient chain reads QΓ as hi + lo); K̃'s low part for K class ≤ 128 wherever a states pass reads the
+ * blocks (the recurrence's KDA_REC_STATES mode adds Δᵀ K̃_lo to S; no forward recurrence reads it, so o is the
+ * same with and without `saved`, and an inference forward writes none): the backward's own blocks, a chunk_states
+ * forward's, and the blocks a forward keeps in saved unless it keeps S as well (keeps_states: the backward then
+ * reads the forward's S, made without K̃_lo, and runs no states pass). `kept`: the blocks are (or would be) those
+ * kept in saved (docs/PERF.md, "K̃_lo in the states pass") */
+static int fine_for(const cuda_impl_t *impl, const kda_problem_t *p, int kept) {
+    const int kt = kda_cuda_size_class(p->a.head_dim_k) <= 128 &&
+                   (kept ? !keeps_states(impl, p) : p->bwd || p->a.chunk_states != NULL);
+    return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kt ? KDA_FINE_KT : 0);
+}
+static size_t blocks_bytes_fine(const kda_problem_t *p, int fine) {
+    const int64_t b = kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k),
+                                                kda_cuda_size_class(p->a.head_dim_v), fine);
+    return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)b);
+}
+/* The blocks kept in saved, 256 bytes more for the alignment; 0 where none are kept */
+static size_t saved_blocks_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return keeps_blocks(p) ? 256 + blocks_bytes_fine(p, fine_for(impl, p, 1)) : 0;
 }
 static size_t saved_maps_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
     if (!keeps_maps(impl, p)) return 0;
@@ -251,7 +258,7 @@ static size_t saved_maps_bytes(const cuda_impl_t *impl, const kda_problem_t *p) 
     return align256(256 + (size_t)cp_capacity_tiles(impl, p, 1).slots * (size_t)p->a.num_v_heads * kc * kc * 4);
 }
 static size_t saved_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
-    const size_t b = saved_blocks_bytes(p);
+    const size_t b = saved_blocks_bytes(impl, p);
     return b == 0 ? 0 : b + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0) + saved_maps_bytes(impl, p);
 }
 static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
@@ -259,30 +266,40 @@ static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_
     return KDA_STATUS_SUCCESS;
 }
 /* The caller's saved memory holds the blocks (the API checked that saved_bytes is large enough) */
-static int uses_saved(const kda_problem_t *p) { return p->a.saved && saved_blocks_bytes(p) > 0; }
+static int uses_saved(const kda_problem_t *p) { return p->a.saved && keeps_blocks(p); }
+/* This call's blocks: their fine parts and their bytes (in saved or in the workspace) */
+static int fine_blocks(const cuda_impl_t *impl, const kda_problem_t *p) { return fine_for(impl, p, uses_saved(p)); }
+static size_t blocks_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return blocks_bytes_fine(p, fine_blocks(impl, p));
+}
 static unsigned char *saved_base(const kda_problem_t *p) {
     return (unsigned char *)(((uintptr_t)p->a.saved + 255) & ~(uintptr_t)255);
 }
 /* The kept bf16 states (after the blocks in saved), or NULL */
 static uint16_t *saved_states(const cuda_impl_t *impl, const kda_problem_t *p) {
-    return uses_saved(p) && keeps_states(impl, p) ? (uint16_t *)(saved_base(p) + blocks_bytes(p)) : NULL;
+    return uses_saved(p) && keeps_states(impl, p) ? (uint16_t *)(saved_base(p) + blocks_bytes(impl, p)) : NULL;
 }
 /* The kept piece maps' header (after the blocks and the states in saved), or NULL; the maps follow it */
 static int64_t *saved_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
     if (!uses_saved(p) || !keeps_maps(impl, p)) return NULL;
-    return (int64_t *)(saved_base(p) + blocks_bytes(p) + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0));
+    return (int64_t *)(saved_base(p) + blocks_bytes(impl, p) + (keeps_states(impl, p) ? states_bf16_bytes(p) : 0));
 }
 /* The blocks' bytes in the workspace: none when they go to saved */
-static size_t ws_blocks_bytes(const kda_problem_t *p) { return uses_saved(p) ? 0 : blocks_bytes(p); }
+static size_t ws_blocks_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
+    return uses_saved(p) ? 0 : blocks_bytes(impl, p);
+}
 
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
-    *bytes = 256 + meta_bytes(p) + ws_blocks_bytes(p) + cp_bytes(p, cp_capacity(ctx, p)) + kda_cuda_claim_bytes(p);
+    const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
+    *bytes = 256 + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cp_capacity(ctx, p)) +
+             kda_cuda_claim_bytes(p);
     return KDA_STATUS_SUCCESS;
 }
 
 /* The sequences, the chunk blocks (at `base` after the varlen offsets, or in the caller's saved memory) and the
  * chunk preparation's params: the forward's first stages, which the backward runs too (unless saved). */
-static void fill_prep_params(const kda_problem_t *p, unsigned char *base, int dev_skip, kda_prep_params_t *out) {
+static void fill_prep_params(const cuda_impl_t *impl, const kda_problem_t *p, unsigned char *base, int dev_skip,
+                             kda_prep_params_t *out) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     kda_cuda_seqs_t seqs;
@@ -294,8 +311,10 @@ static void fill_prep_params(const kda_problem_t *p, unsigned char *base, int de
     seqs.num_seqs = p->num_seqs;
     seqs.chunks_per_row = (a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
     seqs.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
-    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p), block_bytes(p), max_chunks(p),
-                                fine_blocks(p)};
+    const int fine = fine_blocks(impl, p);
+    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
+                                kda_cuda_block_bytes_fine(kda_cuda_size_class(K), kda_cuda_size_class(V), fine),
+                                max_chunks(p), fine};
 
     kda_prep_params_t pp;
     memset(&pp, 0, sizeof pp);
@@ -349,6 +368,12 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 }
 #endif
 
+/* The recurrence's tile narrowed until two ring stages fit (rp->blocks and o_dtype set): with fine blocks' K̃_lo a
+ * stage at K = 128, BV = 128 is 89 KB, and with fp32 O staging two of them no longer fit at BV 128 */
+static void rec_fit_bv(const kda_cuda_config_t *cfg, kda_rec_params_t *rp) {
+    while (rp->bv > 32 && cfg->rec_smem(rp, 2) > KDA_REC_SMEM_MAX) rp->bv /= 2;
+}
+
 /* The state columns per CTA of the recurrence kernel in KDA_REC_STATES mode (its launch and states_ctas) */
 static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p) {
     return choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
@@ -364,6 +389,7 @@ static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, co
                              kda_rec_params_t *rp, int device, void *stream) {
     rp->mode = KDA_REC_STATES;
     rp->bv = states_bv(impl, p);
+    rec_fit_bv(cfg, rp);
     rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
     rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
     return cfg->rec(rp, device, stream);
@@ -422,7 +448,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
 
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
     kda_prep_params_t pp;
-    fill_prep_params(p, base, tune.dev_skip, &pp);
+    fill_prep_params(impl, p, base, tune.dev_skip, &pp);
     const kda_cuda_seqs_t seqs = pp.seqs;
     const kda_cuda_blocks_t blocks = pp.blocks;
 
@@ -438,7 +464,8 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     /* slot ownership (slots.cu) at the workspace's end */
     const kda_cp_capacity_t cap = cp_capacity(ctx, p);
     kda_claim_params_t cl = {a->state_indices, p->num_seqs, 1, 1, a->num_state_slots, NULL};
-    if (kda_cuda_claim_bytes(p) > 0) cl.claim = (int32_t *)(base + meta_bytes(p) + ws_blocks_bytes(p) + cp_bytes(p, cap));
+    if (kda_cuda_claim_bytes(p) > 0)
+        cl.claim = (int32_t *)(base + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cap));
     rp.claim = cl.claim;
     rp.o_dtype = (int)a->o_dtype;
     rp.h0_dtype = (int)a->initial_state_dtype;
@@ -465,7 +492,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     kda_cp_params_t cpp;
     memset(&cpp, 0, sizeof cpp);
     if (cap.slots > 0) {
-        fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(p), &seqs, &cpp);
+        fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(impl, p), &seqs, &cpp);
         int64_t *maps = saved_maps(impl, p);
         if (maps) { /* the plan records its piece length, the pre-scan writes M for the backward */
             cpp.maps_mode = 1;
@@ -578,7 +605,7 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     const size_t nvh = (size_t)kda_bwd_vhalves((int)vc); /* the copies of the regions that sum over V */
     bwd_layout_t l;
     l.blocks = meta_bytes(p);
-    l.states = l.blocks + (uses_saved(p) ? 0 : align256(heads * (size_t)block_bytes(p)));
+    l.states = l.blocks + ws_blocks_bytes(impl, p);
     /* S: fp32, or bf16 on the split path, none when the forward kept it */
     l.dstates = l.states + (!bwd_split(p)            ? align256(heads * kc * vc * 4)
                             : saved_states(impl, p) ? 0
@@ -716,7 +743,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
     const bwd_layout_t l = bwd_layout(impl, p);
     kda_prep_params_t pp;
-    fill_prep_params(p, base, 0, &pp);
+    fill_prep_params(impl, p, base, 0, &pp);
 
     kda_bwd_params_t bw;
     memset(&bw, 0, sizeof bw);

@@ -88,7 +88,7 @@ typedef struct kda_cuda_blocks {
     void *base;
     int64_t block_bytes;
     int64_t max_chunks;
-    int fine; /* KDA_FINE_QG: the blocks end with QΓ's low part (kda_cuda_block_bytes_fine) */
+    int fine; /* the low parts the blocks end with: KDA_FINE_QG | KDA_FINE_KT (kda_cuda_block_bytes_fine) */
 } kda_cuda_blocks_t;
 
 typedef struct kda_prep_params {
@@ -197,6 +197,7 @@ int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream)
  *   γ          KC fp32
  *   U          C×VC bf16, panel layout                       — each V tile copies the panels it needs
  *   QΓ_lo      C×KC bf16, panel layout, fine blocks only      — the state-gradient chain's (fp16, fp32 inputs)
+ *   K̃_lo       C×KC bf16, panel layout, fine blocks only      — the recurrence's (K class ≤ 128)
  * Rows past the end of a short chunk and padded columns are zero, so the recurrence needs no masks there.
  * ------------------------------------------------------------------------------------------------------- */
 KDA_HD static inline int64_t kda_cuda_off_qg(int kc) { return (int64_t)KDA_CHUNK * kc * 2; }
@@ -207,14 +208,22 @@ KDA_HD static inline int64_t kda_cuda_off_u(int kc) { return kda_cuda_off_gamma(
 KDA_HD static inline int64_t kda_cuda_block_bytes(int kc, int vc) {
     return kda_cuda_off_u(kc) + (int64_t)KDA_CHUNK * vc * 2;
 }
-/* Fine blocks (kda_cuda_blocks_t.fine, fp16 and fp32 inputs): then QΓ_lo, C×KC bf16 in the panel layout, with
- * QΓ = QΓ_hi + QΓ_lo to ~16 bits from the unrounded s q̂ e^G (prep.cuh gated_qk), for the state-gradient chain's
- * QΓᵀ dO (bwd_dstate.cu): with QΓ in bf16 alone, d_initial_state of fp32 inputs was ~3x FLA's (docs/PERF.md,
- * "Fine blocks for fp32 inputs") */
+/* Fine blocks (kda_cuda_blocks_t.fine): low parts after U, each C×KC bf16 in the panel layout, x = hi + lo to ~16
+ * bits (docs/PERF.md, "Fine blocks"):
+ *   KDA_FINE_QG  QΓ_lo, fp16 and fp32 inputs (prep.cuh gated_qk, from the unrounded s q̂ e^G), for the state-gradient
+ *                chain's QΓᵀ dO (bwd_dstate.cu): with QΓ in bf16 alone, d_initial_state of fp32 inputs was ~3x FLA's
+ *   KDA_FINE_KT  K̃_lo, K class ≤ 128 (prep.cuh decay_factors, from k̂'s bf16 times the decay factor), for the
+ *                states pass's Sᵀ += Δᵀ K̃ (recurrence.cuh, KDA_REC_STATES; the backward's S, chunk_states):
+ *                S's rounding from a bf16 K̃ reached dA_log through dγ = rowsum(S ⊙ dS⁺). The forward's
+ *                recurrences do not read it (backend.c fine_for says which blocks carry it) */
 #define KDA_FINE_QG 1
+#define KDA_FINE_KT 2
 KDA_HD static inline int64_t kda_cuda_off_qglo(int kc, int vc) { return kda_cuda_block_bytes(kc, vc); }
-KDA_HD static inline int64_t kda_cuda_block_bytes_fine(int kc, int vc, int fine) {
+KDA_HD static inline int64_t kda_cuda_off_ktlo(int kc, int vc, int fine) {
     return kda_cuda_block_bytes(kc, vc) + ((fine & KDA_FINE_QG) ? (int64_t)KDA_CHUNK * kc * 2 : 0);
+}
+KDA_HD static inline int64_t kda_cuda_block_bytes_fine(int kc, int vc, int fine) {
+    return kda_cuda_off_ktlo(kc, vc, fine) + ((fine & KDA_FINE_KT) ? (int64_t)KDA_CHUNK * kc * 2 : 0);
 }
 
 /* ---------------------------------------------------------------------------------------------------------

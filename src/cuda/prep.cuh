@@ -20,7 +20,8 @@
  *                      blocks on the tensor cores, the factor split around a reference R (ALGORITHM.md §3)
  *                      [the A warps]; Aqk → workspace. With 16 warps two warps share each run of blocks, one
  *                      channel half each, and intra_chunk_store adds the halves after a barrier
- *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A]
+ *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A];
+ *                      fine blocks: K̃_lo too (KDA_FINE_KT)
  *   gated_qk           QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared; fine blocks (fp16, fp32 inputs):
  *                      QΓ = hi + lo from the input row (KDA_FINE_QG)
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
@@ -674,7 +675,7 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
  * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): K̃ = k e^{G_last − G},
  * γ = e^{G_last} → workspace, and Aqk's zero blocks above the diagonal
  * ------------------------------------------------------------------------------------------------------- */
-template <int KD, int ND>
+template <int KD, int VD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
     constexpr int S = PREP_S(KD), row_chunks = KD / 8;
     const float *GL = sm.G + (ck.clen - 1) * S;
@@ -689,13 +690,20 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
             const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
             const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
             const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            uint32_t kt[4];
+            uint32_t kt[4], lo[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
+            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg); fine blocks
+                                              (KDA_FINE_KT): its low part too, K̃ = hi + lo */
                 const float2 kf = unpack_bf16(kw[u]);
-                kt[u] = pack_bf16(kf.x * ex2(lv[2 * u] - gv[2 * u]), kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]));
+                const float x0 = kf.x * ex2(lv[2 * u] - gv[2 * u]), x1 = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
+                kt[u] = pack_bf16(x0, x1);
+                const float2 h = unpack_bf16(kt[u]);
+                lo[u] = pack_bf16(x0 - h.x, x1 - h.y);
             }
             *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+            if (p.blocks.fine & KDA_FINE_KT)
+                *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
+                    make_uint4(lo[0], lo[1], lo[2], lo[3]);
         }
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
         for (int d = tid2; d < KD; d += ND) gamma[d] = ex2(GL[d]);
@@ -995,7 +1003,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     if (warp < NA) {
         if (!KDA_SKIP(p, 1)) intra_chunk_A<KD, KSPLIT>(sm, ck.blk + kda_cuda_off_aqk(KD), warp, lane, accA, accQ);
     } else {
-        decay_factors<KD, NT - NA * 32>(p, sm, ck, tid - NA * 32);
+        decay_factors<KD, VD, NT - NA * 32>(p, sm, ck, tid - NA * 32);
     }
     if (KSPLIT > 1) {
         __syncthreads(); /* the second channel half's sums are in sm.red */

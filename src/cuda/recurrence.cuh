@@ -11,7 +11,7 @@
  *
  *     Δᵀ = Uᵀ − Sᵀ Wᵀ          (Sᵀ packed to bf16 A fragments; Uᵀ read in accumulator layout by ldmatrix.trans)
  *     Oᵀ = Sᵀ QΓᵀ + Δᵀ Aqkᵀ    (Δᵀ accumulators reused as A fragments)
- *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃
+ *     Sᵀ ← Sᵀ Diag(γ) + Δᵀ K̃   (the states pass over fine blocks, K class ≤ 128: Δᵀ K̃_hi + Δᵀ K̃_lo, K̃ to ~16 bits)
  *
  * state_products computes the first two products, state_update the rest. Two ways to do them:
  *   - wgmma (sm_90a, BV ≥ 64, K class ≤ 128): each warpgroup of 4 warps owns 64 columns and issues m64nNk16
@@ -47,24 +47,28 @@ typedef __nv_bfloat16 bf16;
 
 /* One stage: W, QΓ, K̃ (C×KD), Aqk (C×C), γ (KD fp32) exactly as in the workspace (REC_LINEAR bytes), then
  * the panels of U that hold this CTA's columns (REC_UP(BV) of them: each panel is KDA_PANEL_BYTES and
- * contiguous in the workspace, common.cuh). NST stages (ring) or one (split), then the O staging rows (two
- * buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage (split: two). */
+ * contiguous in the workspace, common.cuh), then in the states pass over fine blocks (KTLO, ring only) K̃_lo at
+ * the next 1 KB (wgmma's 128-byte swizzle repeats every 1 KB). NST stages (ring) or one (split), then the O
+ * staging rows (two buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage
+ * (split: two). */
 #define REC_PART_A(KD) (2 * KDA_CHUNK * (KD) * 2) /* W, QΓ */
 #define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4)
 #define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
-#define REC_STAGE_BYTES(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
+#define REC_KTLO_OFF(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
+#define REC_STAGE_BYTES(KD, BV, KTLO) (REC_KTLO_OFF(KD, BV) + ((KTLO) ? KDA_CHUNK * (KD) * 2 : 0))
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES) \
-    (1024 + (NST) * REC_STAGE_BYTES(KD, BV) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) + 8 * ((NST) < 2 ? 2 : (NST)))
+#define REC_BYTES(KD, BV, NST, OES, KTLO) \
+    (1024 + (NST) * REC_STAGE_BYTES(KD, BV, KTLO) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) + 8 * ((NST) < 2 ? 2 : (NST)))
 #define REC_SPLIT(KD) ((KD) > 128)
 
 /* Bulk copies of chunk `blk` into a stage, completing on `bar` armed with their byte count (one thread).
- * first..last: the byte range of the linear part; with_u: the U panels too. no_o (the pre-scan, which makes no
- * O): QΓ and Aqk are left out of the range (a third fewer bytes), their places in the stage left stale. */
+ * first..last: the byte range of the linear part; with_u: the U panels too; off_kl ≥ 0: K̃_lo from there (fine
+ * blocks) to the stage's REC_KTLO_OFF. no_o (the pre-scan, which makes no O): QΓ and Aqk are left out of the range
+ * (a third fewer bytes), their places in the stage left stale. */
 DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk, int first, int last, int with_u,
-                    int64_t off_u, int v0, int bv, int no_o, int kd) {
+                    int64_t off_u, int v0, int bv, int no_o, int kd, int64_t off_kl) {
     const uint32_t dst = smem_u32(stage);
-    const int ubytes = with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0;
+    const int ubytes = (with_u ? REC_UP(bv) * KDA_PANEL_BYTES : 0) + (off_kl >= 0 ? KDA_CHUNK * kd * 2 : 0);
     fence_proxy_async(); /* the stage's previous contents were read through the generic proxy */
     if (!no_o) {
         mbar_expect_tx(bar, (uint32_t)(last - first + ubytes));
@@ -83,7 +87,10 @@ DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk
         mbar_expect_tx(bar, (uint32_t)bytes);
         for (int i = 0; i < n; i++) bulk_g2s(dst + lo[i], blk + lo[i], (uint32_t)(hi[i] - lo[i]), bar);
     }
-    if (with_u) bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)ubytes, bar);
+    if (with_u)
+        bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)(REC_UP(bv) * KDA_PANEL_BYTES),
+                 bar);
+    if (off_kl >= 0) bulk_g2s(dst + REC_KTLO_OFF(kd, bv), blk + off_kl, (uint32_t)(KDA_CHUNK * kd * 2), bar);
 }
 
 /* Δᵀ = Uᵀ − (Sᵀ Wᵀ) in place, Uᵀ read in accumulator layout by ldmatrix.trans; then Δᵀ as bf16 A fragments over
@@ -120,7 +127,7 @@ DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU,
 
 /* The stage's tiles (shared addresses) and the warp's first column within the copied U panels */
 typedef struct {
-    uint32_t W, QG, KT, Aqk, U;
+    uint32_t W, QG, KT, Aqk, U, KTlo; /* KTlo: K̃'s low part (fine blocks), 0 without */
     const float *gam;
     int ucol;
 } rec_stage_t;
@@ -195,6 +202,11 @@ DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oa
             ldsm_x4_t(b, st.KT + pan_off(row, col));
             mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
             mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+            if (st.KTlo) { /* fine blocks: + Δᵀ K̃_lo */
+                ldsm_x4_t(b, st.KTlo + pan_off(row, col));
+                mma_bf16(s[2 * pp], da[kt], b[0], b[1]);
+                mma_bf16(s[2 * pp + 1], da[kt], b[2], b[3]);
+            }
         }
     }
 }
@@ -202,7 +214,7 @@ DEV void state_update_mma(float (&s)[KD / 8][4], float (&dacc)[8][4], float (&oa
 /* The same step by the warpgroup (all 4 warps call it; the warp's rows are the warpgroup's rows 16 (warp % 4)..).
  * Two commit groups for Sᵀ Wᵀ and Sᵀ QΓᵀ, so Δ is formed while the second still runs; then Δᵀ Aqkᵀ joins the
  * Oᵀ accumulators (in order behind Sᵀ QΓᵀ, same shape) and Δᵀ K̃ the decayed Sᵀ. K class 64 or 128. */
-template <int KD, int WO, int ZU>
+template <int KD, int WO, int ZU, int KTLO>
 DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_t &st, int lane) {
 #ifdef KDA_WGMMA
     if (KD > 128) __trap(); /* instantiated but never launched: configs.def gives K class 256 no wgmma version */
@@ -246,6 +258,13 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
     for (int kt = 0; kt < 4; kt++) {
         if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
         else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KT + kt * 2048));
+    }
+    /* + Δᵀ K̃_lo (KDA_REC_STATES), in the same group: the host takes this path in that mode only with K̃_lo in the
+       blocks (launch_rec_states); a runtime branch here would serialize the group's wgmma */
+#pragma unroll
+    for (int kt = 0; kt < (KTLO ? 4 : 0); kt++) {
+        if (KD == 128) wgmma_n128_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
+        else wgmma_n64_mnmaj(&s[0][0], da[kt], wg_desc_mnmaj(st.KTlo + kt * 2048));
     }
     wg_commit();
     WG_WAIT(0);
@@ -443,7 +462,10 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     const int v0 = vt * bv;           /* first state column of this CTA (of M's columns when mcols) */
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
-    const int stage_bytes = REC_STAGE_BYTES(KD, bv);
+    /* K̃_lo in the stages: the states pass (the backward's, chunk_states) from fine blocks; WG 2 is the wgmma
+       version that adds it, the host's choice (kda_rec_launch) */
+    const int ktlo = MODE == KDA_REC_STATES && !SPLIT && (p.blocks.fine & KDA_FINE_KT);
+    const int stage_bytes = REC_STAGE_BYTES(KD, bv, ktlo);
     const int nst = SPLIT ? 1 : p.stages; /* ring: chunks in flight, nst - 1 ahead of the one in use */
     unsigned char *sO0 = smem + nst * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
@@ -470,6 +492,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     }
     const unsigned char *blocks = (const unsigned char *)p.blocks.base;
     const int64_t off_u = kda_cuda_off_u(KD);
+    const int64_t off_kl = ktlo ? kda_cuda_off_ktlo(KD, vc, p.blocks.fine) : -1;
     const uint32_t bars = smem_u32(sO0 + 2 * KDA_CHUNK * ostride * oes);
     if (tid == 0) {
         for (int sidx = 0; sidx < (SPLIT ? 2 : nst); sidx++) mbar_init(bars + 8 * sidx, 1);
@@ -480,14 +503,14 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     if (tid == 0) {
         if (SPLIT) {
             if (nchunks > 0) {
-                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD);
+                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD, -1);
                 issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO,
-                           KD);
+                           KD, -1);
             }
         } else {
             for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
                 issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), !mcols,
-                           off_u, v0, bv, !WO, KD);
+                           off_u, v0, bv, !WO, KD, off_kl);
         }
     }
     for (int64_t ci = 0; ci < nchunks; ci++) {
@@ -497,7 +520,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (!SPLIT) {
             if (tid == 0 && ahead < nchunks && !nocopy)
                 issue_copy(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst), REC_BLOCK(ahead), 0,
-                           REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO, KD);
+                           REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO, KD, off_kl);
             if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * cur, (uint32_t)((ci / nst) & 1));
         } else if (!nocopy || ci == 0) {
             mbar_wait(bars, (uint32_t)(ci & 1));
@@ -527,6 +550,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         st.U = st.W + REC_LINEAR(KD);
         st.gam = (const float *)(stg + 3 * KDA_CHUNK * KD * 2 + KDA_CHUNK * KDA_CHUNK * 2);
         st.ucol = (v0 % KDA_PANEL_COLS) + 16 * warp;
+        st.KTlo = ktlo ? st.W + REC_KTLO_OFF(KD, bv) : 0;
 
         float oacc[8][4], dacc[8][4];
         const int math = !KDA_SKIP(p, 2048); /* development: skip the math, to time the copies alone */
@@ -536,15 +560,15 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #pragma unroll
                 for (int c = 0; c < 4; c++) oacc[nt][c] = 0.0f;
         } else if (WG) {
-            if (mcols) step_wgmma<KD, WO, 1>(s, oacc, st, lane);
-            else step_wgmma<KD, WO, 0>(s, oacc, st, lane);
+            if (mcols) step_wgmma<KD, WO, 1, 0>(s, oacc, st, lane);
+            else step_wgmma<KD, WO, 0, WG == 2>(s, oacc, st, lane);
         } else {
             state_products_mma<KD, WO>(s, dacc, oacc, st, lane);
         }
         if (SPLIT) {
             __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
             if (tid == 0 && ci + 1 < nchunks && !nocopy)
-                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD);
+                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD, -1);
             if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
         }
         if (math && !WG) {
@@ -555,7 +579,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         __syncthreads(); /* the stage is free for the next copy; O staging is complete */
         if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
             issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv,
-                       !WO, KD);
+                       !WO, KD, -1);
 
         /* O rows of this chunk → global */
         if (WO) {
@@ -580,14 +604,17 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 template <int KD>
 static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
-    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes);
+    const int ktlo = p->mode == KDA_REC_STATES && !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT);
+    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes, ktlo);
 }
 
 /* The KDA_REC_STATES kernel of a configuration (the backward's stage 1 and chunk_states; every K class since the
  * backward takes 256), or NULL above the backward's head sizes */
 template <int KD, int WG, int EXACT>
 static const void *rec_states_kernel(void) {
-    if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM) return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
+    if constexpr (WG == 2 && REC_SPLIT(KD)) return NULL; /* K̃_lo: K class ≤ 128 */
+    else if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM)
+        return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
     else return NULL;
 }
 
@@ -602,16 +629,19 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
-    static int done[4][4][KDA_MAX_DEVICES]; /* per kernel below */
-    const int wg = HAS_WG && p->wgmma, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
+    static int done[4][6][KDA_MAX_DEVICES]; /* per kernel below */
+    /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
+    const int ktlo = p->mode == KDA_REC_STATES && !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT);
+    const int wg = HAS_WG && p->wgmma ? 1 + ktlo : 0, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
-     (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>}
+     (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>, \
+     NULL, NULL}
     /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM) */
 #define REC_STATES_KERNELS                                                                                      \
     {rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),          \
-     rec_states_kernel<KD, HAS_WG, 1>()}
-    const void *kernels[4][4] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
+     rec_states_kernel<KD, HAS_WG, 1>(), rec_states_kernel<KD, 2 * HAS_WG, 0>(), rec_states_kernel<KD, 2 * HAS_WG, 1>()}
+    const void *kernels[4][6] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
                                  REC_STATES_KERNELS};
 #undef REC_KERNELS
 #undef REC_STATES_KERNELS

@@ -744,12 +744,17 @@ TEST(gpu_bwd_large_b2_t8192_h32) {
  * backward reads them instead of rerunning the prep (and its states stage). The gradients are the same bytes as
  * the backward's own recomputation (the same kernels on the same inputs), the forward's o too; both workspaces
  * shrink (the backward's by at least what is kept); a saved_bytes below the size is refused by name; saved is
- * misaligned. With the CP split forced on in the forward (cp_piece) the blocks are the same, but a bf16 S comes
- * from the pieces' merged fp32 states, which differ from the sequential chain's in their last bits: the gradients
- * then agree to 1e-3 (they are ~2e-3 from the oracle's). */
-static void saved_case(const char *name, const kda_synth_config_t *cfg, const opts_t *o, int cp_piece) {
+ * misaligned. Where the forward keeps S (keeps_s: bf16 inputs, the states stage would fill the card or the chain
+ * may split, as with the CP split forced on in the forward, cp_piece) the backward's S is the forward's, made
+ * without K̃_lo (and with cp_piece from the pieces' merged fp32 states), while its own states pass adds Δᵀ K̃_lo:
+ * each gradient's error against the oracle is then held to 1.2x the recomputing backward's (dA_log and ddt_bias,
+ * sums over every token and channel, 3x, as in cp_case). The kept blocks may carry K̃_lo, which the forward's
+ * workspace never held (the backward's states pass reads it): C × KC bf16 per chunk and value head. */
+static void saved_case(const char *name, const kda_synth_config_t *cfg, const opts_t *o, int cp_piece, int keeps_s) {
     bcase_t x;
     bcase_make(&x, cfg, o);
+    const int bitwise = !keeps_s || cfg->dtype != KDA_BFLOAT16;
+    if (!bitwise) run_oracle(&x, name);
     CHECK(bcase_run(&x, 0) == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
     void *ref[G_N];
     for (int i = 0; i < G_N; i++) ref[i] = fetch(&x, i);
@@ -795,10 +800,14 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
     /* the forward with saved (misaligned by a byte): a smaller workspace, the same o */
     a->saved_bytes = n;
     CHECK(kda_forward_workspace_size(gpu(), a, &fws_saved) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    /* the forward's workspace loses the kept blocks; with bf16 inputs saved may also hold S, which was never in it */
+    /* the forward's workspace loses the kept blocks; with bf16 inputs saved may also hold S, which was never in it,
+       and the kept blocks K̃_lo where the backward runs its states pass (K class <= 128) */
+    const int64_t chunks = cfg->num_seqs > 0 ? (x.dev.seq_len + 63 * cfg->num_seqs) / 64
+                                             : cfg->batch * ((cfg->seq_len + 63) / 64);
+    const size_t ktlo = cfg->k <= 128 ? (size_t)chunks * (size_t)cfg->hv * 64 * (cfg->k <= 64 ? 64 : 128) * 2 : 0;
     if (cfg->dtype != KDA_BFLOAT16)
-        CHECK(fws_saved + n - 256 <= fws_plain + 512, "%s: forward workspace %zu with saved (%zu bytes), %zu without",
-              name, fws_saved, n, fws_plain);
+        CHECK(fws_saved + n - 256 <= fws_plain + 512 + ktlo, "%s: forward workspace %zu with saved (%zu bytes), %zu "
+              "without", name, fws_saved, n, fws_plain);
     CHECK(fws_saved < fws_plain, "%s: forward workspace %zu with saved (%zu bytes), %zu without", name, fws_saved, n,
           fws_plain);
     CHECK(kda_forward(gpu(), a, fws, fws_saved, NULL) == KDA_STATUS_SUCCESS, "%s: %s", name, kda_last_error());
@@ -816,7 +825,6 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
     if (!cp_piece || cfg->dtype != KDA_BFLOAT16)
         CHECK(need + n - 256 <= bwd_plain + 512, "%s: backward workspace %zu with saved, %zu without", name, need,
               bwd_plain);
-    const int bitwise = !cp_piece || cfg->dtype != KDA_BFLOAT16;
     double worst = 0.0;
     for (int i = 0; i < G_N; i++) {
         void *g = fetch(&x, i);
@@ -824,14 +832,17 @@ static void saved_case(const char *name, const kda_synth_config_t *cfg, const op
             CHECK(memcmp(g, ref[i], (size_t)x.n[i] * kda_dtype_size(x.dt[i])) == 0, "%s: %s differs from saved",
                   name, grad_names[i]);
         } else if (x.n[i]) {
-            const double e = kda_rel_err(g, x.dt[i], ref[i], x.dt[i], x.n[i]);
-            CHECK(e <= 1e-3, "%s: %s from saved differs by %.3g relative", name, grad_names[i], e);
-            if (e > worst) worst = e;
+            const double e = kda_rel_err(g, x.dt[i], x.ref[i], KDA_FLOAT32, x.n[i]);
+            const double e0 = kda_rel_err(ref[i], x.dt[i], x.ref[i], KDA_FLOAT32, x.n[i]);
+            CHECK(kda_count_nonfinite(g, x.dt[i], x.n[i]) == 0, "%s: %s from saved not finite", name, grad_names[i]);
+            CHECK(e <= (i >= G_DA ? 3.0 : 1.2) * e0 + 1e-5, "%s: %s error %.3g from saved, %.3g recomputing", name,
+                  grad_names[i], e, e0);
+            if (e / (e0 + 1e-30) > worst) worst = e / (e0 + 1e-30);
         }
         free(g);
         free(ref[i]);
     }
-    if (!bitwise) printf("bwd saved %-20s gradients within %.2e of the recomputing backward's\n", name, worst);
+    if (!bitwise) printf("bwd saved %-20s errors from saved at most %.2fx the recomputing backward's\n", name, worst);
     printf("bwd saved %-20s %zu bytes kept; workspace forward %zu -> %zu, backward %zu -> %zu\n", name, n,
            fws_plain, fws_saved, bwd_plain, need);
     a->saved = NULL;
@@ -852,14 +863,14 @@ TEST(gpu_bwd_saved_blocks) {
     c.gate = KDA_GATE_SOFTPLUS;
     opts_t o = TRAIN;
     o.pool = 1;
-    saved_case("varlen_gva4", &c, &o, 0);
-    saved_case("varlen_gva4_cp", &c, &o, 128);
+    saved_case("varlen_gva4", &c, &o, 0, 1);
+    saved_case("varlen_gva4_cp", &c, &o, 128, 1);
     c.hqk = 1;
     c.hv = 4; /* few (sequence, head)s: the blocks alone are kept (on cards of 128 SMs or more) */
-    saved_case("varlen_gva4_few", &c, &o, 0);
+    saved_case("varlen_gva4_few", &c, &o, 0, 0);
     kda_synth_config_t f = base(64);
     f.dtype = f.g_dtype = f.beta_dtype = f.o_dtype = KDA_FLOAT32;
-    saved_case("fp32_k64", &f, &TRAIN, 0);
+    saved_case("fp32_k64", &f, &TRAIN, 0, 0);
 }
 
 /* The state-gradient chain split by intra-card CP (bwd_dstate.cu's modes, forced on through kda_args_t.cp_mode
