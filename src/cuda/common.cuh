@@ -37,6 +37,12 @@ DEV float2 unpack_bf16(uint32_t u) {
     return __bfloat1622float2(v);
 }
 
+/* The low part of the pair (x0, x1) whose bf16 rounding is hi = pack_bf16(x0, x1): x = hi + lo to ~16 bits */
+DEV uint32_t pack_bf16_lo(float x0, float x1, uint32_t hi) {
+    const float2 h = unpack_bf16(hi);
+    return pack_bf16(x0 - h.x, x1 - h.y);
+}
+
 /* two bf16 products in one instruction (each rounded once, to bf16) */
 DEV uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
     uint32_t c;

@@ -690,20 +690,23 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
             const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
             const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
             const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            uint32_t kt[4], lo[4];
+            float x[8];
+            uint32_t kt[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg); fine blocks
-                                              (KDA_FINE_KT): its low part too, K̃ = hi + lo */
+            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
                 const float2 kf = unpack_bf16(kw[u]);
-                const float x0 = kf.x * ex2(lv[2 * u] - gv[2 * u]), x1 = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
-                kt[u] = pack_bf16(x0, x1);
-                const float2 h = unpack_bf16(kt[u]);
-                lo[u] = pack_bf16(x0 - h.x, x1 - h.y);
+                x[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
+                x[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
+                kt[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
             }
             *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
-            if (p.blocks.fine & KDA_FINE_KT)
+            if (p.blocks.fine & KDA_FINE_KT) { /* its low part too, K̃ = hi + lo */
+                uint32_t lo[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], kt[u]);
                 *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
                     make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            }
         }
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
         for (int d = tid2; d < KD; d += ND) gamma[d] = ex2(GL[d]);
@@ -760,8 +763,7 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 qg[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
-                const float2 h = unpack_bf16(qg[u]);
-                lo[u] = pack_bf16(x[2 * u] - h.x, x[2 * u + 1] - h.y);
+                lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], qg[u]);
             }
             *(uint4 *)(ck.blk + kda_cuda_off_qglo(KD, VD) + pan_off(r, c * 8)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
         } else {

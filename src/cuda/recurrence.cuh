@@ -57,9 +57,15 @@ typedef __nv_bfloat16 bf16;
 #define REC_KTLO_OFF(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
 #define REC_STAGE_BYTES(KD, BV, KTLO) (REC_KTLO_OFF(KD, BV) + ((KTLO) ? KDA_CHUNK * (KD) * 2 : 0))
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES, KTLO) \
-    (1024 + (NST) * REC_STAGE_BYTES(KD, BV, KTLO) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) + 8 * ((NST) < 2 ? 2 : (NST)))
+#define REC_BYTES(KD, BV, NST, OES, KTLO)                                                                     \
+    (1024 + (NST) * REC_STAGE_BYTES(KD, BV, KTLO) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) +                  \
+     8 * ((NST) < 2 ? 2 : (NST)))
 #define REC_SPLIT(KD) ((KD) > 128)
+/* K̃_lo in the stages: the states pass (the backward's S, chunk_states) over blocks that carry it, K class ≤ 128.
+ * The kernel's stage layout, its shared memory size and the launcher's choice of kernel all ask this. */
+KDA_HD static inline int rec_ktlo(int kd, int mode, int fine) {
+    return mode == KDA_REC_STATES && !REC_SPLIT(kd) && (fine & KDA_FINE_KT);
+}
 
 /* Bulk copies of chunk `blk` into a stage, completing on `bar` armed with their byte count (one thread).
  * first..last: the byte range of the linear part; with_u: the U panels too; off_kl ≥ 0: K̃_lo from there (fine
@@ -88,8 +94,8 @@ DEV void issue_copy(unsigned char *stage, uint32_t bar, const unsigned char *blk
         for (int i = 0; i < n; i++) bulk_g2s(dst + lo[i], blk + lo[i], (uint32_t)(hi[i] - lo[i]), bar);
     }
     if (with_u)
-        bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES, (uint32_t)(REC_UP(bv) * KDA_PANEL_BYTES),
-                 bar);
+        bulk_g2s(dst + last, blk + off_u + (v0 / KDA_PANEL_COLS) * KDA_PANEL_BYTES,
+                 (uint32_t)(REC_UP(bv) * KDA_PANEL_BYTES), bar);
     if (off_kl >= 0) bulk_g2s(dst + REC_KTLO_OFF(kd, bv), blk + off_kl, (uint32_t)(KDA_CHUNK * kd * 2), bar);
 }
 
@@ -462,9 +468,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     const int v0 = vt * bv;           /* first state column of this CTA (of M's columns when mcols) */
     const int vw = v0 + 16 * warp;    /* first state column of this warp */
 
-    /* K̃_lo in the stages: the states pass (the backward's, chunk_states) from fine blocks; WG 2 is the wgmma
-       version that adds it, the host's choice (kda_rec_launch) */
-    const int ktlo = MODE == KDA_REC_STATES && !SPLIT && (p.blocks.fine & KDA_FINE_KT);
+    /* K̃_lo in the stages (WG 2 is the wgmma version that adds it, the launcher's choice) */
+    const int ktlo = rec_ktlo(KD, MODE, p.blocks.fine);
     const int stage_bytes = REC_STAGE_BYTES(KD, bv, ktlo);
     const int nst = SPLIT ? 1 : p.stages; /* ring: chunks in flight, nst - 1 ahead of the one in use */
     unsigned char *sO0 = smem + nst * stage_bytes;
@@ -604,8 +609,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 template <int KD>
 static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
     const int oes = p->o_dtype == KDA_DT_F32 ? 4 : 2;
-    const int ktlo = p->mode == KDA_REC_STATES && !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT);
-    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes, ktlo);
+    return REC_BYTES(KD, p->bv, REC_SPLIT(KD) ? 1 : stages, oes, rec_ktlo(KD, p->mode, p->blocks.fine));
 }
 
 /* The KDA_REC_STATES kernel of a configuration (the backward's stage 1 and chunk_states; every K class since the
@@ -631,8 +635,7 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const int bytes = kda_rec_smem<KD>(p, p->stages);
     static int done[4][6][KDA_MAX_DEVICES]; /* per kernel below */
     /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
-    const int ktlo = p->mode == KDA_REC_STATES && !REC_SPLIT(KD) && (p->blocks.fine & KDA_FINE_KT);
-    const int wg = HAS_WG && p->wgmma ? 1 + ktlo : 0, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
+    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
      (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>, \
