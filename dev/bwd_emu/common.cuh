@@ -243,6 +243,7 @@ DEV void fence_proxy_async(void) {}
  * barriers): a cluster barrier's arrive is a barrier of all the cluster's threads (so its wait has nothing left to
  * wait for); a float pair into another CTA's shared memory at the same offset, completing bytes on its mbarrier */
 DEV void cluster_arrive(void) { pthread_barrier_wait(&emu_cluster_bar); }
+DEV void cluster_arrive_relaxed(void) { pthread_barrier_wait(&emu_cluster_bar); }
 DEV void cluster_wait(void) {}
 DEV void cluster_st_async2(const void *local, uint32_t bar, unsigned rank, float x, float y) {
     const float v[2] = {x, y};

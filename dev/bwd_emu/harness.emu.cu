@@ -163,6 +163,26 @@ int main(int argc, char **argv) {
         const float f = (float)atof(getenv("EMU_GSCALE"));
         for (int64_t i = 0; i < s.num_tokens * cfg.hv * K; i++) ((float *)a.g)[i] *= f;
     }
+    /* EMU_PAIRS_16=bf16|f16: q, k and g rounded to that format (every stage and the oracle see the rounded
+       values); with EMU_PAIRS_16_STORE=1 the pairs kernel reads them as 16-bit tensors (its 16-bit load path),
+       else as fp32 (its generic path): the two dumps compare bit for bit */
+    const char *p16 = getenv("EMU_PAIRS_16");
+    const int p16f = p16 && !strcmp(p16, "f16"), p16s = p16 && getenv("EMU_PAIRS_16_STORE") && atoi(getenv("EMU_PAIRS_16_STORE"));
+    uint16_t *q16 = NULL, *k16 = NULL, *g16 = NULL;
+    if (p16) {
+        const int64_t nqk = s.num_tokens * cfg.hqk * K, ng = s.num_tokens * cfg.hv * K;
+        float *fs[3] = {(float *)a.q, (float *)a.k, (float *)a.g};
+        const int64_t cnt[3] = {nqk, nqk, ng};
+        uint16_t **out[3] = {&q16, &k16, &g16};
+        for (int j = 0; j < 3; j++) {
+            *out[j] = (uint16_t *)malloc((size_t)cnt[j] * 2);
+            for (int64_t i = 0; i < cnt[j]; i++) {
+                const uint16_t b = p16f ? emu_f16_bits(fs[j][i]) : f32_to_bf16_bits(fs[j][i]);
+                (*out[j])[i] = b;
+                fs[j][i] = p16f ? f16_bits_to_f32(b) : bf16_bits_to_f32(b);
+            }
+        }
+    }
     int64_t *cu = (int64_t *)malloc((size_t)(s.num_seqs + 1) * sizeof *cu);
     for (int64_t i = 0; i <= s.num_seqs; i++) cu[i] = s.cu_seqlens ? s.cu_seqlens[i] : i * cfg.seq_len;
     a.final_state = NULL;
@@ -472,7 +492,14 @@ int main(int argc, char **argv) {
         }
     }
     run_chunk(&p);
-    run_pairs(&p);
+    if (p16s) { /* the pairs kernel alone reads the 16-bit copies */
+        kda_bwd_params_t p2 = p;
+        p2.q = q16, p2.k = k16, p2.g = g16;
+        p2.dtype = p2.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
+        run_pairs(&p2);
+    } else {
+        run_pairs(&p);
+    }
     run_finish(&p);
     const char *names[NG] = {"dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"};
     int bad = 0;

@@ -308,6 +308,62 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
     }
 }
 
+/* ĝ of the pair x (two channels of one row; 0 where the row does not exist), form MODE */
+template <int MODE>
+DEV float2 gate_pair(float lower_bound, float A, float2 x, bool valid) {
+    return valid ? make_float2(gate_clamped<MODE>(lower_bound, A, x.x), gate_clamped<MODE>(lower_bound, A, x.y))
+                 : make_float2(0.0f, 0.0f);
+}
+
+/* head_rows for 16-bit q, k and g, K even and every channel of the tile below K: the same values
+ * into the same places, with two channels per lane — lane l takes rows PK_RG w + 2 r + l / 16 (r < PK_RG / 2),
+ * channels d0 + 2 (l mod 16) and the next, by one 4-byte load per row and tensor and a pointer stepped by two rows.
+ * (head_rows' 2-byte loads, each forming its own 64-bit address, made its phase ~880 instructions per warp and a
+ * quarter of the kernel's stall samples.) The cumulative sum that follows reads other lanes' rows: a __syncwarp
+ * there. */
+template <int MODE>
+DEV void head_rows_vec(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int64_t t0, int w, int d0, int clen,
+                       float A, int QK) {
+    constexpr int RV = PK_RG / 2;
+    const int lane = threadIdx.x & 31, cl = 2 * (lane & 15), d = d0 + cl;
+    const int i0 = PK_RG * w + (lane >> 4); /* the lane's first row, then every second */
+    const int rem = clen - i0, nv = rem <= 0 ? 0 : rem >= 2 * RV ? RV : (rem + 1) / 2; /* its rows that exist */
+    const int nqk = QK ? nv : 0;
+    const int64_t t1 = t0 + i0;
+    const int64_t sqk = (int64_t)p.hqk * p.K, sg = (int64_t)p.hv * p.K; /* two rows, in 4-byte words */
+    const uint32_t *qp = (const uint32_t *)((const uint16_t *)p.q + (t1 * p.hqk + hq) * (int64_t)p.K + d);
+    const uint32_t *kp = (const uint32_t *)((const uint16_t *)p.k + (t1 * p.hqk + hq) * (int64_t)p.K + d);
+    const uint32_t *gp = (const uint32_t *)((const uint16_t *)p.g + (t1 * p.hv + h) * (int64_t)p.K + d);
+    const float2 *rp = (const float2 *)(p.rnorm + (t1 * p.hv + h) * 2);
+    uint32_t qb[RV], kb[RV], gb[RV];
+    float2 rn[RV];
+#pragma unroll
+    for (int r = 0; r < RV; r++) {
+        qb[r] = r < nqk ? __ldg(qp) : 0u;
+        kb[r] = r < nqk ? __ldg(kp) : 0u;
+        gb[r] = r < nv ? __ldg(gp) : 0u;
+        rn[r] = p.l2norm && r < nqk ? __ldg(rp) : make_float2(1.0f, 1.0f);
+        qp += sqk, kp += sqk, gp += sg, rp += 2 * p.hv;
+    }
+    const bool bias = p.gate_in_kernel && p.dt_bias;
+    const float b0 = bias ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f, b1 = bias ? p.dt_bias[(int64_t)h * p.K + d + 1] : 0.0f;
+    const int f16 = p.dtype == KDA_DT_F16, gf16 = p.g_dtype == KDA_DT_F16;
+#pragma unroll
+    for (int r = 0; r < RV; r++) {
+        const int i = i0 + 2 * r;
+        if (QK) {
+            const float2 q = f16 ? unpack_16x2<1>(qb[r]) : unpack_16x2<0>(qb[r]);
+            const float2 k = f16 ? unpack_16x2<1>(kb[r]) : unpack_16x2<0>(kb[r]);
+            *(float2 *)&sm.q[i * TS + cl] = make_float2(q.x * rn[r].x, q.y * rn[r].x);
+            *(float2 *)&sm.k[i * TS + cl] = make_float2(k.x * rn[r].y, k.y * rn[r].y);
+        }
+        const float2 g = gf16 ? unpack_16x2<1>(gb[r]) : unpack_16x2<0>(gb[r]);
+        const float2 x = r < nv ? make_float2(g.x + b0, g.y + b1) : make_float2(0.0f, 0.0f);
+        *(float2 *)&sm.x[i * TS + cl] = x;
+        *(float2 *)&sm.G[i * TS + cl] = gate_pair<MODE>(p.lower_bound, A, x, r < nv);
+    }
+}
+
 /* NVH = 2 (V class 256): the chunk kernel's sums over V come in two copies, one per V half, added here as they are
  * loaded (P and B by plain loads then, not cp.async) */
 template <int KC, int NVH>
@@ -332,11 +388,13 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         }
         __syncthreads();
         if (tid == 0) mbar_expect_tx(smem_u32(&sm.bar), NTILE * 2 * C * (uint32_t)sizeof(float2));
-        cluster_arrive();
+        cluster_arrive_relaxed(); /* (the barrier's initialisation is released by its fence) */
     }
     const float scale = p.scale;
     const int dl = lane, d = d0 + lane;
     const int nrow = d < p.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
+    const bool vec = p.dtype != KDA_DT_F32 && p.g_dtype != KDA_DT_F32 && !(p.K & 1) && d0 + PK_KT <= p.K &&
+                     !(((uintptr_t)p.q | (uintptr_t)p.k | (uintptr_t)p.g) & 3); /* head_rows_vec's 4-byte loads */
     float2 fq[PK_NT][2], fk[PK_NT][2]; /* dq̂, dk̂ of the lane's elements, summed over the value heads in order */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
@@ -367,7 +425,16 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
                 ((float4 *)sm.P)[o] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
             }
         }
-        head_rows(p, sm, h, hq, t0, w, d0, nrow, A, first);
+        if (vec) {
+            switch (gate_mode(p)) {
+            case GATE_NONE: head_rows_vec<GATE_NONE>(p, sm, h, hq, t0, w, d0, clen, A, first); break;
+            case GATE_LOWER: head_rows_vec<GATE_LOWER>(p, sm, h, hq, t0, w, d0, clen, A, first); break;
+            default: head_rows_vec<GATE_SOFTPLUS>(p, sm, h, hq, t0, w, d0, clen, A, first);
+            }
+            __syncwarp(); /* (the sum below reads the other lanes' rows) */
+        } else {
+            head_rows(p, sm, h, hq, t0, w, d0, nrow, A, first);
+        }
         /* G = cumsum ĝ: each thread its warp's rows of its column, then the earlier warps' totals */
         {
             float s = 0.0f;
