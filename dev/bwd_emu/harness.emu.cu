@@ -168,13 +168,14 @@ int main(int argc, char **argv) {
        else as fp32 (its generic path): the two dumps compare bit for bit */
     const char *p16 = getenv("EMU_PAIRS_16");
     const int p16f = p16 && !strcmp(p16, "f16"), p16s = p16 && getenv("EMU_PAIRS_16_STORE") && atoi(getenv("EMU_PAIRS_16_STORE"));
-    uint16_t *q16 = NULL, *k16 = NULL, *g16 = NULL;
-    if (p16) {
-        const int64_t nqk = s.num_tokens * cfg.hqk * K, ng = s.num_tokens * cfg.hv * K;
-        float *fs[3] = {(float *)a.q, (float *)a.k, (float *)a.g};
-        const int64_t cnt[3] = {nqk, nqk, ng};
-        uint16_t **out[3] = {&q16, &k16, &g16};
-        for (int j = 0; j < 3; j++) {
+    const int c16s = p16 && getenv("EMU_CHUNK_16_STORE") && atoi(getenv("EMU_CHUNK_16_STORE"));
+    uint16_t *q16 = NULL, *k16 = NULL, *g16 = NULL, *v16 = NULL;
+    if (p16) { /* (v too: the chunk kernel reads v with q's dtype) */
+        const int64_t nqk = s.num_tokens * cfg.hqk * K, ng = s.num_tokens * cfg.hv * K, nvv = s.num_tokens * cfg.hv * V;
+        float *fs[4] = {(float *)a.q, (float *)a.k, (float *)a.g, (float *)a.v};
+        const int64_t cnt[4] = {nqk, nqk, ng, nvv};
+        uint16_t **out[4] = {&q16, &k16, &g16, &v16};
+        for (int j = 0; j < 4; j++) {
             *out[j] = (uint16_t *)malloc((size_t)cnt[j] * 2);
             for (int64_t i = 0; i < cnt[j]; i++) {
                 const uint16_t b = p16f ? emu_f16_bits(fs[j][i]) : f32_to_bf16_bits(fs[j][i]);
@@ -491,7 +492,14 @@ int main(int argc, char **argv) {
                 }
         }
     }
-    run_chunk(&p);
+    if (c16s) { /* EMU_CHUNK_16_STORE=1: the chunk kernel alone reads 16-bit q, k, g and v (its 16-bit row loads) */
+        kda_bwd_params_t p2 = p;
+        p2.q = q16, p2.k = k16, p2.g = g16, p2.v = v16;
+        p2.dtype = p2.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
+        run_chunk(&p2);
+    } else {
+        run_chunk(&p);
+    }
     if (p16s) { /* the pairs kernel alone reads the 16-bit copies */
         kda_bwd_params_t p2 = p;
         p2.q = q16, p2.k = k16, p2.g = g16;

@@ -216,21 +216,37 @@ DEV void gate_rows(pairs_smem &sm, float lower_bound, float A, int w, int dl, in
 }
 
 /* dg of the warp's rows PK_RG w + r, r < nrow, from dĝ = dG (the tile dGt, [C][TS]) + off; the ∂L/∂A_log and
- * ∂L/∂dt_bias terms summed into *dAl, *dbias; every store after the gate's math */
-template <int MODE>
+ * ∂L/∂dt_bias terms summed into *dAl, *dbias in row order; every store after the gate's math. Every row's gate
+ * backward is computed (x = 0 in rows that do not exist) and selected: as a call per existing row behind a branch,
+ * the eight rows' latency chains ran one after another (BSSY / BRA pairs were a sixth of this phase's instructions) */
+template <int MODE, int DT>
 DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, const float *dGt, float A, float off,
                             int w, int dl, int nrow, int64_t base, float *dAl, float *dbias) {
     float gv[PK_RG];
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) {
         const int i = PK_RG * w + r;
-        gv[r] = r < nrow ? gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], dGt[i * TS + dl] + off, dAl) : 0.0f;
+        float al = *dAl; /* the running sum, taken on only where the row exists: the same operations as before */
+        const float gi = gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], dGt[i * TS + dl] + off, &al);
+        gv[r] = r < nrow ? gi : 0.0f;
+        *dAl = r < nrow ? al : *dAl;
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
     const int64_t stride = (int64_t)p.hv * p.K;
 #pragma unroll
     for (int r = 0; r < PK_RG; r++)
-        if (r < nrow) store_elem(p.dg, p.dg_dtype, base + r * stride, gv[r]);
+        if (r < nrow) store_elem(p.dg, DT, base + r * stride, gv[r]);
+}
+
+/* gate_backward_rows with the gradient's dtype as a constant */
+template <int MODE>
+DEV void gate_backward_rows_dt(const kda_bwd_params_t &p, const pairs_smem &sm, const float *dGt, float A, float off,
+                               int w, int dl, int nrow, int64_t base, float *dAl, float *dbias) {
+    switch (p.dg_dtype) {
+    case KDA_DT_F32: gate_backward_rows<MODE, KDA_DT_F32>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias); break;
+    case KDA_DT_F16: gate_backward_rows<MODE, KDA_DT_F16>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias); break;
+    default: gate_backward_rows<MODE, KDA_DT_BF16>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias);
+    }
 }
 
 /* dq and dk of the lane's elements (rows 16 I + g + 8 hr below clen, channels d0 + c0 + 8 nt + 2t, + 1) from
@@ -308,11 +324,12 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
     }
 }
 
-/* ĝ of the pair x (two channels of one row; 0 where the row does not exist), form MODE */
+/* ĝ of the pair x (two channels of one row; 0 where the row does not exist: computed, then selected, so that a
+ * warp's rows are not one branch each), form MODE */
 template <int MODE>
 DEV float2 gate_pair(float lower_bound, float A, float2 x, bool valid) {
-    return valid ? make_float2(gate_clamped<MODE>(lower_bound, A, x.x), gate_clamped<MODE>(lower_bound, A, x.y))
-                 : make_float2(0.0f, 0.0f);
+    const float a = gate_clamped<MODE>(lower_bound, A, x.x), b = gate_clamped<MODE>(lower_bound, A, x.y);
+    return make_float2(valid ? a : 0.0f, valid ? b : 0.0f);
 }
 
 /* head_rows for 16-bit q, k and g, K even and every channel of the tile below K: the same values
@@ -576,9 +593,9 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         float dAl = 0.0f, dbias = 0.0f;
         const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
         switch (gate_mode(p)) {
-        case GATE_NONE: gate_backward_rows<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-        case GATE_LOWER: gate_backward_rows<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-        default: gate_backward_rows<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias);
+        case GATE_NONE: gate_backward_rows_dt<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+        case GATE_LOWER: gate_backward_rows_dt<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
+        default: gate_backward_rows_dt<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias);
         }
         sm.red[0][tid] = dAl;
         sm.red[1][tid] = dbias;
