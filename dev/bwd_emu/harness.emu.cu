@@ -492,22 +492,13 @@ int main(int argc, char **argv) {
                 }
         }
     }
-    if (c16s) { /* EMU_CHUNK_16_STORE=1: the chunk kernel alone reads 16-bit q, k, g and v (its 16-bit row loads) */
-        kda_bwd_params_t p2 = p;
-        p2.q = q16, p2.k = k16, p2.g = g16, p2.v = v16;
-        p2.dtype = p2.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
-        run_chunk(&p2);
-    } else {
-        run_chunk(&p);
-    }
-    if (p16s) { /* the pairs kernel alone reads the 16-bit copies */
-        kda_bwd_params_t p2 = p;
-        p2.q = q16, p2.k = k16, p2.g = g16;
-        p2.dtype = p2.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
-        run_pairs(&p2);
-    } else {
-        run_pairs(&p);
-    }
+    /* EMU_CHUNK_16_STORE=1: the chunk kernel reads 16-bit q, k, g and v; EMU_PAIRS_16_STORE=1: the pairs kernel
+       16-bit q, k and g (v it does not read) */
+    kda_bwd_params_t p16c = p;
+    p16c.q = q16, p16c.k = k16, p16c.g = g16, p16c.v = v16;
+    p16c.dtype = p16c.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
+    run_chunk(c16s ? &p16c : &p);
+    run_pairs(p16s ? &p16c : &p);
     run_finish(&p);
     const char *names[NG] = {"dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"};
     int bad = 0;

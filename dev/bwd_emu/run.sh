@@ -22,8 +22,8 @@
 # (7: as the GPU's forward reads them); EMU_S_BITS=N rounds the masked panels to N significant bits instead (11: fp16's
 # precision), EMU_S_DELTA=N rounds Δ and EMU_S_SOP=N rounds S as W S's operand (docs/PERF.md, "dA_log at k64 seed 1").
 # EMU_PAIRS_16=bf16|f16 rounds q, k and g to that format for every stage; EMU_PAIRS_16_STORE=1 then gives the pairs kernel
-# 16-bit copies (its head_rows_vec path), EMU_CHUNK_16_STORE=1 the chunk kernel (q, k, g, v; its 16-bit row loads): the
-# dumps with and without them compare bit for bit.
+# 16-bit copies (its head_rows_vec path), EMU_CHUNK_16_STORE=1 the chunk kernel (q, k, g, v: its 16-bit input paths):
+# the dumps with and without them compare bit for bit.
 # Needs a CPU build in build-c (libkda.a). The emulator (harness.emu.cu, emu_*.emu.cu: the launches; shim.h,
 # common.cuh: the CUDA features) is C, compiled by g++ (-x c++) because the kernels' tile sizes are templates.
 set -e
