@@ -30,7 +30,8 @@
  * T Z and dK̃ = Δ dS⁺ᵀ too: docs/PERF.md, "dA_log of fp32 inputs"): 16 warps, warp w computes
  * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts; 8 warps and
  * halves until the instruction count showed the kernel latency-bound at 2 warps per scheduler: docs/PERF.md,
- * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks in fp32 (invert_diag, invert_offdiag).
+ * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks: the diagonal ones in fp32 (invert_diag),
+ * the others by column strips in 3xTF32 (invert_offdiag).
  * dev/bwd_emu runs the kernel on the host against the fp64 oracle (and `run.sh profile` counts its source lines'
  * executions).
  */
@@ -532,51 +533,32 @@ DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
     }
 }
 
-/* The rest of T (after invert_diag and a barrier): for I = 1..3, Y_IJ = Σ_{J ≤ L < I} Diag(β_I) M_IL T_LJ into
- * scr, T_IJ = −T_II Y_IJ. A thread takes four adjacent columns j..j + 3 of one row i (a 1 × 4 tile): each term's
- * coefficient (M_im, T_im) is read once for the four and the four right-hand values by one float4, a quarter of the
- * shared-memory loads of a thread per element (those loads, two per FMA, were the phase's time: docs/PERF.md).
- * Each element's sum keeps its order (m ascending), so T is the same bits as element by element. Tile e of round
- * I: column block J = e / 64, row i = 16 I + (e mod 64) / 4, columns 16 J + 4 (e mod 4)..: a warp's 8 rows fall
- * in distinct banks (stride CS) and its four float4 are one 64-byte run of a row. */
+/* The rest of T (after invert_diag and a barrier) by column strips on the tensor cores: warp s < 6 owns the 8
+ * columns 8s.. (column block J = s / 2) of the blocks T_IJ, I > J, and computes them in the order of I by block
+ * forward substitution, Y = Diag(β_I) Σ_{J ≤ L < I} M_IL T_LJ, T_IJ = −T_II Y, both products in 3xTF32 (~fp32
+ * accurate), Y through the warp's 16 × 8 piece of scr. The T_LJ a strip reads are its own or the diagonal blocks:
+ * no barrier inside, and the other warps go on to the next one. (Until v19 the blocks by rounds of I over 1 × 4
+ * tiles of fp32 FMAs, six barriers with 2-6 warps working: ~6 % of the kernel's stall samples, docs/PERF.md.) */
 template <int KC, int VC>
-DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int tid) {
-    static_assert(C == 64 && CK_THREADS >= 3 * 64, "four 16-row blocks; a thread per 1 × 4 tile of a strip");
-    /* the dot products unrolled with compile-time bounds and the terms outside a thread's range predicated off */
-#pragma unroll
-    for (int I = 1; I < 4; I++) {
-        const int il = (tid % 64) >> 2, J = tid / 64, j = 16 * J + 4 * (tid & 3), i = 16 * I + il;
-        if (tid < 64 * I) { /* Y_IJ, J < I: the 16 × 16 I strip */
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int m = 0; m < 16 * I; m++)
-                if (m >= 16 * J) {
-                    const float a = sm.M[i * CS + m];
-                    const float4 b = *(const float4 *)&sm.T[m * CS + j];
-                    s.x += a * b.x;
-                    s.y += a * b.y;
-                    s.z += a * b.z;
-                    s.w += a * b.w;
-                }
-            const float bi = sm.beta[i];
-            *(float4 *)&scr[il * 64 + j] = make_float4(bi * s.x, bi * s.y, bi * s.z, bi * s.w);
-        }
-        __syncthreads();
-        if (tid < 64 * I) {
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-            for (int m = 16 * I; m < 16 * I + 16; m++)
-                if (m <= i) {
-                    const float a = sm.T[i * CS + m];
-                    const float4 b = *(const float4 *)&scr[(m - 16 * I) * 64 + j];
-                    s.x += a * b.x;
-                    s.y += a * b.y;
-                    s.z += a * b.z;
-                    s.w += a * b.w;
-                }
-            *(float4 *)&sm.T[i * CS + j] = make_float4(-s.x, -s.y, -s.z, -s.w);
-        }
-        __syncthreads();
+DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int warp, int lane) {
+    static_assert(C == 64 && CK_THREADS / 32 >= 6 && 6 * 16 * 8 <= 16 * C, "four 16-row blocks; six strips of 8");
+    if (warp >= 6) return;
+    const int J = warp >> 1, n0 = 8 * warp, g = lane >> 2, t = lane & 3;
+    float *y = scr + 16 * 8 * warp; /* Y [16][8] */
+#pragma unroll 1
+    for (int I = J + 1; I < 4; I++) {
+        float acc[1][4];
+        zero_acc<1>(acc);
+        mma_rows<1, 0, 0, 0, 1>(acc, sm.M, CS, sm.T, CS, 16 * I, n0, 16 * J, 16 * I, lane);
+        const float b0 = sm.beta[16 * I + g], b1 = sm.beta[16 * I + g + 8];
+        *(float2 *)&y[g * 8 + 2 * t] = make_float2(b0 * acc[0][0], b0 * acc[0][1]);
+        *(float2 *)&y[(g + 8) * 8 + 2 * t] = make_float2(b1 * acc[0][2], b1 * acc[0][3]);
+        __syncwarp();
+        zero_acc<1>(acc);
+        mma_rows<1, 0, 0, 0, 1>(acc, sm.T + 16 * I, CS, y, 8, 16 * I, 0, 0, 16, lane); /* T_II Y */
+        *(float2 *)&sm.T[(16 * I + g) * CS + n0 + 2 * t] = make_float2(-acc[0][0], -acc[0][1]);
+        *(float2 *)&sm.T[(16 * I + g + 8) * CS + n0 + 2 * t] = make_float2(-acc[0][2], -acc[0][3]);
+        __syncwarp(); /* T_IJ in for the next I; every read of Y done */
     }
 }
 
@@ -865,7 +847,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     __syncthreads(); /* T_II and dO are in */
-    invert_offdiag<KC, VC>(sm, sm.Y, tid);
+    invert_offdiag<KC, VC>(sm, sm.Y, warp, lane);
 
     float acc[VN][4];
     if (!SPLIT) {
