@@ -539,6 +539,32 @@ DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
  * accurate), Y through the warp's 16 × 8 piece of scr. The T_LJ a strip reads are its own or the diagonal blocks:
  * no barrier inside, and the other warps go on to the next one. (Until v19 the blocks by rounds of I over 1 × 4
  * tiles of fp32 FMAs, six barriers with 2-6 warps working: ~6 % of the kernel's stall samples, docs/PERF.md.) */
+/* mma_rows<1, 0, 0, 0, 1>'s product (one 8-column tile, 3xTF32) with the three terms in three accumulators, added at
+ * the end: a k-step's six tensor-core instructions are three independent pairs instead of one dependent chain of
+ * six (invert_offdiag's strips are a chain of such products: their length is the phase's) */
+DEV void mma_tile_x3(float acc[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
+                     int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c3[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+    for (int k = k0; k < k1; k += 16) {
+        frag_t ah[4], al[4], bh0, bl0, bh1, bl1;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
+            split2(*(const float2 *)&a[row * lda + col], &ah[r], &al[r]);
+        }
+        const int n = n0 + g, kk = k + 2 * t;
+        split2(make_float2(b[kk * ldb + n], b[(kk + 1) * ldb + n]), &bh0, &bl0);
+        split2(make_float2(b[(kk + 8) * ldb + n], b[(kk + 9) * ldb + n]), &bh1, &bl1);
+        mma16(c1, al, bh0, bh1);
+        mma16(c2, ah, bl0, bl1);
+        mma16(c3, ah, bh0, bh1);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; c++) acc[c] += c3[c] + (c1[c] + c2[c]);
+}
+
 template <int KC, int VC>
 DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int warp, int lane) {
     static_assert(C == 64 && CK_THREADS / 32 >= 6 && 6 * 16 * 8 <= 16 * C, "four 16-row blocks; six strips of 8");
@@ -549,13 +575,13 @@ DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int warp, int lane) 
     for (int I = J + 1; I < 4; I++) {
         float acc[1][4];
         zero_acc<1>(acc);
-        mma_rows<1, 0, 0, 0, 1>(acc, sm.M, CS, sm.T, CS, 16 * I, n0, 16 * J, 16 * I, lane);
+        mma_tile_x3(acc[0], sm.M, CS, sm.T, CS, 16 * I, n0, 16 * J, 16 * I, lane);
         const float b0 = sm.beta[16 * I + g], b1 = sm.beta[16 * I + g + 8];
         *(float2 *)&y[g * 8 + 2 * t] = make_float2(b0 * acc[0][0], b0 * acc[0][1]);
         *(float2 *)&y[(g + 8) * 8 + 2 * t] = make_float2(b1 * acc[0][2], b1 * acc[0][3]);
         __syncwarp();
         zero_acc<1>(acc);
-        mma_rows<1, 0, 0, 0, 1>(acc, sm.T + 16 * I, CS, y, 8, 16 * I, 0, 0, 16, lane); /* T_II Y */
+        mma_tile_x3(acc[0], sm.T + 16 * I, CS, y, 8, 16 * I, 0, 0, 16, lane); /* T_II Y */
         *(float2 *)&sm.T[(16 * I + g) * CS + n0 + 2 * t] = make_float2(-acc[0][0], -acc[0][1]);
         *(float2 *)&sm.T[(16 * I + g + 8) * CS + n0 + 2 * t] = make_float2(-acc[0][2], -acc[0][3]);
         __syncwarp(); /* T_IJ in for the next I; every read of Y done */
@@ -575,16 +601,20 @@ DEV void do_rows(float *R, const uint32_t (&ob)[N], int tid) {
 /* dv = β dR of one row and its part of dβ's v·dR, thread l4 of the row's CK_THREADS / C: columns 4 l4 + 32 k
  * (groups of four, so that the 16-byte reads of R of 8 adjacent threads fall in distinct banks), by 8-byte loads
  * and stores. For 16-bit v and dv of one format (F16: fp16, else bf16), V = VC, 8-byte aligned (per element
- * the loads were 2-byte pieces of 16-byte segments and each store tested the dtype) */
+ * the loads were 2-byte pieces of 16-byte segments and each store tested the dtype). v's pieces vb were loaded
+ * (dv_row_load) two phases earlier: loaded here, their round trip was a quarter of this phase's stall samples. */
+template <int VC>
+DEV void dv_row_load(const kda_bwd_params_t &p, int64_t row, int l4, uint2 (&vb)[VC / 32]) {
+    const uint2 *vs = (const uint2 *)((const uint16_t *)p.v + row);
+#pragma unroll
+    for (int k = 0; k < VC / 32; k++) vb[k] = vs[l4 + 8 * k];
+}
 template <int F16, int VC>
-DEV float dv_row_vec(const kda_bwd_params_t &p, const float *Rr, float br, int64_t row, int l4) {
+DEV float dv_row_vec(const kda_bwd_params_t &p, const float *Rr, float br, int64_t row, int l4,
+                     const uint2 (&vb)[VC / 32]) {
     static_assert(CK_THREADS / C == 8 && VC % 32 == 0, "8 threads a row, 4 columns each per 32");
     constexpr int NK = VC / 32;
-    const uint2 *vs = (const uint2 *)((const uint16_t *)p.v + row);
     uint2 *ds = (uint2 *)((uint16_t *)p.dv + row);
-    uint2 vb[NK];
-#pragma unroll
-    for (int k = 0; k < NK; k++) vb[k] = vs[l4 + 8 * k];
     float db = 0.0f;
 #pragma unroll
     for (int k = 0; k < NK; k++) {
@@ -965,6 +995,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
                 sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
     }
     __syncthreads();
+    /* v's pieces for the dv phase (dv_row_load), in flight during dR and dA */
+    const int r = tid / TPRW, l4 = tid % TPRW;
+    const bool dv_vec = p.V == VT && p.dtype != KDA_DT_F32 && p.dv_dtype == p.dtype &&
+                        (((uintptr_t)p.v | (uintptr_t)p.dv) & 7) == 0;
+    const int64_t vrow = ((t0 + (r < clen ? r : 0)) * p.hv + h) * (int64_t)p.V + v0;
+    uint2 vb[VC / 32];
+    if (lead && r < clen && dv_vec) dv_row_load<VC>(p, vrow, l4, vb);
     /* dR = Tᵀ dΔ */
     zero_acc<VN>(acc);
     mma_rows<VN, 1, 0, 0>(acc, sm.T, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
@@ -1022,16 +1059,12 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     }
 
     /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
-    const int r = tid / TPRW, l4 = tid % TPRW;
     float db = 0.0f;
-    const bool dv_vec = p.V == VT && p.dtype != KDA_DT_F32 && p.dv_dtype == p.dtype &&
-                        (((uintptr_t)p.v | (uintptr_t)p.dv) & 7) == 0;
     if (!lead) {
         /* (the peer writes dv and dβ) */
     } else if (r < clen && dv_vec) {
-        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V + v0;
-        db = p.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], row, l4)
-                                   : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], row, l4);
+        db = p.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb)
+                                   : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb);
     } else if (r < clen) {
         const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V + v0;
         const int vn = NVH == 1 ? p.V : min(p.V - v0, VC); /* the part's columns that exist */
@@ -1039,14 +1072,14 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         constexpr int N = VC / TPRW / 2; /* two batches */
 #pragma unroll
         for (int j0 = 0; j0 < 2 * N; j0 += N) {
-            uint32_t vb[N];
+            uint32_t vbits[N];
             float vv[N];
 #pragma unroll
             for (int j = 0; j < N; j++) {
                 const int c = l4 + TPRW * (j0 + j);
-                vb[j] = c < vn ? load_bits(p.v, p.dtype, row + c) : 0u;
+                vbits[j] = c < vn ? load_bits(p.v, p.dtype, row + c) : 0u;
             }
-            bits_values<N>(vv, vb, p.dtype);
+            bits_values<N>(vv, vbits, p.dtype);
 #pragma unroll
             for (int j = 0; j < N; j++) db += vv[j] * sm.R[r * VS + l4 + TPRW * (j0 + j)];
         }
