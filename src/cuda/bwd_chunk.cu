@@ -533,12 +533,6 @@ DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
     }
 }
 
-/* The rest of T (after invert_diag and a barrier) by column strips on the tensor cores: warp s < 6 owns the 8
- * columns 8s.. (column block J = s / 2) of the blocks T_IJ, I > J, and computes them in the order of I by block
- * forward substitution, Y = Diag(β_I) Σ_{J ≤ L < I} M_IL T_LJ, T_IJ = −T_II Y, both products in 3xTF32 (~fp32
- * accurate), Y through the warp's 16 × 8 piece of scr. The T_LJ a strip reads are its own or the diagonal blocks:
- * no barrier inside, and the other warps go on to the next one. (Until v19 the blocks by rounds of I over 1 × 4
- * tiles of fp32 FMAs, six barriers with 2-6 warps working: ~6 % of the kernel's stall samples, docs/PERF.md.) */
 /* mma_rows<1, 0, 0, 0, 1>'s product (one 8-column tile, 3xTF32) with the three terms in three accumulators, added at
  * the end: a k-step's six tensor-core instructions are three independent pairs instead of one dependent chain of
  * six (invert_offdiag's strips are a chain of such products: their length is the phase's) */
@@ -565,6 +559,12 @@ DEV void mma_tile_x3(float acc[4], const float *a, int lda, const float *b, int 
     for (int c = 0; c < 4; c++) acc[c] += c3[c] + (c1[c] + c2[c]);
 }
 
+/* The rest of T (after invert_diag and a barrier) by column strips on the tensor cores: warp s < 6 owns the 8
+ * columns 8s.. (column block J = s / 2) of the blocks T_IJ, I > J, and computes them in the order of I by block
+ * forward substitution, Y = Diag(β_I) Σ_{J ≤ L < I} M_IL T_LJ, T_IJ = −T_II Y, both products in 3xTF32 (~fp32
+ * accurate), Y through the warp's 16 × 8 piece of scr. The T_LJ a strip reads are its own or the diagonal blocks:
+ * no barrier inside, and the other warps go on to the next one. (Until v19 the blocks by rounds of I over 1 × 4
+ * tiles of fp32 FMAs, six barriers with 2-6 warps working: ~6 % of the kernel's stall samples, docs/PERF.md.) */
 template <int KC, int VC>
 DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int warp, int lane) {
     static_assert(C == 64 && CK_THREADS / 32 >= 6 && 6 * 16 * 8 <= 16 * C, "four 16-row blocks; six strips of 8");
@@ -1066,7 +1066,6 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         db = p.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb)
                                    : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb);
     } else if (r < clen) {
-        const int64_t row = ((t0 + r) * p.hv + h) * (int64_t)p.V + v0;
         const int vn = NVH == 1 ? p.V : min(p.V - v0, VC); /* the part's columns that exist */
         const float br = sm.beta[r];
         constexpr int N = VC / TPRW / 2; /* two batches */
@@ -1077,13 +1076,13 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
             for (int j = 0; j < N; j++) {
                 const int c = l4 + TPRW * (j0 + j);
-                vbits[j] = c < vn ? load_bits(p.v, p.dtype, row + c) : 0u;
+                vbits[j] = c < vn ? load_bits(p.v, p.dtype, vrow + c) : 0u;
             }
             bits_values<N>(vv, vbits, p.dtype);
 #pragma unroll
             for (int j = 0; j < N; j++) db += vv[j] * sm.R[r * VS + l4 + TPRW * (j0 + j)];
         }
-        for (int c = l4; c < vn; c += TPRW) store_elem(p.dv, p.dv_dtype, row + c, br * sm.R[r * VS + c]);
+        for (int c = l4; c < vn; c += TPRW) store_elem(p.dv, p.dv_dtype, vrow + c, br * sm.R[r * VS + c]);
     }
     if (SPLIT) {
         cp_async_wait_all();
