@@ -477,13 +477,15 @@ int main(int argc, char **argv) {
                         for (int vh = 0; vh < NVH; vh++) {
                             float *row = dqk + ((t * HV + h) * NVH + vh) * (int64_t)(2 * KC);
                             const int VH = VC / NVH; /* the inter kernel's Δ: [C][VH] per (chunk, head, V half) */
-                            const float *dl = delta + (((c * HV + h) * NVH + vh) * (int64_t)C + i) * VH - (int64_t)vh * VH;
+                            /* (Δ's fp16 row i and its exponent byte, as the inter kernel wrote them) */
+                            const uint16_t *dh = (const uint16_t *)(delta + ((c * HV + h) * NVH + vh) * (int64_t)C * VH);
+                            const float df = ldexpf(1.0f, (int)((const uint8_t *)(dh + C * VH))[i] - 127);
                             for (int d = 0; d < KC; d++) {
                                 const float *S0 = &states[(c * HV + h) * KC * VC + (int64_t)d * VC], *D0 = &dstates[(c * HV + h) * KC * VC + (int64_t)d * VC];
                                 double aq = 0, ak = 0;
                                 for (int v = vh * (VC / NVH); v < (vh + 1) * (VC / NVH) && v < V; v++) {
                                     aq += (double)d_o[(t * HV + h) * V + v] * S0[v];
-                                    ak += (double)kt_delta(dl[v], xk) * kt_ds(D0[v], dst2[(c * HV + h) * KC * VC + (int64_t)d * VC + v], xk);
+                                    ak += (double)kt_delta(unpack_16x2<1>(dh[i * VH + v - vh * VH]).x * df, xk) * kt_ds(D0[v], dst2[(c * HV + h) * KC * VC + (int64_t)d * VC + v], xk);
                                 }
                                 if (xq) row[d] = (float)aq;
                                 if (xk) row[KC + d] = (float)ak;

@@ -77,8 +77,10 @@ typedef struct kda_bwd_params {
                                      recurrence kernel holds dSᵀ as the forward's holds Sᵀ), each lane's values of a
                                      16-column block times 2^−e (states16.cuh) */
     uint8_t *dstates_exp;         /* [max_chunks][hv][VC / 16][32]: the biased exponent of each 2^e (split path) */
-    float *delta;                 /* [max_chunks][hv][C][VC]: Δ = U − W S of each chunk (inter kernel; split only); V
-                                     class 256: [max_chunks][hv][2][C][128], by V half */
+    float *delta;                 /* [max_chunks][hv][C][VC] floats: Δ = U − W S of each chunk (inter kernel; split
+                                     only) as fp16 [C][VC] times each row's 2^(e − 127), then the C bytes e, at the
+                                     start of each (chunk, head)'s region; V class 256: [max_chunks][hv][2][C][128], by
+                                     V half */
     float *dgam;                  /* [max_chunks][hv][NVH][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
                                      chunk kernel with fp32 inputs); NVH = kda_bwd_vhalves(VC) copies, one per V half,
                                      as in the next four regions */

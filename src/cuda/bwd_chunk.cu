@@ -87,10 +87,10 @@ DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
         bytes = 1;
         break;
     default:
-        if (SPLIT) { /* Δ: C × VC fp32, contiguous, a line per thread of the four groups */
+        if (SPLIT) { /* Δ: C × VC fp16 and C exponent bytes, contiguous, a line per thread of the four groups */
             row = (const char *)(p.delta + ((cid * p.hv + h) * NVH + (nb / KSP) % NVH) * (int64_t)C * VC) +
                   (int64_t)(tid - 4 * C) * 128;
-            bytes = (tid - 4 * C) * 128 < C * VC * 4 ? 1 : 0;
+            bytes = (tid - 4 * C) * 128 < C * VC * 2 + C ? 1 : 0;
         } else if (grp == 4) {
             row = (const char *)p.v + (t * p.hv + h) * (int64_t)p.V * esz;
             bytes = p.V * esz;
@@ -121,7 +121,24 @@ DEV void gate_rows(float *G, float lower_bound, float A, int warp, int lane, int
     }
 }
 
-/* q̂, k̂, the clamped log decay ĝ (into G), β, and into D the chunk's Δ (SPLIT: the inter kernel's [C][VC]) or
+/* Δ into D (fp32 [C][VC + 4]) from the fp16 rows and exponent bytes that load_rows staged in T's tile: each value
+ * times its row's power of two, exact (the tf32 operands of dAqk and dA are these values) */
+template <int KC, int VC>
+DEV void delta_rows(chunk_smem<KC, VC> &sm, int tid) {
+    const uint4 *src = (const uint4 *)sm.T;
+    const uint8_t *ex = (const uint8_t *)sm.T + C * VC * 2;
+    for (int e = tid; e < C * VC / 8; e += CK_THREADS) {
+        const int i = e / (VC / 8), c = 8 * (e % (VC / 8));
+        const uint4 w = src[e];
+        const float f = f16s_factor(ex[i]);
+        const float2 a = f16s_pair(w.x, f), b = f16s_pair(w.y, f), d = f16s_pair(w.z, f), h = f16s_pair(w.w, f);
+        *(float4 *)&sm.D[i * (VC + 4) + c] = make_float4(a.x, a.y, b.x, b.y);
+        *(float4 *)&sm.D[i * (VC + 4) + c + 4] = make_float4(d.x, d.y, h.x, h.y);
+    }
+}
+
+/* q̂, k̂, the clamped log decay ĝ (into G), β, and into D the chunk's Δ (SPLIT: the inter kernel's fp16 rows, staged
+ * in T's tile for delta_rows) or
  * v; rows past the chunk's end and padded columns zero. Each warp's rows (C / 16) at once: every load's bits are
  * issued before any is converted (load_bits), so that the warp waits for one round trip, not one per element
  * (a load_elem per element kept the conversions between the loads: ~20% of the kernel's stall samples). */
@@ -156,12 +173,13 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
         const int i = warp + (CK_THREADS / 32) * lane;
         if (lane < RW && i < clen) bb = load_bits(p.beta, p.beta_dtype, (t0 + i) * p.hv + h);
     }
-    if (SPLIT) { /* Δ's rows by cp.async, one commit group, waited for with dS⁺'s first half (before dAqk, its
-                    first use): as loads into registers and stores, every thread's first store waited for DRAM */
-        for (unsigned e = tid; e < (unsigned)(C * VC / 4); e += CK_THREADS) {
-            const int i = e / (VC / 4), c = 4 * (e % (VC / 4));
-            cp_async16_zfill(smem_u32(&sm.D[i * VS + c]), delta + i * VC + c, 16);
-        }
+    if (SPLIT) { /* Δ as the inter kernel wrote it (fp16 rows, then their exponent bytes: one contiguous run) by
+                    cp.async into T's tile (free until the inverse), one commit group, widened into D after the
+                    cumulative sum (delta_rows): as loads into registers and stores, every thread's first store
+                    waited for DRAM */
+        static_assert(C * VC * 2 + C <= C * CS * 4, "Δ's fp16 rows and exponents fit in T's tile");
+        for (unsigned e = tid; e < (unsigned)(C * VC / 8 + C / 16); e += CK_THREADS)
+            cp_async16_zfill(smem_u32((unsigned char *)sm.T + 16 * e), (const unsigned char *)delta + 16 * e, 16);
         cp_async_commit();
     } else {
 #pragma unroll
@@ -795,7 +813,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + hpart * (int64_t)C * VC, t0, clen, h, A, tid, rank, v0);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
+    if (SPLIT) cp_async_wait_all(); /* Δ's copies (their only group so far) */
     __syncthreads();
+    if (SPLIT) delta_rows<KC, VC>(sm, tid); /* (read T's tile before the inverse writes it: the barrier after the
+                                              pair products) */
     {   /* the pair products' blocks by a table that gives each SM sub-partition (warp mod 4) one diagonal block
            (3xTF32) and at most two below it: with block (I, hf) on warp 4 hf + I, sub-partition 3 carried row block
            3's four working warps; the table: chunk −3 % (docs/PERF.md "Backward v10") */
@@ -925,7 +946,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (tid % TPR == 0) p.dgam[hpart * KT + dk0 + d] = s;
     }
-    cp_async_wait_all(); /* dS⁺ (fp32: its first half), and SPLIT Δ */
+    cp_async_wait_all(); /* dS⁺ (fp32: its first half) */
     __syncthreads();
 
     /* the lane's rows g, g + 8 of block I: their scratch rows (raw dQΓ, dK̃ with fp32 inputs) and β ⊙ dX rows

@@ -12,7 +12,8 @@
  *                            through the chunk, put dA_log above FLA's: docs/PERF.md, "dA_log against FLA")
  *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and the fp16-exact dS⁺)
  *
- * Written: Δ (fp32 [C][VC] per (chunk, head)); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
+ * Written: Δ (per (chunk, head): the fp16 [C][VC] of dK̃'s operand and each row's exponent byte, in Δ's fp32-sized
+ * region); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the
  * chunk's tokens, which the chunk kernel reads, multiplies by the factors (s e^G, e^{G_last − G}) and overwrites;
  * dγ per (chunk, head). dΔ stays the chunk kernel's (from fp32 Aqk and K̃): read from the bf16 blocks it put dv's
  * and dβ's errors 5-13x above the fp32 path's (dev/bwd_emu, use_blocks = 2) and dβ's above FLA's (docs/PERF.md). The chunk kernel took these three products with S and dS⁺ as tf32 operands
@@ -193,6 +194,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     const uint32_t s_u = smem_u32(sm.s), ds_u = smem_u32(sm.ds), w_u = smem_u32(sm.w), u_u = smem_u32(sm.u),
                    o_u = smem_u32(sm.o);
     uint32_t rowe[2]; /* Δ's factors 2^(rowe − 127) of the lane's rows 16 I + g, 16 I + g + 8 */
+    uint16_t *dlh = (uint16_t *)(p.delta + hpart * (int64_t)C * VC); /* Δ out: fp16 [C][VC], then C exponent bytes */
+    uint8_t *dle = (uint8_t *)(dlh + C * VC);
     {   /* Δ = U − W S: rows 16 I.., columns (VC / 2) hf.. */
         constexpr int NT = VC / 16;
         const int n0 = hf * (VC / 2);
@@ -211,7 +214,6 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                 mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
             }
         }
-        float *dl = p.delta + hpart * (int64_t)C * VC; /* Δ [C][VC] */
         uint32_t mx[2] = {0u, 0u}; /* the largest |Δ| of the lane's two rows, as bits (NaN above ∞) */
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -220,7 +222,6 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
                 const int i = 16 * I + g + 8 * hr, col = n0 + 8 * nt + 2 * t;
                 const float2 uu = unpack_bf16(*(const uint32_t *)(sm.u + tile_off(C, i, col)));
                 const float d0 = uu.x - acc[nt][2 * hr], d1 = uu.y - acc[nt][2 * hr + 1];
-                *(float2 *)(dl + i * VC + col) = make_float2(d0, d1);
                 acc[nt][2 * hr] = d0;
                 acc[nt][2 * hr + 1] = d1;
                 mx[hr] = max(mx[hr], max(__float_as_uint(d0) & 0x7fffffffu, __float_as_uint(d1) & 0x7fffffffu));
@@ -245,9 +246,17 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             for (int nt = 0; nt < NT; nt++) /* the element's owner only: in place */
                 *(uint32_t *)(sm.u + tile_off(C, i, n0 + 8 * nt + 2 * t)) =
                     pack_16x2<1>(acc[nt][2 * hr] * inv, acc[nt][2 * hr + 1] * inv);
+            if (hf == 0 && t == 0) dle[i] = (uint8_t)rowe[hr];
         }
     }
     __syncthreads();
+    /* Δ for the chunk kernel as these fp16 rows and their exponent bytes (its products take Δ as tf32, whose
+       rounding of each element is the fp16 one here: the same operands at half the bytes), row-major by 16-byte
+       pieces of the swizzled tile */
+    for (int e = tid; e < C * VC / 8; e += BI_THREADS) {
+        const int i = e / (VC / 8), c = 8 * (e % (VC / 8));
+        *(uint4 *)(dlh + i * VC + c) = *(const uint4 *)(sm.u + tile_off(C, i, c));
+    }
     constexpr int NPASS = KC > 128 ? 2 : 1; /* (registers: 2 × KC / 16 × 4 accumulators a pass) */
 #pragma unroll 1
     for (int pass = 0; pass < NPASS; pass++) { /* dQΓ = dO Sᵀ and dK̃ = Δ dS⁺ᵀ: rows 16 I.., columns (KC / 2) hf.. */
