@@ -404,7 +404,7 @@ int main(int argc, char **argv) {
     /* use_blocks = 2: the split stage 3 of 16-bit inputs (the inter kernel runs) */
     float *delta = floats(max_chunks * HV * C * VC, NAN), *dgam = floats(max_chunks * HV * NVH * KC, NAN);
     p.split = use_blocks == 2;
-    p.delta = delta; p.dgam = dgam;
+    p.delta = (unsigned char *)delta; p.dgam = dgam;
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
     if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
@@ -478,7 +478,7 @@ int main(int argc, char **argv) {
                             float *row = dqk + ((t * HV + h) * NVH + vh) * (int64_t)(2 * KC);
                             const int VH = VC / NVH; /* the inter kernel's Δ: [C][VH] per (chunk, head, V half) */
                             /* (Δ's fp16 row i and its exponent byte, as the inter kernel wrote them) */
-                            const uint16_t *dh = (const uint16_t *)(delta + ((c * HV + h) * NVH + vh) * (int64_t)C * VH);
+                            const uint16_t *dh = (const uint16_t *)((const unsigned char *)delta + ((c * HV + h) * NVH + vh) * KDA_BWD_DELTA_BYTES(VH));
                             const float df = ldexpf(1.0f, (int)((const uint8_t *)(dh + C * VH))[i] - 127);
                             for (int d = 0; d < KC; d++) {
                                 const float *S0 = &states[(c * HV + h) * KC * VC + (int64_t)d * VC], *D0 = &dstates[(c * HV + h) * KC * VC + (int64_t)d * VC];

@@ -583,9 +583,9 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   varlen offsets | chunk blocks (bf16, as the forward's; none when the forward kept them in kda_args_t.saved)
  *   | S per chunk (fp32 [KC][VC] per chunk and head; bf16 on the split path, kda_cuda_states_dv's order; none when
  *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]; on the split path fp16 in that order, then the exponents
- *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk (fp32 [C][VC]; bf16 inputs only:
- *   the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ per token and value head
- *   (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
+ *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk (fp16 [C][VC] and a byte per row:
+ *   KDA_BWD_DELTA_BYTES; bf16 inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ per
+ *   token and value head (fp32 2 × KC; on the split path dQΓ's KC are fp16 and a byte per column group) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
  *   partials per chunk, head and channel (fp32 2 × KC) | V class 256: dβ before its sigmoid per token, head and V
@@ -613,7 +613,7 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     /* dS⁺: fp32, or fp16 and a byte per (lane, 16 columns) on the split path */
     l.dsexp = l.dstates + align256(heads * kc * vc * (bwd_split(p) ? 2 : 4));
     l.delta = l.dsexp + (size_t)bwd_split(p) * align256(heads * vc * 2);
-    l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * KDA_CHUNK * vc * 4);
+    l.dgam = l.delta + (size_t)bwd_split(p) * align256(heads * nvh * (size_t)KDA_BWD_DELTA_BYTES(vc / nvh));
     l.dqk = l.dgam + align256(heads * nvh * kc * 4);
     l.dcoef = l.dqk + align256(rows * nvh * 2 * kc * 4);
     l.dx = l.dcoef + align256(heads * nvh * 2 * KDA_CHUNK * (KDA_CHUNK + 4) * 4);
@@ -754,7 +754,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.dstates = bwd_split(p) ? NULL : (float *)(base + l.dstates);
     bw.dstates_f16 = bwd_split(p) ? (uint16_t *)(base + l.dstates) : NULL;
     bw.dstates_exp = bwd_split(p) ? (uint8_t *)(base + l.dsexp) : NULL;
-    bw.delta = (float *)(base + l.delta);
+    bw.delta = (unsigned char *)(base + l.delta);
     bw.dgam = (float *)(base + l.dgam);
     bw.dqk = (float *)(base + l.dqk);
     bw.dcoef = (float *)(base + l.dcoef);

@@ -57,6 +57,8 @@ KDA_HD static inline int kda_bwd_vhalves(int vc) { return vc > KDA_BWD_TILE ? 2 
 
 /* The state-gradient stage's modes (bwd_dstate.cu's recurrence kernel) */
 #define KDA_DS_SEQ 0     /* one chain per (sequence, value head, tile), last chunk first */
+/* The bytes of one (chunk, value head, V part)'s Δ between the inter and chunk kernels: fp16 [C][VCP], C exponents */
+#define KDA_BWD_DELTA_BYTES(VCP) ((int64_t)KDA_CHUNK * (VCP) * 2 + KDA_CHUNK)
 #define KDA_DS_PRESCAN 1 /* per (piece, value head, tile) of split sequences: the piece's map dS_out = M dS_in + E
                             (M's columns from the identity without dO; E's from zero, or from d_final_state for a
                             sequence's last piece, whose M is not needed) into its slot */
@@ -77,10 +79,9 @@ typedef struct kda_bwd_params {
                                      recurrence kernel holds dSᵀ as the forward's holds Sᵀ), each lane's values of a
                                      16-column block times 2^−e (states16.cuh) */
     uint8_t *dstates_exp;         /* [max_chunks][hv][VC / 16][32]: the biased exponent of each 2^e (split path) */
-    float *delta;                 /* [max_chunks][hv][C][VC] floats: Δ = U − W S of each chunk (inter kernel; split
-                                     only) as fp16 [C][VC] times each row's 2^(e − 127), then the C bytes e, at the
-                                     start of each (chunk, head)'s region; V class 256: [max_chunks][hv][2][C][128], by
-                                     V half */
+    unsigned char *delta;         /* [max_chunks][hv][NVH] pieces of KDA_BWD_DELTA_BYTES(VC / NVH): Δ = U − W S of
+                                     each chunk (inter kernel; split only) as fp16 [C][VC / NVH] times each row's
+                                     2^(e − 127), then the C bytes e; V class 256: by V half */
     float *dgam;                  /* [max_chunks][hv][NVH][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
                                      chunk kernel with fp32 inputs); NVH = kda_bwd_vhalves(VC) copies, one per V half,
                                      as in the next four regions */

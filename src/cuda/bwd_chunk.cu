@@ -88,7 +88,7 @@ DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
         break;
     default:
         if (SPLIT) { /* Δ: C × VC fp16 and C exponent bytes, contiguous, a line per thread of the four groups */
-            row = (const char *)(p.delta + ((cid * p.hv + h) * NVH + (nb / KSP) % NVH) * (int64_t)C * VC) +
+            row = (const char *)(p.delta + ((cid * p.hv + h) * NVH + (nb / KSP) % NVH) * KDA_BWD_DELTA_BYTES(VC)) +
                   (int64_t)(tid - 4 * C) * 128;
             bytes = (tid - 4 * C) * 128 < C * VC * 2 + C ? 1 : 0;
         } else if (grp == 4) {
@@ -143,7 +143,7 @@ DEV void delta_rows(chunk_smem<KC, VC> &sm, int tid) {
  * issued before any is converted (load_bits), so that the warp waits for one round trip, not one per element
  * (a load_elem per element kept the conversions between the loads: ~20% of the kernel's stall samples). */
 template <int KC, int VC, int SPLIT, int KSP, int NVH>
-DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const float *delta, int64_t t0, int clen, int h,
+DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsigned char *delta, int64_t t0, int clen, int h,
                    float A, int tid, int rank, int v0) {
     const int dk0 = KC * rank; /* the CTA's first channel (KSP = 2: a cluster's two CTAs split K), first V column v0 */
     const bool rows_out = (KSP == 1 || rank == 0) && (NVH == 1 || v0 == 0); /* this CTA writes the row factors */
@@ -179,7 +179,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const floa
                     waited for DRAM */
         static_assert(C * VC * 2 + C <= C * CS * 4, "Δ's fp16 rows and exponents fit in T's tile");
         for (unsigned e = tid; e < (unsigned)(C * VC / 8 + C / 16); e += CK_THREADS)
-            cp_async16_zfill(smem_u32((unsigned char *)sm.T + 16 * e), (const unsigned char *)delta + 16 * e, 16);
+            cp_async16_zfill(smem_u32((unsigned char *)sm.T + 16 * e), delta + 16 * e, 16);
         cp_async_commit();
     } else {
 #pragma unroll
@@ -810,7 +810,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             l2_prefetch((const char *)(which ? p.v : p.d_o) + (((t0 + row) * p.hv + h) * (int64_t)p.V + v0) * esz +
                         part * 128);
     }
-    load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + hpart * (int64_t)C * VC, t0, clen, h, A, tid, rank, v0);
+    load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + hpart * KDA_BWD_DELTA_BYTES(VC), t0, clen, h, A, tid, rank, v0);
     __syncthreads();
     gate_cumsum<KC>(sm.G, tid);
     if (SPLIT) cp_async_wait_all(); /* Δ's copies (their only group so far) */

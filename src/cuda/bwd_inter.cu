@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
     const uint32_t s_u = smem_u32(sm.s), ds_u = smem_u32(sm.ds), w_u = smem_u32(sm.w), u_u = smem_u32(sm.u),
                    o_u = smem_u32(sm.o);
     uint32_t rowe[2]; /* Δ's factors 2^(rowe − 127) of the lane's rows 16 I + g, 16 I + g + 8 */
-    uint16_t *dlh = (uint16_t *)(p.delta + hpart * (int64_t)C * VC); /* Δ out: fp16 [C][VC], then C exponent bytes */
+    uint16_t *dlh = (uint16_t *)(p.delta + hpart * KDA_BWD_DELTA_BYTES(VC)); /* Δ out: fp16 [C][VC], C exponents */
     uint8_t *dle = (uint8_t *)(dlh + C * VC);
     {   /* Δ = U − W S: rows 16 I.., columns (VC / 2) hf.. */
         constexpr int NT = VC / 16;
