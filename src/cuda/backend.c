@@ -585,7 +585,7 @@ static kda_status_t cuda_decode_workspace(const kda_context_t *ctx, const kda_pr
  *   the forward kept it) | dS⁺ per chunk (fp32 [KC][VC]; on the split path fp16 in that order, then the exponents
  *   of its factors, a byte per 16 columns and lane: states16.cuh) | Δ per chunk (fp16 [C][VC] and a byte per row:
  *   KDA_BWD_DELTA_BYTES; bf16 inputs only: the split stage 3, bwd.h) | dγ per chunk (fp32 [KC]) | dQΓ, dK̃ per
- *   token and value head (fp32 2 × KC; on the split path dQΓ's KC are fp16 and a byte per column group) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
+ *   token and value head (fp32 2 × KC) | the coefficient gradients P, B per chunk (fp32 2 × [C][C + 4]: rows padded as the pairs
  *   kernel's shared tiles, one contiguous region there) |
  *   β ⊙ dX per token and value head (fp32 KC) | l2norm factors (fp32 2 per token and value head) | dA_log/ddt_bias
  *   partials per chunk, head and channel (fp32 2 × KC) | V class 256: dβ before its sigmoid per token, head and V
