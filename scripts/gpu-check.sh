@@ -28,7 +28,9 @@
 #             gap before it; the host's time to enqueue the forward and the backward (bench/step_timeline.py)
 #   ncuab     one backward kernel (NCUAB_KERNEL) under ncu, .var1's build and this tree's side by side
 #   bwdsrc    ncu source counters of the backward kernels (BWD_SRC_KERNELS, BWD_SRC_SHAPE): top lines by stall samples
-#   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS
+#   bwdbench  the training step (forward + backward) against FLA in one process: bench/bench_bwd.py BWD_BENCH_ARGS,
+#             cut after BWD_BENCH_TIMEOUT seconds if set (so that a `tritoncache` after it still runs: FLA's autotuning
+#             results of the shapes it finished come back for the next call)
 #   cptimeline  one intra-card CP forward call: host time, single vs back-to-back ms, its runtime calls and kernels
 #   hostprof  the training step's host time: enqueue times, single step against back to back, cProfile (build-gpu)
 #   hostbreak the training step's host time by function (bench/experiments/host_breakdown.py)
@@ -262,7 +264,7 @@ PY
   bwdbench) # the training step against FLA in one process (bench/bench_bwd.py BWD_BENCH_ARGS; FLA's wheels in .whl/)
     fla_site
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so FLA_FLASH_KDA=0 PYTHONPATH=$PWD/python:$PWD/bench:/tmp/site \
-      PYTHONUNBUFFERED=1 python3 bench/bench_bwd.py ${BWD_BENCH_ARGS---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
+      PYTHONUNBUFFERED=1 timeout "${BWD_BENCH_TIMEOUT:-0}" python3 bench/bench_bwd.py ${BWD_BENCH_ARGS---quick --only B2} --out "$OUT/bwdbench" 2>&1 |
       grep --line-buffered -v Warn | tail -30
     ;;
   cptimeline) # a single CP forward call: host time to enqueue, single vs back-to-back ms, runtime calls and kernels
