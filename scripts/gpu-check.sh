@@ -78,6 +78,7 @@ PYENV="PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1"
 mkdir -p .triton-cache && export TRITON_CACHE_DIR=$PWD/.triton-cache
 # or as the pieces the step `tritoncache` brought back, carried in .tc/ (the unpacked cache is over the carry limit)
 ls .tc/triton-cache.tgz.part-* >/dev/null 2>&1 && cat .tc/triton-cache.tgz.part-* | tar -xz -C .triton-cache
+[ -f .tc/triton-autotune.tgz ] && tar -xzf .tc/triton-autotune.tgz -C .triton-cache
 
 fla_site() { # FLA 0.6.0 wheels into /tmp/site, once
   [ -d /tmp/site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -305,6 +306,10 @@ PY
     # intermediates (.llir, .ptx, .ttir, .ttgir, .source) are ~80 % of the cache and over the carry limit
     tar -czf - -C .triton-cache --exclude='*.llir' --exclude='*.ptx' --exclude='*.ttir' --exclude='*.ttgir' \
       --exclude='*.source' . | split -b 15m - "$OUT/triton-cache.tgz.part-" && ls -la "$OUT"/triton-cache.tgz.part-*
+    # and the autotuning results alone (a few KB: enough to skip the tuning; the chosen configs then compile in
+    # seconds): `tar -xzf triton-autotune.tgz -C .triton-cache`, or carry it as .tc/triton-autotune.tgz
+    (cd .triton-cache && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tgz" -T -) &&
+      echo "autotuning results: $(tar -tzf "$OUT/triton-autotune.tgz" | grep -c autotune.json) kernels"
     ;;
   bwdab)
     build build-dev . -DKDA_DEV=ON || exit 1
