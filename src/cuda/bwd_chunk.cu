@@ -302,11 +302,20 @@ DEV float2 ld2(const float *p) {
 
 /* acc[nt] += Σ_{k ∈ [k0, k1)} A(i, k) B(k, n) for rows i0..i0+15 and columns n0 + 8 nt.., nt < NT, k1 − k0 a
  * multiple of 16; A(i, k) = a[i lda + k] (AT: a[k lda + i]), B(k, n) = b[k ldb + n] (BT: b[n ldb + k]); b in
- * global memory when GLB; X3: in 3xTF32 (mma16_x3), ~fp32 accurate */
+ * global memory when GLB; X3: in 3xTF32 (mma16_x3), ~fp32 accurate; X3 = 2: the same three terms, each in its own
+ * accumulators, added to acc at the end, so that a k-step's six tensor-core instructions are three independent
+ * pairs rather than one dependent chain of six (invert_offdiag's strips are chains of such products: their length
+ * is the phase's) */
 template <int NT, int AT, int BT, int GLB, int X3 = 0>
 DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
                   int lane) {
     const int g = lane >> 2, t = lane & 3;
+    float c1[NT][4], c2[NT][4], c3[NT][4]; /* X3 = 2: Al Bh, Ah Bl, Ah Bh */
+    if (X3 == 2) {
+        zero_acc<NT>(c1);
+        zero_acc<NT>(c2);
+        zero_acc<NT>(c3);
+    }
 #pragma unroll(GLB ? 2 : 1) /* global B: two k-steps' loads in flight (an L2 round trip per step otherwise) */
     for (int k = k0; k < k1; k += 16) {
         frag_t af[4], al[4];
@@ -328,10 +337,25 @@ DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int 
                 if (BT) bf[hh] = ld2<GLB>(&b[n * ldb + kk]);
                 else bf[hh] = make_float2(ld<GLB>(&b[kk * ldb + n]), ld<GLB>(&b[(kk + 1) * ldb + n]));
             }
-            if (X3) mma16_x3(acc[nt], af, al, bf[0], bf[1], 1);
-            else mma16(acc[nt], af, tf2(bf[0].x, bf[0].y), tf2(bf[1].x, bf[1].y));
+            if (X3 == 2) {
+                frag_t bh0, bl0, bh1, bl1;
+                split2(bf[0], &bh0, &bl0);
+                split2(bf[1], &bh1, &bl1);
+                mma16(c1[nt], al, bh0, bh1);
+                mma16(c2[nt], af, bl0, bl1);
+                mma16(c3[nt], af, bh0, bh1);
+            } else if (X3) {
+                mma16_x3(acc[nt], af, al, bf[0], bf[1], 1);
+            } else {
+                mma16(acc[nt], af, tf2(bf[0].x, bf[0].y), tf2(bf[1].x, bf[1].y));
+            }
         }
     }
+    if (X3 == 2)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[nt][c] += c3[nt][c] + (c1[nt][c] + c2[nt][c]);
 }
 
 /* Two products of that form in one k loop (their L2 loads in flight together): acc1[nt] += Σ_k a1(i, k) b1(n, k),
@@ -551,32 +575,6 @@ DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
     }
 }
 
-/* mma_rows<1, 0, 0, 0, 1>'s product (one 8-column tile, 3xTF32) with the three terms in three accumulators, added at
- * the end: a k-step's six tensor-core instructions are three independent pairs instead of one dependent chain of
- * six (invert_offdiag's strips are a chain of such products: their length is the phase's) */
-DEV void mma_tile_x3(float acc[4], const float *a, int lda, const float *b, int ldb, int i0, int n0, int k0, int k1,
-                     int lane) {
-    const int g = lane >> 2, t = lane & 3;
-    float c1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c3[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1
-    for (int k = k0; k < k1; k += 16) {
-        frag_t ah[4], al[4], bh0, bl0, bh1, bl1;
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
-            split2(*(const float2 *)&a[row * lda + col], &ah[r], &al[r]);
-        }
-        const int n = n0 + g, kk = k + 2 * t;
-        split2(make_float2(b[kk * ldb + n], b[(kk + 1) * ldb + n]), &bh0, &bl0);
-        split2(make_float2(b[(kk + 8) * ldb + n], b[(kk + 9) * ldb + n]), &bh1, &bl1);
-        mma16(c1, al, bh0, bh1);
-        mma16(c2, ah, bl0, bl1);
-        mma16(c3, ah, bh0, bh1);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; c++) acc[c] += c3[c] + (c1[c] + c2[c]);
-}
-
 /* The rest of T (after invert_diag and a barrier) by column strips on the tensor cores: warp s < 6 owns the 8
  * columns 8s.. (column block J = s / 2) of the blocks T_IJ, I > J, and computes them in the order of I by block
  * forward substitution, Y = Diag(β_I) Σ_{J ≤ L < I} M_IL T_LJ, T_IJ = −T_II Y, both products in 3xTF32 (~fp32
@@ -593,13 +591,13 @@ DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int warp, int lane) 
     for (int I = J + 1; I < 4; I++) {
         float acc[1][4];
         zero_acc<1>(acc);
-        mma_tile_x3(acc[0], sm.M, CS, sm.T, CS, 16 * I, n0, 16 * J, 16 * I, lane);
+        mma_rows<1, 0, 0, 0, 2>(acc, sm.M, CS, sm.T, CS, 16 * I, n0, 16 * J, 16 * I, lane);
         const float b0 = sm.beta[16 * I + g], b1 = sm.beta[16 * I + g + 8];
         *(float2 *)&y[g * 8 + 2 * t] = make_float2(b0 * acc[0][0], b0 * acc[0][1]);
         *(float2 *)&y[(g + 8) * 8 + 2 * t] = make_float2(b1 * acc[0][2], b1 * acc[0][3]);
         __syncwarp();
         zero_acc<1>(acc);
-        mma_tile_x3(acc[0], sm.T + 16 * I, CS, y, 8, 16 * I, 0, 0, 16, lane); /* T_II Y */
+        mma_rows<1, 0, 0, 0, 2>(acc, sm.T + 16 * I, CS, y, 8, 16 * I, 0, 0, 16, lane); /* T_II Y */
         *(float2 *)&sm.T[(16 * I + g) * CS + n0 + 2 * t] = make_float2(-acc[0][0], -acc[0][1]);
         *(float2 *)&sm.T[(16 * I + g + 8) * CS + n0 + 2 * t] = make_float2(-acc[0][2], -acc[0][3]);
         __syncwarp(); /* T_IJ in for the next I; every read of Y done */
