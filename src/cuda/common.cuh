@@ -426,6 +426,22 @@ DEV void wgmma_n128_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
 }
 #endif /* KDA_WGMMA */
 
+/* Programmatic dependent launch (sm_90 on; kda_launch_pdl sets the launch attribute): a kernel so launched may be
+ * scheduled before the kernel ahead of it in the stream has finished, so its first act is pdl_wait(), which returns
+ * once that kernel has completed and its writes are visible (at once for a kernel launched without the attribute).
+ * pdl_trigger() then lets the next such kernel be scheduled once every CTA of this one has passed it: its CTAs take
+ * the SMs that this kernel's last wave leaves, and wait there, rather than being launched after it ends. */
+DEV void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+DEV void pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * Host side of the launchers
  * ------------------------------------------------------------------------------------------------------- */
@@ -448,6 +464,27 @@ static inline int kda_launch(const void *kernel, int64_t ctas, int threads, int 
     void *args[] = {(void *)params};
     err = cudaLaunchKernel(kernel, dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
                            (cudaStream_t)stream);
+    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
+}
+
+/* kda_launch for a kernel that begins with pdl_wait(): launched with programmatic stream serialisation, so that it
+ * can be scheduled while the kernel before it in the stream finishes (its pdl_wait holds it until that kernel has
+ * completed). Not for kernels without pdl_wait at their start. */
+static inline int kda_launch_pdl(const void *kernel, int64_t ctas, int threads, int bytes, const void *params, int device,
+                                 int done[KDA_MAX_DEVICES], void *stream) {
+    cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
+    if (err != cudaSuccess) return (int)err;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
+    memset(&cfg, 0, sizeof cfg);
+    memset(attr, 0, sizeof attr);
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = dim3((unsigned)ctas), cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = (size_t)bytes, cfg.stream = (cudaStream_t)stream;
+    cfg.attrs = attr, cfg.numAttrs = 1;
+    void *args[] = {(void *)params};
+    err = cudaLaunchKernelExC(&cfg, kernel, args);
     return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
 }
 
