@@ -971,7 +971,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
                             (float *)(smem + PREP_OFF_FQN(KD, VD)),
                             (float *)(smem + PREP_OFF_RED(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    pdl_wait(); /* (kda_launch_pdl: the kernels before, meta's chunk offsets among them, have completed) */
+    pdl_wait(); /* (launched with pdl: the kernels before, meta's chunk offsets among them, have completed) */
     pdl_trigger();
     if (p.plan && blockIdx.x == 0) { /* the CP piece table, beside the chunks (read by the pre-scan, after prep) */
         cp_plan_cta<NT>(p.cp, (int64_t *)smem, (int64_t *)smem + NT / 32);
@@ -1040,5 +1040,5 @@ static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream)
     const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
-    return kda_launch_pdl(kernel, ctas, PREP_NT(KD, VD), bytes, p, device, done[exact], stream);
+    return kda_launch_ex(kernel, ctas, 1, PREP_NT(KD, VD), bytes, p, device, done[exact], stream, 1);
 }
