@@ -504,6 +504,8 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
         rp.cp_slots = cpp.slots;
         rp.cp_capacity = cap.pieces;
     }
+    pp.plan = cap.slots > 0;
+    pp.cp = cpp;
 
     if (blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
         p->num_seqs * a->num_v_heads * (vc / 32) >= ((int64_t)1 << 31) ||
@@ -519,9 +521,11 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     const char *stage = "";
     if (p->varlen && (err = kda_cuda_launch_meta(&seqs, stream)) != 0) stage = "meta";
     else if ((err = kda_cuda_launch_claim(&cl, stream)) != 0) stage = "slot ownership";
-    /* the CP plan reads only the lengths: before prep, so that prep's end starts the pre-scan at once (it sat
-       between them, ~9 µs on the chain) */
-    else if (cap.slots != 0 && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) stage = "CP plan";
+    /* the CP plan reads only the lengths: CTA 0 of the prep kernel makes it beside the chunks (its own kernel
+       before prep sat on the chain before the pre-scan, ~8 µs on the H200; after prep, ~9 µs); a kernel of its own
+       only when prep does not run */
+    else if (cap.slots != 0 && (tune.dev_skip & 8) && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0)
+        stage = "CP plan";
     else if (!(tune.dev_skip & 8) && (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
     else if (a->chunk_states && (err = chunk_states_pass(impl, p, cfg, &rp, ctx->device, stream)) != 0)
         stage = "chunk states";

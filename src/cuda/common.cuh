@@ -426,6 +426,22 @@ DEV void wgmma_n128_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
 }
 #endif /* KDA_WGMMA */
 
+/* Programmatic dependent launch (sm_90 on; kda_launch_ex with pdl sets the launch attribute): a kernel so launched may be
+ * scheduled before the kernel ahead of it in the stream has finished, so its first act is pdl_wait(), which returns
+ * once that kernel has completed and its writes are visible (at once for a kernel launched without the attribute).
+ * pdl_trigger() then lets the next such kernel be scheduled once every CTA of this one has passed it: its CTAs take
+ * the SMs that this kernel's last wave leaves, and wait there, rather than being launched after it ends. */
+DEV void pdl_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+DEV void pdl_trigger(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * Host side of the launchers
  * ------------------------------------------------------------------------------------------------------- */
@@ -440,7 +456,41 @@ static inline cudaError_t kda_smem_limit(const void *kernel, int bytes, int devi
 }
 
 /* Launch `kernel`, whose one argument is the params struct at `params`, on `ctas` CTAs of `threads` threads with
- * `bytes` of dynamic shared memory (its limit raised once per device through `done`): 0 or the cudaError_t. */
+ * `bytes` of dynamic shared memory (its limit raised once per device through `done`), in clusters of `cluster`
+ * consecutive CTAs when cluster > 1 (ctas a multiple of it; scheduled for load balance, not the default spread: the
+ * pairs kernel 1.79 → 1.68 ms at B2 T8192 H32, H100), with programmatic stream serialisation when pdl (the kernel
+ * may be scheduled before the one ahead of it in the stream completes: see pdl_trigger): 0 or the cudaError_t. */
+static inline int kda_launch_ex(const void *kernel, int64_t ctas, int cluster, int threads, int bytes,
+                                const void *params, int device, int done[KDA_MAX_DEVICES], void *stream, int pdl) {
+    cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
+    if (err != cudaSuccess) return (int)err;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[3];
+    memset(&cfg, 0, sizeof cfg);
+    memset(attr, 0, sizeof attr);
+    unsigned n = 0;
+    if (cluster > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = (unsigned)cluster, attr[n].val.clusterDim.y = 1, attr[n].val.clusterDim.z = 1;
+        n++;
+        attr[n].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+        attr[n].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicyLoadBalancing;
+        n++;
+    }
+    if (pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    cfg.gridDim = dim3((unsigned)ctas), cfg.blockDim = dim3((unsigned)threads);
+    cfg.dynamicSmemBytes = (size_t)bytes, cfg.stream = (cudaStream_t)stream;
+    cfg.attrs = n ? attr : NULL, cfg.numAttrs = n;
+    void *args[] = {(void *)params};
+    err = cudaLaunchKernelExC(&cfg, kernel, args);
+    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
+}
+
+/* kda_launch_ex without clusters or the attribute: the plain launch */
 static inline int kda_launch(const void *kernel, int64_t ctas, int threads, int bytes, const void *params, int device,
                              int done[KDA_MAX_DEVICES], void *stream) {
     cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
@@ -454,23 +504,7 @@ static inline int kda_launch(const void *kernel, int64_t ctas, int threads, int 
 /* kda_launch with the CTAs in clusters of `cluster` consecutive ones (ctas a multiple of it) */
 static inline int kda_launch_cluster(const void *kernel, int64_t ctas, int cluster, int threads, int bytes,
                                      const void *params, int device, int done[KDA_MAX_DEVICES], void *stream) {
-    cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
-    if (err != cudaSuccess) return (int)err;
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr[2];
-    memset(&cfg, 0, sizeof cfg);
-    memset(attr, 0, sizeof attr);
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = (unsigned)cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)ctas), cfg.blockDim = dim3((unsigned)threads);
-    cfg.dynamicSmemBytes = (size_t)bytes, cfg.stream = (cudaStream_t)stream;
-    /* load balancing, not the default spread: the pairs kernel 1.79 → 1.68 ms at B2 T8192 H32 (H100) */
-    attr[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-    attr[1].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicyLoadBalancing;
-    cfg.attrs = attr, cfg.numAttrs = 2;
-    void *args[] = {(void *)params};
-    err = cudaLaunchKernelExC(&cfg, kernel, args);
-    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
+    return kda_launch_ex(kernel, ctas, cluster, threads, bytes, params, device, done, stream, 0);
 }
 
 #endif /* KDA_CUDA_COMMON_CUH */

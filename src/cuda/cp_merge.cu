@@ -39,6 +39,8 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
     constexpr int NF = KC * MERGE_COLS / 4 / NTH; /* float4s of S per thread in the sum */
     static_assert(NB % NG == 0 && NST % NG == 0 && NF >= 1 && KC * MERGE_COLS / 4 == NF * NTH, "merge tiling");
     extern __shared__ __align__(16) float msm[];
+    pdl_wait(); /* (launched with pdl: the pre-scan has completed) */
+    pdl_trigger();
     const int VC = p.vc, nct = VC / MERGE_COLS;
     const int tid = threadIdx.x, grp = tid / KC, tc = (tid % KC) & 3, tr = (tid % KC) >> 2;
     const int tile = (int)(blockIdx.x % nct);
@@ -160,5 +162,5 @@ extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, vo
                               (const void *)kda_cp_merge_kernel<256>};
     static int done[3][KDA_MAX_DEVICES];
     const int threads = MERGE_NG(p->kc) * p->kc;
-    return kda_launch(kernels[which], ctas, threads, bytes, p, device, done[which], stream);
+    return kda_launch_ex(kernels[which], ctas, 1, threads, bytes, p, device, done[which], stream, 1);
 }

@@ -91,6 +91,29 @@ typedef struct kda_cuda_blocks {
     int fine; /* the low parts the blocks end with: KDA_FINE_QG | KDA_FINE_KT (kda_cuda_block_bytes_fine) */
 } kda_cuda_blocks_t;
 
+/* Intra-card context parallelism's plan and merge (cp_plan.cu, cp_plan.cuh, cp_merge.cu): the lengths, the piece
+ * table and its storage in the workspace, the decision's inputs */
+typedef struct kda_cp_params {
+    kda_cuda_seqs_t seqs;
+    kda_cp_piece_t *table;
+    int64_t *header;                 /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
+    float *slots;
+    int64_t cap_pieces, cap_slots;   /* the workspace's capacity (kda_cp_capacity) */
+    int mode;                        /* kda_cp_mode_t */
+    int64_t piece_len;               /* tokens, KDA_CP_ON */
+    int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
+    int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
+    int kc, vc;                      /* size classes: the slots' tiles */
+    /* The forward's piece maps kept for the backward's chain (kda_args_t.saved): maps_header[0] is the piece length
+       the forward's plan chose (0: none split, nothing kept), written by the forward's plan (maps_mode 1) and read
+       by the backward's (maps_mode 2), which takes that length, and the maps (header[3] = 1), when its own
+       arguments give the same under the forward's rule; else its own rule (prescan_pairs) and header[3] = 0. The
+       backward's merge reads Mᵀ from `maps` when header[3] is set. */
+    int maps_mode;                   /* 0: no kept maps; 1: the forward (writes maps_header); 2: the backward */
+    int64_t *maps_header;
+    const float *maps;               /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
+} kda_cp_params_t;
+
 typedef struct kda_prep_params {
     kda_cuda_seqs_t seqs;
     kda_cuda_blocks_t blocks;
@@ -102,6 +125,10 @@ typedef struct kda_prep_params {
     float scale, lower_bound;        /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int dev_skip;                    /* KDA_SKIP */
+    /* plan = 1: the prep kernel's CTA 0 makes the CP piece table from cp (cp_plan.cuh) beside the chunks' CTAs,
+       instead of a planning kernel of its own on the chain before prep (the pre-scan, after prep, reads it) */
+    int plan;
+    kda_cp_params_t cp;
 } kda_prep_params_t;
 
 /* What the recurrence kernel walks (kda_rec_params_t.mode) */
@@ -166,26 +193,6 @@ typedef struct kda_rec_params {
 } kda_rec_params_t;
 
 /* The planning and merging kernels of intra-card context parallelism (cp_plan.cu, cp_merge.cu) */
-typedef struct kda_cp_params {
-    kda_cuda_seqs_t seqs;
-    kda_cp_piece_t *table;
-    int64_t *header;                 /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
-    float *slots;
-    int64_t cap_pieces, cap_slots;   /* the workspace's capacity (kda_cp_capacity) */
-    int mode;                        /* kda_cp_mode_t */
-    int64_t piece_len;               /* tokens, KDA_CP_ON */
-    int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
-    int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
-    int kc, vc;                      /* size classes: the slots' tiles */
-    /* The forward's piece maps kept for the backward's chain (kda_args_t.saved): maps_header[0] is the piece length
-       the forward's plan chose (0: none split, nothing kept), written by the forward's plan (maps_mode 1) and read
-       by the backward's (maps_mode 2), which takes that length, and the maps (header[3] = 1), when its own
-       arguments give the same under the forward's rule; else its own rule (prescan_pairs) and header[3] = 0. The
-       backward's merge reads Mᵀ from `maps` when header[3] is set. */
-    int maps_mode;                   /* 0: no kept maps; 1: the forward (writes maps_header); 2: the backward */
-    int64_t *maps_header;
-    const float *maps;               /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
-} kda_cp_params_t;
 
 int kda_cuda_launch_cp_plan(const kda_cp_params_t *p, void *stream);
 int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream);

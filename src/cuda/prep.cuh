@@ -2,7 +2,8 @@
  * Chunk preparation: everything of a chunk that does not depend on the state (docs/ALGORITHM.md §3).
  *
  * One CTA of 8 or 16 warps (PREP_NT) per (chunk of C = 64 tokens, value head); chunks of all sequences run in
- * parallel. In the notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so
+ * parallel. With intra-card CP possible (kda_prep_params_t.plan), CTA 0 makes the piece table instead
+ * (cp_plan.cuh) and the chunks' CTAs follow it. In the notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so
  * every exp is one ex2), it writes the chunk's workspace block (kda_cuda.h). KD and VD are the size classes of K
  * and V (64, 128 or 256): columns past K (V) are zero in every tile, and the gate is 0 there, so they contribute
  * nothing.
@@ -44,6 +45,7 @@
  *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][8][32 lanes][4]
  */
 #include "common.cuh"
+#include "cp_plan.cuh"
 #include "seq.cuh"
 
 /* Threads of a CTA: 8 warps, or 16 for K = V class 256, whose shared memory holds one CTA per SM: 8 warps alone
@@ -969,6 +971,12 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
                             (float *)(smem + PREP_OFF_FQN(KD, VD)),
                             (float *)(smem + PREP_OFF_RED(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    pdl_wait(); /* (launched with pdl: the kernels before, meta's chunk offsets among them, have completed) */
+    pdl_trigger();
+    if (p.plan && blockIdx.x == 0) { /* the CP piece table, beside the chunks (read by the pre-scan, after prep) */
+        cp_plan_cta<NT>(p.cp, (int64_t *)smem, (int64_t *)smem + NT / 32);
+        return;
+    }
 
     /* this CTA's chunk */
     prep_chunk_t ck;
@@ -976,8 +984,9 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     ck.V = EXACT ? VD : p.V;
     ck.piece_qk = EXACT ? 16 : p.piece_qk;
     ck.piece_v = EXACT ? 16 : p.piece_v;
-    const int64_t cid = blockIdx.x / p.hv;
-    ck.h = (int)(blockIdx.x % p.hv);
+    const int64_t b = (int64_t)blockIdx.x - p.plan; /* (after the planning CTA, when there is one) */
+    const int64_t cid = b / p.hv;
+    ck.h = (int)(b % p.hv);
     const int64_t n = chunk_seq(p.seqs, cid);
     if (n < 0) return;
     int64_t bos, eos;
@@ -1023,13 +1032,13 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     if (tstar < ck.clen) poison_block<KD, NT>(ck, tstar, tid);
 }
 
-/* The launcher of one configuration: one CTA per (chunk, value head) */
+/* The launcher of one configuration: one CTA per (chunk, value head), and the planning CTA first when p->plan */
 template <int KD, int VD>
 static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv;
+    const int64_t ctas = p->blocks.max_chunks * p->hv + (p->plan ? 1 : 0);
     if (ctas == 0) return 0;
     const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
-    return kda_launch(kernel, ctas, PREP_NT(KD, VD), bytes, p, device, done[exact], stream);
+    return kda_launch_ex(kernel, ctas, 1, PREP_NT(KD, VD), bytes, p, device, done[exact], stream, 1);
 }

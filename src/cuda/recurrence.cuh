@@ -413,6 +413,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     constexpr int WO = MODE != KDA_REC_PRESCAN && MODE != KDA_REC_STATES; /* the kernel writes O */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
+    pdl_wait(); /* (launched with pdl: the kernel before, prep or the merge, has completed) */
+    pdl_trigger();
 
     const int bv = p.bv, nvt = kda_cuda_size_class(p.V) / bv;
     const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
@@ -650,5 +652,5 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
 #undef REC_STATES_KERNELS
     const int which = 2 * wg + exact, mode = p->mode;
     if (!kernels[mode][which]) return (int)cudaErrorNotSupported;
-    return kda_launch(kernels[mode][which], ctas, threads, bytes, p, device, done[mode][which], stream);
+    return kda_launch_ex(kernels[mode][which], ctas, 1, threads, bytes, p, device, done[mode][which], stream, 1);
 }
