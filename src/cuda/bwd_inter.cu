@@ -14,7 +14,8 @@
  *
  * Written: Δ (per (chunk, head, V part): the fp16 [C][VC] of dK̃'s operand and each row's exponent byte,
  * KDA_BWD_DELTA_BYTES, for the chunk kernel); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the chunk's
- * tokens, which the pairs kernel reads and multiplies by the factors (s e^G, e^{G_last − G}); dγ per (chunk, head). dΔ stays the chunk kernel's (from fp32 Aqk and K̃): read from the bf16 blocks it put dv's
+ * tokens, which the pairs kernel reads and multiplies by the factors (s e^G, e^{G_last − G}); dγ per (chunk, head).
+ * dΔ stays the chunk kernel's (from fp32 Aqk and K̃): read from the bf16 blocks it put dv's
  * and dβ's errors 5-13x above the fp32 path's (dev/bwd_emu, use_blocks = 2) and dβ's above FLA's (docs/PERF.md). The chunk kernel took these three products with S and dS⁺ as tf32 operands
  * read element by element from L2 (two warps of four per product waiting on each other's loads: docs/PERF.md,
  * "Backward v4, first step").

@@ -426,11 +426,12 @@ DEV void wgmma_n128_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
 }
 #endif /* KDA_WGMMA */
 
-/* Programmatic dependent launch (sm_90 on; kda_launch_ex with pdl sets the launch attribute): a kernel so launched may be
- * scheduled before the kernel ahead of it in the stream has finished, so its first act is pdl_wait(), which returns
- * once that kernel has completed and its writes are visible (at once for a kernel launched without the attribute).
- * pdl_trigger() then lets the next such kernel be scheduled once every CTA of this one has passed it: its CTAs take
- * the SMs that this kernel's last wave leaves, and wait there, rather than being launched after it ends. */
+/* Programmatic dependent launch (sm_90 on; kda_launch_ex with pdl sets the launch attribute): a kernel so launched
+ * may be scheduled before the kernel ahead of it in the stream has finished, so its first act is pdl_wait(), which
+ * returns once that kernel has completed and its writes are visible (at once for a kernel launched without the
+ * attribute). pdl_trigger() then lets the next such kernel be scheduled once every CTA of this one has passed it:
+ * its CTAs take the SMs that this kernel's last wave leaves, and wait there, rather than being launched after it
+ * ends. */
 DEV void pdl_wait(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -493,12 +494,7 @@ static inline int kda_launch_ex(const void *kernel, int64_t ctas, int cluster, i
 /* kda_launch_ex without clusters or the attribute: the plain launch */
 static inline int kda_launch(const void *kernel, int64_t ctas, int threads, int bytes, const void *params, int device,
                              int done[KDA_MAX_DEVICES], void *stream) {
-    cudaError_t err = kda_smem_limit(kernel, bytes, device, done);
-    if (err != cudaSuccess) return (int)err;
-    void *args[] = {(void *)params};
-    err = cudaLaunchKernel(kernel, dim3((unsigned)ctas), dim3((unsigned)threads), args, (size_t)bytes,
-                           (cudaStream_t)stream);
-    return err != cudaSuccess ? (int)err : (int)cudaGetLastError();
+    return kda_launch_ex(kernel, ctas, 1, threads, bytes, params, device, done, stream, 0);
 }
 
 /* kda_launch with the CTAs in clusters of `cluster` consecutive ones (ctas a multiple of it) */

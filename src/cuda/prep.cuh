@@ -3,10 +3,10 @@
  *
  * One CTA of 8 or 16 warps (PREP_NT) per (chunk of C = 64 tokens, value head); chunks of all sequences run in
  * parallel. With intra-card CP possible (kda_prep_params_t.plan), CTA 0 makes the piece table instead
- * (cp_plan.cuh) and the chunks' CTAs follow it. In the notation of ALGORITHM.md, with G the chunk's cumulative log decay (kept in log2 units, so
- * every exp is one ex2), it writes the chunk's workspace block (kda_cuda.h). KD and VD are the size classes of K
- * and V (64, 128 or 256): columns past K (V) are zero in every tile, and the gate is 0 there, so they contribute
- * nothing.
+ * (cp_plan.cuh) and the chunks' CTAs follow it. In the notation of ALGORITHM.md, with G the chunk's cumulative
+ * log decay (kept in log2 units, so every exp is one ex2), it writes the chunk's workspace block (kda_cuda.h).
+ * KD and VD are the size classes of K and V (64, 128 or 256): columns past K (V) are zero in every tile, and the
+ * gate is 0 there, so they contribute nothing.
  * The steps, each a device function below, in the order the kernel body calls them:
  *
  *   load_inputs        q, k, v (16-bit: into their tiles), the raw 16-bit gate tile, β (sigmoid in kernel)
