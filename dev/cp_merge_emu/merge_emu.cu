@@ -94,15 +94,20 @@ int main(int argc, char **argv) {
     const int cases = argc > 1 ? atoi(argv[1]) : 40;
     int bad = 0;
     long items = 0, ctas_total = 0;
+    int64_t max_entries = 0;
     for (int c = 0; c < cases; c++) {
         const int KC = c % 5 == 4 ? 256 : (c % 2 ? 64 : 128), VC = c % 3 == 0 ? 64 : 128;
         const int hv = 1 + (int)rnd(3);
         const int64_t P = 1 + rnd(4); /* chunks per piece */
-        /* lengths: a few sequences, some long enough to split into up to ~6 pieces, some empty or short */
-        const int64_t N = 1 + rnd(6);
+        /* lengths: a few sequences, some long enough to split into up to ~6 pieces, some empty or short; every
+           third case hundreds of them, mostly short (the table then spans several of the scan's blocks) */
+        const int many = c % 3 == 2;
+        const int64_t N = many ? 200 + rnd(500) : 1 + rnd(6);
         int64_t *cu = (int64_t *)malloc(sizeof(int64_t) * (N + 1));
         cu[0] = 0;
-        for (int64_t n = 0; n < N; n++) cu[n + 1] = cu[n] + (rnd(4) == 0 ? rnd(3) : rnd(64 * P * 6 + 1));
+        for (int64_t n = 0; n < N; n++)
+            cu[n + 1] = cu[n] + (many ? (rnd(40) == 0 ? rnd(64 * P * 4 + 1) : rnd(64 * P + 1))
+                                      : (rnd(4) == 0 ? rnd(3) : rnd(64 * P * 6 + 1)));
         kda_cp_seqs_t s = {cu, 1, N, 0, cu[N]};
         int64_t total = 0, mx = 0;
         for (int64_t n = 0; n < N; n++) { const int64_t k = kda_cp_seq_chunks(&s, n); total += k; mx = k > mx ? k : mx; }
@@ -136,6 +141,7 @@ int main(int argc, char **argv) {
         if (kda_cuda_launch_cp_merge(&p, 0, NULL) != 0) { printf("case %d: launcher failed\n", c); bad++; continue; }
         if (emu_ctas > 0) run_grid(&p);
         ctas_total += emu_ctas;
+        if (r.num_pieces > max_entries) max_entries = r.num_pieces;
         items += nsplit * hv * (VC / 16);
         const int ok = !memcmp(slots, want, sizeof(float) * nfl);
         if (!ok) {
@@ -148,7 +154,8 @@ int main(int argc, char **argv) {
         }
         free(slots), free(want), free(tab), free(cu);
     }
-    printf("%d cases (%ld work items, %ld CTAs launched): %s\n", cases, items, ctas_total,
+    printf("%d cases (%ld work items, %ld CTAs launched, tables of up to %lld entries): %s\n", cases, items, ctas_total,
+           (long long)max_entries,
            bad ? "MISMATCH" : "the same incoming states, nothing else written");
     return bad != 0;
 }
