@@ -370,10 +370,11 @@ PY
   fwdsrc) # a forward kernel's source lines by warp-stall samples (ncu source counters; FWD_SRC_KERNEL, FWD_SRC_SHAPE)
     kn=${FWD_SRC_KERNEL:-kda_prep_kernel}
     env KDA_LIBRARY=$PWD/build-gpu/libkda.so $PYENV ncu -k regex:$kn --launch-skip 2 --launch-count 1 \
-      --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "$LOG/$kn" -f \
-      python3 bench/stages.py --shapes ${FWD_SRC_SHAPE:-B2T8192H64} --sets all --reps 1 >"$LOG/ncu_$kn.log" 2>&1 ||
-      tail -5 "$LOG/ncu_$kn.log"
+      --section SourceCounters --section WarpStateStats --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables \
+      -o "$LOG/$kn" -f python3 bench/stages.py --shapes ${FWD_SRC_SHAPE:-B2T8192H64} --sets all --reps 1 \
+      >"$LOG/ncu_$kn.log" 2>&1 || tail -5 "$LOG/ncu_$kn.log"
     ncu_src_report "$kn"
+    grep -iE "shared (load|store)|bank" "$OUT/det_$kn.txt" | head -8 # wavefronts per request (the merge's question)
     ;;
   ncudec) # ncu of the decode kernel and FLA's on one shape (DEC_NCU_SHAPE)
     fla_site
