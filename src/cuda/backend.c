@@ -503,6 +503,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
         rp.cp_header = cpp.header;
         rp.cp_slots = cpp.slots;
         rp.cp_capacity = cap.pieces;
+        rp.cp_capacity_slots = cap.slots;
     }
     pp.plan = cap.slots > 0;
     pp.cp = cpp;
@@ -842,6 +843,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         bw.cp_header = cpp.header;
         bw.cp_slots = cpp.slots;
         bw.cp_capacity = l.cap.pieces;
+        bw.cp_capacity_slots = l.cap.slots;
     }
     const int overlap = bwd_overlap(impl, p, &bw);
     int prev = -1;

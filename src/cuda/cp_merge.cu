@@ -11,8 +11,9 @@
  * device's plan splits, only that they are at most min(N, slots / 2) (a split sequence has two slots or more), and
  * a grid of every table entry's CTAs (up to the capacity, most of them returning at once) cost more than the chain
  * it served (docs/PERF.md, "The merge's empty CTAs"). Item (r, h, tile) finds the first piece of the r-th split
- * sequence by a scan of the table (entries FIRST with a slot), which goes on where the CTA's previous item left it. The CTA's threads are
- * NG groups of KC (NG = 4 where K's class has four 32-row blocks of Mᵀ): group b takes the rows e of Mᵀ_j's blocks
+ * sequence by a scan of the table's split pieces (its first header[2] entries, cp_plan.h; those FIRST), which goes
+ * on where the CTA's previous item left it. The CTA's threads are NG groups of KC (NG = 4 where K's class has
+ * four 32-row blocks of Mᵀ): group b takes the rows e of Mᵀ_j's blocks
  * b, b + NG, .. (Mᵀ stored [e][d] by the pre-scan, so 32 rows e are one contiguous block), each thread a 4 × 4
  * tile of the partial product (rows 4 tr .. 4 tr + 3, columns 4 tc ..) from S_in(j) in shared memory; then the
  * NG partials are summed in group order (the same bits in every run) with E_j into S_in(j + 1). Mᵀ's blocks
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
     const int VC = p.vc, nct = VC / MERGE_COLS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = tid / KC, tc = (tid % KC) & 3,
               tr = (tid % KC) >> 2;
-    const int64_t ne = p.header[0], per_seq = (int64_t)p.hv * nct;
+    const int64_t ne = p.header[2], per_seq = (int64_t)p.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
     const int r0 = 4 * tr;
     float *ring = msm;                               /* NST blocks of MERGE_EB × KC */

@@ -176,9 +176,11 @@ typedef struct kda_rec_params {
     int dev_skip;                    /* KDA_SKIP */
     int mode;                        /* KDA_REC_SEQ, KDA_REC_PRESCAN or KDA_REC_PIECES */
     const kda_cp_piece_t *cp_table;  /* the piece table (modes PRESCAN, PIECES) */
-    const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split) */
+    const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split),
+                                        [2] slots used (the split pieces: table entries 0 .. [2] − 1) */
     float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
-    int64_t cp_capacity;             /* table entries the grid covers */
+    int64_t cp_capacity;             /* table entries the pieces' grid covers */
+    int64_t cp_capacity_slots;       /* slots the pre-scan's grid covers */
     float *cp_maps;                  /* KDA_REC_PRESCAN, the forward keeping its piece maps for the backward
                                         (kda_args_t.saved; ALGORITHM.md §6): M of every middle piece, [d][e] (the
                                         backward's Mᵀ), at the backward's mirrored slot; NULL: not kept */
