@@ -67,7 +67,8 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
                 for (int d = 0; d < KC; d++)
                     for (int v = 0; v < VC; v++) {
                         float acc = 0.0f;
-                        for (int e2 = 0; e2 < KC; e2++) acc = fmaf(SLOT(j)[e2 * KC + d], SLOT(j)[KC * KC + KC * VC + e2 * VC + v], acc);
+                        for (int e2 = 0; e2 < KC; e2++) /* Mᵀ as the pre-scan stores it (swizzled, cp_slot.cuh) */
+                            acc = fmaf(SLOT(j)[kda_cuda_map_index(KC, e2, d)], SLOT(j)[KC * KC + KC * VC + e2 * VC + v], acc);
                         SLOT(j + 1)[KC * KC + KC * VC + d * VC + v] = acc + SLOT(j)[KC * KC + d * VC + v];
                     }
 #undef SLOT

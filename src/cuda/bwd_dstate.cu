@@ -620,7 +620,7 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     }
 #undef DSR_ISSUE
     if (MODE == KDA_DS_PRESCAN) {
-        if (wk.mcols) store_slot<KC>(wk.slot_base, s, 1, KC, vw, g, t);          /* Mᵀ[e][d] */
+        if (wk.mcols) store_map<KC>(wk.slot_base, s, 1, vw, g, t);                /* Mᵀ[e][d] (swizzled) */
         else store_slot<KC>(wk.slot_base + KC * KC, s, p.vc, 1, vw, g, t);        /* E[d][v] */
     } else if (wk.write_dh0 && p.dh0 && slot >= 0) {
 #pragma unroll

@@ -141,9 +141,16 @@ typedef struct kda_prep_params {
                              when set, into states_out (the caller's kda_args_t.chunk_states: its dtype and layout,
                              masked to K × V) */
 
-/* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d]), E (KC×VC, [d][v]),
- * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
+/* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d], swizzled:
+ * kda_cuda_map_index), E (KC×VC, [d][v]), S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
 KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (int64_t)kc * kc + (int64_t)2 * kc * vc; }
+
+/* Where element (r, c) of a KC × KC map the merge streams by rows r (Mᵀ in a slot; the forward's M kept for the
+ * backward, kda_rec_params_t.cp_maps) is stored: row r, column c ⊕ 8 (r mod 4). The merge's tf32 fragments
+ * (cp_merge.cu) read column c of rows r .. r + 3 in one instruction; unswizzled, those four rows lie in one bank. */
+KDA_HD static inline int64_t kda_cuda_map_index(int kc, int r, int c) {
+    return (int64_t)r * kc + (c ^ ((r & 3) << 3));
+}
 
 /* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S; also of its fp16 dS⁺, bwd.h
  * dstates_f16: states16.cuh writes and reads both): the recurrence's warps write S as

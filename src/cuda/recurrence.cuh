@@ -598,9 +598,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #undef REC_BLOCK
 
     if (MODE == KDA_REC_PRESCAN) {
-        if (mcols) store_slot<KD>(slot_base, s, 1, KD, vw, g, t);       /* Mᵀ[e][d] */
+        if (mcols) store_map<KD>(slot_base, s, 1, vw, g, t);             /* Mᵀ[e][d] (swizzled) */
         else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
-        if (map_out) store_slot<KD>(map_out, s, KD, 1, vw, g, t);         /* M[d][e]: the backward's Mᵀ */
+        if (map_out) store_map<KD>(map_out, s, 0, vw, g, t);              /* M[d][e]: the backward's Mᵀ */
     } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
         store_state<KD>(p, p.ht, p.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
     }
