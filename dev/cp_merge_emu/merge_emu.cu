@@ -5,6 +5,7 @@
  * written. dev/cp_merge_emu/run.sh [cases] [source]   (g++ -x c++; no GPU) */
 #include "cp_merge.cu" /* with this folder's common.cuh beside it (run.sh) */
 #include "cp_plan.h"
+#include "cp_slot.cuh" /* store_map: the pre-scans' writer of the layout the merge reads */
 
 __thread emu_dim threadIdx;
 emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
@@ -88,9 +89,40 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
 #undef ROUT
 }
 
+/* store_map against kda_cuda_map_index: every lane's accumulators of every 16-column warp tile, stored as Mᵀ
+ * (rows v) and as M (rows d), land where the merge reads element (r, c); returns the mismatches */
+template <int KD>
+static int check_store_map(void) {
+    int bad = 0;
+    float *dst = (float *)malloc(sizeof(float) * KD * KD);
+    for (int rows_v = 0; rows_v < 2; rows_v++) {
+        for (int i = 0; i < KD * KD; i++) dst[i] = NAN;
+        for (int vw = 0; vw < KD; vw += 16)
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, t = lane & 3;
+                float s[KD / 8][4];
+                for (int nt = 0; nt < KD / 8; nt++)
+                    for (int c = 0; c < 4; c++) /* X[d][v] = d * KD + v */
+                        s[nt][c] = (float)((8 * nt + 2 * t + (c & 1)) * KD + vw + g + 8 * (c >> 1));
+                store_map<KD>(dst, s, rows_v, vw, g, t);
+            }
+        for (int r = 0; r < KD; r++)
+            for (int c = 0; c < KD; c++) {
+                const float want = rows_v ? (float)(c * KD + r) : (float)(r * KD + c); /* Mᵀ(r, c) = X[c][r] */
+                bad += !(dst[kda_cuda_map_index(KD, r, c)] == want);
+            }
+    }
+    free(dst);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     const int cases = argc > 1 ? atoi(argv[1]) : 40;
     int bad = 0;
+    const int sm = check_store_map<64>() + check_store_map<128>() + check_store_map<256>();
+    printf("store_map (K 64, 128, 256; as Mᵀ and as M) against kda_cuda_map_index: %s\n",
+           sm ? "MISMATCH" : "every element where the merge reads it");
+    bad += sm != 0;
     long items = 0, ctas_total = 0;
     int64_t max_entries = 0;
     for (int c = 0; c < cases; c++) {
