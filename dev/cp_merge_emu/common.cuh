@@ -56,6 +56,7 @@ DEV float to_tf32(float x) {
     memcpy(&y, &u, 4);
     return y;
 }
+DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
 struct emu_tf32_frag { float a[4], b[2]; };
 extern emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {

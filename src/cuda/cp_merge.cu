@@ -40,12 +40,6 @@ static int merge_smem(int kc) {
     return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST * 4 + 8 * MERGE_NST(kc);
 }
 
-/* x as tf32 hi + lo */
-DEV void merge_split(float x, float *hi, float *lo) {
-    *hi = to_tf32(x);
-    *lo = to_tf32(x - *hi);
-}
-
 /* KC: the K class (a compile-time size: the warps, the ring) */
 template <int KC>
 __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_params_t p) {
@@ -163,16 +157,16 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                     for (int ks = 0; ks < MERGE_EB / 8; ks++) { /* rows e = 32 b + 8 ks + (t, t + 4) */
                         const float *r0 = blk + (8 * ks + t) * KC, *r4 = r0 + 4 * KC;
                         float ah[4], al[4];
-                        merge_split(r0[ca], &ah[0], &al[0]);
-                        merge_split(r0[cb], &ah[1], &al[1]);
-                        merge_split(r4[ca], &ah[2], &al[2]);
-                        merge_split(r4[cb], &ah[3], &al[3]);
+                        split_tf32(r0[ca], &ah[0], &al[0]);
+                        split_tf32(r0[cb], &ah[1], &al[1]);
+                        split_tf32(r4[ca], &ah[2], &al[2]);
+                        split_tf32(r4[cb], &ah[3], &al[3]);
                         const float *s0r = sB + (MERGE_EB * b + 8 * ks + t) * MERGE_SST + g;
 #pragma unroll
                         for (int nt = 0; nt < 2; nt++) {
                             float bh0, bl0, bh1, bl1;
-                            merge_split(s0r[8 * nt], &bh0, &bl0);
-                            merge_split(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
+                            split_tf32(s0r[8 * nt], &bh0, &bl0);
+                            split_tf32(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
                             mma_tf32(acc[nt], al[0], al[1], al[2], al[3], bh0, bh1);
                             mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
                             mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
