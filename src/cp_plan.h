@@ -13,7 +13,10 @@
  *                         incoming state), from num_tokens and num_seqs alone when the lengths are on the
  *                         device: workspace sizes and worst-case launch grids
  *   kda_cp_fill_table     the piece table from the sequence bounds; kda_cp_write_seq writes one sequence's
- *                         pieces, for a planning kernel that scans over sequences in parallel
+ *                         pieces, for a planning kernel that scans over sequences in parallel. The table holds
+ *                         the pieces of split sequences first, entry e being the piece of storage slot e, then
+ *                         the whole sequences: so the pre-scan, which has work only in slots, is launched over
+ *                         the slots' capacity and finds its entry without a search
  *
  * Header-only and plain C (no allocation, no callbacks, no globals): every function is KDA_HD static inline, so
  * that host code, one CUDA thread or a one-CTA planning kernel run the very same code. Device contents of
@@ -315,7 +318,8 @@ typedef struct kda_cp_piece {
     int64_t index;      /* its position within its sequence, 0 .. seq_pieces − 1 */
     int64_t seq_pieces; /* pieces of its sequence */
     int64_t slot;       /* its storage slot (kda_cp_slot_head_bytes per value head), −1 when its sequence is
-                           whole; the slots of a split sequence are consecutive, in order */
+                           whole; the slots of a split sequence are consecutive, in order, and a split piece's
+                           entry is table[slot] */
     int64_t flags;      /* KDA_CP_FIRST | KDA_CP_LAST */
 } kda_cp_piece_t;
 
@@ -324,17 +328,21 @@ KDA_HD static inline int64_t kda_cp_workspace_bytes(kda_cp_capacity_t c, int32_t
     return table + c.slots * num_v_heads * kda_cp_slot_head_bytes(K, V);
 }
 
-/* Write the pieces of sequence n at table[piece0 ..], its first chunk being chunk0 and its first slot slot0 (both
- * from prefix sums over the sequences before it: Σ ceil(c_m / C), Σ kda_cp_seq_pieces, Σ kda_cp_seq_slots).
- * Entries at or past `capacity` are not written. Returns the number of pieces of the sequence. */
+/* Write the pieces of sequence n, its first chunk being chunk0, and its entries where the table's order puts them:
+ * a split sequence's at table[slot0 ..], its slots; a whole sequence's one piece at table[num_slots + whole0], after
+ * every split piece. chunk0, slot0 and whole0 are prefix sums over the sequences before it (Σ ceil(c_m / C),
+ * Σ kda_cp_seq_slots, and the number of whole sequences: Σ kda_cp_seq_pieces − kda_cp_seq_slots); num_slots is the
+ * plan's total of slots. Entries at or past `capacity` are not written. Returns the number of pieces of the
+ * sequence. */
 KDA_HD static inline int64_t kda_cp_write_seq(const kda_cp_seqs_t *s, int64_t n, int64_t P, int64_t chunk0,
-                                              int64_t piece0, int64_t slot0, kda_cp_piece_t *table,
-                                              int64_t capacity) {
+                                              int64_t slot0, int64_t whole0, int64_t num_slots,
+                                              kda_cp_piece_t *table, int64_t capacity) {
     int64_t bos, eos;
     kda_cp_seq_bounds(s, n, &bos, &eos);
     const int64_t chunks = kda_cp_ceil_div(eos - bos, KDA_CHUNK);
     const int64_t pieces = kda_cp_seq_pieces(chunks, P), split = kda_cp_seq_slots(chunks, P) > 0;
     const int64_t per = pieces == 1 ? chunks : P;
+    const int64_t piece0 = split ? slot0 : num_slots + whole0;
     for (int64_t j = 0; j < pieces && piece0 + j < capacity; j++) {
         kda_cp_piece_t *e = &table[piece0 + j];
         const int64_t c0 = j * per, c1 = kda_cp_min64(chunks, c0 + per);
@@ -358,15 +366,19 @@ typedef struct kda_cp_plan {
     int64_t num_chunks; /* chunks it covers: Σ_n ceil(len_n / C) */
 } kda_cp_plan_t;
 
-/* Fill the piece table for pieces of P chunks (0: every sequence whole), sequence after sequence, in chunk
- * order. A host loop or one CUDA thread; a planning kernel may instead scan kda_cp_seq_pieces / kda_cp_seq_slots
- * / chunk counts over the sequences and call kda_cp_write_seq per sequence. */
+/* Fill the piece table for pieces of P chunks (0: every sequence whole): the split sequences' pieces in slot order
+ * (sequence after sequence, each in chunk order), then the whole sequences in order. A host loop or one CUDA
+ * thread (two passes: the slots' total places the whole sequences); a planning kernel may instead scan
+ * kda_cp_seq_pieces / kda_cp_seq_slots / chunk counts over the sequences and call kda_cp_write_seq per sequence. */
 KDA_HD static inline kda_cp_plan_t kda_cp_fill_table(const kda_cp_seqs_t *s, int64_t P, kda_cp_piece_t *table,
                                                      int64_t capacity) {
     kda_cp_plan_t r = {0, 0, 0};
+    int64_t num_slots = 0;
+    for (int64_t n = 0; n < s->num_seqs; n++) num_slots += kda_cp_seq_slots(kda_cp_seq_chunks(s, n), P);
     for (int64_t n = 0; n < s->num_seqs; n++) {
         const int64_t chunks = kda_cp_seq_chunks(s, n);
-        r.num_pieces += kda_cp_write_seq(s, n, P, r.num_chunks, r.num_pieces, r.num_slots, table, capacity);
+        r.num_pieces += kda_cp_write_seq(s, n, P, r.num_chunks, r.num_slots, r.num_pieces - r.num_slots, num_slots,
+                                         table, capacity);
         r.num_slots += kda_cp_seq_slots(chunks, P);
         r.num_chunks += chunks;
     }

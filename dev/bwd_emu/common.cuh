@@ -106,6 +106,7 @@ DEV float to_tf32(float x) {
     if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
     float y; memcpy(&y, &u, 4); return y;
 }
+DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
 typedef struct { float a[4], b[2]; } emu_tf32_frag;
 extern emu_tf32_frag emu_tf32[EMU_WARPS][32];
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {

@@ -50,12 +50,13 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
     float *slots = (float *)malloc((size_t)(plan.num_slots > 0 ? plan.num_slots : 1) * HV * sz * sizeof(float));
     for (int64_t i = 0; i < plan.num_slots * HV * sz; i++) slots[i] = NAN;
     q->cp_table = table; q->cp_header = header; q->cp_slots = slots; q->cp_capacity = cap;
+    q->cp_capacity_slots = plan.num_slots; /* the pre-scan's grid: the split pieces are entries 0 .. slots − 1 */
     int bv = VC < 128 ? VC : 128;
     bv = KC < bv ? KC : bv;
     emu_kernel_fn pre = KC == 64 ? dstate_cp_64_64_KDA_DS_PRESCAN : bv == 64 ? dstate_cp_128_64_KDA_DS_PRESCAN : dstate_cp_128_128_KDA_DS_PRESCAN;
     emu_kernel_fn pcs = KC == 64 ? dstate_cp_64_64_KDA_DS_PIECES : bv == 64 ? dstate_cp_128_64_KDA_DS_PIECES : dstate_cp_128_128_KDA_DS_PIECES;
     q->ds_mode = KDA_DS_PRESCAN;
-    emu_launch((unsigned)(cap * HV * (KC / bv + VC / bv)), 2 * bv, pre, q);
+    emu_launch((unsigned)(plan.num_slots * HV * (KC / bv + VC / bv)), 2 * bv, pre, q);
     for (int64_t e = 0; e < plan.num_pieces; e++) { /* the merge */
         const kda_cp_piece_t *x = &table[e];
         if (!(x->flags & KDA_CP_FIRST) || x->slot < 0) continue;
@@ -66,7 +67,8 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
                 for (int d = 0; d < KC; d++)
                     for (int v = 0; v < VC; v++) {
                         float acc = 0.0f;
-                        for (int e2 = 0; e2 < KC; e2++) acc = fmaf(SLOT(j)[e2 * KC + d], SLOT(j)[KC * KC + KC * VC + e2 * VC + v], acc);
+                        for (int e2 = 0; e2 < KC; e2++) /* Mᵀ as the pre-scan stores it (swizzled, cp_slot.cuh) */
+                            acc = fmaf(SLOT(j)[kda_cuda_map_index(KC, e2, d)], SLOT(j)[KC * KC + KC * VC + e2 * VC + v], acc);
                         SLOT(j + 1)[KC * KC + KC * VC + d * VC + v] = acc + SLOT(j)[KC * KC + d * VC + v];
                     }
 #undef SLOT

@@ -2,7 +2,8 @@
  * thread, one CTA at a time; __syncthreads a barrier of the block, a warp's ballot an exchange through its lanes'
  * slots between two barriers of the warp; shared memory one poisoned buffer (run.sh turns the kernel's extern
  * declaration into a pointer to it; __shared__ statics are the CTA's since CTAs run one after another); bulk copies
- * land at once and complete their mbarrier's phase, whose waiters spin until it has. Only what cp_merge.cu uses. */
+ * land at once and complete their mbarrier's phase, whose waiters spin until it has; tf32 mma.sync by an exchange
+ * through the warp's lanes. Only what cp_merge.cu uses. */
 #pragma once
 #include <math.h>
 #include <pthread.h>
@@ -22,6 +23,8 @@
 #define KDA_MAX_DEVICES 16
 struct float4 { float x, y, z, w; };
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
 typedef struct { unsigned x, y, z; } emu_dim;
 extern __thread emu_dim threadIdx;
 extern emu_dim blockIdx, gridDim;
@@ -42,6 +45,34 @@ static inline unsigned __ballot_sync(unsigned mask, int pred) {
     return m;
 }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+/* tf32: round to nearest, ties to even (cvt.rn.tf32.f32); the m16n8k8 tf32 product of a warp: each lane posts its
+ * fragments, then sums its four outputs over k = 0 .. 7 in order, each product and sum rounded to fp32 (run.sh
+ * compiles without FMA contraction); the merge's host reference (merge_emu.cu) sums in the same order */
+DEV float to_tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & 0xffffe000u;
+    float y;
+    memcpy(&y, &u, 4);
+    return y;
+}
+DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
+struct emu_tf32_frag { float a[4], b[2]; };
+extern emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
+DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    emu_tf32_frag *f = &emu_tf32[w][lane];
+    f->a[0] = a0, f->a[1] = a1, f->a[2] = a2, f->a[3] = a3, f->b[0] = b0, f->b[1] = b1;
+    pthread_barrier_wait(&emu_warp_bar[w]);
+    for (int e = 0; e < 4; e++) {
+        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        float s = c[e];
+        for (int k = 0; k < 8; k++)
+            s += emu_tf32[w][(row & 7) * 4 + (k & 3)].a[(row >> 3) + 2 * (k >> 2)] * emu_tf32[w][col * 4 + (k & 3)].b[k >> 2];
+        c[e] = s;
+    }
+    pthread_barrier_wait(&emu_warp_bar[w]);
+}
 DEV void pdl_wait(void) {}
 DEV void pdl_trigger(void) {}
 DEV uint32_t smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - emu_smem); }

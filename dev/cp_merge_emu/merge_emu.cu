@@ -1,12 +1,14 @@
 /* Host emulation of the CP merge kernel (src/cuda/cp_merge.cu, its launcher's grid included) on random piece tables
  * (src/cp_plan.h's kda_cp_fill_table, pieces forced): every split sequence's incoming states S_in(1 .. np − 1), per
- * value head and column, against the merge's arithmetic done serially in the kernel's order (each group's fmaf
- * chain over its rows of Mᵀ, the groups summed in order, then E_j): the same bytes; nothing else in the slots
+ * value head and column, against the merge's arithmetic done serially in the kernel's order (the tf32 parts'
+ * products summed as the emulated mma.sync sums them, then E_j): the same bytes; nothing else in the slots
  * written. dev/cp_merge_emu/run.sh [cases] [source]   (g++ -x c++; no GPU) */
 #include "cp_merge.cu" /* with this folder's common.cuh beside it (run.sh) */
 #include "cp_plan.h"
+#include "cp_slot.cuh" /* store_map: the pre-scans' writer of the layout the merge reads */
 
 __thread emu_dim threadIdx;
+emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
 emu_dim blockIdx, gridDim;
 unsigned char emu_smem[EMU_SMEM];
 pthread_barrier_t emu_block_bar, emu_warp_bar[EMU_MAX_WARPS];
@@ -52,10 +54,12 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 static int64_t rnd(int64_t n) { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17; return (int64_t)(rng % (uint64_t)n); }
 static float rndf(void) { return (float)(rnd(2000001) - 1000000) * 1e-6f; }
 
-/* the merge of one (split sequence, value head) in the kernel's order, all VC columns: S_in(j) into `out` */
+/* the merge of one (split sequence, value head) in the kernel's order, all VC columns: S_in(j) into `out`. Per
+ * step and output (d, v): the m16n8k8 products in e order, 8 rows e at a time, each as three tf32 products (Al Bh,
+ * Ah Bl, Ah Bh) summed k by k into one fp32 accumulator, as the emulated mma.sync does; then + E_j. Mᵀ_j is read
+ * through the swizzle its writers store it with (kda_cuda_map_index). */
 static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv, int KC, int VC, float *out) {
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
-    const int NB = KC / 32, NG = NB < 4 ? NB : 4, ROUNDS = NB / NG;
 #define RSLOT(j) (slots + ((s0 + (j)) * hv + h) * sz)
 #define ROUT(j) (out + ((s0 + (j)) * hv + h) * sz)
     float *S = (float *)malloc(sizeof(float) * KC * VC);
@@ -66,20 +70,15 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
         const float *Mt = RSLOT(j), *E = RSLOT(j) + KC * KC;
         for (int d = 0; d < KC; d++)
             for (int c = 0; c < VC; c++) {
-                float part[4];
-                for (int g = 0; g < NG; g++) {
-                    float acc = 0.f;
-                    for (int rd = 0; rd < ROUNDS; rd++)
-                        for (int ee = 0; ee < 32; ee++) {
-                            const int e = (rd * NG + g) * 32 + ee;
-                            acc = fmaf(Mt[(int64_t)e * KC + d], S[e * VC + c], acc);
+                float acc = 0.f;
+                for (int e0 = 0; e0 < KC; e0 += 8)
+                    for (int part = 0; part < 3; part++)
+                        for (int k = 0; k < 8; k++) {
+                            const float a = Mt[kda_cuda_map_index(KC, e0 + k, d)], b = S[(e0 + k) * VC + c];
+                            const float ah = to_tf32(a), al = to_tf32(a - ah), bh = to_tf32(b), bl = to_tf32(b - bh);
+                            acc += part == 0 ? al * bh : part == 1 ? ah * bl : ah * bh;
                         }
-                    part[g] = acc;
-                }
-                float x = part[0];
-                for (int g = 1; g < NG; g++) x += part[g];
-                x += E[d * VC + c];
-                next[d * VC + c] = x;
+                next[d * VC + c] = acc + E[d * VC + c];
             }
         memcpy(S, next, sizeof(float) * KC * VC);
         memcpy(ROUT(j + 1) + KC * KC + KC * VC, S, sizeof(float) * KC * VC);
@@ -90,9 +89,40 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
 #undef ROUT
 }
 
+/* store_map against kda_cuda_map_index: every lane's accumulators of every 16-column warp tile, stored as Mᵀ
+ * (rows v) and as M (rows d), land where the merge reads element (r, c); returns the mismatches */
+template <int KD>
+static int check_store_map(void) {
+    int bad = 0;
+    float *dst = (float *)malloc(sizeof(float) * KD * KD);
+    for (int rows_v = 0; rows_v < 2; rows_v++) {
+        for (int i = 0; i < KD * KD; i++) dst[i] = NAN;
+        for (int vw = 0; vw < KD; vw += 16)
+            for (int lane = 0; lane < 32; lane++) {
+                const int g = lane >> 2, t = lane & 3;
+                float s[KD / 8][4];
+                for (int nt = 0; nt < KD / 8; nt++)
+                    for (int c = 0; c < 4; c++) /* X[d][v] = d * KD + v */
+                        s[nt][c] = (float)((8 * nt + 2 * t + (c & 1)) * KD + vw + g + 8 * (c >> 1));
+                store_map<KD>(dst, s, rows_v, vw, g, t);
+            }
+        for (int r = 0; r < KD; r++)
+            for (int c = 0; c < KD; c++) {
+                const float want = rows_v ? (float)(c * KD + r) : (float)(r * KD + c); /* Mᵀ(r, c) = X[c][r] */
+                bad += !(dst[kda_cuda_map_index(KD, r, c)] == want);
+            }
+    }
+    free(dst);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     const int cases = argc > 1 ? atoi(argv[1]) : 40;
     int bad = 0;
+    const int sm = check_store_map<64>() + check_store_map<128>() + check_store_map<256>();
+    printf("store_map (K 64, 128, 256; as Mᵀ and as M) against kda_cuda_map_index: %s\n",
+           sm ? "MISMATCH" : "every element where the merge reads it");
+    bad += sm != 0;
     long items = 0, ctas_total = 0;
     int64_t max_entries = 0;
     for (int c = 0; c < cases; c++) {

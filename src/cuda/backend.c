@@ -503,13 +503,15 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
         rp.cp_header = cpp.header;
         rp.cp_slots = cpp.slots;
         rp.cp_capacity = cap.pieces;
+        rp.cp_capacity_slots = cap.slots;
     }
     pp.plan = cap.slots > 0;
     pp.cp = cpp;
 
     if (blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
         p->num_seqs * a->num_v_heads * (vc / 32) >= ((int64_t)1 << 31) ||
-        cap.pieces * a->num_v_heads * (kc / 64 + vc / 32) >= ((int64_t)1 << 31))
+        cap.pieces * a->num_v_heads * (kc / 64 + vc / 32) >= ((int64_t)1 << 31) ||
+        cap.slots * a->num_v_heads * (kc / 32 + vc / 32) >= ((int64_t)1 << 31)) /* the pre-scan's grid, by slots */
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
@@ -821,7 +823,8 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
     bw.wgmma = ((const cuda_impl_t *)ctx->impl)->major == 9 && cfg->rec_wgmma;
     if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
-        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31))
+        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
+        l.cap.slots * a->num_v_heads * (bw.kc / 32 + bw.vc / 32) >= ((int64_t)1 << 31)) /* the CP pre-scan's grid */
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
@@ -842,6 +845,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
         bw.cp_header = cpp.header;
         bw.cp_slots = cpp.slots;
         bw.cp_capacity = l.cap.pieces;
+        bw.cp_capacity_slots = l.cap.slots;
     }
     const int overlap = bwd_overlap(impl, p, &bw);
     int prev = -1;

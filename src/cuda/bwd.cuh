@@ -95,8 +95,8 @@ DEV void zero_acc(float (*acc)[4]) {
  * A B ≈ Ah Bh + Ah Bl + Al Bh (3 products, ~fp32 accurate). In the emulation, tf32 there left dg, dA_log,
  * ddt_bias 5-40x less accurate than fp32 diagonal blocks (ddt_bias 9.8e-3 against 2.5e-4 at K = V = 128). */
 DEV void split2(frag_t x, frag_t *hi, frag_t *lo) {
-    *hi = tf2(x.x, x.y);
-    *lo = tf2(x.x - hi->x, x.y - hi->y);
+    split_tf32(x.x, &hi->x, &lo->x);
+    split_tf32(x.y, &hi->y, &lo->y);
 }
 /* c += A B, A given as parts (ah, al), B unrounded (b0, b1); the 3-product form when x3, else Ah B */
 DEV void mma16_x3(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1, int x3) {

@@ -122,7 +122,8 @@ typedef struct kda_bwd_params {
     const int64_t *cp_header;     /* [0] pieces in the table, [3] 1: the plan took the forward's pieces and maps
                                      (the pre-scan runs no M, the merge reads the maps: cp_plan.cu) */
     float *cp_slots;              /* per (slot, value head): kda_cuda_cp_slot_floats (Mᵀ, E, incoming dS) */
-    int64_t cp_capacity;          /* table entries the grids cover */
+    int64_t cp_capacity;          /* table entries the pieces' grid covers */
+    int64_t cp_capacity_slots;    /* slots the pre-scan's grid covers (entry = slot: cp_plan.h) */
     int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
     int dev_skip;                 /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;

@@ -489,8 +489,8 @@ DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
     const int tile = (int)(blockIdx.x % ntiles);
     const int64_t rest = blockIdx.x / ntiles;
     w->h = (int)(rest % p.hv);
-    const int64_t piece = rest / p.hv;
-    if (piece >= p.cp_header[0]) return 0;
+    const int64_t piece = rest / p.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
+    if (piece >= p.cp_header[MODE == KDA_DS_PRESCAN ? 2 : 0]) return 0;
     const kda_cp_piece_t *e = &p.cp_table[piece];
     const int64_t flags = e->flags;
     w->n = e->seq;
@@ -620,7 +620,7 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     }
 #undef DSR_ISSUE
     if (MODE == KDA_DS_PRESCAN) {
-        if (wk.mcols) store_slot<KC>(wk.slot_base, s, 1, KC, vw, g, t);          /* Mᵀ[e][d] */
+        if (wk.mcols) store_map<KC>(wk.slot_base, s, 1, vw, g, t);                /* Mᵀ[e][d] (swizzled) */
         else store_slot<KC>(wk.slot_base + KC * KC, s, p.vc, 1, vw, g, t);        /* E[d][v] */
     } else if (wk.write_dh0 && p.dh0 && slot >= 0) {
 #pragma unroll
@@ -671,12 +671,13 @@ static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream
     return launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_SEQ>(p, ctas, device, stream);
 }
 
-/* The CP modes: a CTA per (table entry up to the capacity, value head, tile), the pre-scan's tiles M's KC / BV
- * then E's VC / BV */
+/* The CP modes: a CTA per (table entry up to the capacity, value head, tile); the pre-scan's per (slot up to the
+ * capacity, value head, tile), its tiles M's KC / BV then E's VC / BV */
 template <int KC, int BV, int WG>
 static int launch_dstate_cp(const kda_bwd_params_t *p, int device, void *stream) {
     const int prescan = p->ds_mode == KDA_DS_PRESCAN;
-    const int64_t ctas = p->cp_capacity * p->hv * (p->vc / BV + (prescan ? KC / BV : 0));
+    const int64_t ctas = prescan ? p->cp_capacity_slots * p->hv * (p->vc / BV + KC / BV)
+                                 : p->cp_capacity * p->hv * (p->vc / BV);
     if (ctas == 0) return 0;
     return prescan ? launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PRESCAN>(p, ctas, device, stream)
                    : launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PIECES>(p, ctas, device, stream);

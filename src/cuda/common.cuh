@@ -183,6 +183,12 @@ DEV float to_tf32(float x) {
     return __uint_as_float(r);
 }
 
+/* x as tf32 parts hi + lo (lo = x − hi, rounded): the operands of 3xTF32, A B ≈ Ah Bh + Ah Bl + Al Bh (~fp32) */
+DEV void split_tf32(float x, float *hi, float *lo) {
+    *hi = to_tf32(x);
+    *lo = to_tf32(x - *hi);
+}
+
 /* c += A B, m16n8k8 with tf32 operands: a0..a3 = A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4);
  * b0, b1 = B(t, g), B(t + 4, g) (lane = 4g + t) */
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {

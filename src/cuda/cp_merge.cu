@@ -5,44 +5,48 @@
  *
  *     S_in(1) = E_0,     S_in(j + 1) = M_j S_in(j) + E_j      (j = 1 .. np − 2)
  *
- * fp32 throughout. One work item per (split sequence, value head, 16 state columns): the columns are independent, so
- * the chain of one head splits over VC / 16 items, and a step is a KC × KC by KC × 16 product. The grid is at most
- * one wave, and a CTA takes items blockIdx, blockIdx + gridDim, ..: the host cannot tell how many sequences the
- * device's plan splits, only that they are at most min(N, slots / 2) (a split sequence has two slots or more), and
- * a grid of every table entry's CTAs (up to the capacity, most of them returning at once) cost more than the chain
- * it served (docs/PERF.md, "The merge's empty CTAs"). Item (r, h, tile) finds the first piece of the r-th split
- * sequence by a scan of the table (entries FIRST with a slot), which goes on where the CTA's previous item left it. The CTA's threads are
- * NG groups of KC (NG = 4 where K's class has four 32-row blocks of Mᵀ): group b takes the rows e of Mᵀ_j's blocks
- * b, b + NG, .. (Mᵀ stored [e][d] by the pre-scan, so 32 rows e are one contiguous block), each thread a 4 × 4
- * tile of the partial product (rows 4 tr .. 4 tr + 3, columns 4 tc ..) from S_in(j) in shared memory; then the
- * NG partials are summed in group order (the same bits in every run) with E_j into S_in(j + 1). Mᵀ's blocks
- * stream through a ring of shared-memory stages by bulk copies, issued as soon as a round frees its stages (two
- * steps ahead at K = 128). With one group the step took ~3.7 µs (T65536 H8: 16 pieces, 52 µs on an H100), four
- * times the work of a group of four: the step was the CTA's 128 threads' FMAs and their waits. The backward's
- * chain may take Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]):
- * its chunk map is the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6).
+ * One work item per (split sequence, value head, 16 state columns): the columns are independent, so the chain of one
+ * head splits over VC / 16 items, and a step is a KC × KC by KC × 16 product. The grid is at most one wave, and a
+ * CTA takes items blockIdx, blockIdx + gridDim, ..: the host cannot tell how many sequences the device's plan
+ * splits, only that they are at most min(N, slots / 2) (a split sequence has two slots or more), and a grid of
+ * every table entry's CTAs (up to the capacity, most of them returning at once) cost more than the chain it served
+ * (docs/PERF.md, "The merge's empty CTAs"). Item (r, h, tile) finds the first piece of the r-th split sequence by a
+ * scan of the table's split pieces (its first header[2] entries, cp_plan.h; those FIRST), which goes on where the
+ * CTA's previous item left it.
+ *
+ * A step on the tensor cores, ~fp32 (3xTF32: each operand x = hi + lo in tf32, A B ≈ Ah Bh + Ah Bl + Al Bh, the
+ * error ~1e-6 relative): KC / 16 warps, warp w the rows d = 16 w .. 16 w + 15 of S_in(j + 1) over all of e, as
+ * m16n8k8 products (A = M_j's rows from Mᵀ_j, B = S_in(j)), so no partial sums meet in shared memory. Mᵀ_j's rows
+ * stream through a ring of shared-memory stages by bulk copies, 32 rows a block, issued as soon as a step (at K = 256
+ * half a step) frees its stages: two steps ahead at K = 128. Mᵀ is stored swizzled (kda_cuda_map_index: its writers
+ * are the pre-scans, cp_slot.cuh's store_map), so that the four rows of an A fragment's load fall in different
+ * banks. S_in(j) sits in shared memory rows of MERGE_SST floats (conflict-free B fragments), double-buffered: one
+ * barrier a step. The FFMA version of before (four thread groups, 4 × 4 tiles) took ~3.4 µs a step at T65536 H8,
+ * its shared-memory loads 8 floats per 16 FFMA (docs/PERF.md, "The merge step"). The backward's chain may take
+ * Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]): its chunk map is
+ * the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6), stored in the same layout.
  */
 #include "common.cuh"
 
 #define MERGE_COLS 16 /* state columns per CTA */
 #define MERGE_EB 32   /* rows of Mᵀ per streamed block */
-#define MERGE_NB(KC) ((KC) / MERGE_EB)                         /* blocks of Mᵀ per step */
-#define MERGE_NG(KC) (MERGE_NB(KC) < 4 ? MERGE_NB(KC) : 4)      /* thread groups: 2 (K class 64) or 4 */
-/* Ring stages: two steps' blocks (64 KB at K = 128), one at K = 64's four; half a step at 256 (128 KB of 256) */
+#define MERGE_SST 24  /* floats per row of S_in in shared memory: B fragments' rows t, t + 1.. in distinct banks */
+#define MERGE_NB(KC) ((KC) / MERGE_EB) /* blocks of Mᵀ per step */
+/* Ring stages: two steps' blocks (64 KB at K = 128), four steps' at K = 64; half a step at 256 (128 KB of 256) */
 #define MERGE_NST(KC) ((KC) <= 128 ? 8 : 4)
 
-/* shared memory: the ring of Mᵀ blocks, S_in(j) (KC × 16), the groups' partial products, the ring's barriers */
+/* shared memory: the ring of Mᵀ blocks, S_in(j) twice (KC rows of MERGE_SST), the ring's barriers */
 static int merge_smem(int kc) {
-    const int nb = kc / MERGE_EB, ng = nb < 4 ? nb : 4;
-    return MERGE_NST(kc) * MERGE_EB * kc * 4 + kc * MERGE_COLS * 4 + ng * kc * MERGE_COLS * 4 + 8 * MERGE_NST(kc);
+    return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST * 4 + 8 * MERGE_NST(kc);
 }
 
-/* KC: the K class (a compile-time size: each thread's rows live in registers) */
+/* KC: the K class (a compile-time size: the warps, the ring) */
 template <int KC>
-__global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const kda_cp_params_t p) {
-    constexpr int NB = MERGE_NB(KC), NG = MERGE_NG(KC), ROUNDS = NB / NG, NST = MERGE_NST(KC), NTH = NG * KC;
-    constexpr int NF = KC * MERGE_COLS / 4 / NTH; /* float4s of S per thread in the sum */
-    static_assert(NB % NG == 0 && NST % NG == 0 && NF >= 1 && KC * MERGE_COLS / 4 == NF * NTH, "merge tiling");
+__global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_params_t p) {
+    constexpr int NB = MERGE_NB(KC), NST = MERGE_NST(KC), NTH = 2 * KC;
+    constexpr int NBR = NB < NST ? NB : NST, ROUNDS = NB / NBR; /* blocks of a round: the ring holds a round */
+    constexpr int NF = KC * MERGE_COLS / 4 / NTH;               /* float4s of S_in(1) = E_0 per thread */
+    static_assert(NB % NBR == 0 && NST % NBR == 0 && NF >= 1 && KC * MERGE_COLS / 4 == NF * NTH, "merge tiling");
     extern __shared__ __align__(16) float msm[];
     __shared__ int s_count[NTH / 32]; /* the scan's matches per warp */
     __shared__ int64_t s_found;       /* the scan's result: a table index, or −1 */
@@ -50,15 +54,14 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
     pdl_trigger();
     if (p.header[1] == 0) return; /* the plan split nothing */
     const int VC = p.vc, nct = VC / MERGE_COLS;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = tid / KC, tc = (tid % KC) & 3,
-              tr = (tid % KC) >> 2;
-    const int64_t ne = p.header[0], per_seq = (int64_t)p.hv * nct;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t ne = p.header[2], per_seq = (int64_t)p.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
-    const int r0 = 4 * tr;
+    const int d0 = 16 * warp;                        /* the warp's rows of S_in(j + 1) */
+    const int ca = (d0 + g) ^ (8 * t), cb = (d0 + g + 8) ^ (8 * t); /* their swizzled columns in Mᵀ rows e ≡ t (4) */
     float *ring = msm;                               /* NST blocks of MERGE_EB × KC */
-    float *sS = msm + NST * MERGE_EB * KC;           /* KC × MERGE_COLS */
-    float *red = sS + KC * MERGE_COLS;               /* NG × KC × MERGE_COLS */
-    const uint32_t bars = smem_u32(red + NG * KC * MERGE_COLS);
+    float *sS = msm + NST * MERGE_EB * KC;           /* 2 × KC rows of MERGE_SST: S_in(j) in buffer j mod 2 */
+    const uint32_t bars = smem_u32(sS + 2 * KC * MERGE_SST);
     /* Mᵀ_j: in the slot, or the forward's kept map (the backward's chain, when its plan took the forward's pieces) */
     const float *mts = p.maps && p.header[3] ? p.maps : p.slots;
     const int64_t msz = p.maps && p.header[3] ? (int64_t)KC * KC : sz;
@@ -115,80 +118,91 @@ __global__ void __launch_bounds__(MERGE_NG(KC) * KC) kda_cp_merge_kernel(const k
         bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), MT(1 + (q) / NB) + ((q) % NB) * MERGE_EB * KC,           \
                  MERGE_EB * KC * 4, bars + 8 * st_);                                                            \
     } while (0)
-        /* (every thread has read the stages of the CTA's previous item: its last step's barriers came after) */
+        /* (every thread has read the stages of the CTA's previous item: its last step's barrier came after) */
         if (tid == 0)
             for (int64_t q = 0; q < NST && q < Q; q++) ISSUE(q);
 
-        /* the thread's float4s f = tid + NTH u of the KC × 16 tile: row f / 4, columns 4 (f mod 4) .. */
-        float4 sv[NF];
 #pragma unroll
-        for (int u = 0; u < NF; u++) { /* S_in(1) = E_0 */
-            const int f = tid + NTH * u, row = f >> 2, col = c4 + 4 * (f & 3);
-            sv[u] = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)row * VC + col);
-            *(float4 *)(SLOT(1) + KC * KC + KC * VC + (int64_t)row * VC + col) = sv[u];
-            *(float4 *)&sS[row * MERGE_COLS + 4 * (f & 3)] = sv[u];
+        for (int u = 0; u < NF; u++) { /* S_in(1) = E_0, into its slot and buffer 1 */
+            const int f = tid + NTH * u, row = f >> 2, col = 4 * (f & 3);
+            const float4 x = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)row * VC + c4 + col);
+            *(float4 *)(SLOT(1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
+            *(float4 *)&sS[(KC + row) * MERGE_SST + col] = x;
         }
+        /* the lane's elements of E_j: rows d0 + g, d0 + g + 8, columns 8 nt + 2t, + 1 (the m16n8 C fragment) */
+        float2 ej[2][2];
+#define LOAD_E(j)                                                                                               \
+    do {                                                                                                        \
+        for (int nt_ = 0; nt_ < 2; nt_++)                                                                       \
+            for (int hr_ = 0; hr_ < 2; hr_++)                                                                   \
+                ej[nt_][hr_] = *(const float2 *)(SLOT(j) + KC * KC + (int64_t)(d0 + g + 8 * hr_) * VC + c4 +    \
+                                                 8 * nt_ + 2 * t);                                              \
+    } while (0)
+        if (np > 2) LOAD_E(1);
+        __syncthreads(); /* S_in(1) is in buffer 1 */
         for (int64_t j = 1; j + 1 < np; j++) {
-            float4 ej[NF]; /* E_j, added at the step's end */
+            const float *sB = sS + (j & 1) * KC * MERGE_SST; /* S_in(j) */
+            float acc[2][4];
 #pragma unroll
-            for (int u = 0; u < NF; u++) {
-                const int f = tid + NTH * u;
-                ej[u] = *(const float4 *)(SLOT(j) + KC * KC + (int64_t)(f >> 2) * VC + c4 + 4 * (f & 3));
-            }
-            __syncthreads(); /* S_in(j) is in sS */
-            float4 acc[4];
-#pragma unroll
-            for (int rr = 0; rr < 4; rr++) acc[rr] = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int nt = 0; nt < 2; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll 1
             for (int rd = 0; rd < ROUNDS; rd++) {
-                const int b = rd * NG + grp;
-                const int64_t q = (j - 1) * NB + b;
-                mbar_wait(bars + 8 * (int)((qb + q) % NST), (uint32_t)(((qb + q) / NST) & 1));
-                const float *blk = ring + ((qb + q) % NST) * MERGE_EB * KC;
-#pragma unroll 4
-                for (int ee = 0; ee < MERGE_EB; ee++) {
-                    const float4 m = *(const float4 *)&blk[ee * KC + r0]; /* M[r0 .. r0 + 3][e] */
-                    const float4 x = *(const float4 *)&sS[(b * MERGE_EB + ee) * MERGE_COLS + tc * 4];
-                    const float mr[4] = {m.x, m.y, m.z, m.w};
+#pragma unroll 1
+                for (int bb = 0; bb < NBR; bb++) {
+                    const int b = rd * NBR + bb;
+                    const int64_t q = (j - 1) * NB + b;
+                    mbar_wait(bars + 8 * (int)((qb + q) % NST), (uint32_t)(((qb + q) / NST) & 1));
+                    const float *blk = ring + ((qb + q) % NST) * MERGE_EB * KC;
 #pragma unroll
-                    for (int rr = 0; rr < 4; rr++) {
-                        acc[rr].x = fmaf(mr[rr], x.x, acc[rr].x);
-                        acc[rr].y = fmaf(mr[rr], x.y, acc[rr].y);
-                        acc[rr].z = fmaf(mr[rr], x.z, acc[rr].z);
-                        acc[rr].w = fmaf(mr[rr], x.w, acc[rr].w);
+                    for (int ks = 0; ks < MERGE_EB / 8; ks++) { /* rows e = 32 b + 8 ks + (t, t + 4) */
+                        const float *r0 = blk + (8 * ks + t) * KC, *r4 = r0 + 4 * KC;
+                        float ah[4], al[4];
+                        split_tf32(r0[ca], &ah[0], &al[0]);
+                        split_tf32(r0[cb], &ah[1], &al[1]);
+                        split_tf32(r4[ca], &ah[2], &al[2]);
+                        split_tf32(r4[cb], &ah[3], &al[3]);
+                        const float *s0r = sB + (MERGE_EB * b + 8 * ks + t) * MERGE_SST + g;
+#pragma unroll
+                        for (int nt = 0; nt < 2; nt++) {
+                            float bh0, bl0, bh1, bl1;
+                            split_tf32(s0r[8 * nt], &bh0, &bl0);
+                            split_tf32(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
+                            mma_tf32(acc[nt], al[0], al[1], al[2], al[3], bh0, bh1);
+                            mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                            mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                        }
                     }
                 }
-                __syncthreads(); /* the round's stages are read: refill them NST blocks on */
-                if (tid == 0)
-                    for (int g2 = 0; g2 < NG; g2++) {
-                        const int64_t q2 = (j - 1) * NB + rd * NG + g2 + NST;
-                        if (q2 < Q) ISSUE(q2);
-                    }
-            }
-#pragma unroll
-            for (int rr = 0; rr < 4; rr++) *(float4 *)&red[(grp * KC + r0 + rr) * MERGE_COLS + tc * 4] = acc[rr];
-            __syncthreads();
-#pragma unroll
-            for (int u = 0; u < NF; u++) { /* S_in(j + 1) = Σ_groups, in order, + E_j */
-                const int f = tid + NTH * u, row = f >> 2, cl = 4 * (f & 3);
-                float4 x = *(const float4 *)&red[row * MERGE_COLS + cl];
-#pragma unroll
-                for (int g2 = 1; g2 < NG; g2++) {
-                    const float4 y = *(const float4 *)&red[(g2 * KC + row) * MERGE_COLS + cl];
-                    x.x += y.x;
-                    x.y += y.y;
-                    x.z += y.z;
-                    x.w += y.w;
+                if (rd + 1 < ROUNDS) { /* half a step in the ring (K = 256): refill the round's stages now */
+                    __syncthreads();
+                    if (tid == 0)
+                        for (int bb = 0; bb < NBR; bb++) {
+                            const int64_t q2 = (j - 1) * NB + rd * NBR + bb + NST;
+                            if (q2 < Q) ISSUE(q2);
+                        }
                 }
-                x.x += ej[u].x;
-                x.y += ej[u].y;
-                x.z += ej[u].z;
-                x.w += ej[u].w;
-                *(float4 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + cl) = x;
-                *(float4 *)&sS[row * MERGE_COLS + cl] = x;
             }
+            /* S_in(j + 1) = M_j S_in(j) + E_j: into its slot and the other buffer */
+            float *sN = sS + ((j + 1) & 1) * KC * MERGE_SST;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int hr = 0; hr < 2; hr++) {
+                    const int row = d0 + g + 8 * hr, col = 8 * nt + 2 * t;
+                    const float2 x = make_float2(acc[nt][2 * hr] + ej[nt][hr].x, acc[nt][2 * hr + 1] + ej[nt][hr].y);
+                    *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
+                    *(float2 *)&sN[row * MERGE_SST + col] = x;
+                }
+            if (j + 2 < np) LOAD_E(j + 1);
+            __syncthreads(); /* S_in(j + 1) is in its buffer; the step's (last round's) stages are read */
+            if (tid == 0)
+                for (int bb = 0; bb < NBR; bb++) {
+                    const int64_t q2 = (j - 1) * NB + (ROUNDS - 1) * NBR + bb + NST;
+                    if (q2 < Q) ISSUE(q2);
+                }
         }
         qb += Q;
+#undef LOAD_E
 #undef ISSUE
 #undef MT
 #undef SLOT
@@ -202,7 +216,7 @@ extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, vo
     const int64_t items = nsplit * p->hv * (p->vc / MERGE_COLS);
     if (items <= 0) return 0;
     const int bytes = merge_smem(p->kc), which = p->kc == 64 ? 0 : p->kc == 128 ? 1 : 2;
-    const int threads = MERGE_NG(p->kc) * p->kc;
+    const int threads = 2 * p->kc;
     const int by_smem = (227 * 1024) / (bytes + 1024), by_threads = 2048 / threads;
     const int64_t resident = (int64_t)(p->sm_count > 0 ? p->sm_count : 1) *
                              (by_smem < by_threads ? (by_smem > 0 ? by_smem : 1) : by_threads);

@@ -106,9 +106,9 @@ DEV void cp_plan_cta(const kda_cp_params_t &p, int64_t *scratch, int64_t *red_ma
     }
     int64_t unused;
     chunk0 = plan_exclusive_scan<THREADS>(chunks, scratch, &unused);
-    for (int64_t n = begin; n < end; n++) {
+    for (int64_t n = begin; n < end; n++) { /* split pieces at their slots, whole sequences after all of them */
         const int64_t c = kda_cp_seq_chunks(&s, n);
-        piece0 += kda_cp_write_seq(&s, n, P, chunk0, piece0, slot0, p.table, p.cap_pieces);
+        piece0 += kda_cp_write_seq(&s, n, P, chunk0, slot0, piece0 - slot0, slots_total, p.table, p.cap_pieces);
         slot0 += kda_cp_seq_slots(c, P);
         chunk0 += c;
     }

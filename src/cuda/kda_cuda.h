@@ -141,9 +141,16 @@ typedef struct kda_prep_params {
                              when set, into states_out (the caller's kda_args_t.chunk_states: its dtype and layout,
                              masked to K × V) */
 
-/* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d]), E (KC×VC, [d][v]),
- * S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
+/* The CP storage of one (slot, value head), fp32, classes KC, VC: Mᵀ (KC×KC, [e][d], swizzled:
+ * kda_cuda_map_index), E (KC×VC, [d][v]), S_in (KC×VC, [d][v]); kda_cp_slot_head_bytes(KC, VC) bytes. */
 KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (int64_t)kc * kc + (int64_t)2 * kc * vc; }
+
+/* Where element (r, c) of a KC × KC map the merge streams by rows r (Mᵀ in a slot; the forward's M kept for the
+ * backward, kda_rec_params_t.cp_maps) is stored: row r, column c ⊕ 8 (r mod 4). The merge's tf32 fragments
+ * (cp_merge.cu) read column c of rows r .. r + 3 in one instruction; unswizzled, those four rows lie in one bank. */
+KDA_HD static inline int64_t kda_cuda_map_index(int kc, int r, int c) {
+    return (int64_t)r * kc + (c ^ ((r & 3) << 3));
+}
 
 /* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S; also of its fp16 dS⁺, bwd.h
  * dstates_f16: states16.cuh writes and reads both): the recurrence's warps write S as
@@ -176,9 +183,11 @@ typedef struct kda_rec_params {
     int dev_skip;                    /* KDA_SKIP */
     int mode;                        /* KDA_REC_SEQ, KDA_REC_PRESCAN or KDA_REC_PIECES */
     const kda_cp_piece_t *cp_table;  /* the piece table (modes PRESCAN, PIECES) */
-    const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split) */
+    const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split),
+                                        [2] slots used (the split pieces: table entries 0 .. [2] − 1) */
     float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
-    int64_t cp_capacity;             /* table entries the grid covers */
+    int64_t cp_capacity;             /* table entries the pieces' grid covers */
+    int64_t cp_capacity_slots;       /* slots the pre-scan's grid covers */
     float *cp_maps;                  /* KDA_REC_PRESCAN, the forward keeping its piece maps for the backward
                                         (kda_args_t.saved; ALGORITHM.md §6): M of every middle piece, [d][e] (the
                                         backward's Mᵀ), at the backward's mirrored slot; NULL: not kept */

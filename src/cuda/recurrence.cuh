@@ -438,8 +438,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         const int tile = (int)(blockIdx.x % ntiles);
         const int64_t rest = blockIdx.x / ntiles;
         h = (int)(rest % p.hv);
-        const int64_t piece = rest / p.hv;
-        if (piece >= p.cp_header[0]) return;
+        const int64_t piece = rest / p.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
+        if (piece >= p.cp_header[MODE == KDA_REC_PRESCAN ? 2 : 0]) return;
         const kda_cp_piece_t *e = &p.cp_table[piece];
         const int64_t flags = e->flags, cslot = e->slot;
         n = e->seq;
@@ -598,9 +598,9 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
 #undef REC_BLOCK
 
     if (MODE == KDA_REC_PRESCAN) {
-        if (mcols) store_slot<KD>(slot_base, s, 1, KD, vw, g, t);       /* Mᵀ[e][d] */
+        if (mcols) store_map<KD>(slot_base, s, 1, vw, g, t);             /* Mᵀ[e][d] (swizzled) */
         else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
-        if (map_out) store_slot<KD>(map_out, s, KD, 1, vw, g, t);         /* M[d][e]: the backward's Mᵀ */
+        if (map_out) store_map<KD>(map_out, s, 0, vw, g, t);              /* M[d][e]: the backward's Mᵀ */
     } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
         store_state<KD>(p, p.ht, p.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
     }
@@ -625,13 +625,14 @@ static const void *rec_states_kernel(void) {
 }
 
 /* The launcher of one K class: one CTA of 2·BV threads per (sequence, value head, V tile); with a piece table
- * (p->mode) per (table entry up to the capacity, value head, tile) */
+ * (p->mode) per (table entry up to the capacity, value head, tile), the pre-scan per (slot up to the capacity,
+ * value head, tile) */
 template <int KD, int HAS_WG>
 static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const int64_t nvt = kda_cuda_size_class(p->V) / p->bv;
     const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->seqs.num_seqs * p->hv * nvt
                          : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->hv * nvt
-                                                     : p->cp_capacity * p->hv * (KD / p->bv + nvt);
+                                                     : p->cp_capacity_slots * p->hv * (KD / p->bv + nvt);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);

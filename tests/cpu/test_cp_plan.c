@@ -186,7 +186,7 @@ static uint64_t rng_next(uint64_t *s) {
  * and slots consistent. */
 static void check_table(const char *what, const kda_cp_seqs_t *s, int64_t P, const kda_cp_piece_t *t,
                         kda_cp_plan_t r) {
-    int64_t chunk = 0, e = 0, slot = 0;
+    int64_t chunk = 0, e = 0, slot = 0, whole = 0; /* e: entries seen; the split pieces first, at their slots */
     for (int64_t n = 0; n < s->num_seqs; n++) {
         int64_t bos, eos;
         kda_cp_seq_bounds(s, n, &bos, &eos);
@@ -196,31 +196,33 @@ static void check_table(const char *what, const kda_cp_seqs_t *s, int64_t P, con
         CHECK(k >= 1, "%s: seq %lld has no piece", what, (long long)n);
         int64_t tok = bos;
         for (int64_t j = 0; j < k; j++, e++) {
-            if (e >= r.num_pieces) {
+            const int64_t ei = split ? slot : r.num_slots + whole; /* where cp_plan.h's order puts it */
+            if (ei >= r.num_pieces) {
                 CHECK(0, "%s: table ends inside seq %lld", what, (long long)n);
                 return;
             }
-            const kda_cp_piece_t *x = &t[e];
+            const kda_cp_piece_t *x = &t[ei];
             CHECK(x->seq == n && x->index == j && x->seq_pieces == k, "%s: piece %lld: seq %lld index %lld of %lld, "
-                  "expected seq %lld index %lld of %lld", what, (long long)e, (long long)x->seq, (long long)x->index,
+                  "expected seq %lld index %lld of %lld", what, (long long)ei, (long long)x->seq, (long long)x->index,
                   (long long)x->seq_pieces, (long long)n, (long long)j, (long long)k);
-            CHECK(x->chunk0 == chunk, "%s: piece %lld starts at chunk %lld, expected %lld", what, (long long)e,
+            CHECK(x->chunk0 == chunk, "%s: piece %lld starts at chunk %lld, expected %lld", what, (long long)ei,
                   (long long)x->chunk0, (long long)chunk);
             CHECK(x->num_chunks >= (c > 0) && (split ? x->num_chunks <= P : x->num_chunks == c),
-                  "%s: piece %lld has %lld chunks (P = %lld, sequence %lld chunks)", what, (long long)e,
+                  "%s: piece %lld has %lld chunks (P = %lld, sequence %lld chunks)", what, (long long)ei,
                   (long long)x->num_chunks, (long long)P, (long long)c);
             CHECK(x->bos == tok && x->eos > x->bos - (c == 0) && x->eos <= eos, "%s: piece %lld tokens [%lld, %lld), "
-                  "expected from %lld within [%lld, %lld)", what, (long long)e, (long long)x->bos, (long long)x->eos,
+                  "expected from %lld within [%lld, %lld)", what, (long long)ei, (long long)x->bos, (long long)x->eos,
                   (long long)tok, (long long)bos, (long long)eos);
             CHECK(kda_cp_ceil_div(x->eos - x->bos, KDA_CHUNK) == x->num_chunks &&
                   (x->eos == eos || x->eos - x->bos == x->num_chunks * KDA_CHUNK),
-                  "%s: piece %lld: tokens and chunks disagree", what, (long long)e);
+                  "%s: piece %lld: tokens and chunks disagree", what, (long long)ei);
             const int64_t flags = (j == 0 ? KDA_CP_FIRST : 0) | (j == k - 1 ? KDA_CP_LAST : 0);
-            CHECK(x->flags == flags, "%s: piece %lld flags %lld, expected %lld", what, (long long)e,
+            CHECK(x->flags == flags, "%s: piece %lld flags %lld, expected %lld", what, (long long)ei,
                   (long long)x->flags, (long long)flags);
-            CHECK(x->slot == (split ? slot : -1), "%s: piece %lld slot %lld, expected %lld", what, (long long)e,
+            CHECK(x->slot == (split ? slot : -1), "%s: piece %lld slot %lld, expected %lld", what, (long long)ei,
                   (long long)x->slot, (long long)(split ? slot : -1));
             if (split) slot++;
+            else whole++;
             chunk += x->num_chunks;
             tok = x->eos;
         }
@@ -358,9 +360,13 @@ TEST(cp_plan_short_seqs_whole) {
     check_table("mixed", &s, 10, t, r);
     CHECK(r.num_pieces == 7 && r.num_slots == 3, "%lld pieces %lld slots", (long long)r.num_pieces,
           (long long)r.num_slots);
-    CHECK(t[0].num_chunks == 10 && t[0].slot == -1 && t[0].flags == (KDA_CP_FIRST | KDA_CP_LAST), "exactly P: whole");
-    CHECK(t[1].num_chunks == 0 && t[1].bos == 640 && t[1].eos == 640 && t[1].slot == -1, "empty sequence");
-    CHECK(t[3].slot == 0 && t[4].slot == 1 && t[5].slot == 2 && t[5].flags == KDA_CP_LAST, "the split one");
+    /* the split sequence's pieces first, at their slots; then the whole sequences in order */
+    CHECK(t[0].seq == 3 && t[0].slot == 0 && t[1].slot == 1 && t[2].slot == 2 && t[2].flags == KDA_CP_LAST,
+          "the split one");
+    CHECK(t[3].seq == 0 && t[3].num_chunks == 10 && t[3].slot == -1 && t[3].flags == (KDA_CP_FIRST | KDA_CP_LAST),
+          "exactly P: whole");
+    CHECK(t[4].num_chunks == 0 && t[4].bos == 640 && t[4].eos == 640 && t[4].slot == -1, "empty sequence");
+    CHECK(t[5].seq == 2 && t[6].seq == 4, "the whole sequences in order");
 }
 
 /* Device offsets cannot be validated: non-monotone or out-of-range ones are clamped into [0, num_tokens], so
