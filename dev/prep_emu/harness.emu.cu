@@ -2,8 +2,9 @@
  * same random problems, the workspace blocks they write compared byte for byte. dev/prep_emu/run.sh builds it.
  *   prep_emu [cases]   cases: all (the default) or a comma-separated list of case numbers
  * Each case runs both kernels over a workspace poisoned with 0xA5 bytes (so that bytes neither writes compare
- * too), then prints one line: the case, its first differing byte (chunk, value head, region of the block) or
- * "same". Case 0 is also checked against its mathematics: γ (fp32) and Aqk's diagonal (bf16) decoded from the
+ * too), between two guard zones of the same bytes (a write past either end of the blocks shows), and checks that
+ * neither changed its inputs; then prints one line: the case, its first differing byte (chunk, value head, region
+ * of the block) or "same". Case 0 is also checked against its mathematics: γ (fp32) and Aqk's diagonal (bf16) decoded from the
  * blocks against a float64 computation from the same inputs. Exit status 1 on any mismatch or failed check. */
 #include "common.cuh"
 #include "seq.cuh" /* seq_bounds, seq_chunk0: the sequences as the kernel finds them */
@@ -99,7 +100,7 @@ static const prep_case_t cases[] = {
     {"k128 fp16 fine",          128, 128, 1, 2, F16, F32, F32, 2, {77, 50},            1, 0,  0,  1, 0,  0,  1,  0,  0.f,  0.f, 3,   0.3f, -1},
     {"k128 non-finite rows",    128, 128, 1, 1, BF,  F32, BF,  0, {0},                 1, 100, 0, 1, 0,  0,  0,  0,  0.f,  0.f, 0,   0.3f, 20},
     {"k64 no l2norm",            64,  64, 2, 2, BF,  F32, BF,  2, {65, 3},             1, 0,  0,  0, 0,  0,  1,  0,  0.f,  0.3f, 2,  0.3f, -1},
-    {"k64 strong decay gate",    64,  64, 1, 2, BF,  BF,  BF,  0, {0},                 1, 90, 0,  1, 1,  0,  1,  1,  0.f,  0.f, 0,   0.f,  -1},
+    {"k64 gate softplus neg",    64,  64, 1, 2, BF,  BF,  BF,  0, {0},                 1, 90, 0,  1, 1,  0,  1,  1,  0.f,  0.f, 0,   0.f,  -1},
     {"k128 v64",                128,  64, 1, 1, BF,  F32, BF,  3, {1, 63, 65},         1, 0,  0,  1, 0,  0,  0,  0,  0.f,  0.f, 2,   0.3f, -1},
     {"k64 v128",                 64, 128, 1, 2, BF,  F32, BF,  0, {0},                 1, 70, 0,  1, 1,  1,  1,  0,  0.f,  0.f, 0,   0.f,  -1},
     {"k100 v72 (not exact)",    100,  72, 1, 2, BF,  BF,  BF,  2, {80, 1},             1, 0,  0,  1, 1,  1,  1,  0,  0.f,  0.f, 2,   0.f,  -1},
@@ -107,9 +108,10 @@ static const prep_case_t cases[] = {
     {"k63 v33 odd",              63,  33, 1, 1, BF,  F32, BF,  0, {0},                 1, 66, 0,  1, 1,  1,  0,  0,  0.f,  0.f, 0,   0.f,  -1},
     {"k62 v50 fp16 lb",          62,  50, 1, 2, F16, F16, F16, 2, {40, 30},            1, 0,  1,  1, 1,  1,  1,  0, -3.f,  0.f, 3,   0.f,  -1},
     {"t1",                      128, 128, 1, 1, BF,  F32, BF,  0, {0},                 1, 1,  0,  1, 0,  0,  0,  0,  0.f,  0.f, 0,   0.3f, -1},
-#ifdef PREP_CLASS_256
+    /* class 256: 16 warps at (256, 256) (two channel halves in intra_chunk_A), 8 at (256, 128) */
     {"k256 v256",               256, 256, 1, 1, BF,  F32, BF,  2, {70, 9},             1, 0,  0,  1, 0,  0,  0,  0,  0.f,  0.f, 0,   0.3f, -1},
-#endif
+    {"k200 v150 gate",          200, 150, 1, 2, BF,  BF,  BF,  0, {0},                 1, 80, 0,  1, 1,  1,  1,  0,  0.f,  0.f, 0,   0.f,  -1},
+    {"k256 v128 strong decay",  256, 128, 1, 1, BF,  F32, BF,  0, {0},                 1, 64, 0,  1, 0,  0,  0,  0,  0.f,  0.f, 0,   12.f, -1},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -139,8 +141,14 @@ typedef struct {
     kda_prep_params_t p;
     int64_t *cu64;
     int32_t *cu32, *offsets;
-    int64_t ws_bytes;
+    int64_t ws_bytes;     /* the blocks' bytes, between two guard zones of PREP_GUARD bytes in ws */
+    unsigned char *ws;
+    const void *in[9];    /* the inputs, their bytes and a copy: a kernel must leave them as they were */
+    int64_t in_bytes[9];
+    unsigned char *in_copy[9];
+    int nin;
 } problem_t;
+#define PREP_GUARD 4096
 
 /* The inputs and the params as backend.c's fill_prep_params fills them, the chunk offsets as meta.cu computes
  * them (Σ ceil(len / C) over the sequences before, from the clamped bounds) */
@@ -182,7 +190,8 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     p->blocks.max_chunks = max_chunks;
     p->blocks.fine = c->fine;
     pr->ws_bytes = max_chunks * c->hv * p->blocks.block_bytes;
-    p->blocks.base = alloc(pr->ws_bytes);
+    pr->ws = (unsigned char *)alloc(pr->ws_bytes + 2 * PREP_GUARD);
+    p->blocks.base = pr->ws + PREP_GUARD;
 
     /* q, k ~ N(0, 1) (unit rows without the l2norm, as models give them), v ~ N(0, 1), β in (0, 1) or raw
        N(0, 1) logits, the gate: −decay·U(0.1, 1) as the log decay, or raw N(0, 1) with A_log, dt_bias ~ U(−1, 1) */
@@ -219,11 +228,24 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     p->l2norm = c->l2norm, p->gate_in_kernel = c->gate_in_kernel;
     p->beta_sigmoid = c->beta_sigmoid, p->neg_eigval = c->neg_eigval;
     p->dev_skip = 0, p->plan = 0;
+    const void *in[9] = {q, k, v, g, beta, A_log, dt_bias, varlen ? s->cu_seqlens : NULL, pr->offsets};
+    const int64_t in_bytes[9] = {T * c->hqk * K * dt_bytes(c->dtype), T * c->hqk * K * dt_bytes(c->dtype),
+                                 T * c->hv * V * dt_bytes(c->dtype), T * c->hv * K * dt_bytes(c->g_dtype),
+                                 T * c->hv * dt_bytes(c->beta_dtype), c->hv * 4, c->hv * K * 4, (N + 1) * (c->cu64 ? 8 : 4),
+                                 (N + 1) * 4};
+    for (int i = 0; i < 9; i++)
+        if (in[i]) {
+            pr->in[pr->nin] = in[i], pr->in_bytes[pr->nin] = in_bytes[i];
+            pr->in_copy[pr->nin] = (unsigned char *)malloc((size_t)in_bytes[i]);
+            memcpy(pr->in_copy[pr->nin], in[i], (size_t)in_bytes[i]);
+            pr->nin++;
+        }
 }
 
 static void free_problem(problem_t *pr) {
     const kda_prep_params_t *p = &pr->p;
-    void *bufs[] = {p->blocks.base, (void *)p->q, (void *)p->k, (void *)p->v, (void *)p->g, (void *)p->beta,
+    for (int i = 0; i < pr->nin; i++) free(pr->in_copy[i]);
+    void *bufs[] = {pr->ws, (void *)p->q, (void *)p->k, (void *)p->v, (void *)p->g, (void *)p->beta,
                     (void *)p->A_log, (void *)p->dt_bias, pr->cu64, pr->cu32, pr->offsets};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
@@ -295,36 +317,47 @@ static int run_case(int i) {
     problem_t pr;
     make_problem(c, 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1), &pr);
     kda_prep_params_t *p = &pr.p;
-    const int64_t n = pr.ws_bytes;
+    const int64_t n = pr.ws_bytes + 2 * PREP_GUARD; /* compared with the guard zones */
     unsigned char *out[2];
     int64_t ctas[2];
+    int inputs_ok = 1;
     for (int which = 0; which < 2; which++) {
-        memset(p->blocks.base, 0xA5, (size_t)n);
+        memset(pr.ws, 0xA5, (size_t)n);
         memset(&emu_grid, 0, sizeof emu_grid);
         if ((which == 0 ? cand::prep_grid(p) : ref::prep_grid(p)) != 0) exit(3);
         ctas[which] = emu_grid.ctas;
         run_grid(p);
         out[which] = (unsigned char *)malloc((size_t)n);
-        memcpy(out[which], p->blocks.base, (size_t)n);
+        memcpy(out[which], pr.ws, (size_t)n);
+        for (int j = 0; j < pr.nin; j++)
+            if (memcmp(pr.in[j], pr.in_copy[j], (size_t)pr.in_bytes[j])) {
+                printf("case %d: the %s kernel changed input %d\n", i, which ? "reference" : "candidate", j);
+                inputs_ok = 0;
+                memcpy((void *)pr.in[j], pr.in_copy[j], (size_t)pr.in_bytes[j]);
+            }
     }
     int64_t first = -1, diff = 0;
     for (int64_t b = 0; b < n; b++)
         if (out[0][b] != out[1][b]) diff++, first = first < 0 ? b : first;
     int64_t written = 0; /* bytes the reference changed from the poison (a sanity figure: not all of them stay) */
-    for (int64_t b = 0; b < n; b++) written += out[1][b] != 0xA5;
+    for (int64_t b = PREP_GUARD; b < n - PREP_GUARD; b++) written += out[1][b] != 0xA5;
     printf("case %2d %-24s K%-3d V%-3d hv %d: %lld CTAs (ref %lld), %lld bytes, ref wrote %.1f%%: ", i, c->name, c->K,
-           c->V, c->hv, (long long)ctas[0], (long long)ctas[1], (long long)n, 100.0 * written / n);
+           c->V, c->hv, (long long)ctas[0], (long long)ctas[1], (long long)pr.ws_bytes, 100.0 * written / pr.ws_bytes);
     if (diff == 0) printf("same\n");
     else {
         const int KC = kda_cuda_size_class(c->K), VC = kda_cuda_size_class(c->V);
-        const int64_t blk = first / p->blocks.block_bytes, off = first % p->blocks.block_bytes;
-        printf("MISMATCH, %lld bytes differ; first at chunk %lld head %lld, %s byte %lld (cand 0x%02x, ref 0x%02x)\n",
-               (long long)diff, (long long)(blk / p->hv), (long long)(blk % p->hv), region(KC, VC, p->blocks.fine, off),
-               (long long)off, out[0][first], out[1][first]);
+        const int64_t blk = (first - PREP_GUARD) / p->blocks.block_bytes, off = (first - PREP_GUARD) % p->blocks.block_bytes;
+        if (first < PREP_GUARD || first >= n - PREP_GUARD)
+            printf("MISMATCH, %lld bytes differ; first outside the workspace, guard byte %lld\n", (long long)diff,
+                   (long long)(first < PREP_GUARD ? first - PREP_GUARD : first - (n - PREP_GUARD)));
+        else
+            printf("MISMATCH, %lld bytes differ; first at chunk %lld head %lld, %s byte %lld (cand 0x%02x, ref 0x%02x)\n",
+                   (long long)diff, (long long)(blk / p->hv), (long long)(blk % p->hv),
+                   region(KC, VC, p->blocks.fine, off), (long long)off, out[0][first], out[1][first]);
     }
-    int ok = diff == 0;
+    int ok = diff == 0 && inputs_ok;
     if (i == 0) { /* the reference's blocks against mathematics */
-        memcpy(p->blocks.base, out[1], (size_t)n);
+        memcpy(pr.ws, out[1], (size_t)n);
         ok &= check_math(c, &pr);
     }
     free(out[0]);

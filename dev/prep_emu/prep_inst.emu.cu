@@ -21,9 +21,11 @@ int prep_grid(const kda_prep_params_t *p) {
     PREP_CLASS(64, 128)
     PREP_CLASS(128, 64)
     PREP_CLASS(128, 128)
-#ifdef PREP_CLASS_256
+    PREP_CLASS(64, 256)
+    PREP_CLASS(128, 256)
+    PREP_CLASS(256, 64)
+    PREP_CLASS(256, 128)
     PREP_CLASS(256, 256)
-#endif
 #undef PREP_CLASS
     fprintf(stderr, "prep_emu: classes (%d, %d) are not instantiated\n", kc, vc);
     return -1;
