@@ -107,22 +107,9 @@ DEV float to_tf32(float x) {
     float y; memcpy(&y, &u, 4); return y;
 }
 DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
-typedef struct { float a[4], b[2]; } emu_tf32_frag;
-extern emu_tf32_frag emu_tf32[EMU_WARPS][32];
-DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
-    const int lane = threadIdx.x & 31, w = EMU_W(threadIdx.x >> 5), g = lane >> 2, t = lane & 3;
-    emu_tf32_frag *f = &emu_tf32[w][lane];
-    f->a[0] = a0, f->a[1] = a1, f->a[2] = a2, f->a[3] = a3, f->b[0] = b0, f->b[1] = b1;
-    pthread_barrier_wait(&emu_warp_bar[w]);
-    for (int e = 0; e < 4; e++) {
-        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-        float s = c[e];
-        for (int k = 0; k < 8; k++)
-            s += emu_tf32[w][(row & 7) * 4 + (k & 3)].a[(row >> 3) + 2 * (k >> 2)] * emu_tf32[w][col * 4 + (k & 3)].b[k >> 2];
-        c[e] = s;
-    }
-    pthread_barrier_wait(&emu_warp_bar[w]);
-}
+#define EMU_TF32_SLOTS EMU_WARPS
+#define EMU_TF32_SLOT(w) EMU_W(w)
+#include "mma_tf32.cuh"
 /* shared-memory "addresses" are offsets into the CTA's shared memory (EMU_SMEM); ldmatrix (x4, b16) of a warp: each lane posts
  * its row address, then gathers its four registers from the rows of the lanes 8q.. (q: the matrix) — row g's
  * 32-bit word t, or (.trans) the 16-bit elements g of rows 2t and 2t + 1 */

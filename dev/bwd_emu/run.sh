@@ -42,10 +42,10 @@ for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT, int KSP, i
 PY
   cp $W/src/cuda/bwd.cuh $W/src/cuda/seq.cuh $W/src/cuda/states16.cuh $E/common.cuh $E/shim.h $B/ # their "common.cuh": the stand-in
   F="-w -std=c++17 -O1 -DKDA_DEV_BUILD=1 -I$B -I$E -I$W/src/cuda -I$W/src -I$W/include -I$W/tools -I$W/tests/common -I/usr/local/cuda/include"
-  for f in emu_chunk emu_finish emu_dstate emu_inter emu_pairs harness; do g++ -x c++ $F -c $E/$f.emu.cu -o $B/$f.o; done
+  for f in emu_chunk emu_finish emu_dstate emu_inter emu_pairs harness launch; do g++ -x c++ $F -c $E/$f.emu.cu -o $B/$f.o; done
   gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tools -c $W/tools/synth.c -o $B/synth.o
   gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tests/common -I$W/tools -c $W/tests/common/compare.c -o $B/compare.o
-  g++ -o $B/harness $B/harness.o $B/emu_chunk.o $B/emu_finish.o $B/emu_dstate.o $B/emu_inter.o $B/emu_pairs.o $B/synth.o $B/compare.o $W/build-c/libkda.a -lpthread -lm
+  g++ -o $B/harness $B/harness.o $B/launch.o $B/emu_chunk.o $B/emu_finish.o $B/emu_dstate.o $B/emu_inter.o $B/emu_pairs.o $B/synth.o $B/compare.o $W/build-c/libkda.a -lpthread -lm
 }
 case "${1:-suite}" in
   build) build ;;
@@ -56,7 +56,7 @@ case "${1:-suite}" in
     [ -n "$args" ] || args="128 128 2 0 0 3 1 2"
     rm -f $B/*.gcda
     g++ -x c++ $F --coverage -fprofile-update=atomic -c $E/emu_chunk.emu.cu -o $B/emu_chunk_cov.o
-    g++ --coverage -o $B/harness_cov $B/harness.o $B/emu_chunk_cov.o $B/emu_finish.o $B/emu_dstate.o $B/emu_inter.o $B/emu_pairs.o $B/synth.o \
+    g++ --coverage -o $B/harness_cov $B/harness.o $B/launch.o $B/emu_chunk_cov.o $B/emu_finish.o $B/emu_dstate.o $B/emu_inter.o $B/emu_pairs.o $B/synth.o \
       $B/compare.o $W/build-c/libkda.a -lpthread -lm
     (cd $B && ./harness_cov $args >/dev/null && gcov -o . emu_chunk_cov.o >/dev/null 2>&1 &&
       python3 $E/line_profile.py bwd_chunk.emu.h.gcov) ;;

@@ -45,9 +45,8 @@ static inline unsigned __ballot_sync(unsigned mask, int pred) {
     return m;
 }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-/* tf32: round to nearest, ties to even (cvt.rn.tf32.f32); the m16n8k8 tf32 product of a warp: each lane posts its
- * fragments, then sums its four outputs over k = 0 .. 7 in order, each product and sum rounded to fp32 (run.sh
- * compiles without FMA contraction); the merge's host reference (merge_emu.cu) sums in the same order */
+/* tf32: round to nearest, ties to even (cvt.rn.tf32.f32); the m16n8k8 tf32 product of a warp sums in k order
+ * (mma_tf32.cuh), and the merge's host reference (merge_emu.cu) sums in the same order */
 DEV float to_tf32(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);
@@ -57,22 +56,9 @@ DEV float to_tf32(float x) {
     return y;
 }
 DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
-struct emu_tf32_frag { float a[4], b[2]; };
-extern emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
-DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    emu_tf32_frag *f = &emu_tf32[w][lane];
-    f->a[0] = a0, f->a[1] = a1, f->a[2] = a2, f->a[3] = a3, f->b[0] = b0, f->b[1] = b1;
-    pthread_barrier_wait(&emu_warp_bar[w]);
-    for (int e = 0; e < 4; e++) {
-        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-        float s = c[e];
-        for (int k = 0; k < 8; k++)
-            s += emu_tf32[w][(row & 7) * 4 + (k & 3)].a[(row >> 3) + 2 * (k >> 2)] * emu_tf32[w][col * 4 + (k & 3)].b[k >> 2];
-        c[e] = s;
-    }
-    pthread_barrier_wait(&emu_warp_bar[w]);
-}
+#define EMU_TF32_SLOTS EMU_MAX_WARPS
+#define EMU_TF32_SLOT(w) (w)
+#include "mma_tf32.cuh" /* dev/bwd_emu's, copied beside this file by run.sh */
 DEV void pdl_wait(void) {}
 DEV void pdl_trigger(void) {}
 DEV uint32_t smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - emu_smem); }

@@ -7,7 +7,7 @@ set -e
 W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/cp_merge_emu; B=${TMPDIR:-/tmp}/cp_merge_emu
 SRC=${2:-$W/src/cuda/cp_merge.cu}
 mkdir -p $B
-cp $E/common.cuh $B/
+cp $E/common.cuh $W/dev/bwd_emu/mma_tf32.cuh $B/
 sed 's/extern __shared__ __align__(16) float msm\[\];/float *msm = (float *)emu_smem;/' "$SRC" > $B/cp_merge.cu
 g++ -x c++ -std=c++17 -O1 -ffp-contract=off -w -I$B -I$W/src/cuda -I$W/src -I$W/include $E/merge_emu.cu -o $B/merge_emu -lpthread
 $B/merge_emu "${1:-40}"

@@ -12,62 +12,26 @@
 #include <stdlib.h>
 
 /* ---------------------------------------------------------------------------------------------------------
- * The emulator's shared state (shim.h, bwd_common.cuh, common.cuh) and the run of a recorded grid
+ * The grid a launcher recorded, run by dev/bwd_emu's launcher (launch.emu.cu: the emulator's shared state too)
  * ------------------------------------------------------------------------------------------------------- */
-__thread emu_dim threadIdx, blockIdx;
-__thread int emu_rank;
-emu_dim gridDim = {0, 1, 1};
-pthread_barrier_t emu_block_bar[EMU_MAX_CLUSTER], emu_cluster_bar, emu_warp_bar[EMU_WARPS];
-float emu_warp_x[EMU_WARPS][32];
-int64_t emu_warp_x64[EMU_WARPS][32];
-emu_mma_frag emu_mma[EMU_WARPS][32];
-emu_tf32_frag emu_tf32[EMU_WARPS][32];
-uint32_t emu_ldsm_addr[EMU_WARPS][32];
-__attribute__((aligned(1024))) unsigned char smem_raw[EMU_SMEM_BYTES * EMU_MAX_CLUSTER];
+int64_t emu_warp_x64[EMU_WARPS][32]; /* the 64-bit shuffles of cp_plan.cuh (common.cuh) */
 emu_grid_t emu_grid;
 
 namespace cand { int prep_grid(const kda_prep_params_t *p); }
 namespace ref { int prep_grid(const kda_prep_params_t *p); }
 
 typedef void (*prep_kernel_fn)(const kda_prep_params_t);
-typedef struct { const kda_prep_params_t *p; unsigned thread, block; } emu_thread_t;
+static void prep_thread(const void *p) { ((prep_kernel_fn)emu_grid.kernel)(*(const kda_prep_params_t *)p); }
 
-static void *emu_thread_main(void *v) {
-    const emu_thread_t *t = (const emu_thread_t *)v;
-    threadIdx.x = t->thread, threadIdx.y = threadIdx.z = 0;
-    blockIdx.x = t->block, blockIdx.y = blockIdx.z = 0;
-    emu_rank = 0;
-    ((prep_kernel_fn)emu_grid.kernel)(*t->p);
-    return NULL;
-}
-
-/* The grid emu_grid records, CTA after CTA, each with its shared memory poisoned (0xff) and its barriers new */
+/* The grid emu_grid records, CTA after CTA, each with its shared memory poisoned and its barriers new */
 static void run_grid(const kda_prep_params_t *p) {
     const unsigned T = (unsigned)emu_grid.threads;
     if (T == 0 || T > 32 * 16 || T % 32 || emu_grid.bytes > EMU_SMEM_BYTES) {
         fprintf(stderr, "prep_emu: a grid the emulator cannot run (%u threads, %d bytes)\n", T, emu_grid.bytes);
         exit(3);
     }
-    pthread_t *ids = (pthread_t *)malloc(T * sizeof *ids);
-    emu_thread_t *ts = (emu_thread_t *)malloc(T * sizeof *ts);
     gridDim.x = (unsigned)emu_grid.ctas;
-    for (int64_t b = 0; b < emu_grid.ctas; b++) {
-        pthread_barrier_init(&emu_block_bar[0], NULL, T);
-        for (unsigned w = 0; w < T / 32; w++) pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
-        memset(smem_raw, 0xff, EMU_SMEM_BYTES);
-        for (unsigned i = 0; i < T; i++) {
-            ts[i].p = p, ts[i].thread = i, ts[i].block = (unsigned)b;
-            if (pthread_create(&ids[i], NULL, emu_thread_main, &ts[i])) {
-                fprintf(stderr, "prep_emu: pthread_create failed (thread %u of CTA %lld)\n", i, (long long)b);
-                exit(3);
-            }
-        }
-        for (unsigned i = 0; i < T; i++) pthread_join(ids[i], NULL);
-        pthread_barrier_destroy(&emu_block_bar[0]);
-        for (unsigned w = 0; w < T / 32; w++) pthread_barrier_destroy(&emu_warp_bar[w]);
-    }
-    free(ids);
-    free(ts);
+    emu_launch((unsigned)emu_grid.ctas, T, prep_thread, p);
 }
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ CAND=${2:-$W/src/cuda/prep.cuh}
 mkdir -p $B
 if [ -n "$3" ]; then cp "$3" $B/ref.src; else git -C "$W" show HEAD:src/cuda/prep.cuh > $B/ref.src; fi
 cp "$CAND" $B/cand.src
-cp $W/src/cuda/seq.cuh $W/src/cuda/cp_plan.cuh $E/common.cuh $W/dev/bwd_emu/shim.h $B/
+cp $W/src/cuda/seq.cuh $W/src/cuda/cp_plan.cuh $E/common.cuh $W/dev/bwd_emu/shim.h $W/dev/bwd_emu/mma_tf32.cuh $B/
 cp $W/dev/bwd_emu/common.cuh $B/bwd_common.cuh
 for s in cand ref; do
   sed -E 's/extern __shared__ __align__\(([0-9]+)\) unsigned char ([A-Za-z_0-9]+)\[\];/unsigned char *\2 = EMU_SMEM;/' \
@@ -42,11 +42,12 @@ for s in cand ref; do
   if grep -q 'extern __shared__' $B/prep_$s.cuh; then echo "run.sh: $s: a shared memory declaration not rewritten" >&2; exit 2; fi
 done
 F="-w -std=c++17 -O1 -ffp-contract=off -I$B -I$W/src/cuda -I$W/src -I$W/include -I/usr/local/cuda/include"
-rm -f $B/cand.o $B/ref.o $B/harness.o $B/prep_emu # (a failed compile must not leave an older object to link)
+rm -f $B/cand.o $B/ref.o $B/harness.o $B/launch.o $B/prep_emu # (a failed compile must not leave an older object to link)
 g++ -x c++ $F -DPREP_NS=cand '-DPREP_SRC="prep_cand.cuh"' -c $E/prep_inst.emu.cu -o $B/cand.o & pc=$!
 g++ -x c++ $F -DPREP_NS=ref '-DPREP_SRC="prep_ref.cuh"' -c $E/prep_inst.emu.cu -o $B/ref.o & pr=$!
 g++ -x c++ $F -c $E/harness.emu.cu -o $B/harness.o
+g++ -x c++ $F -c $W/dev/bwd_emu/launch.emu.cu -o $B/launch.o
 wait $pc
 wait $pr
-g++ -o $B/prep_emu $B/harness.o $B/cand.o $B/ref.o -lpthread -lm
+g++ -o $B/prep_emu $B/harness.o $B/launch.o $B/cand.o $B/ref.o -lpthread -lm
 $B/prep_emu "${1:-all}"
