@@ -190,8 +190,8 @@ DEV void split_tf32(float x, float *hi, float *lo) {
 }
 
 /* x as tf32 parts by masks, hi = x with its 13 low mantissa bits cleared, lo = x − hi (exact) likewise: two integer
- * ops and an add, where split_tf32's cvt.rna are conversions (F2FP, a slower pipe: 30 % of the CP merge's
- * instructions). Both parts toward zero, so A B ≈ Ah Bh + Ah Bl + Al Bh within ~2^-19 relative (against ~2^-21 for
+ * ops and an add, where split_tf32's two cvt.rn are conversions (F2FP, which Hopper issues at a low rate; 30 % of
+ * the CP merge's instructions with split_tf32). Both parts toward zero, so A B ≈ Ah Bh + Ah Bl + Al Bh within ~2^-19 relative (against ~2^-21 for
  * split_tf32): still far below the bf16 outputs' 2^-8 */
 DEV void split_tf32_rz(float x, float *hi, float *lo) {
     *hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
