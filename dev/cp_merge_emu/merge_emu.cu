@@ -55,8 +55,9 @@ static int64_t rnd(int64_t n) { rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng <<
 static float rndf(void) { return (float)(rnd(2000001) - 1000000) * 1e-6f; }
 
 /* the merge of one (split sequence, value head) in the kernel's order, all VC columns: S_in(j) into `out`. Per
- * step and output (d, v): the m16n8k8 products in e order, 8 rows e at a time, each as three tf32 products (Al Bh,
- * Ah Bl, Ah Bh) summed k by k into one fp32 accumulator, as the emulated mma.sync does; then + E_j. Mᵀ_j is read
+ * step and output (d, v): the m16n8k8 products in e order, 8 rows e at a time, each as three tf32 products (Ah Bh,
+ * Al Bh, Ah Bl; the parts by masks) summed k by k into an fp32 accumulator each, as the emulated mma.sync does;
+ * then Ah Bh + (Al Bh + Ah Bl) + E_j. Mᵀ_j is read
  * through the swizzle its writers store it with (kda_cuda_map_index). */
 static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv, int KC, int VC, float *out) {
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
@@ -70,15 +71,15 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
         const float *Mt = RSLOT(j), *E = RSLOT(j) + KC * KC;
         for (int d = 0; d < KC; d++)
             for (int c = 0; c < VC; c++) {
-                float acc = 0.f;
+                float acc[3] = {0.f, 0.f, 0.f}; /* Ah Bh, Al Bh, Ah Bl */
                 for (int e0 = 0; e0 < KC; e0 += 8)
                     for (int part = 0; part < 3; part++)
                         for (int k = 0; k < 8; k++) {
                             const float a = Mt[kda_cuda_map_index(KC, e0 + k, d)], b = S[(e0 + k) * VC + c];
-                            const float ah = to_tf32(a), al = to_tf32(a - ah), bh = to_tf32(b), bl = to_tf32(b - bh);
-                            acc += part == 0 ? al * bh : part == 1 ? ah * bl : ah * bh;
+                            const float ah = tf32_rz(a), al = tf32_rz(a - ah), bh = tf32_rz(b), bl = tf32_rz(b - bh);
+                            acc[part] += part == 0 ? ah * bh : part == 1 ? al * bh : ah * bl;
                         }
-                next[d * VC + c] = acc + E[d * VC + c];
+                next[d * VC + c] = (acc[0] + (acc[1] + acc[2])) + E[d * VC + c];
             }
         memcpy(S, next, sizeof(float) * KC * VC);
         memcpy(ROUT(j + 1) + KC * KC + KC * VC, S, sizeof(float) * KC * VC);

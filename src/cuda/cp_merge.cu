@@ -14,8 +14,9 @@
  * scan of the table's split pieces (its first header[2] entries, cp_plan.h; those FIRST), which goes on where the
  * CTA's previous item left it.
  *
- * A step on the tensor cores, ~fp32 (3xTF32: each operand x = hi + lo in tf32, A B ≈ Ah Bh + Ah Bl + Al Bh, the
- * error ~1e-6 relative): KC / 16 warps, warp w the rows d = 16 w .. 16 w + 15 of S_in(j + 1) over all of e, as
+ * A step on the tensor cores, ~fp32 (3xTF32: each operand x = hi + lo in tf32 by masks, split_tf32_rz;
+ * A B ≈ Ah Bh + (Al Bh + Ah Bl), the three products in accumulators of their own, three chains of KC / 8 mma;
+ * the error ~2e-6 relative): KC / 16 warps, warp w the rows d = 16 w .. 16 w + 15 of S_in(j + 1) over all of e, as
  * m16n8k8 products (A = M_j's rows from Mᵀ_j, B = S_in(j)), so no partial sums meet in shared memory. Mᵀ_j's rows
  * stream through a ring of shared-memory stages by bulk copies, 32 rows a block, issued as soon as a step (at K = 256
  * half a step) frees its stages: two steps ahead at K = 128. Mᵀ is stored swizzled (kda_cuda_map_index: its writers
@@ -142,9 +143,11 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         __syncthreads(); /* S_in(1) is in buffer 1 */
         for (int64_t j = 1; j + 1 < np; j++) {
             const float *sB = sS + (j & 1) * KC * MERGE_SST; /* S_in(j) */
-            float acc[2][4];
+            float acc[3][2][4]; /* per n8 tile: Ah Bh, Al Bh, Ah Bl, each its own chain of KC / 8 mma */
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+            for (int pt = 0; pt < 3; pt++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) acc[pt][nt][0] = acc[pt][nt][1] = acc[pt][nt][2] = acc[pt][nt][3] = 0.0f;
 #pragma unroll 1
             for (int rd = 0; rd < ROUNDS; rd++) {
 #pragma unroll 1
@@ -157,19 +160,19 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                     for (int ks = 0; ks < MERGE_EB / 8; ks++) { /* rows e = 32 b + 8 ks + (t, t + 4) */
                         const float *r0 = blk + (8 * ks + t) * KC, *r4 = r0 + 4 * KC;
                         float ah[4], al[4];
-                        split_tf32(r0[ca], &ah[0], &al[0]);
-                        split_tf32(r0[cb], &ah[1], &al[1]);
-                        split_tf32(r4[ca], &ah[2], &al[2]);
-                        split_tf32(r4[cb], &ah[3], &al[3]);
+                        split_tf32_rz(r0[ca], &ah[0], &al[0]);
+                        split_tf32_rz(r0[cb], &ah[1], &al[1]);
+                        split_tf32_rz(r4[ca], &ah[2], &al[2]);
+                        split_tf32_rz(r4[cb], &ah[3], &al[3]);
                         const float *s0r = sB + (MERGE_EB * b + 8 * ks + t) * MERGE_SST + g;
 #pragma unroll
                         for (int nt = 0; nt < 2; nt++) {
                             float bh0, bl0, bh1, bl1;
-                            split_tf32(s0r[8 * nt], &bh0, &bl0);
-                            split_tf32(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
-                            mma_tf32(acc[nt], al[0], al[1], al[2], al[3], bh0, bh1);
-                            mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-                            mma_tf32(acc[nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                            split_tf32_rz(s0r[8 * nt], &bh0, &bl0);
+                            split_tf32_rz(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
+                            mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                            mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
+                            mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
                         }
                     }
                 }
@@ -189,7 +192,9 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     const int row = d0 + g + 8 * hr, col = 8 * nt + 2 * t;
-                    const float2 x = make_float2(acc[nt][2 * hr] + ej[nt][hr].x, acc[nt][2 * hr + 1] + ej[nt][hr].y);
+                    const float x0 = acc[0][nt][2 * hr] + (acc[1][nt][2 * hr] + acc[2][nt][2 * hr]);
+                    const float x1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
+                    const float2 x = make_float2(x0 + ej[nt][hr].x, x1 + ej[nt][hr].y);
                     *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
                     *(float2 *)&sN[row * MERGE_SST + col] = x;
                 }
