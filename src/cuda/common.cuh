@@ -32,10 +32,9 @@ DEV uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
-DEV float2 unpack_bf16(uint32_t u) {
-    __nv_bfloat162 v = *(__nv_bfloat162 *)&u;
-    return __bfloat1622float2(v);
-}
+/* exact, by bits (bf16 is fp32's upper half): no split into 16-bit registers, which cost the kernels a pair of PRMT
+   wherever a packed pair was also read back (docs/PERF.md, "Prep v2") */
+DEV float2 unpack_bf16(uint32_t u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
 
 /* The low part of the pair (x0, x1) whose bf16 rounding is hi = pack_bf16(x0, x1): x = hi + lo to ~16 bits */
 DEV uint32_t pack_bf16_lo(float x0, float x1, uint32_t hi) {

@@ -679,35 +679,43 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int VD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
-    constexpr int S = PREP_S(KD), row_chunks = KD / 8;
+    constexpr int S = PREP_S(KD), row_chunks = KD / 8, RS = ND / row_chunks; /* RS rows a pass */
+    static_assert(ND % row_chunks == 0 && KDA_CHUNK % (4 * RS) == 0, "decay_factors: a thread keeps its columns");
     const float *GL = sm.G + (ck.clen - 1) * S;
     if (!KDA_SKIP(p, 128)) {
+        /* a thread's 8 columns c·8.. stay the same in every row it takes (rows r0, r0 + RS, ..): G_last's
+           values once, four rows in flight */
+        const int c = tid2 % row_chunks, r0 = tid2 / row_chunks;
         unsigned char *blk_kt = ck.blk + kda_cuda_off_kt(KD);
-        for (int e = tid2; e < KDA_CHUNK * row_chunks; e += ND) {
-            const int r = e / row_chunks, c = e % row_chunks;
-            const float *G = sm.G + r * S + c * 8;
-            const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
-            const uint32_t *kw = (const uint32_t *)&k8;
-            const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
-            const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
-            const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-            const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            float x[8];
-            uint32_t kt[4];
+        const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
+        const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+        const int fine = p.blocks.fine & KDA_FINE_KT;
+        for (int r1 = r0; r1 < KDA_CHUNK; r1 += 4 * RS) {
 #pragma unroll
-            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
-                const float2 kf = unpack_bf16(kw[u]);
-                x[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
-                x[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
-                kt[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
-            }
-            *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
-            if (p.blocks.fine & KDA_FINE_KT) { /* its low part too, K̃ = hi + lo */
-                uint32_t lo[4];
+            for (int i = 0; i < 4; i++) {
+                const int r = r1 + i * RS;
+                const float *G = sm.G + r * S + c * 8;
+                const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
+                const uint32_t *kw = (const uint32_t *)&k8;
+                const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+                const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+                float x[8];
+                uint32_t kt[4];
 #pragma unroll
-                for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], kt[u]);
-                *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
-                    make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
+                    const float2 kf = unpack_bf16(kw[u]);
+                    x[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
+                    x[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
+                    kt[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
+                }
+                *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+                if (fine) { /* its low part too, K̃ = hi + lo */
+                    uint32_t lo[4];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], kt[u]);
+                    *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
+                        make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                }
             }
         }
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
