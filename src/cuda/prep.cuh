@@ -482,32 +482,38 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
                      uint32_t fk[4], uint32_t fq[4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
+    /* k's and q's fragments by ldmatrix: matrix m of the four is rows row0 + 8 (m & 1).., columns kt·16 + 8 (m >> 1)..
+       (lanes 8m..8m+7 give its row addresses), so register r holds the pair (g + 8 (r & 1), 2t + 8 (r >> 1)) */
+    const int lrow = row0 + (lane & 7) + 8 * ((lane >> 3) & 1), lcol = kt * 16 + 8 * (lane >> 4);
+    uint32_t kf[4], qf[4];
+    ldsm_x4(kf, smem_u32(sK + lrow * S + lcol));
+    ldsm_x4(qf, smem_u32(sQ + lrow * S + lcol));
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
         const uint32_t e = pack_bf16(ex2(G.x - Rr.x), ex2(G.y - Rr.y));
-        fk[r] = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], e);
-        fq[r] = mul_bf16x2(*(const uint32_t *)&sQ[row * S + col], e);
+        fk[r] = mul_bf16x2(kf[r], e);
+        fq[r] = mul_bf16x2(qf[r], e);
     }
 }
 
-/* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7. */
+/* Column factors for one k-tile: the B fragments (b[2 nt], b[2 nt + 1]) of k_j e^{R − G_j} for the 16 tokens
+ * row0..row0+15, n-tile nt the tokens row0 + 8 nt... k's pairs by ldmatrix: matrix m is rows row0 + 8 (m >> 1)..,
+ * columns kt·16 + 8 (m & 1).., so register m holds the pair (token row0 + 8 (m >> 1) + g, channels 2t + 8 (m & 1)). */
 template <int KD>
-DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
-                     uint32_t *b1) {
+DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t b[4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
-    const int row = row0 + g;
+    uint32_t kf[4];
+    ldsm_x4(kf, smem_u32(sK + (row0 + (lane & 7) + 8 * (lane >> 4)) * S + kt * 16 + 8 * ((lane >> 3) & 1)));
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int col = kt * 16 + 2 * t + 8 * h;
+    for (int m = 0; m < 4; m++) {
+        const int row = row0 + 8 * (m >> 1) + g, col = kt * 16 + 2 * t + 8 * (m & 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const uint32_t b = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
-        if (h == 0) *b0 = b;
-        else *b1 = b;
+        b[m] = mul_bf16x2(kf[m], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
     }
 }
 
@@ -522,14 +528,15 @@ DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, cons
         uint32_t fk[4], fq[4];
         row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
 #pragma unroll
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < NB; b++) {
+            uint32_t bf[4];
+            col_factors<KD>(sG, sK, R, col0 + 16 * b, kt, lane, bf);
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                uint32_t b0, b1;
-                col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
-                mma_bf16(accA[b][nt], fk, b0, b1);
-                mma_bf16(accQ[b][nt], fq, b0, b1);
+                mma_bf16(accA[b][nt], fk, bf[2 * nt], bf[2 * nt + 1]);
+                mma_bf16(accQ[b][nt], fq, bf[2 * nt], bf[2 * nt + 1]);
             }
+        }
     }
 }
 
