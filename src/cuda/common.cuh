@@ -230,6 +230,12 @@ DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
     }
 }
 
+/* 16 bytes of shared memory into four registers where the code stands (volatile: a plain load may be hoisted
+   and lengthen its registers' lives; prep's solve_w_u spilled so) */
+DEV void lds_u4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
 DEV void ldsm_x4(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
