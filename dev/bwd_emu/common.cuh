@@ -154,6 +154,7 @@ DEV uint32_t movm_t(uint32_t a) {
     pthread_barrier_wait(&emu_warp_bar[w]);
     return lo | (hi << 16);
 }
+DEV void lds_u4(uint32_t r[4], uint32_t addr) { memcpy(r, EMU_SMEM + addr, 16); }
 DEV void ldsm_x4(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 0); }
 DEV void ldsm_x4_t(uint32_t r[4], uint32_t addr) { emu_ldsm(r, addr, 1); }
 /* cp.async: a plain copy (the emulated thread waits for nothing) */

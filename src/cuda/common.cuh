@@ -32,10 +32,9 @@ DEV uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
-DEV float2 unpack_bf16(uint32_t u) {
-    __nv_bfloat162 v = *(__nv_bfloat162 *)&u;
-    return __bfloat1622float2(v);
-}
+/* exact, by bits (bf16 is fp32's upper half): no split into 16-bit registers, which cost the kernels a pair of PRMT
+   wherever a packed pair was also read back (docs/PERF.md, "Prep v2") */
+DEV float2 unpack_bf16(uint32_t u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
 
 /* The low part of the pair (x0, x1) whose bf16 rounding is hi = pack_bf16(x0, x1): x = hi + lo to ~16 bits */
 DEV uint32_t pack_bf16_lo(float x0, float x1, uint32_t hi) {
@@ -229,6 +228,12 @@ DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
         s[nt][2] *= gg.x;
         s[nt][3] *= gg.y;
     }
+}
+
+/* 16 bytes of shared memory into four registers where the code stands (volatile: a plain load may be hoisted
+   and lengthen its registers' lives; prep's solve_w_u spilled so) */
+DEV void lds_u4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 DEV void ldsm_x4(uint32_t r[4], uint32_t addr) {

@@ -39,10 +39,13 @@
  *   R_K  bf16 [C][KD+8]   k; later each warp's Y scratch
  *   R_Q  bf16 [C][KD+8]   q; later KΓ
  *   R_V  bf16 [C][VD+8]   v
- *   R_A  fp32 [C][72]     A (its diagonal blocks later T_II − I)
+ *   R_A  fp32 [C][72]     A's diagonal blocks (later T_II − I), for invert_diag_blocks
  *   β    fp32 [C], and 2·NT floats for the partial sums of the gate, and t* (an int), and Aqk's diagonal fp32 [C],
  *   and q's row factors fq and fqn fp32 [C] each
  *   with 16 warps: the second channel half's A/Aqk accumulators, fp32 [6 roles][8][32 lanes][4]
+ *   R_AB bf16 A fragments [10 blocks][32 lanes][8]: A_IM (M < I, from intra_chunk_A) and L_II (from
+ *        invert_diag_blocks), each written once as solve_w_u's warps read it (before, each of the 8 or 16 warps
+ *        read A in fp32 and rounded the same fragments itself)
  */
 #include "common.cuh"
 #include "cp_plan.cuh"
@@ -82,7 +85,11 @@ typedef __nv_bfloat16 bf16;
 #define PREP_OFF_FQN(KD, VD) (PREP_OFF_FQ(KD, VD) + KDA_CHUNK * 4)
 #define PREP_OFF_RED(KD, VD) (PREP_OFF_FQN(KD, VD) + KDA_CHUNK * 4)
 #define PREP_BYTES_RED(KD, VD) ((PREP_KSPLIT(PREP_NT(KD, VD)) - 1) * PREP_A_WARPS * 32 * 32 * 4)
-#define PREP_BYTES(KD, VD) (PREP_OFF_RED(KD, VD) + PREP_BYTES_RED(KD, VD))
+#define PREP_OFF_AB(KD, VD) (PREP_OFF_RED(KD, VD) + PREP_BYTES_RED(KD, VD))
+#define PREP_BYTES_AB (10 * 32 * 16) /* A's ten lower blocks as bf16 fragments: [block][lane] 16 bytes */
+#define PREP_BYTES(KD, VD) (PREP_OFF_AB(KD, VD) + PREP_BYTES_AB)
+/* A's block (I, M), M ≤ I, in the fragment region */
+#define PREP_AB_BLOCK(I, M) ((I) * ((I) + 1) / 2 + (M))
 
 /* The contract's bound for q, k, v, β (ALGORITHM.md §7, 4): a row holding an element with |x| ≥ 2^56 (after the
  * l2norm and the scale, β after its sigmoid), ±∞ or NaN poisons its token. Below it no product of the chunk
@@ -99,6 +106,7 @@ typedef struct {
     float *fq;   /* q's row factor still to apply: s/‖q‖ where the tile kept the raw bf16 q, else 1 */
     float *fqn;  /* q's whole row factor s/‖q‖ (fine blocks: gated_qk's QΓ_lo from the input row) */
     float *red;  /* with 16 warps: intra_chunk_A's second-half accumulators */
+    uint4 *ab;   /* A's blocks (I, M < I) and L_II as solve_w_u's bf16 A fragments, [PREP_AB_BLOCK][lane] */
 } prep_smem_t;
 
 typedef struct {
@@ -482,32 +490,38 @@ DEV void row_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const floa
                      uint32_t fk[4], uint32_t fq[4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
+    /* k's and q's fragments by ldmatrix: matrix m of the four is rows row0 + 8 (m & 1).., columns kt·16 + 8 (m >> 1)..
+       (lanes 8m..8m+7 give its row addresses), so register r holds the pair (g + 8 (r & 1), 2t + 8 (r >> 1)) */
+    const int lrow = row0 + (lane & 7) + 8 * ((lane >> 3) & 1), lcol = kt * 16 + 8 * (lane >> 4);
+    uint32_t kf[4], qf[4];
+    ldsm_x4(kf, smem_u32(sK + lrow * S + lcol));
+    ldsm_x4(qf, smem_u32(sQ + lrow * S + lcol));
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int row = row0 + g + 8 * (r & 1), col = kt * 16 + 2 * t + 8 * (r >> 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
         const uint32_t e = pack_bf16(ex2(G.x - Rr.x), ex2(G.y - Rr.y));
-        fk[r] = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], e);
-        fq[r] = mul_bf16x2(*(const uint32_t *)&sQ[row * S + col], e);
+        fk[r] = mul_bf16x2(kf[r], e);
+        fq[r] = mul_bf16x2(qf[r], e);
     }
 }
 
-/* Column factors for one k-tile: the B fragment (b0, b1) of k_j e^{R − G_j} for the 8 tokens row0..row0+7. */
+/* Column factors for one k-tile: the B fragments (b[2 nt], b[2 nt + 1]) of k_j e^{R − G_j} for the 16 tokens
+ * row0..row0+15, n-tile nt the tokens row0 + 8 nt... k's pairs by ldmatrix: matrix m is rows row0 + 8 (m >> 1)..,
+ * columns kt·16 + 8 (m & 1).., so register m holds the pair (token row0 + 8 (m >> 1) + g, channels 2t + 8 (m & 1)). */
 template <int KD>
-DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t *b0,
-                     uint32_t *b1) {
+DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, int kt, int lane, uint32_t b[4]) {
     constexpr int S = PREP_S(KD);
     const int g = lane >> 2, t = lane & 3;
-    const int row = row0 + g;
+    uint32_t kf[4];
+    ldsm_x4(kf, smem_u32(sK + (row0 + (lane & 7) + 8 * (lane >> 4)) * S + kt * 16 + 8 * ((lane >> 3) & 1)));
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int col = kt * 16 + 2 * t + 8 * h;
+    for (int m = 0; m < 4; m++) {
+        const int row = row0 + 8 * (m >> 1) + g, col = kt * 16 + 2 * t + 8 * (m & 1);
         const float2 G = *(const float2 *)&sG[row * S + col];
         const float2 Rr = *(const float2 *)&R[col];
-        const uint32_t b = mul_bf16x2(*(const uint32_t *)&sK[row * S + col], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
-        if (h == 0) *b0 = b;
-        else *b1 = b;
+        b[m] = mul_bf16x2(kf[m], pack_bf16(ex2(Rr.x - G.x), ex2(Rr.y - G.y)));
     }
 }
 
@@ -522,14 +536,15 @@ DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, cons
         uint32_t fk[4], fq[4];
         row_factors<KD>(sG, sK, sQ, R, row0, kt, lane, fk, fq);
 #pragma unroll
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < NB; b++) {
+            uint32_t bf[4];
+            col_factors<KD>(sG, sK, R, col0 + 16 * b, kt, lane, bf);
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                uint32_t b0, b1;
-                col_factors<KD>(sG, sK, R, col0 + 16 * b + 8 * nt, kt, lane, &b0, &b1);
-                mma_bf16(accA[b][nt], fk, b0, b1);
-                mma_bf16(accQ[b][nt], fq, b0, b1);
+                mma_bf16(accA[b][nt], fk, bf[2 * nt], bf[2 * nt + 1]);
+                mma_bf16(accQ[b][nt], fq, bf[2 * nt], bf[2 * nt + 1]);
             }
+        }
     }
 }
 
@@ -558,9 +573,10 @@ DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D
 
 /* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
  * into the workspace, from the accumulators of its two 8-column halves. */
-DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, const float *sFq, int I, int J, int lane,
-                     const float accA[2][4], const float accQ[2][4], int diagonal) {
+DEV void store_block(float *sA, uint4 *ab, unsigned char *blk_aqk, const float *sBeta, const float *sFq, int I, int J,
+                     int lane, const float accA[2][4], const float accQ[2][4], int diagonal) {
     const int g = lane >> 2, t = lane & 3;
+    uint32_t frag[4]; /* an off-diagonal block's A fragment of this lane for solve_w_u: register hr + 2 nt */
 #pragma unroll
     for (int nt = 0; nt < 2; nt++) {
 #pragma unroll
@@ -574,10 +590,12 @@ DEV void store_block(float *sA, unsigned char *blk_aqk, const float *sBeta, cons
                 if (j > i) q0 = 0.0f;
                 if (j + 1 > i) q1 = 0.0f;
             }
-            *(float2 *)&sA[i * SA + j] = make_float2(a0, a1);
+            if (diagonal) *(float2 *)&sA[i * SA + j] = make_float2(a0, a1); /* for invert_diag_blocks */
+            frag[hr + 2 * nt] = pack_bf16(a0, a1);
             *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
         }
     }
+    if (!diagonal) ab[PREP_AB_BLOCK(I, J) * 32 + lane] = make_uint4(frag[0], frag[1], frag[2], frag[3]);
 }
 
 /* A role's blocks from its accumulators → A (shared, β-scaled, strictly lower) and Aqk (workspace) */
@@ -585,7 +603,7 @@ DEV void store_role_blocks(const prep_smem_t &sm, unsigned char *blk_aqk, int I,
                            const float (&accA)[2][2][4], const float (&accQ)[2][2][4]) {
 #pragma unroll
     for (int b = 0; b < 2; b++)
-        if (b < nb) store_block(sm.A, blk_aqk, sm.beta, sm.fq, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
+        if (b < nb) store_block(sm.A, sm.ab, blk_aqk, sm.beta, sm.fq, I, J0 + b, lane, accA[b], accQ[b], J0 + b == I);
 }
 
 /* The A warps' six roles, each a run of blocks of one row block I that share their row factors:
@@ -679,35 +697,43 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int VD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
-    constexpr int S = PREP_S(KD), row_chunks = KD / 8;
+    constexpr int S = PREP_S(KD), row_chunks = KD / 8, RS = ND / row_chunks; /* RS rows a pass */
+    static_assert(ND % row_chunks == 0 && KDA_CHUNK % (4 * RS) == 0, "decay_factors: a thread keeps its columns");
     const float *GL = sm.G + (ck.clen - 1) * S;
     if (!KDA_SKIP(p, 128)) {
+        /* a thread's 8 columns c·8.. stay the same in every row it takes (rows r0, r0 + RS, ..): G_last's
+           values once, four rows in flight */
+        const int c = tid2 % row_chunks, r0 = tid2 / row_chunks;
         unsigned char *blk_kt = ck.blk + kda_cuda_off_kt(KD);
-        for (int e = tid2; e < KDA_CHUNK * row_chunks; e += ND) {
-            const int r = e / row_chunks, c = e % row_chunks;
-            const float *G = sm.G + r * S + c * 8;
-            const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
-            const uint32_t *kw = (const uint32_t *)&k8;
-            const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
-            const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
-            const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-            const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-            float x[8];
-            uint32_t kt[4];
+        const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
+        const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+        const int fine = p.blocks.fine & KDA_FINE_KT;
+        for (int r1 = r0; r1 < KDA_CHUNK; r1 += 4 * RS) {
 #pragma unroll
-            for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
-                const float2 kf = unpack_bf16(kw[u]);
-                x[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
-                x[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
-                kt[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
-            }
-            *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
-            if (p.blocks.fine & KDA_FINE_KT) { /* its low part too, K̃ = hi + lo */
-                uint32_t lo[4];
+            for (int i = 0; i < 4; i++) {
+                const int r = r1 + i * RS;
+                const float *G = sm.G + r * S + c * 8;
+                const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
+                const uint32_t *kw = (const uint32_t *)&k8;
+                const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
+                const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+                float x[8];
+                uint32_t kt[4];
 #pragma unroll
-                for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], kt[u]);
-                *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
-                    make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
+                    const float2 kf = unpack_bf16(kw[u]);
+                    x[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
+                    x[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
+                    kt[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
+                }
+                *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+                if (fine) { /* its low part too, K̃ = hi + lo */
+                    uint32_t lo[4];
+#pragma unroll
+                    for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], kt[u]);
+                    *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
+                        make_uint4(lo[0], lo[1], lo[2], lo[3]);
+                }
             }
         }
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
@@ -789,10 +815,10 @@ DEV void aqk_diagonal(const prep_smem_t &sm, unsigned char *blk_aqk, int i) {
 
 /* ---------------------------------------------------------------------------------------------------------
  * invert_diag_blocks: the diagonal blocks of T = (I + A)⁻¹ in fp32 by forward substitution (warps 0-3, one
- * block each, a column per lane), written over A's diagonal blocks less their unit diagonal, as L_II = T_II − I
- * (solve_w_u reads only A_IM, M < I, and L_II)
+ * block each, a column per lane), written over A's diagonal blocks less their unit diagonal, as L_II = T_II − I,
+ * then as the bf16 fragments solve_w_u reads (R_AB; A_IM, M < I, are there from store_block)
  * ------------------------------------------------------------------------------------------------------- */
-DEV void invert_diag_blocks(float *sA, int warp, int lane) {
+DEV void invert_diag_blocks(float *sA, uint4 *ab, int warp, int lane) {
     const int j = lane & 15, b = 16 * warp;
     float tcol[16];
 #pragma unroll
@@ -806,6 +832,16 @@ DEV void invert_diag_blocks(float *sA, int warp, int lane) {
     if (lane < 16)
 #pragma unroll
         for (int i = 0; i < 16; i++) sA[(b + i) * SA + b + j] = i == j ? 0.0f : tcol[i];
+    __syncwarp();
+    /* L_II as solve_w_u's bf16 A fragment (lane (g, t): rows g, g + 8, columns 2t.., 2t + 8..) */
+    const int g = lane >> 2, t = lane & 3;
+    uint32_t frag[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float2 v = *(const float2 *)&sA[(b + g + 8 * (r & 1)) * SA + b + 2 * t + 8 * (r >> 1)];
+        frag[r] = pack_bf16(v.x, v.y);
+    }
+    ab[PREP_AB_BLOCK(warp, warp) * 32 + lane] = make_uint4(frag[0], frag[1], frag[2], frag[3]);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -818,21 +854,20 @@ DEV void invert_diag_blocks(float *sA, int warp, int lane) {
  * through the warp's scratch rows (stride YS).
  * ------------------------------------------------------------------------------------------------------- */
 template <int SLAB, int SRC_S>
-DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sBeta, const bf16 *src, int col0,
+DEV void solve_slab(const kda_prep_params_t &p, int ab_from_beta, const float *sBeta, const bf16 *src, int col0,
                     unsigned char *stage, bf16 *Y, int YS, int lane) {
     constexpr int NTW = SLAB / 8; /* n-tiles of a warp's slab */
     const int g = lane >> 2, t = lane & 3;
+    /* the fragment region's address from β's (a constant distance): a pointer of its own, live from the kernel's
+       start, cost spills at 128 registers */
+    const uint32_t ab = smem_u32(sBeta) + ab_from_beta + lane * 16;
     for (int I = 0; I < 4 && !KDA_SKIP(p, 4); I++) {
         float acc[NTW][4];
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
         for (int M = 0; M < I; M++) {
             uint32_t a[4];
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * M + 2 * t + 8 * (r >> 1)];
-                a[r] = pack_bf16(v.x, v.y);
-            }
+            lds_u4(a, ab + PREP_AB_BLOCK(I, M) * 512);
 #pragma unroll
             for (int pp = 0; pp < NTW / 2; pp++) {
                 const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -864,11 +899,7 @@ DEV void solve_slab(const kda_prep_params_t &p, const float *sA, const float *sB
             }
         __syncwarp();
         uint32_t a[4]; /* L_II */
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const float2 v = *(const float2 *)&sA[(16 * I + g + 8 * (r & 1)) * SA + 16 * I + 2 * t + 8 * (r >> 1)];
-            a[r] = pack_bf16(v.x, v.y);
-        }
+        lds_u4(a, ab + PREP_AB_BLOCK(I, I) * 512);
 #pragma unroll
         for (int pp = 0; pp < NTW / 2; pp++) {
             const int row = (lane & 7) + ((lane >> 3) & 1) * 8, col = pp * 16 + (lane >> 4) * 8;
@@ -896,15 +927,15 @@ DEV void solve_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, int warp, 
     unsigned char *stage = (unsigned char *)sm.G + is_u * (KDA_CHUNK * KD * 2); /* X tiles: W, then U */
     if (KD == VD) { /* one code path for both warp kinds */
         constexpr int YS = KD / NH + 8;
-        solve_slab<KD / NH, PREP_S(KD)>(p, sm.A, sm.beta, is_u ? sm.V : sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
+        solve_slab<KD / NH, PREP_S(KD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, is_u ? sm.V : sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
                                         sm.K + warp * 16 * YS, YS, lane);
     } else if (is_u) {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<VD / NH, PREP_S(VD)>(p, sm.A, sm.beta, sm.V, (warp & (NH - 1)) * (VD / NH), stage,
+        solve_slab<VD / NH, PREP_S(VD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, sm.V, (warp & (NH - 1)) * (VD / NH), stage,
                                         sm.K + warp * 16 * YS, YS, lane);
     } else {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<KD / NH, PREP_S(KD)>(p, sm.A, sm.beta, sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
+        solve_slab<KD / NH, PREP_S(KD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
                                         sm.K + warp * 16 * YS, YS, lane);
     }
 }
@@ -969,7 +1000,8 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
                             (float *)(smem + PREP_OFF_DIAG(KD, VD)),
                             (float *)(smem + PREP_OFF_FQ(KD, VD)),
                             (float *)(smem + PREP_OFF_FQN(KD, VD)),
-                            (float *)(smem + PREP_OFF_RED(KD, VD))};
+                            (float *)(smem + PREP_OFF_RED(KD, VD)),
+                            (uint4 *)(smem + PREP_OFF_AB(KD, VD))};
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     pdl_wait(); /* (launched with pdl: the kernels before, meta's chunk offsets among them, have completed) */
     pdl_trigger();
@@ -1007,7 +1039,6 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     const int tstar = *sm.tstar;
     if (tstar < ck.clen) neutral_rows<KD, VD>(sm, tstar, tid);
     gate_cumsum_finish<KD, NT>(sm, tid, gx, gy);
-    for (int e = tid; e < KDA_CHUNK * SA / 4; e += NT) ((float4 *)sm.A)[e] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
     float accA[2][2][4], accQ[2][2][4]; /* with 16 warps: a role's sums from intra_chunk_A to intra_chunk_store */
@@ -1023,7 +1054,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     }
     __syncthreads(); /* gated_qk overwrites q with KΓ */
     gated_qk<KD, VD, NT>(p, sm, ck, tid);
-    if (warp < 4 && !KDA_SKIP(p, 2)) invert_diag_blocks(sm.A, warp, lane);
+    if (warp < 4 && !KDA_SKIP(p, 2)) invert_diag_blocks(sm.A, sm.ab, warp, lane);
     if (warp >= 4 && warp < 6 && !KDA_SKIP(p, 1)) aqk_diagonal(sm, ck.blk + kda_cuda_off_aqk(KD), tid - 128);
     __syncthreads();
     solve_w_u<KD, VD>(p, sm, warp, lane);
