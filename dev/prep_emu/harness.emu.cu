@@ -274,6 +274,54 @@ static int check_math(const prep_case_t *c, const problem_t *pr) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * The tolerance mode (a candidate whose roundings differ): each region's values decoded (γ fp32, the rest bf16),
+ * ‖cand − ref‖ / ‖ref‖ over the case per region. The guards and the NaN positions must still agree exactly; an
+ * element one kernel left unwritten reads as the poison's bf16 (−2.9e-16) or fp32 (−2.9e-16) value, so a missed region
+ * shows as a relative error near 1. The low parts (QG_lo, Kt_lo) are reported, not judged:
+ * a hi part rounded the other way moves its lo part by a whole bf16 step of the value.
+ * ------------------------------------------------------------------------------------------------------- */
+static double tol = -1.0; /* < 0: byte for byte */
+#define NREG 8
+static const char *const reg_names[NREG] = {"W", "QG", "Kt", "Aqk", "gamma", "U", "QG_lo", "Kt_lo"};
+
+static int tolerance_compare(const kda_prep_params_t *p, int KC, int VC, const unsigned char *cand,
+                             const unsigned char *ref, int64_t n) {
+    double d2[NREG] = {0}, r2[NREG] = {0};
+    int64_t exact_bad = 0;
+    for (int64_t b = 0; b < n; b++) /* the guards: exact */
+        if ((b < PREP_GUARD || b >= n - PREP_GUARD) && cand[b] != ref[b]) exact_bad++;
+    const int64_t bb = p->blocks.block_bytes, nblk = (n - 2 * PREP_GUARD) / bb;
+    for (int64_t k = 0; k < nblk; k++)
+        for (int64_t off = 0; off < bb;) {
+            const char *name = region(KC, VC, p->blocks.fine, off);
+            int r = 0;
+            while (strcmp(reg_names[r], name)) r++;
+            const unsigned char *c = cand + PREP_GUARD + k * bb + off, *f = ref + PREP_GUARD + k * bb + off;
+            double x, y;
+            if (r == 4) {
+                float a, b2;
+                memcpy(&a, c, 4), memcpy(&b2, f, 4), x = a, y = b2, off += 4;
+            } else {
+                uint16_t a, b2;
+                memcpy(&a, c, 2), memcpy(&b2, f, 2);
+                x = bf16_bits_to_f32(a), y = bf16_bits_to_f32(b2), off += 2;
+            }
+            if (x != x || y != y) exact_bad += (x != x) != (y != y);
+            else d2[r] += (x - y) * (x - y), r2[r] += y * y;
+        }
+    int ok = exact_bad == 0;
+    printf("  tolerance %.1e:", tol);
+    for (int r = 0; r < NREG; r++) {
+        if (r2[r] == 0 && d2[r] == 0) continue;
+        const double e = r2[r] > 0 ? sqrt(d2[r] / r2[r]) : INFINITY;
+        printf(" %s %.2e", reg_names[r], e);
+        if (r < 6 && !(e <= tol)) ok = 0;
+    }
+    printf("; exact parts %s\n", exact_bad ? "DIFFER" : "agree");
+    return ok;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
  * A case: both kernels over a poisoned workspace, the two workspaces compared
  * ------------------------------------------------------------------------------------------------------- */
 static int run_case(int i) {
@@ -320,6 +368,8 @@ static int run_case(int i) {
                    region(KC, VC, p->blocks.fine, off), (long long)off, out[0][first], out[1][first]);
     }
     int ok = diff == 0 && inputs_ok;
+    if (diff && tol >= 0)
+        ok = tolerance_compare(p, kda_cuda_size_class(c->K), kda_cuda_size_class(c->V), out[0], out[1], n) && inputs_ok;
     if (i == 0) { /* the reference's blocks against mathematics */
         memcpy(pr.ws, out[1], (size_t)n);
         ok &= check_math(c, &pr);
@@ -333,6 +383,7 @@ static int run_case(int i) {
 
 int main(int argc, char **argv) {
     const char *sel = argc > 1 ? argv[1] : "all";
+    if (argc > 2 && argv[2][0]) tol = atof(argv[2]);
     int fails = 0, runs = 0;
     if (!strcmp(sel, "all")) {
         for (int i = 0; i < NCASES; i++) fails += !run_case(i), runs++;
@@ -345,7 +396,11 @@ int main(int argc, char **argv) {
             if (*s == ',') s++;
         }
     }
-    printf("%s: %d of %d cases the same byte for byte%s\n", fails ? "MISMATCH" : "PASS", runs - fails, runs,
-           fails ? " (or a failed check)" : "");
+    if (tol >= 0)
+        printf("%s: %d of %d cases within %.1e per region (or the same byte for byte)%s\n", fails ? "MISMATCH" : "PASS",
+               runs - fails, runs, tol, fails ? " (or a failed check)" : "");
+    else
+        printf("%s: %d of %d cases the same byte for byte%s\n", fails ? "MISMATCH" : "PASS", runs - fails, runs,
+               fails ? " (or a failed check)" : "");
     return fails ? 1 : 0;
 }
