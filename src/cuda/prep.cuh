@@ -571,8 +571,9 @@ DEV void diag_block_exact(const float *sG, const bf16 *sK, const bf16 *sQ, int D
         }
 }
 
-/* Store a 16×16 block of A (β-scaled, strictly lower) into shared memory and of Aqk (lower with diagonal)
- * into the workspace, from the accumulators of its two 8-column halves. */
+/* Store a 16×16 block of A (β-scaled, strictly lower) and of Aqk (lower with diagonal, into the workspace) from
+ * the accumulators of its two 8-column halves. A's diagonal blocks go to R_A in fp32 for invert_diag_blocks, its
+ * off-diagonal blocks to R_AB as solve_w_u's bf16 A fragments (the lane holds its own fragment already). */
 DEV void store_block(float *sA, uint4 *ab, unsigned char *blk_aqk, const float *sBeta, const float *sFq, int I, int J,
                      int lane, const float accA[2][4], const float accQ[2][4], int diagonal) {
     const int g = lane >> 2, t = lane & 3;
@@ -598,7 +599,7 @@ DEV void store_block(float *sA, uint4 *ab, unsigned char *blk_aqk, const float *
     if (!diagonal) ab[PREP_AB_BLOCK(I, J) * 32 + lane] = make_uint4(frag[0], frag[1], frag[2], frag[3]);
 }
 
-/* A role's blocks from its accumulators → A (shared, β-scaled, strictly lower) and Aqk (workspace) */
+/* A role's blocks from its accumulators → A (shared memory: R_A, R_AB) and Aqk (workspace) */
 DEV void store_role_blocks(const prep_smem_t &sm, unsigned char *blk_aqk, int I, int J0, int nb, int lane,
                            const float (&accA)[2][2][4], const float (&accQ)[2][2][4]) {
 #pragma unroll
