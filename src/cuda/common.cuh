@@ -189,9 +189,10 @@ DEV void split_tf32(float x, float *hi, float *lo) {
 }
 
 /* x as tf32 parts by masks, hi = x with its 13 low mantissa bits cleared, lo = x − hi (exact) likewise: two integer
- * ops and an add, where split_tf32's two cvt.rn are conversions (F2FP, which Hopper issues at a low rate; 30 % of
- * the CP merge's instructions with split_tf32). Both parts toward zero, so A B ≈ Ah Bh + Ah Bl + Al Bh within ~2^-19 relative (against ~2^-21 for
- * split_tf32): still far below the bf16 outputs' 2^-8 */
+ * ops and an add, where split_tf32's two cvt.rn are conversions (F2FP: 30 % of the CP merge's instructions with
+ * split_tf32; measured on an H200 they issued like any full-rate op, and the merge gained ~10 % from this and its
+ * shorter chains together, docs/PERF.md). Both parts toward zero, so A B ≈ Ah Bh + Ah Bl + Al Bh within ~2^-19
+ * relative (against ~2^-21 for split_tf32): still far below the bf16 outputs' 2^-8 */
 DEV void split_tf32_rz(float x, float *hi, float *lo) {
     *hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
     *lo = __uint_as_float(__float_as_uint(x - *hi) & 0xffffe000u);
