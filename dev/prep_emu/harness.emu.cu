@@ -214,17 +214,20 @@ static void free_problem(problem_t *pr) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
 }
 
-/* The region of a block that byte `off` lies in */
-static const char *region(int KC, int VC, int fine, int64_t off) {
-    if (off < kda_cuda_off_qg(KC)) return "W";
-    if (off < kda_cuda_off_kt(KC)) return "QG";
-    if (off < kda_cuda_off_aqk(KC)) return "Kt";
-    if (off < kda_cuda_off_gamma(KC)) return "Aqk";
-    if (off < kda_cuda_off_u(KC)) return "gamma";
-    if (off < kda_cuda_block_bytes(KC, VC)) return "U";
-    if ((fine & KDA_FINE_QG) && off < kda_cuda_off_ktlo(KC, VC, fine)) return "QG_lo";
-    return "Kt_lo";
+/* The regions of a workspace block, in the block's order, and the one byte `off` of a block lies in */
+#define NREG 8
+static const char *const reg_names[NREG] = {"W", "QG", "Kt", "Aqk", "gamma", "U", "QG_lo", "Kt_lo"};
+static int region_index(int KC, int VC, int fine, int64_t off) {
+    if (off < kda_cuda_off_qg(KC)) return 0;
+    if (off < kda_cuda_off_kt(KC)) return 1;
+    if (off < kda_cuda_off_aqk(KC)) return 2;
+    if (off < kda_cuda_off_gamma(KC)) return 3;
+    if (off < kda_cuda_off_u(KC)) return 4;
+    if (off < kda_cuda_block_bytes(KC, VC)) return 5;
+    if ((fine & KDA_FINE_QG) && off < kda_cuda_off_ktlo(KC, VC, fine)) return 6;
+    return 7;
 }
+static const char *region(int KC, int VC, int fine, int64_t off) { return reg_names[region_index(KC, VC, fine, off)]; }
 
 /* ---------------------------------------------------------------------------------------------------------
  * The check against mathematics (gate not in kernel, l2norm): γ_d = e^{Σ_t max(g_td, KDA_GATE_MIN)} over the
@@ -281,8 +284,6 @@ static int check_math(const prep_case_t *c, const problem_t *pr) {
  * a hi part rounded the other way moves its lo part by a whole bf16 step of the value.
  * ------------------------------------------------------------------------------------------------------- */
 static double tol = -1.0; /* < 0: byte for byte */
-#define NREG 8
-static const char *const reg_names[NREG] = {"W", "QG", "Kt", "Aqk", "gamma", "U", "QG_lo", "Kt_lo"};
 
 static int tolerance_compare(const kda_prep_params_t *p, int KC, int VC, const unsigned char *cand,
                              const unsigned char *ref, int64_t n) {
@@ -293,9 +294,7 @@ static int tolerance_compare(const kda_prep_params_t *p, int KC, int VC, const u
     const int64_t bb = p->blocks.block_bytes, nblk = (n - 2 * PREP_GUARD) / bb;
     for (int64_t k = 0; k < nblk; k++)
         for (int64_t off = 0; off < bb;) {
-            const char *name = region(KC, VC, p->blocks.fine, off);
-            int r = 0;
-            while (strcmp(reg_names[r], name)) r++;
+            const int r = region_index(KC, VC, p->blocks.fine, off);
             const unsigned char *c = cand + PREP_GUARD + k * bb + off, *f = ref + PREP_GUARD + k * bb + off;
             double x, y;
             if (r == 4) {
