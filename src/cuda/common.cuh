@@ -368,6 +368,12 @@ DEV unsigned char *cta_smem(unsigned char *smem) { return smem; }
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
+/* pan_off(row8 + r, col) for row8 a multiple of 8 and 0 ≤ r < 8, written so that the swizzle term depends on r and
+ * col only: in a loop over row8 (prep's solve_w_u) it is computed once, not per row block (the compiler cannot
+ * tell that (row8 + r) & 7 == r) */
+DEV int pan_off_r8(int row8, int r, int col) {
+    return (col >> 6) * 8192 + row8 * 128 + (r * 128 + ((((col >> 3) & 7) ^ r) << 4) + (col & 7) * 2);
+}
 
 /* ---------------------------------------------------------------------------------------------------------
  * Warpgroup MMA (sm_90a only: KDA_WGMMA is defined in the device pass of that target)

@@ -618,7 +618,7 @@ DEV void store_block(float *sA, uint4 *ab, unsigned char *blk_aqk, const float *
             }
             if (diagonal) *(float2 *)&sA[i * SA + j] = make_float2(a0, a1); /* for invert_diag_blocks */
             frag[hr + 2 * nt] = pack_bf16(a0, a1);
-            *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
+            *(uint32_t *)(blk_aqk + pan_off_r8(16 * I + 8 * hr, g, j)) = pack_bf16(q0, q1); /* (row i) */
         }
     }
     if (!diagonal) ab[PREP_AB_BLOCK(I, J) * 32 + lane] = make_uint4(frag[0], frag[1], frag[2], frag[3]);
@@ -896,10 +896,9 @@ DEV void solve_slab(const kda_prep_params_t &p, int ab_from_beta, const float *s
             lds_u4(a, ab + PREP_AB_BLOCK(I, M) * 512);
 #pragma unroll
             for (int pp = 0; pp < NTW / 2; pp++) {
-                const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int col = col0 + pp * 16 + (lane >> 4) * 8;
+                const int col = col0 + pp * 16 + (lane >> 4) * 8; /* row 16 M + 8 ((lane >> 3) & 1) + (lane & 7) */
                 uint32_t b[4];
-                ldsm_x4_t(b, smem_u32(stage + pan_off(row, col)));
+                ldsm_x4_t(b, smem_u32(stage + pan_off_r8(16 * M + ((lane >> 3) & 1) * 8, lane & 7, col)));
                 mma_bf16(acc[2 * pp], a, b[0], b[1]);
                 mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
             }
@@ -939,8 +938,8 @@ DEV void solve_slab(const kda_prep_params_t &p, int ab_from_beta, const float *s
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
-                *(uint32_t *)(stage + pan_off(i, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                const int c = col0 + nt * 8 + 2 * t; /* row 16 I + 8 hr + g */
+                *(uint32_t *)(stage + pan_off_r8(16 * I + 8 * hr, g, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
             }
         __syncwarp();
     }
