@@ -175,6 +175,9 @@ DEV void decay_state(float (&s)[KD / 8][4], const float *gam, int t) {
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
+DEV int pan_off_r8(int row8, int r, int col) {
+    return (col >> 6) * 8192 + row8 * 128 + (r * 128 + ((((col >> 3) & 7) ^ r) << 4) + (col & 7) * 2);
+}
 /* bulk copies and their mbarriers: a copy completes at its issue; an mbarrier (kept beside the block's shared
  * memory, by its offset) counts the arrivals and bytes still expected in its phase, and mbar_wait(parity) spins
  * until the phase of that parity is complete; cp.async's arrival (.noinc) is one arrival at its issue. wgmma

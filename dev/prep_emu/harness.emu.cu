@@ -185,6 +185,8 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     p->A_log = A_log, p->dt_bias = dt_bias;
     p->dtype = c->dtype, p->g_dtype = c->g_dtype, p->beta_dtype = c->beta_dtype;
     p->hqk = c->hqk, p->hv = c->hv, p->group = c->hv / c->hqk, p->K = K, p->V = V;
+    p->div_hv = kda_fastdiv_make(p->hv), p->div_group = kda_fastdiv_make(p->group);
+    p->div_cpr = kda_fastdiv_make(s->chunks_per_row);
     p->piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
     p->piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
     p->scale = c->scale != 0.0f ? c->scale : (float)(1.0 / sqrt((double)K));

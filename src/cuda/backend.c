@@ -344,6 +344,9 @@ static void fill_prep_params(const cuda_impl_t *impl, const kda_problem_t *p, un
     pp.beta_sigmoid = a->use_beta_sigmoid != 0;
     pp.neg_eigval = a->allow_neg_eigval != 0;
     pp.dev_skip = dev_skip;
+    pp.div_hv = kda_fastdiv_make(pp.hv);
+    pp.div_group = kda_fastdiv_make(pp.group);
+    pp.div_cpr = kda_fastdiv_make(seqs.chunks_per_row);
     *out = pp;
 }
 

@@ -368,6 +368,12 @@ DEV unsigned char *cta_smem(unsigned char *smem) { return smem; }
 DEV int pan_off(int row, int col) {
     return (col >> 6) * 8192 + row * 128 + ((((col >> 3) & 7) ^ (row & 7)) << 4) + (col & 7) * 2;
 }
+/* pan_off(row8 + r, col) for row8 a multiple of 8 and 0 ≤ r < 8, written so that the swizzle term depends on r and
+ * col only: in a loop over row8 (prep's solve_w_u) it is computed once, not per row block (the compiler cannot
+ * tell that (row8 + r) & 7 == r) */
+DEV int pan_off_r8(int row8, int r, int col) {
+    return (col >> 6) * 8192 + row8 * 128 + (r * 128 + ((((col >> 3) & 7) ^ r) << 4) + (col & 7) * 2);
+}
 
 /* ---------------------------------------------------------------------------------------------------------
  * Warpgroup MMA (sm_90a only: KDA_WGMMA is defined in the device pass of that target)
@@ -446,6 +452,9 @@ DEV void wgmma_n128_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 #endif /* KDA_WGMMA */
+
+/* n / d for n < 2^31 by kda_fastdiv_make(d)'s multiply and shift */
+DEV uint32_t fastdiv(uint32_t n, kda_fastdiv_t f) { return (uint32_t)(((uint64_t)n * f.m) >> f.s); }
 
 /* Programmatic dependent launch (sm_90 on; kda_launch_ex with pdl sets the launch attribute): a kernel so launched
  * may be scheduled before the kernel ahead of it in the stream has finished, so its first act is pdl_wait(), which

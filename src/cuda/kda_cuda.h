@@ -114,6 +114,22 @@ typedef struct kda_cp_params {
     const float *maps;               /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
 } kda_cp_params_t;
 
+/* Division of n < 2^31 by a launch constant d ≥ 1 as a multiply and a shift, q = (n · m) >> s: Granlund and
+ * Montgomery's round-up method, m = ⌈2^(31+l) / d⌉ with l = ⌈log2 d⌉ (exact for every such n; m < 2^32). d = 0
+ * gives m = 0 (a divisor never used). */
+typedef struct {
+    uint32_t m, s;
+} kda_fastdiv_t;
+KDA_HD static inline kda_fastdiv_t kda_fastdiv_make(int64_t d) {
+    kda_fastdiv_t f = {0, 0};
+    if (d <= 0 || d >= ((int64_t)1 << 31)) return f;
+    uint32_t l = 0;
+    while (((int64_t)1 << l) < d) l++;
+    f.m = (uint32_t)((((uint64_t)1 << (31 + l)) + (uint64_t)d - 1) / (uint64_t)d);
+    f.s = 31 + l;
+    return f;
+}
+
 typedef struct kda_prep_params {
     kda_cuda_seqs_t seqs;
     kda_cuda_blocks_t blocks;
@@ -125,6 +141,7 @@ typedef struct kda_prep_params {
     float scale, lower_bound;        /* lower_bound != 0: sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int dev_skip;                    /* KDA_SKIP */
+    kda_fastdiv_t div_hv, div_group, div_cpr; /* by hv, group and seqs.chunks_per_row: the CTA → chunk step */
     /* plan = 1: the prep kernel's CTA 0 makes the CP piece table from cp (cp_plan.cuh) beside the chunks' CTAs,
        instead of a planning kernel of its own on the chain before prep (the pre-scan, after prep, reads it) */
     int plan;

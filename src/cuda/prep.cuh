@@ -165,11 +165,16 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
         const uint16_t *src = base + ((row0 + r0) * heads) * n + c * 8;
         const int64_t step = RSTEP * heads * n;
         const uint32_t d0 = smem_u32(dst + r0 * stride + c * 8), dstep = stride * RSTEP * 2;
-        const int col_ok = c * 8 < n;
+        if (clen == KDA_CHUNK && n == W) { /* a whole chunk of whole rows (the common case): no masks, no selects */
 #pragma unroll
-        for (int j = 0; j < KDA_CHUNK / RSTEP; j++) {
-            const int ok = col_ok && r0 + j * RSTEP < clen;
-            cp_async16_zfill(d0 + j * dstep, ok ? (const void *)(src + j * step) : (const void *)base, ok ? 16 : 0);
+            for (int j = 0; j < KDA_CHUNK / RSTEP; j++) cp_async16_zfill(d0 + j * dstep, src + j * step, 16);
+        } else {
+            const int col_ok = c * 8 < n;
+#pragma unroll
+            for (int j = 0; j < KDA_CHUNK / RSTEP; j++) {
+                const int ok = col_ok && r0 + j * RSTEP < clen;
+                cp_async16_zfill(d0 + j * dstep, ok ? (const void *)(src + j * step) : (const void *)base, ok ? 16 : 0);
+            }
         }
     } else if (piece >= 4) { /* 8 or 4 bytes */
         const int per = piece / 2, np = W / per; /* elements per piece, pieces per row */
@@ -229,6 +234,38 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
 #define GATE_PARTS(KD, NT) ((NT) / GATE_PAIRS(KD)) /* row parts: 8 warps 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
 #define GATE_ROWS(KD, NT) (KDA_CHUNK / GATE_PARTS(KD, NT)) /* rows of a part */
 
+/* The gate values of a part's rows summed down them (the loops of gate_cumsum). FULL: every row of the part is inside
+ * the chunk and both channels are real (nvalid ≥ GROWS), so no row's value is masked to 0; else rows u ≥ nvalid add
+ * 0. The same sums either way: FULL only drops the selects. */
+template <int GROWS, int FULL>
+DEV void gate_rows_lb(float (&gx)[GROWS], float (&gy)[GROWS], float za, float lb2, float2 bias, int nvalid,
+                      int nvalid_y, int gr0, float &run0, float &run1, int &bad) {
+#pragma unroll
+    for (int u = 0; u < GROWS; u++) {
+        const float vx = lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
+        const float vy = lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
+        if (vx != vx || vy != vy) bad = min(bad, gr0 + u); /* a NaN gate poisons (rows past the end and padded
+                                                               channels hold finite zeros) */
+        run0 += FULL || u < nvalid ? fmaxf(vx, lb2) : 0.0f;
+        run1 += FULL || u < nvalid_y ? fmaxf(vy, lb2) : 0.0f;
+        gx[u] = run0;
+        gy[u] = run1;
+    }
+}
+template <int GROWS, int FULL>
+DEV void gate_rows_clamp(float (&gx)[GROWS], float (&gy)[GROWS], int nvalid, int nvalid_y, int gr0, float &run0,
+                         float &run1, int &bad) {
+#pragma unroll
+    for (int u = 0; u < GROWS; u++) {
+        if (gx[u] != gx[u] || gy[u] != gy[u]) bad = min(bad, gr0 + u); /* NaN poisons */
+        /* clamp into [KDA_GATE_MIN, 0]: −inf becomes the minimum (NaN too: its rows are neutral) */
+        run0 += FULL || u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+        run1 += FULL || u < nvalid_y ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
+        gx[u] = run0;
+        gy[u] = run1;
+    }
+}
+
 template <int KD, int NT, int EXACT>
 DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid,
                      float (&gx)[GATE_ROWS(KD, NT)], float (&gy)[GATE_ROWS(KD, NT)], int &bad) {
@@ -275,17 +312,10 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
            validated lower_bound ≥ −5 is inside the clamp), so one fmaxf is the whole clamp (NaN → min) */
         const float za = -A * LOG2E, lb2 = p.lower_bound * LOG2E;
         if (!KDA_SKIP(p, 32)) {
-#pragma unroll
-            for (int u = 0; u < GROWS; u++) {
-                const float vx = lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
-                const float vy = lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
-                if (vx != vx || vy != vy) bad = min(bad, gr0 + u); /* a NaN gate poisons (rows past the end and
-                                                                       padded channels hold finite zeros) */
-                run0 += u < nvalid ? fmaxf(vx, lb2) : 0.0f;
-                run1 += u < nvalid_y ? fmaxf(vy, lb2) : 0.0f;
-                gx[u] = run0;
-                gy[u] = run1;
-            }
+            if (nvalid >= GROWS && nvalid_y >= GROWS) /* every row of the part inside the chunk: no masks */
+                gate_rows_lb<GROWS, 1>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
+            else
+                gate_rows_lb<GROWS, 0>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
         }
     } else {
         if (p.gate_in_kernel) { /* −A softplus(g + bias) */
@@ -296,15 +326,10 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
             }
         }
         if (!KDA_SKIP(p, 32)) {
-#pragma unroll
-            for (int u = 0; u < GROWS; u++) {
-                if (gx[u] != gx[u] || gy[u] != gy[u]) bad = min(bad, gr0 + u); /* NaN poisons */
-                /* clamp into [KDA_GATE_MIN, 0]: −inf becomes the minimum (NaN too: its rows are neutral) */
-                run0 += u < nvalid ? fminf(fmaxf(gx[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
-                run1 += u < nvalid_y ? fminf(fmaxf(gy[u], KDA_GATE_MIN), 0.0f) * LOG2E : 0.0f;
-                gx[u] = run0;
-                gy[u] = run1;
-            }
+            if (nvalid >= GROWS && nvalid_y >= GROWS)
+                gate_rows_clamp<GROWS, 1>(gx, gy, nvalid, nvalid_y, gr0, run0, run1, bad);
+            else
+                gate_rows_clamp<GROWS, 0>(gx, gy, nvalid, nvalid_y, gr0, run0, run1, bad);
         }
     }
     *(float2 *)&sm.tot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
@@ -593,7 +618,7 @@ DEV void store_block(float *sA, uint4 *ab, unsigned char *blk_aqk, const float *
             }
             if (diagonal) *(float2 *)&sA[i * SA + j] = make_float2(a0, a1); /* for invert_diag_blocks */
             frag[hr + 2 * nt] = pack_bf16(a0, a1);
-            *(uint32_t *)(blk_aqk + pan_off(i, j)) = pack_bf16(q0, q1);
+            *(uint32_t *)(blk_aqk + pan_off_r8(16 * I + 8 * hr, g, j)) = pack_bf16(q0, q1); /* (row i) */
         }
     }
     if (!diagonal) ab[PREP_AB_BLOCK(I, J) * 32 + lane] = make_uint4(frag[0], frag[1], frag[2], frag[3]);
@@ -871,10 +896,9 @@ DEV void solve_slab(const kda_prep_params_t &p, int ab_from_beta, const float *s
             lds_u4(a, ab + PREP_AB_BLOCK(I, M) * 512);
 #pragma unroll
             for (int pp = 0; pp < NTW / 2; pp++) {
-                const int row = 16 * M + (lane & 7) + ((lane >> 3) & 1) * 8;
-                const int col = col0 + pp * 16 + (lane >> 4) * 8;
+                const int col = col0 + pp * 16 + (lane >> 4) * 8; /* row 16 M + 8 ((lane >> 3) & 1) + (lane & 7) */
                 uint32_t b[4];
-                ldsm_x4_t(b, smem_u32(stage + pan_off(row, col)));
+                ldsm_x4_t(b, smem_u32(stage + pan_off_r8(16 * M + ((lane >> 3) & 1) * 8, lane & 7, col)));
                 mma_bf16(acc[2 * pp], a, b[0], b[1]);
                 mma_bf16(acc[2 * pp + 1], a, b[2], b[3]);
             }
@@ -914,8 +938,8 @@ DEV void solve_slab(const kda_prep_params_t &p, int ab_from_beta, const float *s
         for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
-                const int i = 16 * I + g + 8 * hr, c = col0 + nt * 8 + 2 * t;
-                *(uint32_t *)(stage + pan_off(i, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                const int c = col0 + nt * 8 + 2 * t; /* row 16 I + 8 hr + g */
+                *(uint32_t *)(stage + pan_off_r8(16 * I + 8 * hr, g, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
             }
         __syncwarp();
     }
@@ -1017,18 +1041,26 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     ck.V = EXACT ? VD : p.V;
     ck.piece_qk = EXACT ? 16 : p.piece_qk;
     ck.piece_v = EXACT ? 16 : p.piece_v;
-    const int64_t b = (int64_t)blockIdx.x - p.plan; /* (after the planning CTA, when there is one) */
-    const int64_t cid = b / p.hv;
-    ck.h = (int)(b % p.hv);
-    const int64_t n = chunk_seq(p.seqs, cid);
-    if (n < 0) return;
+    /* (chunk, value head) of this CTA, after the planning CTA when there is one; the divisions by multiplies (fewer
+       than 2^31 CTAs and chunks, so every dividend is below 2^31: kda_fastdiv_t) */
+    const uint32_t b = blockIdx.x - (uint32_t)p.plan;
+    const uint32_t cid = fastdiv(b, p.div_hv);
+    ck.h = (int)(b - cid * (uint32_t)p.hv);
+    int64_t n;
+    if (!p.seqs.cu_seqlens) {
+        n = fastdiv(cid, p.div_cpr);
+        if (n >= p.seqs.num_seqs) return;
+    } else {
+        n = chunk_seq(p.seqs, cid);
+        if (n < 0) return;
+    }
     int64_t bos, eos;
     seq_bounds(p.seqs, n, &bos, &eos);
     ck.t0 = bos + (cid - seq_chunk0(p.seqs, n)) * KDA_CHUNK;
     ck.clen = (int)min((int64_t)KDA_CHUNK, eos - ck.t0);
     if (ck.clen <= 0) return;
-    ck.hq = ck.h / p.group;
-    ck.blk = (unsigned char *)p.blocks.base + (cid * p.hv + ck.h) * p.blocks.block_bytes;
+    ck.hq = (int)fastdiv((uint32_t)ck.h, p.div_group);
+    ck.blk = (unsigned char *)p.blocks.base + (int64_t)b * p.blocks.block_bytes;
 
     int bad = KDA_CHUNK; /* the first poisoning row this thread saw */
     load_inputs<KD, VD>(p, sm, ck, tid, bad);
@@ -1069,6 +1101,7 @@ template <int KD, int VD>
 static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream) {
     const int64_t ctas = p->blocks.max_chunks * p->hv + (p->plan ? 1 : 0);
     if (ctas == 0) return 0;
+    if (ctas >= ((int64_t)1 << 31)) return (int)cudaErrorInvalidValue; /* (the kernel's 32-bit CTA → chunk step) */
     const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
