@@ -115,8 +115,8 @@ typedef struct kda_cp_params {
 } kda_cp_params_t;
 
 /* Division of n < 2^31 by a launch constant d ≥ 1 as a multiply and a shift, q = (n · m) >> s: Granlund and
- * Montgomery's round-up method, m = ⌈2^(31+l) / d⌉ with l = ⌈log2 d⌉ (exact for every such n; m < 2^32). d = 0
- * gives m = 0 (a divisor never used). */
+ * Montgomery's round-up method, m = ⌈2^(31+l) / d⌉ with l = ⌈log2 d⌉ (exact for every such n; m < 2^32). A d
+ * outside [1, 2^31) gives m = 0, whose quotients are all 0: only for a divisor no launch uses (0 chunks a row). */
 typedef struct {
     uint32_t m, s;
 } kda_fastdiv_t;
