@@ -21,10 +21,11 @@
  *                      blocks on the tensor cores, the factor split around a reference R (ALGORITHM.md §3)
  *                      [the A warps]; Aqk → workspace. With 16 warps two warps share each run of blocks, one
  *                      channel half each, and intra_chunk_store adds the halves after a barrier
- *   decay_factors      K̃ = k e^{G_last−G}, γ = e^{G_last} → workspace [the decay warps, beside intra_chunk_A];
- *                      fine blocks: K̃_lo too (KDA_FINE_KT)
- *   gated_qk           QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared; fine blocks (fp16, fp32 inputs):
- *                      QΓ = hi + lo from the input row (KDA_FINE_QG)
+ *   decay_factors      γ = e^{G_last} → workspace, Aqk's upper blocks zeroed [the decay warps, beside intra_chunk_A,
+ *                      whose exponentials then have the SM's MUFU pipe to themselves]
+ *   gated_qk           QΓ = f_q q e^{G} and K̃ = k e^{G_last−G} → workspace, KΓ = k e^{G} → shared, from one load
+ *                      of G and k; fine blocks (fp16, fp32 inputs): QΓ = hi + lo from the input row (KDA_FINE_QG),
+ *                      K̃_lo too (KDA_FINE_KT)
  *   invert_diag_blocks the diagonal 16×16 blocks T_II of T = (I + A)⁻¹ by fp32 forward substitution, as T_II − I
  *   aqk_diagonal       Aqk's diagonal q_i·k_i from normalize_qkv (unrounded rows) → workspace [warps 4-5, beside it]
  *   solve_w_u          [W | U] = T Diag(β) [KΓ | V] by block forward substitution on the tensor cores
@@ -718,50 +719,15 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): K̃ = k e^{G_last − G},
- * γ = e^{G_last} → workspace, and Aqk's zero blocks above the diagonal
+ * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): γ = e^{G_last} → workspace,
+ * and Aqk's zero blocks above the diagonal. K̃ is made in gated_qk: here it put 8 K of a chunk's exponentials on
+ * the MUFU pipe while the A warps' 33 K bunched there (docs/PERF.md, "What paces the A phase").
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int VD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
-    constexpr int S = PREP_S(KD), row_chunks = KD / 8, RS = ND / row_chunks; /* RS rows a pass */
-    static_assert(ND % row_chunks == 0 && KDA_CHUNK % (4 * RS) == 0, "decay_factors: a thread keeps its columns");
+    constexpr int S = PREP_S(KD);
     const float *GL = sm.G + (ck.clen - 1) * S;
-    if (!KDA_SKIP(p, 128)) {
-        /* a thread's 8 columns c·8.. stay the same in every row it takes (rows r0, r0 + RS, ..): G_last's
-           values once, four rows in flight */
-        const int c = tid2 % row_chunks, r0 = tid2 / row_chunks;
-        unsigned char *blk_kt = ck.blk + kda_cuda_off_kt(KD);
-        const float4 la = *(const float4 *)(GL + c * 8), lb = *(const float4 *)(GL + c * 8 + 4);
-        const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
-        const int fine = p.blocks.fine & KDA_FINE_KT;
-        for (int r1 = r0; r1 < KDA_CHUNK; r1 += 4 * RS) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = r1 + i * RS;
-                const float *G = sm.G + r * S + c * 8;
-                const uint4 k8 = *(const uint4 *)(sm.K + r * S + c * 8);
-                const uint32_t *kw = (const uint32_t *)&k8;
-                const float4 ga = *(const float4 *)G, gb = *(const float4 *)(G + 4);
-                const float gv[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-                float x[8];
-                uint32_t kt[4];
-#pragma unroll
-                for (int u = 0; u < 4; u++) { /* the product in fp32, rounded once (as FLA's kg) */
-                    const float2 kf = unpack_bf16(kw[u]);
-                    x[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
-                    x[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
-                    kt[u] = pack_bf16(x[2 * u], x[2 * u + 1]);
-                }
-                *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
-                if (fine) { /* its low part too, K̃ = hi + lo */
-                    uint32_t lo[4];
-#pragma unroll
-                    for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(x[2 * u], x[2 * u + 1], kt[u]);
-                    *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
-                        make_uint4(lo[0], lo[1], lo[2], lo[3]);
-                }
-            }
-        }
+    if (!KDA_SKIP(p, 128)) { /* (K̃ itself: gated_qk, beside QΓ and KΓ, from the same loads of G and k) */
         float *gamma = (float *)(ck.blk + kda_cuda_off_gamma(KD));
         for (int d = tid2; d < KD; d += ND) gamma[d] = ex2(GL[d]);
     }
@@ -775,13 +741,21 @@ DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const 
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * gated_qk: QΓ = f_q q e^{G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G
+ * gated_qk: QΓ = f_q q e^{G} and K̃ = k e^{G_last − G} → workspace, KΓ = k e^{G} → shared (over q), sharing e^G and
+ * the loads of G and k
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int VD, int NT>
 DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid) {
     constexpr int S = PREP_S(KD), row_chunks = KD / 8;
     if (KDA_SKIP(p, 128)) return;
-    unsigned char *blk_qg = ck.blk + kda_cuda_off_qg(KD);
+    unsigned char *blk_qg = ck.blk + kda_cuda_off_qg(KD), *blk_kt = ck.blk + kda_cuda_off_kt(KD);
+    /* a thread's 8 columns c·8.. are the same in every row it takes (NT is a multiple of row_chunks): G_last's
+       values once */
+    static_assert(NT % row_chunks == 0, "gated_qk: a thread keeps its columns");
+    const float *GL = sm.G + (ck.clen - 1) * S + (tid % row_chunks) * 8;
+    const float4 la = *(const float4 *)GL, lb = *(const float4 *)(GL + 4);
+    const float lv[8] = {la.x, la.y, la.z, la.w, lb.x, lb.y, lb.z, lb.w};
+    const int fine_kt = p.blocks.fine & KDA_FINE_KT;
     for (int e = tid; e < KDA_CHUNK * row_chunks; e += NT) {
         const int r = e / row_chunks, c = e % row_chunks;
         const float *G = sm.G + r * S + c * 8;
@@ -792,11 +766,24 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
         float eg[8];
 #pragma unroll
         for (int u = 0; u < 8; u++) eg[u] = ex2(gv[u]);
-        uint32_t qg[4], kg[4];
+        uint32_t qg[4], kg[4], kt[4];
+        float xt[8];
 #pragma unroll
-        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once: raw bf16 k · e^G (and q · s/‖q‖ · e^G) */
+        for (int u = 0; u < 4; u++) { /* the products in fp32, rounded once: raw bf16 k · e^G (and q · s/‖q‖ · e^G);
+                                         K̃ = k e^{G_last − G} (as FLA's kg) */
             const float2 kf = unpack_bf16(kw[u]);
             kg[u] = pack_bf16(kf.x * eg[2 * u], kf.y * eg[2 * u + 1]);
+            xt[2 * u] = kf.x * ex2(lv[2 * u] - gv[2 * u]);
+            xt[2 * u + 1] = kf.y * ex2(lv[2 * u + 1] - gv[2 * u + 1]);
+            kt[u] = pack_bf16(xt[2 * u], xt[2 * u + 1]);
+        }
+        *(uint4 *)(blk_kt + pan_off(r, c * 8)) = make_uint4(kt[0], kt[1], kt[2], kt[3]);
+        if (fine_kt) { /* its low part too, K̃ = hi + lo */
+            uint32_t lo[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) lo[u] = pack_bf16_lo(xt[2 * u], xt[2 * u + 1], kt[u]);
+            *(uint4 *)(ck.blk + kda_cuda_off_ktlo(KD, VD, p.blocks.fine) + pan_off(r, c * 8)) =
+                make_uint4(lo[0], lo[1], lo[2], lo[3]);
         }
         if (p.blocks.fine & KDA_FINE_QG) { /* fp16 and fp32 inputs: QΓ = hi + lo from the input row, unrounded (the tile
                                 holds bf16(q̂)): lo goes to QΓ_lo. Rows from t* on (neutral) and past the chunk's end are
