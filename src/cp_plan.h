@@ -66,6 +66,11 @@ extern "C" {
  * H32 (eff 43.6, n = 3) split 0.80 ms vs 0.74 whole; 4096 + 20 × 1000 H8 (eff 48, n = 2) 0.47 vs 0.44; B1
  * T32768 H32 (eff 32, n = 4) 1.90 vs 2.25. (B2 T8192 H64: eff = 128 on 132 SMs, no split.) */
 #define KDA_CP_FILL_DIV 4
+/* A chunk step of the pieces pass against one of the pre-scan, × 10 (rule 3's wave count). The pieces step also
+ * makes o (QΓ S, Aqk); the pre-scan's M and E steps run in CTAs of their own. Fit on an H200 (docs/PERF.md,
+ * "the pre-scan's second wave"): forced sweeps of five shapes order as the cost model says for any ratio in
+ * 0.65–1.9; 1.3 is their middle. */
+#define KDA_CP_PIECE_STEP_X10 13
 /* Columns of the V tile in which work is counted: the recurrence's widest tile. A narrower tile (the baseline
  * picks 32 columns for few heads) does not shorten a chain, and each tile reloads the chunk's W, QΓ, K̃: the
  * work of a head is ceil(V / 128) tiles whatever tile the recurrence runs. */
@@ -121,6 +126,11 @@ KDA_HD static inline int64_t kda_cp_auto_slot_limit(const kda_cp_problem_t *p) {
  *        KDA_CP_CTAS_PER_SM × sm_count, the most that keeps the pieces of all sequences within the target (a
  *        piece more would start a second wave of CTAs: T65536 H8 on 132 SMs in 17 pieces of 61 chunks, 136 CTAs,
  *        took 1.07 ms, in 16 of 64 0.98); n ≤ 1: 0;
+ *        the forward then weighs that n against n1, the most pieces whose pre-scan (2n − 3 chains per head and
+ *        tile: E of every piece but the last, M of every piece but the first and last) fits one wave: at n its
+ *        pre-scan may take two waves of P steps before the pieces' one. kda_cp_fwd_cost counts both, and the
+ *        cheaper wins (B1 T32768 H32 on 132 SMs: 4 pieces of 128 chunks cost 2 × 128 + 1.3 × 128, 3 of 171 cost
+ *        171 + 1.3 × 171: 3 pieces, 96 pre-scan CTAs instead of 160; T65536 H8 keeps 16 of 64);
  *        with prescan_pairs (the backward's chain: 2n − 3 pre-scan chains for n pieces, as many as one CTA per SM
  *        takes when 2n − 3 <= 2 × that share, v_tiles counting two per tile): n = floor(share + 3/2), and n <= 2
  *        is no split (two pieces: the last piece's pre-scan is as long as the pieces' pass, nothing saved); B1
@@ -129,6 +139,16 @@ KDA_HD static inline int64_t kda_cp_auto_slot_limit(const kda_cp_problem_t *p) {
  *     5. raised where needed so that the pieces of split sequences stay within kda_cp_auto_slot_limit;
  *     6. P >= max_chunks (nothing would be split): 0.
  * Only sequences longer than P are split; in a mixed batch the short ones stay whole. */
+/* Rule 3's cost of the forward's split into n pieces of the longest sequence of max_c chunks, in pre-scan chunk
+ * steps × 10: the pre-scan's waves of P steps (its 2k − 3 chains per unit, k pieces of P chunks) and the pieces'
+ * one wave (n is at most rule 3's fill count, so the pieces fit the target). */
+KDA_HD static inline int64_t kda_cp_fwd_cost(int64_t max_c, int64_t units, int64_t target, int64_t n) {
+    const int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n));
+    const int64_t k = kda_cp_ceil_div(max_c, P);
+    const int64_t waves = kda_cp_ceil_div(units * kda_cp_max64(1, 2 * k - 3), target);
+    return (10 * waves + KDA_CP_PIECE_STEP_X10) * P;
+}
+
 KDA_HD static inline int64_t kda_cp_piece_chunks(const kda_cp_problem_t *p) {
     if (p->mode == KDA_CP_OFF) return 0;
     if (p->mode == KDA_CP_ON) return kda_cp_max64(1, p->piece_len / KDA_CHUNK);
@@ -138,9 +158,15 @@ KDA_HD static inline int64_t kda_cp_piece_chunks(const kda_cp_problem_t *p) {
     const int64_t sm = kda_cp_max64(1, p->sm_count);
     if (total * units * KDA_CP_FILL_DIV >= sm * max_c) return 0; /* 2 */
     const int64_t target = (int64_t)KDA_CP_CTAS_PER_SM * sm;
-    const int64_t n = p->prescan_pairs ? (2 * max_c * target + 3 * total * units) / (2 * total * units)
-                                       : max_c * target / (total * units); /* 3 */
+    int64_t n = p->prescan_pairs ? (2 * max_c * target + 3 * total * units) / (2 * total * units)
+                                 : max_c * target / (total * units); /* 3 */
     if (n <= (p->prescan_pairs ? 2 : 1)) return 0;
+    if (!p->prescan_pairs) {
+        const int64_t n1 = (target + 3 * units) / (2 * units); /* units × (2 n1 − 3) <= target */
+        if (n1 >= 2 && n1 < n &&
+            kda_cp_fwd_cost(max_c, units, target, n1) < kda_cp_fwd_cost(max_c, units, target, n))
+            n = n1;
+    }
     int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n)); /* 4 */
     P = kda_cp_max64(P, kda_cp_ceil_div(2 * total, kda_cp_auto_slot_limit(p)));                  /* 5 */
     return P >= max_c ? 0 : P;                                                                     /* 6 */

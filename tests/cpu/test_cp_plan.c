@@ -51,13 +51,14 @@ static void expect_split(const char *name, int64_t N, const int64_t *lens, int64
     if (P <= 0) return;
     int64_t longest, ctas;
     plan_stats(&p, lens, T, P, &longest, &ctas);
-    CHECK(longest >= 4, "%s: the longest sequence in only %lld pieces (P = %lld)", name, (long long)longest,
+    CHECK(longest >= 3, "%s: the longest sequence in only %lld pieces (P = %lld)", name, (long long)longest,
           (long long)P);
     /* the card filled to within one more piece of the longest sequence (its HV × tiles CTAs), unless the pieces
-       are already as short as allowed, and at most ~1.5 waves */
-    const int64_t units = (int64_t)HV * p.v_tiles;
-    CHECK((ctas + units > KDA_CP_CTAS_PER_SM * H100_SMS || P == KDA_CP_MIN_PIECE_CHUNKS) &&
-              ctas <= 3 * KDA_CP_CTAS_PER_SM * H100_SMS / 2,
+       are already as short as allowed, or the most pieces whose pre-scan fits one wave (rule 3's n1: one piece
+       more would take it to two); at most ~1.5 waves */
+    const int64_t units = (int64_t)HV * p.v_tiles, target = KDA_CP_CTAS_PER_SM * H100_SMS;
+    const int one_wave_prescan = units * (2 * longest - 3) <= target && units * (2 * longest - 1) > target;
+    CHECK((ctas + units > target || P == KDA_CP_MIN_PIECE_CHUNKS || one_wave_prescan) && ctas <= 3 * target / 2,
           "%s: %lld CTAs for %d SMs (P = %lld)", name, (long long)ctas, H100_SMS, (long long)P);
     /* sequences no longer than P stay whole */
     for (int64_t n = 0; n < N; n++) {
@@ -149,10 +150,36 @@ TEST(cp_plan_prescan_pairs) {
                   (long long)cases[i].T, cases[i].HV, (long long)n);
         }
     }
-    /* the forward's rule on the same problem: share pieces (4 of 128 chunks at B1 T32768 H16) */
+    /* the forward's rule on the same problem (32 units): 3 pieces of 171 chunks, the pre-scan in one wave */
     kda_cp_problem_t p = shape(1, NULL, 32768, 16, 128, H100_SMS);
     p.v_tiles *= 2;
-    CHECK(kda_cp_piece_chunks(&p) == 128, "without prescan_pairs: P = %lld", (long long)kda_cp_piece_chunks(&p));
+    CHECK(kda_cp_piece_chunks(&p) == 171, "without prescan_pairs: P = %lld", (long long)kda_cp_piece_chunks(&p));
+}
+
+/* The forward's rule 3 on single sequences, 132 SMs: the fill count n, or n1 (the most pieces whose 2n − 3
+ * pre-scan chains per head fit one wave) where kda_cp_fwd_cost finds it cheaper. The H200 sweep behind it
+ * (docs/PERF.md, "the pre-scan's second wave") measured each case's choice as the best of its forced lengths. */
+TEST(cp_plan_prescan_wave) {
+    struct { int HV; int64_t T; int64_t P; } cases[] = {
+        {32, 32768, 171},  /* n 4 (160 pre-scan CTAs: 2 waves) against n1 3 (96): 3 × 171 */
+        {32, 16384, 86},   /* likewise at 256 chunks */
+        {24, 16384, 64},   /* n 5 (168 pre-scan CTAs) against n1 4 (120) */
+        {16, 32768, 64},   /* n 8 (208: 2 waves) keeps its shorter pieces against n1 5 (103 chunks) */
+        {16, 65536, 128},  /* n 8 against n1 5 (205 chunks) */
+        {8, 65536, 64},    /* n 16 against n1 9 (114 chunks) */
+        {4, 131072, 63},   /* n 33 against n1 18 */
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kda_cp_problem_t p = shape(1, NULL, cases[i].T, cases[i].HV, 128, H100_SMS);
+        const int64_t P = kda_cp_piece_chunks(&p);
+        CHECK(P == cases[i].P, "T%lld H%d: P = %lld, expected %lld", (long long)cases[i].T, cases[i].HV,
+              (long long)P, (long long)cases[i].P);
+    }
+    /* the cost: two pre-scan waves of 128 against one of 171, and the pieces' wave of each */
+    CHECK(kda_cp_fwd_cost(512, 32, 132, 4) == (20 + KDA_CP_PIECE_STEP_X10) * 128 &&
+              kda_cp_fwd_cost(512, 32, 132, 3) == (10 + KDA_CP_PIECE_STEP_X10) * 171,
+          "kda_cp_fwd_cost: %lld, %lld", (long long)kda_cp_fwd_cost(512, 32, 132, 4),
+          (long long)kda_cp_fwd_cost(512, 32, 132, 3));
 }
 
 TEST(cp_plan_forced_modes) {
