@@ -46,7 +46,6 @@ DEV void cp_async4_zfill(uint32_t dst, const void *src, int src_bytes) {
 template <int N>
 DEV void cp_async_wait_group(void) {}
 DEV void pdl_wait(void) {}
-DEV uint32_t fastdiv(uint32_t n, kda_fastdiv_t f) { return (uint32_t)(((uint64_t)n * f.m) >> f.s); }
 DEV void pdl_trigger(void) {}
 
 /* atomicMin on a shared int (prep's first poisoning row t*) */

@@ -453,9 +453,6 @@ DEV void wgmma_n128_mnmaj(float *d, const uint32_t a[4], uint64_t desc) {
 }
 #endif /* KDA_WGMMA */
 
-/* n / d for n < 2^31 by kda_fastdiv_make(d)'s multiply and shift */
-DEV uint32_t fastdiv(uint32_t n, kda_fastdiv_t f) { return (uint32_t)(((uint64_t)n * f.m) >> f.s); }
-
 /* Programmatic dependent launch (sm_90 on; kda_launch_ex with pdl sets the launch attribute): a kernel so launched
  * may be scheduled before the kernel ahead of it in the stream has finished, so its first act is pdl_wait(), which
  * returns once that kernel has completed and its writes are visible (at once for a kernel launched without the

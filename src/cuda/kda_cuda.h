@@ -129,6 +129,10 @@ KDA_HD static inline kda_fastdiv_t kda_fastdiv_make(int64_t d) {
     f.s = 31 + l;
     return f;
 }
+/* n / d for n < 2^31, f = kda_fastdiv_make(d) */
+KDA_HD static inline uint32_t kda_fastdiv(uint32_t n, kda_fastdiv_t f) {
+    return (uint32_t)(((uint64_t)n * f.m) >> f.s);
+}
 
 typedef struct kda_prep_params {
     kda_cuda_seqs_t seqs;

@@ -1031,11 +1031,11 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     /* (chunk, value head) of this CTA, after the planning CTA when there is one; the divisions by multiplies (fewer
        than 2^31 CTAs and chunks, so every dividend is below 2^31: kda_fastdiv_t) */
     const uint32_t b = blockIdx.x - (uint32_t)p.plan;
-    const uint32_t cid = fastdiv(b, p.div_hv);
+    const uint32_t cid = kda_fastdiv(b, p.div_hv);
     ck.h = (int)(b - cid * (uint32_t)p.hv);
     int64_t n;
     if (!p.seqs.cu_seqlens) {
-        n = fastdiv(cid, p.div_cpr);
+        n = kda_fastdiv(cid, p.div_cpr);
         if (n >= p.seqs.num_seqs) return;
     } else {
         n = chunk_seq(p.seqs, cid);
@@ -1046,7 +1046,7 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     ck.t0 = bos + (cid - seq_chunk0(p.seqs, n)) * KDA_CHUNK;
     ck.clen = (int)min((int64_t)KDA_CHUNK, eos - ck.t0);
     if (ck.clen <= 0) return;
-    ck.hq = (int)fastdiv((uint32_t)ck.h, p.div_group);
+    ck.hq = (int)kda_fastdiv((uint32_t)ck.h, p.div_group);
     ck.blk = (unsigned char *)p.blocks.base + (int64_t)b * p.blocks.block_bytes;
 
     int bad = KDA_CHUNK; /* the first poisoning row this thread saw */

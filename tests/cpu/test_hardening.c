@@ -15,7 +15,7 @@
 #include "compare.h"
 #include "contract.h"
 #include "cpu/fmath.h"
-#include "cuda/kda_cuda.h" /* kda_fastdiv_make: plain C, checked here where CI runs */
+#include "cuda/kda_cuda.h" /* kda_fastdiv_make, kda_fastdiv: plain C, checked here where CI runs */
 #include "internal.h"
 #include "test_util.h"
 
@@ -37,41 +37,6 @@ static double now(void) {
  * 1. NaN into kda_expf: its exponent was converted float -> int32 from a NaN (UB). Reached by a NaN raw gate in
  *    kda_decode, a NaN gate with use_gate_in_kernel, a NaN β logit with use_beta_sigmoid.
  * ------------------------------------------------------------------------------------------------------- */
-/* The CUDA chunk preparation's CTA → (chunk, head, query head) step divides by multiplies (kda_fastdiv_t, host-made
- * magic numbers; the kernel computes (n · m) >> s as here): exact for every dividend below 2^31, on every divisor up
- * to 4096, on powers of two and their neighbours, and on random ones, each with the edge dividends and random ones. */
-static int fastdiv_ok(int64_t d, uint32_t n) {
-    const kda_fastdiv_t f = kda_fastdiv_make(d);
-    return (uint32_t)(((uint64_t)n * f.m) >> f.s) == n / (uint32_t)d;
-}
-
-TEST(hard_cuda_fastdiv_exact) {
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    long bad = 0, checked = 0;
-    for (int i = 0; i < 4096 + 3 * 31 + 2000; i++) {
-        int64_t d;
-        if (i < 4096) d = i + 1;
-        else if (i < 4096 + 3 * 31) d = ((int64_t)1 << ((i - 4096) / 3)) + (i - 4096) % 3 - 1; /* 2^k − 1, 2^k, 2^k + 1 */
-        else {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            d = (int64_t)(x % 0x7fffffffu) + 1;
-        }
-        if (d < 1) continue;
-        const uint32_t edge[] = {0, 1, (uint32_t)d - 1, (uint32_t)d, (uint32_t)d + 1, 0x7ffffffeu, 0x7fffffffu,
-                                 (uint32_t)(0x7fffffff / d) * (uint32_t)d, (uint32_t)(0x7fffffff / d) * (uint32_t)d - 1};
-        for (unsigned e = 0; e < sizeof edge / sizeof edge[0]; e++)
-            if (edge[e] <= 0x7fffffffu) bad += !fastdiv_ok(d, edge[e]), checked++;
-        for (int r = 0; r < 64; r++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            bad += !fastdiv_ok(d, (uint32_t)(x & 0x7fffffffu)), checked++;
-        }
-    }
-    printf("fastdiv: %ld quotients checked, %ld wrong\n", checked, bad);
-    CHECK(bad == 0, "%ld of %ld fastdiv quotients wrong", bad, checked);
-    const kda_fastdiv_t z = kda_fastdiv_make(0);
-    CHECK(z.m == 0, "divisor 0: m %u", z.m);
-}
-
 TEST(hard_expf_nan_defined) {
     volatile float nan_in = NAN;
     CHECK(isnan(kda_expf(nan_in)), "kda_expf(NaN) = %g", (double)kda_expf(nan_in));
@@ -319,6 +284,40 @@ TEST(hard_set_num_threads_failure_message) {
     if (WIFEXITED(status) && WEXITSTATUS(status) == 77) SKIP("could not make thread creation fail here");
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %d", status);
     kda_destroy(ctx);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The CUDA chunk preparation's CTA → (chunk, head, query head) step divides by multiplies (kda_fastdiv, the same
+ * function the kernel calls, with host-made magic numbers): exact for every dividend below 2^31, on every divisor up
+ * to 4096, on powers of two and their neighbours, and on random ones, each with the edge dividends and random ones.
+ * ------------------------------------------------------------------------------------------------------- */
+static int fastdiv_ok(int64_t d, uint32_t n) { return kda_fastdiv(n, kda_fastdiv_make(d)) == n / (uint32_t)d; }
+
+TEST(hard_cuda_fastdiv_exact) {
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    long bad = 0, checked = 0;
+    for (int i = 0; i < 4096 + 3 * 31 + 2000; i++) {
+        int64_t d;
+        if (i < 4096) d = i + 1;
+        else if (i < 4096 + 3 * 31) d = ((int64_t)1 << ((i - 4096) / 3)) + (i - 4096) % 3 - 1; /* 2^k − 1, 2^k, 2^k + 1 */
+        else {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            d = (int64_t)(x % 0x7fffffffu) + 1;
+        }
+        if (d < 1) continue;
+        const uint32_t edge[] = {0, 1, (uint32_t)d - 1, (uint32_t)d, (uint32_t)d + 1, 0x7ffffffeu, 0x7fffffffu,
+                                 (uint32_t)(0x7fffffff / d) * (uint32_t)d, (uint32_t)(0x7fffffff / d) * (uint32_t)d - 1};
+        for (unsigned e = 0; e < sizeof edge / sizeof edge[0]; e++)
+            if (edge[e] <= 0x7fffffffu) bad += !fastdiv_ok(d, edge[e]), checked++;
+        for (int r = 0; r < 64; r++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            bad += !fastdiv_ok(d, (uint32_t)(x & 0x7fffffffu)), checked++;
+        }
+    }
+    printf("fastdiv: %ld quotients checked, %ld wrong\n", checked, bad);
+    CHECK(bad == 0, "%ld of %ld fastdiv quotients wrong", bad, checked);
+    const kda_fastdiv_t z = kda_fastdiv_make(0);
+    CHECK(z.m == 0, "divisor 0: m %u", z.m);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
