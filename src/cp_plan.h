@@ -139,11 +139,16 @@ KDA_HD static inline int64_t kda_cp_auto_slot_limit(const kda_cp_problem_t *p) {
  *     5. raised where needed so that the pieces of split sequences stay within kda_cp_auto_slot_limit;
  *     6. P >= max_chunks (nothing would be split): 0.
  * Only sequences longer than P are split; in a mixed batch the short ones stay whole. */
+/* Rule 4: n balanced pieces of the longest sequence of max_c chunks, P chunks each (at least the minimum). */
+KDA_HD static inline int64_t kda_cp_balanced_len(int64_t max_c, int64_t n) {
+    return kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n));
+}
+
 /* Rule 3's cost of the forward's split into n pieces of the longest sequence of max_c chunks, in pre-scan chunk
  * steps × 10: the pre-scan's waves of P steps (its 2k − 3 chains per unit, k pieces of P chunks) and the pieces'
  * one wave (n is at most rule 3's fill count, so the pieces fit the target). */
 KDA_HD static inline int64_t kda_cp_fwd_cost(int64_t max_c, int64_t units, int64_t target, int64_t n) {
-    const int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n));
+    const int64_t P = kda_cp_balanced_len(max_c, n);
     const int64_t k = kda_cp_ceil_div(max_c, P);
     const int64_t waves = kda_cp_ceil_div(units * kda_cp_max64(1, 2 * k - 3), target);
     return (10 * waves + KDA_CP_PIECE_STEP_X10) * P;
@@ -167,7 +172,7 @@ KDA_HD static inline int64_t kda_cp_piece_chunks(const kda_cp_problem_t *p) {
             kda_cp_fwd_cost(max_c, units, target, n1) < kda_cp_fwd_cost(max_c, units, target, n))
             n = n1;
     }
-    int64_t P = kda_cp_max64(KDA_CP_MIN_PIECE_CHUNKS, kda_cp_ceil_div(max_c, n)); /* 4 */
+    int64_t P = kda_cp_balanced_len(max_c, n); /* 4 */
     P = kda_cp_max64(P, kda_cp_ceil_div(2 * total, kda_cp_auto_slot_limit(p)));                  /* 5 */
     return P >= max_c ? 0 : P;                                                                     /* 6 */
 }
