@@ -2,7 +2,7 @@
 earlier runs: FLA 0.6.0 and the cases' seeds do not change), gradient by gradient: the ratio kda / FLA, and the
 largest per case-seed and overall (issue 11: every ratio <= 1).
 
-    python3 bench/experiments/acc_vs_fla.py NEW.log FLA1.log [FLA2.log ...]
+    python3 bench/acc_vs_fla.py NEW.log FLA1.log [FLA2.log ...]
 
 A case without "/seed" in the log (--seeds 1) is seed 0. Rows are "case[/seed] impl e_q e_k e_v e_g e_beta e_h0
 e_A_log e_dt_bias"; the last FLA row read for a case-seed counts."""
