@@ -9,7 +9,7 @@ recurrence (o_ref unrounded, as bench_fla.py's oracle), and, with --attribute, t
 time of ours (or of FLA's) replaced by fp32.
 
     python3 bench/acc_model.py                      # ours vs FLA, default case (T 1024, 8 heads, K = V = 128)
-    python3 bench/acc_model.py --attribute          # the table of docs/PERF.md
+    python3 bench/acc_model.py --attribute          # one rounding point at a time to fp32
     python3 bench/acc_model.py --ours-fix impl2    # ours as prep.cuh computes it now (FIXES: the candidates)
 
 No torch needed. Where the kernels differ from this model: fp32 accumulation order (the model sums in numpy's

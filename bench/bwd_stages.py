@@ -8,9 +8,9 @@ then records a CUDA event before each of its stages (meta, prep, d_initial_state
 finish) and after the last; this prints the median of each stage's ms over --reps training steps (forward,
 then torch.autograd.backward with do and dht, as bench/bench_bwd.py), and the whole backward. A shipped build
 has no such symbols: then only the step time is printed. --profile runs one step of one shape between
-cudaProfilerStart/Stop (for ncu, scripts/gpu-check.sh bwdprof) and prints nothing.
+cudaProfilerStart/Stop (for ncu, as above) and prints nothing.
 
-Stage 1 is the forward's recurrence kernel (KDA_REC_STATES). To A/B two builds (scripts/gpu-check.sh bwdab), run
+Stage 1 is the forward's recurrence kernel (KDA_REC_STATES). To A/B two builds, run
 one with --save-grads FILE and the other with --ref-grads FILE: the second prints each gradient's relative
 difference to the first's ("vs ref"), same inputs (fixed seeds).
 """

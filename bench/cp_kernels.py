@@ -2,7 +2,7 @@
 
     ncu --profile-from-start off --section SpeedOfLight python3 bench/cp_kernels.py "single T65536 H8" [piece_len]
 
-(scripts/gpu-check.sh cpprof). piece_len: None (auto, default), 0 (off) or a forced piece length in tokens.
+piece_len: None (auto, default), 0 (off) or a forced piece length in tokens.
 """
 import sys
 

@@ -29,7 +29,7 @@ SHAPES = {
     "GVA": (2, 8192, 16, 64),
     "V8x1024": (1, 8192, 64, 64, [1024] * 8),
     "V6": (1, 8192, 64, 64, [1300, 547, 2048, 963, 271, 3063]),
-    # issue 9's CP shapes (auto plan: split), for ncu of the CP kernels (gpu-check.sh fwdsrc, FWD_SRC_SHAPE)
+    # issue 9's CP shapes (auto plan: split), for ncu of the CP kernels
     "T65536H8": (1, 65536, 8, 8),
     "GVAT65536": (1, 65536, 2, 8),
     # other head sizes: (B, T, HQK, HV, lengths or None, K = V)

@@ -51,7 +51,7 @@ def rel(a, b):
 def git_commit():
     """The short commit of the working tree, "+dirty" when it has uncommitted changes ("unknown" without git);
     KDA_COMMIT, when set, names it instead (a copy of the tree whose git metadata is not its own, e.g. the device
-    machine's: scripts/gpu-check.sh sets it from a carried .kda-commit)."""
+    machine's, where the tree was copied without .git)."""
     if os.environ.get("KDA_COMMIT"):
         return os.environ["KDA_COMMIT"]
     try:
