@@ -3,6 +3,13 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTHON ?= python3
 CMAKE_FLAGS ?=
+# The CUDA backend (CMakeLists.txt's CUDA block): KDA_WITH_CUDA=AUTO|ON|OFF (empty: the build directory's setting,
+# AUTO at first: on only when a supported GPU is visible), KDA_CUDA_ARCHS e.g. 90a,100a (empty: the GPU's own).
+KDA_WITH_CUDA ?=
+KDA_CUDA_ARCHS ?=
+comma := ,
+CUDA_FLAGS := $(if $(KDA_WITH_CUDA),-DKDA_WITH_CUDA=$(KDA_WITH_CUDA)) \
+              $(if $(KDA_CUDA_ARCHS),-DKDA_CUDA_ARCHS=$(subst ;,$(comma),$(KDA_CUDA_ARCHS)))
 DEMO_ARGS ?=
 # Ninja when it is installed (only for a fresh build directory: CMake keeps the generator it was given)
 GENERATOR := $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v ninja 2>/dev/null),-G Ninja,))
@@ -12,10 +19,11 @@ GENERATOR := $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v n
 all: build
 
 build:
-	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: a synthetic problem on the GPU when one is usable, else on the CPU, checked against the oracle.
+# The main job: a synthetic problem on the GPU when the build has CUDA and a GPU is usable, else on the CPU (the
+# demo says why not CUDA), checked against the oracle.
 demo: build
 	./$(BUILD)/kda demo $(DEMO_ARGS)
 
