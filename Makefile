@@ -14,17 +14,21 @@ DEMO_ARGS ?=
 # Ninja when it is installed (only for a fresh build directory: CMake keeps the generator it was given)
 GENERATOR := $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v ninja 2>/dev/null),-G Ninja,))
 
-.PHONY: all build demo test test-c test-python clean
+.PHONY: all configure build demo test test-c test-python clean
 
 all: build
 
-build:
+configure:
 	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
+
+build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The main job: a synthetic problem on the GPU when the build has CUDA and a GPU is usable, else on the CPU (the
 # demo says why not CUDA), checked against the oracle.
-demo: build
+# Only the library and the CLI are built for it (the tests are not).
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target kda_cli
 	./$(BUILD)/kda demo $(DEMO_ARGS)
 
 # C tests (CTest; GPU tests report themselves skipped without a GPU), then the Python package's tests.
