@@ -9,7 +9,7 @@
 kda_status_t kda_cuda_init(kda_context_t *ctx, int device) {
     (void)ctx;
     (void)device;
-    return kda_error(KDA_STATUS_NOT_SUPPORTED, "kda_create: this libkda was built without CUDA (" KDA_NO_CUDA_REASON ")");
+    return kda_error(KDA_STATUS_NOT_SUPPORTED, "kda_create: this libkda was built without CUDA: " KDA_NO_CUDA_REASON);
 }
 
 const kda_backend_ops_t kda_cuda_ops = {.name = "cuda"};
