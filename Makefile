@@ -3,20 +3,32 @@ BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTHON ?= python3
 CMAKE_FLAGS ?=
+# The CUDA backend (CMakeLists.txt's CUDA block): KDA_WITH_CUDA=AUTO|ON|OFF (empty: the build directory's setting,
+# AUTO at first: on only when a supported GPU is visible), KDA_CUDA_ARCHS e.g. 90a,100a (empty: the GPU's own).
+KDA_WITH_CUDA ?=
+KDA_CUDA_ARCHS ?=
+comma := ,
+CUDA_FLAGS := $(if $(KDA_WITH_CUDA),-DKDA_WITH_CUDA=$(KDA_WITH_CUDA)) \
+              $(if $(KDA_CUDA_ARCHS),-DKDA_CUDA_ARCHS=$(subst ;,$(comma),$(KDA_CUDA_ARCHS)))
 DEMO_ARGS ?=
 # Ninja when it is installed (only for a fresh build directory: CMake keeps the generator it was given)
 GENERATOR := $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v ninja 2>/dev/null),-G Ninja,))
 
-.PHONY: all build demo test test-c test-python clean
+.PHONY: all configure build demo test test-c test-python clean
 
 all: build
 
-build:
-	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+configure:
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
+
+build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: a synthetic problem on the GPU when one is usable, else on the CPU, checked against the oracle.
-demo: build
+# The main job: a synthetic problem on the GPU when the build has CUDA and a GPU is usable, else on the CPU (the
+# demo says why not CUDA), checked against the oracle.
+# Only the library and the CLI are built for it (the tests are not).
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target kda_cli
 	./$(BUILD)/kda demo $(DEMO_ARGS)
 
 # C tests (CTest; GPU tests report themselves skipped without a GPU), then the Python package's tests.
