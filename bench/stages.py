@@ -1,4 +1,4 @@
-"""Stage timings of the CUDA backend: the development skip bits (src/cuda/kda_cuda.h, KDA_SKIP) leave phases
+"""Stage timings of the CUDA backend: the development skip bits (src/cuda/common/kda_cuda.h, KDA_SKIP) leave phases
 out, so the difference to the full run is what a phase costs. Results are wrong while bits are set. The bits
 exist only in a development build (cmake -DKDA_DEV=ON), which exports kda_dev_set_tuning; with a shipped build
 only the "all" set (no bits) can be timed.

@@ -1,5 +1,5 @@
 /*
- * The public entry points: version, status and error text, contexts, and the dispatch of kda_forward /
+ * The public entry points: version, status text, contexts, and the dispatch of kda_forward /
  * kda_decode to the context's backend after the shared validation (validate.c).
  */
 #include <stdio.h>
@@ -24,18 +24,6 @@ const char *kda_status_string(kda_status_t status) {
     case KDA_STATUS_INTERNAL_ERROR: return "KDA_STATUS_INTERNAL_ERROR";
     }
     return "KDA_STATUS_UNKNOWN";
-}
-
-static _Thread_local char last_error[512];
-
-const char *kda_last_error(void) { return last_error; }
-
-kda_status_t kda_error(kda_status_t status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return status;
 }
 
 size_t kda_dtype_size(kda_dtype_t dtype) {

@@ -5,7 +5,7 @@
  * shorter). Each piece's affine map of the state, S_out = M S_in + S_ext, is computed from a zero state in
  * parallel (pre-scan); a short scan over the pieces of each sequence gives every piece its incoming state
  * (merge); then the pieces' chunk recurrences run in parallel. Chunks are numbered globally, sequence after
- * sequence, as the CUDA forward numbers them (src/cuda/seq.cuh): equal rows, chunk0(n) = n ceil(T / C); varlen,
+ * sequence, as the CUDA forward numbers them (src/cuda/common/seq.cuh): equal rows, chunk0(n) = n ceil(T / C); varlen,
  * chunk0(n) = Σ_{m<n} ceil(len_m / C) (meta.cu's chunk_offsets).
  *
  *   kda_cp_piece_chunks   the decision: P in chunks (0 = no split), from the chunk counts, heads and SMs
@@ -188,7 +188,7 @@ typedef struct kda_cp_seqs {
     int64_t num_tokens;     /* rows of the flattened tensors: every bound is clamped into [0, num_tokens] */
 } kda_cp_seqs_t;
 
-/* First and last+1 row of sequence n, clamped as src/cuda/seq.cuh clamps them. */
+/* First and last+1 row of sequence n, clamped as src/cuda/common/seq.cuh clamps them. */
 KDA_HD static inline void kda_cp_seq_bounds(const kda_cp_seqs_t *s, int64_t n, int64_t *bos, int64_t *eos) {
     if (!s->cu_seqlens) {
         *bos = n * s->seq_len;

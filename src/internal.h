@@ -11,23 +11,12 @@
 #include <stdint.h>
 #include <stddef.h>
 
+#include "error.h"
 #include "kda.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ---------------------------------------------------------------------------------------------------------
- * Errors: a thread-local message, set by the failing call
- * ------------------------------------------------------------------------------------------------------- */
-#if defined(__GNUC__)
-#define KDA_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define KDA_PRINTF(a, b)
-#endif
-
-/* Format the message of a failing call and return `status`. */
-kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 3);
 
 /* sizeof(kda_args_t) of the first released header (1.x): the shortest struct a call accepts. A later header
  * that appends fields keeps this value, so programs built against 1.0 keep working. */
@@ -45,11 +34,12 @@ kda_status_t kda_error(kda_status_t status, const char *fmt, ...) KDA_PRINTF(2, 
 #define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
 #define KDA_MAX_HEAD_DIM 256  /* largest K and V, every backend */
 #define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
+#define KDA_L2NORM_EPS 1e-6 /* the epsilon of FLA's l2norm: x / sqrt(sum x^2 + eps) */
 #define KDA_GATE_MIN (-80.0f) /* every path clamps each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
                                  below float32's resolution of anything it multiplies, and the bound keeps the
                                  chunk's cumulative sums small enough to subtract exactly */
 
-/* CUDA kda_decode: the recurrent kernel (src/cuda/decode.cu) runs bf16 problems of up to this many tokens per
+/* CUDA kda_decode: the recurrent kernel (src/cuda/decode/decode.cu) runs bf16 problems of up to this many tokens per
  * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
  * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). Measured (H100, H32, fp32
  * V-first states, bench/bench_decode.py's crossover table): the two kernels tie at 8 tokens for N = 1 (18.9 vs
@@ -186,7 +176,7 @@ typedef struct kda_tuning {
     int bv;       /* CUDA recurrence: V columns per CTA (32, 64 or 128) */
     int rec_mma;  /* CUDA recurrence: 1 = mma.sync where warpgroup MMA would run (A/B of the two) */
     int stages;   /* CUDA recurrence: ring stages (2 or 3) */
-    int dev_skip; /* development builds only (KDA_SKIP in src/cuda/kda_cuda.h): phases left out, results wrong */
+    int dev_skip; /* development builds only (KDA_SKIP in src/cuda/common/kda_cuda.h): phases left out, results wrong */
     int decode_ctas; /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
                         the same bits for any count */
     int decode_kernel; /* CUDA decode: 1 the staged kernel (decode.cu), 2 the tile kernel (decode_tile.cu) where

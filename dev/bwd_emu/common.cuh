@@ -1,4 +1,4 @@
-/* emulator stand-in for src/cuda/common.cuh: only what the backward kernels use */
+/* emulator stand-in for src/cuda/common/common.cuh: only what the backward kernels use */
 #pragma once
 #include "shim.h"
 #include "kda_cuda.h"

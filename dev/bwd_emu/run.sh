@@ -37,11 +37,11 @@ for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT, int KSP, i
                ('bwd_dstate.cu', 'template <int KC, int BV>\nstatic int launch_dstate'),
                ('bwd_inter.cu', 'template <int KC, int VC, int NVH>\nstatic int launch_inter'),
                ('bwd_pairs.cu', 'template <int KC, int NVH>\nstatic int launch_pairs')]:
-    s = open(w + '/src/cuda/' + f).read()
+    s = open(w + '/src/cuda/bwd/' + f).read()
     open(b + '/' + f.replace('.cu', '.emu.h'), 'w').write(s[:s.index(cut)])
 PY
-  cp $W/src/cuda/bwd.cuh $W/src/cuda/seq.cuh $W/src/cuda/states16.cuh $E/common.cuh $E/shim.h $B/ # their "common.cuh": the stand-in
-  F="-w -std=c++17 -O1 -DKDA_DEV_BUILD=1 -I$B -I$E -I$W/src/cuda -I$W/src -I$W/include -I$W/tools -I$W/tests/common -I/usr/local/cuda/include"
+  cp $W/src/cuda/bwd/bwd.cuh $W/src/cuda/common/seq.cuh $W/src/cuda/common/states16.cuh $E/common.cuh $E/shim.h $B/ # their "common.cuh": the stand-in
+  F="-w -std=c++17 -O1 -DKDA_DEV_BUILD=1 -I$B -I$E -I$W/src/cuda/common -I$W/src/cuda/fwd -I$W/src/cuda/cp -I$W/src/cuda/decode -I$W/src/cuda/bwd -I$W/src -I$W/include -I$W/tools -I$W/tests/common -I/usr/local/cuda/include"
   for f in emu_chunk emu_finish emu_dstate emu_inter emu_pairs harness launch; do g++ -x c++ $F -c $E/$f.emu.cu -o $B/$f.o; done
   gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tools -c $W/tools/synth.c -o $B/synth.o
   gcc -O1 -std=c11 -I$W/include -I$W/src -I$W/tests/common -I$W/tools -c $W/tests/common/compare.c -o $B/compare.o

@@ -1,4 +1,4 @@
-/* Stand-in for src/cuda/common.cuh under the host emulation of the CP merge (merge_emu.cu): one pthread per CUDA
+/* Stand-in for src/cuda/common/common.cuh under the host emulation of the CP merge (merge_emu.cu): one pthread per CUDA
  * thread, one CTA at a time; __syncthreads a barrier of the block, a warp's ballot an exchange through its lanes'
  * slots between two barriers of the warp; shared memory one poisoned buffer (run.sh turns the kernel's extern
  * declaration into a pointer to it; __shared__ statics are the CTA's since CTAs run one after another); bulk copies
@@ -56,7 +56,7 @@ DEV float to_tf32(float x) {
     return y;
 }
 DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
-/* the parts by masks (src/cuda/common.cuh's split_tf32_rz): 13 low mantissa bits cleared */
+/* the parts by masks (src/cuda/common/common.cuh's split_tf32_rz): 13 low mantissa bits cleared */
 DEV float tf32_rz(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);

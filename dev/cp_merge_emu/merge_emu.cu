@@ -1,4 +1,4 @@
-/* Host emulation of the CP merge kernel (src/cuda/cp_merge.cu, its launcher's grid included) on random piece tables
+/* Host emulation of the CP merge kernel (src/cuda/cp/cp_merge.cu, its launcher's grid included) on random piece tables
  * (src/cp_plan.h's kda_cp_fill_table, pieces forced): every split sequence's incoming states S_in(1 .. np − 1), per
  * value head and column, against the merge's arithmetic done serially in the kernel's order (the tf32 parts'
  * products summed as the emulated mma.sync sums them, then E_j): the same bytes; nothing else in the slots

@@ -1,4 +1,4 @@
-/* Stand-in for src/cuda/common.cuh under the host emulation of the CP plan (plan_emu.cu): one pthread per CUDA
+/* Stand-in for src/cuda/common/common.cuh under the host emulation of the CP plan (plan_emu.cu): one pthread per CUDA
  * thread of one CTA, __syncthreads a barrier of the block, a warp's shuffles an exchange through its lanes' slots
  * between two barriers of the warp. Only what cp_plan.cuh and seq.cuh use. */
 #pragma once

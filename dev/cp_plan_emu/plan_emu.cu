@@ -1,4 +1,4 @@
-/* Host emulation of cp_plan_cta (src/cuda/cp_plan.cuh) at the block sizes it runs with (the planning kernel's 1024
+/* Host emulation of cp_plan_cta (src/cuda/cp/cp_plan.cuh) at the block sizes it runs with (the planning kernel's 1024
  * threads, the prep kernel's 256 and 512), against the host's plan (src/cp_plan.h: kda_cp_piece_chunks and
  * kda_cp_fill_table) on random problems: the same piece table and header, entry for entry.
  *   dev/cp_plan_emu/run.sh [cases]   (g++ -x c++; no GPU) */

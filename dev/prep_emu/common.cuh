@@ -1,4 +1,4 @@
-/* Stand-in for src/cuda/common.cuh under the host emulation of the chunk preparation (prep.cuh): the backward
+/* Stand-in for src/cuda/common/common.cuh under the host emulation of the chunk preparation (prep.cuh): the backward
  * emulator's shim and device helpers (dev/bwd_emu/shim.h and common.cuh, copied beside this file by run.sh as
  * shim.h and bwd_common.cuh), and what prep.cuh, seq.cuh and cp_plan.cuh use beyond them. One pthread per CUDA
  * thread, one CTA at a time; the launcher's kda_launch_ex only records the grid, which the harness then runs. */

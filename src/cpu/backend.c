@@ -9,7 +9,7 @@
 
 #include "../internal.h"
 #include "cpu.h"
-#include "dtype.h"
+#include "../dtype.h"
 #include "threadpool.h"
 #include "token.h"
 

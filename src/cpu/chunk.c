@@ -41,7 +41,7 @@
 
 #include "../internal.h"
 #include "cpu.h"
-#include "dtype.h"
+#include "../dtype.h"
 #include "fmath.h"
 #include "fmath8.h"
 #include "gemm.h"

@@ -24,14 +24,7 @@ int kda_cpu_chunk_isa(void);
 kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
 
-/* The oracles' (reference.c, reference_bwd.c) initial state, K×V float64: each column j that holds an inf or
- * NaN becomes NaN whole (value channel j is poisoned: the non-finite contract, docs/ALGORITHM.md §7). */
-void kda_reference_poison_columns(double *S, int K, int V);
-
-/* The backward: the fp64 oracle (reference_bwd.c) and the CPU backend's (chunk_bwd.c). */
-kda_status_t kda_reference_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
-kda_status_t kda_reference_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
-                                    void *stream);
+/* The CPU backend's backward (chunk_bwd.c). */
 kda_status_t kda_cpu_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
                               void *stream);

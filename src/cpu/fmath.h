@@ -132,10 +132,4 @@ static inline float kda_softplusf(float x) {
 
 static inline float kda_sigmoidf(float x) { return 1.0f / (1.0f + kda_expf(-x)); }
 
-static inline double kda_softplus(double x) { return x > 0.0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
-static inline double kda_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-/* The epsilon of FLA's l2norm: x / sqrt(sum x^2 + eps). */
-#define KDA_L2NORM_EPS 1e-6
-
 #endif /* KDA_CPU_FMATH_H */

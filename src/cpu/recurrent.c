@@ -14,7 +14,7 @@
 
 #include "../internal.h"
 #include "cpu.h"
-#include "dtype.h"
+#include "../dtype.h"
 #include "fmath.h"
 #include "gemm.h"
 #include "threadpool.h"

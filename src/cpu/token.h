@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../internal.h"
-#include "dtype.h"
+#include "../dtype.h"
 #include "fmath.h"
 
 #ifndef KDA_INLINE

@@ -11,7 +11,7 @@
 
 #include <pthread.h>
 
-#include "../internal.h"
+#include "internal.h"
 #include "bwd.h"
 #include "decode.h"
 #include "kda_cuda.h"

@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "cpu/dtype.h"
+#include "dtype.h"
 #include "test_util.h"
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 /*
- * The oracle of intra-card context parallelism (src/cpu/reference_cp.c): the pieces' affine maps, composed from
+ * The oracle of intra-card context parallelism (src/reference/reference_cp.c): the pieces' affine maps, composed from
  * the initial state by the merge, reproduce the oracle forward's state before every piece and its final state
  * (fp64, to ~1e-12), for several piece splits, GVA, varlen with empty sequences, state pools, every gate mode,
  * β sigmoid and allow_neg_eigval; composition is associative; poisoning propagates.
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "cpu/reference_cp.h"
+#include "reference/reference_cp.h"
 #include "test_util.h"
 
 #define TOL 1e-12

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "cpu/dtype.h"
+#include "dtype.h"
 #include "test_util.h"
 
 static kda_context_t *cpu(void) {

@@ -15,7 +15,7 @@
 #include "compare.h"
 #include "contract.h"
 #include "cpu/fmath.h"
-#include "cuda/kda_cuda.h" /* kda_fastdiv_make, kda_fastdiv: plain C, checked here where CI runs */
+#include "cuda/common/kda_cuda.h" /* kda_fastdiv_make, kda_fastdiv: plain C, checked here where CI runs */
 #include "internal.h"
 #include "test_util.h"
 

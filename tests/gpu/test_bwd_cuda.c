@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "cpu/dtype.h"
+#include "dtype.h"
 #include "internal.h"
 #include "test_util.h"
 

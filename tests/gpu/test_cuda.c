@@ -11,7 +11,7 @@
 
 #include "compare.h"
 #include "contract.h"
-#include "cpu/dtype.h"
+#include "dtype.h"
 #include "internal.h"
 #include "test_util.h"
 

@@ -1,5 +1,5 @@
 /*
- * The CUDA decode kernels (src/cuda/decode_tile.cu, decode.cu) against the fp64 oracle: every option, head
+ * The CUDA decode kernels (src/cuda/decode/decode_tile.cu, decode.cu) against the fp64 oracle: every option, head
  * sizes 1..256 in both state layouts, GVA, MTP (several tokens per sequence), vLLM state pools updated in place
  * (1-D and the 2-D slots of speculative decoding), headwise β, the non-finite contract, CUDA-graph capture, and the GPU time
  * of one N1 H32 decode step measured from C. Untouched pool slots are filled with a byte pattern and must
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "compare.h"
-#include "cpu/dtype.h"
+#include "dtype.h"
 #include "internal.h" /* kda_set_tuning: force the V-first tile width */
 #include "test_util.h"
 

@@ -24,9 +24,8 @@
 #include <string.h>
 
 #include "../internal.h"
-#include "cpu.h"
-#include "dtype.h"
-#include "fmath.h"
+#include "reference.h"
+#include "../dtype.h"
 #include "reference_cp.h"
 
 /* Scratch: S (K*V), double (the per-token vectors, up to 256 each, live on the stack). */

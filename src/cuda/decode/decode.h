@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../internal.h"
+#include "internal.h"
 
 #ifdef __cplusplus
 extern "C" {

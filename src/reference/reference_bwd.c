@@ -24,9 +24,8 @@
 #include <string.h>
 
 #include "../internal.h"
-#include "cpu.h"
-#include "dtype.h"
-#include "fmath.h"
+#include "reference.h"
+#include "../dtype.h"
 
 #define RB 64 /* tokens between two kept states */
 

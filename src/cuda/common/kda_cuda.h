@@ -27,8 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../internal.h" /* KDA_CHUNK, KDA_SUB, KDA_DIAG_RANGE, KDA_GATE_MIN, KDA_MAX_HEAD_DIM */
-#include "../cp_plan.h"  /* kda_cp_piece_t: the piece table of intra-card context parallelism */
+#include "internal.h" /* KDA_CHUNK, KDA_SUB, KDA_DIAG_RANGE, KDA_GATE_MIN, KDA_MAX_HEAD_DIM */
+#include "cp_plan.h"  /* kda_cp_piece_t: the piece table of intra-card context parallelism */
 
 #ifdef __cplusplus
 extern "C" {
