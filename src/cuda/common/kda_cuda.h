@@ -83,6 +83,28 @@ typedef struct kda_cuda_seqs {
     int32_t *chunk_offsets;      /* [N + 1], varlen only (workspace, written by meta.cu) */
 } kda_cuda_seqs_t;
 
+/* The problem every kernel of a call reads, filled once per call from the checked kda_problem_t
+ * (kda_cuda_problem_fill, problem.c) and embedded as `pb` in each kernel's parameters: the sequences, the inputs
+ * and states with their dtypes, the heads and head sizes with their size classes, and the options. */
+typedef struct kda_cuda_problem {
+    kda_cuda_seqs_t seqs;
+    const void *q, *k, *v, *g, *beta;
+    const float *A_log, *dt_bias;    /* NULL unless gate_in_kernel (A_log may be NULL with a lower bound) */
+    const void *h0;                  /* initial state or pool; NULL: zeros */
+    void *ht;                        /* final state or pool; NULL: not written */
+    const int32_t *state_indices;    /* NULL: sequence n is state n */
+    int64_t num_state_slots;
+    int dtype, g_dtype, beta_dtype, h0_dtype, ht_dtype; /* kda_dtype_t codes */
+    int hqk, hv, group;              /* heads of q/k, of v; group = hv / hqk */
+    int K, V, kc, vc;                /* head sizes and their size classes (kda_cuda_size_class) */
+    int v_first;                     /* states stored V-first, [V][K] per head */
+    float scale, lower_bound;        /* scale resolved; lower_bound != 0: the sigmoid gate */
+    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
+} kda_cuda_problem_t;
+
+/* Fill pb from the checked problem p (chunk_offsets: the varlen chunk offsets in the workspace, or NULL). */
+void kda_cuda_problem_fill(kda_cuda_problem_t *pb, const kda_problem_t *p, int32_t *chunk_offsets);
+
 /* The workspace blocks: [max_chunks][hv] blocks of block_bytes (layout below) */
 typedef struct kda_cuda_blocks {
     void *base;
