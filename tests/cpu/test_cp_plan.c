@@ -157,8 +157,8 @@ TEST(cp_plan_prescan_pairs) {
 }
 
 /* The forward's rule 3 on single sequences, 132 SMs: the fill count n, or n1 (the most pieces whose 2n − 3
- * pre-scan chains per head fit one wave) where kda_cp_fwd_cost finds it cheaper. The H200 sweep behind it
- * (docs/PERF.md, "the pre-scan's second wave") measured each case's choice as the best of its forced lengths. */
+ * pre-scan chains per head fit one wave) where kda_cp_fwd_cost finds it cheaper; each case's expected choice was
+ * measured on an H200 as the best of its forced lengths (bench/cp_sweep.py). */
 TEST(cp_plan_prescan_wave) {
     struct { int HV; int64_t T; int64_t P; } cases[] = {
         {32, 32768, 171},  /* n 4 (160 pre-scan CTAs: 2 waves) against n1 3 (96): 3 × 171 */
@@ -429,7 +429,7 @@ TEST(cp_plan_clamps_bad_offsets) {
     CHECK(untouched, "entry past the capacity written");
 }
 
-/* Workspace growth (docs/PERF.md): M, S_ext and the incoming state in fp32 per piece and value head. */
+/* Workspace growth: M, S_ext and the incoming state in fp32 per piece and value head. */
 TEST(cp_plan_slot_bytes) {
     CHECK(kda_cp_slot_head_bytes(128, 128) == 196608, "K = V = 128");
     CHECK(kda_cp_slot_head_bytes(128, 128) / (KDA_CP_MIN_PIECE_CHUNKS * KDA_CHUNK) == 384, "per token-head");

@@ -473,7 +473,7 @@ TEST(gpu_bwd_strong_decay) {
 }
 
 /* fp16 and fp32 inputs: the state-gradient chain reads QΓ as hi + lo (kda_cuda.h fine blocks), which took
- * d_initial_state from 2.4-2.5e-3 to 5.4-6.4e-4 on these cases (H200, docs/PERF.md "Fine blocks for fp32 inputs") */
+ * d_initial_state from 2.4-2.5e-3 to 5.4-6.4e-4 on these cases: the bound sits between the two */
 #define DH0_FINE 1.5e-3
 
 TEST(gpu_bwd_fp32_fp16) {
@@ -1029,7 +1029,7 @@ TEST(gpu_bwd_cp_sanitize) {
     }
 }
 
-/* Class 256 (docs/PERF.md, "Backward at K = V = 256"): the chunk kernel's K split over a cluster of two CTAs and
+/* Class 256: the chunk kernel's K split over a cluster of two CTAs and
  * its V halves, the pairs kernel's clusters of 8, the inter kernel at K 256 and V halves, the fallback dstate kernel
  * at K 256, the finish kernel's dβ of the halves. FLA's test_chunk_varlen at D = 256 is the varlen bf16 case. */
 TEST(gpu_bwd_head_dim_256) {

@@ -785,7 +785,7 @@ TEST(gpu_decode_time_n1_h32) {
     CHECK(us <= 10.0, "N1 H32: %.2f us per call > 10 us", us);
 }
 
-/* The decode kernels' variants side by side in one process (docs/PERF.md "Decode"): the staged kernel, the
+/* The decode kernels' variants side by side in one process: the staged kernel, the
  * tile kernel with 8 and 16 chunks per thread, and the default choice; fp32 and bf16 pools, both layouts. */
 TEST(gpu_decode_time_variants) {
     static const struct { int kernel; const char *label; } var[] = {
