@@ -138,6 +138,10 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
 /* Largest element count of any tensor (and of the states of all sequences, whatever seq_len): 2^52, so that
  * every count times every element size fits in int64 and size_t, and a loop over them cannot overflow. */
 #define KDA_MAX_ELEMS ((int64_t)1 << 52)
+/* Largest batch * seq_len (tokens of a call), and the largest extent of any index array (a 2-D state_indices'
+ * (N - 1) * row stride + T_max): far beyond any real call, small enough that each times a head count and size
+ * stays below KDA_MAX_ELEMS. */
+#define KDA_MAX_TOKENS ((int64_t)1 << 40)
 
 /* Validate `args` for entry point `fn` on `ctx` and fill `out`. `host_readable`: the pointers are host memory,
  * so the contents of cu_seqlens and state_indices can be checked as well. */

@@ -133,9 +133,18 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
     return KDA_STATUS_SUCCESS;
 }
 
-/* need_o: the entry point writes o (the forward and decode; the backward does not read it). */
-static kda_status_t check_problem(const kda_args_t *args, const char *fn, int host_readable, int need_o,
-                                  kda_problem_t *out) {
+/* ---------------------------------------------------------------------------------------------------------
+ * The problem (kda_args_t), one named check per group of fields, in the order check_problem runs them: the
+ * first failing check's message is the call's. Each reads only what the checks before it have bounded.
+ * ------------------------------------------------------------------------------------------------------- */
+#define TRY(x)                                                                                              \
+    do {                                                                                                    \
+        const kda_status_t st_ = (x);                                                                       \
+        if (st_ != KDA_STATUS_SUCCESS) return st_;                                                          \
+    } while (0)
+
+/* struct_size, then the copy: an older program's shorter struct reads as the defaults of the fields it lacks. */
+static kda_status_t load_args(const char *fn, const kda_args_t *args, kda_problem_t *p) {
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
     if (args->struct_size < KDA_ARGS_MIN_SIZE)
         FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_args_t (%zu bytes); "
@@ -143,17 +152,16 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     if (args->struct_size > sizeof(kda_args_t))
         FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(kda_args_t) = %zu: "
              "the program was built against a newer libkda", args->struct_size, sizeof(kda_args_t));
+    memset(p, 0, sizeof *p);
+    (kda_args_init)(&p->a);
+    memcpy(&p->a, args, args->struct_size);
+    p->a.struct_size = sizeof(kda_args_t);
+    return KDA_STATUS_SUCCESS;
+}
 
-    const int decode = strncmp(fn, "kda_decode", 10) == 0; /* kda_decode and its workspace query */
-    /* an older program's shorter struct: the fields it lacks take their defaults */
-    kda_problem_t p;
-    memset(&p, 0, sizeof p);
-    (kda_args_init)(&p.a);
-    memcpy(&p.a, args, args->struct_size);
-    p.a.struct_size = sizeof(kda_args_t);
-    const kda_args_t *a = &p.a;
-
-    /* -- sizes ------------------------------------------------------------------------------------------- */
+/* batch, seq_len, the heads and head sizes; every element count must fit comfortably in int64. */
+static kda_status_t check_sizes(const char *fn, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (a->batch < 0) FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld is negative", (long long)a->batch);
     if (a->seq_len < 0) FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld is negative", (long long)a->seq_len);
     if (a->num_qk_heads < 1)
@@ -166,36 +174,41 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_k", "%d is outside [1, %d]", a->head_dim_k, KDA_MAX_HEAD_DIM);
     if (a->head_dim_v < 1 || a->head_dim_v > KDA_MAX_HEAD_DIM)
         FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_v", "%d is outside [1, %d]", a->head_dim_v, KDA_MAX_HEAD_DIM);
-    /* every element count must fit comfortably in int64 */
-    if (a->batch > 0 && a->seq_len > ((int64_t)1 << 40) / a->batch)
+    if (a->batch > 0 && a->seq_len > KDA_MAX_TOKENS / a->batch)
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "batch * seq_len = %lld * %lld is too large",
              (long long)a->batch, (long long)a->seq_len);
-    p.num_tokens = a->batch * a->seq_len;
-    if (p.num_tokens > KDA_MAX_ELEMS / ((int64_t)a->num_v_heads * 256))
+    p->num_tokens = a->batch * a->seq_len;
+    if (p->num_tokens > KDA_MAX_ELEMS / ((int64_t)a->num_v_heads * 256))
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld tokens of %d value heads is too large",
-             (long long)p.num_tokens, a->num_v_heads);
-    p.group = a->num_v_heads / a->num_qk_heads;
+             (long long)p->num_tokens, a->num_v_heads);
+    p->group = a->num_v_heads / a->num_qk_heads;
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- dtypes ------------------------------------------------------------------------------------------ */
-    if (!is_float_dtype(a->dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->dtype), (int)a->dtype);
-    if (!is_float_dtype(a->g_dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "g_dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->g_dtype), (int)a->g_dtype);
-    if (!is_float_dtype(a->beta_dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "beta_dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->beta_dtype), (int)a->beta_dtype);
-    if (!is_float_dtype(a->o_dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "o_dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->o_dtype), (int)a->o_dtype);
+static kda_status_t check_float_dtype(const char *fn, const char *arg, kda_dtype_t d) {
+    if (!is_float_dtype(d))
+        FAIL(KDA_STATUS_INVALID_VALUE, arg, "%s (%d) is not float32, float16 or bfloat16", dtype_name(d), (int)d);
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- sequences --------------------------------------------------------------------------------------- */
-    /* the states and the per-(sequence, head) work are bounded whatever seq_len (with seq_len = 0 nothing else
-       bounds batch), and before cu_seqlens is read */
-    const int64_t state_elems = (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; /* <= 2^31 * 2^16 */
+static kda_status_t check_dtypes(const char *fn, const kda_args_t *a) {
+    TRY(check_float_dtype(fn, "dtype", a->dtype));
+    TRY(check_float_dtype(fn, "g_dtype", a->g_dtype));
+    TRY(check_float_dtype(fn, "beta_dtype", a->beta_dtype));
+    TRY(check_float_dtype(fn, "o_dtype", a->o_dtype));
+    return KDA_STATUS_SUCCESS;
+}
+
+/* Elements of all value heads' states of one sequence or slot: <= 2^31 * 2^16. */
+static int64_t state_elems(const kda_args_t *a) { return (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; }
+
+/* N: num_seqs with cu_seqlens (whose contents are checked where readable), else batch. The states and the
+ * per-(sequence, head) work are bounded whatever seq_len (with seq_len = 0 nothing else bounds batch), and
+ * before cu_seqlens is read. */
+static kda_status_t check_sequences(const char *fn, int host_readable, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (a->cu_seqlens) {
-        p.varlen = 1;
+        p->varlen = 1;
         if (a->batch != 1)
             FAIL(KDA_STATUS_INVALID_VALUE, "batch", "must be 1 with cu_seqlens (got %lld); flatten the rows",
                  (long long)a->batch);
@@ -203,7 +216,7 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_dtype", "%s is not int32 or int64",
                  dtype_name(a->cu_seqlens_dtype));
         if (a->num_seqs < 0) FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is negative", (long long)a->num_seqs);
-        if (a->num_seqs > KDA_MAX_ELEMS / state_elems)
+        if (a->num_seqs > KDA_MAX_ELEMS / state_elems(a))
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld sequences of %d value heads of %d x %d states is too "
                  "large (more than 2^52 state elements)", (long long)a->num_seqs, a->num_v_heads, a->head_dim_k,
                  a->head_dim_v);
@@ -211,26 +224,28 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is for the CUDA backend; on the CPU pass the host "
                  "array as cu_seqlens");
         const void *readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
-        if (readable) {
-            kda_status_t st = check_cu_seqlens(fn, host_readable ? "cu_seqlens" : "cu_seqlens_host", readable,
-                                               a->cu_seqlens_dtype, a->num_seqs, a->seq_len);
-            if (st != KDA_STATUS_SUCCESS) return st;
-        }
-        p.num_seqs = a->num_seqs;
+        if (readable)
+            TRY(check_cu_seqlens(fn, host_readable ? "cu_seqlens" : "cu_seqlens_host", readable, a->cu_seqlens_dtype,
+                                 a->num_seqs, a->seq_len));
+        p->num_seqs = a->num_seqs;
     } else {
         if (a->num_seqs != 0)
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is set but cu_seqlens is NULL", (long long)a->num_seqs);
         if (a->cu_seqlens_host)
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is set but cu_seqlens is NULL");
-        if (a->batch > KDA_MAX_ELEMS / state_elems)
+        if (a->batch > KDA_MAX_ELEMS / state_elems(a))
             FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld sequences of %d value heads of %d x %d states is too "
                  "large (more than 2^52 state elements)", (long long)a->batch, a->num_v_heads, a->head_dim_k,
                  a->head_dim_v);
-        p.num_seqs = a->batch;
+        p->num_seqs = a->batch;
     }
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- tensors ----------------------------------------------------------------------------------------- */
-    if (p.num_tokens > 0) {
+/* The inputs (and o where the entry point writes it) are required when there are tokens. */
+static kda_status_t check_tensors(const char *fn, const kda_problem_t *p, int need_o) {
+    const kda_args_t *a = &p->a;
+    if (p->num_tokens > 0) {
         if (!a->q) FAIL(KDA_STATUS_INVALID_VALUE, "q", "NULL");
         if (!a->k) FAIL(KDA_STATUS_INVALID_VALUE, "k", "NULL");
         if (!a->v) FAIL(KDA_STATUS_INVALID_VALUE, "v", "NULL");
@@ -238,8 +253,13 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (!a->beta) FAIL(KDA_STATUS_INVALID_VALUE, "beta", "NULL");
         if (need_o && !a->o) FAIL(KDA_STATUS_INVALID_VALUE, "o", "NULL");
     }
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- states ------------------------------------------------------------------------------------------ */
+/* The states' dtypes and the shape of state_indices (1-D or 2-D, its row stride), num_accepted_tokens and
+ * beta_headwise: nothing here reads memory. */
+static kda_status_t check_state_layout(const char *fn, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (a->initial_state && !is_state_dtype(a->initial_state_dtype))
         FAIL(KDA_STATUS_INVALID_VALUE, "initial_state_dtype", "%s is not float32 or bfloat16",
              dtype_name(a->initial_state_dtype));
@@ -263,112 +283,136 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is smaller than state_indices_cols = "
                  "%lld", (long long)a->state_indices_row_stride, (long long)a->state_indices_cols);
     }
-    p.idx_stride = a->state_indices_row_stride ? a->state_indices_row_stride : a->state_indices_cols;
+    p->idx_stride = a->state_indices_row_stride ? a->state_indices_row_stride : a->state_indices_cols;
     if (a->num_accepted_tokens && a->state_indices_cols == 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "needs a 2-D state_indices (state_indices_cols = "
              "T_max >= 1)");
     if (a->beta_headwise != 0 && a->beta_headwise != 1)
         FAIL(KDA_STATUS_INVALID_VALUE, "beta_headwise", "%d is not 0 or 1", a->beta_headwise);
-    if (a->state_indices) {
-        if (!a->initial_state && !a->final_state)
-            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "is set but neither initial_state nor final_state is");
-        if (a->num_state_slots < 1)
-            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
+    return KDA_STATUS_SUCCESS;
+}
+
+/* Host-readable state_indices: every slot it reads below num_state_slots (2-D: the columns of each sequence's
+ * tokens and the column it reads, num_accepted_tokens[n] - 1, itself within [1, T_max]). */
+static kda_status_t check_slot_ranges(const char *fn, const kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    const int64_t cols = a->state_indices_cols;
+    for (int64_t n = 0; n < p->num_seqs; n++) {
+        if (cols == 0) {
+            int64_t s = a->state_indices[n];
+            if (s >= a->num_state_slots)
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
+                     "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
+            continue;
+        }
+        if (a->num_accepted_tokens) {
+            int64_t an = a->num_accepted_tokens[n];
+            if (an < 1 || an > cols)
+                FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "num_accepted_tokens[%lld] = %lld is "
+                     "outside [1, T_max = %lld]", (long long)n, (long long)an, (long long)cols);
+        }
+        int64_t bos, eos;
+        kda_seq_bounds(p, n, &bos, &eos);
+        const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
+        for (int64_t t = -1; t < eos - bos; t++) {
+            const int64_t col = t < 0 ? rd : t;
+            int64_t s = a->state_indices[n * p->idx_stride + col];
+            if (s >= a->num_state_slots)
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld][%lld] = %lld is not "
+                     "below num_state_slots = %lld", (long long)n, (long long)col, (long long)s,
+                     (long long)a->num_state_slots);
+        }
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+/* A state pool (state_indices): its size, a 2-D index's columns against the sequences' lengths, and on the
+ * host the slots' range and distinctness. */
+static kda_status_t check_state_pool(const char *fn, int host_readable, const kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    if (!a->state_indices) {
+        if (a->num_state_slots != 0)
+            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld is set but state_indices is NULL",
                  (long long)a->num_state_slots);
-        if (a->num_state_slots > KDA_MAX_ELEMS / state_elems)
-            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld slots of %d value heads of %d x %d states is "
-                 "too large (more than 2^52 state elements)", (long long)a->num_state_slots, a->num_v_heads,
-                 a->head_dim_k, a->head_dim_v);
-        const int64_t cols = a->state_indices_cols;
-        if (cols > 0 && !p.varlen && a->seq_len > cols)
-            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
-                 "2-D state_indices needs a slot for every token)", (long long)cols, (long long)a->seq_len);
-        const void *cu_readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
-        if (cols > 0 && p.varlen && cu_readable) {
-            for (int64_t n = 0; n < p.num_seqs; n++) {
-                int64_t len = read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) -
-                              read_offset(cu_readable, a->cu_seqlens_dtype, n);
-                if (len > cols)
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than sequence "
-                         "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)", (long long)cols,
-                         (long long)n, (long long)len);
-            }
-        }
-        if (host_readable) {
-            for (int64_t n = 0; n < p.num_seqs; n++) {
-                if (cols == 0) {
-                    int64_t s = a->state_indices[n];
-                    if (s >= a->num_state_slots)
-                        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
-                             "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
-                    continue;
-                }
-                if (a->num_accepted_tokens) {
-                    int64_t an = a->num_accepted_tokens[n];
-                    if (an < 1 || an > cols)
-                        FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "num_accepted_tokens[%lld] = %lld is "
-                             "outside [1, T_max = %lld]", (long long)n, (long long)an, (long long)cols);
-                }
-                int64_t bos, eos;
-                kda_seq_bounds(&p, n, &bos, &eos);
-                const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
-                for (int64_t t = -1; t < eos - bos; t++) {
-                    const int64_t col = t < 0 ? rd : t;
-                    int64_t s = a->state_indices[n * p.idx_stride + col];
-                    if (s >= a->num_state_slots)
-                        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld][%lld] = %lld is not "
-                             "below num_state_slots = %lld", (long long)n, (long long)col, (long long)s,
-                             (long long)a->num_state_slots);
-                }
-            }
-        }
-        if (host_readable) {
-            kda_status_t st = kda_check_state_slots(&p, fn);
-            if (st != KDA_STATUS_SUCCESS) return st;
-        }
-    } else if (a->num_state_slots != 0) {
-        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld is set but state_indices is NULL",
+        return KDA_STATUS_SUCCESS;
+    }
+    if (!a->initial_state && !a->final_state)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "is set but neither initial_state nor final_state is");
+    if (a->num_state_slots < 1)
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
              (long long)a->num_state_slots);
-    }
-
-    /* -- chunk-start states (kda_forward only) ------------------------------------------------------------ */
-    if (a->chunk_states) {
-        if (!is_state_dtype(a->chunk_states_dtype))
-            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states_dtype", "%s is not float32 or bfloat16",
-                 dtype_name(a->chunk_states_dtype));
-        if (a->beta_headwise)
-            FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with beta_headwise (the token "
-                 "recurrence runs those calls)");
-        if (a->state_indices && a->state_indices_cols > 0)
-            FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
-                 "decoding keeps a state per token instead)");
-        if (!need_o || decode)
-            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
-        const void *lens = !p.varlen ? NULL : host_readable ? a->cu_seqlens : a->cu_seqlens_host;
-        if (!p.varlen) {
-            p.chunk_rows = a->batch * ((a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK);
-        } else if (lens) {
-            kda_problem_t q = p; /* the lengths as the CPU backends read them */
-            q.a.cu_seqlens = lens;
-            for (int64_t n = 0; n < p.num_seqs; n++) {
-                int64_t bos, eos;
-                kda_seq_bounds(&q, n, &bos, &eos);
-                p.chunk_rows += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
-            }
-        } else {
-            p.chunk_rows = (p.num_tokens + KDA_CHUNK - 1) / KDA_CHUNK;
+    if (a->num_state_slots > KDA_MAX_ELEMS / state_elems(a))
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld slots of %d value heads of %d x %d states is "
+             "too large (more than 2^52 state elements)", (long long)a->num_state_slots, a->num_v_heads,
+             a->head_dim_k, a->head_dim_v);
+    const int64_t cols = a->state_indices_cols;
+    if (cols > 0 && !p->varlen && a->seq_len > cols)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
+             "2-D state_indices needs a slot for every token)", (long long)cols, (long long)a->seq_len);
+    const void *cu_readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
+    if (cols > 0 && p->varlen && cu_readable) {
+        for (int64_t n = 0; n < p->num_seqs; n++) {
+            int64_t len = read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) -
+                          read_offset(cu_readable, a->cu_seqlens_dtype, n);
+            if (len > cols)
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than sequence "
+                     "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)", (long long)cols,
+                     (long long)n, (long long)len);
         }
     }
+    if (host_readable) {
+        TRY(check_slot_ranges(fn, p));
+        TRY(kda_check_state_slots(p, fn));
+    }
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- what the forward keeps for the backward (kda_forward writes it, kda_backward reads it) --------------- */
+/* chunk_states (kda_forward only) and its rows, for the aliasing check. */
+static kda_status_t check_chunk_states(const char *fn, int host_readable, int need_o, int decode, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    if (!a->chunk_states) return KDA_STATUS_SUCCESS;
+    if (!is_state_dtype(a->chunk_states_dtype))
+        FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states_dtype", "%s is not float32 or bfloat16",
+             dtype_name(a->chunk_states_dtype));
+    if (a->beta_headwise)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with beta_headwise (the token "
+             "recurrence runs those calls)");
+    if (a->state_indices && a->state_indices_cols > 0)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
+             "decoding keeps a state per token instead)");
+    if (!need_o || decode)
+        FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
+    const void *lens = !p->varlen ? NULL : host_readable ? a->cu_seqlens : a->cu_seqlens_host;
+    if (!p->varlen) {
+        p->chunk_rows = a->batch * ((a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK);
+    } else if (lens) {
+        kda_problem_t q = *p; /* the lengths as the CPU backends read them */
+        q.a.cu_seqlens = lens;
+        for (int64_t n = 0; n < p->num_seqs; n++) {
+            int64_t bos, eos;
+            kda_seq_bounds(&q, n, &bos, &eos);
+            p->chunk_rows += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+        }
+    } else {
+        p->chunk_rows = (p->num_tokens + KDA_CHUNK - 1) / KDA_CHUNK;
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+/* saved: what kda_forward writes and kda_backward reads. */
+static kda_status_t check_saved_arg(const char *fn, int decode, const kda_args_t *a) {
     if (!a->saved && a->saved_bytes != 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "saved_bytes", "%zu is set but saved is NULL", a->saved_bytes);
     if (a->saved && decode)
         FAIL(KDA_STATUS_INVALID_VALUE, "saved", "is for kda_forward and kda_backward only; set it to NULL here");
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- options ----------------------------------------------------------------------------------------- */
+/* scale, the in-kernel gate (lower_bound, A_log, dt_bias, safe_gate) and the β options. */
+static kda_status_t check_options(const char *fn, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (!isfinite(a->scale)) FAIL(KDA_STATUS_INVALID_VALUE, "scale", "%g is not finite", (double)a->scale);
-    p.scale = a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->head_dim_k));
+    p->scale = a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->head_dim_k));
 
     if (a->lower_bound != 0.0f) {
         if (!isfinite(a->lower_bound) || a->lower_bound > 0.0f)
@@ -377,14 +421,14 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (!a->use_gate_in_kernel)
             FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "is set but use_gate_in_kernel is 0 (the bound shapes "
                  "the in-kernel gate only)");
-        p.has_lower_bound = 1;
+        p->has_lower_bound = 1;
     }
     if (a->use_gate_in_kernel) {
-        if (!a->A_log && !p.has_lower_bound)
+        if (!a->A_log && !p->has_lower_bound)
             FAIL(KDA_STATUS_INVALID_VALUE, "A_log", "NULL; it is required with use_gate_in_kernel unless "
                  "lower_bound is set");
         if (a->safe_gate) {
-            if (!p.has_lower_bound)
+            if (!p->has_lower_bound)
                 FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "must be set when safe_gate and use_gate_in_kernel "
                      "are");
             if (a->lower_bound < -5.0f)
@@ -397,9 +441,12 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     }
     if (a->allow_neg_eigval && !a->use_beta_sigmoid)
         FAIL(KDA_STATUS_INVALID_VALUE, "allow_neg_eigval", "requires use_beta_sigmoid");
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- intra-card context parallelism (CUDA; the CPU backends ignore it, but a bad value is an error on
-       every backend, so that a program is portable) --------------------------------------------------------- */
+/* Intra-card context parallelism (CUDA; the CPU backends ignore it, but a bad value is an error on every
+ * backend, so that a program is portable). */
+static kda_status_t check_cp(const char *fn, const kda_args_t *a) {
     if (a->cp_mode != KDA_CP_AUTO && a->cp_mode != KDA_CP_OFF && a->cp_mode != KDA_CP_ON)
         FAIL(KDA_STATUS_INVALID_VALUE, "cp_mode", "%d is not KDA_CP_AUTO (0), KDA_CP_OFF (1) or KDA_CP_ON (2)",
              (int)a->cp_mode);
@@ -417,10 +464,26 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld is set but cp_mode is not KDA_CP_ON (it is %s)",
              (long long)a->cp_piece_len, a->cp_mode == KDA_CP_OFF ? "KDA_CP_OFF" : "KDA_CP_AUTO");
     }
+    return KDA_STATUS_SUCCESS;
+}
 
-    kda_status_t st = check_overlaps(fn, &p, need_o);
-    if (st != KDA_STATUS_SUCCESS) return st;
-
+/* need_o: the entry point writes o (the forward and decode; the backward does not read it). */
+static kda_status_t check_problem(const kda_args_t *args, const char *fn, int host_readable, int need_o,
+                                  kda_problem_t *out) {
+    const int decode = strncmp(fn, "kda_decode", 10) == 0; /* kda_decode and its workspace query */
+    kda_problem_t p;
+    TRY(load_args(fn, args, &p));
+    TRY(check_sizes(fn, &p));
+    TRY(check_dtypes(fn, &p.a));
+    TRY(check_sequences(fn, host_readable, &p));
+    TRY(check_tensors(fn, &p, need_o));
+    TRY(check_state_layout(fn, &p));
+    TRY(check_state_pool(fn, host_readable, &p));
+    TRY(check_chunk_states(fn, host_readable, need_o, decode, &p));
+    TRY(check_saved_arg(fn, decode, &p.a));
+    TRY(check_options(fn, &p));
+    TRY(check_cp(fn, &p.a));
+    TRY(check_overlaps(fn, &p, need_o));
     *out = p;
     return KDA_STATUS_SUCCESS;
 }
