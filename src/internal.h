@@ -23,6 +23,9 @@ extern "C" {
 #define KDA_ARGS_MIN_SIZE (offsetof(kda_args_t, allow_neg_eigval) + sizeof(int))
 /* The same for kda_backward_args_t: its first release ends at ddt_bias. */
 #define KDA_BACKWARD_ARGS_MIN_SIZE (offsetof(kda_backward_args_t, ddt_bias) + sizeof(float *))
+/* The largest struct_size taken for a newer header's struct (a multiple of its alignment): anything larger, or
+ * misaligned, is garbage (an uninitialised struct), not a newer library's. */
+#define KDA_STRUCT_SIZE_MAX ((size_t)65536)
 
 /* ---------------------------------------------------------------------------------------------------------
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
@@ -119,8 +122,8 @@ static inline int64_t kda_state_slot_after(const kda_problem_t *p, int64_t n, in
 }
 
 /* Host-readable state_indices (already range-checked): no slot is touched by two sequences (or written twice
- * by one). A bitmap of 2^17 slots on the stack, one pass over the indices per 2^17 slots of the pool: O(N) for
- * pools of up to 131072 slots, no allocation. */
+ * by one). A 16 KB table on the stack, no allocation; time independent of num_state_slots: O(N) for up to 2048
+ * slots touched (or pools of up to 2^17 slots), at most O(items^2 / 2048) beyond (validate.c). */
 kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn);
 
 /* A checked backward problem: the forward's problem and the backward's arguments, normalised. */
@@ -197,6 +200,9 @@ struct kda_context {
     kda_threadpool_t *pool;     /* CPU */
     void *impl;                 /* backend data (CUDA: device properties) */
     kda_tuning_t tuning;        /* zeros unless a test set it */
+    int in_use;                 /* calls running on the context (each holds 1 for its duration), or -1 while
+                                   kda_set_num_threads / kda_destroy holds it alone; read and written only with
+                                   the __atomic builtins (api.c) */
 };
 
 extern const kda_backend_ops_t kda_cpu_ops;

@@ -143,15 +143,29 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
         if (st_ != KDA_STATUS_SUCCESS) return st_;                                                          \
     } while (0)
 
+/* struct_size of `type` (docs/API.md §13): at least its first release's `min`; above this library's `ours`, a
+ * newer header's (NOT_SUPPORTED) only when plausible (a multiple of the struct's alignment `align`, at most
+ * KDA_STRUCT_SIZE_MAX), else garbage: the struct was not initialised (INVALID_VALUE). */
+static kda_status_t check_struct_size(const char *fn, size_t size, size_t min, size_t ours, size_t align,
+                                      const char *type, const char *init) {
+    if (size < min)
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first %s (%zu bytes); initialise the "
+             "struct with %s()", size, type, min, init);
+    if (size > ours && (size > KDA_STRUCT_SIZE_MAX || size % align != 0))
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is no size of a %s (this library's is %zu bytes, a newer "
+             "one's a multiple of %zu up to %zu): the struct looks uninitialised; initialise it with %s()", size,
+             type, ours, align, KDA_STRUCT_SIZE_MAX, init);
+    if (size > ours)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(%s) = %zu: the "
+             "program was built against a newer libkda", size, type, ours);
+    return KDA_STATUS_SUCCESS;
+}
+
 /* struct_size, then the copy: an older program's shorter struct reads as the defaults of the fields it lacks. */
 static kda_status_t load_args(const char *fn, const kda_args_t *args, kda_problem_t *p) {
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
-    if (args->struct_size < KDA_ARGS_MIN_SIZE)
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_args_t (%zu bytes); "
-             "initialise the struct with kda_args_init()", args->struct_size, (size_t)KDA_ARGS_MIN_SIZE);
-    if (args->struct_size > sizeof(kda_args_t))
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(kda_args_t) = %zu: "
-             "the program was built against a newer libkda", args->struct_size, sizeof(kda_args_t));
+    TRY(check_struct_size(fn, args->struct_size, KDA_ARGS_MIN_SIZE, sizeof(kda_args_t), _Alignof(kda_args_t),
+                          "kda_args_t", "kda_args_init"));
     memset(p, 0, sizeof *p);
     (kda_args_init)(&p->a);
     memcpy(&p->a, args, args->struct_size);
@@ -283,7 +297,19 @@ static kda_status_t check_state_layout(const char *fn, kda_problem_t *p) {
             FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is smaller than state_indices_cols = "
                  "%lld", (long long)a->state_indices_row_stride, (long long)a->state_indices_cols);
     }
+    if (a->state_indices_cols > KDA_MAX_TOKENS)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "%lld is larger than 2^40 (T_max, a sequence's tokens)",
+             (long long)a->state_indices_cols);
+    if (a->state_indices_row_stride > KDA_MAX_TOKENS)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is larger than 2^40 elements",
+             (long long)a->state_indices_row_stride);
     p->idx_stride = a->state_indices_row_stride ? a->state_indices_row_stride : a->state_indices_cols;
+    /* the extent of a 2-D state_indices, (N - 1) * stride + T_max elements, is bounded before any is read */
+    if (a->state_indices_cols > 0 && p->num_seqs > 1 &&
+        p->num_seqs - 1 > (KDA_MAX_TOKENS - a->state_indices_cols) / p->idx_stride)
+        FAIL(KDA_STATUS_INVALID_VALUE, a->state_indices_row_stride ? "state_indices_row_stride" : "state_indices_cols",
+             "%lld rows of %lld elements apart (T_max = %lld) span more than 2^40 elements", (long long)p->num_seqs,
+             (long long)p->idx_stride, (long long)a->state_indices_cols);
     if (a->num_accepted_tokens && a->state_indices_cols == 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "needs a 2-D state_indices (state_indices_cols = "
              "T_max >= 1)");
@@ -524,14 +550,8 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
                                      int host_readable, kda_bwd_problem_t *out) {
     (void)ctx;
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
-    if (args->struct_size < KDA_BACKWARD_ARGS_MIN_SIZE)
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_backward_args_t (%zu "
-             "bytes); initialise the struct with kda_backward_args_init()", args->struct_size,
-             (size_t)KDA_BACKWARD_ARGS_MIN_SIZE);
-    if (args->struct_size > sizeof(kda_backward_args_t))
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's "
-             "sizeof(kda_backward_args_t) = %zu: the program was built against a newer libkda", args->struct_size,
-             sizeof(kda_backward_args_t));
+    TRY(check_struct_size(fn, args->struct_size, KDA_BACKWARD_ARGS_MIN_SIZE, sizeof(kda_backward_args_t),
+                          _Alignof(kda_backward_args_t), "kda_backward_args_t", "kda_backward_args_init"));
     kda_bwd_problem_t p;
     memset(&p, 0, sizeof p);
     (kda_backward_args_init)(&p.b);
@@ -646,61 +666,153 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
     return KDA_STATUS_SUCCESS;
 }
 
-/* Distinct slots (host-readable state_indices, already range-checked): a bitmap of the slots touched so far,
- * over a window of SLOT_WINDOW slots at a time. 1-D: each non-negative slot once. 2-D: a row's written slots
- * (columns [0, len_n)) once each over the whole call; its read slot either one of its own written slots or
- * touched by no other row. */
-#define SLOT_WINDOW ((int64_t)1 << 17)
+/* ---------------------------------------------------------------------------------------------------------
+ * Distinct slots (host-readable state_indices, already range-checked). The slots a call touches form a
+ * stream of items in sequence order: 1-D, state_indices[n] for each n; 2-D, for each row n its written slots
+ * (columns [0, len_n)), then the slot it reads (column num_accepted_tokens[n] - 1) unless that is one of its
+ * own written slots. Negative slots are no item. The items must be pairwise distinct; the call reports the
+ * first item that repeats an earlier one.
+ *
+ * Time and memory do not depend on num_state_slots, and nothing is allocated: a 16 KB table on the stack.
+ * Two ways to find the repeats, the cheaper for the call: (a) an open-addressing hash set of up to
+ * SLOT_BLOCK items at a time (block nested loop: a block's items are inserted, then every later item is
+ * looked up), one pass for up to SLOT_BLOCK items, O(items^2 / SLOT_BLOCK) beyond; (b) a bitmap of
+ * SLOT_WINDOW slot values at a time, one pass over the items per window of the pool (pools of up to
+ * SLOT_WINDOW slots: one pass). Both stop at the first repeat found so far, so they report the same item.
+ * ------------------------------------------------------------------------------------------------------- */
+#define SLOT_TABLE 4096                  /* int32 entries: 16 KB */
+#define SLOT_BLOCK (SLOT_TABLE / 2)      /* items per hash block: the table at most half full */
+#define SLOT_WINDOW ((int64_t)SLOT_TABLE * 32) /* slot values per bitmap window (the same 16 KB) */
+
+/* A position in the item stream: row n, and t: 1-D 0; 2-D t < len a written column, t = len the read. */
+typedef struct {
+    int64_t n, t, len;
+} slot_cursor_t;
+
+static int64_t slot_row_len(const kda_problem_t *p, int64_t n) {
+    if (p->a.state_indices_cols == 0 || n >= p->num_seqs) return 0;
+    int64_t bos, eos;
+    kda_seq_bounds(p, n, &bos, &eos);
+    return eos - bos;
+}
+
+static slot_cursor_t slot_first(const kda_problem_t *p) {
+    const slot_cursor_t c = {0, 0, slot_row_len(p, 0)};
+    return c;
+}
+
+static void slot_next(const kda_problem_t *p, slot_cursor_t *c) {
+    if (++c->t > (p->a.state_indices_cols ? c->len : 0)) {
+        c->n++;
+        c->t = 0;
+        c->len = slot_row_len(p, c->n);
+    }
+}
+
+static int slot_before(slot_cursor_t x, slot_cursor_t y) { return x.n < y.n || (x.n == y.n && x.t < y.t); }
+
+/* The slot of the item at c, or -1 when it is no item (negative, or a read of the row's own slot). */
+static int64_t slot_at(const kda_problem_t *p, slot_cursor_t c) {
+    const kda_args_t *a = &p->a;
+    if (a->state_indices_cols == 0) return a->state_indices[c.n];
+    const int32_t *row = a->state_indices + c.n * p->idx_stride;
+    if (c.t < c.len) return row[c.t];
+    const int64_t r = row[a->num_accepted_tokens ? a->num_accepted_tokens[c.n] - 1 : 0];
+    for (int64_t t = 0; t < c.len; t++)
+        if (row[t] == r) return -1;
+    return r;
+}
+
+/* Hash set of int32 slots (-1: empty) in a power-of-two table of 2^bits entries. Returns 1 when s was in it. */
+static int slot_insert(int32_t *table, int bits, int64_t s, int insert) {
+    const uint32_t mask = ((uint32_t)1 << bits) - 1;
+    for (uint32_t h = ((uint32_t)s * 0x9E3779B1u) >> (32 - bits);; h = (h + 1) & mask) {
+        if (table[h] == (int32_t)s) return 1;
+        if (table[h] < 0) {
+            if (insert) table[h] = (int32_t)s;
+            return 0;
+        }
+    }
+}
+
+/* (a): the first repeated item, or the end of the stream when none. */
+static slot_cursor_t first_repeat_hashed(const kda_problem_t *p, int32_t *table) {
+    const slot_cursor_t end = {p->num_seqs, 0, 0};
+    slot_cursor_t best = end, blk = slot_first(p);
+    while (slot_before(blk, best)) {
+        int bits = 4; /* a table of at least twice the block's items (fewer for small calls) */
+        int64_t n_items = 0;
+        for (slot_cursor_t c = blk; slot_before(c, best) && n_items < SLOT_BLOCK; slot_next(p, &c)) n_items++;
+        while (((int64_t)1 << bits) < 2 * n_items) bits++;
+        memset(table, 0xff, sizeof(int32_t) << bits);
+        slot_cursor_t c = blk;
+        for (int64_t items = 0; slot_before(c, best) && items < SLOT_BLOCK; slot_next(p, &c)) {
+            const int64_t s = slot_at(p, c);
+            if (s < 0) continue;
+            if (slot_insert(table, bits, s, 1)) {
+                best = c;
+                break;
+            }
+            items++;
+        }
+        blk = c;
+        for (slot_cursor_t d = c; slot_before(d, best); slot_next(p, &d)) {
+            const int64_t s = slot_at(p, d);
+            if (s >= 0 && slot_insert(table, bits, s, 0)) {
+                best = d;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* (b): the same, by windows of slot values. */
+static slot_cursor_t first_repeat_windowed(const kda_problem_t *p, uint64_t *bm, int64_t slots) {
+    const slot_cursor_t end = {p->num_seqs, 0, 0};
+    slot_cursor_t best = end;
+    for (int64_t w0 = 0; w0 < slots; w0 += SLOT_WINDOW) {
+        memset(bm, 0, SLOT_WINDOW / 8);
+        for (slot_cursor_t c = slot_first(p); slot_before(c, best); slot_next(p, &c)) {
+            const int64_t s = slot_at(p, c) - w0;
+            if (s < 0 || s >= SLOT_WINDOW) continue;
+            if ((bm[s >> 6] >> (s & 63)) & 1u) {
+                best = c;
+                break;
+            }
+            bm[s >> 6] |= (uint64_t)1 << (s & 63);
+        }
+    }
+    return best;
+}
+
 kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn) {
     const kda_args_t *a = &p->a;
-    if (!a->state_indices) return KDA_STATUS_SUCCESS;
-    uint64_t bm[SLOT_WINDOW / 64]; /* 16 KB */
-    const int64_t cols = a->state_indices_cols;
-    for (int64_t w0 = 0; w0 < a->num_state_slots; w0 += SLOT_WINDOW) {
-        memset(bm, 0, sizeof bm);
-#define IN(s) ((s) >= w0 && (s) < w0 + SLOT_WINDOW)
-#define SEEN(s) ((bm[((s) - w0) >> 6] >> (((s) - w0) & 63)) & 1u)
-#define MARK(s) (bm[((s) - w0) >> 6] |= (uint64_t)1 << (((s) - w0) & 63))
-        for (int64_t n = 0; n < p->num_seqs; n++) {
-            if (cols == 0) {
-                const int64_t s = a->state_indices[n];
-                if (!IN(s)) continue;
-                if (SEEN(s)) {
-                    int64_t m = 0;
-                    while (m < n && a->state_indices[m] != s) m++;
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and state_indices[%lld] "
-                         "are both %lld; slots must be distinct", (long long)m, (long long)n, (long long)s);
-                }
-                MARK(s);
-                continue;
-            }
-            int64_t bos, eos;
-            kda_seq_bounds(p, n, &bos, &eos);
-            const int32_t *row = a->state_indices + n * p->idx_stride;
-            for (int64_t t = 0; t < eos - bos; t++) {
-                const int64_t s = row[t];
-                if (!IN(s)) continue;
-                if (SEEN(s))
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld]) is "
-                         "touched twice in one call; the slots of a call must be distinct", (long long)s,
-                         (long long)n, (long long)t);
-                MARK(s);
-            }
-            const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
-            const int64_t r = row[rd];
-            if (!IN(r)) continue;
-            int own = 0;
-            for (int64_t t = 0; t < eos - bos && !own; t++) own = row[t] == r;
-            if (own) continue;
-            if (SEEN(r))
-                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot "
-                     "sequence %lld reads) is touched by another sequence of the call", (long long)r, (long long)n,
-                     (long long)rd, (long long)n);
-            MARK(r);
-        }
-#undef IN
-#undef SEEN
-#undef MARK
+    if (!a->state_indices || p->num_seqs == 0) return KDA_STATUS_SUCCESS;
+    uint64_t mem[SLOT_TABLE / 2]; /* the table of either way */
+    /* positions in the stream: N (1-D) or Σ (len_n + 1) (2-D), each len_n <= T_max */
+    int64_t items = p->num_seqs;
+    if (a->state_indices_cols > 0)
+        for (int64_t n = 0; n < p->num_seqs; n++) items += slot_row_len(p, n);
+    /* slot values are int32: a pool's slots past 2^31 - 1 are never named */
+    const int64_t slots = a->num_state_slots < ((int64_t)1 << 31) ? a->num_state_slots : ((int64_t)1 << 31);
+    const int64_t hashed_passes = (items + SLOT_BLOCK - 1) / SLOT_BLOCK;
+    const int64_t windows = (slots + SLOT_WINDOW - 1) / SLOT_WINDOW;
+    const slot_cursor_t r = windows < hashed_passes ? first_repeat_windowed(p, mem, slots)
+                                                    : first_repeat_hashed(p, (int32_t *)(void *)mem);
+    if (r.n >= p->num_seqs) return KDA_STATUS_SUCCESS;
+    const int64_t s = slot_at(p, r), n = r.n;
+    if (a->state_indices_cols == 0) {
+        int64_t m = 0;
+        while (m < n && a->state_indices[m] != s) m++;
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and state_indices[%lld] are both "
+             "%lld; slots must be distinct", (long long)m, (long long)n, (long long)s);
     }
-    return KDA_STATUS_SUCCESS;
+    if (r.t < r.len)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld]) is touched twice in "
+             "one call; the slots of a call must be distinct", (long long)s, (long long)n, (long long)r.t);
+    const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
+    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot sequence %lld "
+         "reads) is touched by another sequence of the call", (long long)s, (long long)n, (long long)rd,
+         (long long)n);
 }
