@@ -19,7 +19,7 @@ extern "C" {
 #endif
 
 /* sizeof(kda_args_t) of the first released header (1.x): the shortest struct a call accepts. A later header
- * that appends fields keeps this value, so programs built against 1.0 keep working. */
+ * that appends fields keeps this value, so programs built against the first release keep working. */
 #define KDA_ARGS_MIN_SIZE (offsetof(kda_args_t, allow_neg_eigval) + sizeof(int))
 /* The same for kda_backward_args_t: its first release ends at ddt_bias. */
 #define KDA_BACKWARD_ARGS_MIN_SIZE (offsetof(kda_backward_args_t, ddt_bias) + sizeof(float *))
@@ -44,11 +44,10 @@ extern "C" {
 
 /* CUDA kda_decode: the recurrent kernel (src/cuda/decode/decode.cu) runs bf16 problems of up to this many tokens per
  * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
- * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). Measured (H100, H32, fp32
- * V-first states, bench/bench_decode.py's crossover table): the two kernels tie at 8 tokens for N = 1 (18.9 vs
- * 19.2 µs), the chunked one wins from 8 for N = 32 (208 vs 177 µs), so the recurrent kernel keeps up to 8. On an
- * H200 with the sixth decode version (8ed1f1b) the recurrent kernel still wins at 8 (N1 12.1 vs 21.3 µs, N32 115 vs
- * 182) and loses at 16 (N1 21.6 vs 21.4, N32 215 vs 184). */
+ * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). The recurrent kernel's cost grows
+ * with every token, the chunked kernels' with every 64-token chunk plus a fixed prep: they cross between 8 and 16
+ * tokens per sequence on the supported GPUs (bench/bench_decode.py's crossover table), so the recurrent kernel
+ * keeps up to 8. */
 #define KDA_DECODE_MAX_TOKENS_PER_SEQ 8
 
 /* ---------------------------------------------------------------------------------------------------------
