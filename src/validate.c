@@ -546,6 +546,53 @@ static kda_status_t check_grad_dtype(const char *fn, const char *arg, kda_dtype_
     return KDA_STATUS_SUCCESS;
 }
 
+/* The backward's aliasing: no gradient output may share memory with an input or with another output. */
+static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *bp) {
+    const kda_problem_t *pf = &bp->f;
+    const kda_args_t *a = &pf->a;
+    const kda_backward_args_t *b = &bp->b;
+    const size_t T = (size_t)pf->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
+    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
+    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : pf->num_seqs);
+    const size_t cu_bytes = a->cu_seqlens ? ((size_t)pf->num_seqs + 1) * kda_dtype_size(a->cu_seqlens_dtype) : 0;
+    const span_t inputs[] = {
+        {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
+        {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
+        {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
+        {"g", a->g, T * HV * K * kda_dtype_size(a->g_dtype)},
+        {"beta", a->beta, T * HV * kda_dtype_size(a->beta_dtype)},
+        {"initial_state", a->initial_state, nstate * HV * K * V * kda_dtype_size(a->initial_state_dtype)},
+        {"A_log", a->A_log, a->A_log ? HV * 4 : 0},
+        {"dt_bias", a->dt_bias, a->dt_bias ? HV * K * 4 : 0},
+        {"cu_seqlens", a->cu_seqlens, cu_bytes},
+        {"state_indices", a->state_indices, a->state_indices ? (size_t)pf->num_seqs * 4 : 0},
+        {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
+        {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
+        {"saved", a->saved, a->saved ? a->saved_bytes : 0},
+    };
+    const span_t outputs[] = {
+        {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
+        {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
+        {"dv", b->dv, T * HV * V * kda_dtype_size(b->dv_dtype)},
+        {"dg", b->dg, T * HV * K * kda_dtype_size(b->dg_dtype)},
+        {"dbeta", b->dbeta, T * HV * kda_dtype_size(b->dbeta_dtype)},
+        {"d_initial_state", b->d_initial_state, nstate * HV * K * V * kda_dtype_size(b->d_initial_state_dtype)},
+        {"dA_log", b->dA_log, b->dA_log ? HV * 4 : 0},
+        {"ddt_bias", b->ddt_bias, b->ddt_bias ? HV * K * 4 : 0},
+    };
+    const int n_in = (int)(sizeof inputs / sizeof inputs[0]), n_out = (int)(sizeof outputs / sizeof outputs[0]);
+    for (int i = 0; i < n_out; i++) {
+        for (int j = 0; j < n_in; j++)
+            if (overlaps(outputs[i], inputs[j]))
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of input '%s'", inputs[j].name);
+        for (int j = 0; j < i; j++)
+            if (overlaps(outputs[i], outputs[j]))
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'",
+                     outputs[j].name);
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
 kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
                                      int host_readable, kda_bwd_problem_t *out) {
     (void)ctx;
@@ -608,46 +655,7 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
         FAIL(KDA_STATUS_INVALID_VALUE, "ddt_bias", "is set but the problem has no dt_bias (use_gate_in_kernel "
              "with dt_bias)");
 
-    /* -- aliasing: no gradient output may share memory with an input or with another output ----------------- */
-    const size_t T = (size_t)p.f.num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
-    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
-    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : p.f.num_seqs);
-    const size_t cu_bytes = a->cu_seqlens ? ((size_t)p.f.num_seqs + 1) * kda_dtype_size(a->cu_seqlens_dtype) : 0;
-    const span_t inputs[] = {
-        {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
-        {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
-        {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
-        {"g", a->g, T * HV * K * kda_dtype_size(a->g_dtype)},
-        {"beta", a->beta, T * HV * kda_dtype_size(a->beta_dtype)},
-        {"initial_state", a->initial_state, nstate * HV * K * V * kda_dtype_size(a->initial_state_dtype)},
-        {"A_log", a->A_log, a->A_log ? HV * 4 : 0},
-        {"dt_bias", a->dt_bias, a->dt_bias ? HV * K * 4 : 0},
-        {"cu_seqlens", a->cu_seqlens, cu_bytes},
-        {"state_indices", a->state_indices, a->state_indices ? (size_t)p.f.num_seqs * 4 : 0},
-        {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
-        {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
-        {"saved", a->saved, a->saved ? a->saved_bytes : 0},
-    };
-    const span_t outputs[] = {
-        {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
-        {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
-        {"dv", b->dv, T * HV * V * kda_dtype_size(b->dv_dtype)},
-        {"dg", b->dg, T * HV * K * kda_dtype_size(b->dg_dtype)},
-        {"dbeta", b->dbeta, T * HV * kda_dtype_size(b->dbeta_dtype)},
-        {"d_initial_state", b->d_initial_state, nstate * HV * K * V * kda_dtype_size(b->d_initial_state_dtype)},
-        {"dA_log", b->dA_log, b->dA_log ? HV * 4 : 0},
-        {"ddt_bias", b->ddt_bias, b->ddt_bias ? HV * K * 4 : 0},
-    };
-    const int n_in = (int)(sizeof inputs / sizeof inputs[0]), n_out = (int)(sizeof outputs / sizeof outputs[0]);
-    for (int i = 0; i < n_out; i++) {
-        for (int j = 0; j < n_in; j++)
-            if (overlaps(outputs[i], inputs[j]))
-                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of input '%s'", inputs[j].name);
-        for (int j = 0; j < i; j++)
-            if (overlaps(outputs[i], outputs[j]))
-                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'",
-                     outputs[j].name);
-    }
+    TRY(check_bwd_overlaps(fn, &p));
 
     /* -- the longest sequence (workspace of the CPU backends) ----------------------------------------------- */
     p.max_seq_len = a->cu_seqlens ? 0 : a->seq_len;
