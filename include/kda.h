@@ -46,7 +46,8 @@ typedef enum kda_status {
     KDA_STATUS_INSUFFICIENT_WORKSPACE = 3, /* workspace_bytes is smaller than the *_workspace_size answer */
     KDA_STATUS_ALLOC_FAILED = 4,           /* kda_create could not allocate the context */
     KDA_STATUS_BACKEND_ERROR = 5,          /* the CUDA runtime reported an error (its text is in the message) */
-    KDA_STATUS_INTERNAL_ERROR = 6          /* a bug in libkda; please report it with the message */
+    KDA_STATUS_INTERNAL_ERROR = 6,         /* a bug in libkda; please report it with the message */
+    KDA_STATUS_CONTEXT_IN_USE = 7          /* kda_set_num_threads, kda_destroy: a call runs on the context */
 } kda_status_t;
 
 /* A short constant name for a status, e.g. "KDA_STATUS_INVALID_VALUE". Never NULL. */
@@ -83,7 +84,8 @@ typedef struct kda_context kda_context_t;
  * threads here: KDA_NUM_THREADS (a whole number in [1, 1024]) or one per core. docs/API.md §3. */
 KDA_API kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device);
 
-/* Destroy a context and join its threads. NULL is accepted and does nothing. */
+/* Destroy a context and join its threads. NULL is accepted and does nothing. While a call runs on the context
+ * on another thread: KDA_STATUS_CONTEXT_IN_USE, and nothing is destroyed. */
 KDA_API kda_status_t kda_destroy(kda_context_t *ctx);
 
 /* The backend a context runs on (never KDA_BACKEND_AUTO). */
@@ -93,7 +95,8 @@ KDA_API kda_status_t kda_get_backend(const kda_context_t *ctx, kda_backend_t *ba
 KDA_API const char *kda_backend_name(kda_backend_t backend);
 
 /* CPU backend: use `num_threads` (>= 1) worker threads from now on; query workspace sizes again after it.
- * Other backends: NOT_SUPPORTED. */
+ * Other backends: NOT_SUPPORTED. While a call runs on the context on another thread: KDA_STATUS_CONTEXT_IN_USE,
+ * and the threads stay as they were. */
 KDA_API kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads);
 
 /* The number of threads of a CPU context (1 for the reference backend, 0 for CUDA). */
@@ -154,19 +157,19 @@ typedef struct kda_args {
     int64_t num_state_slots;      /* slots in the pools when state_indices is set */
 
     /* -- Options (FLA's chunk_kda flags, same meaning; docs/API.md §5) ----------------------------------- */
-    float scale;                  /* output scale; 0 selects K^-1/2 */
+    float scale;                  /* output scale; 0 selects K^-1/2 (a binding refuses values that round to 0.0f) */
     int use_qk_l2norm;            /* 1: q and k are l2-normalised over K first (use_qk_l2norm_in_kernel) */
     int use_gate_in_kernel;       /* 1: g is the raw gate; log decay from A_log, dt_bias, lower_bound */
     const float *A_log;           /* [HV] float32, with use_gate_in_kernel; required unless lower_bound is set */
     const float *dt_bias;         /* [HV * K] float32, optional, with use_gate_in_kernel */
-    float lower_bound;            /* the sigmoid gate's bound, < 0; 0: unset (softplus gate) */
+    float lower_bound;            /* the sigmoid gate's bound, < 0; 0: unset (softplus gate; bindings: as scale) */
     int safe_gate;                /* 1: the caller promises bounded gates (FLA's safe_gate) */
     int use_beta_sigmoid;         /* 1: beta is a logit, β = sigmoid(beta) (use_beta_sigmoid_in_kernel) */
     int allow_neg_eigval;         /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid */
 
     /* -- Speculative decoding and headwise β (appended; docs/API.md §6, §13) ------------------------------ */
     int64_t state_indices_cols;   /* 0: state_indices is [N]; T_max >= 1: it is [N, T_max] (speculative) */
-    int64_t state_indices_row_stride; /* elements between rows of a 2-D state_indices; 0: state_indices_cols */
+    int64_t state_indices_row_stride; /* elements between rows of a 2-D state_indices (<= 2^40); 0: the cols */
     const int32_t *num_accepted_tokens; /* [N] in [1, T_max], with a 2-D state_indices; NULL: all 1 */
     int beta_headwise;            /* 1: beta is [B, T, HV, V], one β per value channel */
 
@@ -201,7 +204,8 @@ KDA_API kda_status_t kda_forward_saved_size(const kda_context_t *ctx, const kda_
 
 /* Compute o (and final_state, chunk_states, saved when set) for every sequence. `workspace`: at least the
  * kda_forward_workspace_size answer on the context's device, any alignment (NULL when 0). `stream`: a
- * cudaStream_t (NULL: the default stream; ignored on the CPU). One thread at a time per context. */
+ * cudaStream_t (NULL: the default stream; ignored on the CPU). One thread at a time per context. Causal, except
+ * that a token's g may move the earlier tokens of its 16-token block by float32 rounding (docs/API.md §12). */
 KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace,
                                  size_t workspace_bytes, void *stream);
 

@@ -22,6 +22,7 @@ const char *kda_status_string(kda_status_t status) {
     case KDA_STATUS_ALLOC_FAILED: return "KDA_STATUS_ALLOC_FAILED";
     case KDA_STATUS_BACKEND_ERROR: return "KDA_STATUS_BACKEND_ERROR";
     case KDA_STATUS_INTERNAL_ERROR: return "KDA_STATUS_INTERNAL_ERROR";
+    case KDA_STATUS_CONTEXT_IN_USE: return "KDA_STATUS_CONTEXT_IN_USE";
     }
     return "KDA_STATUS_UNKNOWN";
 }
@@ -49,7 +50,36 @@ const char *kda_backend_name(kda_backend_t backend) {
 
 /* ---------------------------------------------------------------------------------------------------------
  * Contexts
+ *
+ * A context's in_use counter: every call that reads the context's backend state (the CPU pool and thread
+ * count: the calls, their workspace queries, kda_forward_saved_size) holds 1 for its duration, so calls may
+ * share a context; kda_set_num_threads and kda_destroy take it from 0 to -1, alone, and answer
+ * KDA_STATUS_CONTEXT_IN_USE (changing nothing) when a call runs, as does a call that starts while they hold it.
  * ------------------------------------------------------------------------------------------------------- */
+static kda_status_t ctx_enter(const kda_context_t *ctx, const char *fn) {
+    if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'ctx': NULL", fn);
+    int *in_use = (int *)&ctx->in_use; /* kda_create allocates contexts writable */
+    int v = __atomic_load_n(in_use, __ATOMIC_ACQUIRE);
+    do {
+        if (v < 0)
+            return kda_error(KDA_STATUS_CONTEXT_IN_USE, "%s: the context is in use: another thread is running "
+                             "kda_set_num_threads or kda_destroy on it", fn);
+    } while (!__atomic_compare_exchange_n(in_use, &v, v + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    return KDA_STATUS_SUCCESS;
+}
+
+static void ctx_leave(const kda_context_t *ctx) { __atomic_fetch_sub((int *)&ctx->in_use, 1, __ATOMIC_RELEASE); }
+
+/* The context alone (kda_set_num_threads, kda_destroy), or CONTEXT_IN_USE while any call runs on it. */
+static kda_status_t ctx_claim(kda_context_t *ctx, const char *fn) {
+    int v = 0;
+    if (!__atomic_compare_exchange_n(&ctx->in_use, &v, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return kda_error(KDA_STATUS_CONTEXT_IN_USE, "%s: the context is in use: %s on another thread; call it "
+                         "when no other call runs on the context", fn,
+                         v > 0 ? "a call is running on it" : "kda_set_num_threads or kda_destroy is running");
+    return KDA_STATUS_SUCCESS;
+}
+
 kda_status_t kda_cpu_default_threads(int *num_threads);
 kda_status_t kda_cpu_start(kda_context_t *ctx, int num_threads, const char *fn);
 
@@ -99,6 +129,8 @@ kda_status_t kda_create(kda_context_t **ctx, kda_backend_t backend, int device) 
 
 kda_status_t kda_destroy(kda_context_t *ctx) {
     if (!ctx) return KDA_STATUS_SUCCESS;
+    const kda_status_t st = ctx_claim(ctx, "kda_destroy");
+    if (st != KDA_STATUS_SUCCESS) return st;
     if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
     free(ctx);
     return KDA_STATUS_SUCCESS;
@@ -119,7 +151,11 @@ kda_status_t kda_set_num_threads(kda_context_t *ctx, int num_threads) {
     if (num_threads < 1 || num_threads > 1024)
         return kda_error(KDA_STATUS_INVALID_VALUE,
                          "kda_set_num_threads: argument 'num_threads': %d is outside [1, 1024]", num_threads);
-    return kda_cpu_start(ctx, num_threads, "kda_set_num_threads");
+    kda_status_t st = ctx_claim(ctx, "kda_set_num_threads");
+    if (st != KDA_STATUS_SUCCESS) return st;
+    st = kda_cpu_start(ctx, num_threads, "kda_set_num_threads");
+    __atomic_store_n(&ctx->in_use, 0, __ATOMIC_RELEASE);
+    return st;
 }
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning) {
@@ -207,9 +243,12 @@ static kda_status_t check_saved(const kda_context_t *ctx, const kda_problem_t *p
 static kda_status_t workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes, algo_t algo,
                                    const char *fn) {
     if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
+    kda_status_t st = ctx_enter(ctx, fn);
+    if (st != KDA_STATUS_SUCCESS) return st;
     kda_problem_t p;
     size_t need = 0;
-    kda_status_t st = prepare(ctx, args, algo, fn, &p, &need);
+    st = prepare(ctx, args, algo, fn, &p, &need);
+    ctx_leave(ctx);
     if (st == KDA_STATUS_SUCCESS) *bytes = need;
     return st;
 }
@@ -237,17 +276,30 @@ kda_status_t kda_forward_workspace_size(const kda_context_t *ctx, const kda_args
 kda_status_t kda_forward_saved_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
     const char *fn = "kda_forward_saved_size";
     if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'saved_bytes': NULL", fn);
+    kda_status_t st = ctx_enter(ctx, fn);
+    if (st != KDA_STATUS_SUCCESS) return st;
     kda_problem_t p;
     size_t need = 0, ws = 0;
-    kda_status_t st = prepare(ctx, args, ALGO_FORWARD, fn, &p, &ws);
+    st = prepare(ctx, args, ALGO_FORWARD, fn, &p, &ws);
     if (st == KDA_STATUS_SUCCESS) st = saved_need(ctx, &p, &need);
+    ctx_leave(ctx);
     if (st == KDA_STATUS_SUCCESS) *bytes = need;
+    return st;
+}
+
+/* run, holding the context for the call */
+static kda_status_t run_held(kda_context_t *ctx, const kda_args_t *args, void *ws, size_t ws_bytes, void *stream,
+                             algo_t algo, const char *fn) {
+    kda_status_t st = ctx_enter(ctx, fn);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    st = run(ctx, args, ws, ws_bytes, stream, algo, fn);
+    ctx_leave(ctx);
     return st;
 }
 
 kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
                          void *stream) {
-    return run(ctx, args, workspace, workspace_bytes, stream, ALGO_FORWARD, "kda_forward");
+    return run_held(ctx, args, workspace, workspace_bytes, stream, ALGO_FORWARD, "kda_forward");
 }
 
 kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
@@ -256,7 +308,7 @@ kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const kda_args_
 
 kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
                         void *stream) {
-    return run(ctx, args, workspace, workspace_bytes, stream, ALGO_DECODE, "kda_decode");
+    return run_held(ctx, args, workspace, workspace_bytes, stream, ALGO_DECODE, "kda_decode");
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -302,16 +354,18 @@ kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_bac
                                          size_t *bytes) {
     const char *fn = "kda_backward_workspace_size";
     if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
+    kda_status_t st = ctx_enter(ctx, fn);
+    if (st != KDA_STATUS_SUCCESS) return st;
     kda_bwd_problem_t p;
     size_t need = 0;
-    kda_status_t st = prepare_backward(ctx, args, fn, &p, &need);
+    st = prepare_backward(ctx, args, fn, &p, &need);
+    ctx_leave(ctx);
     if (st == KDA_STATUS_SUCCESS) *bytes = need;
     return st;
 }
 
-kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
-                          size_t workspace_bytes, void *stream) {
-    const char *fn = "kda_backward";
+static kda_status_t backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
+                             size_t workspace_bytes, void *stream, const char *fn) {
     kda_bwd_problem_t p;
     size_t need = 0;
     kda_status_t st = prepare_backward(ctx, args, fn, &p, &need);
@@ -321,4 +375,14 @@ kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, v
                          "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, workspace_bytes, need);
     if (need > 0 && !workspace) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
     return ctx->ops->backward(ctx, &p, workspace, workspace_bytes, stream);
+}
+
+kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
+                          size_t workspace_bytes, void *stream) {
+    const char *fn = "kda_backward";
+    kda_status_t st = ctx_enter(ctx, fn);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    st = backward(ctx, args, workspace, workspace_bytes, stream, fn);
+    ctx_leave(ctx);
+    return st;
 }

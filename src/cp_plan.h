@@ -46,10 +46,9 @@ extern "C" {
  * The policy's constants (each one's reason; docs/ALGORITHM.md §4 gives the cost model behind them)
  * ------------------------------------------------------------------------------------------------------- */
 
-/* CTAs of (piece, value head, V tile) the split aims for per SM. One: measured on an H200 (docs/PERF.md, CP piece
- * length), pieces twice as long at one CTA per SM beat two CTAs per SM (T65536 H8: 64-chunk pieces 0.98 ms back to
- * back, 32-chunk 1.06), since every piece adds pre-scan and merge work, and two CTAs on one SM share its
- * bandwidth and issue slots rather than hide each other's chain. */
+/* CTAs of (piece, value head, V tile) the split aims for per SM. One: pieces twice as long at one CTA per SM beat
+ * two CTAs per SM, since every piece adds pre-scan and merge work, and two CTAs on one SM share its bandwidth and
+ * issue slots rather than hide each other's chain. */
 #define KDA_CP_CTAS_PER_SM 1
 /* The shortest piece the library chooses, in chunks. A piece costs its pre-scan (M is K×K: about twice a chunk
  * step's state work) plus one merge step and two extra launches per call; below ~8 chunks that overhead is as
@@ -62,14 +61,11 @@ extern "C" {
 /* No split when, without one, the card already averages sm_count / KDA_CP_FILL_DIV busy 128-column CTAs:
  * eff = (total_chunks / max_chunks) × HV × tiles. With one CTA per SM the longest sequence gets n ≈ sm / eff
  * pieces of P = max / n chunks, and a split's chain costs about three of P (the pre-scan, whose M is K×K, about
- * two; the pieces one), so it pays from n = 4: eff × 4 < sm. Measured on an H200 (docs/PERF.md): 7000 + 40 × 30
- * H32 (eff 43.6, n = 3) split 0.80 ms vs 0.74 whole; 4096 + 20 × 1000 H8 (eff 48, n = 2) 0.47 vs 0.44; B1
- * T32768 H32 (eff 32, n = 4) 1.90 vs 2.25. (B2 T8192 H64: eff = 128 on 132 SMs, no split.) */
+ * two; the pieces one), so it pays from n = 4: eff × 4 < sm (n = 2 or 3 pieces cost more than they save). */
 #define KDA_CP_FILL_DIV 4
 /* A chunk step of the pieces pass against one of the pre-scan, × 10 (rule 3's wave count). The pieces step also
- * makes o (QΓ S, Aqk); the pre-scan's M and E steps run in CTAs of their own. Fit on an H200 (docs/PERF.md,
- * "the pre-scan's second wave"): forced sweeps of five shapes order as the cost model says for any ratio in
- * 0.65–1.9; 1.3 is their middle. */
+ * makes o (QΓ S, Aqk); the pre-scan's M and E steps run in CTAs of their own. Forced sweeps of five shapes
+ * order as the cost model says for any ratio in 0.65–1.9; 1.3 is their middle. */
 #define KDA_CP_PIECE_STEP_X10 13
 /* Columns of the V tile in which work is counted: the recurrence's widest tile. A narrower tile (the baseline
  * picks 32 columns for few heads) does not shorten a chain, and each tile reloads the chunk's W, QΓ, K̃: the
@@ -124,8 +120,8 @@ KDA_HD static inline int64_t kda_cp_auto_slot_limit(const kda_cp_problem_t *p) {
  *     2. the unsplit grid already keeps the card busy, eff × KDA_CP_FILL_DIV >= sm_count: 0;
  *     3. the pieces of the longest sequence: n = floor(max × target / (total_chunks × HV × tiles)), target =
  *        KDA_CP_CTAS_PER_SM × sm_count, the most that keeps the pieces of all sequences within the target (a
- *        piece more would start a second wave of CTAs: T65536 H8 on 132 SMs in 17 pieces of 61 chunks, 136 CTAs,
- *        took 1.07 ms, in 16 of 64 0.98); n ≤ 1: 0;
+ *        piece more would start a second wave of CTAs: 17 pieces of one head on 132 SMs take longer than 16);
+ *        n ≤ 1: 0;
  *        the forward then weighs that n against n1, the most pieces whose pre-scan (2n − 3 chains per head and
  *        tile: E of every piece but the last, M of every piece but the first and last) fits one wave: at n its
  *        pre-scan may take two waves of P steps before the pieces' one. kda_cp_fwd_cost counts both, and the

@@ -19,10 +19,13 @@ extern "C" {
 #endif
 
 /* sizeof(kda_args_t) of the first released header (1.x): the shortest struct a call accepts. A later header
- * that appends fields keeps this value, so programs built against 1.0 keep working. */
+ * that appends fields keeps this value, so programs built against the first release keep working. */
 #define KDA_ARGS_MIN_SIZE (offsetof(kda_args_t, allow_neg_eigval) + sizeof(int))
 /* The same for kda_backward_args_t: its first release ends at ddt_bias. */
 #define KDA_BACKWARD_ARGS_MIN_SIZE (offsetof(kda_backward_args_t, ddt_bias) + sizeof(float *))
+/* The largest struct_size taken for a newer header's struct (a multiple of its alignment): anything larger, or
+ * misaligned, is garbage (an uninitialised struct), not a newer library's. */
+#define KDA_STRUCT_SIZE_MAX ((size_t)65536)
 
 /* ---------------------------------------------------------------------------------------------------------
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
@@ -41,11 +44,10 @@ extern "C" {
 
 /* CUDA kda_decode: the recurrent kernel (src/cuda/decode/decode.cu) runs bf16 problems of up to this many tokens per
  * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
- * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). Measured (H100, H32, fp32
- * V-first states, bench/bench_decode.py's crossover table): the two kernels tie at 8 tokens for N = 1 (18.9 vs
- * 19.2 µs), the chunked one wins from 8 for N = 32 (208 vs 177 µs), so the recurrent kernel keeps up to 8. On an
- * H200 with the sixth decode version (8ed1f1b) the recurrent kernel still wins at 8 (N1 12.1 vs 21.3 µs, N32 115 vs
- * 182) and loses at 16 (N1 21.6 vs 21.4, N32 215 vs 184). */
+ * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). The recurrent kernel's cost grows
+ * with every token, the chunked kernels' with every 64-token chunk plus a fixed prep: they cross between 8 and 16
+ * tokens per sequence on the supported GPUs (bench/bench_decode.py's crossover table), so the recurrent kernel
+ * keeps up to 8. */
 #define KDA_DECODE_MAX_TOKENS_PER_SEQ 8
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -119,8 +121,8 @@ static inline int64_t kda_state_slot_after(const kda_problem_t *p, int64_t n, in
 }
 
 /* Host-readable state_indices (already range-checked): no slot is touched by two sequences (or written twice
- * by one). A bitmap of 2^17 slots on the stack, one pass over the indices per 2^17 slots of the pool: O(N) for
- * pools of up to 131072 slots, no allocation. */
+ * by one). A 16 KB table on the stack, no allocation; time independent of num_state_slots: O(N) for up to 2048
+ * slots touched (or pools of up to 2^17 slots), at most O(items^2 / 2048) beyond (validate.c). */
 kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn);
 
 /* A checked backward problem: the forward's problem and the backward's arguments, normalised. */
@@ -138,6 +140,10 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
 /* Largest element count of any tensor (and of the states of all sequences, whatever seq_len): 2^52, so that
  * every count times every element size fits in int64 and size_t, and a loop over them cannot overflow. */
 #define KDA_MAX_ELEMS ((int64_t)1 << 52)
+/* Largest batch * seq_len (tokens of a call), and the largest extent of any index array (a 2-D state_indices'
+ * (N - 1) * row stride + T_max): far beyond any real call, small enough that each times a head count and size
+ * stays below KDA_MAX_ELEMS. */
+#define KDA_MAX_TOKENS ((int64_t)1 << 40)
 
 /* Validate `args` for entry point `fn` on `ctx` and fill `out`. `host_readable`: the pointers are host memory,
  * so the contents of cu_seqlens and state_indices can be checked as well. */
@@ -193,6 +199,9 @@ struct kda_context {
     kda_threadpool_t *pool;     /* CPU */
     void *impl;                 /* backend data (CUDA: device properties) */
     kda_tuning_t tuning;        /* zeros unless a test set it */
+    int in_use;                 /* calls running on the context (each holds 1 for its duration), or -1 while
+                                   kda_set_num_threads / kda_destroy holds it alone; read and written only with
+                                   the __atomic builtins (api.c) */
 };
 
 extern const kda_backend_ops_t kda_cpu_ops;

@@ -133,27 +133,49 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
     return KDA_STATUS_SUCCESS;
 }
 
-/* need_o: the entry point writes o (the forward and decode; the backward does not read it). */
-static kda_status_t check_problem(const kda_args_t *args, const char *fn, int host_readable, int need_o,
-                                  kda_problem_t *out) {
+/* ---------------------------------------------------------------------------------------------------------
+ * The problem (kda_args_t), one named check per group of fields, in the order check_problem runs them: the
+ * first failing check's message is the call's. Each reads only what the checks before it have bounded.
+ * ------------------------------------------------------------------------------------------------------- */
+#define TRY(x)                                                                                              \
+    do {                                                                                                    \
+        const kda_status_t st_ = (x);                                                                       \
+        if (st_ != KDA_STATUS_SUCCESS) return st_;                                                          \
+    } while (0)
+
+/* struct_size of `type` (docs/API.md §13): at least its first release's `min`; above this library's `ours`, a
+ * newer header's (NOT_SUPPORTED) only when plausible (a multiple of the struct's alignment `align`, at most
+ * KDA_STRUCT_SIZE_MAX), else garbage: the struct was not initialised (INVALID_VALUE). */
+static kda_status_t check_struct_size(const char *fn, size_t size, size_t min, size_t ours, size_t align,
+                                      const char *type, const char *init) {
+    if (size < min)
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first %s (%zu bytes); initialise the "
+             "struct with %s()", size, type, min, init);
+    if (size > ours && (size > KDA_STRUCT_SIZE_MAX || size % align != 0))
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is no size of a %s (this library's is %zu bytes, a newer "
+             "one's a multiple of %zu up to %zu): the struct looks uninitialised; initialise it with %s()", size,
+             type, ours, align, KDA_STRUCT_SIZE_MAX, init);
+    if (size > ours)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(%s) = %zu: the "
+             "program was built against a newer libkda", size, type, ours);
+    return KDA_STATUS_SUCCESS;
+}
+
+/* struct_size, then the copy: an older program's shorter struct reads as the defaults of the fields it lacks. */
+static kda_status_t load_args(const char *fn, const kda_args_t *args, kda_problem_t *p) {
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
-    if (args->struct_size < KDA_ARGS_MIN_SIZE)
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_args_t (%zu bytes); "
-             "initialise the struct with kda_args_init()", args->struct_size, (size_t)KDA_ARGS_MIN_SIZE);
-    if (args->struct_size > sizeof(kda_args_t))
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(kda_args_t) = %zu: "
-             "the program was built against a newer libkda", args->struct_size, sizeof(kda_args_t));
+    TRY(check_struct_size(fn, args->struct_size, KDA_ARGS_MIN_SIZE, sizeof(kda_args_t), _Alignof(kda_args_t),
+                          "kda_args_t", "kda_args_init"));
+    memset(p, 0, sizeof *p);
+    (kda_args_init)(&p->a);
+    memcpy(&p->a, args, args->struct_size);
+    p->a.struct_size = sizeof(kda_args_t);
+    return KDA_STATUS_SUCCESS;
+}
 
-    const int decode = strncmp(fn, "kda_decode", 10) == 0; /* kda_decode and its workspace query */
-    /* an older program's shorter struct: the fields it lacks take their defaults */
-    kda_problem_t p;
-    memset(&p, 0, sizeof p);
-    (kda_args_init)(&p.a);
-    memcpy(&p.a, args, args->struct_size);
-    p.a.struct_size = sizeof(kda_args_t);
-    const kda_args_t *a = &p.a;
-
-    /* -- sizes ------------------------------------------------------------------------------------------- */
+/* batch, seq_len, the heads and head sizes; every element count must fit comfortably in int64. */
+static kda_status_t check_sizes(const char *fn, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (a->batch < 0) FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld is negative", (long long)a->batch);
     if (a->seq_len < 0) FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld is negative", (long long)a->seq_len);
     if (a->num_qk_heads < 1)
@@ -166,36 +188,41 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_k", "%d is outside [1, %d]", a->head_dim_k, KDA_MAX_HEAD_DIM);
     if (a->head_dim_v < 1 || a->head_dim_v > KDA_MAX_HEAD_DIM)
         FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_v", "%d is outside [1, %d]", a->head_dim_v, KDA_MAX_HEAD_DIM);
-    /* every element count must fit comfortably in int64 */
-    if (a->batch > 0 && a->seq_len > ((int64_t)1 << 40) / a->batch)
+    if (a->batch > 0 && a->seq_len > KDA_MAX_TOKENS / a->batch)
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "batch * seq_len = %lld * %lld is too large",
              (long long)a->batch, (long long)a->seq_len);
-    p.num_tokens = a->batch * a->seq_len;
-    if (p.num_tokens > KDA_MAX_ELEMS / ((int64_t)a->num_v_heads * 256))
+    p->num_tokens = a->batch * a->seq_len;
+    if (p->num_tokens > KDA_MAX_ELEMS / ((int64_t)a->num_v_heads * 256))
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld tokens of %d value heads is too large",
-             (long long)p.num_tokens, a->num_v_heads);
-    p.group = a->num_v_heads / a->num_qk_heads;
+             (long long)p->num_tokens, a->num_v_heads);
+    p->group = a->num_v_heads / a->num_qk_heads;
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- dtypes ------------------------------------------------------------------------------------------ */
-    if (!is_float_dtype(a->dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->dtype), (int)a->dtype);
-    if (!is_float_dtype(a->g_dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "g_dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->g_dtype), (int)a->g_dtype);
-    if (!is_float_dtype(a->beta_dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "beta_dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->beta_dtype), (int)a->beta_dtype);
-    if (!is_float_dtype(a->o_dtype))
-        FAIL(KDA_STATUS_INVALID_VALUE, "o_dtype", "%s (%d) is not float32, float16 or bfloat16",
-             dtype_name(a->o_dtype), (int)a->o_dtype);
+static kda_status_t check_float_dtype(const char *fn, const char *arg, kda_dtype_t d) {
+    if (!is_float_dtype(d))
+        FAIL(KDA_STATUS_INVALID_VALUE, arg, "%s (%d) is not float32, float16 or bfloat16", dtype_name(d), (int)d);
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- sequences --------------------------------------------------------------------------------------- */
-    /* the states and the per-(sequence, head) work are bounded whatever seq_len (with seq_len = 0 nothing else
-       bounds batch), and before cu_seqlens is read */
-    const int64_t state_elems = (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; /* <= 2^31 * 2^16 */
+static kda_status_t check_dtypes(const char *fn, const kda_args_t *a) {
+    TRY(check_float_dtype(fn, "dtype", a->dtype));
+    TRY(check_float_dtype(fn, "g_dtype", a->g_dtype));
+    TRY(check_float_dtype(fn, "beta_dtype", a->beta_dtype));
+    TRY(check_float_dtype(fn, "o_dtype", a->o_dtype));
+    return KDA_STATUS_SUCCESS;
+}
+
+/* Elements of all value heads' states of one sequence or slot: <= 2^31 * 2^16. */
+static int64_t state_elems(const kda_args_t *a) { return (int64_t)a->num_v_heads * a->head_dim_k * a->head_dim_v; }
+
+/* N: num_seqs with cu_seqlens (whose contents are checked where readable), else batch. The states and the
+ * per-(sequence, head) work are bounded whatever seq_len (with seq_len = 0 nothing else bounds batch), and
+ * before cu_seqlens is read. */
+static kda_status_t check_sequences(const char *fn, int host_readable, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (a->cu_seqlens) {
-        p.varlen = 1;
+        p->varlen = 1;
         if (a->batch != 1)
             FAIL(KDA_STATUS_INVALID_VALUE, "batch", "must be 1 with cu_seqlens (got %lld); flatten the rows",
                  (long long)a->batch);
@@ -203,7 +230,7 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_dtype", "%s is not int32 or int64",
                  dtype_name(a->cu_seqlens_dtype));
         if (a->num_seqs < 0) FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is negative", (long long)a->num_seqs);
-        if (a->num_seqs > KDA_MAX_ELEMS / state_elems)
+        if (a->num_seqs > KDA_MAX_ELEMS / state_elems(a))
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld sequences of %d value heads of %d x %d states is too "
                  "large (more than 2^52 state elements)", (long long)a->num_seqs, a->num_v_heads, a->head_dim_k,
                  a->head_dim_v);
@@ -211,26 +238,28 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is for the CUDA backend; on the CPU pass the host "
                  "array as cu_seqlens");
         const void *readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
-        if (readable) {
-            kda_status_t st = check_cu_seqlens(fn, host_readable ? "cu_seqlens" : "cu_seqlens_host", readable,
-                                               a->cu_seqlens_dtype, a->num_seqs, a->seq_len);
-            if (st != KDA_STATUS_SUCCESS) return st;
-        }
-        p.num_seqs = a->num_seqs;
+        if (readable)
+            TRY(check_cu_seqlens(fn, host_readable ? "cu_seqlens" : "cu_seqlens_host", readable, a->cu_seqlens_dtype,
+                                 a->num_seqs, a->seq_len));
+        p->num_seqs = a->num_seqs;
     } else {
         if (a->num_seqs != 0)
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is set but cu_seqlens is NULL", (long long)a->num_seqs);
         if (a->cu_seqlens_host)
             FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is set but cu_seqlens is NULL");
-        if (a->batch > KDA_MAX_ELEMS / state_elems)
+        if (a->batch > KDA_MAX_ELEMS / state_elems(a))
             FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld sequences of %d value heads of %d x %d states is too "
                  "large (more than 2^52 state elements)", (long long)a->batch, a->num_v_heads, a->head_dim_k,
                  a->head_dim_v);
-        p.num_seqs = a->batch;
+        p->num_seqs = a->batch;
     }
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- tensors ----------------------------------------------------------------------------------------- */
-    if (p.num_tokens > 0) {
+/* The inputs (and o where the entry point writes it) are required when there are tokens. */
+static kda_status_t check_tensors(const char *fn, const kda_problem_t *p, int need_o) {
+    const kda_args_t *a = &p->a;
+    if (p->num_tokens > 0) {
         if (!a->q) FAIL(KDA_STATUS_INVALID_VALUE, "q", "NULL");
         if (!a->k) FAIL(KDA_STATUS_INVALID_VALUE, "k", "NULL");
         if (!a->v) FAIL(KDA_STATUS_INVALID_VALUE, "v", "NULL");
@@ -238,8 +267,13 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (!a->beta) FAIL(KDA_STATUS_INVALID_VALUE, "beta", "NULL");
         if (need_o && !a->o) FAIL(KDA_STATUS_INVALID_VALUE, "o", "NULL");
     }
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- states ------------------------------------------------------------------------------------------ */
+/* The states' dtypes and the shape of state_indices (1-D or 2-D, its row stride), num_accepted_tokens and
+ * beta_headwise: nothing here reads memory. */
+static kda_status_t check_state_layout(const char *fn, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (a->initial_state && !is_state_dtype(a->initial_state_dtype))
         FAIL(KDA_STATUS_INVALID_VALUE, "initial_state_dtype", "%s is not float32 or bfloat16",
              dtype_name(a->initial_state_dtype));
@@ -263,112 +297,148 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
             FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is smaller than state_indices_cols = "
                  "%lld", (long long)a->state_indices_row_stride, (long long)a->state_indices_cols);
     }
-    p.idx_stride = a->state_indices_row_stride ? a->state_indices_row_stride : a->state_indices_cols;
+    if (a->state_indices_cols > KDA_MAX_TOKENS)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "%lld is larger than 2^40 (T_max, a sequence's tokens)",
+             (long long)a->state_indices_cols);
+    if (a->state_indices_row_stride > KDA_MAX_TOKENS)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is larger than 2^40 elements",
+             (long long)a->state_indices_row_stride);
+    p->idx_stride = a->state_indices_row_stride ? a->state_indices_row_stride : a->state_indices_cols;
+    /* the extent of a 2-D state_indices, (N - 1) * stride + T_max elements, is bounded before any is read */
+    if (a->state_indices_cols > 0 && p->num_seqs > 1 &&
+        p->num_seqs - 1 > (KDA_MAX_TOKENS - a->state_indices_cols) / p->idx_stride)
+        FAIL(KDA_STATUS_INVALID_VALUE, a->state_indices_row_stride ? "state_indices_row_stride" : "state_indices_cols",
+             "%lld rows of %lld elements apart (T_max = %lld) span more than 2^40 elements", (long long)p->num_seqs,
+             (long long)p->idx_stride, (long long)a->state_indices_cols);
     if (a->num_accepted_tokens && a->state_indices_cols == 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "needs a 2-D state_indices (state_indices_cols = "
              "T_max >= 1)");
     if (a->beta_headwise != 0 && a->beta_headwise != 1)
         FAIL(KDA_STATUS_INVALID_VALUE, "beta_headwise", "%d is not 0 or 1", a->beta_headwise);
-    if (a->state_indices) {
-        if (!a->initial_state && !a->final_state)
-            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "is set but neither initial_state nor final_state is");
-        if (a->num_state_slots < 1)
-            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
+    return KDA_STATUS_SUCCESS;
+}
+
+/* Host-readable state_indices: every slot it reads below num_state_slots (2-D: the columns of each sequence's
+ * tokens and the column it reads, num_accepted_tokens[n] - 1, itself within [1, T_max]). */
+static kda_status_t check_slot_ranges(const char *fn, const kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    const int64_t cols = a->state_indices_cols;
+    for (int64_t n = 0; n < p->num_seqs; n++) {
+        if (cols == 0) {
+            int64_t s = a->state_indices[n];
+            if (s >= a->num_state_slots)
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
+                     "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
+            continue;
+        }
+        if (a->num_accepted_tokens) {
+            int64_t an = a->num_accepted_tokens[n];
+            if (an < 1 || an > cols)
+                FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "num_accepted_tokens[%lld] = %lld is "
+                     "outside [1, T_max = %lld]", (long long)n, (long long)an, (long long)cols);
+        }
+        int64_t bos, eos;
+        kda_seq_bounds(p, n, &bos, &eos);
+        const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
+        for (int64_t t = -1; t < eos - bos; t++) {
+            const int64_t col = t < 0 ? rd : t;
+            int64_t s = a->state_indices[n * p->idx_stride + col];
+            if (s >= a->num_state_slots)
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld][%lld] = %lld is not "
+                     "below num_state_slots = %lld", (long long)n, (long long)col, (long long)s,
+                     (long long)a->num_state_slots);
+        }
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+/* A state pool (state_indices): its size, a 2-D index's columns against the sequences' lengths, and on the
+ * host the slots' range and distinctness. */
+static kda_status_t check_state_pool(const char *fn, int host_readable, const kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    if (!a->state_indices) {
+        if (a->num_state_slots != 0)
+            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld is set but state_indices is NULL",
                  (long long)a->num_state_slots);
-        if (a->num_state_slots > KDA_MAX_ELEMS / state_elems)
-            FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld slots of %d value heads of %d x %d states is "
-                 "too large (more than 2^52 state elements)", (long long)a->num_state_slots, a->num_v_heads,
-                 a->head_dim_k, a->head_dim_v);
-        const int64_t cols = a->state_indices_cols;
-        if (cols > 0 && !p.varlen && a->seq_len > cols)
-            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
-                 "2-D state_indices needs a slot for every token)", (long long)cols, (long long)a->seq_len);
-        const void *cu_readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
-        if (cols > 0 && p.varlen && cu_readable) {
-            for (int64_t n = 0; n < p.num_seqs; n++) {
-                int64_t len = read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) -
-                              read_offset(cu_readable, a->cu_seqlens_dtype, n);
-                if (len > cols)
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than sequence "
-                         "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)", (long long)cols,
-                         (long long)n, (long long)len);
-            }
-        }
-        if (host_readable) {
-            for (int64_t n = 0; n < p.num_seqs; n++) {
-                if (cols == 0) {
-                    int64_t s = a->state_indices[n];
-                    if (s >= a->num_state_slots)
-                        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
-                             "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
-                    continue;
-                }
-                if (a->num_accepted_tokens) {
-                    int64_t an = a->num_accepted_tokens[n];
-                    if (an < 1 || an > cols)
-                        FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "num_accepted_tokens[%lld] = %lld is "
-                             "outside [1, T_max = %lld]", (long long)n, (long long)an, (long long)cols);
-                }
-                int64_t bos, eos;
-                kda_seq_bounds(&p, n, &bos, &eos);
-                const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
-                for (int64_t t = -1; t < eos - bos; t++) {
-                    const int64_t col = t < 0 ? rd : t;
-                    int64_t s = a->state_indices[n * p.idx_stride + col];
-                    if (s >= a->num_state_slots)
-                        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld][%lld] = %lld is not "
-                             "below num_state_slots = %lld", (long long)n, (long long)col, (long long)s,
-                             (long long)a->num_state_slots);
-                }
-            }
-        }
-        if (host_readable) {
-            kda_status_t st = kda_check_state_slots(&p, fn);
-            if (st != KDA_STATUS_SUCCESS) return st;
-        }
-    } else if (a->num_state_slots != 0) {
-        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld is set but state_indices is NULL",
+        return KDA_STATUS_SUCCESS;
+    }
+    if (!a->initial_state && !a->final_state)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "is set but neither initial_state nor final_state is");
+    if (a->num_state_slots < 1)
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
              (long long)a->num_state_slots);
-    }
-
-    /* -- chunk-start states (kda_forward only) ------------------------------------------------------------ */
-    if (a->chunk_states) {
-        if (!is_state_dtype(a->chunk_states_dtype))
-            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states_dtype", "%s is not float32 or bfloat16",
-                 dtype_name(a->chunk_states_dtype));
-        if (a->beta_headwise)
-            FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with beta_headwise (the token "
-                 "recurrence runs those calls)");
-        if (a->state_indices && a->state_indices_cols > 0)
-            FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
-                 "decoding keeps a state per token instead)");
-        if (!need_o || decode)
-            FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
-        const void *lens = !p.varlen ? NULL : host_readable ? a->cu_seqlens : a->cu_seqlens_host;
-        if (!p.varlen) {
-            p.chunk_rows = a->batch * ((a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK);
-        } else if (lens) {
-            kda_problem_t q = p; /* the lengths as the CPU backends read them */
-            q.a.cu_seqlens = lens;
-            for (int64_t n = 0; n < p.num_seqs; n++) {
-                int64_t bos, eos;
-                kda_seq_bounds(&q, n, &bos, &eos);
-                p.chunk_rows += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
-            }
-        } else {
-            p.chunk_rows = (p.num_tokens + KDA_CHUNK - 1) / KDA_CHUNK;
+    if (a->num_state_slots > KDA_MAX_ELEMS / state_elems(a))
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld slots of %d value heads of %d x %d states is "
+             "too large (more than 2^52 state elements)", (long long)a->num_state_slots, a->num_v_heads,
+             a->head_dim_k, a->head_dim_v);
+    const int64_t cols = a->state_indices_cols;
+    if (cols > 0 && !p->varlen && a->seq_len > cols)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
+             "2-D state_indices needs a slot for every token)", (long long)cols, (long long)a->seq_len);
+    const void *cu_readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
+    if (cols > 0 && p->varlen && cu_readable) {
+        for (int64_t n = 0; n < p->num_seqs; n++) {
+            int64_t len = read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) -
+                          read_offset(cu_readable, a->cu_seqlens_dtype, n);
+            if (len > cols)
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than sequence "
+                     "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)", (long long)cols,
+                     (long long)n, (long long)len);
         }
     }
+    if (host_readable) {
+        TRY(check_slot_ranges(fn, p));
+        TRY(kda_check_state_slots(p, fn));
+    }
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- what the forward keeps for the backward (kda_forward writes it, kda_backward reads it) --------------- */
+/* chunk_states (kda_forward only) and its rows, for the aliasing check. */
+static kda_status_t check_chunk_states(const char *fn, int host_readable, int need_o, int decode, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    if (!a->chunk_states) return KDA_STATUS_SUCCESS;
+    if (!is_state_dtype(a->chunk_states_dtype))
+        FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states_dtype", "%s is not float32 or bfloat16",
+             dtype_name(a->chunk_states_dtype));
+    if (a->beta_headwise)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with beta_headwise (the token "
+             "recurrence runs those calls)");
+    if (a->state_indices && a->state_indices_cols > 0)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
+             "decoding keeps a state per token instead)");
+    if (!need_o || decode)
+        FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
+    const void *lens = !p->varlen ? NULL : host_readable ? a->cu_seqlens : a->cu_seqlens_host;
+    if (!p->varlen) {
+        p->chunk_rows = a->batch * ((a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK);
+    } else if (lens) {
+        kda_problem_t q = *p; /* the lengths as the CPU backends read them */
+        q.a.cu_seqlens = lens;
+        for (int64_t n = 0; n < p->num_seqs; n++) {
+            int64_t bos, eos;
+            kda_seq_bounds(&q, n, &bos, &eos);
+            p->chunk_rows += (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
+        }
+    } else {
+        p->chunk_rows = (p->num_tokens + KDA_CHUNK - 1) / KDA_CHUNK;
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+/* saved: what kda_forward writes and kda_backward reads. */
+static kda_status_t check_saved_arg(const char *fn, int decode, const kda_args_t *a) {
     if (!a->saved && a->saved_bytes != 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "saved_bytes", "%zu is set but saved is NULL", a->saved_bytes);
     if (a->saved && decode)
         FAIL(KDA_STATUS_INVALID_VALUE, "saved", "is for kda_forward and kda_backward only; set it to NULL here");
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- options ----------------------------------------------------------------------------------------- */
+/* scale, the in-kernel gate (lower_bound, A_log, dt_bias, safe_gate) and the β options. */
+static kda_status_t check_options(const char *fn, kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
     if (!isfinite(a->scale)) FAIL(KDA_STATUS_INVALID_VALUE, "scale", "%g is not finite", (double)a->scale);
-    p.scale = a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->head_dim_k));
+    p->scale = a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->head_dim_k));
 
     if (a->lower_bound != 0.0f) {
         if (!isfinite(a->lower_bound) || a->lower_bound > 0.0f)
@@ -377,14 +447,14 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         if (!a->use_gate_in_kernel)
             FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "is set but use_gate_in_kernel is 0 (the bound shapes "
                  "the in-kernel gate only)");
-        p.has_lower_bound = 1;
+        p->has_lower_bound = 1;
     }
     if (a->use_gate_in_kernel) {
-        if (!a->A_log && !p.has_lower_bound)
+        if (!a->A_log && !p->has_lower_bound)
             FAIL(KDA_STATUS_INVALID_VALUE, "A_log", "NULL; it is required with use_gate_in_kernel unless "
                  "lower_bound is set");
         if (a->safe_gate) {
-            if (!p.has_lower_bound)
+            if (!p->has_lower_bound)
                 FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "must be set when safe_gate and use_gate_in_kernel "
                      "are");
             if (a->lower_bound < -5.0f)
@@ -397,9 +467,12 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
     }
     if (a->allow_neg_eigval && !a->use_beta_sigmoid)
         FAIL(KDA_STATUS_INVALID_VALUE, "allow_neg_eigval", "requires use_beta_sigmoid");
+    return KDA_STATUS_SUCCESS;
+}
 
-    /* -- intra-card context parallelism (CUDA; the CPU backends ignore it, but a bad value is an error on
-       every backend, so that a program is portable) --------------------------------------------------------- */
+/* Intra-card context parallelism (CUDA; the CPU backends ignore it, but a bad value is an error on every
+ * backend, so that a program is portable). */
+static kda_status_t check_cp(const char *fn, const kda_args_t *a) {
     if (a->cp_mode != KDA_CP_AUTO && a->cp_mode != KDA_CP_OFF && a->cp_mode != KDA_CP_ON)
         FAIL(KDA_STATUS_INVALID_VALUE, "cp_mode", "%d is not KDA_CP_AUTO (0), KDA_CP_OFF (1) or KDA_CP_ON (2)",
              (int)a->cp_mode);
@@ -417,10 +490,26 @@ static kda_status_t check_problem(const kda_args_t *args, const char *fn, int ho
         FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld is set but cp_mode is not KDA_CP_ON (it is %s)",
              (long long)a->cp_piece_len, a->cp_mode == KDA_CP_OFF ? "KDA_CP_OFF" : "KDA_CP_AUTO");
     }
+    return KDA_STATUS_SUCCESS;
+}
 
-    kda_status_t st = check_overlaps(fn, &p, need_o);
-    if (st != KDA_STATUS_SUCCESS) return st;
-
+/* need_o: the entry point writes o (the forward and decode; the backward does not read it). */
+static kda_status_t check_problem(const kda_args_t *args, const char *fn, int host_readable, int need_o,
+                                  kda_problem_t *out) {
+    const int decode = strncmp(fn, "kda_decode", 10) == 0; /* kda_decode and its workspace query */
+    kda_problem_t p;
+    TRY(load_args(fn, args, &p));
+    TRY(check_sizes(fn, &p));
+    TRY(check_dtypes(fn, &p.a));
+    TRY(check_sequences(fn, host_readable, &p));
+    TRY(check_tensors(fn, &p, need_o));
+    TRY(check_state_layout(fn, &p));
+    TRY(check_state_pool(fn, host_readable, &p));
+    TRY(check_chunk_states(fn, host_readable, need_o, decode, &p));
+    TRY(check_saved_arg(fn, decode, &p.a));
+    TRY(check_options(fn, &p));
+    TRY(check_cp(fn, &p.a));
+    TRY(check_overlaps(fn, &p, need_o));
     *out = p;
     return KDA_STATUS_SUCCESS;
 }
@@ -457,18 +546,59 @@ static kda_status_t check_grad_dtype(const char *fn, const char *arg, kda_dtype_
     return KDA_STATUS_SUCCESS;
 }
 
+/* The backward's aliasing: no gradient output may share memory with an input or with another output. */
+static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *bp) {
+    const kda_problem_t *pf = &bp->f;
+    const kda_args_t *a = &pf->a;
+    const kda_backward_args_t *b = &bp->b;
+    const size_t T = (size_t)pf->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
+    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
+    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : pf->num_seqs);
+    const size_t cu_bytes = a->cu_seqlens ? ((size_t)pf->num_seqs + 1) * kda_dtype_size(a->cu_seqlens_dtype) : 0;
+    const span_t inputs[] = {
+        {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
+        {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
+        {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
+        {"g", a->g, T * HV * K * kda_dtype_size(a->g_dtype)},
+        {"beta", a->beta, T * HV * kda_dtype_size(a->beta_dtype)},
+        {"initial_state", a->initial_state, nstate * HV * K * V * kda_dtype_size(a->initial_state_dtype)},
+        {"A_log", a->A_log, a->A_log ? HV * 4 : 0},
+        {"dt_bias", a->dt_bias, a->dt_bias ? HV * K * 4 : 0},
+        {"cu_seqlens", a->cu_seqlens, cu_bytes},
+        {"state_indices", a->state_indices, a->state_indices ? (size_t)pf->num_seqs * 4 : 0},
+        {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
+        {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
+        {"saved", a->saved, a->saved ? a->saved_bytes : 0},
+    };
+    const span_t outputs[] = {
+        {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
+        {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
+        {"dv", b->dv, T * HV * V * kda_dtype_size(b->dv_dtype)},
+        {"dg", b->dg, T * HV * K * kda_dtype_size(b->dg_dtype)},
+        {"dbeta", b->dbeta, T * HV * kda_dtype_size(b->dbeta_dtype)},
+        {"d_initial_state", b->d_initial_state, nstate * HV * K * V * kda_dtype_size(b->d_initial_state_dtype)},
+        {"dA_log", b->dA_log, b->dA_log ? HV * 4 : 0},
+        {"ddt_bias", b->ddt_bias, b->ddt_bias ? HV * K * 4 : 0},
+    };
+    const int n_in = (int)(sizeof inputs / sizeof inputs[0]), n_out = (int)(sizeof outputs / sizeof outputs[0]);
+    for (int i = 0; i < n_out; i++) {
+        for (int j = 0; j < n_in; j++)
+            if (overlaps(outputs[i], inputs[j]))
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of input '%s'", inputs[j].name);
+        for (int j = 0; j < i; j++)
+            if (overlaps(outputs[i], outputs[j]))
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'",
+                     outputs[j].name);
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
 kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
                                      int host_readable, kda_bwd_problem_t *out) {
     (void)ctx;
     if (!args) FAIL(KDA_STATUS_INVALID_VALUE, "args", "NULL");
-    if (args->struct_size < KDA_BACKWARD_ARGS_MIN_SIZE)
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first kda_backward_args_t (%zu "
-             "bytes); initialise the struct with kda_backward_args_init()", args->struct_size,
-             (size_t)KDA_BACKWARD_ARGS_MIN_SIZE);
-    if (args->struct_size > sizeof(kda_backward_args_t))
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's "
-             "sizeof(kda_backward_args_t) = %zu: the program was built against a newer libkda", args->struct_size,
-             sizeof(kda_backward_args_t));
+    TRY(check_struct_size(fn, args->struct_size, KDA_BACKWARD_ARGS_MIN_SIZE, sizeof(kda_backward_args_t),
+                          _Alignof(kda_backward_args_t), "kda_backward_args_t", "kda_backward_args_init"));
     kda_bwd_problem_t p;
     memset(&p, 0, sizeof p);
     (kda_backward_args_init)(&p.b);
@@ -525,46 +655,7 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
         FAIL(KDA_STATUS_INVALID_VALUE, "ddt_bias", "is set but the problem has no dt_bias (use_gate_in_kernel "
              "with dt_bias)");
 
-    /* -- aliasing: no gradient output may share memory with an input or with another output ----------------- */
-    const size_t T = (size_t)p.f.num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
-    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
-    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : p.f.num_seqs);
-    const size_t cu_bytes = a->cu_seqlens ? ((size_t)p.f.num_seqs + 1) * kda_dtype_size(a->cu_seqlens_dtype) : 0;
-    const span_t inputs[] = {
-        {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
-        {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
-        {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
-        {"g", a->g, T * HV * K * kda_dtype_size(a->g_dtype)},
-        {"beta", a->beta, T * HV * kda_dtype_size(a->beta_dtype)},
-        {"initial_state", a->initial_state, nstate * HV * K * V * kda_dtype_size(a->initial_state_dtype)},
-        {"A_log", a->A_log, a->A_log ? HV * 4 : 0},
-        {"dt_bias", a->dt_bias, a->dt_bias ? HV * K * 4 : 0},
-        {"cu_seqlens", a->cu_seqlens, cu_bytes},
-        {"state_indices", a->state_indices, a->state_indices ? (size_t)p.f.num_seqs * 4 : 0},
-        {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
-        {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
-        {"saved", a->saved, a->saved ? a->saved_bytes : 0},
-    };
-    const span_t outputs[] = {
-        {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
-        {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
-        {"dv", b->dv, T * HV * V * kda_dtype_size(b->dv_dtype)},
-        {"dg", b->dg, T * HV * K * kda_dtype_size(b->dg_dtype)},
-        {"dbeta", b->dbeta, T * HV * kda_dtype_size(b->dbeta_dtype)},
-        {"d_initial_state", b->d_initial_state, nstate * HV * K * V * kda_dtype_size(b->d_initial_state_dtype)},
-        {"dA_log", b->dA_log, b->dA_log ? HV * 4 : 0},
-        {"ddt_bias", b->ddt_bias, b->ddt_bias ? HV * K * 4 : 0},
-    };
-    const int n_in = (int)(sizeof inputs / sizeof inputs[0]), n_out = (int)(sizeof outputs / sizeof outputs[0]);
-    for (int i = 0; i < n_out; i++) {
-        for (int j = 0; j < n_in; j++)
-            if (overlaps(outputs[i], inputs[j]))
-                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of input '%s'", inputs[j].name);
-        for (int j = 0; j < i; j++)
-            if (overlaps(outputs[i], outputs[j]))
-                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'",
-                     outputs[j].name);
-    }
+    TRY(check_bwd_overlaps(fn, &p));
 
     /* -- the longest sequence (workspace of the CPU backends) ----------------------------------------------- */
     p.max_seq_len = a->cu_seqlens ? 0 : a->seq_len;
@@ -583,61 +674,153 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
     return KDA_STATUS_SUCCESS;
 }
 
-/* Distinct slots (host-readable state_indices, already range-checked): a bitmap of the slots touched so far,
- * over a window of SLOT_WINDOW slots at a time. 1-D: each non-negative slot once. 2-D: a row's written slots
- * (columns [0, len_n)) once each over the whole call; its read slot either one of its own written slots or
- * touched by no other row. */
-#define SLOT_WINDOW ((int64_t)1 << 17)
+/* ---------------------------------------------------------------------------------------------------------
+ * Distinct slots (host-readable state_indices, already range-checked). The slots a call touches form a
+ * stream of items in sequence order: 1-D, state_indices[n] for each n; 2-D, for each row n its written slots
+ * (columns [0, len_n)), then the slot it reads (column num_accepted_tokens[n] - 1) unless that is one of its
+ * own written slots. Negative slots are no item. The items must be pairwise distinct; the call reports the
+ * first item that repeats an earlier one.
+ *
+ * Time and memory do not depend on num_state_slots, and nothing is allocated: a 16 KB table on the stack.
+ * Two ways to find the repeats, the cheaper for the call: (a) an open-addressing hash set of up to
+ * SLOT_BLOCK items at a time (block nested loop: a block's items are inserted, then every later item is
+ * looked up), one pass for up to SLOT_BLOCK items, O(items^2 / SLOT_BLOCK) beyond; (b) a bitmap of
+ * SLOT_WINDOW slot values at a time, one pass over the items per window of the pool (pools of up to
+ * SLOT_WINDOW slots: one pass). Both stop at the first repeat found so far, so they report the same item.
+ * ------------------------------------------------------------------------------------------------------- */
+#define SLOT_TABLE 4096                  /* int32 entries: 16 KB */
+#define SLOT_BLOCK (SLOT_TABLE / 2)      /* items per hash block: the table at most half full */
+#define SLOT_WINDOW ((int64_t)SLOT_TABLE * 32) /* slot values per bitmap window (the same 16 KB) */
+
+/* A position in the item stream: row n, and t: 1-D 0; 2-D t < len a written column, t = len the read. */
+typedef struct {
+    int64_t n, t, len;
+} slot_cursor_t;
+
+static int64_t slot_row_len(const kda_problem_t *p, int64_t n) {
+    if (p->a.state_indices_cols == 0 || n >= p->num_seqs) return 0;
+    int64_t bos, eos;
+    kda_seq_bounds(p, n, &bos, &eos);
+    return eos - bos;
+}
+
+static slot_cursor_t slot_first(const kda_problem_t *p) {
+    const slot_cursor_t c = {0, 0, slot_row_len(p, 0)};
+    return c;
+}
+
+static void slot_next(const kda_problem_t *p, slot_cursor_t *c) {
+    if (++c->t > (p->a.state_indices_cols ? c->len : 0)) {
+        c->n++;
+        c->t = 0;
+        c->len = slot_row_len(p, c->n);
+    }
+}
+
+static int slot_before(slot_cursor_t x, slot_cursor_t y) { return x.n < y.n || (x.n == y.n && x.t < y.t); }
+
+/* The slot of the item at c, or -1 when it is no item (negative, or a read of the row's own slot). */
+static int64_t slot_at(const kda_problem_t *p, slot_cursor_t c) {
+    const kda_args_t *a = &p->a;
+    if (a->state_indices_cols == 0) return a->state_indices[c.n];
+    const int32_t *row = a->state_indices + c.n * p->idx_stride;
+    if (c.t < c.len) return row[c.t];
+    const int64_t r = row[a->num_accepted_tokens ? a->num_accepted_tokens[c.n] - 1 : 0];
+    for (int64_t t = 0; t < c.len; t++)
+        if (row[t] == r) return -1;
+    return r;
+}
+
+/* Hash set of int32 slots (-1: empty) in a power-of-two table of 2^bits entries. Returns 1 when s was in it. */
+static int slot_insert(int32_t *table, int bits, int64_t s, int insert) {
+    const uint32_t mask = ((uint32_t)1 << bits) - 1;
+    for (uint32_t h = ((uint32_t)s * 0x9E3779B1u) >> (32 - bits);; h = (h + 1) & mask) {
+        if (table[h] == (int32_t)s) return 1;
+        if (table[h] < 0) {
+            if (insert) table[h] = (int32_t)s;
+            return 0;
+        }
+    }
+}
+
+/* (a): the first repeated item, or the end of the stream when none. */
+static slot_cursor_t first_repeat_hashed(const kda_problem_t *p, int32_t *table) {
+    const slot_cursor_t end = {p->num_seqs, 0, 0};
+    slot_cursor_t best = end, blk = slot_first(p);
+    while (slot_before(blk, best)) {
+        int bits = 4; /* a table of at least twice the block's items (fewer for small calls) */
+        int64_t n_items = 0;
+        for (slot_cursor_t c = blk; slot_before(c, best) && n_items < SLOT_BLOCK; slot_next(p, &c)) n_items++;
+        while (((int64_t)1 << bits) < 2 * n_items) bits++;
+        memset(table, 0xff, sizeof(int32_t) << bits);
+        slot_cursor_t c = blk;
+        for (int64_t items = 0; slot_before(c, best) && items < SLOT_BLOCK; slot_next(p, &c)) {
+            const int64_t s = slot_at(p, c);
+            if (s < 0) continue;
+            if (slot_insert(table, bits, s, 1)) {
+                best = c;
+                break;
+            }
+            items++;
+        }
+        blk = c;
+        for (slot_cursor_t d = c; slot_before(d, best); slot_next(p, &d)) {
+            const int64_t s = slot_at(p, d);
+            if (s >= 0 && slot_insert(table, bits, s, 0)) {
+                best = d;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+/* (b): the same, by windows of slot values. */
+static slot_cursor_t first_repeat_windowed(const kda_problem_t *p, uint64_t *bm, int64_t slots) {
+    const slot_cursor_t end = {p->num_seqs, 0, 0};
+    slot_cursor_t best = end;
+    for (int64_t w0 = 0; w0 < slots; w0 += SLOT_WINDOW) {
+        memset(bm, 0, SLOT_WINDOW / 8);
+        for (slot_cursor_t c = slot_first(p); slot_before(c, best); slot_next(p, &c)) {
+            const int64_t s = slot_at(p, c) - w0;
+            if (s < 0 || s >= SLOT_WINDOW) continue;
+            if ((bm[s >> 6] >> (s & 63)) & 1u) {
+                best = c;
+                break;
+            }
+            bm[s >> 6] |= (uint64_t)1 << (s & 63);
+        }
+    }
+    return best;
+}
+
 kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn) {
     const kda_args_t *a = &p->a;
-    if (!a->state_indices) return KDA_STATUS_SUCCESS;
-    uint64_t bm[SLOT_WINDOW / 64]; /* 16 KB */
-    const int64_t cols = a->state_indices_cols;
-    for (int64_t w0 = 0; w0 < a->num_state_slots; w0 += SLOT_WINDOW) {
-        memset(bm, 0, sizeof bm);
-#define IN(s) ((s) >= w0 && (s) < w0 + SLOT_WINDOW)
-#define SEEN(s) ((bm[((s) - w0) >> 6] >> (((s) - w0) & 63)) & 1u)
-#define MARK(s) (bm[((s) - w0) >> 6] |= (uint64_t)1 << (((s) - w0) & 63))
-        for (int64_t n = 0; n < p->num_seqs; n++) {
-            if (cols == 0) {
-                const int64_t s = a->state_indices[n];
-                if (!IN(s)) continue;
-                if (SEEN(s)) {
-                    int64_t m = 0;
-                    while (m < n && a->state_indices[m] != s) m++;
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and state_indices[%lld] "
-                         "are both %lld; slots must be distinct", (long long)m, (long long)n, (long long)s);
-                }
-                MARK(s);
-                continue;
-            }
-            int64_t bos, eos;
-            kda_seq_bounds(p, n, &bos, &eos);
-            const int32_t *row = a->state_indices + n * p->idx_stride;
-            for (int64_t t = 0; t < eos - bos; t++) {
-                const int64_t s = row[t];
-                if (!IN(s)) continue;
-                if (SEEN(s))
-                    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld]) is "
-                         "touched twice in one call; the slots of a call must be distinct", (long long)s,
-                         (long long)n, (long long)t);
-                MARK(s);
-            }
-            const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
-            const int64_t r = row[rd];
-            if (!IN(r)) continue;
-            int own = 0;
-            for (int64_t t = 0; t < eos - bos && !own; t++) own = row[t] == r;
-            if (own) continue;
-            if (SEEN(r))
-                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot "
-                     "sequence %lld reads) is touched by another sequence of the call", (long long)r, (long long)n,
-                     (long long)rd, (long long)n);
-            MARK(r);
-        }
-#undef IN
-#undef SEEN
-#undef MARK
+    if (!a->state_indices || p->num_seqs == 0) return KDA_STATUS_SUCCESS;
+    uint64_t mem[SLOT_TABLE / 2]; /* the table of either way */
+    /* positions in the stream: N (1-D) or Σ (len_n + 1) (2-D), each len_n <= T_max */
+    int64_t items = p->num_seqs;
+    if (a->state_indices_cols > 0)
+        for (int64_t n = 0; n < p->num_seqs; n++) items += slot_row_len(p, n);
+    /* slot values are int32: a pool's slots past 2^31 - 1 are never named */
+    const int64_t slots = a->num_state_slots < ((int64_t)1 << 31) ? a->num_state_slots : ((int64_t)1 << 31);
+    const int64_t hashed_passes = (items + SLOT_BLOCK - 1) / SLOT_BLOCK;
+    const int64_t windows = (slots + SLOT_WINDOW - 1) / SLOT_WINDOW;
+    const slot_cursor_t r = windows < hashed_passes ? first_repeat_windowed(p, mem, slots)
+                                                    : first_repeat_hashed(p, (int32_t *)(void *)mem);
+    if (r.n >= p->num_seqs) return KDA_STATUS_SUCCESS;
+    const int64_t s = slot_at(p, r), n = r.n;
+    if (a->state_indices_cols == 0) {
+        int64_t m = 0;
+        while (m < n && a->state_indices[m] != s) m++;
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and state_indices[%lld] are both "
+             "%lld; slots must be distinct", (long long)m, (long long)n, (long long)s);
     }
-    return KDA_STATUS_SUCCESS;
+    if (r.t < r.len)
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld]) is touched twice in "
+             "one call; the slots of a call must be distinct", (long long)s, (long long)n, (long long)r.t);
+    const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
+    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot sequence %lld "
+         "reads) is touched by another sequence of the call", (long long)s, (long long)n, (long long)rd,
+         (long long)n);
 }

@@ -24,10 +24,14 @@
  *
  * A chunk is two stages (as on the GPU): prep, the state-independent products (A, Aqk, T, W, U, QΓ, K̃, γ),
  * and the recurrence (Δ, O, S), which is separable in the V columns. Many (sequence, head) tasks run in groups
- * of up to KDA_CPU_GROUP heads per thread item, chunk by chunk; fewer tasks than threads run their preps on whichever thread is free and their recurrence over
- * column slices, without barriers (the flow schedule: "Scheduling" below, and docs/PERF.md for why not the affine pieces of
- * ALGORITHM.md §4 on a CPU). Causality under non-finite inputs: no product forms a structurally-zero
- * coefficient times a later row (gemm.h's triangular products, the diagonal block's fallback).
+ * of up to KDA_CPU_GROUP heads per thread item, chunk by chunk; fewer tasks than threads run their preps on
+ * whichever thread is free and their recurrence over column slices, without barriers (the flow schedule:
+ * "Scheduling" below). Not the affine pieces of ALGORITHM.md §4: a piece's pre-scan (its K×K transition) costs
+ * about what running the piece costs, so two threads would gain a third at best, while slicing the state's
+ * columns does no work twice. Causality under non-finite inputs: no product forms a structurally-zero
+ * coefficient times a later row (gemm.h's triangular products, the diagonal block's fallback). A later token's
+ * gate can change the block's reference row or its fallback choice, so it moves the block's earlier rows by
+ * rounding, never to a non-finite value (the stated bound: docs/ALGORITHM.md §7, item 6).
  */
 #ifndef KDA_CPU_ISA /* the portable object (and the dispatcher); CMake builds v3 and v4 objects beside it */
 #define KDA_CPU_ISA portable
@@ -50,7 +54,7 @@
 
 /* Tokens per chunk of the CPU forward: one 16-token block (KDA_SUB). The state products cost 6 K V FLOPs a token
  * whatever the chunk length, the intra-chunk ones (A, Aqk, W, U, Aqk Δ, the solve) O(C (K + V)) a token: at
- * K = V = 128, 139 kFLOP a token with C = 64, 119 with 32, ~110 with 16 (docs/PERF.md, "Fifth pass"). The GPU's
+ * K = V = 128, 139 kFLOP a token with C = 64, 119 with 32, ~110 with 16. The GPU's
  * 64 (KDA_CHUNK) fills its tensor-core tiles; a CPU core has no such tile to fill. The code below works for any
  * multiple of KDA_SUB up to 64. */
 #define KDA_CPU_CHUNK 16
@@ -163,7 +167,7 @@ KDA_INLINE void store_nan_rows(const kda_problem_t *p, float *row, int64_t t0, i
 }
 
 /* dst[d][u] = src[u][d] for u < n (a multiple of 8), d < K: src n×K row-major, dst K rows of stride ld. With
- * 8-float vectors, by 8×8 tiles in registers (three rounds of shuffles; the scalar loop was 3 % of a chunk). */
+ * 8-float vectors, by 8×8 tiles in registers (three rounds of shuffles, not one scalar load per element). */
 #if KDA_GEMM_VW == 8
 #if defined(__clang__)
 #define KDA_SHUF8(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
@@ -250,7 +254,7 @@ KDA_INLINE int load_token(const kda_problem_t *p, scratch_t *s, int64_t t, int i
  * cumulative sum within the chunk (G_i = G_{i-1} + g_i), and the non-finite test as a mask ORed over the rows and
  * tested once. The same operations in the same order as load_token (fmath.h's 8-float functions), so the same
  * bits. Returns 0 when the token poisons the head: the caller then redoes the row with load_token, which the
- * neutral row follows. (load_token's passes were ~15 % of the chunked forward: docs/PERF.md, "Sixth pass".) */
+ * neutral row follows. (One pass per tensor instead of load_token's passes over each row.) */
 typedef uint32_t kda_u8 __attribute__((vector_size(32)));
 typedef uint16_t kda_h8 __attribute__((vector_size(16)));
 
@@ -358,9 +362,8 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
     }
     /* the lower-bound gate in three passes over the row, lb / (1 + e^{−A x}): −A x and the exponential's range
      * reduction, the rest of the exponential, then the division, clamp and sum. The one loop's chain (exponential,
-     * division: ~85 cycles per 8 floats) was latency-bound on Zen 1, whose FP scheduler holds less than one
-     * iteration; three shorter chains overlap (the same operations, so the same bits: docs/PERF.md, "Seventh
-     * pass") */
+     * division: ~85 cycles per 8 floats) is latency-bound on a core whose FP scheduler holds less than one
+     * iteration; three shorter chains overlap (the same operations, so the same bits) */
 #define KDA_GATE_REST(CUM)                                                                                       \
     for (int d = 0; d < K; d += 8) {                                                                             \
         kda_f8 x = lb * (1.0f / (1.0f + ldf8(e + d)));                                                           \
@@ -553,10 +556,10 @@ KDA_INLINE void intra_chunk_attention(scratch_t *s, float *Aqk, int K, int c, fl
  *   K̃ (transposed)      k_j e^{G_last − G_j} = kc_j ⊙ e^{G_last − E_J}
  * (Aqk the same with scale·q_i for β_i k_i.) Every product of two factors is a product of numbers within
  * e^{±64}, or of two factors ≤ 1, so it loses nothing unless its true value is below the smallest normal float.
- * ~11 K exponentials a chunk at K = 128 against ~50 K when each block pair took its own (docs/PERF.md).
+ * ~11 K exponentials a chunk at K = 128, where one set per block pair would take ~50 K.
  * ------------------------------------------------------------------------------------------------------- */
 
-/* The products of shared_factors, out of line: inlined there, GCC 12 keeps the exponential's constants in
+/* The products of shared_factors, out of line: inlined there, GCC keeps the exponential's constants in
  * registers across them and spills two of the tile's accumulators. */
 static __attribute__((noinline)) void factor_gemm(int m, int n, const float *A, int K, const float *B, int ldb,
                                                   float *C) {
@@ -619,8 +622,8 @@ KDA_INLINE void shared_cols_last(float *fbd, float *kt, const float *k, const fl
     }
 }
 
-/* f = kc sc over 16 columns, in vectors along the columns (as a plain loop GCC 12 vectorised the caller's loop
- * over channels instead, with a permute per element: 20 % of the chunk's time). */
+/* f = kc sc over 16 columns, in vectors along the columns (as a plain loop GCC vectorises the caller's loop
+ * over channels instead, with a permute per element). */
 KDA_INLINE void scale_cols(float *f, const float *kc, float sc) {
     for (int j = 0; j < 16; j += KDA_GEMM_VW) kda_stv(f + j, kda_ldv(kc + j) * sc);
 }
@@ -719,7 +722,7 @@ KDA_INLINE void row_axpy(float *restrict y, float a, const float *restrict x, in
 /* T = (I + A)⁻¹ by rows: T[i] = e_i − Σ_{m<i} A[i][m] T[m]. Row m of T is zero right of its diagonal, and at step
  * m the entries j > m of T[i] are still +0 (or the diagonal's 1): the vector lanes past j = m add −A[i][m]·0 = ±0
  * to them, which leaves every bit as it was for a finite A (+0 + −0 = +0). Whole vectors instead of a loop that
- * may end anywhere: clang 14 ran the last ≤ 31 elements of each row scalar (62 % of the solve's samples). */
+ * may end anywhere: clang runs the last ≤ 31 elements of such a row scalar. */
 KDA_INLINE void solve_unit_lower(scratch_t *s, int c) {
     float *T = s->Tinv;
     for (int i = 0; i < c; i++) {
@@ -798,8 +801,9 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
  * Every output element is computed by the same operations in the same order on both schedules and for any
  * slicing (gemm.h: one FMA chain per element), so results do not depend on the thread count.
  * ------------------------------------------------------------------------------------------------------- */
-#define KDA_CPU_RING 64 /* preps in flight: 1024 tokens of look-ahead at 16-token chunks (16 slots, 256 tokens, left the
-                           recurrence waiting: T16384 H1 on 2 threads 59 ms against 43 with 64, 2026-11-23) */
+#define KDA_CPU_RING 64 /* preps in flight: 1024 tokens of look-ahead at 16-token chunks, so that a prep thread
+                           delayed by a few chunks (another process on its core) does not leave the recurrence
+                           waiting */
 #define KDA_CPU_MAX_SLICES 64
 
 typedef struct {
@@ -948,8 +952,7 @@ static int head_group(const kda_context_t *ctx, const kda_problem_t *p) {
 }
 
 /* Column slices of the flow schedule (bounds into j0[0..n], n returned), each a multiple of KDA_GEMM_NR floats wide.
- * A prep costs about ρ = 64 / V of a whole-width recurrence (K = V = 128, 16-token chunks: 0.5, docs/PERF.md "Fifth
- * pass"). Where one thread can prepare every chunk and still run a slice, every thread owns a slice and the last
+ * A prep costs about ρ = 64 / V of a whole-width recurrence (K = V = 128, 16-token chunks: 0.5). Where one thread can prepare every chunk and still run a slice, every thread owns a slice and the last
  * one is narrower by the preps: n threads, each (1 + ρ) / n of a chunk's work, the last a slice of ((1 + ρ) / n − ρ)
  * V columns (2 threads, V = 128: 96 + 32). Its slice ends first, so it runs ahead and prepares the chunks (a thread
  * prepares only when its next chunk is not ready). Otherwise half the threads (rounded up) own equal slices and the
@@ -1073,7 +1076,7 @@ void kda_cpu_chunk_run_v4(kda_context_t *ctx, const kda_problem_t *p, void *ws);
 int kda_cpu_chunk_isa(void) {
 #if KDA_CPU_MULTI_ISA
     __builtin_cpu_init();
-    /* v3 also has F16C, LZCNT, MOVBE: every CPU with AVX2, FMA and BMI2 has them (clang 14 cannot test F16C) */
+    /* v3 also has F16C, LZCNT, MOVBE: every CPU with AVX2, FMA and BMI2 has them (clang's __builtin_cpu_supports cannot test F16C) */
     const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                    __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
     const int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -16,7 +16,7 @@
  * R = G at the first row of the later 16-token block, so every factor is ≤ 1; diagonal blocks pair by pair);
  * dĝ is the reverse cumulative sum of dG within the chunk; finally the clamp, gate, β sigmoid and l2norm.
  *
- * What is saved and recomputed (docs/PERF.md, "Backward: what is saved"): nothing from the forward. A task
+ * What is saved and recomputed: nothing from the forward. A task
  * reruns the forward of its head to keep S at every chunk start, then walks the chunks last to first,
  * recomputing each chunk's A, Aqk, T, W, U and Δ. The value heads of one query/key head run in the same task
  * and sum their dq, dk in a float32 buffer (no atomics: two calls give identical bytes); dA_log and ddt_bias

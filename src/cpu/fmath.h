@@ -68,7 +68,7 @@ static inline float kda_expf_fin(float x) {
 }
 
 /* y[d] = e^{a[d] − b[d]} (b NULL: e^{a[d]}) for d < n: kept as a loop of its own, with restrict rows, so that
- * the compilers vectorise it (inside bigger loop bodies GCC 12 gives up on kda_expf's selects). */
+ * the compilers vectorise it (inside bigger loop bodies GCC gives up on kda_expf's selects). */
 static inline __attribute__((always_inline)) void kda_expf_row(float *restrict y, const float *restrict a,
                                                                const float *restrict b, int n) {
     if (b)
@@ -80,8 +80,8 @@ static inline __attribute__((always_inline)) void kda_expf_row(float *restrict y
 /* kda_expf_row for finite differences ≤ 88 (kda_expf_fin): the same bits, fewer instructions. In two passes over
  * blocks of up to 128 values, the range reduction (n, r into the stack), then the polynomial and the scale: each
  * pass's chain is half the exponential's, so a core holds twice as many iterations in flight (the loop is bound by
- * the chain's latency, not by its operations: docs/PERF.md, "Seventh pass"; -26 % with clang 14, -13 % with gcc 12
- * on Zen 1). The same operations on the same values as kda_expf_fin, so the same bits. */
+ * the chain's latency, not by its operations). The same operations on the same values as kda_expf_fin, so the
+ * same bits. */
 static inline __attribute__((always_inline)) void kda_expf_row_fin(float *restrict y, const float *restrict a,
                                                                    const float *restrict b, int n) {
     const float lo = KDA_EXPF_LO;

@@ -93,7 +93,7 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
                     for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                    \
                 }                                                                                            \
         }                                                                                                    \
-        if (mr == MRT) /* a whole tile: no row guard (clang 14 kept testing r < mr row by row) */            \
+        if (mr == MRT) /* a whole tile: no row guard (else clang keeps testing r < mr row by row) */            \
             for (int r = 0; r < MRT; r++)                                                                    \
                 for (int u = 0; u < NVT; u++) KDA_GEMM_STORE(r, u);                                          \
         else                                                                                                 \
