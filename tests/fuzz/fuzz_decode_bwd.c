@@ -192,8 +192,10 @@ static void make_indices_2d(reader_t *r, prob_t *p, int32_t *order, int exact) {
     else if ((s & 3) == 2) stride = (s & 4) ? cols - 1 : huge_strides[(s >> 3) & 3];
     const int64_t eff = stride ? stride : cols;
     const int sane = cols >= 1 && eff >= cols && eff <= cols + 4;
-    /* a huge or negative stride: a buffer for a contiguous layout; the library must refuse before reading */
-    const int64_t elems = p->N == 0 || cols < 1 ? 1 : sane ? (p->N - 1) * eff + cols : p->N * cols;
+    /* a huge or negative stride: a buffer for a contiguous layout, the library must refuse before reading; cols
+       0 (tmax - 1 with one token) makes it 1-D, N entries; negative cols: refused */
+    const int64_t elems = p->N == 0 || cols < 0 ? 1 : cols == 0 ? p->N : sane ? (p->N - 1) * eff + cols
+                                                                               : p->N * cols;
     int32_t *idx = (int32_t *)fuzz_alloc(&p->b, B_IDX, elems, 4);
     if (!idx) return;
     for (int64_t i = 0; i < elems; i++) idx[i] = (int32_t)(r8(r) % (2 * p->slots + 3)) - 2; /* padding */
@@ -201,6 +203,8 @@ static void make_indices_2d(reader_t *r, prob_t *p, int32_t *order, int exact) {
     if (sane)
         for (int64_t n = 0; n < p->N; n++)
             for (int64_t c = 0; c < cols; c++) idx[n * eff + c] = next_slot(r, order, &used, p->slots, exact);
+    if (cols == 0)
+        for (int64_t n = 0; n < p->N; n++) idx[n] = next_slot(r, order, &used, p->slots, exact);
     a->state_indices = idx;
     a->state_indices_cols = cols;
     a->state_indices_row_stride = stride;
@@ -373,8 +377,8 @@ static void fuzz_decode(reader_t *r, uint8_t mode) {
     const uint8_t al = r8(r);
     int o_alias = 0, ht_alias = 0;
     const int64_t o_bytes = nv * (int64_t)dsize(a->o_dtype);
-    const int64_t ht_bytes = (a->state_indices && a->num_state_slots > 0 ? a->num_state_slots : p.N) * p.HV * p.K *
-                             p.V * (int64_t)dsize(a->final_state_dtype);
+    const int64_t claimed = a->state_indices && a->num_state_slots > 0 ? a->num_state_slots : p.N;
+    const int64_t ht_bytes = sat_mul(sat_mul(claimed, p.HV * p.K * p.V), (int64_t)dsize(a->final_state_dtype));
     if (al < 16) o_alias = alias_into(&p, &a->o, o_bytes, o_targets[al % 8], al >> 3);
     else if (al < 32 && a->final_state != a->initial_state)
         ht_alias = alias_into(&p, &a->final_state, ht_bytes, ht_targets[al % 8], al >> 3);
@@ -406,7 +410,7 @@ typedef struct {
 static kda_dtype_t grad_dtype(reader_t *r, kda_dtype_t input) {
     static const kda_dtype_t others[] = {KDA_BFLOAT16, KDA_FLOAT16, KDA_INT32, (kda_dtype_t)42};
     const uint8_t u = r8(r);
-    return u < 112 ? input : u < 232 ? KDA_FLOAT32 : others[u % 4];
+    return u < 120 ? input : u < 248 ? KDA_FLOAT32 : others[u % 4];
 }
 
 /* Gradient buffer i (n elements of dt, the sentinel in it), NULL now and then; returns the pointer set. */
@@ -461,7 +465,7 @@ static void make_grad_oddities(reader_t *r, prob_t *p, grads_t *d) {
     const uint8_t u = r8(r), v = r8(r);
     if (u < 48) {
         const int o = outs[u % 8], in = ins[v % 16];
-        if (o != in && *slot[o]) d->aliased = alias_into(p, slot[o], d->n[o] * (int64_t)dsize(d->dt[o]), in, v >> 4);
+        if (o != in && *slot[o]) d->aliased = alias_into(p, slot[o], sat_mul(d->n[o], (int64_t)dsize(d->dt[o])), in, v >> 4);
     }
     if (u >= 248) {
         static const size_t saved_bytes[] = {0, 1, 64, 4096};
@@ -523,6 +527,7 @@ static void fuzz_backward(reader_t *r, uint8_t mode) {
     prob_init(&p, tame, finite);
     make_sizes(r, &p, 1);
     make_options(r, &p);
+    if (p.a.beta_headwise && (r8(r) & 7)) p.a.beta_headwise = 0; /* NOT_SUPPORTED: mostly not drawn */
     make_inputs(r, &p);
     make_states(r, &p, (mode >> 4) == 15); /* a 2-D state_indices now and then: NOT_SUPPORTED */
     grads_t d;
