@@ -115,7 +115,8 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
     if (kda_create(&ctx, backend, 0) != KDA_STATUS_SUCCESS) return NAN;
     if (backend == KDA_BACKEND_CPU && threads > 0) kda_set_num_threads(ctx, threads);
     size_t ws_bytes = 0;
-    kda_status_t st = decode ? kda_decode_workspace_size(ctx, a, &ws_bytes) : kda_forward_workspace_size(ctx, a, &ws_bytes);
+    kda_status_t st = decode ? kda_decode_workspace_size(ctx, a, &ws_bytes)
+                             : kda_forward_workspace_size(ctx, a, &ws_bytes);
     void *ws = ws_bytes ? malloc(ws_bytes) : NULL;
     double times[64], ms = NAN;
     if (iters > 64) iters = 64;
@@ -137,8 +138,8 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N] [--oracle-iters N]\n"
-            "                 [--no-decode] [--json]\n"
+            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N]\n"
+            "                 [--oracle-iters N] [--no-decode] [--json]\n"
             "  CPU chunked path vs the fp64 oracle vs the CPU decode path, K = V = 128, bf16, HQK = HV = H.\n"
             "  --threads N      CPU threads of the chunked and decode paths [KDA_NUM_THREADS or all cores]\n"
             "  --iters N        timed calls per path (1 to 64), median reported [3]\n"

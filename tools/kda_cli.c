@@ -597,8 +597,9 @@ static void json_number(const char *key, double x, const char *fmt) {
 static void demo_json(const demo_run_t *r) {
     const kda_synth_config_t *c = &r->opt->c;
     const kda_args_t *a = &r->host_args;
-    printf("{\"backend\": \"%s\", \"algorithm\": \"%s\", \"threads\": %d, \"B\": %lld, \"T\": %lld, \"num_seqs\": %lld, "
-           "\"tokens\": %lld, \"hqk\": %d, \"hv\": %d, \"K\": %d, \"V\": %d, \"dtype\": \"%s\", \"gate\": \"%s\"",
+    printf("{\"backend\": \"%s\", \"algorithm\": \"%s\", \"threads\": %d, \"B\": %lld, \"T\": %lld, "
+           "\"num_seqs\": %lld, \"tokens\": %lld, \"hqk\": %d, \"hv\": %d, \"K\": %d, \"V\": %d, \"dtype\": \"%s\", "
+           "\"gate\": \"%s\"",
            kda_backend_name(r->backend), r->opt->decode ? "decode" : "forward", r->nthreads, (long long)a->batch,
            (long long)a->seq_len, (long long)r->s.num_seqs, (long long)r->s.num_tokens, c->hqk, c->hv, c->k, c->v,
            dtype_str(c->dtype), gate_names[c->gate]);

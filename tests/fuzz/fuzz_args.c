@@ -292,7 +292,8 @@ static void check_success(const fz_t *f, const char *fn, int *o_own, int *cs_own
             int named = 0;
             for (int64_t n = 0; n < f->num_seqs; n++) named |= a->state_indices[n] == s;
             if (!named)
-                CHECK(memcmp((char *)pool + s * slot_bytes, (char *)b->copy[pool_buf] + s * slot_bytes, slot_bytes) == 0,
+                CHECK(memcmp((char *)pool + s * slot_bytes, (char *)b->copy[pool_buf] + s * slot_bytes,
+                             slot_bytes) == 0,
                       "%s: pool slot %lld written though no sequence names it", fn, (long long)s);
         }
     }
@@ -323,7 +324,8 @@ static void check_agree(fz_t *f, kda_context_t *ctx, const char *fn, int cs_own)
               kda_last_error());
         if (c1 && !dec2)
             for (int64_t i = 0; i < f->ncs; i++)
-                CHECK(fuzz_is_nan_at(c1, a->chunk_states_dtype, i) == fuzz_is_nan_at(b->p[B_CS], a->chunk_states_dtype, i),
+                CHECK(fuzz_is_nan_at(c1, a->chunk_states_dtype, i) ==
+                          fuzz_is_nan_at(b->p[B_CS], a->chunk_states_dtype, i),
                       "chunk_states[%lld]: NaN on one of %s and %s only", (long long)i, fn, fn2);
         for (int64_t i = 0; i < f->nv; i++)
             CHECK(fuzz_is_nan_at(o1, a->o_dtype, i) == fuzz_is_nan_at(b->p[B_O], a->o_dtype, i),

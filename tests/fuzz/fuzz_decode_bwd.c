@@ -353,7 +353,8 @@ static void check_decode_agree(prob_t *p, int reference, int decode, const char 
                   "o[%lld]: NaN on one of %s (%s) and %s (%s) only", (long long)i, fn, reference ? "ref" : "cpu", fn2,
                   ref2 ? "ref" : "cpu");
         for (int64_t i = 0; h1 && i < ns; i++)
-            CHECK(fuzz_is_nan_at(h1, a->final_state_dtype, i) == fuzz_is_nan_at(a->final_state, a->final_state_dtype, i),
+            CHECK(fuzz_is_nan_at(h1, a->final_state_dtype, i) ==
+                      fuzz_is_nan_at(a->final_state, a->final_state_dtype, i),
                   "final_state[%lld]: NaN on one of %s and %s only", (long long)i, fn, fn2);
     }
     free(o1);
@@ -465,7 +466,8 @@ static void make_grad_oddities(reader_t *r, prob_t *p, grads_t *d) {
     const uint8_t u = r8(r), v = r8(r);
     if (u < 48) {
         const int o = outs[u % 8], in = ins[v % 16];
-        if (o != in && *slot[o]) d->aliased = alias_into(p, slot[o], sat_mul(d->n[o], (int64_t)dsize(d->dt[o])), in, v >> 4);
+        if (o != in && *slot[o])
+            d->aliased = alias_into(p, slot[o], sat_mul(d->n[o], (int64_t)dsize(d->dt[o])), in, v >> 4);
     }
     if (u >= 248) {
         static const size_t saved_bytes[] = {0, 1, 64, 4096};
