@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_args.h"
 #include "kda.h"
 #include "synth.h"
 
@@ -114,7 +115,8 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
     if (kda_create(&ctx, backend, 0) != KDA_STATUS_SUCCESS) return NAN;
     if (backend == KDA_BACKEND_CPU && threads > 0) kda_set_num_threads(ctx, threads);
     size_t ws_bytes = 0;
-    kda_status_t st = decode ? kda_decode_workspace_size(ctx, a, &ws_bytes) : kda_forward_workspace_size(ctx, a, &ws_bytes);
+    kda_status_t st = decode ? kda_decode_workspace_size(ctx, a, &ws_bytes)
+                             : kda_forward_workspace_size(ctx, a, &ws_bytes);
     void *ws = ws_bytes ? malloc(ws_bytes) : NULL;
     double times[64], ms = NAN;
     if (iters > 64) iters = 64;
@@ -136,68 +138,116 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
 
 static void bench_usage(FILE *f) {
     fprintf(f,
-            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N] [--oracle-iters N]\n"
-            "                 [--no-decode] [--json]\n"
+            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N]\n"
+            "                 [--oracle-iters N] [--no-decode] [--json]\n"
             "  CPU chunked path vs the fp64 oracle vs the CPU decode path, K = V = 128, bf16, HQK = HV = H.\n"
             "  --threads N      CPU threads of the chunked and decode paths [KDA_NUM_THREADS or all cores]\n"
-            "  --iters N        timed calls per path, median reported [3]\n"
-            "  --oracle-iters N timed oracle calls, median reported [1: one call, no warm-up]\n"
+            "  --iters N        timed calls per path (1 to 64), median reported [3]\n"
+            "  --oracle-iters N timed oracle calls (1 to 64), median reported [1: one call, no warm-up]\n"
             "  --oracle-max N   time the oracle only up to N tokens x heads [65536]; larger rows show '-'\n"
             "  --json           one JSON object per row as well\n");
 }
 
-static int parse_list(const char *s, long *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long x = strtol(s, &end, 10);
-        if (end == s || x <= 0) return -1;
-        out[n++] = x;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
+typedef struct {
+    int threads, iters, oracle_iters, json, no_decode;
+    int64_t Ts[8], Hs[8], oracle_max;
+    int nT, nH;
+} bench_opts_t;
+
+/* One option (and its value, which *i then skips): 0, 1 for --help (usage printed), or 2 when refused. */
+static int bench_option(int argc, char **argv, int *i, bench_opts_t *b) {
+    const char *o = argv[*i];
+    if (!strcmp(o, "--json")) b->json = 1;
+    else if (!strcmp(o, "--no-decode")) b->no_decode = 1;
+    else if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+        bench_usage(stdout);
+        return 1;
+    } else {
+        static const char *const valued[] = {"--threads", "--iters", "--oracle-max", "--oracle-iters", "--T", "--H"};
+        int known = 0;
+        for (size_t j = 0; j < sizeof valued / sizeof *valued; j++) known |= !strcmp(o, valued[j]);
+        if (!known || *i + 1 >= argc) {
+            if (known) fprintf(stderr, "kda bench: %s needs a value\n", o);
+            else fprintf(stderr, "kda bench: unknown option '%s'\n", o);
+            bench_usage(stderr);
+            return 2;
+        }
+        const char *val = argv[++*i];
+        int bad;
+        /* iters: time_call keeps up to 64 times; T x H: the oracle's limit compares their product */
+        if (!strcmp(o, "--threads")) bad = kda_arg_int(o, val, 1, INT_MAX, &b->threads);
+        else if (!strcmp(o, "--iters")) bad = kda_arg_int(o, val, 1, 64, &b->iters);
+        else if (!strcmp(o, "--oracle-iters")) bad = kda_arg_int(o, val, 1, 64, &b->oracle_iters);
+        else if (!strcmp(o, "--oracle-max")) bad = kda_arg_i64(o, val, 0, INT64_MAX, &b->oracle_max);
+        else if (!strcmp(o, "--T")) bad = kda_arg_i64_list(o, val, 1, INT32_MAX, b->Ts, 8, &b->nT);
+        else bad = kda_arg_i64_list(o, val, 1, INT32_MAX, b->Hs, 8, &b->nH);
+        if (bad) return 2;
     }
-    return n;
+    return 0;
+}
+
+/* A JSON number, or null when x is not finite (JSON has no NaN or infinity). */
+static void bench_json_number(const char *key, double x, const char *fmt) {
+    printf(", \"%s\": ", key);
+    if (isfinite(x)) printf(fmt, x);
+    else fputs("null", stdout);
+}
+
+/* One row of the table (and of JSON): T tokens, H heads. 0, or -1 when the problem could not be made. */
+static int bench_row(const bench_opts_t *b, int64_t T, int32_t H, int threads, double peakn) {
+    kda_synth_config_t c;
+    kda_synth_defaults(&c);
+    c.batch = 1;
+    c.seq_len = T;
+    c.hqk = c.hv = H;
+    c.gate = KDA_GATE_LOWER_BOUND;
+    c.l2norm = c.beta_sigmoid = 1;
+    c.initial_state = c.final_state = 1;
+    c.beta_dtype = KDA_BFLOAT16;
+    kda_synth_t s;
+    kda_args_t a;
+    if (kda_synth_make(&c, &s, &a) != 0) {
+        fprintf(stderr, "kda bench: no host memory for T %lld H %d\n", (long long)T, (int)H);
+        return -1;
+    }
+    const double chunk_ms = time_call(KDA_BACKEND_CPU, 0, threads, &a, b->iters);
+    const double dec_ms = b->no_decode ? NAN : time_call(KDA_BACKEND_CPU, 1, threads, &a, b->iters);
+    const double ora_ms = T * H <= b->oracle_max ? time_call(KDA_BACKEND_REFERENCE, 0, 0, &a, b->oracle_iters) : NAN;
+    const double gf = chunk_flops(T, H, c.k, c.v) / (chunk_ms * 1e6);
+    char ora[32] = "-", orax[32] = "-", dec[32] = "-", decx[32] = "-"; /* "-": not timed */
+    if (!isnan(ora_ms)) {
+        snprintf(ora, sizeof ora, "%.1f", ora_ms);
+        snprintf(orax, sizeof orax, "%.1fx", ora_ms / chunk_ms);
+    }
+    if (!isnan(dec_ms)) {
+        snprintf(dec, sizeof dec, "%.1f", dec_ms);
+        snprintf(decx, sizeof decx, "%.1fx", dec_ms / chunk_ms);
+    }
+    printf("  %6lld %3d | %10.1f %8.1f %5.0f%% | %10s %8s | %11s %8s\n", (long long)T, (int)H, chunk_ms, gf,
+           100 * gf / peakn, dec, decx, ora, orax);
+    if (b->json) {
+        printf("{\"T\": %lld, \"H\": %d, \"threads\": %d", (long long)T, (int)H, threads);
+        bench_json_number("chunked_ms", chunk_ms, "%.4f");
+        bench_json_number("gflops", gf, "%.3f");
+        bench_json_number("peak_gflops", peakn, "%.3f");
+        bench_json_number("decode_ms", dec_ms, "%.4f");
+        bench_json_number("oracle_ms", ora_ms, "%.1f");
+        fputs("}\n", stdout);
+    }
+    fflush(stdout);
+    kda_synth_free(&s);
+    return 0;
 }
 
 int kda_bench_main(int argc, char **argv);
 int kda_bench_main(int argc, char **argv) {
-    int threads = 0, iters = 3, oracle_iters = 1, json = 0, no_decode = 0;
-    long Ts[8] = {512, 4096, 16384}, Hs[8] = {2, 16}, oracle_max = 65536;
-    int nT = 3, nH = 2;
+    bench_opts_t b = {.iters = 3, .oracle_iters = 1, .Ts = {512, 4096, 16384}, .Hs = {2, 16}, .oracle_max = 65536,
+                      .nT = 3, .nH = 2};
     for (int i = 0; i < argc; i++) {
-        const char *o = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(o, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!strcmp(o, "--no-decode")) {
-            no_decode = 1;
-            continue;
-        }
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            bench_usage(stdout);
-            return 0;
-        }
-        if (!val) {
-            bench_usage(stderr);
-            return 2;
-        }
-        i++;
-        if (!strcmp(o, "--threads")) threads = atoi(val);
-        else if (!strcmp(o, "--iters")) iters = atoi(val);
-        else if (!strcmp(o, "--oracle-max")) oracle_max = atol(val);
-        else if (!strcmp(o, "--oracle-iters")) oracle_iters = atoi(val);
-        else if (!strcmp(o, "--T")) nT = parse_list(val, Ts, 8);
-        else if (!strcmp(o, "--H")) nH = parse_list(val, Hs, 8);
-        else {
-            bench_usage(stderr);
-            return 2;
-        }
-        if (nT <= 0 || nH <= 0 || iters <= 0 || oracle_iters <= 0 || threads < 0) {
-            bench_usage(stderr);
-            return 2;
-        }
+        const int rc = bench_option(argc, argv, &i, &b);
+        if (rc) return rc == 1 ? 0 : rc;
     }
+    int threads = b.threads;
     kda_context_t *ctx = NULL;
     if (kda_create(&ctx, KDA_BACKEND_CPU, 0) != KDA_STATUS_SUCCESS) return 2;
     if (threads > 0 && kda_set_num_threads(ctx, threads) != KDA_STATUS_SUCCESS) {
@@ -214,37 +264,8 @@ int kda_bench_main(int argc, char **argv) {
     printf("  K = V = 128, bf16, lower-bound gate, l2norm, initial and final state f32; times are medians\n\n");
     printf("  %6s %3s | %10s %8s %6s | %10s %8s | %11s %8s\n", "T", "H", "chunked ms", "GFLOP/s", "%peak",
            "decode ms", "vs chunk", "oracle ms", "vs chunk");
-    for (int ti = 0; ti < nT; ti++)
-        for (int hi = 0; hi < nH; hi++) {
-            kda_synth_config_t c;
-            kda_synth_defaults(&c);
-            c.batch = 1;
-            c.seq_len = Ts[ti];
-            c.hqk = c.hv = (int32_t)Hs[hi];
-            c.gate = KDA_GATE_LOWER_BOUND;
-            c.l2norm = c.beta_sigmoid = 1;
-            c.initial_state = c.final_state = 1;
-            c.beta_dtype = KDA_BFLOAT16;
-            kda_synth_t s;
-            kda_args_t a;
-            if (kda_synth_make(&c, &s, &a) != 0) return 2;
-            const double chunk_ms = time_call(KDA_BACKEND_CPU, 0, threads, &a, iters);
-            const double dec_ms = no_decode ? NAN : time_call(KDA_BACKEND_CPU, 1, threads, &a, iters);
-            const double ora_ms = Ts[ti] * Hs[hi] <= oracle_max ? time_call(KDA_BACKEND_REFERENCE, 0, 0, &a, oracle_iters) : NAN;
-            const double gf = chunk_flops(Ts[ti], (int)Hs[hi], c.k, c.v) / (chunk_ms * 1e6);
-            char ora[32] = "-", orax[32] = "-";
-            if (!isnan(ora_ms)) {
-                snprintf(ora, sizeof ora, "%.1f", ora_ms);
-                snprintf(orax, sizeof orax, "%.1fx", ora_ms / chunk_ms);
-            }
-            printf("  %6ld %3ld | %10.1f %8.1f %5.0f%% | %10.1f %7.1fx | %11s %8s\n", Ts[ti], Hs[hi], chunk_ms, gf,
-                   100 * gf / peakn, dec_ms, dec_ms / chunk_ms, ora, orax);
-            if (json)
-                printf("{\"T\": %ld, \"H\": %ld, \"threads\": %d, \"chunked_ms\": %.4f, \"gflops\": %.3f, "
-                       "\"peak_gflops\": %.3f, \"decode_ms\": %.4f, \"oracle_ms\": %s}\n",
-                       Ts[ti], Hs[hi], threads, chunk_ms, gf, peakn, dec_ms, ora);
-            fflush(stdout);
-            kda_synth_free(&s);
-        }
+    for (int ti = 0; ti < b.nT; ti++)
+        for (int hi = 0; hi < b.nH; hi++)
+            if (bench_row(&b, b.Ts[ti], (int32_t)b.Hs[hi], threads, peakn)) return 2;
     return 0;
 }

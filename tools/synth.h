@@ -31,6 +31,7 @@ typedef struct {
     int l2norm;                  /* use_qk_l2norm; when 0, k is generated unit-norm as models give it */
     int beta_sigmoid, allow_neg_eigval;
     float lower_bound;           /* for the lower-bound gate modes; 0 -> -5 */
+    float scale;                 /* args.scale: 0 selects K^-1/2 */
     float decay;                 /* scales the decay: 1 typical; 30 strong; used by every gate mode */
     uint64_t seed;
 } kda_synth_config_t;
@@ -46,7 +47,9 @@ typedef struct {
 /* A default configuration: bf16, K = V = 128, one head, typical decay. */
 void kda_synth_defaults(kda_synth_config_t *cfg);
 
-/* Allocate and fill buffers for cfg, and set args (kda_args_init'd first) to point at them. 0 on success. */
+/* Allocate and fill buffers for cfg, and set args (kda_args_init'd first) to point at them. 0 on success; -1 out
+ * of host memory; -2 a size (the total of the lengths, an element count or its bytes) overflows int64 or size_t.
+ * Nothing stays allocated on failure. */
 int kda_synth_make(const kda_synth_config_t *cfg, kda_synth_t *s, kda_args_t *args);
 void kda_synth_free(kda_synth_t *s);
 

@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <string.h>
 
+/* KDA_NO_CLONES (set by CMakeLists.txt for ThreadSanitizer builds): one version, no target_clones resolver; the
+ * resolvers run during relocation, before a sanitizer runtime that instruments them is initialised. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(KDA_NO_CLONES)
 #define KDA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
