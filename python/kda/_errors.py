@@ -32,39 +32,17 @@ from __future__ import annotations
 
 import re
 
-__all__ = [
-    "KDAError",
-    "KDAInvalidValueError",
-    "KDAAssertionError",
-    "KDATypeError",
-    "KDANotSupportedError",
-    "KDARuntimeError",
-    "KDAInsufficientWorkspaceError",
-    "KDAAllocError",
-    "KDABackendError",
-    "KDAInternalError",
-    "KDALibraryNotFoundError",
-    "STATUS_NAMES",
-]
+__all__ = ["KDAError", "KDAInvalidValueError", "KDAAssertionError", "KDATypeError", "KDANotSupportedError",
+           "KDARuntimeError", "KDAInsufficientWorkspaceError", "KDAAllocError", "KDABackendError", "KDAInternalError",
+           "KDALibraryNotFoundError", "STATUS_NAMES"]
 
-# kda_status_t, as in include/kda.h
-SUCCESS = 0
-INVALID_VALUE = 1
-NOT_SUPPORTED = 2
-INSUFFICIENT_WORKSPACE = 3
-ALLOC_FAILED = 4
-BACKEND_ERROR = 5
-INTERNAL_ERROR = 6
-
-STATUS_NAMES = {
-    SUCCESS: "KDA_STATUS_SUCCESS",
-    INVALID_VALUE: "KDA_STATUS_INVALID_VALUE",
-    NOT_SUPPORTED: "KDA_STATUS_NOT_SUPPORTED",
-    INSUFFICIENT_WORKSPACE: "KDA_STATUS_INSUFFICIENT_WORKSPACE",
-    ALLOC_FAILED: "KDA_STATUS_ALLOC_FAILED",
-    BACKEND_ERROR: "KDA_STATUS_BACKEND_ERROR",
-    INTERNAL_ERROR: "KDA_STATUS_INTERNAL_ERROR",
-}
+# kda_status_t, as in include/kda.h. CONTEXT_IN_USE: a context entered by a second thread while in use, where the
+# library reports it. A status missing here still maps to KDARuntimeError, named by its number.
+(SUCCESS, INVALID_VALUE, NOT_SUPPORTED, INSUFFICIENT_WORKSPACE, ALLOC_FAILED, BACKEND_ERROR, INTERNAL_ERROR,
+ CONTEXT_IN_USE) = range(8)
+STATUS_NAMES = {code: "KDA_STATUS_" + name for code, name in enumerate((
+    "SUCCESS", "INVALID_VALUE", "NOT_SUPPORTED", "INSUFFICIENT_WORKSPACE", "ALLOC_FAILED", "BACKEND_ERROR",
+    "INTERNAL_ERROR", "CONTEXT_IN_USE"))}
 
 
 class KDAError(Exception):
@@ -152,6 +130,9 @@ ARGUMENT_OF_FIELD = {
     "use_qk_l2norm": "use_qk_l2norm_in_kernel", "use_beta_sigmoid": "use_beta_sigmoid_in_kernel",
     "chunk_states": "return_intermediate_states", "chunk_states_dtype": "return_intermediate_states",
     "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",  # kda_backward_args_t
+    # outputs the caller can pass: o is fused_recurrent_kda's `out`, and a final state the caller passes is the
+    # initial state updated in place (the ones kda allocates cannot be wrong)
+    "o": "out", "o_dtype": "out", "final_state": "initial_state", "final_state_dtype": "initial_state",
 }
 # C names inside a message's detail, and what the caller knows them as
 _DETAIL_WORDS = [(re.compile(r"(?<![\w.])" + c + r"\b"), py) for c, py in (

@@ -323,9 +323,8 @@ def test_chunk_gradcheck_reference_backend(monkeypatch):
     """torch.autograd.gradcheck through libkda's fp64 reference backend. libkda's tensors are at most float32, so
     the check runs on float32 tensors with a step (1e-3) and tolerances to match (the backend computes in float64
     and rounds its outputs to float32)."""
-    import kda._torch as kt
-    from kda._lib import BACKEND_REFERENCE
-    monkeypatch.setattr(kt, "_CPU_CONTEXT", (BACKEND_REFERENCE, 0))
+    from kda import _lib
+    monkeypatch.setattr(_lib, "CPU_CONTEXT", (_lib.BACKEND_REFERENCE, 0))
     rng = np.random.default_rng(9)
     x = to_torch(make_inputs(rng, 1, 6, 1, 2, 4, 3, l2=True, gate="softplus", beta_sigmoid=True, state=True))
     A_log = torch.tensor([0.1, -0.3])
@@ -518,12 +517,12 @@ def test_cuda_chunk_gradients_against_cpu(name, KV):
 def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
     """Under autograd the CUDA forward keeps its chunk blocks for the backward (kda_args_t.saved), which then does
     not rerun its preparation stage: the same gradient bytes as the backward that recomputes them."""
-    import kda._torch as kt
+    import kda._ops as kt
     from kda import _api
-    monkeypatch.setattr(_api, "_torch_chunk_cached", None)  # every call through kt._saved_tensor
+    monkeypatch.setattr(_api, "_torch_chunk_cached", None)  # every call through kt.saved_tensor
     x, cu, opts = case_inputs(name, seed=11, K_V=(128, 128))
     kept = []
-    real = kt._saved_tensor
+    real = kt.saved_tensor
 
     def spy(*a):
         t = real(*a)
@@ -532,7 +531,7 @@ def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
 
     runs = []
     for keep in (True, False):
-        monkeypatch.setattr(kt, "_saved_tensor", spy if keep else (lambda *a: None))
+        monkeypatch.setattr(kt, "saved_tensor", spy if keep else (lambda *a: None))
         xt = to_torch(x, "cuda", dtype=dtype)
         kw = gate_to(opts, "cuda")
         for key in ("A_log", "dt_bias"):
@@ -868,14 +867,14 @@ def test_fast_path_training(fast_path, name, need, changes):
 @pytest.fixture
 def bwd_fast_path(fast_path, monkeypatch):
     """fast_path, and a count of the backward calls _BwdCall served (a cached training signature's backward)."""
-    from kda import _torch
+    from kda import _autograd
     served = []
-    call = _torch._BwdCall.__call__
+    call = _autograd._BwdCall.__call__
 
     def counted(self, *args):
         served.append(self)
         return call(self, *args)
-    monkeypatch.setattr(_torch._BwdCall, "__call__", counted)
+    monkeypatch.setattr(_autograd._BwdCall, "__call__", counted)
     yield served
 
 
