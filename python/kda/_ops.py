@@ -64,18 +64,18 @@ def workspace_of(dev: torch.device):
     return workspace
 
 
-def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None, workspace=None) -> int:
-    """_lib.run on the tensors' device `dev`: CUDA on its current stream (workspace from torch's allocator, or
-    `workspace`, a workspace_of(dev) made before), or the CPU backend; errors in the terms of the Python call
-    `fn`. Returns the workspace size (`nbytes`: one remembered from an earlier call, see _lib.run)."""
+def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None) -> int:
+    """_lib.run on the tensors' device `dev`: CUDA on its current stream (workspace from torch's allocator), or
+    the CPU backend; errors in the terms of the Python call `fn`. Returns the workspace size (`nbytes`: one
+    remembered from an earlier call, see _lib.run)."""
     try:
         if dev.type == "cuda":
             index, ctx = cuda_context(dev)
             stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
             if _cuda_get_device() != index:
                 with torch.cuda.device(index):
-                    return _lib.run(ctx, entry, args, workspace or workspace_of(dev), stream, nbytes)
-            return _lib.run(ctx, entry, args, workspace or workspace_of(dev), stream, nbytes)
+                    return _lib.run(ctx, entry, args, workspace_of(dev), stream, nbytes)
+            return _lib.run(ctx, entry, args, workspace_of(dev), stream, nbytes)
         if dev.type == "cpu":
             return _lib.run(_lib.cpu_context(), entry, args, None, None, nbytes)
     except KDAError as e:
@@ -83,15 +83,20 @@ def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = No
     raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
 
 
-def saved_tensor(fn: str, a, dev: torch.device) -> Optional[Tensor]:
+def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor of kda_forward_saved_size bytes, set
-    into `a` and returned; None when the library keeps nothing for this problem (or on the CPU)."""
+    into `a` and returned; None when the library keeps nothing for this problem (or on the CPU). `memo`: a
+    cached signature (kda._torch._ChunkCall) whose size is asked once, unless the host's lengths may change it."""
     if dev.type != "cuda":
         return None
-    try:
-        n = _lib.saved_size(cuda_context(dev)[1], a)
-    except KDAError as e:
-        raise in_callers_terms(e, fn) from None
+    n = memo.saved_bytes if memo is not None and not a.cu_seqlens_host else None
+    if n is None:
+        try:
+            n = _lib.saved_size(cuda_context(dev)[1], a)
+        except KDAError as e:
+            raise in_callers_terms(e, fn) from None
+        if memo is not None:
+            memo.saved_bytes = n
     if n == 0:
         return None
     t = torch.empty(n, dtype=torch.uint8, device=dev)
@@ -160,12 +165,13 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
 
 
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
-           keep: bool = False, **optional) -> Optional[Tensor]:
+           keep: bool = False, memo=None, **optional) -> Optional[Tensor]:
     """Fill a kda_args_t from tensors and run libkda's `entry` ("forward" or "decode") on their device.
     `optional`: kda_args_t's optional tensors by name (final_state may be initial_state: in place; an empty one
     is not requested; cu_seqlens_host is passed on for CUDA tensors only). `checked`: the caller is an entry point
     that has made every check of check_launch already. `hs`: the tensor for kda_args_t.chunk_states. `keep`: a
-    forward of a training step keeps what the backward reuses (kda_args_t.saved), returned (None: nothing)."""
+    forward of a training step keeps what the backward reuses (kda_args_t.saved), returned (None: nothing).
+    `memo`: a cached signature (kda._torch._ChunkCall): the workspace size of its last call is used first."""
     ht = optional.get("final_state")
     if ht is not None and ht.numel() == 0:
         optional["final_state"] = None
@@ -174,8 +180,10 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
     if not checked:
         check_launch(fn, q, k, v, g, beta, o, opts.state_v_first, **optional)
     a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, o, chunk_states=hs, **optional)
-    saved = saved_tensor(fn, a, q.device) if keep else None
-    run(fn, entry, a, q.device)
+    saved = saved_tensor(fn, a, q.device, memo) if keep else None
+    n = run(fn, entry, a, q.device, None if memo is None else memo.nbytes)
+    if memo is not None:
+        memo.nbytes = n
     if opts.scale == 0.0:  # FLA: o = 0 * S^T q (KdaOptions.apply)
         o.zero_()
     return saved
@@ -195,10 +203,10 @@ def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first
 
 
 def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, checked=False,
-              hs=None, keep=False):
+              hs=None, keep=False, memo=None):
     """kda_forward: (o, final state or empty), and with `keep` what the backward reuses (or None)."""
     o, ht = new_outputs(q, v, cu, final, opts.state_v_first)
-    saved = launch("chunk_kda", "forward", opts, q, k, v, g, beta, o, checked, hs, keep, initial_state=h0,
+    saved = launch("chunk_kda", "forward", opts, q, k, v, g, beta, o, checked, hs, keep, memo, initial_state=h0,
                    final_state=ht, cu_seqlens=cu, cu_seqlens_host=cu_cpu, A_log=A_log, dt_bias=dt_bias)
     return (o, ht, saved) if keep else (o, ht)
 
@@ -212,13 +220,13 @@ def bwd_outputs(inputs, wants):
     return (*(torch.empty_like(t) for t in (q, k, v, g, beta)), *extra)
 
 
-def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, record=None):
+def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None):
     """kda_backward of chunk_fwd with `inputs` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
     cu_seqlens_cpu) for the loss weights do and dht (None or empty: zero). `wants`: whether to compute
     d_initial_state, dA_log, ddt_bias. `checked`: the inputs passed kda.chunk_kda's checks, and do and dht are
     autograd's gradients of its outputs, made contiguous. `saved`: what the forward kept for this backward (None:
-    the backward recomputes it). `record(a, b, grads, nbytes)`: called after a successful run with the
-    kda_args_t and kda_backward_args_t it filled (kda._autograd's fast path repeats them)."""
+    the backward recomputes it). `memo`: a cached signature (kda._torch._ChunkCall): the workspace size of its
+    last backward with as many saved bytes is used first (the CUDA backward's workspace depends on them)."""
     fn = "chunk_kda backward"
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
     if dht is not None and dht.numel() == 0:
@@ -232,12 +240,14 @@ def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=Non
     grads = bwd_outputs(inputs, wants)
     # the forward's problem; `do` stands in for o, which the backward does not read
     a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, do, **optional)
+    n_saved = 0 if saved is None else saved.numel()
     if saved is not None:
-        a.saved, a.saved_bytes = saved.data_ptr(), saved.numel()
+        a.saved, a.saved_bytes = saved.data_ptr(), n_saved
     b = build_backward_args(a, fn, _ptr, code, do, dht, [t if t.numel() else None for t in grads])
-    nbytes = run(fn, "backward", b, q.device)
-    if record is not None:
-        record(a, b, grads, nbytes)
+    remembered = memo is not None and memo.bwd_saved == n_saved
+    n = run(fn, "backward", b, q.device, memo.bwd_nbytes if remembered else None)
+    if memo is not None:
+        memo.bwd_nbytes, memo.bwd_saved = n, n_saved
     return grads
 
 

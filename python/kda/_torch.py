@@ -13,10 +13,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _api, _lib, _ops
-from ._autograd import ChunkKDA, ChunkKDACached, cached_args
+from . import _api, _ops
+from ._autograd import ChunkKDA
 from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
-from ._lib import KdaArgs, KdaOptions
+from ._lib import KdaOptions
 
 _INT = (torch.int32, torch.int64)
 # nn.Parameter (A_log, dt_bias of a model) disables __torch_function__: to the ops it is a plain tensor
@@ -148,13 +148,13 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
     if _eager(q, k, v, g, beta, A_log, dt_bias, h0):  # every argument was checked above and by kda.chunk_kda
         o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
-        o, ht = ChunkKDA.apply(opts, final, *inputs)
+        o, ht = ChunkKDA.apply(opts, final, None, None, *inputs)
         train = True
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(*inputs, opts.scale, final, *opts[1:8], opts.cp)
         remember = None
     if remember is not None:
-        _remember_chunk(remember, inputs, o, ht, opts, final, train)
+        _remember_chunk(remember, inputs, opts, final, train)
     return o, (ht if final else None)
 
 
@@ -209,13 +209,10 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
 
 # ---------------------------------------------------------------------------------------------------------
 # kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes,
-# dtypes, devices, contiguity, options) has passed them before runs without them. A call from a serving loop
-# or benchmark then costs two torch.empty, a kda_args_t copy with its pointers set, and one ctypes call. A
-# training call (tensors that require grad; which ones is part of the signature) is launched the same way, then
-# recorded by _autograd.ChunkKDACached; from the signature's second backward on, that is _BwdCall's: the first
-# one's kda_args_t and kda_backward_args_t with new pointers, no checks, no size query. On a single training step
-# most of the forward's host time before its first kernel went to the checks, the kda_args_t's filling, the size
-# queries and autograd's Function.
+# dtypes, devices, contiguity, options) has passed them before runs without them, and without the workspace size
+# query: the size its last call used is tried first (_lib.run settles a size that falls short). A training call
+# (tensors that require grad; which ones is part of the signature) is launched the same way before autograd's
+# Function records it, and its backward reuses the signature's backward workspace size.
 #
 # Signatures are filed under q's shape, and one is computed only for a shape that was seen before: where the
 # shapes change from call to call (variable-length prefill), a call costs one dict lookup more, not a
@@ -263,16 +260,15 @@ def chunk_kda_cached(tensors, kwargs, flags):
     call = calls.get(key)
     if call is None:
         return None, (shape, key, inputs)
+    inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        # the launch first, then autograd's Function: its node and inputs' edges are made while the GPU runs the
-        # forward (a single step's time counts the host's time before the first kernel)
         launched = call.launch(*inputs)
-        o, ht = ChunkKDACached.apply(call, launched, *inputs)
-        return (o, ht if call.ht_shape is not None else None), None
+        o, ht = ChunkKDA.apply(call.opts, call.final, launched, call, *inputs)
+        return (o, ht if call.final else None), None
     return call(*inputs), None
 
 
-def _remember_chunk(remember, used, o, ht, opts: KdaOptions, final: bool, train: bool) -> None:
+def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) -> None:
     """After an eager chunk_kda call (`train`: one through ChunkKDA): note q's shape if new, else cache the call's
     signature if the launch used the caller's tensors as they came (no copy, conversion or replacement), or none
     in their place (an argument the call ignores)."""
@@ -282,73 +278,30 @@ def _remember_chunk(remember, used, o, ht, opts: KdaOptions, final: bool, train:
         if len(_chunk_calls) >= _MAX_SHAPES:
             _chunk_calls.clear()
         _chunk_calls[shape] = {}
-        return
-    if key is None or any(u is not None and u is not x for u, x in zip(used, given)):
-        return
-    q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = used
-    host = cu_cpu if q.is_cuda else None
-    args = _lib.build_args(opts, "chunk_kda", _ops._ptr, _ops.code, q, k, v, g, beta, o,
-                           initial_state=h0, final_state=ht if ht.numel() else None, cu_seqlens=cu,
-                           cu_seqlens_host=host, A_log=A_log, dt_bias=dt_bias)
-    # the optional pointers build_args set
-    sets = (ht.numel() > 0, h0 is not None, A_log is not None, dt_bias is not None, cu is not None, host is not None)
-    if len(calls) >= _MAX_CALLS:
-        calls.clear()
-    calls[key] = _ChunkCall(args, sets, o, ht if final else None, opts, train)
+    elif key is not None and all(u is None or u is x for u, x in zip(used, given)):
+        if len(calls) >= _MAX_CALLS:
+            calls.clear()
+        calls[key] = _ChunkCall(opts, final, train, tuple(u is None for u in used))
 
 
 class _ChunkCall:
-    """One cached chunk_kda signature: the kda_args_t of its calls (their pointers aside: each call sets every
-    pointer that is set in it), which optional pointers are set, the outputs' shapes and dtype, the device, the
-    options, and the workspace size its last call used."""
-    __slots__ = ("args", "sets", "o_shape", "dtype", "ht_shape", "device", "opts", "nbytes", "train",
-                 "saved_bytes", "bwd", "workspace")
+    """One cached chunk_kda signature: its options, whether it returns the final state and is recorded by
+    autograd, which arguments the calls ignore (`unused`), and the workspace sizes its last calls used (forward;
+    backward with the saved bytes it was given) and the bytes its forward keeps for the backward."""
+    __slots__ = ("opts", "final", "train", "unused", "nbytes", "saved_bytes", "bwd_nbytes", "bwd_saved")
 
-    def __init__(self, args: KdaArgs, sets: tuple, o: Tensor, ht: Optional[Tensor], opts: KdaOptions, train: bool):
-        self.args, self.sets, self.opts, self.train = args, sets, opts, train
-        self.o_shape, self.dtype, self.device = tuple(o.shape), o.dtype, o.device
-        self.ht_shape = tuple(ht.shape) if ht is not None else None  # None: no final state returned
-        self.nbytes = None
-        # a call through autograd (ChunkKDACached): the bytes the forward keeps for the backward (kda_args_t.saved;
-        # asked once, or every call where the host's lengths may change them), and its backward once its first
-        # one has run (_BwdCall)
-        self.saved_bytes, self.bwd = None, None
-        self.workspace = _ops.workspace_of(o.device) if o.device.type == "cuda" else None
+    def __init__(self, opts: KdaOptions, final: bool, train: bool, unused: tuple):
+        self.opts, self.final, self.train, self.unused = opts, final, train, unused
+        self.nbytes = self.saved_bytes = self.bwd_nbytes = self.bwd_saved = None
 
     def __call__(self, *inputs):
-        o, ht, _ = self._run(inputs, False)
-        return o, ht
+        o, ht = _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, memo=self)
+        return o, (ht if self.final else None)
 
     def launch(self, *inputs):
-        """A training call's forward, before ChunkKDACached records it: (o, ht, what the forward kept for the
-        backward or None); ht is an empty tensor where no final state is returned (the Function returns two
-        tensors)."""
-        o, ht, saved = self._run(inputs, True)
-        if ht is None:
-            ht = torch.empty(0, dtype=torch.float32, device=self.device)
-        return o, ht, saved
-
-    def _run(self, inputs, keep):
-        # what _ops.chunk_fwd and _ops.launch do, the kda_args_t's other fields kept from the first call
-        dev = self.device
-        o = torch.empty(*self.o_shape, dtype=self.dtype, device=dev)
-        ht = torch.empty(*self.ht_shape, dtype=torch.float32, device=dev) if self.ht_shape else None
-        q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
-        a = cached_args(self.args, self.sets[1:], q, k, v, g, beta, o, A_log, dt_bias, h0, cu, cu_cpu)
-        if self.sets[0]:
-            a.final_state = ht.data_ptr()
-        saved = None
-        if keep:
-            if self.saved_bytes is None or self.sets[5]:  # cu_seqlens_cpu set: the lengths may change the size
-                saved = _ops.saved_tensor("chunk_kda", a, dev)
-                self.saved_bytes = saved.numel() if saved is not None else 0
-            elif self.saved_bytes > 0:
-                saved = torch.empty(self.saved_bytes, dtype=torch.uint8, device=dev)
-                a.saved, a.saved_bytes = saved.data_ptr(), self.saved_bytes
-        self.nbytes = _ops.run("chunk_kda", "forward", a, dev, self.nbytes, self.workspace)
-        if self.opts.scale == 0.0:
-            o.zero_()
-        return o, ht, saved
+        """A training call's forward, before ChunkKDA records it: (o, ht, what the forward kept for the backward
+        or None)."""
+        return _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, keep=True, memo=self)
 
 
 _api._torch_chunk_cached = chunk_kda_cached
