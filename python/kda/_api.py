@@ -1,11 +1,9 @@
 """``chunk_kda`` and ``fused_recurrent_kda``: FLA 0.6.0's entry points, computed by libkda.
 
 Argument handling follows FLA: the same signature and defaults, the same checks in the same order with the same
-exception types (where FLA uses ``assert``, :class:`KDAAssertionError`, which is both a ValueError and an
-AssertionError). What FLA accepts but libkda cannot do yet raises :class:`KDANotSupportedError` naming the
-argument; nothing is silently ignored. The caller's keywords become one :class:`kda._lib.KdaOptions` here, which
-every layer below reads.
-
+exception types (where FLA uses ``assert``, :class:`KDAAssertionError`, both a ValueError and an AssertionError).
+What FLA accepts but libkda cannot do yet raises :class:`KDANotSupportedError` naming the argument; nothing is
+silently ignored. The caller's keywords become one :class:`kda._lib.KdaOptions` here, which every layer below reads.
 numpy arrays run on the CPU backend here; torch tensors go through ``kda._torch`` (imported only when a torch
 tensor is passed, so the numpy path never imports torch).
 """
@@ -38,38 +36,32 @@ else:  # pragma: no cover
 
 
 def _pick_data_ptr():
-    """A function giving an ndarray's data address. ``a.ctypes.data`` builds an object; the address is also the
-    first field after the object header of numpy's PyArrayObject (the ABI every compiled numpy extension reads
-    through PyArray_DATA), several times cheaper to read. Use that when it agrees with ``a.ctypes.data`` on a few
-    probes (it would not on an interpreter whose id() is not an address), else the public spelling."""
+    """A function giving an ndarray's data address: ``a.ctypes.data`` builds an object, while the address is also
+    the first field after the object header of numpy's PyArrayObject (the ABI PyArray_DATA reads). The cheaper read
+    is used where it agrees with ``a.ctypes.data`` on a few probes (it would not where id() is not an address)."""
     slow = lambda a: a.ctypes.data  # noqa: E731
     if np is None:
         return slow
     offset, from_address = object.__basicsize__, ctypes.c_void_p.from_address
-
-    def fast(a):
-        return from_address(id(a) + offset).value
-
-    try:
-        base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-        probes = (base, base[1:], base[:, 1:].T, np.zeros(5, np.float16)[2:], np.ascontiguousarray(base[::2]))
-        if all(fast(a) == a.ctypes.data for a in probes):
-            return fast
-    except Exception:  # pragma: no cover
-        pass
-    return slow  # pragma: no cover
+    fast = lambda a: from_address(id(a) + offset).value  # noqa: E731
+    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    probes = (base, base[1:], base[:, 1:].T, np.zeros(5, np.float16)[2:], np.ascontiguousarray(base[::2]))
+    return fast if all(fast(a) == a.ctypes.data for a in probes) else slow
 
 
 _data_ptr = _pick_data_ptr()
+# kda._torch.chunk_kda_cached, set when kda._torch is imported (the first torch call): chunk_kda's fast path for
+# a call whose signature has passed all its checks before
+_torch_chunk_cached = None
 
 
 def _shape(s) -> str:
     return "[" + ", ".join(str(int(d)) for d in s) + "]"
 
 
-def _arg(field: str) -> str:
-    """The caller's name of a kda_args_t field."""
-    return ARGUMENT_OF_FIELD.get(field, field)
+def _bad(fn: str, name: str, what: str, cls=KDAInvalidValueError):
+    """The error for the caller's argument `name` of `fn`."""
+    return cls(f"{fn}: argument '{name}': {what}")
 
 
 def _is_torch(x) -> bool:
@@ -77,17 +69,12 @@ def _is_torch(x) -> bool:
     return t is not None and isinstance(x, t.Tensor)
 
 
-# kda._torch.chunk_kda_cached, set when kda._torch is imported (the first torch call): chunk_kda's fast path for
-# a call whose signature has passed all its checks before
-_torch_chunk_cached = None
-
-
 def _kind(fn: str, q) -> str:
     if isinstance(q, _ndarray):
         return "numpy"
     if _is_torch(q):
         return "torch"
-    raise KDATypeError(f"{fn}: argument 'q': expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
+    raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -96,49 +83,42 @@ def _kind(fn: str, q) -> str:
 def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
     for name, x, want in (("q", q, "[B, T, H, K]"), ("k", k, "[B, T, H, K]"), ("v", v, "[B, T, HV, V]"),
                           ("g", g, "[B, T, HV, K]"), ("beta", beta, "")):
-        nd = getattr(x, "ndim", None)
-        if nd is None:
-            raise KDATypeError(f"{fn}: argument '{name}': expected an array like q, got {type(x).__name__}")
-        if nd != 4 and want:
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected shape {want}, got {_shape(x.shape)}")
+        if getattr(x, "ndim", None) is None:
+            raise _bad(fn, name, f"expected an array like q, got {type(x).__name__}", KDATypeError)
+        if x.ndim != 4 and want:
+            raise _bad(fn, name, f"expected shape {want}, got {_shape(x.shape)}")
     if beta.ndim == 4 and fused:  # headwise beta [B, T, HV, V]: one beta per value channel (FLA's fused_recurrent_kda)
         if tuple(beta.shape) != tuple(v.shape):
-            raise KDAInvalidValueError(f"{fn}: argument 'beta': a headwise beta must have v's shape "
-                                       f"{_shape(v.shape)}, got {_shape(beta.shape)}")
+            raise _bad(fn, "beta", f"a headwise beta must have v's shape {_shape(v.shape)}, got {_shape(beta.shape)}")
     elif beta.ndim != 3 and not (beta.ndim == 4 and not fused):  # chunk_kda: FLA's own assert names the shape
-        raise KDAInvalidValueError(f"{fn}: argument 'beta': expected shape [B, T, HV], got {_shape(beta.shape)}")
+        raise _bad(fn, "beta", f"expected shape [B, T, HV], got {_shape(beta.shape)}")
 
 
 def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> tuple:
     """FLA's shape checks (raising `err`, KDAAssertionError where FLA asserts), then ours. Returns the sizes."""
     B, T, H, K = q.shape
-    vs = v.shape
-    HV, V = vs[2], vs[3]
+    HV, V = v.shape[2], v.shape[3]
     if k.shape != q.shape:
         raise err(f"{fn}: q and k must have the same shape, got q={_shape(q.shape)} and k={_shape(k.shape)} "
                   f"(argument 'k')")
     if K > 256:
-        raise err(f"{fn}: argument 'q': key head size K = {K} is above 256, the largest supported")
+        raise _bad(fn, "q", f"key head size K = {K} is above 256, the largest supported", err)
     if H < 1:
-        raise KDAInvalidValueError(f"{fn}: argument 'q': H = {H}: there must be at least one query/key head")
+        raise _bad(fn, "q", f"H = {H}: there must be at least one query/key head")
     if HV % H != 0:
-        raise err(f"{fn}: argument 'v': for GVA the number of value heads HV = {HV} must be a multiple of the "
-                  f"number of query/key heads H = {H}")
+        raise _bad(fn, "v", f"for GVA the number of value heads HV = {HV} must be a multiple of the number of "
+                            f"query/key heads H = {H}", err)
     if g.shape != (B, T, HV, K):
-        raise err(f"{fn}: argument 'g': expected shape [B, T, HV, K] = {_shape((B, T, HV, K))}, "
-                  f"got {_shape(g.shape)}")
+        raise _bad(fn, "g", f"expected shape [B, T, HV, K] = {_shape((B, T, HV, K))}, got {_shape(g.shape)}", err)
     if beta.shape != (B, T, HV) and not (headwise_ok and tuple(beta.shape) == (B, T, HV, V)):
-        raise err(f"{fn}: argument 'beta': expected shape [B, T, HV] = {_shape((B, T, HV))}, "
-                  f"got {_shape(beta.shape)}")
-    if vs[0] != B or vs[1] != T:
-        raise KDAInvalidValueError(f"{fn}: argument 'v': expected shape [B, T, HV, V] with B, T = {B}, {T} "
-                                   f"(from q), got {_shape(vs)}")
+        raise _bad(fn, "beta", f"expected shape [B, T, HV] = {_shape((B, T, HV))}, got {_shape(beta.shape)}", err)
+    if v.shape[0] != B or v.shape[1] != T:
+        raise _bad(fn, "v", f"expected shape [B, T, HV, V] with B, T = {B}, {T} (from q), got {_shape(v.shape)}")
     if K < 1 or V < 1 or HV < 1:
-        raise KDAInvalidValueError(f"{fn}: argument 'q' / 'v': head sizes must be at least 1, got K = {K}, "
-                                   f"V = {V}, HV = {HV}")
+        raise _bad(fn, "q' / 'v", f"head sizes must be at least 1, got K = {K}, V = {V}, HV = {HV}")
     if V > 256:
-        raise KDANotSupportedError(f"{fn}: argument 'v': value head size V = {V} is above 256, the largest "
-                                   f"libkda implements")
+        raise _bad(fn, "v", f"value head size V = {V} is above 256, the largest libkda implements",
+                   KDANotSupportedError)
     return B, T, H, K, HV, V
 
 
@@ -151,56 +131,49 @@ def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
                                    f"`cu_seqlens`; flatten variable-length inputs first (argument 'q')")
     shape = getattr(cu_seqlens, "shape", None)
     if shape is None:
-        try:
-            shape = (len(cu_seqlens),)
-        except TypeError:
-            raise KDATypeError(f"{fn}: argument 'cu_seqlens': expected a 1-D array of N + 1 offsets, got "
-                               f"{type(cu_seqlens).__name__}") from None
+        if not hasattr(cu_seqlens, "__len__"):
+            raise _bad(fn, "cu_seqlens", f"expected N + 1 offsets, got {type(cu_seqlens).__name__}", KDATypeError)
+        shape = (len(cu_seqlens),)
     if len(shape) != 1:
-        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': expected a 1-D array of N + 1 offsets, got "
-                                   f"shape {_shape(shape)}")
+        raise _bad(fn, "cu_seqlens", f"expected a 1-D array of N + 1 offsets, got shape {_shape(shape)}")
     if shape[0] == 0:
-        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': is empty; expected the N + 1 offsets 0, ..., T "
-                                   f"of N sequences (2 or more entries for T > 0)")
+        raise _bad(fn, "cu_seqlens", "is empty; expected the N + 1 offsets 0, ..., T of N sequences (2 or more "
+                                     "entries for T > 0)")
     N = shape[0] - 1
-    if h0 is not None and not pool and _state_rows(h0) != N:
+    if h0 is not None and not pool and _state_rows(fn, h0) != N:
         raise KDAInvalidValueError(
             f"{fn}: the number of initial states is expected to equal the number of input sequences, i.e. "
-            f"{N} rather than {_state_rows(h0)} (argument 'initial_state')")
+            f"{N} rather than {_state_rows(fn, h0)} (argument 'initial_state')")
     return N
 
 
-def _state_rows(h) -> int:
+def _state_rows(fn: str, h) -> int:
     s = getattr(h, "shape", None)
     if not s:
-        raise KDAInvalidValueError(f"argument 'initial_state': expected a 4-D array, got "
-                                   f"{type(h).__name__ if s is None else 'a scalar'}")
+        raise _bad(fn, "initial_state", f"expected a 4-D array, got {type(h).__name__ if s is None else 'a scalar'}")
     return s[0]
 
 
 def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v_first: bool, pool: bool = False):
     if getattr(h, "ndim", None) != 4:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': expected a 4-D state, got "
-                                   f"{_shape(h.shape) if hasattr(h, 'shape') else type(h).__name__}")
+        raise _bad(fn, name, f"expected a 4-D state, got "
+                             f"{_shape(h.shape) if hasattr(h, 'shape') else type(h).__name__}")
     s = h.shape
     tail = (HV, V, K) if state_v_first else (HV, K, V)
     if tuple(s[1:]) != tail or (not pool and s[0] != N):
-        lead = "num_slots" if pool else "N"
-        names = f"[{lead}, HV, V, K]" if state_v_first else f"[{lead}, HV, K, V]"
-        want = _shape(((s[0] if pool else N),) + tail)
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': expected shape {names} = {want}, got {_shape(s)}")
+        names = "[%s, HV, %s]" % ("num_slots" if pool else "N", "V, K" if state_v_first else "K, V")
+        raise _bad(fn, name, f"expected shape {names} = {_shape(((s[0] if pool else N),) + tail)}, got {_shape(s)}")
     if pool and s[0] < 1:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': a state pool needs at least one slot")
+        raise _bad(fn, name, "a state pool needs at least one slot")
 
 
 def _is_state_dtype(fn: str, h, kind: str) -> bool:
     if kind == "numpy":
         if not isinstance(h, _ndarray):
-            raise KDATypeError(f"{fn}: argument 'initial_state': expected a numpy.ndarray like q, got "
-                               f"{type(h).__name__}")
+            raise _bad(fn, "initial_state", f"expected a numpy.ndarray like q, got {type(h).__name__}", KDATypeError)
         return h.dtype == _f32
     if not _is_torch(h):
-        raise KDATypeError(f"{fn}: argument 'initial_state': expected a torch.Tensor like q, got {type(h).__name__}")
+        raise _bad(fn, "initial_state", f"expected a torch.Tensor like q, got {type(h).__name__}", KDATypeError)
     t = sys.modules["torch"]
     return h.dtype == t.float32 or h.dtype == t.bfloat16
 
@@ -217,25 +190,25 @@ def _check_a_log(fn: str, A_log, lower_bound) -> None:
                                    f"`lower_bound` is not set.")
 
 
+# float32 rounds to infinity from (2 - 2**-24) * 2**127 up, and to 0 up to 2**-150 (half its smallest subnormal)
 _F32_INF, _F32_ZERO = 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** -150
 
 
 def _float32(fn: str, name: str, x) -> float:
     """x as kda_args_t's float: a real number whose float32 rounding is finite, and nonzero unless x is 0 (libkda
-    reads 0 as unset, so a value that rounds to 0 would silently become the default)."""
+    reads 0 as unset: a value that rounds to 0 would silently become the default). Plain arithmetic, which
+    torch.compile traces."""
     if isinstance(x, (str, bytes)) or not hasattr(type(x), "__float__"):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a real number, got {type(x).__name__} {x!r}")
+        raise _bad(fn, name, f"expected a real number, got {type(x).__name__} {x!r}", KDATypeError)
     try:
         f = float(x)
     except (TypeError, ValueError) as e:
-        raise KDATypeError(f"{fn}: argument '{name}': expected a real number, got {type(x).__name__} ({e})") from None
-    # float32 rounds to infinity from (2 - 2**-24) * 2**127 up and to 0 up to 2**-150, half its smallest subnormal
-    # (plain arithmetic, which torch.compile traces)
+        raise _bad(fn, name, f"expected a real number, got {type(x).__name__} ({e})", KDATypeError) from None
     if not abs(f) < _F32_INF:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': {f!r} is not a finite float32")
+        raise _bad(fn, name, f"{f!r} is not a finite float32")
     if 0.0 < abs(f) <= _F32_ZERO:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': {f!r} rounds to 0 in float32, which libkda reads as "
-                                   f"unset; pass 0 itself or a value of at least 1.4e-45 in magnitude")
+        raise _bad(fn, name, f"{f!r} rounds to 0 in float32, which libkda reads as unset; pass 0 itself or a value "
+                             f"of at least 1.4e-45 in magnitude")
     return f
 
 
@@ -246,12 +219,9 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, *, scale, gate, lower_
     lb = 0.0
     if gate:
         _check_a_log(fn, A_log, lower_bound)
-        if A_log is not None and _numel(A_log) != HV:
-            raise KDAInvalidValueError(f"{fn}: argument 'A_log': expected {HV} values (shape [HV]), got shape "
-                                       f"{_shape(A_log.shape)}")
-        if dt_bias is not None and _numel(dt_bias) != HV * K:
-            raise KDAInvalidValueError(f"{fn}: argument 'dt_bias': expected HV * K = {HV * K} values (shape "
-                                       f"[HV * K]), got shape {_shape(dt_bias.shape)}")
+        for name, x, n, what in (("A_log", A_log, HV, "[HV]"), ("dt_bias", dt_bias, HV * K, "[HV * K]")):
+            if x is not None and _numel(x) != n:
+                raise _bad(fn, name, f"expected {what} = {n} values, got shape {_shape(x.shape)}")
         if lower_bound is not None:
             lb = _float32(fn, "lower_bound", lower_bound)
             if lb == 0.0 and not safe_gate:
@@ -277,14 +247,29 @@ def _zeros_like(x):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Keywords: what each entry point reads from **kwargs (as FLA does); any other keyword is a TypeError, as a
-# Python function without **kwargs would raise (FLA would ignore it silently; a typo then changes the result).
+# Keywords: what each entry point reads from **kwargs (as FLA does), with their defaults; any other keyword is a
+# TypeError, as a Python function without **kwargs would raise (FLA would ignore it: a typo changes the result).
 # ---------------------------------------------------------------------------------------------------------
 _KWARGS = {
-    "chunk_kda": ("A_log", "dt_bias", "chunk_size", "transpose_state_layout", "cp_piece_len"),
-    "fused_recurrent_kda": ("transpose_state_layout", "ssm_state_indices", "inplace_final_state", "out",
-                            "safe_gate", "cu_seqlens_cpu", "num_accepted_tokens"),
+    "chunk_kda": dict(A_log=None, dt_bias=None, chunk_size=64, transpose_state_layout=None, cp_piece_len=None),
+    "fused_recurrent_kda": dict(transpose_state_layout=None, ssm_state_indices=None, inplace_final_state=False,
+                                out=None, safe_gate=False, cu_seqlens_cpu=None, num_accepted_tokens=None),
 }
+
+
+def _keywords(fn: str, kwargs: dict, state_v_first: bool):
+    """(the keywords `fn` reads from **kwargs, given or default; state_v_first with its deprecated alias)."""
+    unknown = {name: x for name, x in kwargs.items() if name not in _KWARGS[fn]}
+    if unknown:
+        raise _unexpected_kwargs(fn, unknown)
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated "
+                                       "`transpose_state_layout`.")
+        warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning,
+                      stacklevel=3)
+        state_v_first = kwargs["transpose_state_layout"]
+    return {**_KWARGS[fn], **kwargs}, state_v_first
 
 
 def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
@@ -306,60 +291,34 @@ def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
 
 
 def _cp_piece_len(fn: str, x) -> int:
-    """chunk_kda's cp_piece_len as KdaOptions.cp: -1 auto (None), 0 off, else the tokens per piece, checked here so
-    that the error speaks of the keyword."""
+    """chunk_kda's cp_piece_len as KdaOptions.cp (-1 auto for None), checked so that the error speaks of it."""
     if x is None:
         return -1
     if isinstance(x, bool) or not hasattr(x, "__index__"):
         raise KDATypeError(f"{fn}: `cp_piece_len` must be None, 0 or a whole number of tokens, got "
                            f"{type(x).__name__} {x!r}")
-    n = operator.index(x)
+    n, m = operator.index(x), _lib.CP_PIECE_MULTIPLE
     if n < 0:
-        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be None (libkda decides), 0 (no split) or a positive "
-                                   f"multiple of {_lib.CP_PIECE_MULTIPLE}, got {n}")
-    if n % _lib.CP_PIECE_MULTIPLE != 0:
-        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be a multiple of the chunk, {_lib.CP_PIECE_MULTIPLE} "
-                                   f"tokens, got {n}")
-    if n > _lib.CP_MAX_PIECE_LEN:
-        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be at most {_lib.CP_MAX_PIECE_LEN} tokens, got {n}")
-    return n
-
-
-def _transpose_alias(kwargs: dict, state_v_first: bool) -> bool:
-    if state_v_first:
-        raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
-    warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning, stacklevel=3)
-    return kwargs.pop("transpose_state_layout")
+        why = f"None (libkda decides), 0 (no split) or a positive multiple of {m}"
+    elif n % m != 0:
+        why = f"a multiple of the chunk, {m} tokens"
+    elif n > _lib.CP_MAX_PIECE_LEN:
+        why = f"at most {_lib.CP_MAX_PIECE_LEN} tokens"
+    else:
+        return n
+    raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be {why}, got {n}")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# chunk_kda
+# The entry points
 # ---------------------------------------------------------------------------------------------------------
-def chunk_kda(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale: float | None = None,
-    initial_state=None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    safe_gate: bool = False,
-    lower_bound: float | None = None,
-    disable_recompute: bool = False,
-    return_intermediate_states: bool = False,
-    state_v_first: bool = False,
-    cu_seqlens=None,
-    cu_seqlens_cpu=None,
-    cp_context=None,
-    use_graph: bool = False,
-    max_num_seqs: int | None = None,
-    **kwargs,
-):
+def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+              lower_bound: float | None = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
+              cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: int | None = None,
+              **kwargs):
     """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda`` (FLA 0.6.0).
 
     Per sequence and value head, with a K×V state S (natural-log gates):
@@ -405,31 +364,21 @@ def chunk_kda(
     With torch tensors the call is differentiable (libkda's kda_backward); numpy users call
     :func:`chunk_kda_backward`.
     """
-    fast = _torch_chunk_cached
     remember = None
-    if fast is not None:
-        r, remember = fast((q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu), kwargs,
-                           (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                            use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
-                            return_intermediate_states, state_v_first, cp_context, use_graph, max_num_seqs))
+    if _torch_chunk_cached is not None:
+        r, remember = _torch_chunk_cached(
+            (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu), kwargs,
+            (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+             allow_neg_eigval, safe_gate, lower_bound, return_intermediate_states, state_v_first, cp_context,
+             use_graph, max_num_seqs))
         if r is not None:
             return r
     fn = "chunk_kda"
-    A_log = dt_bias = None
-    chunk_size, cp = 64, -1
-    if kwargs:
-        kwargs = dict(kwargs)
-        if "transpose_state_layout" in kwargs:
-            state_v_first = _transpose_alias(kwargs, state_v_first)
-        A_log = kwargs.pop("A_log", None)
-        dt_bias = kwargs.pop("dt_bias", None)
-        chunk_size = kwargs.pop("chunk_size", 64)
-        cp = _cp_piece_len(fn, kwargs.pop("cp_piece_len", None))
-        if kwargs:
-            raise _unexpected_kwargs(fn, kwargs)
+    kw, state_v_first = _keywords(fn, kwargs, state_v_first)
+    A_log, dt_bias, chunk_size = kw["A_log"], kw["dt_bias"], kw["chunk_size"]
+    cp = _cp_piece_len(fn, kw["cp_piece_len"])
     if cp_context is not None:
         raise KDANotSupportedError(f"{fn}: cp_context (context parallelism) is not implemented by kda")
-
     kind = _kind(fn, q)
     if return_intermediate_states:  # FLA's two conditions, in FLA's words
         if kind == "numpy":
@@ -454,14 +403,13 @@ def chunk_kda(
             raise KDAInvalidValueError(f"{fn}: `lower_bound` must be set when `safe_gate=True` and "
                                        f"`use_gate_in_kernel=True`.")
         if not (-5 <= _float32(fn, "lower_bound", lower_bound) < 0):
-            raise KDAInvalidValueError(f"{fn}: `lower_bound` must lie in the safe range [-5, 0), got "
-                                       f"{lower_bound}.")
+            raise KDAInvalidValueError(f"{fn}: `lower_bound` must lie in the safe range [-5, 0), got {lower_bound}.")
     _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAAssertionError)
     if use_graph and cu_seqlens is not None and max_num_seqs is not None and N != max_num_seqs:
-        raise KDAAssertionError(
-            f"{fn}: with use_graph, cu_seqlens must be padded with empty tail sequences to exactly "
-            f"max_num_seqs + 1 entries, got {N} sequences with max_num_seqs={max_num_seqs}")
+        raise KDAAssertionError(f"{fn}: with use_graph, cu_seqlens must be padded with empty tail sequences to "
+                                f"exactly max_num_seqs + 1 entries, got {N} sequences with max_num_seqs="
+                                f"{max_num_seqs}")
 
     # ours
     if initial_state is not None:
@@ -478,9 +426,6 @@ def chunk_kda(
                             bool(output_final_state), remember, bool(return_intermediate_states))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# chunk_kda_backward: the gradients for numpy users (torch tensors: chunk_kda is differentiable)
-# ---------------------------------------------------------------------------------------------------------
 def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = None, initial_state=None,
                        use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
@@ -488,7 +433,8 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
                        cu_seqlens=None, A_log=None, dt_bias=None):
     """The gradients of ``chunk_kda`` (numpy arrays, CPU backend) for the loss weights ``do`` (``[B, T, HV, V]``,
     the gradient of o) and ``dht`` (the gradient of the final state, shaped as it; None: zero). The other
-    arguments are the forward's, with the same meaning and checks.
+    arguments are the forward's, with the same meaning and checks (with torch tensors, chunk_kda is
+    differentiable).
 
     Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)``: the first five in their inputs'
     dtypes and shapes; d_initial_state float32 (None without initial_state); dA_log, ddt_bias float32 shaped as
@@ -496,20 +442,19 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     """
     fn = "chunk_kda_backward"
     if _kind(fn, q) != "numpy":
-        raise KDATypeError(f"{fn}: argument 'q': numpy arrays only; with torch tensors chunk_kda is differentiable "
-                           f"(call .backward() on its outputs)")
+        raise _bad(fn, "q", "numpy arrays only; with torch tensors chunk_kda is differentiable (call .backward() on "
+                            "its outputs)", KDATypeError)
     _check_ndim(fn, q, k, v, g, beta, fused=False)
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAAssertionError)
     N = _num_seqs(fn, q, cu_seqlens, None)
     for name, h in (("initial_state", initial_state), ("dht", dht)):
         if h is not None:
             if not _is_state_dtype(fn, h, "numpy"):
-                raise KDAAssertionError(f"{fn}: argument '{name}': must be float32, got {h.dtype}")
+                raise _bad(fn, name, f"must be float32, got {h.dtype}", KDAAssertionError)
             _check_state(fn, name, h, N, HV, K, V, state_v_first)
     if not isinstance(do, _ndarray) or tuple(do.shape) != tuple(v.shape):
         got = list(do.shape) if isinstance(do, _ndarray) else type(do).__name__
-        raise KDAInvalidValueError(f"{fn}: argument 'do': expected a numpy array of v's shape {list(v.shape)}, got "
-                                   f"{got}")
+        raise _bad(fn, "do", f"expected a numpy array of v's shape {list(v.shape)}, got {got}")
     _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     g, A_log, dt_bias, opts = _options(
         fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
@@ -532,29 +477,11 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     return tuple(grads)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# fused_recurrent_kda
-# ---------------------------------------------------------------------------------------------------------
-def fused_recurrent_kda(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    A_log=None,
-    dt_bias=None,
-    scale: float | None = None,
-    initial_state=None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    lower_bound: float | None = None,
-    state_v_first: bool = False,
-    cu_seqlens=None,
-    **kwargs,
-):
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float | None = None, initial_state=None,
+                        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                        use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                        allow_neg_eigval: bool = False, lower_bound: float | None = None,
+                        state_v_first: bool = False, cu_seqlens=None, **kwargs):
     """Kimi Delta Attention, token-by-token (decode) form: a drop-in for ``fla.ops.kda.fused_recurrent_kda``.
 
     Same operation, arguments and results as :func:`chunk_kda` (A_log ``[HV]`` and dt_bias ``[HV * K]`` are
@@ -579,128 +506,106 @@ def fused_recurrent_kda(
         ``output_final_state``, ``initial_state`` itself with ``inplace_final_state``, else None.
     """
     fn = "fused_recurrent_kda"
-    ssm_state_indices = out = cu_seqlens_cpu = num_accepted_tokens = None
-    inplace_final_state = safe_gate = False
-    if kwargs:
-        kwargs = dict(kwargs)
-        if "transpose_state_layout" in kwargs:
-            state_v_first = _transpose_alias(kwargs, state_v_first)
-        ssm_state_indices = kwargs.pop("ssm_state_indices", None)
-        inplace_final_state = bool(kwargs.pop("inplace_final_state", False))
-        out = kwargs.pop("out", None)
-        safe_gate = bool(kwargs.pop("safe_gate", False))
-        cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-        num_accepted_tokens = kwargs.pop("num_accepted_tokens", None)
-        if kwargs:
-            raise _unexpected_kwargs(fn, kwargs)
-
+    kw, state_v_first = _keywords(fn, kwargs, state_v_first)
+    idx, nat, out = kw["ssm_state_indices"], kw["num_accepted_tokens"], kw["out"]
+    inplace, safe_gate = bool(kw["inplace_final_state"]), bool(kw["safe_gate"])
     kind = _kind(fn, q)
     _check_ndim(fn, q, k, v, g, beta, fused=True)
-    pool = ssm_state_indices is not None
+    pool = idx is not None
 
     # FLA's checks, in FLA's order
     N = _num_seqs(fn, q, cu_seqlens, initial_state, pool)
     _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     if out is not None and tuple(getattr(out, "shape", ())) != tuple(v.shape):
-        raise KDAAssertionError(f"{fn}: argument 'out': expected v's shape {_shape(v.shape)}, got "
-                                f"{_shape(out.shape) if hasattr(out, 'shape') else type(out).__name__}")
-    if inplace_final_state and initial_state is None:
-        raise KDAAssertionError(f"{fn}: inplace_final_state=True requires initial_state (argument "
-                                f"'initial_state')")
+        raise _bad(fn, "out", f"expected v's shape {_shape(v.shape)}, got "
+                              f"{_shape(out.shape) if hasattr(out, 'shape') else type(out).__name__}",
+                   KDAAssertionError)
+    if inplace and initial_state is None:
+        raise KDAAssertionError(f"{fn}: inplace_final_state=True requires initial_state (argument 'initial_state')")
 
     # ours
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
     if pool:
-        nd = getattr(ssm_state_indices, "ndim", None)
+        nd = getattr(idx, "ndim", None)
         if nd not in (1, 2):
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected a 1-D array of N slots or "
-                                       f"a 2-D array [N, T_max] of per-token slots")
-        if ssm_state_indices.shape[0] != N:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected N = {N} rows (one per "
-                                       f"sequence), got {ssm_state_indices.shape[0]}")
-        if nd == 2 and ssm_state_indices.shape[1] < 1:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': a 2-D array needs T_max >= 1 "
-                                       f"columns")
+            raise _bad(fn, "ssm_state_indices", "expected a 1-D array of N slots or a 2-D array [N, T_max] of "
+                                                "per-token slots")
+        if idx.shape[0] != N:
+            raise _bad(fn, "ssm_state_indices", f"expected N = {N} rows (one per sequence), got {idx.shape[0]}")
+        if nd == 2 and idx.shape[1] < 1:
+            raise _bad(fn, "ssm_state_indices", "a 2-D array needs T_max >= 1 columns")
         if initial_state is None:
             raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices' needs initial_state, the state pool")
-        if output_final_state and not inplace_final_state:
+        if output_final_state and not inplace:
             raise KDANotSupportedError(f"{fn}: output_final_state=True with ssm_state_indices but without "
                                        f"inplace_final_state=True is not implemented by kda (pass "
                                        f"inplace_final_state=True to update the pool)")
-    if num_accepted_tokens is not None:
-        if not pool or getattr(ssm_state_indices, "ndim", None) != 2:
-            raise KDAInvalidValueError(f"{fn}: argument 'num_accepted_tokens': needs a 2-D ssm_state_indices "
-                                       f"[N, T_max]")
-        if getattr(num_accepted_tokens, "ndim", None) != 1 or num_accepted_tokens.shape[0] != N:
-            raise KDAInvalidValueError(f"{fn}: argument 'num_accepted_tokens': expected shape [N] = [{N}], got "
-                                       f"{_shape(getattr(num_accepted_tokens, 'shape', ()))}")
+    if nat is not None:
+        if getattr(idx, "ndim", None) != 2:
+            raise _bad(fn, "num_accepted_tokens", "needs a 2-D ssm_state_indices [N, T_max]")
+        if getattr(nat, "ndim", None) != 1 or nat.shape[0] != N:
+            raise _bad(fn, "num_accepted_tokens", f"expected shape [N] = [{N}], got "
+                                                  f"{_shape(getattr(nat, 'shape', ()))}")
     if initial_state is not None:
         if not _is_state_dtype(fn, initial_state, kind):
-            raise KDANotSupportedError(f"{fn}: argument 'initial_state': dtype {initial_state.dtype} is not "
-                                       f"implemented; use float32 (or bfloat16)")
+            raise _bad(fn, "initial_state", f"dtype {initial_state.dtype} is not implemented; use float32 (or "
+                                            f"bfloat16)", KDANotSupportedError)
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=pool)
     g, A_log, dt_bias, opts = _options(
         fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
         safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
         v_first=state_v_first)
-    ht_mode = 2 if inplace_final_state else (1 if output_final_state else 0)
+    ht_mode = 2 if inplace else (1 if output_final_state else 0)
     if kind == "numpy":
         return _np_forward(fn, "decode", opts, q, k, v, g, beta, N, out, ht_mode, initial_state=initial_state,
-                           cu_seqlens=cu_seqlens, state_indices=ssm_state_indices,
-                           num_accepted_tokens=num_accepted_tokens, A_log=A_log, dt_bias=dt_bias)
+                           cu_seqlens=cu_seqlens, state_indices=idx, num_accepted_tokens=nat, A_log=A_log,
+                           dt_bias=dt_bias)
     from . import _torch
     return _torch.fused_recurrent_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                                      cu_seqlens_cpu, ssm_state_indices, num_accepted_tokens, out, ht_mode)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Integer arrays (offsets, slots) of either kind, as host numpy arrays whose values fit the C type
-# ---------------------------------------------------------------------------------------------------------
-def host_ints(fn: str, name: str, x, dtypes: tuple):
-    """x (a numpy array, a CPU tensor or a sequence) as a C-contiguous numpy array of one of `dtypes` (the last
-    when converted from another integer dtype, after checking that every value fits)."""
-    if _is_torch(x):
-        if x.device.type != "cpu":
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': on {x.device} while the inputs are numpy arrays "
-                                       f"(host memory)")
-        x = x.numpy()
-    elif not isinstance(x, _ndarray):
-        x = np.asarray(x)
-    if x.dtype not in dtypes:
-        if x.dtype.kind not in "iu":
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected integers ({' or '.join(map(str, dtypes))}),"
-                                       f" got {x.dtype}")
-        info = np.iinfo(dtypes[-1])
-        if x.size:
-            lo, hi = int(x.min()), int(x.max())  # Python ints: exact for every dtype
-            if hi > info.max or lo < info.min:
-                raise KDAInvalidValueError(f"{fn}: argument '{name}': the value {hi if hi > info.max else lo} does "
-                                           f"not fit in {dtypes[-1]}")
-        x = x.astype(dtypes[-1])
-    return np.ascontiguousarray(x)
+                                      kw["cu_seqlens_cpu"], idx, nat, out, ht_mode)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # numpy: the CPU backend, synchronously
 # ---------------------------------------------------------------------------------------------------------
+def host_ints(fn: str, name: str, x, dtypes: tuple):
+    """x (a numpy array, a CPU tensor or a sequence) as a C-contiguous numpy array of one of `dtypes` (the last
+    when converted from another integer dtype, after checking that every value fits). torch uses it too."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise _bad(fn, name, f"on {x.device} while the inputs are numpy arrays (host memory)")
+        x = x.numpy()
+    elif not isinstance(x, _ndarray):
+        x = np.asarray(x)
+    if x.dtype not in dtypes:
+        if x.dtype.kind not in "iu":
+            raise _bad(fn, name, f"expected integers ({' or '.join(map(str, dtypes))}), got {x.dtype}")
+        info = np.iinfo(dtypes[-1])
+        lo, hi = (int(x.min()), int(x.max())) if x.size else (0, 0)  # Python ints: exact for every dtype
+        if hi > info.max or lo < info.min:
+            raise _bad(fn, name, f"the value {hi if hi > info.max else lo} does not fit in {dtypes[-1]}")
+        x = x.astype(dtypes[-1])
+    return np.ascontiguousarray(x)
+
+
 def _np_code(fn: str, field: str, x) -> int:
     """kda_dtype_t of a numpy array passed as kda_args_t's `field` (build_args's `code`)."""
     code = (_NP_INT if field == "cu_seqlens" else _NP_FLOAT).get(x.dtype)
     if code is None:
-        raise KDANotSupportedError(f"{fn}: argument '{_arg(field)}': numpy dtype {x.dtype} is not supported; use "
-                                   f"float32 or float16 (bfloat16 through torch tensors)")
+        raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
+                                                            f"float16 (bfloat16 through torch tensors)",
+                   KDANotSupportedError)
     return code
 
 
 def _np_array(fn: str, name: str, x, like=None, writable: bool = False):
     if not isinstance(x, _ndarray):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a numpy.ndarray like q, got {type(x).__name__}")
+        raise _bad(fn, name, f"expected a numpy.ndarray like q, got {type(x).__name__}", KDATypeError)
     if like is not None and x.dtype != like.dtype:
-        raise KDANotSupportedError(f"{fn}: argument '{name}': dtype {x.dtype} differs from q's {like.dtype}; q, k "
-                                   f"and v must share one dtype")
+        raise _bad(fn, name, f"dtype {x.dtype} differs from q's {like.dtype}; q, k and v must share one dtype",
+                   KDANotSupportedError)
     if writable and not (x.flags.c_contiguous and x.flags.writeable):
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': written in place, so it must be a C-contiguous, "
-                                   f"writable array")
+        raise _bad(fn, name, "written in place, so it must be a C-contiguous, writable array")
     return np.ascontiguousarray(x)
 
 
@@ -708,11 +613,11 @@ def _np_f32(fn: str, name: str, x):
     if _is_torch(x):
         x = x.detach().cpu().numpy()
     elif not isinstance(x, _ndarray):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a numpy.ndarray like q, got {type(x).__name__}")
+        raise _bad(fn, name, f"expected a numpy.ndarray like q, got {type(x).__name__}", KDATypeError)
     return np.ascontiguousarray(x, dtype=_f32)
 
 
-# how each optional kda_args_t array is taken from the caller (as the name the caller knows it by)
+# how each optional kda_args_t array is taken from the caller (named as the caller knows it)
 _NP_OPTIONAL = {
     "initial_state": lambda fn, name, x: _np_array(fn, name, x),
     "cu_seqlens": lambda fn, name, x: host_ints(fn, name, x, (_i32, _i64)),
@@ -730,7 +635,7 @@ def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
              beta=_np_array(fn, "beta", beta))
     for field, a in optional.items():
         if a is not None:
-            x[field] = _NP_OPTIONAL[field](fn, _arg(field), a)
+            x[field] = _NP_OPTIONAL[field](fn, ARGUMENT_OF_FIELD.get(field, field), a)
     return x
 
 

@@ -1,9 +1,6 @@
-"""libkda through ctypes: finding and loading the library, the kda_args_t mirror, the options of a call, contexts,
-and the calls.
-
-Nothing here runs when ``kda`` is imported: the library is loaded by the first call that needs it, so that
-``import kda`` works on a machine without it (the call then raises :class:`KDALibraryNotFoundError` listing the
-places searched).
+"""libkda through ctypes: loading the library, the structs' mirrors and their builder, the options of a call,
+contexts, and the calls. The library is loaded by the first call that needs it, so that ``import kda`` works on a
+machine without it (the call then raises :class:`KDALibraryNotFoundError` listing the places searched).
 """
 
 from __future__ import annotations
@@ -146,6 +143,7 @@ def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBa
     return b
 
 
+_ENTRIES = ("forward", "decode", "backward")  # the entry points run() calls, each with its workspace size query
 _ARGS_P, _BWD_P, _SIZE_P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t)
 # attribute, C function, result, argument types
 _FUNCTIONS = [
@@ -194,6 +192,7 @@ class _Library:
             raise KDALibraryNotFoundError(
                 f"libkda at {path} is version {major}.{minor}.{v % 100}; this kda package needs "
                 f"{HEADER_VERSION_MAJOR}.x (set KDA_LIBRARY to a matching build)")
+        self.entries = {e: (getattr(self, e), getattr(self, e + "_workspace_size")) for e in _ENTRIES}
         self.library_args_size, self.template = self._defaults(self.args_init, KdaArgs, "kda_args_t")
         _, self.backward_template = self._defaults(self.backward_args_init, KdaBackwardArgs, "kda_backward_args_t")
 
@@ -276,18 +275,11 @@ class Context:
         return self.ws_ptr
 
     def num_threads(self) -> int:
-        L, n = library(), c_int()
-        st = L.get_num_threads(self.handle, byref(n))
-        if st:
-            raise L.error(st)
-        return n.value
+        return _out(library().get_num_threads, self.handle, ctype=c_int)
 
     def set_num_threads(self, n: int) -> None:
-        L = library()
         with self.lock:
-            st = L.set_num_threads(self.handle, int(n))
-            if st:
-                raise L.error(st)
+            _check(library().set_num_threads(self.handle, int(n)))
 
 
 _contexts: dict[tuple[int, int], Context] = {}
@@ -304,9 +296,7 @@ def get_context(backend: int, device: int = 0) -> Context:
         ctx = _contexts.get((backend, device))
         if ctx is None:
             h = c_void_p()
-            st = L.create(byref(h), backend, device)
-            if st:
-                raise L.error(st)
+            _check(L.create(byref(h), backend, device))
             ctx = _contexts[(backend, device)] = Context(h.value, backend, device)
         return ctx
 
@@ -331,33 +321,24 @@ if hasattr(os, "register_at_fork"):
 
 
 def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None) -> int:
-    """Run `entry` ("forward", "decode" or "backward": kda_forward, kda_decode, kda_backward) of `args` (a
-    KdaArgs, a KdaBackwardArgs for the backward) on `ctx`; returns the workspace size used.
-
-    The size query comes first and the workspace of that size next: `workspace(nbytes)` returns (pointer,
-    keep-alive object) for device contexts, None means the context's host workspace. `nbytes`: the size this
-    returned for an earlier call of the same signature: the query (a second ctypes call) is skipped. Should that
-    call fail, the query settles what the plain order would have done: its own error if it fails; else, if it
-    asks for more than `nbytes` (a CPU context given more threads since), the call again with that much; else the
-    call's own error. Raises the KDAError of a failing status."""
+    """Run `entry` ("forward", "decode", "backward") of `args` (a KdaArgs; a KdaBackwardArgs for the backward) on
+    `ctx` with the workspace its size query asks for; returns that size. `workspace(n)` gives (pointer,
+    keep-alive) on a device; None: the context's host workspace. `nbytes`: the size an earlier call of the same
+    signature used, tried without the query; should that call fail, the query settles what the plain order would
+    have done: its own error if it fails; else, if it asks for more (a CPU context given more threads since), the
+    call again with that much; else the call's own error. Raises the KDAError of a failing status."""
     L, pa = _lib, byref(args)
-    call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
+    call, size_fn = L.entries[entry]
     with ctx.lock:
         if nbytes is not None:
             st = _call(ctx, call, pa, nbytes, workspace, stream)
             if not st:
                 return nbytes
             err = L.error(st)  # now: the size query below may overwrite the thread's last error
-        size = c_size_t()
-        st = size_fn(ctx.handle, pa, byref(size))
-        if st:
-            raise L.error(st)
-        n = size.value
+        n = _out(size_fn, ctx.handle, pa)
         if nbytes is not None and n <= nbytes:
             raise err
-        st = _call(ctx, call, pa, n, workspace, stream)
-        if st:
-            raise L.error(st)
+        _check(_call(ctx, call, pa, n, workspace, stream))
         return n
 
 
@@ -375,9 +356,17 @@ def _call(ctx: Context, entry, pa, n: int, workspace, stream) -> int:
 
 def saved_size(ctx: Context, args: KdaArgs) -> int:
     """kda_forward_saved_size: the bytes kda_forward keeps for kda_backward at args.saved (0: nothing)."""
-    L, size = _lib, c_size_t()
     with ctx.lock:
-        st = L.forward_saved_size(ctx.handle, byref(args), byref(size))
-        if st:
-            raise L.error(st)
-    return size.value
+        return _out(_lib.forward_saved_size, ctx.handle, byref(args))
+
+
+def _check(status: int) -> None:
+    if status:
+        raise _lib.error(status)
+
+
+def _out(f, *args, ctype=c_size_t):
+    """f(*args, &value) -> value, raising the error of a failing status."""
+    value = ctype()
+    _check(f(*args, byref(value)))
+    return value.value

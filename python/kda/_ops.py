@@ -1,19 +1,16 @@
-"""torch custom ops over libkda (namespace ``kda``), and the launch of libkda on torch tensors they share with
-kda._torch's eager calls.
+"""torch custom ops over libkda (namespace ``kda``), and the launch of libkda on torch tensors that they share
+with kda._torch's eager calls. Each op has a fake (meta) implementation so that torch.compile can trace it and
+CUDA graph capture can record it (libkda never synchronises with the host; workspace comes from torch's caching
+allocator on the current stream):
 
-Each op has a fake (meta) implementation so that torch.compile can trace it and CUDA graph capture can record it
-(libkda never synchronises with the host; workspace comes from torch's caching allocator on the current stream):
+* ``kda::chunk_kda_fwd``: (o, final_state); differentiable (kda._autograd) through ``kda::chunk_kda_bwd``.
+* ``kda::chunk_kda_bwd``: libkda's kda_backward: (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias).
+* ``kda::fused_recurrent_kda_fwd``: (o, final_state); its backward raises (kda._autograd).
+* ``kda::fused_recurrent_kda_out``: writes ``o`` and ``final_state`` (a preallocated output and, for vLLM's
+  in-place decode, the state pool).
 
-* ``kda::chunk_kda_fwd``            functional: (o, final_state); differentiable (kda._autograd), its backward
-  runs ``kda::chunk_kda_bwd``.
-* ``kda::chunk_kda_bwd``            libkda's kda_backward: (dq, dk, dv, dg, dbeta, d_initial_state, dA_log,
-  ddt_bias), the last three empty when not requested.
-* ``kda::fused_recurrent_kda_fwd``  functional: (o, final_state); its backward raises (kda._autograd).
-* ``kda::fused_recurrent_kda_out``  mutates ``o`` and ``final_state`` (the preallocated output and, for vLLM's
-  in-place decode, the state pool); returns nothing.
-
-The ops take the options as scalars (their schema is public); their bodies turn them into one KdaOptions. A final
-state that was not requested is an empty float32 tensor (custom ops cannot return None).
+The ops take the options as scalars (their schema is public); their bodies make one KdaOptions of them. An output
+not requested is an empty tensor (custom ops cannot return None, and their outputs may not alias).
 """
 
 from typing import Optional, Tuple
@@ -33,8 +30,8 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
     raise KDANotSupportedError(f"kda: torch {torch.__version__} is too old; torch >= 2.4 (torch.library.custom_op) "
                                f"is required for torch tensors")
 
-# the current CUDA stream and device without the public spellings' checks (the callers hold CUDA tensors, so
-# torch's CUDA state is up); the public spellings are the fallback
+# the current CUDA stream and device without the public spellings' checks (the callers hold CUDA tensors: torch's
+# CUDA state is up); the public spellings are the fallback
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 # the argument names of the ops (and of the caller) for kda_args_t's fields
@@ -65,9 +62,8 @@ def workspace_of(dev: torch.device):
 
 
 def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None) -> int:
-    """_lib.run on the tensors' device `dev`: CUDA on its current stream (workspace from torch's allocator), or
-    the CPU backend; errors in the terms of the Python call `fn`. Returns the workspace size (`nbytes`: one
-    remembered from an earlier call, see _lib.run)."""
+    """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's allocator), errors
+    in the terms of the Python call `fn`."""
     try:
         if dev.type == "cuda":
             index, ctx = cuda_context(dev)
@@ -85,8 +81,8 @@ def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = No
 
 def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor of kda_forward_saved_size bytes, set
-    into `a` and returned; None when the library keeps nothing for this problem (or on the CPU). `memo`: a
-    cached signature (kda._torch._ChunkCall) whose size is asked once, unless the host's lengths may change it."""
+    into `a` and returned (None: the library keeps nothing, or the CPU). `memo`: a cached signature
+    (kda._torch._ChunkCall), whose size is asked once unless the host's lengths may change it."""
     if dev.type != "cuda":
         return None
     n = memo.saved_bytes if memo is not None and not a.cu_seqlens_host else None
@@ -105,9 +101,8 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
 
 
 def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
-    """What libkda cannot check for itself: sizes, dtypes, devices and layouts of the memory behind the pointers.
-    The Python entry points have checked all this already; the ops are public too, so they check again.
-    `optional`: kda_args_t's optional tensors by name."""
+    """What libkda cannot check for itself: sizes, dtypes, devices and layouts of the memory behind the pointers
+    (`optional`: kda_args_t's optional tensors by name). The entry points have checked it; the ops are public."""
     def bad(field, what):
         raise KDAInvalidValueError(f"{fn}: argument '{_OP_NAME.get(field, field)}': {what}")
 
@@ -166,12 +161,11 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
 
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
            keep: bool = False, memo=None, **optional) -> Optional[Tensor]:
-    """Fill a kda_args_t from tensors and run libkda's `entry` ("forward" or "decode") on their device.
-    `optional`: kda_args_t's optional tensors by name (final_state may be initial_state: in place; an empty one
-    is not requested; cu_seqlens_host is passed on for CUDA tensors only). `checked`: the caller is an entry point
-    that has made every check of check_launch already. `hs`: the tensor for kda_args_t.chunk_states. `keep`: a
-    forward of a training step keeps what the backward reuses (kda_args_t.saved), returned (None: nothing).
-    `memo`: a cached signature (kda._torch._ChunkCall): the workspace size of its last call is used first."""
+    """Run libkda's `entry` ("forward" or "decode") on tensors. `optional`: kda_args_t's optional tensors by name
+    (final_state may be initial_state: in place; an empty one is not requested; cu_seqlens_host is read on CUDA
+    only). `checked`: an entry point has made check_launch's checks. `hs`: kda_args_t.chunk_states. `keep`: keep
+    what the backward reuses (kda_args_t.saved), returned. `memo`: a cached signature (kda._torch._ChunkCall),
+    whose last workspace size is tried first."""
     ht = optional.get("final_state")
     if ht is not None and ht.numel() == 0:
         optional["final_state"] = None
