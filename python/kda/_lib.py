@@ -143,7 +143,6 @@ def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBa
     return b
 
 
-_ENTRIES = ("forward", "decode", "backward")  # the entry points run() calls, each with its workspace size query
 _ARGS_P, _BWD_P, _SIZE_P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t)
 # attribute, C function, result, argument types
 _FUNCTIONS = [
@@ -192,7 +191,6 @@ class _Library:
             raise KDALibraryNotFoundError(
                 f"libkda at {path} is version {major}.{minor}.{v % 100}; this kda package needs "
                 f"{HEADER_VERSION_MAJOR}.x (set KDA_LIBRARY to a matching build)")
-        self.entries = {e: (getattr(self, e), getattr(self, e + "_workspace_size")) for e in _ENTRIES}
         self.library_args_size, self.template = self._defaults(self.args_init, KdaArgs, "kda_args_t")
         _, self.backward_template = self._defaults(self.backward_args_init, KdaBackwardArgs, "kda_backward_args_t")
 
@@ -328,7 +326,7 @@ def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int
     have done: its own error if it fails; else, if it asks for more (a CPU context given more threads since), the
     call again with that much; else the call's own error. Raises the KDAError of a failing status."""
     L, pa = _lib, byref(args)
-    call, size_fn = L.entries[entry]
+    call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
     with ctx.lock:
         if nbytes is not None:
             st = _call(ctx, call, pa, nbytes, workspace, stream)
