@@ -319,50 +319,26 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
               return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
               cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: int | None = None,
               **kwargs):
-    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda`` (FLA 0.6.0).
+    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda`` (FLA 0.6.0), same
+    arguments, defaults and results. Per sequence and value head, with a K×V state S and natural-log gates:
+    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
 
-    Per sequence and value head, with a K×V state S (natural-log gates):
-    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T`` and ``o_t = scale * S_t^T q_t``.
+    q, k ``[B, T, H, K]`` (K <= 256) and v ``[B, T, HV, V]`` (HV a multiple of H) share one dtype (float32,
+    float16 or bfloat16); g ``[B, T, HV, K]``; beta ``[B, T, HV]``; scale None means ``K ** -0.5``;
+    initial_state ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) float32 or bfloat16; cu_seqlens
+    ``[N + 1]`` int32/int64 offsets of N packed sequences (B = 1). ``use_gate_in_kernel``: the log decay is
+    ``-exp(A_log[h]) * softplus(g + dt_bias[h])``, or with ``lower_bound`` ``lower_bound * sigmoid(exp(A_log[h])
+    * (g + dt_bias[h]))``; ``A_log`` ``[HV]`` and ``dt_bias`` ``[HV * K]`` are keywords, ignored without it, as
+    is ``lower_bound``. ``return_intermediate_states`` (inference mode): h, the state before every 64-token chunk
+    of every sequence, in q's dtype. ``chunk_size`` (32 or 64), ``disable_recompute``, ``use_graph``,
+    ``max_num_seqs`` and ``safe_gate`` do not change the result; ``cp_context`` is not implemented. libkda's
+    keyword ``cp_piece_len`` controls the CUDA forward's intra-card context parallelism: None (libkda decides),
+    0 (never split) or a multiple of 64 up to 2**24 (pieces of that many tokens).
 
-    Args:
-        q, k: ``[B, T, H, K]`` queries and keys (float32, float16 or bfloat16; K <= 256).
-        v: ``[B, T, HV, V]`` values, HV a multiple of H (GVA); same dtype as q.
-        g: ``[B, T, HV, K]`` log decay, or with ``use_gate_in_kernel`` the raw gate input.
-        beta: ``[B, T, HV]`` write strength, or its logit with ``use_beta_sigmoid_in_kernel``.
-        scale: output scale; None means ``K ** -0.5``.
-        initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``), float32 (or bfloat16).
-        output_final_state: return the state after each sequence (float32, same layout).
-        use_qk_l2norm_in_kernel: divide q and k by ``sqrt(sum(x**2) + 1e-6)`` over K first.
-        use_gate_in_kernel: the log decay is ``-exp(A_log[h]) * softplus(g + dt_bias[h])``, or with
-            ``lower_bound`` ``lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))`` (A_log None:
-            ``lower_bound * sigmoid(g + dt_bias[h])``). ``A_log`` ([HV]) and ``dt_bias`` ([HV * K]) come as
-            keyword arguments; both are ignored without ``use_gate_in_kernel``, as is ``lower_bound``.
-        use_beta_sigmoid_in_kernel: beta is a logit: ``beta = sigmoid(beta)`` (``2 * sigmoid`` with
-            ``allow_neg_eigval``, which requires it).
-        safe_gate: the caller's promise of bounded gates; with ``use_gate_in_kernel`` it requires
-            ``lower_bound`` in [-5, 0). No effect on the result.
-        disable_recompute, use_graph, max_num_seqs: change nothing in a forward pass (FLA's ``max_num_seqs``
-            padding check is made).
-        return_intermediate_states: inference mode only: also return h, the state before every chunk of 64
-            tokens of every sequence, ``[B, ceil(T / 64), HV, K, V]`` (varlen: ``[1, Σ ceil(len / 64), HV, K,
-            V]``) in q's dtype.
-        cp_context: not implemented (NotImplementedError).
-        state_v_first: states stored ``[V, K]`` per head. ``transpose_state_layout`` is its deprecated alias.
-        cu_seqlens: ``[N + 1]`` int32/int64 offsets of N packed sequences (B must be 1).
-        cu_seqlens_cpu: optional host copy of ``cu_seqlens``; with CUDA tensors libkda validates it.
-        chunk_size: 32 or 64 (keyword); the result does not depend on it.
-        cp_piece_len: libkda's keyword: intra-card context parallelism of the CUDA forward. None: libkda
-            decides; 0: never split; a positive multiple of 64 up to 2**24: pieces of that many tokens.
-
-    Inputs may be torch tensors (CUDA: the CUDA backend on the tensors' device and current stream; CPU: the CPU
-    backend) or numpy arrays (float32/float16, CPU backend; the outputs are numpy arrays then).
-
-    Returns:
-        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state float32, or None unless
-        ``output_final_state``. With ``return_intermediate_states``: ``(o, final_state, h)``.
-
-    With torch tensors the call is differentiable (libkda's kda_backward); numpy users call
-    :func:`chunk_kda_backward`.
+    torch tensors run on the CUDA backend (the tensors' device and current stream) or the CPU backend, and the call
+    is differentiable; numpy arrays (float32/float16) run on the CPU backend (gradients: :func:`chunk_kda_backward`).
+    Returns ``(o, final_state)``: o in q's dtype, final_state float32 or None unless ``output_final_state``; with
+    ``return_intermediate_states``, ``(o, final_state, h)``.
     """
     remember = None
     if _torch_chunk_cached is not None:
@@ -431,15 +407,10 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                        safe_gate: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
                        cu_seqlens=None, A_log=None, dt_bias=None):
-    """The gradients of ``chunk_kda`` (numpy arrays, CPU backend) for the loss weights ``do`` (``[B, T, HV, V]``,
-    the gradient of o) and ``dht`` (the gradient of the final state, shaped as it; None: zero). The other
-    arguments are the forward's, with the same meaning and checks (with torch tensors, chunk_kda is
-    differentiable).
-
-    Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)``: the first five in their inputs'
-    dtypes and shapes; d_initial_state float32 (None without initial_state); dA_log, ddt_bias float32 shaped as
-    given (None without use_gate_in_kernel or without them).
-    """
+    """The gradients of ``chunk_kda`` on numpy arrays (CPU backend; torch tensors: chunk_kda is differentiable)
+    for the loss weights ``do`` (o's gradient) and ``dht`` (the final state's; None: zero); the other arguments
+    are the forward's. Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)`` in the inputs'
+    dtypes and shapes (the last three float32, None where their input is not given or not used)."""
     fn = "chunk_kda_backward"
     if _kind(fn, q) != "numpy":
         raise _bad(fn, "q", "numpy arrays only; with torch tensors chunk_kda is differentiable (call .backward() on "
@@ -482,28 +453,17 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
                         allow_neg_eigval: bool = False, lower_bound: float | None = None,
                         state_v_first: bool = False, cu_seqlens=None, **kwargs):
-    """Kimi Delta Attention, token-by-token (decode) form: a drop-in for ``fla.ops.kda.fused_recurrent_kda``.
+    """Kimi Delta Attention, token-by-token (decode) form: a drop-in for ``fla.ops.kda.fused_recurrent_kda``, as
+    :func:`chunk_kda` (A_log and dt_bias positional, as in FLA) by libkda's recurrent decode. beta may be headwise,
+    ``[B, T, HV, V]``. Keywords, as FLA's and vLLM's: ``ssm_state_indices`` 1-D ``[N]``: initial_state is a pool
+    ``[num_slots, HV, K, V]`` and sequence n starts from slot ``ssm_state_indices[n]`` (negative: from zeros,
+    nothing written); 2-D ``[N, T_max]`` (speculative decoding): from slot ``[n, num_accepted_tokens[n] - 1]``,
+    and the state after token t goes to slot ``[n, t]``. ``num_accepted_tokens`` ``[N]`` in [1, T_max].
+    ``inplace_final_state``: write the final states back into initial_state and return it. ``out``: a
+    preallocated o. ``safe_gate``, ``cu_seqlens_cpu`` and ``transpose_state_layout`` as in chunk_kda.
 
-    Same operation, arguments and results as :func:`chunk_kda` (A_log ``[HV]`` and dt_bias ``[HV * K]`` are
-    positional here, as in FLA), computed by libkda's recurrent decode; best for a few tokens per sequence.
-
-    vLLM's decode keywords are supported as well:
-        ssm_state_indices: 1-D int ``[N]``: ``initial_state`` is then a pool ``[num_slots, HV, K, V]`` and
-            sequence n starts from slot ``ssm_state_indices[n]`` (negative: from zeros, nothing written).
-            2-D int ``[N, T_max]`` (speculative decoding): sequence n starts from slot
-            ``ssm_state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without num_accepted_tokens) and, with
-            inplace_final_state, the state after its token t is written to slot ``ssm_state_indices[n, t]``.
-        num_accepted_tokens: int ``[N]`` in [1, T_max], with a 2-D ``ssm_state_indices``.
-        inplace_final_state: write each sequence's final state back into ``initial_state`` (at its slot with
-            ``ssm_state_indices``) and return ``initial_state`` as the final state.
-        out: a preallocated ``[B, T, HV, V]`` output (returned as o).
-    beta may be headwise, ``[B, T, HV, V]`` (one beta per value channel), as in FLA. Further keywords:
-    ``safe_gate`` (as in chunk_kda), ``cu_seqlens_cpu`` (a host copy of cu_seqlens), ``transpose_state_layout``
-    (deprecated alias of ``state_v_first``).
-
-    Returns:
-        ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype; final_state float32 ``[N, HV, K, V]`` if
-        ``output_final_state``, ``initial_state`` itself with ``inplace_final_state``, else None.
+    Returns ``(o, final_state)``: o in v's dtype; final_state float32 ``[N, HV, K, V]`` if
+    ``output_final_state``, initial_state itself with ``inplace_final_state``, else None.
     """
     fn = "fused_recurrent_kda"
     kw, state_v_first = _keywords(fn, kwargs, state_v_first)

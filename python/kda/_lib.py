@@ -14,15 +14,11 @@ from typing import NamedTuple
 
 from ._errors import KDALibraryNotFoundError, error_from_status
 
-# The header this package mirrors (include/kda.h)
-HEADER_VERSION_MAJOR = 0
-HEADER_VERSION_MINOR = 1
-
+HEADER_VERSION_MAJOR, HEADER_VERSION_MINOR = 0, 1  # the header this package mirrors (include/kda.h)
 BACKEND_AUTO, BACKEND_CPU, BACKEND_REFERENCE, BACKEND_CUDA = 0, 1, 2, 3  # kda_backend_t
 FLOAT32, FLOAT16, BFLOAT16, INT32, INT64 = 0, 1, 2, 3, 4  # kda_dtype_t
 CP_AUTO, CP_OFF, CP_ON = 0, 1, 2  # kda_cp_mode_t
-CP_PIECE_MULTIPLE = 64
-CP_MAX_PIECE_LEN = 1 << 24
+CP_PIECE_MULTIPLE, CP_MAX_PIECE_LEN = 64, 1 << 24  # cp_piece_len's multiple and largest value
 CPU_CONTEXT = (BACKEND_CPU, 0)  # (backend, device) that host arrays and CPU tensors run on
 
 _CTYPES = {"size": c_size_t, "i64": c_int64, "i32": c_int32, "int": c_int, "enum": c_int, "ptr": c_void_p,
@@ -98,8 +94,8 @@ def set_cp(a: KdaArgs, cp: int) -> None:
 
 def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **optional) -> KdaArgs:
     """The kda_args_t of one call, for numpy arrays and torch tensors alike: `ptr(x)` is x's address, `code(fn,
-    field, x)` its kda_dtype_t (raising, in `fn`'s terms, for a dtype it cannot pass). `optional`: more kda_args_t
-    pointer fields by name (None: unset). Sizes come from the arrays' shapes; checks are the caller's."""
+    field, x)` its kda_dtype_t (raising in `fn`'s terms for one it cannot pass); `optional`: more pointer fields
+    by name (None: unset). Sizes come from the arrays' shapes; the checks are the caller's."""
     a = KdaArgs.from_buffer_copy(library().template)
     a.batch, a.seq_len, a.num_qk_heads, a.head_dim_k = q.shape
     a.num_v_heads, a.head_dim_v = v.shape[2], v.shape[3]
@@ -143,22 +139,16 @@ def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBa
     return b
 
 
-_ARGS_P, _BWD_P, _SIZE_P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t)
-# attribute, C function, result, argument types
-_FUNCTIONS = [
-    ("version", "kda_version", c_int), ("last_error", "kda_last_error", c_char_p),
-    ("create", "kda_create", c_int, POINTER(c_void_p), c_int, c_int), ("destroy", "kda_destroy", c_int, c_void_p),
-    ("get_backend", "kda_get_backend", c_int, c_void_p, POINTER(c_int)),
-    ("set_num_threads", "kda_set_num_threads", c_int, c_void_p, c_int),
-    ("get_num_threads", "kda_get_num_threads", c_int, c_void_p, POINTER(c_int)),
-    ("args_init", "kda_args_init", None, c_void_p), ("backward_args_init", "kda_backward_args_init", None, c_void_p),
-    ("forward_workspace_size", "kda_forward_workspace_size", c_int, c_void_p, _ARGS_P, _SIZE_P),
-    ("forward_saved_size", "kda_forward_saved_size", c_int, c_void_p, _ARGS_P, _SIZE_P),
-    ("forward", "kda_forward", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p),
-    ("decode_workspace_size", "kda_decode_workspace_size", c_int, c_void_p, _ARGS_P, _SIZE_P),
-    ("decode", "kda_decode", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p),
-    ("backward_workspace_size", "kda_backward_workspace_size", c_int, c_void_p, _BWD_P, _SIZE_P),
-    ("backward", "kda_backward", c_int, c_void_p, _BWD_P, c_void_p, c_size_t, c_void_p),
+_A, _B, _N, _P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t), c_void_p
+_FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, argument types
+    ("kda_version", c_int), ("kda_last_error", c_char_p), ("kda_create", c_int, POINTER(_P), c_int, c_int),
+    ("kda_destroy", c_int, _P), ("kda_get_backend", c_int, _P, POINTER(c_int)),
+    ("kda_set_num_threads", c_int, _P, c_int), ("kda_get_num_threads", c_int, _P, POINTER(c_int)),
+    ("kda_args_init", None, _P), ("kda_backward_args_init", None, _P),
+    ("kda_forward_workspace_size", c_int, _P, _A, _N), ("kda_forward_saved_size", c_int, _P, _A, _N),
+    ("kda_forward", c_int, _P, _A, _P, c_size_t, _P), ("kda_decode_workspace_size", c_int, _P, _A, _N),
+    ("kda_decode", c_int, _P, _A, _P, c_size_t, _P), ("kda_backward_workspace_size", c_int, _P, _B, _N),
+    ("kda_backward", c_int, _P, _B, _P, c_size_t, _P),
 ]
 
 
@@ -181,10 +171,10 @@ class _Library:
 
     def __init__(self, cdll: ctypes.CDLL, path: str):
         self.cdll, self.path = cdll, path
-        for attr, name, restype, *argtypes in _FUNCTIONS:
+        for name, restype, *argtypes in _FUNCTIONS:
             f = getattr(cdll, name)
             f.restype, f.argtypes = restype, argtypes
-            setattr(self, attr, f)
+            setattr(self, name[4:], f)
         v = self.version()
         major, minor = v // 10000, (v // 100) % 100
         if major != HEADER_VERSION_MAJOR:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
+from ._api import _bad, _check_shapes, _check_state
 from ._errors import KDAError, KDAInvalidValueError, KDANotSupportedError, in_callers_terms
 from ._lib import BACKEND_CUDA, INT32, INT64, KdaOptions, build_args, build_backward_args
 
@@ -34,16 +35,15 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
 # CUDA state is up); the public spellings are the fallback
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
-# the argument names of the ops (and of the caller) for kda_args_t's fields
-_OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens_cpu"}
+_OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens_cpu"}  # kda_args_t field -> op arg
 
 
 def code(fn: str, field: str, t: Tensor) -> int:
     """kda_dtype_t of a tensor passed as kda_args_t's `field` (build_args's `code`)."""
     c = (_INT if field == "cu_seqlens" else _FLOAT).get(t.dtype)
     if c is None:
-        raise KDANotSupportedError(f"{fn}: argument '{'out' if field == 'o' else field}': dtype {t.dtype} is not "
-                                   f"supported; use float32, float16 or bfloat16")
+        raise _bad(fn, "out" if field == "o" else field, f"dtype {t.dtype} is not supported; use float32, float16 "
+                                                         f"or bfloat16", KDANotSupportedError)
     return c
 
 
@@ -103,60 +103,47 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
 def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
     """What libkda cannot check for itself: sizes, dtypes, devices and layouts of the memory behind the pointers
     (`optional`: kda_args_t's optional tensors by name). The entry points have checked it; the ops are public."""
-    def bad(field, what):
-        raise KDAInvalidValueError(f"{fn}: argument '{_OP_NAME.get(field, field)}': {what}")
-
-    if q.dim() != 4:
-        bad("q", f"expected shape [B, T, H, K], got {list(q.shape)}")
-    B, T, H, K = q.shape
-    if v.dim() != 4 or v.shape[0] != B or v.shape[1] != T:
-        bad("v", f"expected shape [B, T, HV, V] with B, T = {B}, {T}, got {list(v.shape)}")
-    HV, V = v.shape[2], v.shape[3]
-    h0, ht, cu, idx, nat = (optional.get(f) for f in ("initial_state", "final_state", "cu_seqlens", "state_indices",
-                                                      "num_accepted_tokens"))
-    N = B if cu is None else cu.shape[0] - 1
-    bshape = (B, T, HV, V) if beta.dim() == 4 else (B, T, HV)  # headwise beta: one per value channel
-    for name, t, want in (("k", k, (B, T, H, K)), ("g", g, (B, T, HV, K)), ("beta", beta, bshape),
-                          ("o", o, (B, T, HV, V))):
-        if tuple(t.shape) != want:
-            bad(name, f"expected shape {list(want)}, got {list(t.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
+        if t.dim() != 4:
+            raise _bad(fn, name, f"expected a 4-D tensor, got shape {list(t.shape)}")
+    B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
+    if tuple(o.shape) != tuple(v.shape):
+        raise _bad(fn, "o", f"expected v's shape {list(v.shape)}, got {list(o.shape)}")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
-            bad(name, f"dtype {t.dtype} differs from q's {q.dtype}")
-    tail = (HV, V, K) if v_first else (HV, K, V)
-    slots = None
+            raise _bad(fn, name, f"dtype {t.dtype} differs from q's {q.dtype}")
+    h0, ht, cu, idx, nat, host = (optional.get(f) for f in ("initial_state", "final_state", "cu_seqlens",
+                                                            "state_indices", "num_accepted_tokens", "cu_seqlens_host"))
+    N = B if cu is None else cu.shape[0] - 1
     for name, t in (("initial_state", h0), ("final_state", ht)):
-        if t is None:
-            continue
-        if t.dim() != 4 or tuple(t.shape[1:]) != tail or (idx is None and t.shape[0] != N):
-            bad(name, f"expected shape {[N if idx is None else 'slots', *tail]}, got {list(t.shape)}")
-        if slots is not None and t.shape[0] != slots:
-            bad(name, f"{t.shape[0]} slots, but initial_state has {slots}")
-        slots = t.shape[0]
+        if t is not None:
+            _check_state(fn, name, t, N, HV, K, V, v_first, pool=idx is not None)
+    if h0 is not None and ht is not None and h0.shape[0] != ht.shape[0]:
+        raise _bad(fn, "final_state", f"{ht.shape[0]} slots, but initial_state has {h0.shape[0]}")
     if idx is not None and (idx.dim() not in (1, 2) or idx.shape[0] != N or idx.dtype != torch.int32 or
                             (idx.dim() == 2 and idx.shape[1] < 1)):
-        bad("state_indices", f"expected int32 [{N}] or [{N}, T_max], got {idx.dtype} {list(idx.shape)}")
+        raise _bad(fn, "ssm_state_indices", f"expected int32 [{N}] or [{N}, T_max], got {idx.dtype} "
+                                            f"{list(idx.shape)}")
     if nat is not None and (idx is None or idx.dim() != 2 or nat.dim() != 1 or nat.shape[0] != N or
                             nat.dtype != torch.int32):
-        bad("num_accepted_tokens", f"expected int32 [{N}] with a 2-D ssm_state_indices, got {nat.dtype} "
-                                   f"{list(nat.shape)}")
+        raise _bad(fn, "num_accepted_tokens", f"expected int32 [{N}] with a 2-D ssm_state_indices, got "
+                                              f"{nat.dtype} {list(nat.shape)}")
     if cu is not None and (cu.dim() != 1 or cu.dtype not in _INT or B != 1):
-        bad("cu_seqlens", f"expected int32/int64 [N + 1] with B = 1, got {cu.dtype} {list(cu.shape)}, B = {B}")
-    host = optional.get("cu_seqlens_host")
+        raise _bad(fn, "cu_seqlens", f"expected int32/int64 [N + 1] with B = 1, got {cu.dtype} {list(cu.shape)}, "
+                                     f"B = {B}")
     if host is not None and (host.device.type != "cpu" or cu is None or host.shape != cu.shape or
                              host.dtype != cu.dtype):
-        bad("cu_seqlens_host", "expected a host copy of cu_seqlens (same shape and dtype)")
+        raise _bad(fn, "cu_seqlens_cpu", "expected a host copy of cu_seqlens (same shape and dtype)")
     for name, n in (("A_log", HV), ("dt_bias", HV * K)):
         t = optional.get(name)
         if t is not None and (t.numel() != n or t.dtype != torch.float32):
-            bad(name, f"expected float32 [{n}], got {t.dtype} {list(t.shape)}")
-    dev = q.device
+            raise _bad(fn, name, f"expected float32 [{n}], got {t.dtype} {list(t.shape)}")
     for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o), *optional.items(), ("q", q)):
         if t is not None and name != "cu_seqlens_host":
-            if t.device != dev:
-                bad(name, f"on {t.device}, but q is on {dev}")
+            if t.device != q.device:
+                raise _bad(fn, _OP_NAME.get(name, name), f"on {t.device}, but q is on {q.device}")
             if not t.is_contiguous():
-                bad(name, "must be contiguous")
+                raise _bad(fn, _OP_NAME.get(name, name), "must be contiguous")
 
 
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,

@@ -1,11 +1,10 @@
-"""torch tensors: the torch halves of kda.chunk_kda and kda.fused_recurrent_kda (arguments already checked by
-kda._api, options in one KdaOptions), and chunk_kda's fast path for a signature seen before.
+"""torch tensors: the torch halves of kda.chunk_kda and kda.fused_recurrent_kda (arguments checked by kda._api,
+options in one KdaOptions), and chunk_kda's fast path for a signature seen before. Imported only when a torch
+tensor reaches an entry point (``import kda`` never imports torch).
 
-Imported only when a torch tensor reaches an entry point (``import kda`` never imports torch). The custom ops are
-in kda._ops, their autograd in kda._autograd. Eager calls on plain tensors skip the ops' dispatch (its host time
-is more than a small call's GPU time): without gradients the implementations are called directly; a chunk_kda
-that needs gradients runs through _autograd.ChunkKDA, whose CUDA forward also keeps its chunk blocks for the
-backward. torch.compile and tensor subclasses go through the ops (the backward recomputes the blocks there).
+Eager calls on plain tensors skip the custom ops' dispatch (kda._ops; its host time is more than a small call's
+GPU time): without gradients the implementations are called directly; a chunk_kda that needs gradients runs
+through _autograd.ChunkKDA. torch.compile and tensor subclasses go through the ops.
 """
 
 from typing import Optional
@@ -15,13 +14,14 @@ from torch import Tensor
 
 from . import _api, _ops
 from ._autograd import ChunkKDA
-from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
+from ._errors import KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
 _INT = (torch.int32, torch.int64)
 # nn.Parameter (A_log, dt_bias of a model) disables __torch_function__: to the ops it is a plain tensor
 _PLAIN_TENSORS = frozenset((Tensor, torch.nn.Parameter))
 _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+_bad = _api._bad
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -29,12 +29,12 @@ _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or 
 # ---------------------------------------------------------------------------------------------------------
 def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
     if not isinstance(x, Tensor):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a torch.Tensor like q, got {type(x).__name__}")
+        raise _bad(fn, name, f"expected a torch.Tensor like q, got {type(x).__name__}", KDATypeError)
     if x.device != like.device:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': on {x.device}, but q is on {like.device}")
+        raise _bad(fn, name, f"on {x.device}, but q is on {like.device}")
     if dtype is not None and x.dtype != dtype:
-        raise KDANotSupportedError(f"{fn}: argument '{name}': dtype {x.dtype} differs from q's {dtype}; q, k and "
-                                   f"v must share one dtype")
+        raise _bad(fn, name, f"dtype {x.dtype} differs from q's {dtype}; q, k and v must share one dtype",
+                   KDANotSupportedError)
     return x.contiguous()
 
 
@@ -54,55 +54,49 @@ def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
     if not isinstance(x, Tensor):
         x = torch.as_tensor(x, dtype=torch.float32).to(q.device)
     elif x.device != q.device:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': on {x.device}, but q is on {q.device}")
+        raise _bad(fn, name, f"on {x.device}, but q is on {q.device}")
     if x.dtype == torch.float32 and x.dim() == 1 and x.is_contiguous():  # the usual case: three torch calls less
         return x
     return x.to(torch.float32).contiguous().view(-1)
 
 
-def _ints(fn: str, name: str, x, q: Tensor, dtypes) -> Tensor:
-    """An integer tensor on q's device of one of `dtypes` (int32 for slots; int32 or int64 for offsets). Other
-    integer dtypes are converted after a check on the host that every value fits (uint64 may not)."""
+def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
+    """An integer tensor on `device` of one of `dtypes`. Other integer dtypes (and sequences, numpy arrays) are
+    converted after a check on the host that every value fits (a uint64 may not)."""
     if isinstance(x, Tensor):
-        if x.device != q.device:
-            where = "; pass it there (and the host copy as cu_seqlens_cpu)" if name == "cu_seqlens" else ""
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': on {x.device}, but q is on {q.device}{where}")
+        if x.device != device:
+            hint = "; pass it there (and the host copy as cu_seqlens_cpu)" if name == "cu_seqlens" else ""
+            raise _bad(fn, name, f"on {x.device}, but q is on {device}{hint}")
         if x.dtype in dtypes:
             return x.contiguous()
         if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected integers "
-                                       f"({' or '.join(str(d)[6:] for d in dtypes)}), got {x.dtype}")
+            raise _bad(fn, name, f"expected integers ({' or '.join(str(d)[6:] for d in dtypes)}), got {x.dtype}")
         x = x.cpu()
     import numpy as np
-    want = tuple(np.dtype(str(d)[6:]) for d in dtypes)
-    return torch.from_numpy(_api.host_ints(fn, name, x, want)).to(q.device)
+    host = _api.host_ints(fn, name, x, tuple(np.dtype(str(d)[6:]) for d in dtypes))
+    return torch.from_numpy(host).to(device)
 
 
 def _offsets(fn: str, cu, cu_cpu, q: Tensor):
-    """(cu_seqlens on q's device, its host copy for CUDA tensors: the caller's cu_seqlens_cpu, else one at hand
-    when cu_seqlens came from the host)."""
+    """(cu_seqlens on q's device, its host copy for CUDA tensors: cu_seqlens_cpu, or cu_seqlens itself when it came
+    from the host)."""
     if cu is None:
         return None, None
-    host = None if isinstance(cu, Tensor) else _ints(fn, "cu_seqlens", cu, torch.empty(0), _INT)
-    cu = _ints(fn, "cu_seqlens", cu, q, _INT) if host is None else host.to(q.device)
-    if not cu.is_cuda:
-        return cu, None  # on the CPU, cu_seqlens itself is read
-    if cu_cpu is None:
-        return cu, host
-    if not isinstance(cu_cpu, Tensor):
-        cu_cpu = _ints(fn, "cu_seqlens_cpu", cu_cpu, torch.empty(0), _INT)
-    if cu_cpu.device.type != "cpu":
-        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens_cpu': must be in host memory, got {cu_cpu.device}")
+    host = None if isinstance(cu, Tensor) else _ints(fn, "cu_seqlens", cu, torch.device("cpu"), _INT)
+    cu = _ints(fn, "cu_seqlens", cu, q.device, _INT) if host is None else host.to(q.device)
+    if not cu.is_cuda or cu_cpu is None:
+        return cu, host if cu.is_cuda else None  # on the CPU, cu_seqlens itself is read
+    if isinstance(cu_cpu, Tensor) and cu_cpu.device.type != "cpu":
+        raise _bad(fn, "cu_seqlens_cpu", f"must be in host memory, got {cu_cpu.device}")
+    cu_cpu = _ints(fn, "cu_seqlens_cpu", cu_cpu, torch.device("cpu"), (cu.dtype,))
     if cu_cpu.shape != cu.shape:
-        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens_cpu': shape {list(cu_cpu.shape)} differs from "
-                                   f"cu_seqlens' {list(cu.shape)}")
-    return cu, cu_cpu.to(cu.dtype).contiguous()
+        raise _bad(fn, "cu_seqlens_cpu", f"shape {list(cu_cpu.shape)} differs from cu_seqlens' {list(cu.shape)}")
+    return cu, cu_cpu
 
 
 def _eager(*ts) -> bool:
-    """True when the ops' Python implementations may be called directly: plain tensors (or parameters), no
-    autograd to record, not tracing for torch.compile. A call through torch.ops costs more host time (the custom
-    op's dispatch) than a whole small prefill on the GPU; the direct call computes the same thing."""
+    """Whether the ops' Python implementations may be called directly (the same computation without the op's
+    dispatch): plain tensors (or parameters), no autograd to record, not tracing for torch.compile."""
     if _compiling():
         return False
     grad = torch.is_grad_enabled()
@@ -110,19 +104,17 @@ def _eager(*ts) -> bool:
 
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
-    """FLA's h of return_intermediate_states: [B, NT, HV, K, V] ([.., V, K] V-first), NT = ceil(T / 64); varlen:
-    [1, Σ ceil(len / 64), HV, K, V]; in q's dtype. Returns (h, the tensor libkda writes: h, or a float32 one when
-    q is float16)."""
-    B, T = q.shape[0], q.shape[1]
+    """FLA's h of return_intermediate_states, [B, NT, HV, K, V] ([.., V, K] V-first) with NT = ceil(T / 64) (varlen:
+    [1, Σ ceil(len / 64), ..]) in q's dtype, and the tensor libkda writes: h, or a float32 one for float16."""
     if cu is None:
-        nt = (T + 63) // 64
+        nt = (q.shape[1] + 63) // 64
     else:
         lens = (cu_cpu if cu_cpu is not None else cu.cpu()).to(torch.int64)  # the host's lengths (FLA's too)
         nt = int(((lens[1:] - lens[:-1] + 63) // 64).sum())
     K, HV, V = q.shape[3], v.shape[2], v.shape[3]
-    shape = (B, nt, HV) + ((V, K) if v_first else (K, V))
-    h = torch.empty(shape, dtype=q.dtype, device=q.device)
-    return h, (h if q.dtype != torch.float16 else torch.empty(shape, dtype=torch.float32, device=q.device))
+    shape = (q.shape[0], nt, HV) + ((V, K) if v_first else (K, V))
+    h = q.new_empty(shape)
+    return h, (h if q.dtype != torch.float16 else q.new_empty(shape, dtype=torch.float32))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -134,18 +126,17 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
     return_intermediate_states (inference mode: no autograd), the result is then (o, final_state, h)."""
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
-    if h0 is not None:
-        h0 = _tensor(fn, "initial_state", h0, q)
+    h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     inputs = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
-    if states:  # kda.chunk_kda checked torch.is_inference_mode_enabled()
+    if states:
         h, hs = _chunk_states_tensor(q, v, cu, cu_cpu, opts.state_v_first)
         o, ht = _ops.chunk_fwd(opts, *inputs, final, hs=hs)
         if hs is not h:
             h.copy_(hs)
         return o, (ht if final else None), h
     train = False
-    if _eager(q, k, v, g, beta, A_log, dt_bias, h0):  # every argument was checked above and by kda.chunk_kda
+    if _eager(*inputs[:8]):
         o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
         o, ht = ChunkKDA.apply(opts, final, None, None, *inputs)
@@ -164,59 +155,45 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
-    if idx is not None:
-        idx = _ints(fn, "ssm_state_indices", idx, q, (torch.int32,))
-    if nat is not None:
-        nat = _ints(fn, "num_accepted_tokens", nat, q, (torch.int32,))
+    idx = None if idx is None else _ints(fn, "ssm_state_indices", idx, q.device)
+    nat = None if nat is None else _ints(fn, "num_accepted_tokens", nat, q.device)
     if h0 is not None:
-        if ht_mode != 2:
-            h0 = _tensor(fn, "initial_state", h0, q)
-        elif _tensor(fn, "initial_state", h0, q) is not h0:  # not contiguous: .contiguous() copied it
-            raise KDANotSupportedError(f"{fn}: argument 'initial_state': the state pool is updated in place, so it "
-                                       f"must be contiguous (a pool whose slots are strided apart is not "
-                                       f"implemented), got strides {tuple(h0.stride())}")
-    # eager: every argument was checked above and by kda.fused_recurrent_kda, so the launch checks are skipped
-    eager = _eager(q, k, v, g, beta, A_log, dt_bias, h0, out)
-    if out is None and ht_mode != 2:
-        if eager:
-            o, ht = _ops.new_outputs(q, v, cu, ht_mode == 1, opts.state_v_first)
-            _ops.fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, o, ht, checked=True)
-        else:
-            o, ht = torch.ops.kda.fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx,
-                                                          opts.scale, ht_mode == 1, *opts[1:8], nat)
-        return o, (ht if ht_mode == 1 else None)
-    if out is None:
-        o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    else:
+        c = _tensor(fn, "initial_state", h0, q)
+        if c is not h0 and ht_mode == 2:  # .contiguous() copied it
+            raise _bad(fn, "initial_state", f"the state pool is updated in place, so it must be contiguous (a pool "
+                                            f"whose slots are strided apart is not implemented), got strides "
+                                            f"{tuple(h0.stride())}", KDANotSupportedError)
+        h0 = c
+    if out is not None:
         if not isinstance(out, Tensor) or out.device != q.device:
-            raise KDAInvalidValueError(f"{fn}: argument 'out': expected a torch.Tensor on {q.device}")
+            raise _bad(fn, "out", f"expected a torch.Tensor on {q.device}")
         if not out.is_contiguous():
-            raise KDAInvalidValueError(f"{fn}: argument 'out': must be contiguous (it is written in place)")
+            raise _bad(fn, "out", "must be contiguous (it is written in place)")
         _ops.code(fn, "o", out)
-        o = out
-    if ht_mode == 2:
-        ht, h0 = h0, None
+    eager, final = _eager(q, k, v, g, beta, A_log, dt_bias, h0, out), ht_mode == 1
+    if not eager and out is None and ht_mode != 2:  # the functional op
+        o, ht = torch.ops.kda.fused_recurrent_kda_fwd(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx,
+                                                      opts.scale, final, *opts[1:8], nat)
+        return o, (ht if final else None)
+    o = v.new_empty(v.shape) if out is None else out
+    ht = h0 if ht_mode == 2 else (_ops.new_state(q, v, cu, True, opts.state_v_first) if final else None)
+    if eager:  # every argument was checked above and by kda.fused_recurrent_kda
+        _ops.fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, o, ht, checked=True)
     else:
-        ht = _ops.new_state(q, v, cu, True, opts.state_v_first) if ht_mode == 1 else None
-    if eager:
-        _ops.fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, ht if ht_mode == 2 else h0, cu, cu_cpu, idx, nat,
-                          o, ht, checked=True)
-    else:
-        torch.ops.kda.fused_recurrent_kda_out(q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, o, ht,
-                                              ht_mode == 2, opts.scale, *opts[1:8], nat)
+        torch.ops.kda.fused_recurrent_kda_out(q, k, v, g, beta, A_log, dt_bias, None if ht_mode == 2 else h0, cu,
+                                              cu_cpu, idx, o, ht, ht_mode == 2, opts.scale, *opts[1:8], nat)
     return o, ht
 
 
 # ---------------------------------------------------------------------------------------------------------
-# kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes,
-# dtypes, devices, contiguity, options) has passed them before runs without them, and without the workspace size
-# query: the size its last call used is tried first (_lib.run settles a size that falls short). A training call
-# (tensors that require grad; which ones is part of the signature) is launched the same way before autograd's
-# Function records it, and its backward reuses the signature's backward workspace size.
+# kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes, dtypes,
+# devices, contiguity, options) has passed them before runs without them, and without the workspace size query:
+# the size its last call used is tried first (_lib.run settles one that falls short). A training call (tensors
+# that require grad; which ones is part of the signature) is launched before autograd's Function records it, and
+# its backward reuses the signature's backward workspace size.
 #
-# Signatures are filed under q's shape, and one is computed only for a shape that was seen before: where the
-# shapes change from call to call (variable-length prefill), a call costs one dict lookup more, not a
-# signature and a cache entry that will not be used.
+# Signatures are filed under q's shape, and one is computed only for a shape seen before: where the shapes change
+# from call to call (variable-length prefill), a call costs one dict lookup more, not an unused cache entry.
 # ---------------------------------------------------------------------------------------------------------
 _SCALARS = frozenset((type(None), bool, int, float))  # equal values of these mean the same to every check
 _CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
@@ -226,9 +203,8 @@ _chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
 
 def chunk_kda_cached(tensors, kwargs, flags):
     """kda.chunk_kda's (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu), **kwargs and other arguments
-    (scale, output_final_state, ..., max_num_seqs, in its order without disable_recompute) -> (result, None) when
-    a call of this signature was checked and run eagerly before; else (None, remember): what to pass to chunk_kda
-    (None: not cacheable)."""
+    (scale, ..., max_num_seqs in its order, without disable_recompute) -> (result, None) for a signature checked
+    and run eagerly before; else (None, what to pass to chunk_kda as `remember`: None where not cacheable)."""
     q = tensors[0]
     if _compiling() or type(q) not in _PLAIN_TENSORS:  # first: torch.compile traces the ops, not this
         return None, None
@@ -256,14 +232,12 @@ def chunk_kda_cached(tensors, kwargs, flags):
             key.append((t.shape, t.dtype, t.device, t.is_contiguous(), grad and t.requires_grad))
         else:
             return None, None
-    key = tuple(key)
-    call = calls.get(key)
+    call = calls.get(key := tuple(key))
     if call is None:
         return None, (shape, key, inputs)
     inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        launched = call.launch(*inputs)
-        o, ht = ChunkKDA.apply(call.opts, call.final, launched, call, *inputs)
+        o, ht = ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
         return (o, ht if call.final else None), None
     return call(*inputs), None
 
@@ -286,8 +260,8 @@ def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) 
 
 class _ChunkCall:
     """One cached chunk_kda signature: its options, whether it returns the final state and is recorded by
-    autograd, which arguments the calls ignore (`unused`), and the workspace sizes its last calls used (forward;
-    backward with the saved bytes it was given) and the bytes its forward keeps for the backward."""
+    autograd, which arguments its calls ignore, the workspace sizes its last calls used (the forward's; the
+    backward's with the saved bytes it had) and the bytes its forward keeps for the backward."""
     __slots__ = ("opts", "final", "train", "unused", "nbytes", "saved_bytes", "bwd_nbytes", "bwd_saved")
 
     def __init__(self, opts: KdaOptions, final: bool, train: bool, unused: tuple):
@@ -299,8 +273,7 @@ class _ChunkCall:
         return o, (ht if self.final else None)
 
     def launch(self, *inputs):
-        """A training call's forward, before ChunkKDA records it: (o, ht, what the forward kept for the backward
-        or None)."""
+        """A training call's forward, before ChunkKDA records it: (o, ht, what the forward kept for the backward)."""
         return _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, keep=True, memo=self)
 
 
