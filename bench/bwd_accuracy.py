@@ -12,8 +12,7 @@ import argparse
 import torch
 
 import kda
-import kda._torch as kt
-from kda._lib import BACKEND_REFERENCE
+from kda import _lib
 
 try:
     from fla.ops.kda import chunk_kda as fla_chunk_kda
@@ -73,7 +72,7 @@ def main():
     ap.add_argument("--fla-cases", default=None, help="the cases FLA runs too (default: all; each compiles its kernels)")
     ap.add_argument("--seeds", type=int, default=1, help="inputs drawn from seeds 0 .. N-1 (a row per seed)")
     args = ap.parse_args()
-    kt._CPU_CONTEXT = (BACKEND_REFERENCE, 0)  # CPU tensors: the fp64 oracle
+    _lib.CPU_CONTEXT = (_lib.BACKEND_REFERENCE, 0)  # CPU tensors: the fp64 oracle
     print("case                 impl   " + " ".join(f"{n[:8]:>9s}" for n in GRADS))
     for name in args.cases.split(","):
         B, T, HQK, HV, K, dtype, gs = CASES[name]

@@ -23,26 +23,10 @@ from ._lib import library_path
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "chunk_kda",
-    "chunk_kda_backward",
-    "fused_recurrent_kda",
-    "library_path",
-    "library_version",
-    "set_num_threads",
-    "get_num_threads",
-    "KDAError",
-    "KDAInvalidValueError",
-    "KDAAssertionError",
-    "KDATypeError",
-    "KDANotSupportedError",
-    "KDARuntimeError",
-    "KDAInsufficientWorkspaceError",
-    "KDAAllocError",
-    "KDABackendError",
-    "KDAInternalError",
-    "KDALibraryNotFoundError",
-]
+__all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda", "library_path", "library_version",
+           "set_num_threads", "get_num_threads", "KDAError", "KDAInvalidValueError", "KDAAssertionError",
+           "KDATypeError", "KDANotSupportedError", "KDARuntimeError", "KDAInsufficientWorkspaceError",
+           "KDAAllocError", "KDABackendError", "KDAInternalError", "KDALibraryNotFoundError"]
 
 
 def library_version() -> str:

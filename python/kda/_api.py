@@ -1,12 +1,11 @@
 """``chunk_kda`` and ``fused_recurrent_kda``: FLA 0.6.0's entry points, computed by libkda.
 
 Argument handling follows FLA: the same signature and defaults, the same checks in the same order with the same
-exception types (where FLA uses ``assert``, :class:`KDAAssertionError`, which is both a ValueError and an
-AssertionError). What FLA accepts but libkda cannot do yet raises :class:`KDANotSupportedError` naming the
-argument; nothing is silently ignored.
-
-numpy arrays run on the CPU backend here; torch tensors go through the custom ops of ``kda._torch`` (imported
-only when a torch tensor is passed, so the numpy path never imports torch).
+exception types (where FLA uses ``assert``, :class:`KDAAssertionError`, both a ValueError and an AssertionError).
+What FLA accepts but libkda cannot do yet raises :class:`KDANotSupportedError` naming the argument; nothing is
+silently ignored. The caller's keywords become one :class:`kda._lib.KdaOptions` here, which every layer below reads.
+numpy arrays run on the CPU backend here; torch tensors go through ``kda._torch`` (imported only when a torch
+tensor is passed, so the numpy path never imports torch).
 """
 
 from __future__ import annotations
@@ -17,9 +16,9 @@ import sys
 import warnings
 
 from . import _lib
-from ._errors import (KDAAssertionError, KDAError, KDAInvalidValueError, KDANotSupportedError, KDATypeError,
-                      in_callers_terms)
-from ._lib import FLOAT16, FLOAT32, INT32, INT64, KdaArgs, KdaBackwardArgs
+from ._errors import (ARGUMENT_OF_FIELD, KDAAssertionError, KDAError, KDAInvalidValueError, KDANotSupportedError,
+                      KDATypeError, in_callers_terms)
+from ._lib import FLOAT16, FLOAT32, INT32, INT64, KdaOptions, build_args, build_backward_args
 
 try:  # numpy is needed for numpy inputs only
     import numpy as np
@@ -31,58 +30,43 @@ __all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda"]
 if np is not None:
     _NP_FLOAT = {np.dtype(np.float32): FLOAT32, np.dtype(np.float16): FLOAT16}
     _NP_INT = {np.dtype(np.int32): INT32, np.dtype(np.int64): INT64}
-    _ndarray = np.ndarray
-    _f32 = np.dtype(np.float32)
-    _i32 = np.dtype(np.int32)
+    _ndarray, _f32, _i32, _i64 = np.ndarray, np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
 else:  # pragma: no cover
     _NP_FLOAT, _NP_INT, _ndarray = {}, {}, ()
 
 
 def _pick_data_ptr():
-    """A function giving an ndarray's data address. ``a.ctypes.data`` costs ~0.7 us (it builds an object); the
-    address is also the first field after the object header of numpy's PyArrayObject (the ABI every compiled
-    numpy extension reads through PyArray_DATA), ~0.1 us to read. Use that when it agrees with ``a.ctypes.data``
-    on a few probes (it would not on an interpreter whose id() is not an address), else the public spelling."""
+    """A function giving an ndarray's data address: ``a.ctypes.data`` builds an object, while the address is also
+    the first field after the object header of numpy's PyArrayObject (the ABI PyArray_DATA reads). The cheaper read
+    is used where it agrees with ``a.ctypes.data`` on a few probes (it would not where id() is not an address)."""
     slow = lambda a: a.ctypes.data  # noqa: E731
     if np is None:
         return slow
-    offset = object.__basicsize__
-    from_address = ctypes.c_void_p.from_address
-
-    def fast(a):
-        return from_address(id(a) + offset).value
-
-    try:
-        base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-        probes = (base, base[1:], base[:, 1:].T, np.zeros(5, np.float16)[2:], np.ascontiguousarray(base[::2]))
-        if all(fast(a) == a.ctypes.data for a in probes):
-            return fast
-    except Exception:  # pragma: no cover
-        pass
-    return slow  # pragma: no cover
+    offset, from_address = object.__basicsize__, ctypes.c_void_p.from_address
+    fast = lambda a: from_address(id(a) + offset).value  # noqa: E731
+    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    probes = (base, base[1:], base[:, 1:].T, np.zeros(5, np.float16)[2:], np.ascontiguousarray(base[::2]))
+    return fast if all(fast(a) == a.ctypes.data for a in probes) else slow
 
 
 _data_ptr = _pick_data_ptr()
-_CPU_KEY = (_lib.BACKEND_CPU, 0)  # the context numpy inputs run on
+# kda._torch.chunk_kda_cached, set when kda._torch is imported (the first torch call): chunk_kda's fast path for
+# a call whose signature has passed all its checks before
+_torch_chunk_cached = None
 
 
 def _shape(s) -> str:
     return "[" + ", ".join(str(int(d)) for d in s) + "]"
 
 
-def _torch_module():
-    """torch, if the caller has imported it (we never import it for them)."""
-    return sys.modules.get("torch")
+def _bad(fn: str, name: str, what: str, cls=KDAInvalidValueError):
+    """The error for the caller's argument `name` of `fn`."""
+    return cls(f"{fn}: argument '{name}': {what}")
 
 
 def _is_torch(x) -> bool:
-    t = sys.modules.get("torch")
+    t = sys.modules.get("torch")  # torch, if the caller has imported it (we never import it for them)
     return t is not None and isinstance(x, t.Tensor)
-
-
-# kda._torch.chunk_kda_cached, set when kda._torch is imported (the first torch call): chunk_kda's fast path for
-# a call whose signature has passed all its checks before
-_torch_chunk_cached = None
 
 
 def _kind(fn: str, q) -> str:
@@ -90,85 +74,165 @@ def _kind(fn: str, q) -> str:
         return "numpy"
     if _is_torch(q):
         return "torch"
-    raise KDATypeError(f"{fn}: argument 'q': expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}")
+    raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checks shared by both entry points and both array kinds
+# Checks shared by the entry points and both array kinds
 # ---------------------------------------------------------------------------------------------------------
 def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
     for name, x, want in (("q", q, "[B, T, H, K]"), ("k", k, "[B, T, H, K]"), ("v", v, "[B, T, HV, V]"),
                           ("g", g, "[B, T, HV, K]"), ("beta", beta, "")):
-        nd = getattr(x, "ndim", None)
-        if nd is None:
-            raise KDATypeError(f"{fn}: argument '{name}': expected an array like q, got {type(x).__name__}")
-        if nd != 4 and want:
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected shape {want}, got {_shape(x.shape)}")
-    nd = beta.ndim
-    if nd == 4 and fused:  # headwise beta [B, T, HV, V]: one beta per value channel (FLA's fused_recurrent_kda)
+        if getattr(x, "ndim", None) is None:
+            raise _bad(fn, name, f"expected an array like q, got {type(x).__name__}", KDATypeError)
+        if x.ndim != 4 and want:
+            raise _bad(fn, name, f"expected shape {want}, got {_shape(x.shape)}")
+    if beta.ndim == 4 and fused:  # headwise beta [B, T, HV, V]: one beta per value channel (FLA's fused_recurrent_kda)
         if tuple(beta.shape) != tuple(v.shape):
-            raise KDAInvalidValueError(f"{fn}: argument 'beta': a headwise beta must have v's shape "
-                                       f"{_shape(v.shape)}, got {_shape(beta.shape)}")
-        return
-    if nd != 3 and not (nd == 4 and not fused):  # chunk_kda: FLA's own assert below names the shape
-        raise KDAInvalidValueError(f"{fn}: argument 'beta': expected shape [B, T, HV], got {_shape(beta.shape)}")
+            raise _bad(fn, "beta", f"a headwise beta must have v's shape {_shape(v.shape)}, got {_shape(beta.shape)}")
+    elif beta.ndim != 3 and not (beta.ndim == 4 and not fused):  # chunk_kda: FLA's own assert names the shape
+        raise _bad(fn, "beta", f"expected shape [B, T, HV], got {_shape(beta.shape)}")
 
 
 def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> tuple:
     """FLA's shape checks (raising `err`, KDAAssertionError where FLA asserts), then ours. Returns the sizes."""
     B, T, H, K = q.shape
-    vs = v.shape
-    HV, V = vs[2], vs[3]
+    HV, V = v.shape[2], v.shape[3]
     if k.shape != q.shape:
         raise err(f"{fn}: q and k must have the same shape, got q={_shape(q.shape)} and k={_shape(k.shape)} "
                   f"(argument 'k')")
     if K > 256:
-        raise err(f"{fn}: argument 'q': key head size K = {K} is above 256, the largest supported")
+        raise _bad(fn, "q", f"key head size K = {K} is above 256, the largest supported", err)
     if H < 1:
-        raise KDAInvalidValueError(f"{fn}: argument 'q': H = {H}: there must be at least one query/key head")
+        raise _bad(fn, "q", f"H = {H}: there must be at least one query/key head")
     if HV % H != 0:
-        raise err(f"{fn}: argument 'v': for GVA the number of value heads HV = {HV} must be a multiple of the "
-                  f"number of query/key heads H = {H}")
+        raise _bad(fn, "v", f"for GVA the number of value heads HV = {HV} must be a multiple of the number of "
+                            f"query/key heads H = {H}", err)
     if g.shape != (B, T, HV, K):
-        raise err(f"{fn}: argument 'g': expected shape [B, T, HV, K] = {_shape((B, T, HV, K))}, "
-                  f"got {_shape(g.shape)}")
+        raise _bad(fn, "g", f"expected shape [B, T, HV, K] = {_shape((B, T, HV, K))}, got {_shape(g.shape)}", err)
     if beta.shape != (B, T, HV) and not (headwise_ok and tuple(beta.shape) == (B, T, HV, V)):
-        raise err(f"{fn}: argument 'beta': expected shape [B, T, HV] = {_shape((B, T, HV))}, "
-                  f"got {_shape(beta.shape)}")
-    if vs[0] != B or vs[1] != T:
-        raise KDAInvalidValueError(f"{fn}: argument 'v': expected shape [B, T, HV, V] with B, T = {B}, {T} "
-                                   f"(from q), got {_shape(vs)}")
+        raise _bad(fn, "beta", f"expected shape [B, T, HV] = {_shape((B, T, HV))}, got {_shape(beta.shape)}", err)
+    if v.shape[0] != B or v.shape[1] != T:
+        raise _bad(fn, "v", f"expected shape [B, T, HV, V] with B, T = {B}, {T} (from q), got {_shape(v.shape)}")
     if K < 1 or V < 1 or HV < 1:
-        raise KDAInvalidValueError(f"{fn}: argument 'q' / 'v': head sizes must be at least 1, got K = {K}, "
-                                   f"V = {V}, HV = {HV}")
+        raise _bad(fn, "q' / 'v", f"head sizes must be at least 1, got K = {K}, V = {V}, HV = {HV}")
     if V > 256:
-        raise KDANotSupportedError(f"{fn}: argument 'v': value head size V = {V} is above 256, the largest "
-                                   f"libkda implements")
+        raise _bad(fn, "v", f"value head size V = {V} is above 256, the largest libkda implements",
+                   KDANotSupportedError)
     return B, T, H, K, HV, V
 
 
-def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v_first: bool, pool: bool):
+def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
+    """N, after FLA's checks of cu_seqlens: B = 1, and one initial state per sequence (a pool: any number)."""
+    if cu_seqlens is None:
+        return q.shape[0]
+    if q.shape[0] != 1:
+        raise KDAInvalidValueError(f"{fn}: the batch size is expected to be 1 rather than {q.shape[0]} when using "
+                                   f"`cu_seqlens`; flatten variable-length inputs first (argument 'q')")
+    shape = getattr(cu_seqlens, "shape", None)
+    if shape is None:
+        if not hasattr(cu_seqlens, "__len__"):
+            raise _bad(fn, "cu_seqlens", f"expected N + 1 offsets, got {type(cu_seqlens).__name__}", KDATypeError)
+        shape = (len(cu_seqlens),)
+    if len(shape) != 1:
+        raise _bad(fn, "cu_seqlens", f"expected a 1-D array of N + 1 offsets, got shape {_shape(shape)}")
+    if shape[0] == 0:
+        raise _bad(fn, "cu_seqlens", "is empty; expected the N + 1 offsets 0, ..., T of N sequences (2 or more "
+                                     "entries for T > 0)")
+    N = shape[0] - 1
+    if h0 is not None and not pool and _state_rows(fn, h0) != N:
+        raise KDAInvalidValueError(
+            f"{fn}: the number of initial states is expected to equal the number of input sequences, i.e. "
+            f"{N} rather than {_state_rows(fn, h0)} (argument 'initial_state')")
+    return N
+
+
+def _state_rows(fn: str, h) -> int:
+    s = getattr(h, "shape", None)
+    if not s:
+        raise _bad(fn, "initial_state", f"expected a 4-D array, got {type(h).__name__ if s is None else 'a scalar'}")
+    return s[0]
+
+
+def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v_first: bool, pool: bool = False):
     if getattr(h, "ndim", None) != 4:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': expected a 4-D state, got "
-                                   f"{_shape(h.shape) if hasattr(h, 'shape') else type(h).__name__}")
+        raise _bad(fn, name, f"expected a 4-D state, got "
+                             f"{_shape(h.shape) if hasattr(h, 'shape') else type(h).__name__}")
     s = h.shape
     tail = (HV, V, K) if state_v_first else (HV, K, V)
     if tuple(s[1:]) != tail or (not pool and s[0] != N):
-        lead = "num_slots" if pool else "N"
-        names = "[%s, HV, V, K]" % lead if state_v_first else "[%s, HV, K, V]" % lead
-        want = _shape(((s[0] if pool else N),) + tail)
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': expected shape {names} = {want}, got {_shape(s)}")
+        names = "[%s, HV, %s]" % ("num_slots" if pool else "N", "V, K" if state_v_first else "K, V")
+        raise _bad(fn, name, f"expected shape {names} = {_shape(((s[0] if pool else N),) + tail)}, got {_shape(s)}")
     if pool and s[0] < 1:
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': a state pool needs at least one slot")
+        raise _bad(fn, name, "a state pool needs at least one slot")
 
 
-def _check_gate_params(fn: str, A_log, dt_bias, HV: int, K: int) -> None:
-    if A_log is not None and _numel(A_log) != HV:
-        raise KDAInvalidValueError(f"{fn}: argument 'A_log': expected {HV} values (shape [HV]), got shape "
-                                   f"{_shape(A_log.shape)}")
-    if dt_bias is not None and _numel(dt_bias) != HV * K:
-        raise KDAInvalidValueError(f"{fn}: argument 'dt_bias': expected HV * K = {HV * K} values (shape "
-                                   f"[HV * K]), got shape {_shape(dt_bias.shape)}")
+def _is_state_dtype(fn: str, h, kind: str) -> bool:
+    if kind == "numpy":
+        if not isinstance(h, _ndarray):
+            raise _bad(fn, "initial_state", f"expected a numpy.ndarray like q, got {type(h).__name__}", KDATypeError)
+        return h.dtype == _f32
+    if not _is_torch(h):
+        raise _bad(fn, "initial_state", f"expected a torch.Tensor like q, got {type(h).__name__}", KDATypeError)
+    t = sys.modules["torch"]
+    return h.dtype == t.float32 or h.dtype == t.bfloat16
+
+
+def _check_neg(fn: str, allow_neg_eigval, use_beta_sigmoid_in_kernel) -> None:
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+
+
+def _check_a_log(fn: str, A_log, lower_bound) -> None:
+    if A_log is None and lower_bound is None:
+        # FLA would use exp(1) in place of exp(A_log) here, an accident rather than a gate: refuse.
+        raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
+                                   f"`lower_bound` is not set.")
+
+
+# float32 rounds to infinity from (2 - 2**-24) * 2**127 up, and to 0 up to 2**-150 (half its smallest subnormal)
+_F32_INF, _F32_ZERO = 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** -150
+
+
+def _float32(fn: str, name: str, x) -> float:
+    """x as kda_args_t's float: a real number whose float32 rounding is finite, and nonzero unless x is 0 (libkda
+    reads 0 as unset: a value that rounds to 0 would silently become the default). Plain arithmetic, which
+    torch.compile traces."""
+    if isinstance(x, (str, bytes)) or not hasattr(type(x), "__float__"):
+        raise _bad(fn, name, f"expected a real number, got {type(x).__name__} {x!r}", KDATypeError)
+    try:
+        f = float(x)
+    except (TypeError, ValueError) as e:
+        raise _bad(fn, name, f"expected a real number, got {type(x).__name__} ({e})", KDATypeError) from None
+    if not abs(f) < _F32_INF:
+        raise _bad(fn, name, f"{f!r} is not a finite float32")
+    if 0.0 < abs(f) <= _F32_ZERO:
+        raise _bad(fn, name, f"{f!r} rounds to 0 in float32, which libkda reads as unset; pass 0 itself or a value "
+                             f"of at least 1.4e-45 in magnitude")
+    return f
+
+
+def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, *, scale, gate, lower_bound, safe_gate, l2, bsig, neg,
+             v_first, cp: int = -1):
+    """The call's KdaOptions from the caller's keywords, after the gate's checks: (g, A_log, dt_bias, options).
+    Without use_gate_in_kernel, A_log, dt_bias and lower_bound are ignored (as in FLA)."""
+    lb = 0.0
+    if gate:
+        _check_a_log(fn, A_log, lower_bound)
+        for name, x, n, what in (("A_log", A_log, HV, "[HV]"), ("dt_bias", dt_bias, HV * K, "[HV * K]")):
+            if x is not None and _numel(x) != n:
+                raise _bad(fn, name, f"expected {what} = {n} values, got shape {_shape(x.shape)}")
+        if lower_bound is not None:
+            lb = _float32(fn, "lower_bound", lower_bound)
+            if lb == 0.0 and not safe_gate:
+                # FLA's gate is then 0 * sigmoid(...) = 0 for every token: no decay (and no gradient to g, A_log,
+                # dt_bias). libkda reads 0 as "unset", so that gate is computed here.
+                g, A_log, dt_bias, gate = _zeros_like(g), None, None, False
+    if not gate:
+        A_log = dt_bias = None
+    s = K ** -0.5 if scale is None else _float32(fn, "scale", scale)
+    return g, A_log, dt_bias, KdaOptions(s, bool(l2), bool(gate), bool(bsig), bool(neg), bool(safe_gate), lb,
+                                         bool(v_first), cp)
 
 
 def _numel(x) -> int:
@@ -178,34 +242,41 @@ def _numel(x) -> int:
     return n
 
 
-def _seq_count(fn: str, cu_seqlens) -> int:
-    shape = getattr(cu_seqlens, "shape", None)
-    if shape is None:
-        return len(cu_seqlens) - 1
-    if len(shape) != 1 or shape[0] < 1:
-        raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': expected a 1-D array of N + 1 offsets, got "
-                                   f"shape {_shape(shape)}")
-    return shape[0] - 1
+def _zeros_like(x):
+    return np.zeros_like(x) if isinstance(x, _ndarray) else sys.modules["torch"].zeros_like(x)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Keywords: what each entry point reads from **kwargs (as FLA does); any other keyword is a TypeError, as a
-# Python function without **kwargs would raise (FLA would ignore it silently; a typo then changes the result).
-# FLA's keywords that kda does not implement raise NotImplementedError where they are read.
+# Keywords: what each entry point reads from **kwargs (as FLA does), with their defaults; any other keyword is a
+# TypeError, as a Python function without **kwargs would raise (FLA would ignore it: a typo changes the result).
 # ---------------------------------------------------------------------------------------------------------
 _KWARGS = {
-    "chunk_kda": ("A_log", "dt_bias", "chunk_size", "transpose_state_layout", "cp_piece_len"),
-    "fused_recurrent_kda": ("transpose_state_layout", "ssm_state_indices", "inplace_final_state", "out",
-                            "safe_gate", "cu_seqlens_cpu", "num_accepted_tokens"),
+    "chunk_kda": dict(A_log=None, dt_bias=None, chunk_size=64, transpose_state_layout=None, cp_piece_len=None),
+    "fused_recurrent_kda": dict(transpose_state_layout=None, ssm_state_indices=None, inplace_final_state=False,
+                                out=None, safe_gate=False, cu_seqlens_cpu=None, num_accepted_tokens=None),
 }
+
+
+def _keywords(fn: str, kwargs: dict, state_v_first: bool):
+    """(the keywords `fn` reads from **kwargs, given or default; state_v_first with its deprecated alias)."""
+    unknown = {name: x for name, x in kwargs.items() if name not in _KWARGS[fn]}
+    if unknown:
+        raise _unexpected_kwargs(fn, unknown)
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated "
+                                       "`transpose_state_layout`.")
+        warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning,
+                      stacklevel=3)
+        state_v_first = kwargs["transpose_state_layout"]
+    return {**_KWARGS[fn], **kwargs}, state_v_first
 
 
 def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
     """The TypeError for keywords `fn` does not take, worded as Python's own, with a likely intended name."""
     import difflib
     import inspect
-    entry = globals()[fn]
-    known = [p for p in inspect.signature(entry).parameters if p != "kwargs"] + list(_KWARGS[fn])
+    known = [p for p in inspect.signature(globals()[fn]).parameters if p != "kwargs"] + list(_KWARGS[fn])
     other = "fused_recurrent_kda" if fn == "chunk_kda" else "chunk_kda"
     notes = []
     for name in kwargs:
@@ -215,659 +286,338 @@ def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
         elif name in _KWARGS[other] or name in inspect.signature(globals()[other]).parameters:
             notes.append(f"'{name}' is a keyword of {other}")
     names = ", ".join(repr(n) for n in kwargs)
-    plural = "s" if len(kwargs) > 1 else ""
-    return KDATypeError(f"{fn}() got {'unexpected keyword arguments' if plural else 'an unexpected keyword argument'}"
-                        f" {names}" + (f" ({'; '.join(notes)})" if notes else ""))
+    what = "unexpected keyword arguments" if len(kwargs) > 1 else "an unexpected keyword argument"
+    return KDATypeError(f"{fn}() got {what} {names}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
 def _cp_piece_len(fn: str, x) -> int:
-    """chunk_kda's cp_piece_len as the bindings pass it on (_lib.set_cp): -1 auto (None), 0 off, else the tokens per
-    piece, checked here so that the error speaks of the keyword."""
+    """chunk_kda's cp_piece_len as KdaOptions.cp (-1 auto for None), checked so that the error speaks of it."""
     if x is None:
         return -1
     if isinstance(x, bool) or not hasattr(x, "__index__"):
         raise KDATypeError(f"{fn}: `cp_piece_len` must be None, 0 or a whole number of tokens, got "
                            f"{type(x).__name__} {x!r}")
-    n = operator.index(x)
+    n, m = operator.index(x), _lib.CP_PIECE_MULTIPLE
     if n < 0:
-        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be None (libkda decides), 0 (no split) or a positive "
-                                   f"multiple of {_lib.CP_PIECE_MULTIPLE}, got {n}")
-    if n % _lib.CP_PIECE_MULTIPLE != 0:
-        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be a multiple of the chunk, {_lib.CP_PIECE_MULTIPLE} "
-                                   f"tokens, got {n}")
-    if n > _lib.CP_MAX_PIECE_LEN:
-        raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be at most {_lib.CP_MAX_PIECE_LEN} tokens, got {n}")
-    return n
-
-
-def _transpose_alias(kwargs: dict, state_v_first: bool) -> bool:
-    if state_v_first:
-        raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
-    warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning, stacklevel=3)
-    return kwargs.pop("transpose_state_layout")
+        why = f"None (libkda decides), 0 (no split) or a positive multiple of {m}"
+    elif n % m != 0:
+        why = f"a multiple of the chunk, {m} tokens"
+    elif n > _lib.CP_MAX_PIECE_LEN:
+        why = f"at most {_lib.CP_MAX_PIECE_LEN} tokens"
+    else:
+        return n
+    raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be {why}, got {n}")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# chunk_kda
+# The entry points
 # ---------------------------------------------------------------------------------------------------------
-def chunk_kda(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale: float | None = None,
-    initial_state=None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    safe_gate: bool = False,
-    lower_bound: float | None = None,
-    disable_recompute: bool = False,
-    return_intermediate_states: bool = False,
-    state_v_first: bool = False,
-    cu_seqlens=None,
-    cu_seqlens_cpu=None,
-    cp_context=None,
-    use_graph: bool = False,
-    max_num_seqs: int | None = None,
-    **kwargs,
-):
-    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda`` (FLA 0.6.0).
+def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+              lower_bound: float | None = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
+              cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: int | None = None,
+              **kwargs):
+    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda`` (FLA 0.6.0), same
+    arguments, defaults and results. Per sequence and value head, with a K×V state S and natural-log gates:
+    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
 
-    Per sequence and value head, with a K×V state S (natural-log gates):
-    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T`` and ``o_t = scale * S_t^T q_t``.
+    q, k ``[B, T, H, K]`` (K <= 256) and v ``[B, T, HV, V]`` (HV a multiple of H) share one dtype (float32,
+    float16 or bfloat16); g ``[B, T, HV, K]``; beta ``[B, T, HV]``; scale None means ``K ** -0.5``;
+    initial_state ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) float32 or bfloat16; cu_seqlens
+    ``[N + 1]`` int32/int64 offsets of N packed sequences (B = 1). ``use_gate_in_kernel``: the log decay is
+    ``-exp(A_log[h]) * softplus(g + dt_bias[h])``, or with ``lower_bound`` ``lower_bound * sigmoid(exp(A_log[h])
+    * (g + dt_bias[h]))``; ``A_log`` ``[HV]`` and ``dt_bias`` ``[HV * K]`` are keywords, ignored without it, as
+    is ``lower_bound``. ``return_intermediate_states`` (inference mode): h, the state before every 64-token chunk
+    of every sequence, in q's dtype. ``chunk_size`` (32 or 64), ``disable_recompute``, ``use_graph``,
+    ``max_num_seqs`` and ``safe_gate`` do not change the result; ``cp_context`` is not implemented. libkda's
+    keyword ``cp_piece_len`` controls the CUDA forward's intra-card context parallelism: None (libkda decides),
+    0 (never split) or a multiple of 64 up to 2**24 (pieces of that many tokens).
 
-    Args:
-        q, k: ``[B, T, H, K]`` queries and keys (float32, float16 or bfloat16; K <= 256).
-        v: ``[B, T, HV, V]`` values, HV a multiple of H (GVA); same dtype as q.
-        g: ``[B, T, HV, K]`` log decay, or with ``use_gate_in_kernel`` the raw gate input.
-        beta: ``[B, T, HV]`` write strength, or its logit with ``use_beta_sigmoid_in_kernel``.
-        scale: output scale; None means ``K ** -0.5``.
-        initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``), float32 (or bfloat16,
-            an extension of FLA's float32-only contract).
-        output_final_state: return the state after each sequence (float32, same layout).
-        use_qk_l2norm_in_kernel: divide q and k by ``sqrt(sum(x**2) + 1e-6)`` over K first.
-        use_gate_in_kernel: the log decay is ``-exp(A_log[h]) * softplus(g + dt_bias[h])``, or with
-            ``lower_bound`` ``lower_bound * sigmoid(exp(A_log[h]) * (g + dt_bias[h]))`` (A_log None:
-            ``lower_bound * sigmoid(g + dt_bias[h])``). ``A_log`` ([HV]) and ``dt_bias`` ([HV * K]) come as
-            keyword arguments; both are ignored without ``use_gate_in_kernel``, as is ``lower_bound``.
-        use_beta_sigmoid_in_kernel: beta is a logit: ``beta = sigmoid(beta)`` (``2 * sigmoid`` with
-            ``allow_neg_eigval``, which requires it).
-        safe_gate: the caller's promise of bounded gates; with ``use_gate_in_kernel`` it requires
-            ``lower_bound`` in [-5, 0). No effect on the result.
-        disable_recompute, use_graph, max_num_seqs: accepted; they change nothing in a forward pass (FLA's
-            ``max_num_seqs`` padding check is made).
-        return_intermediate_states: inference mode only (torch.inference_mode()): also return h, the state
-            before every chunk of 64 tokens of every sequence, ``[B, ceil(T / 64), HV, K, V]`` (varlen: ``[1,
-            Σ ceil(len / 64), HV, K, V]``; ``[.., V, K]`` with ``state_v_first``) in q's dtype (kda_args_t's
-            chunk_states). The CUDA backend writes it for K <= 128.
-        cp_context: not implemented (NotImplementedError).
-        state_v_first: states stored ``[V, K]`` per head. ``transpose_state_layout`` is its deprecated alias.
-        cu_seqlens: ``[N + 1]`` int32/int64 offsets of N packed sequences (B must be 1).
-        cu_seqlens_cpu: optional host copy of ``cu_seqlens``; with CUDA tensors libkda validates it.
-        chunk_size: 32 or 64 (keyword); the result does not depend on it.
-        cp_piece_len: libkda's keyword (not FLA's): intra-card context parallelism of the CUDA forward, which
-            may split a long sequence into pieces that run in parallel. None (default): libkda decides per call;
-            0: never split; a positive multiple of 64 up to 2**24: always split, into pieces of that many tokens
-            (for tests and benchmarks). The result does not depend on it beyond rounding; the CPU ignores it.
-
-    Inputs may be torch tensors (CUDA: the CUDA backend on the tensors' device and current stream; CPU: the
-    CPU backend) or numpy arrays (float32/float16, CPU backend; the outputs are numpy arrays then).
-
-    Returns:
-        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state float32, or None unless
-        ``output_final_state``. With ``return_intermediate_states``: ``(o, final_state, h)``.
-
-    With torch tensors the call is differentiable: ``.backward()`` gives q, k, v, g, beta, A_log, dt_bias and
-    initial_state their gradients (libkda's kda_backward; CPU tensors for now, the CUDA backward is to come).
-    numpy users call :func:`chunk_kda_backward`.
+    torch tensors run on the CUDA backend (the tensors' device and current stream) or the CPU backend, and the call
+    is differentiable; numpy arrays (float32/float16) run on the CPU backend (gradients: :func:`chunk_kda_backward`).
+    Returns ``(o, final_state)``: o in q's dtype, final_state float32 or None unless ``output_final_state``; with
+    ``return_intermediate_states``, ``(o, final_state, h)``.
     """
-    fast = _torch_chunk_cached
     remember = None
-    if fast is not None:
-        r, remember = fast(q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu, kwargs, scale,
-                           output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                           use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
-                           return_intermediate_states, state_v_first, cp_context, use_graph, max_num_seqs)
+    if _torch_chunk_cached is not None:
+        r, remember = _torch_chunk_cached(
+            (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu), kwargs,
+            (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+             allow_neg_eigval, safe_gate, lower_bound, return_intermediate_states, state_v_first, cp_context,
+             use_graph, max_num_seqs))
         if r is not None:
             return r
     fn = "chunk_kda"
-    A_log = dt_bias = None
-    chunk_size = 64
-    cp = -1
-    if kwargs:
-        kwargs = dict(kwargs)
-        if "transpose_state_layout" in kwargs:
-            state_v_first = _transpose_alias(kwargs, state_v_first)
-        A_log = kwargs.pop("A_log", None)
-        dt_bias = kwargs.pop("dt_bias", None)
-        chunk_size = kwargs.pop("chunk_size", 64)
-        cp = _cp_piece_len(fn, kwargs.pop("cp_piece_len", None))
-        if kwargs:
-            raise _unexpected_kwargs(fn, kwargs)
+    kw, state_v_first = _keywords(fn, kwargs, state_v_first)
+    A_log, dt_bias, chunk_size = kw["A_log"], kw["dt_bias"], kw["chunk_size"]
+    cp = _cp_piece_len(fn, kw["cp_piece_len"])
     if cp_context is not None:
         raise KDANotSupportedError(f"{fn}: cp_context (context parallelism) is not implemented by kda")
-
     kind = _kind(fn, q)
     if return_intermediate_states:  # FLA's two conditions, in FLA's words
         if kind == "numpy":
             raise KDANotSupportedError(f"{fn}: return_intermediate_states=True needs torch tensors (inference mode)")
-        if not _torch_module().is_inference_mode_enabled():
+        if not sys.modules["torch"].is_inference_mode_enabled():
             raise KDAAssertionError(f"{fn}: return_intermediate_states is only allowed in inference mode")
         if disable_recompute:
             raise KDAAssertionError(f"{fn}: return_intermediate_states must be used with disable_recompute=False")
     _check_ndim(fn, q, k, v, g, beta, fused=False)
 
     # FLA's checks, in FLA's order
-    if cu_seqlens is not None:
-        if q.shape[0] != 1:
-            raise KDAInvalidValueError(
-                f"{fn}: the batch size is expected to be 1 rather than {q.shape[0]} when using `cu_seqlens`; "
-                f"flatten variable-length inputs first (argument 'q')")
-        N = _seq_count(fn, cu_seqlens)
-        if initial_state is not None and _state_rows(initial_state) != N:
-            raise KDAInvalidValueError(
-                f"{fn}: the number of initial states is expected to equal the number of input sequences, i.e. "
-                f"{N} rather than {_state_rows(initial_state)} (argument 'initial_state')")
-    else:
-        N = q.shape[0]
-    if initial_state is not None and not _is_state_dtype(initial_state, kind):
+    N = _num_seqs(fn, q, cu_seqlens, initial_state)
+    if initial_state is not None and not _is_state_dtype(fn, initial_state, kind):
         raise KDAAssertionError(f"{fn}: argument 'initial_state': must be float32 (or bfloat16), got "
                                 f"{initial_state.dtype}")
     if use_gate_in_kernel:
-        if A_log is None and lower_bound is None:
-            raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
-                                       f"`lower_bound` is not set.")
-    else:
-        A_log = dt_bias = None
+        _check_a_log(fn, A_log, lower_bound)
     if chunk_size not in (32, 64):
         raise KDAInvalidValueError(f"{fn}: `chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
     if safe_gate and use_gate_in_kernel:
         if lower_bound is None:
             raise KDAInvalidValueError(f"{fn}: `lower_bound` must be set when `safe_gate=True` and "
                                        f"`use_gate_in_kernel=True`.")
-        if not (-5 <= lower_bound < 0):
-            raise KDAInvalidValueError(f"{fn}: `lower_bound` must lie in the safe range [-5, 0), got "
-                                       f"{lower_bound}.")
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+        if not (-5 <= _float32(fn, "lower_bound", lower_bound) < 0):
+            raise KDAInvalidValueError(f"{fn}: `lower_bound` must lie in the safe range [-5, 0), got {lower_bound}.")
+    _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAAssertionError)
-    if use_graph and cu_seqlens is not None:
-        if max_num_seqs is None:
-            max_num_seqs = N
-        if N != max_num_seqs:
-            raise KDAAssertionError(
-                f"{fn}: with use_graph, cu_seqlens must be padded with empty tail sequences to exactly "
-                f"max_num_seqs + 1 entries, got {N} sequences with max_num_seqs={max_num_seqs}")
+    if use_graph and cu_seqlens is not None and max_num_seqs is not None and N != max_num_seqs:
+        raise KDAAssertionError(f"{fn}: with use_graph, cu_seqlens must be padded with empty tail sequences to "
+                                f"exactly max_num_seqs + 1 entries, got {N} sequences with max_num_seqs="
+                                f"{max_num_seqs}")
 
     # ours
     if initial_state is not None:
-        _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=False)
-    if use_gate_in_kernel:
-        _check_gate_params(fn, A_log, dt_bias, HV, K)
-        if lower_bound is not None:
-            lower_bound = float(lower_bound)
-            if lower_bound == 0.0:
-                # FLA's gate is then 0 * sigmoid(...) = 0 for every token: no decay. libkda reads 0 as "unset",
-                # so compute that gate here.
-                g, A_log, dt_bias, lower_bound, use_gate_in_kernel = _zeros_like(g), None, None, None, False
-    else:
-        lower_bound = None
-    scale = K ** -0.5 if scale is None else float(scale)
-
+        _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first)
+    g, A_log, dt_bias, opts = _options(
+        fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
+        safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
+        v_first=state_v_first, cp=cp)
     if kind == "numpy":
-        return _np_call(fn, False, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None,
-                        1 if output_final_state else 0, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first,
-                        B, T, H, K, HV, V, N, cp=cp)
+        return _np_forward(fn, "forward", opts, q, k, v, g, beta, N, ht_mode=int(bool(output_final_state)),
+                           initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias)
     from . import _torch
-    return _torch.chunk_kda(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
-                            scale, bool(output_final_state), bool(use_qk_l2norm_in_kernel),
-                            bool(use_gate_in_kernel), bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
-                            bool(safe_gate), lower_bound, bool(state_v_first), N, remember, cp=cp,
-                            states=bool(return_intermediate_states))
+    return _torch.chunk_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
+                            bool(output_final_state), remember, bool(return_intermediate_states))
 
 
-# ---------------------------------------------------------------------------------------------------------
-# chunk_kda_backward: the gradients for numpy users (torch tensors: chunk_kda is differentiable)
-# ---------------------------------------------------------------------------------------------------------
 def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = None, initial_state=None,
                        use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                        safe_gate: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
                        cu_seqlens=None, A_log=None, dt_bias=None):
-    """The gradients of ``chunk_kda`` (numpy arrays, CPU backend) for the loss weights ``do`` (``[B, T, HV, V]``,
-    the gradient of o) and ``dht`` (the gradient of the final state, shaped as it; None: zero). The other
-    arguments are the forward's, with the same meaning and checks.
-
-    Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)``: the first five in their inputs'
-    dtypes and shapes; d_initial_state float32 (None without initial_state); dA_log, ddt_bias float32 shaped as
-    given (None without use_gate_in_kernel or without them). With torch tensors, call ``.backward()`` on
-    chunk_kda's outputs instead.
-    """
+    """The gradients of ``chunk_kda`` on numpy arrays (CPU backend; torch tensors: chunk_kda is differentiable)
+    for the loss weights ``do`` (o's gradient) and ``dht`` (the final state's; None: zero); the other arguments
+    are the forward's. Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)`` in the inputs'
+    dtypes and shapes (the last three float32, None where their input is not given or not used)."""
     fn = "chunk_kda_backward"
-    kind = _kind(fn, q)
-    if kind != "numpy":
-        raise KDATypeError(f"{fn}: argument 'q': numpy arrays only; with torch tensors chunk_kda is differentiable "
-                           f"(call .backward() on its outputs)")
+    if _kind(fn, q) != "numpy":
+        raise _bad(fn, "q", "numpy arrays only; with torch tensors chunk_kda is differentiable (call .backward() on "
+                            "its outputs)", KDATypeError)
     _check_ndim(fn, q, k, v, g, beta, fused=False)
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAAssertionError)
-    if cu_seqlens is not None:
-        if B != 1:
-            raise KDAInvalidValueError(f"{fn}: argument 'q': the batch size must be 1 with cu_seqlens, got {B}")
-        N = _seq_count(fn, cu_seqlens)
-    else:
-        N = B
-    if initial_state is not None:
-        if not _is_state_dtype(initial_state, kind):
-            raise KDAAssertionError(f"{fn}: argument 'initial_state': must be float32, got {initial_state.dtype}")
-        _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=False)
-    if dht is not None:
-        if not _is_state_dtype(dht, kind):
-            raise KDAAssertionError(f"{fn}: argument 'dht': must be float32, got {dht.dtype}")
-        _check_state(fn, "dht", dht, N, HV, K, V, state_v_first, pool=False)
+    N = _num_seqs(fn, q, cu_seqlens, None)
+    for name, h in (("initial_state", initial_state), ("dht", dht)):
+        if h is not None:
+            if not _is_state_dtype(fn, h, "numpy"):
+                raise _bad(fn, name, f"must be float32, got {h.dtype}", KDAAssertionError)
+            _check_state(fn, name, h, N, HV, K, V, state_v_first)
     if not isinstance(do, _ndarray) or tuple(do.shape) != tuple(v.shape):
         got = list(do.shape) if isinstance(do, _ndarray) else type(do).__name__
-        raise KDAInvalidValueError(f"{fn}: argument 'do': expected a numpy array of v's shape {list(v.shape)}, got "
-                                   f"{got}")
-    if use_gate_in_kernel:
-        if A_log is None and lower_bound is None:
-            raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
-                                       f"`lower_bound` is not set.")
-        _check_gate_params(fn, A_log, dt_bias, HV, K)
-        if lower_bound is not None:
-            lower_bound = float(lower_bound)
-            if lower_bound == 0.0:  # FLA's gate is then 0: no decay, and no gradient to g, A_log, dt_bias
-                g, A_log, dt_bias, lower_bound, use_gate_in_kernel = _zeros_like(g), None, None, None, False
-    else:
-        A_log = dt_bias = lower_bound = None
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    scale = K ** -0.5 if scale is None else float(scale)
+        raise _bad(fn, "do", f"expected a numpy array of v's shape {list(v.shape)}, got {got}")
+    _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
+    g, A_log, dt_bias, opts = _options(
+        fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
+        safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
+        v_first=state_v_first)
 
-    a, _, _, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, None, 0, scale,
-                             use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                             allow_neg_eigval, safe_gate, lower_bound, state_v_first, B, T, H, K, HV, V, N)
-    q, k, v, g, beta, h0, _, _, A_log, dt_bias, _ = keep
-    ptr = _data_ptr
-    L = _lib._lib or _lib.library()
-    b = KdaBackwardArgs.from_buffer_copy(L.backward_template)
-    b.problem = ctypes.addressof(a)
-    do = np.zeros_like(do) if scale == 0.0 else np.ascontiguousarray(do)  # FLA: o = 0 * S^T q
-    b.d_o, b.d_o_dtype = ptr(do), _np_float(fn, "do", do)
-    if dht is not None:
-        dht = np.ascontiguousarray(dht)
-        b.d_final_state = ptr(dht)  # float32 (checked), the default dtype
-    grads = [np.empty_like(x) for x in (q, k, v, g, beta)]
-    for name, x, gx in zip(("dq", "dk", "dv", "dg", "dbeta"), (q, k, v, g, beta), grads):
-        setattr(b, name, ptr(gx))
-        setattr(b, name + "_dtype", _np_float(fn, name, x))
-    dh0 = dA = ddt = None
-    if h0 is not None:
-        dh0 = np.empty(h0.shape, _f32)
-        b.d_initial_state = ptr(dh0)
-    if A_log is not None:
-        dA = np.empty(A_log.shape, _f32)
-        b.dA_log = ptr(dA)
-    if dt_bias is not None:
-        ddt = np.empty(dt_bias.shape, _f32)
-        b.ddt_bias = ptr(ddt)
+    x = _np_convert(fn, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log,
+                    dt_bias=dt_bias)
+    do = np.zeros_like(do) if opts.scale == 0.0 else np.ascontiguousarray(do)  # FLA: o = 0 * S^T q
+    dht = None if dht is None else np.ascontiguousarray(dht)
+    a = build_args(opts, fn, _data_ptr, _np_code, o=do, **x)  # `do` stands in for o, which is not read
+    grads = [np.empty_like(x[name]) for name in ("q", "k", "v", "g", "beta")]
+    grads += [None if x.get(name) is None else np.empty(x[name].shape, _f32)
+              for name in ("initial_state", "A_log", "dt_bias")]
+    b = build_backward_args(a, fn, _data_ptr, _np_code, do, dht, grads)
     try:
-        ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
-        _lib.run_backward(ctx, b)
+        _lib.run(_lib.cpu_context(), "backward", b)
     except KDAError as e:
         raise in_callers_terms(e, fn) from None
-    return (*grads, dh0, dA, ddt)
+    return tuple(grads)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# fused_recurrent_kda
-# ---------------------------------------------------------------------------------------------------------
-def fused_recurrent_kda(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    A_log=None,
-    dt_bias=None,
-    scale: float | None = None,
-    initial_state=None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    lower_bound: float | None = None,
-    state_v_first: bool = False,
-    cu_seqlens=None,
-    **kwargs,
-):
-    """Kimi Delta Attention, token-by-token (decode) form: a drop-in for ``fla.ops.kda.fused_recurrent_kda``.
+def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float | None = None, initial_state=None,
+                        output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                        use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                        allow_neg_eigval: bool = False, lower_bound: float | None = None,
+                        state_v_first: bool = False, cu_seqlens=None, **kwargs):
+    """Kimi Delta Attention, token-by-token (decode) form: a drop-in for ``fla.ops.kda.fused_recurrent_kda``, as
+    :func:`chunk_kda` (A_log and dt_bias positional, as in FLA) by libkda's recurrent decode. beta may be headwise,
+    ``[B, T, HV, V]``. Keywords, as FLA's and vLLM's: ``ssm_state_indices`` 1-D ``[N]``: initial_state is a pool
+    ``[num_slots, HV, K, V]`` and sequence n starts from slot ``ssm_state_indices[n]`` (negative: from zeros,
+    nothing written); 2-D ``[N, T_max]`` (speculative decoding): from slot ``[n, num_accepted_tokens[n] - 1]``,
+    and the state after token t goes to slot ``[n, t]``. ``num_accepted_tokens`` ``[N]`` in [1, T_max].
+    ``inplace_final_state``: write the final states back into initial_state and return it. ``out``: a
+    preallocated o. ``safe_gate``, ``cu_seqlens_cpu`` and ``transpose_state_layout`` as in chunk_kda.
 
-    Same operation, arguments and results as :func:`chunk_kda` (A_log ``[HV]`` and dt_bias ``[HV * K]`` are
-    positional here, as in FLA), computed by libkda's recurrent decode; best for a few tokens per sequence.
-
-    vLLM's decode keywords are supported as well:
-        ssm_state_indices: 1-D int ``[N]``: ``initial_state`` is then a pool ``[num_slots, HV, K, V]`` and
-            sequence n starts from slot ``ssm_state_indices[n]`` (negative: from zeros, nothing written).
-            2-D int ``[N, T_max]`` (speculative decoding, as FLA's fused_recurrent_kda_fwd): sequence n starts
-            from slot ``ssm_state_indices[n, num_accepted_tokens[n] - 1]`` (column 0 without
-            num_accepted_tokens) and, with inplace_final_state, the state after its token t is written to slot
-            ``ssm_state_indices[n, t]`` (negative: nothing written).
-        num_accepted_tokens: int ``[N]`` in [1, T_max], with a 2-D ``ssm_state_indices``.
-        inplace_final_state: write each sequence's final state back into ``initial_state`` (at its slot with
-            ``ssm_state_indices``) and return ``initial_state`` as the final state.
-        out: a preallocated ``[B, T, HV, V]`` output (returned as o).
-    beta may be headwise, ``[B, T, HV, V]`` (one beta per value channel), as in FLA.
-    Further keywords: ``safe_gate`` (as in chunk_kda), ``cu_seqlens_cpu`` (a host copy of cu_seqlens),
-    ``transpose_state_layout`` (deprecated alias of ``state_v_first``).
-
-    Returns:
-        ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype; final_state float32 ``[N, HV, K, V]`` if
-        ``output_final_state``, ``initial_state`` itself with ``inplace_final_state``, else None.
+    Returns ``(o, final_state)``: o in v's dtype; final_state float32 ``[N, HV, K, V]`` if
+    ``output_final_state``, initial_state itself with ``inplace_final_state``, else None.
     """
     fn = "fused_recurrent_kda"
-    ssm_state_indices = out = cu_seqlens_cpu = num_accepted_tokens = None
-    inplace_final_state = safe_gate = False
-    if kwargs:
-        kwargs = dict(kwargs)
-        if "transpose_state_layout" in kwargs:
-            state_v_first = _transpose_alias(kwargs, state_v_first)
-        ssm_state_indices = kwargs.pop("ssm_state_indices", None)
-        inplace_final_state = bool(kwargs.pop("inplace_final_state", False))
-        out = kwargs.pop("out", None)
-        safe_gate = bool(kwargs.pop("safe_gate", False))
-        cu_seqlens_cpu = kwargs.pop("cu_seqlens_cpu", None)
-        num_accepted_tokens = kwargs.pop("num_accepted_tokens", None)
-        if kwargs:
-            raise _unexpected_kwargs(fn, kwargs)
-
+    kw, state_v_first = _keywords(fn, kwargs, state_v_first)
+    idx, nat, out = kw["ssm_state_indices"], kw["num_accepted_tokens"], kw["out"]
+    inplace, safe_gate = bool(kw["inplace_final_state"]), bool(kw["safe_gate"])
     kind = _kind(fn, q)
     _check_ndim(fn, q, k, v, g, beta, fused=True)
-    pool = ssm_state_indices is not None
+    pool = idx is not None
 
     # FLA's checks, in FLA's order
-    if cu_seqlens is not None:
-        if q.shape[0] != 1:
-            raise KDAInvalidValueError(
-                f"{fn}: the batch size is expected to be 1 rather than {q.shape[0]} when using `cu_seqlens`; "
-                f"flatten variable-length inputs first (argument 'q')")
-        N = _seq_count(fn, cu_seqlens)
-        if initial_state is not None and not pool and _state_rows(initial_state) != N:
-            raise KDAInvalidValueError(
-                f"{fn}: the number of initial states is expected to equal the number of input sequences, i.e. "
-                f"{N} rather than {_state_rows(initial_state)} (argument 'initial_state')")
-    else:
-        N = q.shape[0]
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    if out is not None and tuple(out.shape) != tuple(v.shape):
-        raise KDAAssertionError(f"{fn}: argument 'out': expected v's shape {_shape(v.shape)}, got "
-                                f"{_shape(out.shape)}")
-    if inplace_final_state and initial_state is None:
-        raise KDAAssertionError(f"{fn}: inplace_final_state=True requires initial_state (argument "
-                                f"'initial_state')")
+    N = _num_seqs(fn, q, cu_seqlens, initial_state, pool)
+    _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
+    if out is not None and tuple(getattr(out, "shape", ())) != tuple(v.shape):
+        raise _bad(fn, "out", f"expected v's shape {_shape(v.shape)}, got "
+                              f"{_shape(out.shape) if hasattr(out, 'shape') else type(out).__name__}",
+                   KDAAssertionError)
+    if inplace and initial_state is None:
+        raise KDAAssertionError(f"{fn}: inplace_final_state=True requires initial_state (argument 'initial_state')")
 
     # ours
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
     if pool:
-        nd = getattr(ssm_state_indices, "ndim", None)
+        nd = getattr(idx, "ndim", None)
         if nd not in (1, 2):
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected a 1-D array of N slots or "
-                                       f"a 2-D array [N, T_max] of per-token slots")
-        if ssm_state_indices.shape[0] != N:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': expected N = {N} rows (one per "
-                                       f"sequence), got {ssm_state_indices.shape[0]}")
-        if nd == 2 and ssm_state_indices.shape[1] < 1:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': a 2-D array needs T_max >= 1 "
-                                       f"columns")
+            raise _bad(fn, "ssm_state_indices", "expected a 1-D array of N slots or a 2-D array [N, T_max] of "
+                                                "per-token slots")
+        if idx.shape[0] != N:
+            raise _bad(fn, "ssm_state_indices", f"expected N = {N} rows (one per sequence), got {idx.shape[0]}")
+        if nd == 2 and idx.shape[1] < 1:
+            raise _bad(fn, "ssm_state_indices", "a 2-D array needs T_max >= 1 columns")
         if initial_state is None:
             raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices' needs initial_state, the state pool")
-        if output_final_state and not inplace_final_state:
+        if output_final_state and not inplace:
             raise KDANotSupportedError(f"{fn}: output_final_state=True with ssm_state_indices but without "
                                        f"inplace_final_state=True is not implemented by kda (pass "
                                        f"inplace_final_state=True to update the pool)")
-    if num_accepted_tokens is not None:
-        if not pool or getattr(ssm_state_indices, "ndim", None) != 2:
-            raise KDAInvalidValueError(f"{fn}: argument 'num_accepted_tokens': needs a 2-D ssm_state_indices "
-                                       f"[N, T_max]")
-        if getattr(num_accepted_tokens, "ndim", None) != 1 or num_accepted_tokens.shape[0] != N:
-            raise KDAInvalidValueError(f"{fn}: argument 'num_accepted_tokens': expected shape [N] = [{N}], got "
-                                       f"{_shape(getattr(num_accepted_tokens, 'shape', ()))}")
+    if nat is not None:
+        if getattr(idx, "ndim", None) != 2:
+            raise _bad(fn, "num_accepted_tokens", "needs a 2-D ssm_state_indices [N, T_max]")
+        if getattr(nat, "ndim", None) != 1 or nat.shape[0] != N:
+            raise _bad(fn, "num_accepted_tokens", f"expected shape [N] = [{N}], got "
+                                                  f"{_shape(getattr(nat, 'shape', ()))}")
     if initial_state is not None:
-        if not _is_state_dtype(initial_state, kind):
-            raise KDANotSupportedError(f"{fn}: argument 'initial_state': dtype {initial_state.dtype} is not "
-                                       f"implemented; use float32 (or bfloat16)")
+        if not _is_state_dtype(fn, initial_state, kind):
+            raise _bad(fn, "initial_state", f"dtype {initial_state.dtype} is not implemented; use float32 (or "
+                                            f"bfloat16)", KDANotSupportedError)
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=pool)
-    if use_gate_in_kernel:
-        if A_log is None and lower_bound is None:
-            # FLA would use exp(1) in place of exp(A_log) here, an accident rather than a gate: refuse.
-            raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
-                                       f"`lower_bound` is not set.")
-        _check_gate_params(fn, A_log, dt_bias, HV, K)
-        if lower_bound is not None:
-            lower_bound = float(lower_bound)
-            if lower_bound == 0.0 and not safe_gate:  # as in chunk_kda: FLA's gate is then 0 (no decay)
-                g, A_log, dt_bias, lower_bound, use_gate_in_kernel = _zeros_like(g), None, None, None, False
-    else:
-        A_log = dt_bias = lower_bound = None
-    scale = K ** -0.5 if scale is None else float(scale)
-    ht_mode = 2 if inplace_final_state else (1 if output_final_state else 0)
-
+    g, A_log, dt_bias, opts = _options(
+        fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
+        safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
+        v_first=state_v_first)
+    ht_mode = 2 if inplace else (1 if output_final_state else 0)
     if kind == "numpy":
-        return _np_call(fn, True, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
-                        out, ht_mode, scale, use_qk_l2norm_in_kernel, use_gate_in_kernel,
-                        use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, state_v_first,
-                        B, T, H, K, HV, V, N, nat=num_accepted_tokens)
+        return _np_forward(fn, "decode", opts, q, k, v, g, beta, N, out, ht_mode, initial_state=initial_state,
+                           cu_seqlens=cu_seqlens, state_indices=idx, num_accepted_tokens=nat, A_log=A_log,
+                           dt_bias=dt_bias)
     from . import _torch
-    return _torch.fused_recurrent_kda(fn, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-                                      cu_seqlens_cpu, ssm_state_indices, out, ht_mode, scale,
-                                      bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
-                                      bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval), safe_gate,
-                                      lower_bound, bool(state_v_first), N, nat=num_accepted_tokens)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# helpers on either array kind
-# ---------------------------------------------------------------------------------------------------------
-def _state_rows(h) -> int:
-    s = getattr(h, "shape", None)
-    if not s:
-        raise KDAInvalidValueError(f"argument 'initial_state': expected a 4-D array, got "
-                                   f"{type(h).__name__ if s is None else 'a scalar'}")
-    return s[0]
-
-
-def _is_state_dtype(h, kind: str) -> bool:
-    if kind == "numpy":
-        if not isinstance(h, _ndarray):
-            raise KDATypeError(f"argument 'initial_state': expected a numpy.ndarray like q, got {type(h).__name__}")
-        return h.dtype == _f32
-    if not _is_torch(h):
-        raise KDATypeError(f"argument 'initial_state': expected a torch.Tensor like q, got {type(h).__name__}")
-    t = _torch_module()
-    return h.dtype == t.float32 or h.dtype == t.bfloat16
-
-
-def _zeros_like(x):
-    if isinstance(x, _ndarray):
-        return np.zeros_like(x)
-    return _torch_module().zeros_like(x)
+    return _torch.fused_recurrent_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                                      kw["cu_seqlens_cpu"], idx, nat, out, ht_mode)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # numpy: the CPU backend, synchronously
 # ---------------------------------------------------------------------------------------------------------
-def _np_float(fn: str, name: str, x):
-    code = _NP_FLOAT.get(x.dtype)
-    if code is None:
-        raise KDANotSupportedError(f"{fn}: argument '{name}': numpy dtype {x.dtype} is not supported; use float32 "
-                                   f"or float16 (bfloat16 through torch tensors)")
-    return code
-
-
-def _np_same(fn: str, name: str, x, like):
-    if not isinstance(x, _ndarray):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a numpy.ndarray like q, got {type(x).__name__}")
-    if x.dtype != like.dtype:
-        raise KDANotSupportedError(f"{fn}: argument '{name}': dtype {x.dtype} differs from q's {like.dtype}; "
-                                   f"q, k and v must share one dtype")
+def host_ints(fn: str, name: str, x, dtypes: tuple):
+    """x (a numpy array, a CPU tensor or a sequence) as a C-contiguous numpy array of one of `dtypes` (the last
+    when converted from another integer dtype, after checking that every value fits). torch uses it too."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise _bad(fn, name, f"on {x.device} while the inputs are numpy arrays (host memory)")
+        x = x.numpy()
+    elif not isinstance(x, _ndarray):
+        x = np.asarray(x)
+    if x.dtype not in dtypes:
+        if x.dtype.kind not in "iu":
+            raise _bad(fn, name, f"expected integers ({' or '.join(map(str, dtypes))}), got {x.dtype}")
+        info = np.iinfo(dtypes[-1])
+        lo, hi = (int(x.min()), int(x.max())) if x.size else (0, 0)  # Python ints: exact for every dtype
+        if hi > info.max or lo < info.min:
+            raise _bad(fn, name, f"the value {hi if hi > info.max else lo} does not fit in {dtypes[-1]}")
+        x = x.astype(dtypes[-1])
     return np.ascontiguousarray(x)
 
 
-def _np_input(fn: str, name: str, x):
+def _np_code(fn: str, field: str, x) -> int:
+    """kda_dtype_t of a numpy array passed as kda_args_t's `field` (build_args's `code`)."""
+    code = (_NP_INT if field == "cu_seqlens" else _NP_FLOAT).get(x.dtype)
+    if code is None:
+        raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
+                                                            f"float16 (bfloat16 through torch tensors)",
+                   KDANotSupportedError)
+    return code
+
+
+def _np_array(fn: str, name: str, x, like=None, writable: bool = False):
     if not isinstance(x, _ndarray):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a numpy.ndarray like q, got {type(x).__name__}")
-    return np.ascontiguousarray(x), _np_float(fn, name, x)
+        raise _bad(fn, name, f"expected a numpy.ndarray like q, got {type(x).__name__}", KDATypeError)
+    if like is not None and x.dtype != like.dtype:
+        raise _bad(fn, name, f"dtype {x.dtype} differs from q's {like.dtype}; q, k and v must share one dtype",
+                   KDANotSupportedError)
+    if writable and not (x.flags.c_contiguous and x.flags.writeable):
+        raise _bad(fn, name, "written in place, so it must be a C-contiguous, writable array")
+    return np.ascontiguousarray(x)
 
 
 def _np_f32(fn: str, name: str, x):
     if _is_torch(x):
         x = x.detach().cpu().numpy()
     elif not isinstance(x, _ndarray):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a numpy.ndarray like q, got {type(x).__name__}")
+        raise _bad(fn, name, f"expected a numpy.ndarray like q, got {type(x).__name__}", KDATypeError)
     return np.ascontiguousarray(x, dtype=_f32)
 
 
-def _np_cu_seqlens(fn: str, cu):
-    if _is_torch(cu):
-        if cu.device.type != "cpu":
-            raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': on {cu.device} while the inputs are numpy "
-                                       f"arrays (host memory)")
-        cu = cu.numpy()
-    elif not isinstance(cu, _ndarray):
-        cu = np.asarray(cu)
-    code = _NP_INT.get(cu.dtype)
-    if code is None:
-        if cu.dtype.kind not in "iu":
-            raise KDAInvalidValueError(f"{fn}: argument 'cu_seqlens': expected int32 or int64 offsets, got "
-                                       f"{cu.dtype}")
-        cu, code = cu.astype(np.int64), INT64
-    return np.ascontiguousarray(cu), code
+# how each optional kda_args_t array is taken from the caller (named as the caller knows it)
+_NP_OPTIONAL = {
+    "initial_state": lambda fn, name, x: _np_array(fn, name, x),
+    "cu_seqlens": lambda fn, name, x: host_ints(fn, name, x, (_i32, _i64)),
+    "state_indices": lambda fn, name, x: host_ints(fn, name, x, (_i32,)),
+    "num_accepted_tokens": lambda fn, name, x: host_ints(fn, name, x, (_i32,)),
+    "A_log": _np_f32,
+    "dt_bias": _np_f32,
+}
 
 
-def _np_indices(fn: str, idx, name: str = "ssm_state_indices"):
-    if _is_torch(idx):
-        if idx.device.type != "cpu":
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': on {idx.device} while the inputs "
-                                       f"are numpy arrays (host memory)")
-        idx = idx.numpy()
-    elif not isinstance(idx, _ndarray):
-        idx = np.asarray(idx)
-    if idx.dtype != _i32:
-        if idx.dtype.kind not in "iu":
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': expected integers, got {idx.dtype}")
-        if idx.size and (idx.max() > 2**31 - 1 or idx.min() < -2**31):
-            raise KDAInvalidValueError(f"{fn}: argument '{name}': a value does not fit in int32")
-        idx = idx.astype(_i32)
-    return np.ascontiguousarray(idx)
+def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
+    """The arrays of a numpy call as libkda reads them, by kda_args_t's names (None left out)."""
+    q = _np_array(fn, "q", q)
+    x = dict(q=q, k=_np_array(fn, "k", k, q), v=_np_array(fn, "v", v, q), g=_np_array(fn, "g", g),
+             beta=_np_array(fn, "beta", beta))
+    for field, a in optional.items():
+        if a is not None:
+            x[field] = _NP_OPTIONAL[field](fn, ARGUMENT_OF_FIELD.get(field, field), a)
+    return x
 
 
-def _np_writable(fn: str, name: str, x):
-    if not isinstance(x, _ndarray):
-        raise KDATypeError(f"{fn}: argument '{name}': expected a numpy.ndarray like q, got {type(x).__name__}")
-    if not (x.flags.c_contiguous and x.flags.writeable):
-        raise KDAInvalidValueError(f"{fn}: argument '{name}': written in place, so it must be a C-contiguous, "
-                                   f"writable array")
-
-
-def _np_call(fn, decode, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg,
-             safe, lb, vfirst, B, T, H, K, HV, V, N, nat=None, cp=-1):
-    a, o, ht, keep = _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate,
-                              bsig, neg, safe, lb, vfirst, B, T, H, K, HV, V, N, nat)
-    _lib.set_cp(a, cp)
+def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int, out=None, ht_mode: int = 0,
+                **optional):
+    """kda_forward (entry "forward") or kda_decode ("decode") of numpy arrays: (o, final state). `optional`:
+    kda_args_t's optional arrays by name. ht_mode: 0 no final state, 1 a new one, 2 initial_state in place."""
+    if out is not None:
+        _np_array(fn, "out", out, writable=True)
+    if ht_mode == 2:
+        _np_array(fn, "initial_state", optional["initial_state"], writable=True)
+    x = _np_convert(fn, q, k, v, g, beta, **optional)
+    o = np.empty(x["v"].shape, x["q"].dtype) if out is None else out
+    ht = optional["initial_state"] if ht_mode == 2 else None  # the caller's array, checked C-contiguous
+    if ht_mode == 1:
+        K, HV, V = q.shape[3], v.shape[2], v.shape[3]
+        ht = np.empty((N, HV, V, K) if opts.state_v_first else (N, HV, K, V), _f32)
+    a = build_args(opts, fn, _data_ptr, _np_code, o=o, final_state=ht, **x)
     try:
-        ctx = _lib._contexts.get(_CPU_KEY) or _lib.get_context(_lib.BACKEND_CPU, 0)
-        _lib.run(ctx, a, decode)
+        _lib.run(_lib.cpu_context(), entry, a)
     except KDAError as e:
         raise in_callers_terms(e, fn) from None
-    if scale == 0.0:  # FLA: o = 0 * S^T q; libkda reads scale 0 as "default"
+    if opts.scale == 0.0:  # FLA: o = 0 * S^T q (KdaOptions.apply)
         o[...] = 0
     return o, ht
-
-
-def _np_args(fn, q, k, v, g, beta, A_log, dt_bias, h0, cu, idx, out, ht_mode, scale, l2, gate, bsig, neg, safe, lb,
-             vfirst, B, T, H, K, HV, V, N, nat=None):
-    """The kda_args_t of numpy arrays, the outputs it points to (o, ht), and the arrays it points into (keep them
-    alive while it is used): (args, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias, nat))."""
-    L = _lib._lib or _lib.library()
-    ptr = _data_ptr
-    a = KdaArgs.from_buffer_copy(L.template)
-    q, code = _np_input(fn, "q", q)
-    k = _np_same(fn, "k", k, q)
-    v = _np_same(fn, "v", v, q)
-    g, a.g_dtype = _np_input(fn, "g", g)
-    beta, a.beta_dtype = _np_input(fn, "beta", beta)
-    a.batch = B
-    a.seq_len = T
-    a.num_qk_heads = H
-    a.num_v_heads = HV
-    a.head_dim_k = K
-    a.head_dim_v = V
-    a.dtype = code
-    a.q = ptr(q)
-    a.k = ptr(k)
-    a.v = ptr(v)
-    a.g = ptr(g)
-    a.beta = ptr(beta)
-    if out is None:
-        o = np.empty(v.shape, q.dtype)
-        a.o_dtype = code
-    else:
-        _np_writable(fn, "out", out)
-        o = out
-        a.o_dtype = _np_float(fn, "out", out)
-    a.o = ptr(o)
-    if cu is not None:
-        cu, a.cu_seqlens_dtype = _np_cu_seqlens(fn, cu)
-        a.cu_seqlens = ptr(cu)
-        a.num_seqs = N
-    ht = None
-    if h0 is not None:
-        if ht_mode == 2:
-            _np_writable(fn, "initial_state", h0)
-            ht = h0
-            a.final_state = ptr(h0)
-        else:
-            h0 = np.ascontiguousarray(h0)
-        a.initial_state = ptr(h0)  # float32 (checked); dtype fields default to FLOAT32
-    if ht_mode == 1:
-        ht = np.empty((N, HV, V, K) if vfirst else (N, HV, K, V), _f32)
-        a.final_state = ptr(ht)
-    if idx is not None:
-        idx = _np_indices(fn, idx)
-        a.state_indices = ptr(idx)
-        a.num_state_slots = h0.shape[0]
-        if idx.ndim == 2:
-            a.state_indices_cols = idx.shape[1]
-        if nat is not None:
-            nat = _np_indices(fn, nat, "num_accepted_tokens")
-            a.num_accepted_tokens = ptr(nat)
-    if beta.ndim == 4:
-        a.beta_headwise = 1
-    if vfirst:
-        a.state_v_first = 1
-    if gate:
-        a.use_gate_in_kernel = 1
-        if A_log is not None:
-            A_log = _np_f32(fn, "A_log", A_log)
-            a.A_log = ptr(A_log)
-        if dt_bias is not None:
-            dt_bias = _np_f32(fn, "dt_bias", dt_bias)
-            a.dt_bias = ptr(dt_bias)
-        if lb is not None:
-            a.lower_bound = lb
-    a.scale = scale if scale != 0.0 else 1.0
-    if l2:
-        a.use_qk_l2norm = 1
-    if safe:
-        a.safe_gate = 1
-    if bsig:
-        a.use_beta_sigmoid = 1
-    if neg:
-        a.allow_neg_eigval = 1
-    return a, o, ht, (q, k, v, g, beta, h0, cu, idx, A_log, dt_bias, nat)

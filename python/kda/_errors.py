@@ -3,26 +3,14 @@
 Every error the package raises derives from :class:`KDAError` and from the built-in exception a Python user
 would catch for that kind of problem:
 
-====================================  ======================================  ================================
-class                                 also a                                  raised for
-====================================  ======================================  ================================
-``KDAInvalidValueError``              ``ValueError``                          a wrong argument (libkda's
-                                                                              ``KDA_STATUS_INVALID_VALUE``, or
-                                                                              a check made in Python)
-``KDAAssertionError``                 ``ValueError`` and ``AssertionError``   a wrong argument that FLA
-                                                                              rejects with ``assert``
-``KDATypeError``                      ``TypeError``                           an argument of the wrong kind
-                                                                              (numpy where torch is expected)
-``KDANotSupportedError``              ``NotImplementedError``                 valid, but not available here
-                                                                              (``KDA_STATUS_NOT_SUPPORTED``, or
-                                                                              an FLA option not implemented)
-``KDARuntimeError``                   ``RuntimeError``                        the other statuses, below
-``KDAInsufficientWorkspaceError``     ``RuntimeError``                        ``KDA_STATUS_INSUFFICIENT_WORKSPACE``
-``KDAAllocError``                     ``RuntimeError``                        ``KDA_STATUS_ALLOC_FAILED``
-``KDABackendError``                   ``RuntimeError``                        ``KDA_STATUS_BACKEND_ERROR``
-``KDAInternalError``                  ``RuntimeError``                        ``KDA_STATUS_INTERNAL_ERROR``
-``KDALibraryNotFoundError``           ``OSError``                             libkda could not be loaded
-====================================  ======================================  ================================
+* ``KDAInvalidValueError`` (a ``ValueError``): a wrong argument (``KDA_STATUS_INVALID_VALUE``, or a check made in
+  Python); ``KDAAssertionError`` (also an ``AssertionError``) where FLA rejects it with ``assert``.
+* ``KDATypeError`` (a ``TypeError``): an argument of the wrong kind (numpy where torch is expected).
+* ``KDANotSupportedError`` (a ``NotImplementedError``): valid, but not available here
+  (``KDA_STATUS_NOT_SUPPORTED``, or an FLA option not implemented).
+* ``KDARuntimeError`` (a ``RuntimeError``): the other statuses; ``KDAInsufficientWorkspaceError``,
+  ``KDAAllocError``, ``KDABackendError`` and ``KDAInternalError`` for theirs.
+* ``KDALibraryNotFoundError`` (an ``OSError``): libkda could not be loaded.
 
 Each carries ``status`` (the ``kda_status_t`` value, or ``None`` for an error found in Python) and ``message``
 (libkda's ``kda_last_error()`` text for a C status).
@@ -32,39 +20,17 @@ from __future__ import annotations
 
 import re
 
-__all__ = [
-    "KDAError",
-    "KDAInvalidValueError",
-    "KDAAssertionError",
-    "KDATypeError",
-    "KDANotSupportedError",
-    "KDARuntimeError",
-    "KDAInsufficientWorkspaceError",
-    "KDAAllocError",
-    "KDABackendError",
-    "KDAInternalError",
-    "KDALibraryNotFoundError",
-    "STATUS_NAMES",
-]
+__all__ = ["KDAError", "KDAInvalidValueError", "KDAAssertionError", "KDATypeError", "KDANotSupportedError",
+           "KDARuntimeError", "KDAInsufficientWorkspaceError", "KDAAllocError", "KDABackendError", "KDAInternalError",
+           "KDALibraryNotFoundError", "STATUS_NAMES"]
 
-# kda_status_t, as in include/kda.h
-SUCCESS = 0
-INVALID_VALUE = 1
-NOT_SUPPORTED = 2
-INSUFFICIENT_WORKSPACE = 3
-ALLOC_FAILED = 4
-BACKEND_ERROR = 5
-INTERNAL_ERROR = 6
-
-STATUS_NAMES = {
-    SUCCESS: "KDA_STATUS_SUCCESS",
-    INVALID_VALUE: "KDA_STATUS_INVALID_VALUE",
-    NOT_SUPPORTED: "KDA_STATUS_NOT_SUPPORTED",
-    INSUFFICIENT_WORKSPACE: "KDA_STATUS_INSUFFICIENT_WORKSPACE",
-    ALLOC_FAILED: "KDA_STATUS_ALLOC_FAILED",
-    BACKEND_ERROR: "KDA_STATUS_BACKEND_ERROR",
-    INTERNAL_ERROR: "KDA_STATUS_INTERNAL_ERROR",
-}
+# kda_status_t, as in include/kda.h. CONTEXT_IN_USE: a context entered by a second thread while in use, where the
+# library reports it. A status missing here still maps to KDARuntimeError, named by its number.
+(SUCCESS, INVALID_VALUE, NOT_SUPPORTED, INSUFFICIENT_WORKSPACE, ALLOC_FAILED, BACKEND_ERROR, INTERNAL_ERROR,
+ CONTEXT_IN_USE) = range(8)
+STATUS_NAMES = {code: "KDA_STATUS_" + name for code, name in enumerate((
+    "SUCCESS", "INVALID_VALUE", "NOT_SUPPORTED", "INSUFFICIENT_WORKSPACE", "ALLOC_FAILED", "BACKEND_ERROR",
+    "INTERNAL_ERROR", "CONTEXT_IN_USE"))}
 
 
 class KDAError(Exception):
@@ -120,14 +86,9 @@ class KDALibraryNotFoundError(KDAError, OSError):
     """libkda could not be found or loaded; the message lists every place that was tried."""
 
 
-_BY_STATUS = {
-    INVALID_VALUE: KDAInvalidValueError,
-    NOT_SUPPORTED: KDANotSupportedError,
-    INSUFFICIENT_WORKSPACE: KDAInsufficientWorkspaceError,
-    ALLOC_FAILED: KDAAllocError,
-    BACKEND_ERROR: KDABackendError,
-    INTERNAL_ERROR: KDAInternalError,
-}
+_BY_STATUS = {INVALID_VALUE: KDAInvalidValueError, NOT_SUPPORTED: KDANotSupportedError,
+              INSUFFICIENT_WORKSPACE: KDAInsufficientWorkspaceError, ALLOC_FAILED: KDAAllocError,
+              BACKEND_ERROR: KDABackendError, INTERNAL_ERROR: KDAInternalError}
 
 
 def error_from_status(status: int, message: str) -> KDAError:
@@ -152,6 +113,9 @@ ARGUMENT_OF_FIELD = {
     "use_qk_l2norm": "use_qk_l2norm_in_kernel", "use_beta_sigmoid": "use_beta_sigmoid_in_kernel",
     "chunk_states": "return_intermediate_states", "chunk_states_dtype": "return_intermediate_states",
     "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",  # kda_backward_args_t
+    # outputs the caller can pass: o is fused_recurrent_kda's `out`, and a final state the caller passes is the
+    # initial state updated in place (the ones kda allocates cannot be wrong)
+    "o": "out", "o_dtype": "out", "final_state": "initial_state", "final_state_dtype": "initial_state",
 }
 # C names inside a message's detail, and what the caller knows them as
 _DETAIL_WORDS = [(re.compile(r"(?<![\w.])" + c + r"\b"), py) for c, py in (
@@ -161,11 +125,10 @@ _C_ENTRY_POINTS = ("kda_forward_workspace_size", "kda_decode_workspace_size", "k
                    "kda_forward", "kda_decode", "kda_backward")
 
 
-def in_callers_terms(err: KDAError, fn: str, renames: dict | None = None) -> KDAError:
+def in_callers_terms(err: KDAError, fn: str) -> KDAError:
     """`err` (from a libkda status) with its message in the terms of the Python call `fn`: "kda_decode: argument
     'state_indices': ..." becomes "fused_recurrent_kda: argument 'ssm_state_indices': ... (libkda's field
-    'state_indices')". `renames` overrides ARGUMENT_OF_FIELD for this call. Messages of other shapes keep
-    their text, with fn in front."""
+    'state_indices')". Messages of other shapes keep their text, with fn in front."""
     msg = err.message
     c_fn, sep, rest = msg.partition(": ")
     if not sep or c_fn not in _C_ENTRY_POINTS:
@@ -174,7 +137,7 @@ def in_callers_terms(err: KDAError, fn: str, renames: dict | None = None) -> KDA
         new = f"{fn}: {rest}"
     else:
         field, _, tail = rest[len("argument '"):].partition("'")
-        arg = (renames or {}).get(field) or ARGUMENT_OF_FIELD.get(field, field)
+        arg = ARGUMENT_OF_FIELD.get(field, field)
         for c_name, py_name in _DETAIL_WORDS:
             tail = c_name.sub(py_name, tail)
         new = f"{fn}: argument '{arg}'{tail}" + (f" (libkda's field '{field}')" if arg != field else "")

@@ -1,8 +1,6 @@
-"""libkda through ctypes: finding and loading the library, the kda_args_t mirror, contexts, and the calls.
-
-Nothing here runs when ``kda`` is imported: the library is loaded by the first call that needs it, so that
-``import kda`` works on a machine without it (the call then raises :class:`KDALibraryNotFoundError` listing the
-places searched).
+"""libkda through ctypes: loading the library, the structs' mirrors and their builder, the options of a call,
+contexts, and the calls. The library is loaded by the first call that needs it, so that ``import kda`` works on a
+machine without it (the call then raises :class:`KDALibraryNotFoundError` listing the places searched).
 """
 
 from __future__ import annotations
@@ -12,145 +10,146 @@ import ctypes.util
 import os
 import threading
 from ctypes import POINTER, byref, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_void_p
+from typing import NamedTuple
 
 from ._errors import KDALibraryNotFoundError, error_from_status
 
-__all__ = ["KdaArgs", "KdaBackwardArgs", "library", "library_path", "get_context", "run", "BACKEND_AUTO", "BACKEND_CPU",
-           "BACKEND_REFERENCE", "BACKEND_CUDA"]
+HEADER_VERSION_MAJOR, HEADER_VERSION_MINOR = 0, 1  # the header this package mirrors (include/kda.h)
+BACKEND_AUTO, BACKEND_CPU, BACKEND_REFERENCE, BACKEND_CUDA = 0, 1, 2, 3  # kda_backend_t
+FLOAT32, FLOAT16, BFLOAT16, INT32, INT64 = 0, 1, 2, 3, 4  # kda_dtype_t
+CP_AUTO, CP_OFF, CP_ON = 0, 1, 2  # kda_cp_mode_t
+CP_PIECE_MULTIPLE, CP_MAX_PIECE_LEN = 64, 1 << 24  # cp_piece_len's multiple and largest value
+CPU_CONTEXT = (BACKEND_CPU, 0)  # (backend, device) that host arrays and CPU tensors run on
 
-# The header this package mirrors (include/kda.h)
-HEADER_VERSION_MAJOR = 0
-HEADER_VERSION_MINOR = 1
+_CTYPES = {"size": c_size_t, "i64": c_int64, "i32": c_int32, "int": c_int, "enum": c_int, "ptr": c_void_p,
+           "float": c_float}  # C enums of this header are int-sized
 
-# kda_backend_t
-BACKEND_AUTO = 0
-BACKEND_CPU = 1
-BACKEND_REFERENCE = 2
-BACKEND_CUDA = 3
-BACKEND_NAMES = {BACKEND_AUTO: "auto", BACKEND_CPU: "cpu", BACKEND_REFERENCE: "reference", BACKEND_CUDA: "cuda"}
 
-# kda_dtype_t
-FLOAT32 = 0
-FLOAT16 = 1
-BFLOAT16 = 2
-INT32 = 3
-INT64 = 4
-
-_enum = c_int  # C enums of this header are int-sized
-
-# kda_cp_mode_t and the piece length's bounds (include/kda.h)
-CP_AUTO = 0
-CP_OFF = 1
-CP_ON = 2
-CP_PIECE_MULTIPLE = 64
-CP_MAX_PIECE_LEN = 1 << 24
+def _layout(spec: str) -> list:
+    """ctypes _fields_ from "name type" pairs separated by commas or lines (types: _CTYPES's keys)."""
+    return [(n, _CTYPES[t]) for n, t in (f.split() for f in spec.replace("\n", ",").split(",") if f.strip())]
 
 
 class KdaArgs(ctypes.Structure):
     """The ctypes mirror of ``kda_args_t``, field for field (tests/python/test_binding.py checks the layout)."""
-
-    _fields_ = [
-        ("struct_size", c_size_t),
-        # problem size
-        ("batch", c_int64),
-        ("seq_len", c_int64),
-        ("num_qk_heads", c_int32),
-        ("num_v_heads", c_int32),
-        ("head_dim_k", c_int32),
-        ("head_dim_v", c_int32),
-        # variable-length sequences
-        ("cu_seqlens", c_void_p),
-        ("cu_seqlens_dtype", _enum),
-        ("num_seqs", c_int64),
-        ("cu_seqlens_host", c_void_p),
-        # inputs
-        ("dtype", _enum),
-        ("q", c_void_p),
-        ("k", c_void_p),
-        ("v", c_void_p),
-        ("g", c_void_p),
-        ("g_dtype", _enum),
-        ("beta", c_void_p),
-        ("beta_dtype", _enum),
-        # output
-        ("o", c_void_p),
-        ("o_dtype", _enum),
-        # states
-        ("initial_state", c_void_p),
-        ("initial_state_dtype", _enum),
-        ("final_state", c_void_p),
-        ("final_state_dtype", _enum),
-        ("state_v_first", c_int),
-        ("state_indices", c_void_p),
-        ("num_state_slots", c_int64),
-        # options
-        ("scale", c_float),
-        ("use_qk_l2norm", c_int),
-        ("use_gate_in_kernel", c_int),
-        ("A_log", c_void_p),
-        ("dt_bias", c_void_p),
-        ("lower_bound", c_float),
-        ("safe_gate", c_int),
-        ("use_beta_sigmoid", c_int),
-        ("allow_neg_eigval", c_int),
-        # speculative decoding and headwise beta (appended)
-        ("state_indices_cols", c_int64),
-        ("state_indices_row_stride", c_int64),
-        ("num_accepted_tokens", c_void_p),
-        ("beta_headwise", c_int),
-        # intra-card context parallelism (appended)
-        ("cp_mode", _enum),
-        ("cp_piece_len", c_int64),
-        # chunk-start states (appended)
-        ("chunk_states", c_void_p),
-        ("chunk_states_dtype", _enum),
-        # what the forward keeps for the backward (appended)
-        ("saved", c_void_p),
-        ("saved_bytes", c_size_t),
-    ]
+    _fields_ = _layout("""
+        struct_size size
+        batch i64, seq_len i64, num_qk_heads i32, num_v_heads i32, head_dim_k i32, head_dim_v i32
+        cu_seqlens ptr, cu_seqlens_dtype enum, num_seqs i64, cu_seqlens_host ptr
+        dtype enum, q ptr, k ptr, v ptr, g ptr, g_dtype enum, beta ptr, beta_dtype enum
+        o ptr, o_dtype enum
+        initial_state ptr, initial_state_dtype enum, final_state ptr, final_state_dtype enum, state_v_first int
+        state_indices ptr, num_state_slots i64
+        scale float, use_qk_l2norm int, use_gate_in_kernel int, A_log ptr, dt_bias ptr, lower_bound float
+        safe_gate int, use_beta_sigmoid int, allow_neg_eigval int
+        state_indices_cols i64, state_indices_row_stride i64, num_accepted_tokens ptr, beta_headwise int
+        cp_mode enum, cp_piece_len i64
+        chunk_states ptr, chunk_states_dtype enum
+        saved ptr, saved_bytes size""")
 
 
-def set_cp(a: "KdaArgs", cp: int) -> None:
-    """kda_args_t's cp_mode and cp_piece_len from the bindings' one number: < 0 auto (the template's default), 0 off,
-    > 0 on with pieces of that many tokens (checked by the caller)."""
+class KdaBackwardArgs(ctypes.Structure):
+    """The ctypes mirror of ``kda_backward_args_t``, field for field."""
+    _fields_ = _layout("""
+        struct_size size, problem ptr
+        d_o ptr, d_o_dtype enum, d_final_state ptr, d_final_state_dtype enum
+        dq ptr, dq_dtype enum, dk ptr, dk_dtype enum, dv ptr, dv_dtype enum, dg ptr, dg_dtype enum
+        dbeta ptr, dbeta_dtype enum, d_initial_state ptr, d_initial_state_dtype enum
+        dA_log ptr, ddt_bias ptr""")
+
+
+# kda_args_t's pointers that have a dtype field beside them (name + "_dtype")
+_TYPED = frozenset(("cu_seqlens", "g", "beta", "o", "initial_state", "final_state", "chunk_states"))
+
+
+class KdaOptions(NamedTuple):
+    """The settings of one call, as kda_args_t reads them: built once by kda._api from the caller's keywords and
+    passed down unchanged (hashable, so it is part of a cached call's signature)."""
+    scale: float                  # the output scale, resolved (K ** -0.5 for None); 0.0: o = 0 (FLA's product)
+    use_qk_l2norm: bool = False
+    use_gate_in_kernel: bool = False
+    use_beta_sigmoid: bool = False
+    allow_neg_eigval: bool = False
+    safe_gate: bool = False
+    lower_bound: float = 0.0      # the sigmoid gate's bound; 0.0: unset (softplus gate)
+    state_v_first: bool = False
+    cp: int = -1                  # context parallelism: -1 auto, 0 off, > 0 on with pieces of that many tokens
+
+    def apply(self, a: KdaArgs) -> None:
+        # libkda reads scale 0 as "K^-1/2": a scale of 0 runs with 1 and its caller zeroes o
+        a.scale = self.scale if self.scale != 0.0 else 1.0
+        a.use_qk_l2norm, a.use_gate_in_kernel = self.use_qk_l2norm, self.use_gate_in_kernel
+        a.use_beta_sigmoid, a.allow_neg_eigval = self.use_beta_sigmoid, self.allow_neg_eigval
+        a.safe_gate, a.lower_bound, a.state_v_first = self.safe_gate, self.lower_bound, self.state_v_first
+        set_cp(a, self.cp)
+
+
+def set_cp(a: KdaArgs, cp: int) -> None:
+    """kda_args_t's cp_mode and cp_piece_len from KdaOptions.cp (< 0 leaves the template's auto)."""
     if cp == 0:
         a.cp_mode = CP_OFF
     elif cp > 0:
         a.cp_mode, a.cp_piece_len = CP_ON, cp
 
 
-class KdaBackwardArgs(ctypes.Structure):
-    """The ctypes mirror of ``kda_backward_args_t``, field for field."""
+def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **optional) -> KdaArgs:
+    """The kda_args_t of one call, for numpy arrays and torch tensors alike: `ptr(x)` is x's address, `code(fn,
+    field, x)` its kda_dtype_t (raising in `fn`'s terms for one it cannot pass); `optional`: more pointer fields
+    by name (None: unset). Sizes come from the arrays' shapes; the checks are the caller's."""
+    a = KdaArgs.from_buffer_copy(library().template)
+    a.batch, a.seq_len, a.num_qk_heads, a.head_dim_k = q.shape
+    a.num_v_heads, a.head_dim_v = v.shape[2], v.shape[3]
+    a.dtype = code(fn, "q", q)
+    a.q, a.k, a.v, a.g, a.beta, a.o = ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(o)
+    a.g_dtype, a.beta_dtype, a.o_dtype = code(fn, "g", g), code(fn, "beta", beta), code(fn, "o", o)
+    for field, x in optional.items():
+        if x is not None:
+            setattr(a, field, ptr(x))
+            if field in _TYPED:
+                setattr(a, field + "_dtype", code(fn, field, x))
+    cu, idx = optional.get("cu_seqlens"), optional.get("state_indices")
+    if cu is not None:
+        a.num_seqs = cu.shape[0] - 1
+    if idx is not None:
+        pool = optional.get("initial_state")
+        a.num_state_slots = (pool if pool is not None else optional["final_state"]).shape[0]
+        if idx.ndim == 2:  # speculative decoding: [N, T_max] per-token slots, rows contiguous
+            a.state_indices_cols = idx.shape[1]
+    a.beta_headwise = beta.ndim == 4
+    opts.apply(a)
+    return a
 
-    _fields_ = [
-        ("struct_size", c_size_t),
-        ("problem", c_void_p),  # const kda_args_t *
-        # incoming gradients
-        ("d_o", c_void_p),
-        ("d_o_dtype", _enum),
-        ("d_final_state", c_void_p),
-        ("d_final_state_dtype", _enum),
-        # gradient outputs
-        ("dq", c_void_p),
-        ("dq_dtype", _enum),
-        ("dk", c_void_p),
-        ("dk_dtype", _enum),
-        ("dv", c_void_p),
-        ("dv_dtype", _enum),
-        ("dg", c_void_p),
-        ("dg_dtype", _enum),
-        ("dbeta", c_void_p),
-        ("dbeta_dtype", _enum),
-        ("d_initial_state", c_void_p),
-        ("d_initial_state_dtype", _enum),
-        ("dA_log", c_void_p),
-        ("ddt_bias", c_void_p),
-    ]
+
+_GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "d_initial_state", "dA_log", "ddt_bias")  # kda_backward_args_t
 
 
-_ARGS_P = POINTER(KdaArgs)
-_BWD_P = POINTER(KdaBackwardArgs)
-_CTX_PP = POINTER(c_void_p)
+def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBackwardArgs:
+    """The kda_backward_args_t of problem `a` (kept alive by the caller) for the loss weights `do` and `dht` (None:
+    zero), writing `grads` (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias; None: not computed)."""
+    b = KdaBackwardArgs.from_buffer_copy(library().backward_template)
+    b.problem = ctypes.addressof(a)
+    b.d_o, b.d_o_dtype = ptr(do), code(fn, "do", do)
+    if dht is not None:
+        b.d_final_state, b.d_final_state_dtype = ptr(dht), code(fn, "dht", dht)
+    for field, x in zip(_GRADIENTS, grads):
+        if x is not None:
+            setattr(b, field, ptr(x))
+            if field not in ("dA_log", "ddt_bias"):  # float32 only: no dtype field
+                setattr(b, field + "_dtype", code(fn, field, x))
+    return b
+
+
+_A, _B, _N, _P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t), c_void_p
+_FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, argument types
+    ("kda_version", c_int), ("kda_last_error", c_char_p), ("kda_create", c_int, POINTER(_P), c_int, c_int),
+    ("kda_destroy", c_int, _P), ("kda_get_backend", c_int, _P, POINTER(c_int)),
+    ("kda_set_num_threads", c_int, _P, c_int), ("kda_get_num_threads", c_int, _P, POINTER(c_int)),
+    ("kda_args_init", None, _P), ("kda_backward_args_init", None, _P),
+    ("kda_forward_workspace_size", c_int, _P, _A, _N), ("kda_forward_saved_size", c_int, _P, _A, _N),
+    ("kda_forward", c_int, _P, _A, _P, c_size_t, _P), ("kda_decode_workspace_size", c_int, _P, _A, _N),
+    ("kda_decode", c_int, _P, _A, _P, c_size_t, _P), ("kda_backward_workspace_size", c_int, _P, _B, _N),
+    ("kda_backward", c_int, _P, _B, _P, c_size_t, _P),
+]
 
 
 def _candidates() -> list[tuple[str, str | None]]:
@@ -160,77 +159,44 @@ def _candidates() -> list[tuple[str, str | None]]:
         # An explicit choice is the only one tried: falling back elsewhere would hide a mistake.
         return [("$KDA_LIBRARY", env)]
     here = os.path.dirname(os.path.abspath(__file__))
-    found = ctypes.util.find_library("kda")
     return [
         ("bundled with the package", os.path.join(here, "libkda.so")),
         ("the repository's build tree", os.path.normpath(os.path.join(here, "..", "..", "build", "libkda.so"))),
-        ("ctypes.util.find_library('kda')", found),
+        ("ctypes.util.find_library('kda')", ctypes.util.find_library("kda")),
     ]
 
 
 class _Library:
-    """The loaded libkda with its function objects, prototyped once."""
+    """The loaded libkda with its function objects, prototyped once, and the structs' defaults from the library."""
 
     def __init__(self, cdll: ctypes.CDLL, path: str):
-        self.cdll = cdll
-        self.path = path
-        L = cdll
-
-        def fn(name, restype, *argtypes):
-            f = getattr(L, name)
-            f.restype = restype
-            f.argtypes = list(argtypes)
-            return f
-
-        self.version = fn("kda_version", c_int)
-        self.status_string = fn("kda_status_string", c_char_p, c_int)
-        self.last_error = fn("kda_last_error", c_char_p)
-        self.dtype_size = fn("kda_dtype_size", c_size_t, c_int)
-        self.create = fn("kda_create", c_int, _CTX_PP, c_int, c_int)
-        self.destroy = fn("kda_destroy", c_int, c_void_p)
-        self.get_backend = fn("kda_get_backend", c_int, c_void_p, POINTER(c_int))
-        self.backend_name = fn("kda_backend_name", c_char_p, c_int)
-        self.set_num_threads = fn("kda_set_num_threads", c_int, c_void_p, c_int)
-        self.get_num_threads = fn("kda_get_num_threads", c_int, c_void_p, POINTER(c_int))
-        self.args_init = fn("kda_args_init", None, c_void_p)
-        self.forward_workspace_size = fn("kda_forward_workspace_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
-        self.forward_saved_size = fn("kda_forward_saved_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
-        self.forward = fn("kda_forward", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p)
-        self.decode_workspace_size = fn("kda_decode_workspace_size", c_int, c_void_p, _ARGS_P, POINTER(c_size_t))
-        self.decode = fn("kda_decode", c_int, c_void_p, _ARGS_P, c_void_p, c_size_t, c_void_p)
-        self.backward_args_init = fn("kda_backward_args_init", None, c_void_p)
-        self.backward_workspace_size = fn("kda_backward_workspace_size", c_int, c_void_p, _BWD_P,
-                                          POINTER(c_size_t))
-        self.backward = fn("kda_backward", c_int, c_void_p, _BWD_P, c_void_p, c_size_t, c_void_p)
-
+        self.cdll, self.path = cdll, path
+        for name, restype, *argtypes in _FUNCTIONS:
+            f = getattr(cdll, name)
+            f.restype, f.argtypes = restype, argtypes
+            setattr(self, name[4:], f)
         v = self.version()
         major, minor = v // 10000, (v // 100) % 100
         if major != HEADER_VERSION_MAJOR:
             raise KDALibraryNotFoundError(
                 f"libkda at {path} is version {major}.{minor}.{v % 100}; this kda package needs "
                 f"{HEADER_VERSION_MAJOR}.x (set KDA_LIBRARY to a matching build)")
+        self.library_args_size, self.template = self._defaults(self.args_init, KdaArgs, "kda_args_t")
+        _, self.backward_template = self._defaults(self.backward_args_init, KdaBackwardArgs, "kda_backward_args_t")
 
-        # The defaults, from the library itself. kda_args_init writes sizeof(its kda_args_t) bytes: give it a
-        # buffer large enough for a newer library's longer struct, then keep the part this mirror knows.
+    def _defaults(self, init, cls, c_name: str):
+        """(the library's sizeof(c_name), its defaults as a `cls`). The init function writes the library's size of
+        the struct: it gets a buffer large enough for a newer library's longer struct, and the part this mirror
+        knows is kept."""
         probe = ctypes.create_string_buffer(4096)
-        self.args_init(probe)
-        lib_size = c_size_t.from_buffer(probe).value
-        ours = ctypes.sizeof(KdaArgs)
+        init(probe)
+        lib_size, ours = c_size_t.from_buffer(probe).value, ctypes.sizeof(cls)
         if lib_size < ours:
-            raise KDALibraryNotFoundError(
-                f"libkda at {path} has sizeof(kda_args_t) = {lib_size}, smaller than this package's {ours}: "
-                f"the library is older than the package")
-        self.library_args_size = lib_size
-        self.template = KdaArgs.from_buffer_copy(probe.raw[:ours])
-        self.template.struct_size = ours
-        probe = ctypes.create_string_buffer(4096)
-        self.backward_args_init(probe)
-        ours = ctypes.sizeof(KdaBackwardArgs)
-        if c_size_t.from_buffer(probe).value < ours:
-            raise KDALibraryNotFoundError(f"libkda at {path} has a smaller kda_backward_args_t than this package's "
-                                          f"{ours} bytes: the library is older than the package")
-        self.backward_template = KdaBackwardArgs.from_buffer_copy(probe.raw[:ours])
-        self.backward_template.struct_size = ours
+            raise KDALibraryNotFoundError(f"libkda at {self.path} has sizeof({c_name}) = {lib_size}, smaller than "
+                                          f"this package's {ours}: the library is older than the package")
+        t = cls.from_buffer_copy(probe.raw[:ours])
+        t.struct_size = ours
+        return lib_size, t
 
     def error(self, status: int):
         """The exception for `status`, with the calling thread's kda_last_error() message."""
@@ -251,17 +217,16 @@ def _load() -> _Library:
         for where, path in _candidates():
             if not path:
                 tried.append(f"  {where}: not found")
-                continue
-            if os.sep in path and not os.path.exists(path):
+            elif os.sep in path and not os.path.exists(path):
                 tried.append(f"  {where}: {path} (no such file)")
-                continue
-            try:
-                cdll = ctypes.CDLL(path)
-            except OSError as e:
-                tried.append(f"  {where}: {path} ({e})")
-                continue
-            _lib = _Library(cdll, path)
-            return _lib
+            else:
+                try:
+                    cdll = ctypes.CDLL(path)
+                except OSError as e:
+                    tried.append(f"  {where}: {path} ({e})")
+                    continue
+                _lib = _Library(cdll, path)
+                return _lib
         raise KDALibraryNotFoundError(
             "kda: could not load libkda. Searched, in order:\n" + "\n".join(tried) +
             "\nBuild it (make build, or pip install ./python) or set KDA_LIBRARY to the path of libkda.so.")
@@ -285,13 +250,9 @@ class Context:
     __slots__ = ("handle", "backend", "device", "lock", "ws_buf", "ws_ptr", "ws_size", "__weakref__")
 
     def __init__(self, handle: int, backend: int, device: int):
-        self.handle = handle
-        self.backend = backend
-        self.device = device
+        self.handle, self.backend, self.device = handle, backend, device
         self.lock = threading.Lock()
-        self.ws_buf = None
-        self.ws_ptr = None
-        self.ws_size = 0
+        self.ws_buf, self.ws_ptr, self.ws_size = None, None, 0
 
     def host_workspace(self, nbytes: int):
         """A host buffer of at least nbytes, kept between calls (call with the lock held)."""
@@ -302,19 +263,11 @@ class Context:
         return self.ws_ptr
 
     def num_threads(self) -> int:
-        L = library()
-        n = c_int()
-        st = L.get_num_threads(self.handle, byref(n))
-        if st:
-            raise L.error(st)
-        return n.value
+        return _out(library().get_num_threads, self.handle, ctype=c_int)
 
     def set_num_threads(self, n: int) -> None:
-        L = library()
         with self.lock:
-            st = L.set_num_threads(self.handle, int(n))
-            if st:
-                raise L.error(st)
+            _check(library().set_num_threads(self.handle, int(n)))
 
 
 _contexts: dict[tuple[int, int], Context] = {}
@@ -331,12 +284,14 @@ def get_context(backend: int, device: int = 0) -> Context:
         ctx = _contexts.get((backend, device))
         if ctx is None:
             h = c_void_p()
-            st = L.create(byref(h), backend, device)
-            if st:
-                raise L.error(st)
-            ctx = Context(h.value, backend, device)
-            _contexts[(backend, device)] = ctx
+            _check(L.create(byref(h), backend, device))
+            ctx = _contexts[(backend, device)] = Context(h.value, backend, device)
         return ctx
+
+
+def cpu_context() -> Context:
+    """The context of CPU_CONTEXT (tests point that at the reference backend)."""
+    return _contexts.get(CPU_CONTEXT) or get_context(*CPU_CONTEXT)
 
 
 def _forget_contexts_in_child() -> None:
@@ -353,75 +308,53 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_contexts_in_child)
 
 
-def run(ctx: Context, args: KdaArgs, decode: bool, workspace=None, stream=None, nbytes: int | None = None) -> int:
-    """Query the workspace, get it, and run kda_forward (decode=False) or kda_decode on `ctx`; returns the
-    workspace size used.
-
-    `workspace(nbytes)` returns (pointer, keep-alive object) for device contexts; None means the context's
-    host workspace. Raises the KDAError of a failing status.
-
-    `nbytes`: the size this returned for an earlier call of the same signature (kda._torch remembers it): the
-    size query (a second ctypes call) is skipped. Should the call fail, the size query settles what the plain
-    order would have done: its own error if it fails; else, if it asks for more than `nbytes` (a CPU context
-    given more threads since), the call again with that much; else the call's own error.
-    """
-    L = _lib
-    return _settle(ctx, byref(args), L.decode_workspace_size if decode else L.forward_workspace_size,
-                   L.decode if decode else L.forward, workspace, stream, nbytes)
-
-
-def _settle(ctx: Context, pa, size_fn, entry, workspace, stream, nbytes: int | None) -> int:
-    """run's order for one entry point and its size query (kda_forward, kda_decode, kda_backward): the call with
-    `nbytes` when given, else or on failure the size query, then the call with the size it asks for."""
-    L = _lib
+def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None) -> int:
+    """Run `entry` ("forward", "decode", "backward") of `args` (a KdaArgs; a KdaBackwardArgs for the backward) on
+    `ctx` with the workspace its size query asks for; returns that size. `workspace(n)` gives (pointer,
+    keep-alive) on a device; None: the context's host workspace. `nbytes`: the size an earlier call of the same
+    signature used, tried without the query; should that call fail, the query settles what the plain order would
+    have done: its own error if it fails; else, if it asks for more (a CPU context given more threads since), the
+    call again with that much; else the call's own error. Raises the KDAError of a failing status."""
+    L, pa = _lib, byref(args)
+    call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
     with ctx.lock:
         if nbytes is not None:
-            st = _call(ctx, pa, entry, nbytes, workspace, stream)
+            st = _call(ctx, call, pa, nbytes, workspace, stream)
             if not st:
                 return nbytes
             err = L.error(st)  # now: the size query below may overwrite the thread's last error
-        size = c_size_t()
-        st = size_fn(ctx.handle, pa, byref(size))
-        if st:
-            raise L.error(st)
-        n = size.value
+        n = _out(size_fn, ctx.handle, pa)
         if nbytes is not None and n <= nbytes:
             raise err
-        st = _call(ctx, pa, entry, n, workspace, stream)
-        if st:
-            raise L.error(st)
+        _check(_call(ctx, call, pa, n, workspace, stream))
         return n
 
 
-def _call(ctx: Context, pa, entry, n: int, workspace, stream) -> int:
-    """An entry point (kda_forward, kda_decode, kda_backward) with a workspace of n bytes (ctx.lock held); returns
-    the status."""
-    keep = None
+def _call(ctx: Context, entry, pa, n: int, workspace, stream) -> int:
+    """An entry point with a workspace of n bytes (ctx.lock held); returns the status."""
+    keep = None  # the allocator's block stays valid for the stream it was allocated on
     if n == 0:
         ptr = None
     elif workspace is None:
         ptr = ctx.host_workspace(n)
     else:
         ptr, keep = workspace(n)
-    st = entry(ctx.handle, pa, ptr, n, stream)
-    del keep  # the allocator's block stays valid for the stream it was allocated on
-    return st
+    return entry(ctx.handle, pa, ptr, n, stream)
 
 
 def saved_size(ctx: Context, args: KdaArgs) -> int:
     """kda_forward_saved_size: the bytes kda_forward keeps for kda_backward at args.saved (0: nothing)."""
-    L = _lib
-    size = c_size_t()
     with ctx.lock:
-        st = L.forward_saved_size(ctx.handle, byref(args), byref(size))
-        if st:
-            raise L.error(st)
-    return size.value
+        return _out(_lib.forward_saved_size, ctx.handle, byref(args))
 
 
-def run_backward(ctx: Context, args: KdaBackwardArgs, workspace=None, stream=None, nbytes: int | None = None) -> int:
-    """Query the workspace, get it, and run kda_backward on `ctx` (as run); returns the workspace size used.
-    `nbytes`: the size this returned for an earlier call of the same signature: the size query is skipped, and a
-    failing call is settled as run settles it (kda._torch's backward fast path)."""
-    L = _lib
-    return _settle(ctx, byref(args), L.backward_workspace_size, L.backward, workspace, stream, nbytes)
+def _check(status: int) -> None:
+    if status:
+        raise _lib.error(status)
+
+
+def _out(f, *args, ctype=c_size_t):
+    """f(*args, &value) -> value, raising the error of a failing status."""
+    value = ctype()
+    _check(f(*args, byref(value)))
+    return value.value

@@ -284,6 +284,7 @@ def test_inplace_needs_writable_contiguous_pool():
     (_errors.ALLOC_FAILED, kda.KDAAllocError, RuntimeError),
     (_errors.BACKEND_ERROR, kda.KDABackendError, RuntimeError),
     (_errors.INTERNAL_ERROR, kda.KDAInternalError, RuntimeError),
+    (_errors.CONTEXT_IN_USE, kda.KDARuntimeError, RuntimeError),
     (99, kda.KDARuntimeError, RuntimeError),
 ])
 def test_status_mapping(status, cls, builtin):
@@ -292,6 +293,8 @@ def test_status_mapping(status, cls, builtin):
     assert e.status == status and str(e) == e.message == "kda_forward: argument 'x': message"
     if status == _errors.INVALID_VALUE:
         assert not isinstance(e, RuntimeError)
+    assert e.status_name == {7: "KDA_STATUS_CONTEXT_IN_USE", 99: "KDA_STATUS_99"}.get(status, e.status_name)
+    assert _errors.error_from_status(status, "").message  # an empty C message still names the status
 
 
 def test_not_supported_from_the_library():

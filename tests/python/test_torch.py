@@ -323,9 +323,8 @@ def test_chunk_gradcheck_reference_backend(monkeypatch):
     """torch.autograd.gradcheck through libkda's fp64 reference backend. libkda's tensors are at most float32, so
     the check runs on float32 tensors with a step (1e-3) and tolerances to match (the backend computes in float64
     and rounds its outputs to float32)."""
-    import kda._torch as kt
-    from kda._lib import BACKEND_REFERENCE
-    monkeypatch.setattr(kt, "_CPU_CONTEXT", (BACKEND_REFERENCE, 0))
+    from kda import _lib
+    monkeypatch.setattr(_lib, "CPU_CONTEXT", (_lib.BACKEND_REFERENCE, 0))
     rng = np.random.default_rng(9)
     x = to_torch(make_inputs(rng, 1, 6, 1, 2, 4, 3, l2=True, gate="softplus", beta_sigmoid=True, state=True))
     A_log = torch.tensor([0.1, -0.3])
@@ -518,12 +517,12 @@ def test_cuda_chunk_gradients_against_cpu(name, KV):
 def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
     """Under autograd the CUDA forward keeps its chunk blocks for the backward (kda_args_t.saved), which then does
     not rerun its preparation stage: the same gradient bytes as the backward that recomputes them."""
-    import kda._torch as kt
+    import kda._ops as kt
     from kda import _api
-    monkeypatch.setattr(_api, "_torch_chunk_cached", None)  # every call through kt._saved_tensor
+    monkeypatch.setattr(_api, "_torch_chunk_cached", None)  # every call through kt.saved_tensor
     x, cu, opts = case_inputs(name, seed=11, K_V=(128, 128))
     kept = []
-    real = kt._saved_tensor
+    real = kt.saved_tensor
 
     def spy(*a):
         t = real(*a)
@@ -532,7 +531,7 @@ def test_cuda_saved_blocks_same_gradients(name, dtype, monkeypatch):
 
     runs = []
     for keep in (True, False):
-        monkeypatch.setattr(kt, "_saved_tensor", spy if keep else (lambda *a: None))
+        monkeypatch.setattr(kt, "saved_tensor", spy if keep else (lambda *a: None))
         xt = to_torch(x, "cuda", dtype=dtype)
         kw = gate_to(opts, "cuda")
         for key in ("A_log", "dt_bias"):
@@ -703,7 +702,7 @@ def fast_path(monkeypatch):
         served.append(self)
         return call(self, *args)
 
-    def counted_launch(self, *args):  # a training call's forward (_ChunkKDACached)
+    def counted_launch(self, *args):  # a training call's forward (launched before autograd records it)
         served.append(self)
         return launch(self, *args)
     monkeypatch.setattr(_torch._ChunkCall, "__call__", counted)
@@ -838,8 +837,7 @@ def _training_step(fn, xt, cu, kw, need, seed):
     ("bounded_vfirst", ("k", "g", "A_log"), {}),
 ])
 def test_fast_path_training(fast_path, name, need, changes):
-    """Training calls (tensors that require grad) of a signature seen before skip the checks too
-    (_ChunkKDACached): o, the final state and every gradient equal the checked path's, bit for bit, with new
+    """Training calls (tensors that require grad) of a signature seen before skip the checks too: o, the final state and every gradient equal the checked path's, bit for bit, with new
     data each call; a call that differs in which tensors require grad takes the checked path."""
     for rnd in range(4):
         xt, cu, kw = _grad_case(name, seed=20 + rnd)
@@ -867,15 +865,16 @@ def test_fast_path_training(fast_path, name, need, changes):
 
 @pytest.fixture
 def bwd_fast_path(fast_path, monkeypatch):
-    """fast_path, and a count of the backward calls _BwdCall served (a cached training signature's backward)."""
-    from kda import _torch
+    """fast_path, and a count of the backward calls of a cached training signature (those given its memo)."""
+    from kda import _ops
     served = []
-    call = _torch._BwdCall.__call__
+    bwd = _ops.chunk_bwd
 
-    def counted(self, *args):
-        served.append(self)
-        return call(self, *args)
-    monkeypatch.setattr(_torch._BwdCall, "__call__", counted)
+    def counted(*args, memo=None, **kwargs):
+        if memo is not None:
+            served.append(memo)
+        return bwd(*args, memo=memo, **kwargs)
+    monkeypatch.setattr(_ops, "chunk_bwd", counted)
     yield served
 
 
@@ -909,7 +908,7 @@ def _loss_step(fn, xt, cu, kw, need, seed, loss, retain=False):
     ("t1", ("q", "dt_bias", "initial_state"), {}),
 ])
 def test_fast_path_training_backward(bwd_fast_path, name, need, changes):
-    """A cached training signature's backward (_BwdCall, from its second call on): with new data every call and
+    """A cached training signature's backward (its workspace size remembered): with new data every call and
     every kind of loss (incoming gradients of o and the final state given, zero, or non-contiguous), and through
     retain_graph, o, the final state and every gradient equal the checked path's bit for bit, in dtype too. A call
     that differs in which tensors require grad, or in a shape, takes the checked path, forward and backward."""
@@ -930,9 +929,9 @@ def test_fast_path_training_backward(bwd_fast_path, name, need, changes):
                 continue
             assert got[2][key] is not None and got[2][key].dtype == t.dtype, key
             assert got[2][key].shape == t.shape and torch.equal(got[2][key], t), (key, loss)
-    # the first call notes the shape, the second caches the signature, the third runs the checked backward and
-    # remembers it; every later backward (two with retain_graph) is _BwdCall's
-    assert len(bwd_fast_path) == len(losses) - 3 + 1
+    # the first call notes the shape, the second caches the signature; every later backward (two with
+    # retain_graph) is the cached signature's
+    assert len(bwd_fast_path) == len(losses) - 2 + 1
     served = len(bwd_fast_path)
     xt, cu, kw = _grad_case(name, seed=50)
     kw.update(changes)
@@ -980,8 +979,8 @@ def test_fast_path_training_backward_varlen_lengths(bwd_fast_path):
         for key, t in expected[2].items():
             assert torch.equal(got[2][key], t), key
         calls = [c for calls in _torch._chunk_calls.values() for c in calls.values()]
-        sizes.append(calls[0].bwd.nbytes if calls and calls[0].bwd else None)
-    assert len(bwd_fast_path) == 2
+        sizes.append(calls[0].bwd_nbytes if calls else None)
+    assert len(bwd_fast_path) == 3
     # checked backwards ask for the size; the remembered one asks again only where it fell short
     assert queries == [0, 1, 2, 3]
     assert sizes[2] < sizes[3] == sizes[4]
@@ -1061,8 +1060,8 @@ def test_cuda_fast_path(fast_path):
 @requires_gpu
 @pytest.mark.parametrize("name,host_copy", [("varlen_gva", True), ("varlen_gva", False), ("basic", False)])
 def test_cuda_fast_path_training(bwd_fast_path, name, host_copy):
-    """CUDA training steps of a cached signature (_ChunkKDACached's forward keeping its blocks, _BwdCall's
-    backward): o, the final state and every gradient equal the checked path's bit for bit, with new data each
+    """CUDA training steps of a cached signature (its forward keeping its blocks, its backward's workspace size
+    remembered): o, the final state and every gradient equal the checked path's bit for bit, with new data each
     step, on the current stream (one step on a side stream)."""
     def step(fn, xt, kw, seed, stream=None):
         leaves = {key: xt[key].clone().requires_grad_() for key in GRAD_INPUTS if key in xt}
@@ -1091,7 +1090,7 @@ def test_cuda_fast_path_training(bwd_fast_path, name, host_copy):
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
         for key, t in expected[2].items():
             assert got[2][key] is not None and got[2][key].dtype == t.dtype and torch.equal(got[2][key], t), key
-    assert len(bwd_fast_path) == 3
+    assert len(bwd_fast_path) == 4  # the third step's backward on: a cached signature's
 
 
 # ---------------------------------------------------------------------------------------------------------

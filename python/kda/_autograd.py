@@ -1,0 +1,108 @@
+"""Autograd for the custom ops of kda._ops, and the autograd Functions of kda._torch's eager calls.
+
+* ``kda::chunk_kda_fwd``'s backward runs ``kda::chunk_kda_bwd`` (libkda's kda_backward).
+* ``kda::fused_recurrent_kda_fwd``'s backward runs ``kda::backward_not_implemented``, which raises
+  KDANotSupportedError when it runs (its fake returns gradients' shapes, so that a compiled graph with a backward
+  still builds and the error comes when the backward actually runs). Gradients are never made up.
+* ChunkKDA: chunk_kda_fwd and its backward without the custom op's dispatch, for eager calls on plain tensors
+  that need gradients (the op's dispatch costs a training step host time, forward and backward). Its CUDA
+  forward keeps its chunk blocks for the backward (kda_args_t.saved).
+"""
+
+from typing import List
+
+import torch
+
+from . import _ops
+from ._errors import KDANotSupportedError
+from ._lib import KdaOptions
+
+
+def _chunk_grads(ctx, do, dht, bwd, need):
+    """chunk_kda_fwd's 8 gradients (q, k, v, g, beta, A_log, dt_bias, initial_state) from ctx.saved_tensors (the
+    op's 10 tensor inputs) and ctx.opts, computed by `bwd(opts, inputs, do, dht, wants)`. `need`: whether each of
+    the 10 inputs needs its gradient."""
+    inputs = ctx.saved_tensors
+    q, v, A_log, dt_bias, h0 = inputs[0], inputs[2], inputs[5], inputs[6], inputs[7]
+    gate = ctx.opts.use_gate_in_kernel
+    if do is None:
+        do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    wants = (bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
+             bool(need[6]) and dt_bias is not None and gate)
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = bwd(ctx.opts, inputs, do.contiguous(),
+                                              dht.contiguous() if dht is not None else None, wants)
+    return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None, ddt if need[6] and ddt.numel() else None,
+            dh0 if need[7] and dh0.numel() else None)
+
+
+# chunk_kda_fwd's inputs: the 10 tensors, then scale, output_final_state, the 7 options from l2norm to
+# state_v_first, cp_piece_len
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:10])
+    ctx.opts = KdaOptions(inputs[10], *inputs[12:19])
+
+
+def _chunk_op_backward(ctx, do, dht):
+    def bwd(opts, inputs, do, dht, wants):
+        return torch.ops.kda.chunk_kda_bwd(*inputs, do, dht, opts.scale, *opts[1:8], *wants)
+    return _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad) + (None,) * 12
+
+
+_ops.chunk_kda_fwd.register_autograd(_chunk_op_backward, setup_context=_chunk_setup_context)
+
+
+@torch.library.custom_op("kda::backward_not_implemented", mutates_args=())
+def backward_not_implemented(op: str, grad_outputs: List[torch.Tensor], like: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Raises: the backward of `op` is not implemented. Its fake returns tensors shaped like `like`; it takes the
+    incoming gradients so that a compiled graph cannot move it ahead of the backward pass."""
+    raise KDANotSupportedError(
+        f"kda.{op}: backward is not implemented yet (libkda has the forward pass only); run the forward under "
+        f"torch.no_grad() / torch.inference_mode(), or use FLA for training")
+
+
+@backward_not_implemented.register_fake
+def _(op, grad_outputs, like):
+    return [torch.empty_like(t) for t in like]
+
+
+def _fused_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])  # q, k, v, g, beta: only their shapes are used
+
+
+def _fused_backward(ctx, do, dht):
+    grads = torch.ops.kda.backward_not_implemented("fused_recurrent_kda", [t for t in (do, dht) if t is not None],
+                                                   list(ctx.saved_tensors))
+    return tuple(grads) + (None,) * 16  # the op's 21 inputs
+
+
+_ops.fused_recurrent_kda_fwd.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+class ChunkKDA(torch.autograd.Function):
+    """chunk_kda_fwd and its backward for eager calls on plain tensors that need gradients, without the custom
+    op's dispatch. Inputs: the options, output_final_state, the forward's (o, ht, saved) where kda._torch's fast
+    path has launched it already (before apply, so that autograd's node is made while the device runs the
+    forward; a tuple: no input to autograd) or None, that path's cached signature (_ChunkCall: workspace sizes to
+    reuse) or None, then the op's 10 tensors. The arguments were checked by kda.chunk_kda (and the backward's do
+    and dht are autograd's gradients of the outputs)."""
+
+    @staticmethod
+    def forward(ctx, opts, final, launched, memo, *inputs):
+        if launched is None:
+            # the forward keeps its chunk blocks for the backward (kda_args_t.saved; CUDA), which then does not
+            # rerun the preparation stage and needs as much less workspace
+            launched = _ops.chunk_fwd(opts, *inputs, final, checked=True, keep=True)
+        o, ht, ctx.kda_saved = launched
+        ctx.save_for_backward(*inputs)
+        ctx.opts, ctx.kda_memo = opts, memo
+        if not final:
+            ctx.mark_non_differentiable(ht)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        saved, memo = ctx.kda_saved, ctx.kda_memo
+
+        def bwd(*args):
+            return _ops.chunk_bwd(*args, checked=True, saved=saved, memo=memo)
+        return (None,) * 4 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[4:]) + (None, None)

@@ -1,0 +1,334 @@
+"""torch custom ops over libkda (namespace ``kda``), and the launch of libkda on torch tensors that they share
+with kda._torch's eager calls. Each op has a fake (meta) implementation so that torch.compile can trace it and
+CUDA graph capture can record it (libkda never synchronises with the host; workspace comes from torch's caching
+allocator on the current stream):
+
+* ``kda::chunk_kda_fwd``: (o, final_state); differentiable (kda._autograd) through ``kda::chunk_kda_bwd``.
+* ``kda::chunk_kda_bwd``: libkda's kda_backward: (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias).
+* ``kda::fused_recurrent_kda_fwd``: (o, final_state); its backward raises (kda._autograd).
+* ``kda::fused_recurrent_kda_out``: writes ``o`` and ``final_state`` (a preallocated output and, for vLLM's
+  in-place decode, the state pool).
+
+The ops take the options as scalars (their schema is public); their bodies make one KdaOptions of them. An output
+not requested is an empty tensor (custom ops cannot return None, and their outputs may not alias).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from ._api import _bad, _check_shapes, _check_state
+from ._errors import KDAError, KDAInvalidValueError, KDANotSupportedError, in_callers_terms
+from ._lib import BACKEND_CUDA, INT32, INT64, KdaOptions, build_args, build_backward_args
+
+_FLOAT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_INT = {torch.int32: INT32, torch.int64: INT64}
+_ptr = Tensor.data_ptr
+
+if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # pragma: no cover
+    raise KDANotSupportedError(f"kda: torch {torch.__version__} is too old; torch >= 2.4 (torch.library.custom_op) "
+                               f"is required for torch tensors")
+
+# the current CUDA stream and device without the public spellings' checks (the callers hold CUDA tensors: torch's
+# CUDA state is up); the public spellings are the fallback
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
+_OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens_cpu"}  # kda_args_t field -> op arg
+
+
+def code(fn: str, field: str, t: Tensor) -> int:
+    """kda_dtype_t of a tensor passed as kda_args_t's `field` (build_args's `code`)."""
+    c = (_INT if field == "cu_seqlens" else _FLOAT).get(t.dtype)
+    if c is None:
+        raise _bad(fn, "out" if field == "o" else field, f"dtype {t.dtype} is not supported; use float32, float16 "
+                                                         f"or bfloat16", KDANotSupportedError)
+    return c
+
+
+def cuda_context(dev: torch.device):
+    """(device index, libkda's cached CUDA context of it) for CUDA device `dev`."""
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+
+
+def workspace_of(dev: torch.device):
+    """_lib.run's workspace getter for CUDA device `dev`: a uint8 tensor from torch's caching allocator."""
+    def workspace(n):
+        t = torch.empty(n, dtype=torch.uint8, device=dev)
+        return t.data_ptr(), t
+    return workspace
+
+
+def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None) -> int:
+    """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's allocator), errors
+    in the terms of the Python call `fn`."""
+    try:
+        if dev.type == "cuda":
+            index, ctx = cuda_context(dev)
+            stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
+            if _cuda_get_device() != index:
+                with torch.cuda.device(index):
+                    return _lib.run(ctx, entry, args, workspace_of(dev), stream, nbytes)
+            return _lib.run(ctx, entry, args, workspace_of(dev), stream, nbytes)
+        if dev.type == "cpu":
+            return _lib.run(_lib.cpu_context(), entry, args, None, None, nbytes)
+    except KDAError as e:
+        raise in_callers_terms(e, fn) from None
+    raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
+
+
+def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
+    """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor of kda_forward_saved_size bytes, set
+    into `a` and returned (None: the library keeps nothing, or the CPU). `memo`: a cached signature
+    (kda._torch._ChunkCall), whose size is asked once unless the host's lengths may change it."""
+    if dev.type != "cuda":
+        return None
+    n = memo.saved_bytes if memo is not None and not a.cu_seqlens_host else None
+    if n is None:
+        try:
+            n = _lib.saved_size(cuda_context(dev)[1], a)
+        except KDAError as e:
+            raise in_callers_terms(e, fn) from None
+        if memo is not None:
+            memo.saved_bytes = n
+    if n == 0:
+        return None
+    t = torch.empty(n, dtype=torch.uint8, device=dev)
+    a.saved, a.saved_bytes = t.data_ptr(), n
+    return t
+
+
+def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
+    """What libkda cannot check for itself: sizes, dtypes, devices and layouts of the memory behind the pointers
+    (`optional`: kda_args_t's optional tensors by name). The entry points have checked it; the ops are public."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
+        if t.dim() != 4:
+            raise _bad(fn, name, f"expected a 4-D tensor, got shape {list(t.shape)}")
+    B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
+    if tuple(o.shape) != tuple(v.shape):
+        raise _bad(fn, "o", f"expected v's shape {list(v.shape)}, got {list(o.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise _bad(fn, name, f"dtype {t.dtype} differs from q's {q.dtype}")
+    h0, ht, cu, idx, nat, host = (optional.get(f) for f in ("initial_state", "final_state", "cu_seqlens",
+                                                            "state_indices", "num_accepted_tokens", "cu_seqlens_host"))
+    N = B if cu is None else cu.shape[0] - 1
+    for name, t in (("initial_state", h0), ("final_state", ht)):
+        if t is not None:
+            _check_state(fn, name, t, N, HV, K, V, v_first, pool=idx is not None)
+    if h0 is not None and ht is not None and h0.shape[0] != ht.shape[0]:
+        raise _bad(fn, "final_state", f"{ht.shape[0]} slots, but initial_state has {h0.shape[0]}")
+    if idx is not None and (idx.dim() not in (1, 2) or idx.shape[0] != N or idx.dtype != torch.int32 or
+                            (idx.dim() == 2 and idx.shape[1] < 1)):
+        raise _bad(fn, "ssm_state_indices", f"expected int32 [{N}] or [{N}, T_max], got {idx.dtype} "
+                                            f"{list(idx.shape)}")
+    if nat is not None and (idx is None or idx.dim() != 2 or nat.dim() != 1 or nat.shape[0] != N or
+                            nat.dtype != torch.int32):
+        raise _bad(fn, "num_accepted_tokens", f"expected int32 [{N}] with a 2-D ssm_state_indices, got "
+                                              f"{nat.dtype} {list(nat.shape)}")
+    if cu is not None and (cu.dim() != 1 or cu.dtype not in _INT or B != 1):
+        raise _bad(fn, "cu_seqlens", f"expected int32/int64 [N + 1] with B = 1, got {cu.dtype} {list(cu.shape)}, "
+                                     f"B = {B}")
+    if host is not None and (host.device.type != "cpu" or cu is None or host.shape != cu.shape or
+                             host.dtype != cu.dtype):
+        raise _bad(fn, "cu_seqlens_cpu", "expected a host copy of cu_seqlens (same shape and dtype)")
+    for name, n in (("A_log", HV), ("dt_bias", HV * K)):
+        t = optional.get(name)
+        if t is not None and (t.numel() != n or t.dtype != torch.float32):
+            raise _bad(fn, name, f"expected float32 [{n}], got {t.dtype} {list(t.shape)}")
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o), *optional.items(), ("q", q)):
+        if t is not None and name != "cu_seqlens_host":
+            if t.device != q.device:
+                raise _bad(fn, _OP_NAME.get(name, name), f"on {t.device}, but q is on {q.device}")
+            if not t.is_contiguous():
+                raise _bad(fn, _OP_NAME.get(name, name), "must be contiguous")
+
+
+def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
+           keep: bool = False, memo=None, **optional) -> Optional[Tensor]:
+    """Run libkda's `entry` ("forward" or "decode") on tensors. `optional`: kda_args_t's optional tensors by name
+    (final_state may be initial_state: in place; an empty one is not requested; cu_seqlens_host is read on CUDA
+    only). `checked`: an entry point has made check_launch's checks. `hs`: kda_args_t.chunk_states. `keep`: keep
+    what the backward reuses (kda_args_t.saved), returned. `memo`: a cached signature (kda._torch._ChunkCall),
+    whose last workspace size is tried first."""
+    ht = optional.get("final_state")
+    if ht is not None and ht.numel() == 0:
+        optional["final_state"] = None
+    if not q.is_cuda:
+        optional["cu_seqlens_host"] = None
+    if not checked:
+        check_launch(fn, q, k, v, g, beta, o, opts.state_v_first, **optional)
+    a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, o, chunk_states=hs, **optional)
+    saved = saved_tensor(fn, a, q.device, memo) if keep else None
+    n = run(fn, entry, a, q.device, None if memo is None else memo.nbytes)
+    if memo is not None:
+        memo.nbytes = n
+    if opts.scale == 0.0:  # FLA: o = 0 * S^T q (KdaOptions.apply)
+        o.zero_()
+    return saved
+
+
+def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool) -> Tensor:
+    """The final state: float32 [N, HV, K, V] ([N, HV, V, K] V-first), or an empty tensor unless `final`."""
+    K, HV, V = q.shape[3], v.shape[2], v.shape[3]
+    N = q.shape[0] if cu is None else cu.shape[0] - 1
+    shape = ((N, HV, V, K) if v_first else (N, HV, K, V)) if final else (0,)
+    return q.new_empty(shape, dtype=torch.float32)
+
+
+def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool):
+    """o (v's shape and dtype) and new_state: the implementations' outputs and the fakes' alike."""
+    return v.new_empty(v.shape), new_state(q, v, cu, final, v_first)
+
+
+def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, checked=False,
+              hs=None, keep=False, memo=None):
+    """kda_forward: (o, final state or empty), and with `keep` what the backward reuses (or None)."""
+    o, ht = new_outputs(q, v, cu, final, opts.state_v_first)
+    saved = launch("chunk_kda", "forward", opts, q, k, v, g, beta, o, checked, hs, keep, memo, initial_state=h0,
+                   final_state=ht, cu_seqlens=cu, cu_seqlens_host=cu_cpu, A_log=A_log, dt_bias=dt_bias)
+    return (o, ht, saved) if keep else (o, ht)
+
+
+def bwd_outputs(inputs, wants):
+    """chunk_bwd's gradients, allocated: the five inputs' shapes and dtypes, then d_initial_state, dA_log, ddt_bias
+    where wanted (`wants`) and given, else each an empty tensor (outputs of a custom op may not alias)."""
+    q, k, v, g, beta, A_log, dt_bias, h0 = inputs[:8]
+    extra = [torch.empty_like(t) if want and t is not None else q.new_empty((0,), dtype=torch.float32)
+             for t, want in zip((h0, A_log, dt_bias), wants)]
+    return (*(torch.empty_like(t) for t in (q, k, v, g, beta)), *extra)
+
+
+def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None):
+    """kda_backward of chunk_fwd with `inputs` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+    cu_seqlens_cpu) for the loss weights do and dht (None or empty: zero). `wants`: whether to compute
+    d_initial_state, dA_log, ddt_bias. `checked`: the inputs passed kda.chunk_kda's checks, and do and dht are
+    autograd's gradients of its outputs, made contiguous. `saved`: what the forward kept for this backward (None:
+    the backward recomputes it). `memo`: a cached signature (kda._torch._ChunkCall): the workspace size of its
+    last backward with as many saved bytes is used first (the CUDA backward's workspace depends on them)."""
+    fn = "chunk_kda backward"
+    q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
+    if dht is not None and dht.numel() == 0:
+        dht = None
+    optional = dict(initial_state=h0, cu_seqlens=cu, cu_seqlens_host=cu_cpu if q.is_cuda else None, A_log=A_log,
+                    dt_bias=dt_bias)
+    if not checked:
+        check_launch(fn, q, k, v, g, beta, do, opts.state_v_first, final_state=dht, **optional)
+    if opts.scale == 0.0:  # FLA: o = 0 * S^T q, so o passes no gradient
+        do = torch.zeros_like(do)
+    grads = bwd_outputs(inputs, wants)
+    # the forward's problem; `do` stands in for o, which the backward does not read
+    a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, do, **optional)
+    n_saved = 0 if saved is None else saved.numel()
+    if saved is not None:
+        a.saved, a.saved_bytes = saved.data_ptr(), n_saved
+    b = build_backward_args(a, fn, _ptr, code, do, dht, [t if t.numel() else None for t in grads])
+    remembered = memo is not None and memo.bwd_saved == n_saved
+    n = run(fn, "backward", b, q.device, memo.bwd_nbytes if remembered else None)
+    if memo is not None:
+        memo.bwd_nbytes, memo.bwd_saved = n, n_saved
+    return grads
+
+
+def fused_launch(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, o, ht,
+                 checked=False):
+    """kda_decode into o and ht (None or empty: no final state; ht may be h0: in place)."""
+    launch("fused_recurrent_kda", "decode", opts, q, k, v, g, beta, o, checked, initial_state=h0, final_state=ht,
+           cu_seqlens=cu, cu_seqlens_host=cu_cpu, state_indices=idx, num_accepted_tokens=nat, A_log=A_log,
+           dt_bias=dt_bias)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The ops
+# ---------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=())
+def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], scale: float, output_final_state: bool,
+                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: float,
+                  state_v_first: bool, cp_piece_len: int = -1) -> Tuple[Tensor, Tensor]:
+    """libkda's chunked forward (kda_forward). lower_bound 0.0 means unset; cp_piece_len -1 auto, 0 off, else the
+    forced piece length in tokens. Returns (o, final_state or [])."""
+    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                      allow_neg_eigval, safe_gate, lower_bound, state_v_first, cp_piece_len)
+    return chunk_fwd(opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
+                     output_final_state)
+
+
+@chunk_kda_fwd.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state,
+      use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+      lower_bound, state_v_first, cp_piece_len=-1):
+    return new_outputs(q, v, cu_seqlens, output_final_state, state_v_first)
+
+
+@torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                  cu_seqlens_cpu: Optional[Tensor], do: Tensor, dht: Optional[Tensor], scale: float,
+                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool, want_dh0: bool,
+                  want_dA_log: bool, want_ddt_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                                   Tensor, Tensor]:
+    """libkda's backward (kda_backward) of chunk_kda_fwd for the loss weights do (and dht: the final state's,
+    None or empty: zero). Returns (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias) in the inputs'
+    dtypes (FLA's); the last three are empty unless wanted (and their input given)."""
+    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                      allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+    inputs = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
+    return chunk_bwd(opts, inputs, do, dht, (want_dh0, want_dA_log, want_ddt_bias))
+
+
+@chunk_kda_bwd.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, do, dht, scale,
+      use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
+      lower_bound, state_v_first, want_dh0, want_dA_log, want_ddt_bias):
+    return bwd_outputs((q, k, v, g, beta, A_log, dt_bias, initial_state), (want_dh0, want_dA_log, want_ddt_bias))
+
+
+@torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=())
+def fused_recurrent_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                            cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], scale: float,
+                            output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+                            lower_bound: float, state_v_first: bool,
+                            num_accepted_tokens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """libkda's recurrent decode (kda_decode) into new tensors. Returns (o, final_state or [])."""
+    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                      allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+    o, ht = new_outputs(q, v, cu_seqlens, output_final_state, state_v_first)
+    fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
+                 ssm_state_indices, num_accepted_tokens, o, ht)
+    return o, ht
+
+
+@fused_recurrent_kda_fwd.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, ssm_state_indices, scale,
+      output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+      safe_gate, lower_bound, state_v_first, num_accepted_tokens=None):
+    return new_outputs(q, v, cu_seqlens, output_final_state, state_v_first)
+
+
+@torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"))
+def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                            cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], o: Tensor,
+                            final_state: Optional[Tensor], state_in_place: bool, scale: float,
+                            use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                            allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool,
+                            num_accepted_tokens: Optional[Tensor] = None) -> None:
+    """libkda's recurrent decode into given tensors: o, and final_state when given. With state_in_place,
+    final_state is also the initial state (initial_state is then None): vLLM's in-place pool update."""
+    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                      allow_neg_eigval, safe_gate, lower_bound, state_v_first)
+    fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, final_state if state_in_place else initial_state,
+                 cu_seqlens, cu_seqlens_cpu, ssm_state_indices, num_accepted_tokens, o, final_state)
+
+
+@fused_recurrent_kda_out.register_fake
+def _(*args, **kwargs):
+    return None
