@@ -25,17 +25,17 @@ CHUNK_INSTANCE(128, 128, 2, 2)
 /* EMU_DO_BF16 (the harness then rounds d_o to bf16 values): the kernel reads a bf16 copy of d_o, as in training
  * (its 16-byte dO loads where V = VC) */
 void run_chunk(const kda_bwd_params_t *p) {
-    const int ksp = p->kc == 256 ? 2 : 1, nvh = kda_bwd_vhalves(p->vc);
-    const unsigned blocks = (unsigned)(p->blocks.max_chunks * p->hv * ksp * nvh);
+    const int ksp = p->pb.kc == 256 ? 2 : 1, nvh = kda_bwd_vhalves(p->pb.vc);
+    const unsigned blocks = (unsigned)(p->blocks.max_chunks * p->pb.hv * ksp * nvh);
     emu_kernel_fn kernel;
-    if (ksp == 2) kernel = nvh == 2 ? chunk_128_128_2_2 : p->vc == 64 ? chunk_128_64_2_1 : chunk_128_128_2_1;
-    else if (nvh == 2) kernel = p->kc == 64 ? chunk_64_128_1_2 : chunk_128_128_1_2;
-    else if (p->kc == 64 && p->vc == 64) kernel = chunk_64_64_1_1;
-    else if (p->kc == 64) kernel = chunk_64_128_1_1;
-    else if (p->vc == 64) kernel = chunk_128_64_1_1;
+    if (ksp == 2) kernel = nvh == 2 ? chunk_128_128_2_2 : p->pb.vc == 64 ? chunk_128_64_2_1 : chunk_128_128_2_1;
+    else if (nvh == 2) kernel = p->pb.kc == 64 ? chunk_64_128_1_2 : chunk_128_128_1_2;
+    else if (p->pb.kc == 64 && p->pb.vc == 64) kernel = chunk_64_64_1_1;
+    else if (p->pb.kc == 64) kernel = chunk_64_128_1_1;
+    else if (p->pb.vc == 64) kernel = chunk_128_64_1_1;
     else kernel = chunk_128_128_1_1;
     if (getenv("EMU_DO_BF16")) {
-        const int64_t n = p->seqs.num_tokens * p->hv * p->V;
+        const int64_t n = p->pb.seqs.num_tokens * p->pb.hv * p->pb.V;
         uint16_t *bf = (uint16_t *)aligned_alloc(16, (size_t)((n * 2 + 15) / 16 * 16));
         for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
         kda_bwd_params_t q = *p;

@@ -39,13 +39,13 @@ DSTATE_CP_INSTANCE(128, 128, KDA_DS_PIECES)
  * kda_cp_fill_table on the host, the pre-scan, the merge as cp_merge.cu computes it (a host loop, fp32, the
  * mirrored slots in order), the pieces */
 static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
-    const kda_cp_seqs_t cs = {q->seqs.cu_seqlens, q->seqs.cu_seqlens_64, q->seqs.num_seqs, q->seqs.seq_len,
-                              q->seqs.num_tokens};
-    const int64_t cap = q->seqs.num_seqs + q->blocks.max_chunks + 1;
+    const kda_cp_seqs_t cs = {q->pb.seqs.cu_seqlens, q->pb.seqs.cu_seqlens_64, q->pb.seqs.num_seqs, q->pb.seqs.seq_len,
+                              q->pb.seqs.num_tokens};
+    const int64_t cap = q->pb.seqs.num_seqs + q->blocks.max_chunks + 1;
     kda_cp_piece_t *table = (kda_cp_piece_t *)calloc((size_t)cap, sizeof *table);
     const kda_cp_plan_t plan = kda_cp_fill_table(&cs, P, table, cap);
     int64_t header[4] = {plan.num_pieces, P, plan.num_slots, 0}; /* [3]: no kept forward maps */
-    const int KC = q->kc, VC = q->vc, HV = q->hv;
+    const int KC = q->pb.kc, VC = q->pb.vc, HV = q->pb.hv;
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
     float *slots = (float *)malloc((size_t)(plan.num_slots > 0 ? plan.num_slots : 1) * HV * sz * sizeof(float));
     for (int64_t i = 0; i < plan.num_slots * HV * sz; i++) slots[i] = NAN;
@@ -84,7 +84,7 @@ static void run_dstate_cp(kda_bwd_params_t *q, int64_t P) {
 
 /* *q = *p with d_o as a bf16 copy (the recurrence kernel's input); returns the copy, for free() */
 static uint16_t *with_bf16_do(const kda_bwd_params_t *p, kda_bwd_params_t *q) {
-    const int64_t n = p->seqs.num_tokens * p->hv * p->V;
+    const int64_t n = p->pb.seqs.num_tokens * p->pb.hv * p->pb.V;
     uint16_t *bf = (uint16_t *)malloc((size_t)n * 2);
     for (int64_t i = 0; i < n; i++) bf[i] = f32_to_bf16_bits(((const float *)p->d_o)[i]);
     *q = *p;
@@ -103,21 +103,21 @@ void run_dstate(const kda_bwd_params_t *p) {
     }
     if (getenv("EMU_DS_REC")) {
         const int bv = atoi(getenv("EMU_DS_REC"));
-        if (bv > p->vc) { fprintf(stderr, "EMU_DS_REC %d above the V class %d\n", bv, p->vc); exit(2); }
+        if (bv > p->pb.vc) { fprintf(stderr, "EMU_DS_REC %d above the V class %d\n", bv, p->pb.vc); exit(2); }
         kda_bwd_params_t q;
         uint16_t *bf = with_bf16_do(p, &q);
-        if (p->kc == 256 && bv != 32) { fprintf(stderr, "EMU_DS_REC: K class 256 takes 32 only\n"); exit(2); }
-        emu_kernel_fn kernel = p->kc == 64 ? (bv == 32 ? dstate_rec_64_32 : bv == 64 ? dstate_rec_64_64 : dstate_rec_64_128)
-                               : p->kc == 128 ? (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128)
+        if (p->pb.kc == 256 && bv != 32) { fprintf(stderr, "EMU_DS_REC: K class 256 takes 32 only\n"); exit(2); }
+        emu_kernel_fn kernel = p->pb.kc == 64 ? (bv == 32 ? dstate_rec_64_32 : bv == 64 ? dstate_rec_64_64 : dstate_rec_64_128)
+                               : p->pb.kc == 128 ? (bv == 32 ? dstate_rec_128_32 : bv == 64 ? dstate_rec_128_64 : dstate_rec_128_128)
                                               : dstate_rec_256_32;
-        emu_launch((unsigned)(p->seqs.num_seqs * p->hv * (p->vc / bv)), 2 * bv, kernel, &q);
+        emu_launch((unsigned)(p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / bv)), 2 * bv, kernel, &q);
         free(bf);
         return;
     }
     const int bv = getenv("EMU_DS_BV") ? atoi(getenv("EMU_DS_BV")) : KDA_BWD_BV_WIDE;
-    const unsigned blocks = (unsigned)(p->seqs.num_seqs * p->hv * (p->vc / bv));
+    const unsigned blocks = (unsigned)(p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / bv));
     emu_kernel_fn kernel;
-    if (bv == KDA_BWD_BV) kernel = p->kc == 64 ? dstate_64_narrow : p->kc == 128 ? dstate_128_narrow : dstate_256_narrow;
-    else kernel = p->kc == 64 ? dstate_64_wide : p->kc == 128 ? dstate_128_wide : dstate_256_wide;
+    if (bv == KDA_BWD_BV) kernel = p->pb.kc == 64 ? dstate_64_narrow : p->pb.kc == 128 ? dstate_128_narrow : dstate_256_narrow;
+    else kernel = p->pb.kc == 64 ? dstate_64_wide : p->pb.kc == 128 ? dstate_128_wide : dstate_256_wide;
     emu_launch(blocks, 256, kernel, p);
 }

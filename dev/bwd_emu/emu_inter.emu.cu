@@ -16,14 +16,14 @@ INTER_INSTANCE(256, 128, 1)
 INTER_INSTANCE(256, 128, 2)
 
 void run_inter(const kda_bwd_params_t *p) {
-    const int nvh = kda_bwd_vhalves(p->vc);
-    const unsigned blocks = (unsigned)(p->blocks.max_chunks * p->hv * nvh);
+    const int nvh = kda_bwd_vhalves(p->pb.vc);
+    const unsigned blocks = (unsigned)(p->blocks.max_chunks * p->pb.hv * nvh);
     emu_kernel_fn kernel;
-    if (p->kc == 256) kernel = nvh == 2 ? inter_256_128_2 : p->vc == 64 ? inter_256_64_1 : inter_256_128_1;
-    else if (nvh == 2) kernel = p->kc == 64 ? inter_64_128_2 : inter_128_128_2;
-    else if (p->kc == 64 && p->vc == 64) kernel = inter_64_64_1;
-    else if (p->kc == 64) kernel = inter_64_128_1;
-    else if (p->vc == 64) kernel = inter_128_64_1;
+    if (p->pb.kc == 256) kernel = nvh == 2 ? inter_256_128_2 : p->pb.vc == 64 ? inter_256_64_1 : inter_256_128_1;
+    else if (nvh == 2) kernel = p->pb.kc == 64 ? inter_64_128_2 : inter_128_128_2;
+    else if (p->pb.kc == 64 && p->pb.vc == 64) kernel = inter_64_64_1;
+    else if (p->pb.kc == 64) kernel = inter_64_128_1;
+    else if (p->pb.vc == 64) kernel = inter_128_64_1;
     else kernel = inter_128_128_1;
     emu_launch(blocks, BI_THREADS, kernel, p);
 }

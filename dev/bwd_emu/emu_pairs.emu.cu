@@ -14,9 +14,9 @@ PAIRS_INSTANCE(128, 2)
 PAIRS_INSTANCE(256, 2)
 
 void run_pairs(const kda_bwd_params_t *p) {
-    const unsigned tiles = (unsigned)(p->kc / PK_KT), blocks = (unsigned)(p->blocks.max_chunks * p->hqk) * tiles;
-    const int nvh = kda_bwd_vhalves(p->vc);
-    emu_kernel_fn k = p->kc == 64 ? (nvh == 2 ? pairs_64_2 : pairs_64_1)
-                      : p->kc == 128 ? (nvh == 2 ? pairs_128_2 : pairs_128_1) : (nvh == 2 ? pairs_256_2 : pairs_256_1);
-    emu_launch_cluster(blocks, p->l2norm ? tiles : 1, PK_THREADS, k, p);
+    const unsigned tiles = (unsigned)(p->pb.kc / PK_KT), blocks = (unsigned)(p->blocks.max_chunks * p->pb.hqk) * tiles;
+    const int nvh = kda_bwd_vhalves(p->pb.vc);
+    emu_kernel_fn k = p->pb.kc == 64 ? (nvh == 2 ? pairs_64_2 : pairs_64_1)
+                      : p->pb.kc == 128 ? (nvh == 2 ? pairs_128_2 : pairs_128_1) : (nvh == 2 ? pairs_256_2 : pairs_256_1);
+    emu_launch_cluster(blocks, p->pb.l2norm ? tiles : 1, PK_THREADS, k, p);
 }

@@ -327,20 +327,20 @@ int main(int argc, char **argv) {
     float *dbeta_part = floats(T * HV * 2, NAN);
     kda_bwd_params_t p;
     memset(&p, 0, sizeof p);
-    p.seqs.cu_seqlens = s.cu_seqlens; p.seqs.cu_seqlens_64 = 1; p.seqs.num_tokens = T; p.seqs.seq_len = s.cu_seqlens ? T : cfg.seq_len;
-    p.seqs.num_seqs = N; p.seqs.chunks_per_row = (p.seqs.seq_len + C - 1) / C; p.seqs.chunk_offsets = s.cu_seqlens ? coff : NULL;
+    p.pb.seqs.cu_seqlens = s.cu_seqlens; p.pb.seqs.cu_seqlens_64 = 1; p.pb.seqs.num_tokens = T; p.pb.seqs.seq_len = s.cu_seqlens ? T : cfg.seq_len;
+    p.pb.seqs.num_seqs = N; p.pb.seqs.chunks_per_row = (p.pb.seqs.seq_len + C - 1) / C; p.pb.seqs.chunk_offsets = s.cu_seqlens ? coff : NULL;
     p.blocks.max_chunks = max_chunks;
     p.states = states; p.dstates = dstates; p.dqk = dqk; p.part = part;
     p.dcoef = dcoef; p.dx = dx; p.rnorm = rnorm; p.dbeta_part = NVH == 2 ? dbeta_part : NULL;
-    p.q = a.q; p.k = a.k; p.v = a.v; p.g = a.g; p.beta = a.beta;
-    p.A_log = a.use_gate_in_kernel ? a.A_log : NULL; p.dt_bias = a.use_gate_in_kernel ? a.dt_bias : NULL;
-    p.h0 = a.initial_state; p.dht = dht; p.d_o = d_o;
+    p.pb.q = a.q; p.pb.k = a.k; p.pb.v = a.v; p.pb.g = a.g; p.pb.beta = a.beta;
+    p.pb.A_log = a.use_gate_in_kernel ? a.A_log : NULL; p.pb.dt_bias = a.use_gate_in_kernel ? a.dt_bias : NULL;
+    p.pb.h0 = a.initial_state; p.dht = dht; p.d_o = d_o;
     p.dq = got[0]; p.dk = got[1]; p.dv = got[2]; p.dg = got[3]; p.dbeta = got[4];
     p.dh0 = got[5];
     p.dA_log = has_a ? got[6] : NULL; p.ddt_bias = has_dt ? got[7] : NULL;
-    p.hqk = HQK; p.hv = HV; p.group = G; p.K = K; p.V = V; p.kc = KC; p.vc = VC; p.v_first = vfirst;
-    p.scale = scale; p.lower_bound = a.lower_bound; p.l2norm = l2; p.gate_in_kernel = a.use_gate_in_kernel;
-    p.beta_sigmoid = 1; p.neg_eigval = neg;
+    p.pb.hqk = HQK; p.pb.hv = HV; p.pb.group = G; p.pb.K = K; p.pb.V = V; p.pb.kc = KC; p.pb.vc = VC; p.pb.v_first = vfirst;
+    p.pb.scale = scale; p.pb.lower_bound = a.lower_bound; p.pb.l2norm = l2; p.pb.gate_in_kernel = a.use_gate_in_kernel;
+    p.pb.beta_sigmoid = 1; p.pb.neg_eigval = neg;
     (void)total;
     float *st2 = floats(nstates, NAN), *dst2 = floats(nstates, NAN), *h0bad = floats(N * HV * K * V, 0.f);
     /* use_blocks = 2: the split stage 3 of 16-bit inputs (the inter kernel runs) */
@@ -349,7 +349,7 @@ int main(int argc, char **argv) {
     p.delta = (unsigned char *)delta; p.dgam = dgam;
     memcpy(h0bad, a.initial_state, (size_t)(N * HV * K * V) * sizeof *h0bad);
     const int inject = argc > 11 ? atoi(argv[11]) : 0;
-    if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.h0 = h0bad; }
+    if (inject) { h0bad[3 * (vfirst ? K : V) + 7] = INFINITY; p.pb.h0 = h0bad; }
     uint16_t *sb = NULL, *dsh = NULL;
     uint8_t *dse = NULL;
     if (use_blocks) {
@@ -439,8 +439,8 @@ int main(int argc, char **argv) {
     /* EMU_CHUNK_16_STORE=1: the chunk kernel reads 16-bit q, k, g and v; EMU_PAIRS_16_STORE=1: the pairs kernel
        16-bit q, k and g (v it does not read) */
     kda_bwd_params_t p16c = p;
-    p16c.q = q16, p16c.k = k16, p16c.g = g16, p16c.v = v16;
-    p16c.dtype = p16c.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
+    p16c.pb.q = q16, p16c.pb.k = k16, p16c.pb.g = g16, p16c.pb.v = v16;
+    p16c.pb.dtype = p16c.pb.g_dtype = p16f ? KDA_DT_F16 : KDA_DT_BF16;
     run_chunk(c16s ? &p16c : &p);
     run_pairs(p16s ? &p16c : &p);
     run_finish(&p);

@@ -685,18 +685,18 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
                       const kda_cuda_config_t *cfg, int device, void *stream) {
     kda_rec_params_t rp;
     memset(&rp, 0, sizeof rp);
-    rp.seqs = bw->seqs;
+    rp.seqs = bw->pb.seqs;
     rp.blocks = bw->blocks;
-    rp.h0 = bw->h0;
-    rp.state_indices = bw->state_indices;
-    rp.num_state_slots = bw->num_state_slots;
+    rp.h0 = bw->pb.h0;
+    rp.state_indices = bw->pb.state_indices;
+    rp.num_state_slots = bw->pb.num_state_slots;
     rp.o_dtype = (int)KDA_DT_BF16; /* no O is written; sizes the (unused) staging rows */
-    rp.h0_dtype = bw->h0_dtype;
+    rp.h0_dtype = bw->pb.h0_dtype;
     rp.ht_dtype = (int)KDA_DT_F32;
-    rp.hv = bw->hv;
-    rp.K = bw->K;
-    rp.V = bw->V;
-    rp.v_first = bw->v_first;
+    rp.hv = bw->pb.hv;
+    rp.K = bw->pb.K;
+    rp.V = bw->pb.V;
+    rp.v_first = bw->pb.v_first;
     rp.chunk_states = bw->states;
     rp.states_bf16 = bw->states_bf16;
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
@@ -756,7 +756,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 
     kda_bwd_params_t bw;
     memset(&bw, 0, sizeof bw);
-    bw.seqs = pp.seqs;
+    kda_cuda_problem_fill(&bw.pb, p, pp.seqs.chunk_offsets);
     bw.blocks = pp.blocks;
     bw.states = bwd_split(p) ? NULL : (float *)(base + l.states);
     bw.states_bf16 = !bwd_split(p) ? NULL : kept_states ? kept_states : (uint16_t *)(base + l.states);
@@ -770,23 +770,9 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.dx = (float *)(base + l.dx);
     bw.rnorm = (float *)(base + l.rnorm);
     bw.part = (float *)(base + l.part);
-    bw.dbeta_part = kda_bwd_vhalves(kda_cuda_size_class(a->head_dim_v)) == 2 ? (float *)(base + l.dbeta) : NULL;
-    bw.q = a->q;
-    bw.k = a->k;
-    bw.v = a->v;
-    bw.g = a->g;
-    bw.beta = a->beta;
-    bw.A_log = pp.A_log;
-    bw.dt_bias = pp.dt_bias;
-    bw.h0 = a->initial_state;
+    bw.dbeta_part = kda_bwd_vhalves(bw.pb.vc) == 2 ? (float *)(base + l.dbeta) : NULL;
     bw.dht = b->d_final_state;
     bw.d_o = b->d_o;
-    bw.state_indices = a->state_indices;
-    bw.num_state_slots = a->num_state_slots;
-    bw.dtype = (int)a->dtype;
-    bw.g_dtype = (int)a->g_dtype;
-    bw.beta_dtype = (int)a->beta_dtype;
-    bw.h0_dtype = (int)a->initial_state_dtype;
     bw.dht_dtype = (int)b->d_final_state_dtype;
     bw.do_dtype = (int)b->d_o_dtype;
     bw.dq = b->dq;
@@ -803,31 +789,17 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     bw.dg_dtype = (int)b->dg_dtype;
     bw.dbeta_dtype = (int)b->dbeta_dtype;
     bw.dh0_dtype = (int)b->d_initial_state_dtype;
-    bw.hqk = a->num_qk_heads;
-    bw.hv = a->num_v_heads;
-    bw.group = p->group;
-    bw.K = a->head_dim_k;
-    bw.V = a->head_dim_v;
     bw.split = bwd_split(p);
-    bw.sm_count = ((const cuda_impl_t *)ctx->impl)->sm_count;
-    bw.kc = kda_cuda_size_class(a->head_dim_k);
-    bw.vc = kda_cuda_size_class(a->head_dim_v);
-    bw.v_first = a->state_v_first != 0;
-    bw.scale = p->scale;
-    bw.lower_bound = pp.lower_bound;
-    bw.l2norm = pp.l2norm;
-    bw.gate_in_kernel = pp.gate_in_kernel;
-    bw.beta_sigmoid = pp.beta_sigmoid;
-    bw.neg_eigval = pp.neg_eigval;
+    bw.sm_count = impl->sm_count;
 #ifdef KDA_DEV_BUILD
     bw.dev_skip = dev_tuning.dev_skip;
 #endif
 
-    const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.kc, bw.vc); /* non-NULL: cuda_supports checked it */
+    const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.pb.kc, bw.pb.vc); /* non-NULL: cuda_supports checked it */
     bw.wgmma = ((const cuda_impl_t *)ctx->impl)->major == 9 && cfg->rec_wgmma;
-    if (pp.blocks.max_chunks * a->num_v_heads * (bw.kc / 32) >= ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
-        p->num_seqs * a->num_v_heads * (bw.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
-        l.cap.slots * a->num_v_heads * (bw.kc / 32 + bw.vc / 32) >= ((int64_t)1 << 31)) /* the CP pre-scan's grid */
+    if (pp.blocks.max_chunks * a->num_v_heads * (bw.pb.kc / 32) >= ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
+        p->num_seqs * a->num_v_heads * (bw.pb.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
+        l.cap.slots * a->num_v_heads * (bw.pb.kc / 32 + bw.pb.vc / 32) >= ((int64_t)1 << 31)) /* the CP pre-scan's grid */
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
@@ -836,7 +808,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     kda_cp_params_t cpp;
     const int ds_cp = l.cap.slots > 0 && kda_bwd_dstate_cp_applies(&bw);
     if (ds_cp) {
-        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.seqs, &cpp);
+        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.pb.seqs, &cpp);
         int64_t *maps = saved_maps(impl, p);
         if (maps) { /* the forward's pieces and maps where its plan's length is this call's (cp_plan.cu) */
             cpp.maps_mode = 2;
@@ -859,7 +831,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     const char *stage = "";
     if (overlap) pthread_mutex_lock(&impl->lock);
     (void)BWD_MARK(0);
-    if (p->varlen && (err = kda_cuda_launch_meta(&bw.seqs, stream)) != 0) stage = "meta";
+    if (p->varlen && (err = kda_cuda_launch_meta(&bw.pb.seqs, stream)) != 0) stage = "meta";
     else if (ds_cp && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) stage = "CP plan";
     else if (BWD_MARK(1) || (!uses_saved(p) && (err = cfg->prep(&pp, ctx->device, stream)) != 0)) stage = "prep";
     else if (BWD_MARK(2) || (bw.dh0 && a->state_indices &&

@@ -10,8 +10,8 @@
 
 /* Element (d, c) of head h's state in slot `slot` of a [slots][hv][K][V] (V-first: [V][K]) tensor */
 DEV int64_t state_elem(const kda_bwd_params_t &p, int64_t slot, int h, int d, int c) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)p.K * p.V;
-    return base + (p.v_first ? (int64_t)c * p.K + d : (int64_t)d * p.V + c);
+    const int64_t base = (slot * p.pb.hv + h) * (int64_t)p.pb.K * p.pb.V;
+    return base + (p.pb.v_first ? (int64_t)c * p.pb.K + d : (int64_t)d * p.pb.V + c);
 }
 
 /* tf32 tensor-core products of the backward (bwd_chunk.cu, bwd_dstate.cu): a k-step of 16 is two m16n8k8 tf32
@@ -53,7 +53,7 @@ DEV float gexp(float x) { return ex2(x * LOG2E); }
 #define GATE_LOWER 1    /* ĝ = lower_bound · σ(A (g + dt_bias)) */
 #define GATE_SOFTPLUS 2 /* ĝ = −A softplus(g + dt_bias) */
 DEV int gate_mode(const kda_bwd_params_t &p) {
-    return !p.gate_in_kernel ? GATE_NONE : p.lower_bound != 0.0f ? GATE_LOWER : GATE_SOFTPLUS;
+    return !p.pb.gate_in_kernel ? GATE_NONE : p.pb.lower_bound != 0.0f ? GATE_LOWER : GATE_SOFTPLUS;
 }
 
 /* ĝ from the gate input x = g (+ dt_bias), clamped to [KDA_GATE_MIN, 0] (NaN → the minimum), for gate form MODE.

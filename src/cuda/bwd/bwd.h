@@ -66,7 +66,7 @@ KDA_HD static inline int kda_bwd_vhalves(int vc) { return vc > KDA_BWD_TILE ? 2 
                             chunks, d_initial_state from a sequence's first piece */
 
 typedef struct kda_bwd_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;        /* the forward's problem (kda_cuda_problem_fill; pb.ht unused) */
     kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
     /* workspace regions, fp32 */
     float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero); fp32 and fp16
@@ -94,21 +94,13 @@ typedef struct kda_bwd_params {
     float *part;                  /* [max_chunks][hv][2][KC]: per chunk and channel Σ ∂L/∂A_log, Σ ∂L/∂dt_bias[d] */
     float *dbeta_part;            /* V class 256 only: [num_tokens][hv][2] ∂L/∂β before β's sigmoid, per V half (chunk
                                      kernel), summed by bwd_finish.cu */
-    /* inputs */
-    const void *q, *k, *v, *g, *beta;
-    const float *A_log, *dt_bias; /* NULL unless use_gate_in_kernel */
-    const void *h0, *dht, *d_o;
-    const int32_t *state_indices;
-    int64_t num_state_slots;
-    int dtype, g_dtype, beta_dtype, h0_dtype, dht_dtype, do_dtype;
+    /* the backward's own inputs (the forward's are pb's) */
+    const void *dht, *d_o;        /* d_final_state (NULL: zeros), d_o */
+    int dht_dtype, do_dtype;
     /* outputs */
     void *dq, *dk, *dv, *dg, *dbeta, *dh0;
     float *dA_log, *ddt_bias;
     int dq_dtype, dk_dtype, dv_dtype, dg_dtype, dbeta_dtype, dh0_dtype;
-    /* the problem */
-    int hqk, hv, group, K, V, kc, vc, v_first;
-    float scale, lower_bound;     /* lower_bound != 0: sigmoid gate */
-    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int split;                    /* bf16 q, k, v: the products with the states by bwd_inter.cu (Δ, dγ, dQΓ, dK̃:
                                      products of the bf16 chunk blocks and bf16-rounded states), then bwd_chunk.cu;
                                      fp32 and fp16 inputs: bwd_chunk.cu alone, from fp32 recomputations (tf32

@@ -67,33 +67,33 @@ DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
     const int64_t nb = (int64_t)blockIdx.x + p.sm_count;
     if (nb >= (int64_t)gridDim.x) return;
     const int64_t nu = nb / (KSP * NVH); /* its (chunk, value head) */
-    const int64_t cid = nu / p.hv;
-    const int h = (int)(nu % p.hv);
+    const int64_t cid = nu / p.pb.hv;
+    const int h = (int)(nu % p.pb.hv);
     int64_t t0;
-    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    const int clen = chunk_tokens(p.pb.seqs, cid, &t0);
     if (clen <= 0) return;
-    const int esz = p.dtype == KDA_DT_F32 ? 4 : 2, gsz = p.g_dtype == KDA_DT_F32 ? 4 : 2;
+    const int esz = p.pb.dtype == KDA_DT_F32 ? 4 : 2, gsz = p.pb.g_dtype == KDA_DT_F32 ? 4 : 2;
     static_assert(CK_THREADS == 8 * C, "thread groups of C rows");
     const int grp = tid / C, i = tid % C;
     const int64_t t = t0 + (i < clen ? i : 0);
     const char *row = NULL;
     int bytes = 0;
     switch (grp) {
-    case 0: row = (const char *)p.q + (t * p.hqk + h / p.group) * (int64_t)p.K * esz; bytes = p.K * esz; break;
-    case 1: row = (const char *)p.k + (t * p.hqk + h / p.group) * (int64_t)p.K * esz; bytes = p.K * esz; break;
-    case 2: row = (const char *)p.g + (t * p.hv + h) * (int64_t)p.K * gsz; bytes = p.K * gsz; break;
+    case 0: row = (const char *)p.pb.q + (t * p.pb.hqk + h / p.pb.group) * (int64_t)p.pb.K * esz; bytes = p.pb.K * esz; break;
+    case 1: row = (const char *)p.pb.k + (t * p.pb.hqk + h / p.pb.group) * (int64_t)p.pb.K * esz; bytes = p.pb.K * esz; break;
+    case 2: row = (const char *)p.pb.g + (t * p.pb.hv + h) * (int64_t)p.pb.K * gsz; bytes = p.pb.K * gsz; break;
     case 3:
-        row = (const char *)p.beta + (t * p.hv + h) * (int64_t)(p.beta_dtype == KDA_DT_F32 ? 4 : 2);
+        row = (const char *)p.pb.beta + (t * p.pb.hv + h) * (int64_t)(p.pb.beta_dtype == KDA_DT_F32 ? 4 : 2);
         bytes = 1;
         break;
     default:
         if (SPLIT) { /* Δ: C × VC fp16 and C exponent bytes, contiguous, a line per thread of the four groups */
-            row = (const char *)(p.delta + ((cid * p.hv + h) * NVH + (nb / KSP) % NVH) * KDA_BWD_DELTA_BYTES(VC)) +
+            row = (const char *)(p.delta + ((cid * p.pb.hv + h) * NVH + (nb / KSP) % NVH) * KDA_BWD_DELTA_BYTES(VC)) +
                   (int64_t)(tid - 4 * C) * 128;
             bytes = (tid - 4 * C) * 128 < C * VC * 2 + C ? 1 : 0;
         } else if (grp == 4) {
-            row = (const char *)p.v + (t * p.hv + h) * (int64_t)p.V * esz;
-            bytes = p.V * esz;
+            row = (const char *)p.pb.v + (t * p.pb.hv + h) * (int64_t)p.pb.V * esz;
+            bytes = p.pb.V * esz;
         }
     }
     if (i >= clen && grp < 4) bytes = 0;
@@ -149,29 +149,29 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
     const bool rows_out = (KSP == 1 || rank == 0) && (NVH == 1 || v0 == 0); /* this CTA writes the row factors */
     constexpr int KS = KC + 4, VS = VC + 4, U = KC / 32, RW = C / (CK_THREADS / 32); /* rows per warp */
     static_assert(RW <= 32 && CK_THREADS % KC == 0, "load_rows: a lane per row's β; whole columns per thread");
-    const int warp = tid >> 5, lane = tid & 31, hq = h / p.group;
+    const int warp = tid >> 5, lane = tid & 31, hq = h / p.pb.group;
     uint32_t qb[RW][U], kb[RW][U], gb[RW][U], bb = 0;
     float db[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int d = lane + 32 * u;
-        db[u] = p.gate_in_kernel && p.dt_bias && dk0 + d < p.K ? p.dt_bias[(int64_t)h * p.K + dk0 + d] : 0.0f;
+        db[u] = p.pb.gate_in_kernel && p.pb.dt_bias && dk0 + d < p.pb.K ? p.pb.dt_bias[(int64_t)h * p.pb.K + dk0 + d] : 0.0f;
     }
-    const int kl = p.K - dk0; /* channels of the CTA's that exist (may be ≤ 0) */
+    const int kl = p.pb.K - dk0; /* channels of the CTA's that exist (may be ≤ 0) */
     const int ucols = kl > lane ? (kl - lane + 31) / 32 : 0; /* the lane's columns lane + 32 u that exist */
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
         const int64_t t = t0 + i;
         const int n = i < clen ? ucols : 0;
-        load_bits_n<U>(qb[r], p.q, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + dk0 + lane, 32, n);
-        load_bits_n<U>(kb[r], p.k, p.dtype, (t * p.hqk + hq) * (int64_t)p.K + dk0 + lane, 32, n);
-        load_bits_n<U>(gb[r], p.g, p.g_dtype, (t * p.hv + h) * (int64_t)p.K + dk0 + lane, 32, n);
+        load_bits_n<U>(qb[r], p.pb.q, p.pb.dtype, (t * p.pb.hqk + hq) * (int64_t)p.pb.K + dk0 + lane, 32, n);
+        load_bits_n<U>(kb[r], p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * (int64_t)p.pb.K + dk0 + lane, 32, n);
+        load_bits_n<U>(gb[r], p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * (int64_t)p.pb.K + dk0 + lane, 32, n);
     }
     {   /* lane r < RW: the β of the warp's row r, one load (four predicated loads into one register waited for
            each other: ~5% of the kernel's stall samples) */
         const int i = warp + (CK_THREADS / 32) * lane;
-        if (lane < RW && i < clen) bb = load_bits(p.beta, p.beta_dtype, (t0 + i) * p.hv + h);
+        if (lane < RW && i < clen) bb = load_bits(p.pb.beta, p.pb.beta_dtype, (t0 + i) * p.pb.hv + h);
     }
     if (SPLIT) { /* Δ as the inter kernel wrote it (fp16 rows, then their exponent bytes: one contiguous run) by
                     cp.async into T's tile (free until the inverse), one commit group, widened into D after the
@@ -189,10 +189,10 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
 #pragma unroll
             for (int u = 0; u < VC / 32; u++) {
                 const int c = v0 + lane + 32 * u;
-                vb[u] = i < clen && c < p.V ? load_bits(p.v, p.dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+                vb[u] = i < clen && c < p.pb.V ? load_bits(p.pb.v, p.pb.dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c) : 0u;
             }
 #pragma unroll
-            for (int u = 0; u < VC / 32; u++) sm.D[i * VS + lane + 32 * u] = bits_value(vb[u], p.dtype);
+            for (int u = 0; u < VC / 32; u++) sm.D[i * VS + lane + 32 * u] = bits_value(vb[u], p.pb.dtype);
         }
     }
     /* the rows' squared norms first, their warp sums interleaved, then the factors (rsqrtf, as the forward's
@@ -203,9 +203,9 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
         float gv[U];
-        bits_values<U>(qv[r], qb[r], p.dtype);
-        bits_values<U>(kv[r], kb[r], p.dtype);
-        bits_values<U>(gv, gb[r], p.g_dtype);
+        bits_values<U>(qv[r], qb[r], p.pb.dtype);
+        bits_values<U>(kv[r], kb[r], p.pb.dtype);
+        bits_values<U>(gv, gb[r], p.pb.g_dtype);
         sq[r] = sk[r] = 0.0f;
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -221,7 +221,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
             sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], o);
             sk[r] += __shfl_xor_sync(0xffffffffu, sk[r], o);
         }
-    if (KSP == 2 && p.l2norm) { /* the rows' sums over the peer's channels too, through dbp (free until the dA phase,
+    if (KSP == 2 && p.pb.l2norm) { /* the rows' sums over the peer's channels too, through dbp (free until the dA phase,
                                   several cluster barriers later): own + peer, the same bits in both CTAs */
         float *xs = &sm.dbp[0][0];
         if (lane == 0)
@@ -241,8 +241,8 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
 #pragma unroll
     for (int r = 0; r < RW; r++) {
         const int i = warp + (CK_THREADS / 32) * r;
-        const float rq = p.l2norm ? rsqrtf(sq[r] + 1e-6f) : 1.0f;
-        const float rk = p.l2norm ? rsqrtf(sk[r] + 1e-6f) : 1.0f;
+        const float rq = p.pb.l2norm ? rsqrtf(sq[r] + 1e-6f) : 1.0f;
+        const float rk = p.pb.l2norm ? rsqrtf(sk[r] + 1e-6f) : 1.0f;
         fl = lane == 2 * r ? rq : lane == 2 * r + 1 ? rk : fl;
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -252,22 +252,22 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
     }
     if (lane < 2 * RW) { /* for bwd_pairs.cu */
         const int i = warp + (CK_THREADS / 32) * (lane >> 1);
-        if (p.l2norm && i < clen && rows_out) p.rnorm[((t0 + i) * p.hv + h) * 2 + (lane & 1)] = fl;
+        if (p.pb.l2norm && i < clen && rows_out) p.rnorm[((t0 + i) * p.pb.hv + h) * 2 + (lane & 1)] = fl;
     }
     if (lane < RW) { /* β of the warp's row `lane` */
         const int i = warp + (CK_THREADS / 32) * lane;
         float b = 0.0f;
         if (i < clen) {
-            b = bits_value(bb, p.beta_dtype);
-            if (p.beta_sigmoid) b = beta_sigmoid(b, p.neg_eigval);
+            b = bits_value(bb, p.pb.beta_dtype);
+            if (p.pb.beta_sigmoid) b = beta_sigmoid(b, p.pb.neg_eigval);
         }
         sm.beta[i] = b;
     }
     /* ĝ from x, each lane its own elements, the gate's form tested once */
     switch (gate_mode(p)) {
-    case GATE_NONE: gate_rows<KC, GATE_NONE>(sm.G, p.lower_bound, A, warp, lane, clen, ucols); break;
-    case GATE_LOWER: gate_rows<KC, GATE_LOWER>(sm.G, p.lower_bound, A, warp, lane, clen, ucols); break;
-    default: gate_rows<KC, GATE_SOFTPLUS>(sm.G, p.lower_bound, A, warp, lane, clen, ucols);
+    case GATE_NONE: gate_rows<KC, GATE_NONE>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols); break;
+    case GATE_LOWER: gate_rows<KC, GATE_LOWER>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols); break;
+    default: gate_rows<KC, GATE_SOFTPLUS>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols);
     }
 }
 
@@ -621,7 +621,7 @@ DEV void do_rows(float *R, const uint32_t (&ob)[N], int tid) {
  * (dv_row_load) two phases earlier: loaded here, their round trip was a quarter of this phase's stall samples. */
 template <int VC>
 DEV void dv_row_load(const kda_bwd_params_t &p, int64_t row, int l4, uint2 (&vb)[VC / 32]) {
-    const uint2 *vs = (const uint2 *)((const uint16_t *)p.v + row);
+    const uint2 *vs = (const uint2 *)((const uint16_t *)p.pb.v + row);
 #pragma unroll
     for (int k = 0; k < VC / 32; k++) vb[k] = vs[l4 + 8 * k];
 }
@@ -761,16 +761,16 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     const int rank = KSP == 1 ? 0 : (int)(blockIdx.x % KSP);
     const unsigned unit = blockIdx.x / (KSP * NVH); /* (chunk, head) */
     const int vh = NVH == 1 ? 0 : (int)(blockIdx.x / KSP % NVH);
-    const int64_t cid = unit / p.hv;
-    const int h = (int)(unit % p.hv);
+    const int64_t cid = unit / p.pb.hv;
+    const int h = (int)(unit % p.pb.hv);
     const int dk0 = KC * rank, v0 = VC * vh; /* the CTA's first channel and first V column */
     const bool lead = KSP == 1 || rank == 0;  /* writes what both CTAs of a cluster compute alike */
     int64_t t0;
-    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    const int clen = chunk_tokens(p.pb.seqs, cid, &t0);
     if (clen <= 0) return;
-    const float scale = p.scale;
-    const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
-    const int64_t pair = cid * p.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
+    const float scale = p.pb.scale;
+    const float A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
+    const int64_t pair = cid * p.pb.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
     const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KT * VT + (int64_t)dk0 * VT + v0; /* fp32 */
     const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KT * VT : NULL; /* the split path's */
     const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KT * VT + (int64_t)dk0 * VT + v0; /* fp32 */
@@ -803,9 +803,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
            for v from DRAM) */
         const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
         static_assert(CK_THREADS == 8 * C, "two tensors' C rows, 4 threads each");
-        const int esz = which ? (p.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
-        if (row < clen && part * 128 < (p.V - v0) * esz)
-            l2_prefetch((const char *)(which ? p.v : p.d_o) + (((t0 + row) * p.hv + h) * (int64_t)p.V + v0) * esz +
+        const int esz = which ? (p.pb.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
+        if (row < clen && part * 128 < (p.pb.V - v0) * esz)
+            l2_prefetch((const char *)(which ? p.pb.v : p.d_o) + (((t0 + row) * p.pb.hv + h) * (int64_t)p.pb.V + v0) * esz +
                         part * 128);
     }
     load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + hpart * KDA_BWD_DELTA_BYTES(VC), t0, clen, h, A, tid, rank, v0);
@@ -835,21 +835,21 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
        their second batch only after T_II) */
     constexpr int NV = C * VC / 8 / CK_THREADS;
     static_assert(NV >= 1 && (C * VC / 8) % CK_THREADS == 0, "whole 16-byte pieces of dO per thread");
-    const bool do_vec = p.do_dtype != KDA_DT_F32 && p.V == VT && ((uintptr_t)p.d_o & 15) == 0;
+    const bool do_vec = p.do_dtype != KDA_DT_F32 && p.pb.V == VT && ((uintptr_t)p.d_o & 15) == 0;
     uint32_t ob[NO];
     uint4 ov[NV];
     if (do_vec) {
 #pragma unroll
         for (int j = 0; j < NV; j++) {
             const int u = tid + CK_THREADS * j, i = u / (VC / 8), c = 8 * (u % (VC / 8));
-            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.hv + h) * (int64_t)VT + v0 + c))
+            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.pb.hv + h) * (int64_t)VT + v0 + c))
                              : make_uint4(0u, 0u, 0u, 0u);
         }
     } else {
 #pragma unroll
         for (int j = 0; j < NO1; j++) {
             const int e = tid + CK_THREADS * j, i = e / VC, c = v0 + e % VC;
-            ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+            ob[j] = i < clen && c < p.pb.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c) : 0u;
         }
     }
     /* dS⁺ into q̂'s tile (free from here on), in flight during the inverse (read element by element from L2, dΔ's
@@ -887,7 +887,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
         for (int j = NO1; j < NO; j++) {
             const int e = tid + CK_THREADS * j, i = e / VC, c = v0 + e % VC;
-            ob[j] = i < clen && c < p.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c) : 0u;
+            ob[j] = i < clen && c < p.pb.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c) : 0u;
         }
         switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
         case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int i = 16 * I + g + 8 * hr;
-        const int64_t row = (t0 + (i < clen ? i : 0)) * p.hv + h;
+        const int64_t row = (t0 + (i < clen ? i : 0)) * p.pb.hv + h;
         dq_row[hr] = p.dqk + (row * NVH + vh) * (int64_t)(2 * KT) + dk0; /* dK̃ at KT on */
         dx_row[hr] = p.dx + (row * NVH + vh) * (int64_t)KT + dk0;
     }
@@ -1016,9 +1016,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     __syncthreads();
     /* v's pieces for the dv phase (dv_row_load), in flight during dR and dA */
     const int r = tid / TPRW, l4 = tid % TPRW;
-    const bool dv_vec = p.V == VT && p.dtype != KDA_DT_F32 && p.dv_dtype == p.dtype &&
-                        (((uintptr_t)p.v | (uintptr_t)p.dv) & 7) == 0;
-    const int64_t vrow = ((t0 + (r < clen ? r : 0)) * p.hv + h) * (int64_t)p.V + v0;
+    const bool dv_vec = p.pb.V == VT && p.pb.dtype != KDA_DT_F32 && p.dv_dtype == p.pb.dtype &&
+                        (((uintptr_t)p.pb.v | (uintptr_t)p.dv) & 7) == 0;
+    const int64_t vrow = ((t0 + (r < clen ? r : 0)) * p.pb.hv + h) * (int64_t)p.pb.V + v0;
     uint2 vb[VC / 32];
     if (lead && r < clen && dv_vec) dv_row_load<VC>(p, vrow, l4, vb);
     /* dR = Tᵀ dΔ */
@@ -1082,10 +1082,10 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     if (!lead) {
         /* (the peer writes dv and dβ) */
     } else if (r < clen && dv_vec) {
-        db = p.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb)
+        db = p.pb.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb)
                                    : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb);
     } else if (r < clen) {
-        const int vn = NVH == 1 ? p.V : min(p.V - v0, VC); /* the part's columns that exist */
+        const int vn = NVH == 1 ? p.pb.V : min(p.pb.V - v0, VC); /* the part's columns that exist */
         const float br = sm.beta[r];
         constexpr int N = VC / TPRW / 2; /* two batches */
 #pragma unroll
@@ -1095,9 +1095,9 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 #pragma unroll
             for (int j = 0; j < N; j++) {
                 const int c = l4 + TPRW * (j0 + j);
-                vbits[j] = c < vn ? load_bits(p.v, p.dtype, vrow + c) : 0u;
+                vbits[j] = c < vn ? load_bits(p.pb.v, p.pb.dtype, vrow + c) : 0u;
             }
-            bits_values<N>(vv, vbits, p.dtype);
+            bits_values<N>(vv, vbits, p.pb.dtype);
 #pragma unroll
             for (int j = 0; j < N; j++) db += vv[j] * sm.R[r * VS + l4 + TPRW * (j0 + j)];
         }
@@ -1161,12 +1161,12 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         if (KSP == 2)
 #pragma unroll
             for (int u = CK_NQ; u < 2 * CK_NQ; u++) db += cluster_ld(&sm.dbp[u][r], 1u);
-        const int64_t e = (t0 + r) * p.hv + h;
+        const int64_t e = (t0 + r) * p.pb.hv + h;
         if (NVH == 2) {
             p.dbeta_part[e * 2 + vh] = db;
-        } else if (p.beta_sigmoid) {
-            const float sg = beta_sigmoid(load_elem(p.beta, p.beta_dtype, e), 0);
-            db *= (p.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
+        } else if (p.pb.beta_sigmoid) {
+            const float sg = beta_sigmoid(load_elem(p.pb.beta, p.pb.beta_dtype, e), 0);
+            db *= (p.pb.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
         }
         if (NVH == 1) store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
@@ -1175,7 +1175,7 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
 
 template <int KC, int VC, int SPLIT, int KSP, int NVH>
 static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv * NVH * KSP;
+    const int64_t ctas = p->blocks.max_chunks * p->pb.hv * NVH * KSP;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(chunk_smem<KC, VC>);
@@ -1193,13 +1193,13 @@ static int launch_chunk_mode(const kda_bwd_params_t *p, int device, void *stream
 /* Class 256 as 128-wide parts: K by a cluster of two CTAs, V by two halves of the grid */
 template <int KC, int KSP>
 static int launch_chunk_k(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->vc == 64) return launch_chunk_mode<KC, 64, KSP, 1>(p, device, stream);
-    if (p->vc == 128) return launch_chunk_mode<KC, 128, KSP, 1>(p, device, stream);
+    if (p->pb.vc == 64) return launch_chunk_mode<KC, 64, KSP, 1>(p, device, stream);
+    if (p->pb.vc == 128) return launch_chunk_mode<KC, 128, KSP, 1>(p, device, stream);
     return launch_chunk_mode<KC, 128, KSP, 2>(p, device, stream);
 }
 
 extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->kc == 64) return launch_chunk_k<64, 1>(p, device, stream);
-    if (p->kc == 128) return launch_chunk_k<128, 1>(p, device, stream);
+    if (p->pb.kc == 64) return launch_chunk_k<64, 1>(p, device, stream);
+    if (p->pb.kc == 128) return launch_chunk_k<128, 1>(p, device, stream);
     return launch_chunk_k<128, 2>(p, device, stream);
 }

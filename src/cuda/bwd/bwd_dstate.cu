@@ -97,19 +97,19 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
     extern __shared__ __align__(16) unsigned char smem_raw[];
     dstate_smem<KC, BV> &sm = *(dstate_smem<KC, BV> *)smem_raw;
     const int tid = threadIdx.x;
-    const int tiles = p.vc / BV;
-    const int tile = (int)(blockIdx.x % tiles), h = (int)(blockIdx.x / tiles % p.hv);
-    const int64_t n = blockIdx.x / tiles / p.hv;
+    const int tiles = p.pb.vc / BV;
+    const int tile = (int)(blockIdx.x % tiles), h = (int)(blockIdx.x / tiles % p.pb.hv);
+    const int64_t n = blockIdx.x / tiles / p.pb.hv;
     const int c0 = tile * BV;
     int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    const int64_t nc = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = nc > 0 ? seq_chunk0(p.seqs, n) : 0;
-    const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, n);
+    seq_bounds(p.pb.seqs, n, &bos, &eos);
+    const int64_t nc = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK, chunk0 = nc > 0 ? seq_chunk0(p.pb.seqs, n) : 0;
+    const int64_t slot = seq_slot(p.pb.state_indices, NULL, p.pb.num_state_slots, n);
 
     for (int e = tid; e < KC * BV; e += DS_THREADS) {
         const int d = e / BV, c = e % BV;
         float x = 0.0f;
-        if (p.dht && slot >= 0 && d < p.K && c0 + c < p.V) x = load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, c0 + c));
+        if (p.dht && slot >= 0 && d < p.pb.K && c0 + c < p.pb.V) x = load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, c0 + c));
         sm.dS[d * SS + c] = x;
     }
     __syncthreads();
@@ -119,12 +119,12 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
     for (int64_t ci = nc - 1; ci >= 0; ci--) {
         const int64_t cid = chunk0 + ci, t0 = bos + ci * KDA_CHUNK;
         const int clen = (int)min((int64_t)KDA_CHUNK, eos - t0);
-        const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
+        const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.pb.hv + h) * p.blocks.block_bytes;
         if (p.dstates_f16) { /* the split path: fp16 pieces in S's order and the factors' exponents (states16.cuh);
                                 the tile's BV / 16 column blocks are contiguous. Four adjacent threads per (block vb,
                                 lane l): each forms the pieces np ≡ its part (mod 4) after their largest magnitude */
-            const int64_t pair = cid * p.hv + h;
-            uint4 *out = (uint4 *)(p.dstates_f16 + pair * KC * p.vc + (int64_t)c0 * KC);
+            const int64_t pair = cid * p.pb.hv + h;
+            uint4 *out = (uint4 *)(p.dstates_f16 + pair * KC * p.pb.vc + (int64_t)c0 * KC);
             static_assert(BV / 16 * 32 * 4 <= DS_THREADS && KC / 16 % 4 == 0, "dstate: four threads per lane's pieces");
             if (tid < BV / 16 * 32 * 4) {
                 const int unit = tid >> 2, part = tid & 3, vb = unit >> 5, l = unit & 31, gl = l >> 2, tl = l & 3;
@@ -148,19 +148,19 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
                     out[(vb * (KC / 16) + part + 4 * i) * 32 + l] = make_uint4(
                         pack_16x2<1>(x[i][0] * inv, x[i][1] * inv), pack_16x2<1>(x[i][2] * inv, x[i][3] * inv),
                         pack_16x2<1>(x[i][4] * inv, x[i][5] * inv), pack_16x2<1>(x[i][6] * inv, x[i][7] * inv));
-                if (part == 0) p.dstates_exp[pair * (p.vc / 16) * 32 + (c0 / 16 + vb) * 32 + l] = (uint8_t)eb;
+                if (part == 0) p.dstates_exp[pair * (p.pb.vc / 16) * 32 + (c0 / 16 + vb) * 32 + l] = (uint8_t)eb;
             }
         } else {
-            float *out = p.dstates + (cid * p.hv + h) * (int64_t)KC * p.vc + c0;
+            float *out = p.dstates + (cid * p.pb.hv + h) * (int64_t)KC * p.pb.vc + c0;
             for (int e = tid; e < KC * BV; e += DS_THREADS)
-                out[(e / BV) * (int64_t)p.vc + e % BV] = sm.dS[(e / BV) * SS + e % BV];
+                out[(e / BV) * (int64_t)p.pb.vc + e % BV] = sm.dS[(e / BV) * SS + e % BV];
         }
         /* the panels by 16-byte asynchronous copies (no registers; waited for before the barrier) */
         for (int e = tid; e < KDA_CHUNK * KC * 2 / 16; e += DS_THREADS) {
             cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * e, 16);
             cp_async16_zfill(smem_u32(sm.qg + 16 * e), blk + kda_cuda_off_qg(KC) + 16 * e, 16);
             cp_async16_zfill(smem_u32(sm.kt + 16 * e), blk + kda_cuda_off_kt(KC) + 16 * e, 16);
-            if (p.blocks.fine & KDA_FINE_QG) cp_async16_zfill(smem_u32(sm.qglo + 16 * e), blk + kda_cuda_off_qglo(KC, p.vc) + 16 * e, 16);
+            if (p.blocks.fine & KDA_FINE_QG) cp_async16_zfill(smem_u32(sm.qglo + 16 * e), blk + kda_cuda_off_qglo(KC, p.pb.vc) + 16 * e, 16);
         }
         for (int e = tid; e < KDA_PANEL_BYTES / 16; e += DS_THREADS)
             cp_async16_zfill(smem_u32(sm.aqk + 16 * e), blk + kda_cuda_off_aqk(KC) + 16 * e, 16);
@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int e = tid + DS_THREADS * (j0 + j), i = e / BV, c = e % BV;
-                    ob[j] = i < clen && c0 + c < p.V
-                                ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + c0 + c)
+                    ob[j] = i < clen && c0 + c < p.pb.V
+                                ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c0 + c)
                                 : 0u;
                 }
 #pragma unroll
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
             }
         }
         if (ci > 0) /* the next (earlier) chunk's block into L2 while this one is computed */
-            prefetch_block_l2(blk - (int64_t)p.hv * p.blocks.block_bytes, KC, tid);
+            prefetch_block_l2(blk - (int64_t)p.pb.hv * p.blocks.block_bytes, KC, tid);
         cp_async_wait_all();
         __syncthreads();
         /* dΔ = Aqkᵀ dO + K̃ dS: warp w computes rows 16 I.. (I = w mod 4) of the column tiles w / 4 + 2u, u <
@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
     if (p.dh0 && slot >= 0)
         for (int e = tid; e < KC * BV; e += DS_THREADS) {
             const int d = e / BV, c = e % BV;
-            if (d < p.K && c0 + c < p.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, c0 + c), sm.dS[d * SS + c]);
+            if (d < p.pb.K && c0 + c < p.pb.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, c0 + c), sm.dS[d * SS + c]);
         }
 }
 
@@ -440,14 +440,14 @@ DEV void dsr_wgmma_second(float (&s)[KC / 8][4], float (&dacc)[8][4], const dsr_
 DEV void dsr_issue(const kda_bwd_params_t &p, unsigned char *stg, uint32_t bar, int64_t cid, int h, int64_t t0,
                    int clen, int v0, int bv, int lin, int rowb, int tid, int nth) {
     if (tid == 0) {
-        const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.hv + h) * p.blocks.block_bytes;
+        const unsigned char *blk = (const unsigned char *)p.blocks.base + (cid * p.pb.hv + h) * p.blocks.block_bytes;
         fence_proxy_async(); /* the stage was last read through the generic proxy */
         mbar_expect_tx(bar, (uint32_t)lin);
         bulk_g2s(smem_u32(stg), blk, (uint32_t)lin, bar);
     }
-    const int pieces = p.V > v0 ? (int)min((int64_t)bv, (int64_t)(p.V - v0)) / 8 : 0; /* 16-byte pieces per row */
-    const unsigned char *src = (const unsigned char *)p.d_o + ((t0 * p.hv + h) * (int64_t)p.V + v0) * 2;
-    const int64_t stride = (int64_t)p.hv * p.V * 2;
+    const int pieces = p.pb.V > v0 ? (int)min((int64_t)bv, (int64_t)(p.pb.V - v0)) / 8 : 0; /* 16-byte pieces per row */
+    const unsigned char *src = (const unsigned char *)p.d_o + ((t0 * p.pb.hv + h) * (int64_t)p.pb.V + v0) * 2;
+    const int64_t stride = (int64_t)p.pb.hv * p.pb.V * 2;
     for (int e = tid; e < clen * pieces; e += nth) {
         const int r = e / pieces, c = e % pieces;
         cp_async16_zfill(smem_u32(stg + lin + r * rowb + 16 * c), src + r * stride + 16 * c, 16);
@@ -475,21 +475,21 @@ template <int KC, int BV, int MODE>
 DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
     memset(w, 0, sizeof *w);
     if (MODE == KDA_DS_SEQ) {
-        const int tiles = p.vc / BV;
+        const int tiles = p.pb.vc / BV;
         w->vt = (int)(blockIdx.x % tiles);
-        w->h = (int)(blockIdx.x / tiles % p.hv);
-        w->n = blockIdx.x / tiles / p.hv;
-        seq_bounds(p.seqs, w->n, &w->bos, &w->eos);
+        w->h = (int)(blockIdx.x / tiles % p.pb.hv);
+        w->n = blockIdx.x / tiles / p.pb.hv;
+        seq_bounds(p.pb.seqs, w->n, &w->bos, &w->eos);
         w->nc = (w->eos - w->bos + KDA_CHUNK - 1) / KDA_CHUNK;
-        w->chunk0 = w->nc > 0 ? seq_chunk0(p.seqs, w->n) : 0;
+        w->chunk0 = w->nc > 0 ? seq_chunk0(p.pb.seqs, w->n) : 0;
         w->from_dht = w->write_dh0 = 1;
         return 1;
     }
-    const int mt = MODE == KDA_DS_PRESCAN ? KC / BV : 0, ntiles = mt + p.vc / BV;
+    const int mt = MODE == KDA_DS_PRESCAN ? KC / BV : 0, ntiles = mt + p.pb.vc / BV;
     const int tile = (int)(blockIdx.x % ntiles);
     const int64_t rest = blockIdx.x / ntiles;
-    w->h = (int)(rest % p.hv);
-    const int64_t piece = rest / p.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
+    w->h = (int)(rest % p.pb.hv);
+    const int64_t piece = rest / p.pb.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
     if (piece >= p.cp_header[MODE == KDA_DS_PRESCAN ? 2 : 0]) return 0;
     const kda_cp_piece_t *e = &p.cp_table[piece];
     const int64_t flags = e->flags;
@@ -500,7 +500,7 @@ DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
     w->chunk0 = e->chunk0;
     if (e->slot >= 0) { /* the mirrored slot: the sequence's first slot + (np − 1 − index) */
         const int64_t ms = e->slot - e->index + (e->seq_pieces - 1 - e->index);
-        w->slot_base = p.cp_slots + (ms * p.hv + w->h) * kda_cuda_cp_slot_floats(KC, p.vc);
+        w->slot_base = p.cp_slots + (ms * p.pb.hv + w->h) * kda_cuda_cp_slot_floats(KC, p.pb.vc);
     }
     if (MODE == KDA_DS_PRESCAN) { /* split pieces after their sequence's first; a last piece has no M, nor any
                                      piece where the plan took the forward's maps (cp_header[3]: cp_merge.cu) */
@@ -535,7 +535,7 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     const int h = wk.h;
     const int v0 = wk.vt * BV, vw = v0 + 16 * warp; /* the CTA's and the warp's first column */
     const int64_t bos = wk.bos, eos = wk.eos, nc = wk.nc, chunk0 = wk.chunk0;
-    const int64_t slot = seq_slot(p.state_indices, NULL, p.num_state_slots, wk.n);
+    const int64_t slot = seq_slot(p.pb.state_indices, NULL, p.pb.num_state_slots, wk.n);
     const uint32_t bars = smem_u32(smem + NST * STAGE);
 
     /* dO tiles zero once: a partial chunk (a sequence's last, the first one here) copies only its rows */
@@ -550,16 +550,16 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     /* dSᵀ: s[nt][c] = dS[d][v], v = vw + g + 8 (c >> 1), d = 8 nt + 2 t + (c & 1) */
     float s[NT][4];
     if (wk.mcols) {
-        identity_cols<KC>(s, p.K, vw, g, t);
+        identity_cols<KC>(s, p.pb.K, vw, g, t);
     } else if (wk.load_sin) {
-        load_slot<KC>(wk.slot_base + KC * KC + KC * p.vc, s, p.vc, 1, vw, g, t);
+        load_slot<KC>(wk.slot_base + KC * KC + KC * p.pb.vc, s, p.pb.vc, 1, vw, g, t);
     } else {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-                s[nt][c] = wk.from_dht && p.dht && slot >= 0 && d < p.K && v < p.V
+                s[nt][c] = wk.from_dht && p.dht && slot >= 0 && d < p.pb.K && v < p.pb.V
                                ? load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, v))
                                : 0.0f;
             }
@@ -582,17 +582,17 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
         const unsigned char *stg = smem + cur * STAGE;
         /* dS⁺ of this chunk (none in the pre-scan): on the split path fp16 in S's order (a 16-byte piece per lane
            and np) and the lane's factor (states16.cuh), else fp32 [KC][VC] */
-        const int64_t dso = (chunk0 + ci) * p.hv + h;
+        const int64_t dso = (chunk0 + ci) * p.pb.hv + h;
         if (MODE != KDA_DS_PRESCAN && p.dstates_f16) {
-            store_dstates_f16s<KC>(p.dstates_f16 + dso * KC * p.vc, p.dstates_exp + dso * (p.vc / 16) * 32, s, vw,
+            store_dstates_f16s<KC>(p.dstates_f16 + dso * KC * p.pb.vc, p.dstates_exp + dso * (p.pb.vc / 16) * 32, s, vw,
                                    lane);
         } else if (MODE != KDA_DS_PRESCAN) {
-            float *const dsout = p.dstates + dso * KC * p.vc;
+            float *const dsout = p.dstates + dso * KC * p.pb.vc;
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                 for (int c = 0; c < 4; c++)
-                    dsout[(int64_t)(8 * nt + 2 * t + (c & 1)) * p.vc + vw + g + 8 * (c >> 1)] = s[nt][c];
+                    dsout[(int64_t)(8 * nt + 2 * t + (c & 1)) * p.pb.vc + vw + g + 8 * (c >> 1)] = s[nt][c];
         }
         /* dOᵀ's A fragments (16 columns × 16 tokens each) straight from the staged rows */
         uint32_t da_o[4][4];
@@ -621,21 +621,21 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
 #undef DSR_ISSUE
     if (MODE == KDA_DS_PRESCAN) {
         if (wk.mcols) store_map<KC>(wk.slot_base, s, 1, vw, g, t);                /* Mᵀ[e][d] (swizzled) */
-        else store_slot<KC>(wk.slot_base + KC * KC, s, p.vc, 1, vw, g, t);        /* E[d][v] */
+        else store_slot<KC>(wk.slot_base + KC * KC, s, p.pb.vc, 1, vw, g, t);        /* E[d][v] */
     } else if (wk.write_dh0 && p.dh0 && slot >= 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-                if (d < p.K && v < p.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, v), s[nt][c]);
+                if (d < p.pb.K && v < p.pb.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, v), s[nt][c]);
             }
     }
 }
 
 template <int KC, int BV>
 static int launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->seqs.num_seqs * p->hv * (p->vc / BV);
+    const int64_t ctas = p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / BV);
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(dstate_smem<KC, BV>);
@@ -645,7 +645,7 @@ static int launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
 /* The wide tile when the (sequence, head) pairs at that width give at least a CTA per SM (the chains are no longer
  * than with narrow tiles, and each chunk's panels are copied half as often); else the narrow one. */
 static int dstate_wide(const kda_bwd_params_t *p) {
-    return p->vc >= KDA_BWD_BV_WIDE && p->seqs.num_seqs * p->hv * (p->vc / KDA_BWD_BV_WIDE) >= p->sm_count;
+    return p->pb.vc >= KDA_BWD_BV_WIDE && p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / KDA_BWD_BV_WIDE) >= p->sm_count;
 }
 
 template <int KC, int BV, int WG, int LO, int MODE>
@@ -657,7 +657,7 @@ static int launch_dstate_rec_lo(const kda_bwd_params_t *p, int64_t ctas, int dev
 
 template <int KC, int BV, int WG>
 static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->seqs.num_seqs * p->hv * (p->vc / BV);
+    const int64_t ctas = p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / BV);
     if (ctas == 0) return 0;
 #ifdef KDA_DEV_BUILD
     /* development builds: dev_skip 4096 / 8192 leave out dSᵀ's / dΔᵀ's lo parts (their cost in time and accuracy) */
@@ -676,8 +676,8 @@ static int launch_dstate_rec(const kda_bwd_params_t *p, int device, void *stream
 template <int KC, int BV, int WG>
 static int launch_dstate_cp(const kda_bwd_params_t *p, int device, void *stream) {
     const int prescan = p->ds_mode == KDA_DS_PRESCAN;
-    const int64_t ctas = prescan ? p->cp_capacity_slots * p->hv * (p->vc / BV + KC / BV)
-                                 : p->cp_capacity * p->hv * (p->vc / BV);
+    const int64_t ctas = prescan ? p->cp_capacity_slots * p->pb.hv * (p->pb.vc / BV + KC / BV)
+                                 : p->cp_capacity * p->pb.hv * (p->pb.vc / BV);
     if (ctas == 0) return 0;
     return prescan ? launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PRESCAN>(p, ctas, device, stream)
                    : launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PIECES>(p, ctas, device, stream);
@@ -686,8 +686,8 @@ static int launch_dstate_cp(const kda_bwd_params_t *p, int device, void *stream)
 /* The CP modes' tile: the widest, one CTA per piece and head where the classes allow (the pieces fill the card;
  * each tile reloads the chunk's panels), and M's columns in tiles of the same width: min(VC, KC, 128) */
 static int dstate_cp_bv(const kda_bwd_params_t *p) {
-    const int bv = p->vc < 128 ? p->vc : 128;
-    return p->kc < bv ? p->kc : bv;
+    const int bv = p->pb.vc < 128 ? p->pb.vc : 128;
+    return p->pb.kc < bv ? p->pb.kc : bv;
 }
 
 template <int KC>
@@ -703,11 +703,11 @@ static int launch_dstate_cp_k(const kda_bwd_params_t *p, int device, void *strea
  * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
  * step; development builds: dev_skip 16384 gives the narrow tile back, to time it) */
 static int dstate_rec_bv(const kda_bwd_params_t *p) {
-    if (p->kc > 128) return 32;
-    const int64_t heads = p->seqs.num_seqs * p->hv;
-    int bv = p->vc > 128 ? 128 : p->vc; /* (V class 256: at most 128, the kernel's widest tile) */
-    while (bv > 32 && heads * (p->vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
-    if (p->wgmma && bv < 64 && p->vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
+    if (p->pb.kc > 128) return 32;
+    const int64_t heads = p->pb.seqs.num_seqs * p->pb.hv;
+    int bv = p->pb.vc > 128 ? 128 : p->pb.vc; /* (V class 256: at most 128, the kernel's widest tile) */
+    while (bv > 32 && heads * (p->pb.vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
+    if (p->wgmma && bv < 64 && p->pb.vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
     return bv;
 }
 
@@ -724,7 +724,7 @@ static int launch_dstate_rec_k(const kda_bwd_params_t *p, int bv, int device, vo
  * K class 256: mma.sync at BV 32 with a 2-stage ring (226,320 bytes; three stages would need 338,968: docs/PERF.md
  * "Backward at K = V = 256"), no CP split (its tiles would be 128 columns wide) */
 static int dstate_rec_applies(const kda_bwd_params_t *p) {
-    return p->do_dtype == KDA_DT_BF16 && p->V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
+    return p->do_dtype == KDA_DT_BF16 && p->pb.V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
 }
 
 /* The state columns per CTA of the kernel that applies (one decision for the launch and for its CTA count) */
@@ -733,24 +733,24 @@ static int dstate_bv(const kda_bwd_params_t *p) {
 }
 
 extern "C" int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p) {
-    return p->seqs.num_seqs * p->hv * (p->vc / dstate_bv(p));
+    return p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / dstate_bv(p));
 }
 
-extern "C" int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p) { return p->kc <= 128 && dstate_rec_applies(p); }
+extern "C" int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p) { return p->pb.kc <= 128 && dstate_rec_applies(p); }
 
 extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
     if (p->ds_mode != KDA_DS_SEQ) /* the host takes the CP modes only where the recurrence kernel applies */
-        return p->kc == 64 ? launch_dstate_cp_k<64>(p, device, stream) : launch_dstate_cp_k<128>(p, device, stream);
+        return p->pb.kc == 64 ? launch_dstate_cp_k<64>(p, device, stream) : launch_dstate_cp_k<128>(p, device, stream);
     const int bv = dstate_bv(p);
     if (dstate_rec_applies(p))
-        return p->kc == 64    ? launch_dstate_rec_k<64>(p, bv, device, stream)
-               : p->kc == 128 ? launch_dstate_rec_k<128>(p, bv, device, stream)
+        return p->pb.kc == 64    ? launch_dstate_rec_k<64>(p, bv, device, stream)
+               : p->pb.kc == 128 ? launch_dstate_rec_k<128>(p, bv, device, stream)
                               : launch_dstate_rec<256, 32, 0>(p, device, stream);
     if (bv == KDA_BWD_BV_WIDE)
-        return p->kc == 64    ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
-               : p->kc == 128 ? launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream)
+        return p->pb.kc == 64    ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
+               : p->pb.kc == 128 ? launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream)
                               : launch_dstate<256, KDA_BWD_BV_WIDE>(p, device, stream);
-    return p->kc == 64    ? launch_dstate<64, KDA_BWD_BV>(p, device, stream)
-           : p->kc == 128 ? launch_dstate<128, KDA_BWD_BV>(p, device, stream)
+    return p->pb.kc == 64    ? launch_dstate<64, KDA_BWD_BV>(p, device, stream)
+           : p->pb.kc == 128 ? launch_dstate<128, KDA_BWD_BV>(p, device, stream)
                           : launch_dstate<256, KDA_BWD_BV>(p, device, stream);
 }

@@ -74,12 +74,12 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
 
     const unsigned unit = blockIdx.x / NVH; /* (chunk, head) */
     const int vh = NVH == 1 ? 0 : (int)(blockIdx.x % NVH), v0 = VC * vh;
-    const int64_t cid = unit / p.hv;
-    const int h = (int)(unit % p.hv);
+    const int64_t cid = unit / p.pb.hv;
+    const int h = (int)(unit % p.pb.hv);
     int64_t t0;
-    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    const int clen = chunk_tokens(p.pb.seqs, cid, &t0);
     if (clen <= 0) return;
-    const int64_t pair = cid * p.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
+    const int64_t pair = cid * p.pb.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
     const unsigned char *blk = (const unsigned char *)p.blocks.base + pair * p.blocks.block_bytes;
     /* the half's 16-column blocks of S and dS⁺ (kda_cuda_states_dv's order): a contiguous run */
     const uint16_t *__restrict__ S = p.states_bf16 + pair * (int64_t)KC * VT + (int64_t)v0 * KC;
@@ -168,8 +168,8 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
             const int e = tid + BI_THREADS * j, i = e / (VC / 8), c = (e % (VC / 8)) * 8;
 #pragma unroll
             for (int u = 0; u < 8; u++)
-                ob[j][u] = i < clen && v0 + c + u < p.V
-                               ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.hv + h) * (int64_t)p.V + v0 + c + u)
+                ob[j][u] = i < clen && v0 + c + u < p.pb.V
+                               ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + v0 + c + u)
                                : 0u;
         }
 #pragma unroll
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
         for (int hr = 0; hr < 2; hr++) {
             const int i = 16 * I + g + 8 * hr;
             if (i >= clen) continue;
-            float *row = p.dqk + (((t0 + i) * p.hv + h) * NVH + vh) * (int64_t)(2 * KC);
+            float *row = p.dqk + (((t0 + i) * p.pb.hv + h) * NVH + vh) * (int64_t)(2 * KC);
             const float fr = f16s_factor(rowe[hr]), fc = f16s_factor(et); /* Δ's row, dS⁺'s class (the lane's t) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(BI_THREADS, 2) kda_bwd_inter_kernel(const kda_
 
 template <int KC, int VC, int NVH>
 static int launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv * NVH;
+    const int64_t ctas = p->blocks.max_chunks * p->pb.hv * NVH;
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
     const int bytes = (int)sizeof(inter_smem<KC, VC>);
@@ -311,13 +311,13 @@ static int launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
 
 template <int KC>
 static int launch_inter_k(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->vc == 64) return launch_inter<KC, 64, 1>(p, device, stream);
-    if (p->vc == 128) return launch_inter<KC, 128, 1>(p, device, stream);
+    if (p->pb.vc == 64) return launch_inter<KC, 64, 1>(p, device, stream);
+    if (p->pb.vc == 128) return launch_inter<KC, 128, 1>(p, device, stream);
     return launch_inter<KC, 128, 2>(p, device, stream);
 }
 
 extern "C" int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->kc == 64) return launch_inter_k<64>(p, device, stream);
-    if (p->kc == 128) return launch_inter_k<128>(p, device, stream);
+    if (p->pb.kc == 64) return launch_inter_k<64>(p, device, stream);
+    if (p->pb.kc == 128) return launch_inter_k<128>(p, device, stream);
     return launch_inter_k<256>(p, device, stream);
 }

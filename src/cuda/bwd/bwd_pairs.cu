@@ -227,12 +227,12 @@ DEV void gate_backward_rows(const kda_bwd_params_t &p, const pairs_smem &sm, con
     for (int r = 0; r < PK_RG; r++) {
         const int i = PK_RG * w + r;
         float al = *dAl; /* the running sum, taken on only where the row exists: the same operations as before */
-        const float gi = gate_backward<MODE>(p.lower_bound, A, sm.x[i * TS + dl], dGt[i * TS + dl] + off, &al);
+        const float gi = gate_backward<MODE>(p.pb.lower_bound, A, sm.x[i * TS + dl], dGt[i * TS + dl] + off, &al);
         gv[r] = r < nrow ? gi : 0.0f;
         *dAl = r < nrow ? al : *dAl;
         if (MODE != GATE_NONE) *dbias += gv[r];
     }
-    const int64_t stride = (int64_t)p.hv * p.K;
+    const int64_t stride = (int64_t)p.pb.hv * p.pb.K;
 #pragma unroll
     for (int r = 0; r < PK_RG; r++)
         if (r < nrow) store_elem(p.dg, DT, base + r * stride, gv[r]);
@@ -268,15 +268,15 @@ DEV void store_dqdk(const kda_bwd_params_t &p, const pairs_smem &sm, int I, int 
                 tq += a.x + b.x;
                 tk += a.y + b.y;
             }
-        const int64_t row = (t0 + i) * p.hqk + hq;
+        const int64_t row = (t0 + i) * p.pb.hqk + hq;
 #pragma unroll
         for (int nt = 0; nt < PK_NT; nt++) {
             const int col = c0 + 8 * nt + 2 * t;
             const float2 yq = *(const float2 *)&sm.q[i * TS + col], yk = *(const float2 *)&sm.k[i * TS + col];
             const float2 dq = make_float2(rn[hr].x * (fq[nt][hr].x - yq.x * tq), rn[hr].x * (fq[nt][hr].y - yq.y * tq));
             const float2 dk = make_float2(rn[hr].y * (fk[nt][hr].x - yk.x * tk), rn[hr].y * (fk[nt][hr].y - yk.y * tk));
-            store_final(p.dq, p.dq_dtype, p.K, row, d0 + col, dq);
-            store_final(p.dk, p.dk_dtype, p.K, row, d0 + col, dk);
+            store_final(p.dq, p.dq_dtype, p.pb.K, row, d0 + col, dq);
+            store_final(p.dk, p.dk_dtype, p.pb.K, row, d0 + col, dk);
         }
     }
 }
@@ -290,24 +290,24 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
     const int nqk = QK ? nrow : 0;
     uint32_t qb[PK_RG], kb[PK_RG], gb[PK_RG];
     const int64_t t1 = t0 + PK_RG * w; /* the warp's first token */
-    load_bits_n<PK_RG>(qb, p.q, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nqk);
-    load_bits_n<PK_RG>(kb, p.k, p.dtype, (t1 * p.hqk + hq) * (int64_t)p.K + d, (int64_t)p.hqk * p.K, nqk);
-    load_bits_n<PK_RG>(gb, p.g, p.g_dtype, (t1 * p.hv + h) * (int64_t)p.K + d, (int64_t)p.hv * p.K, nrow);
+    load_bits_n<PK_RG>(qb, p.pb.q, p.pb.dtype, (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d, (int64_t)p.pb.hqk * p.pb.K, nqk);
+    load_bits_n<PK_RG>(kb, p.pb.k, p.pb.dtype, (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d, (int64_t)p.pb.hqk * p.pb.K, nqk);
+    load_bits_n<PK_RG>(gb, p.pb.g, p.pb.g_dtype, (t1 * p.pb.hv + h) * (int64_t)p.pb.K + d, (int64_t)p.pb.hv * p.pb.K, nrow);
     float rq[PK_RG], rk[PK_RG]; /* (the factors of any value head of the group: the same) */
-    const float *rn = p.rnorm + (t1 * p.hv + h) * 2;
+    const float *rn = p.rnorm + (t1 * p.pb.hv + h) * 2;
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) {
-        const bool l2 = p.l2norm && r < nqk;
-        rq[r] = l2 ? rn[(int64_t)r * p.hv * 2] : 1.0f;
-        rk[r] = l2 ? rn[(int64_t)r * p.hv * 2 + 1] : 1.0f;
+        const bool l2 = p.pb.l2norm && r < nqk;
+        rq[r] = l2 ? rn[(int64_t)r * p.pb.hv * 2] : 1.0f;
+        rk[r] = l2 ? rn[(int64_t)r * p.pb.hv * 2 + 1] : 1.0f;
     }
-    const float bias = p.gate_in_kernel && p.dt_bias && d < p.K ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f;
+    const float bias = p.pb.gate_in_kernel && p.pb.dt_bias && d < p.pb.K ? p.pb.dt_bias[(int64_t)h * p.pb.K + d] : 0.0f;
     float gv[PK_RG];
-    bits_values<PK_RG>(gv, gb, p.g_dtype);
+    bits_values<PK_RG>(gv, gb, p.pb.g_dtype);
     if (QK) {
         float qv[PK_RG], kv[PK_RG];
-        bits_values<PK_RG>(qv, qb, p.dtype);
-        bits_values<PK_RG>(kv, kb, p.dtype);
+        bits_values<PK_RG>(qv, qb, p.pb.dtype);
+        bits_values<PK_RG>(kv, kb, p.pb.dtype);
 #pragma unroll
         for (int r = 0; r < PK_RG; r++) {
             const int i = PK_RG * w + r;
@@ -318,9 +318,9 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) sm.x[(PK_RG * w + r) * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
     switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
-    case GATE_NONE: gate_rows<GATE_NONE>(sm, p.lower_bound, A, w, dl, nrow); break;
-    case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.lower_bound, A, w, dl, nrow); break;
-    default: gate_rows<GATE_SOFTPLUS>(sm, p.lower_bound, A, w, dl, nrow);
+    case GATE_NONE: gate_rows<GATE_NONE>(sm, p.pb.lower_bound, A, w, dl, nrow); break;
+    case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.pb.lower_bound, A, w, dl, nrow); break;
+    default: gate_rows<GATE_SOFTPLUS>(sm, p.pb.lower_bound, A, w, dl, nrow);
     }
 }
 
@@ -347,11 +347,11 @@ DEV void head_rows_vec(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq,
     const int rem = clen - i0, nv = rem <= 0 ? 0 : rem >= 2 * RV ? RV : (rem + 1) / 2; /* its rows that exist */
     const int nqk = QK ? nv : 0;
     const int64_t t1 = t0 + i0;
-    const int64_t sqk = (int64_t)p.hqk * p.K, sg = (int64_t)p.hv * p.K; /* two rows, in 4-byte words */
-    const uint32_t *qp = (const uint32_t *)((const uint16_t *)p.q + (t1 * p.hqk + hq) * (int64_t)p.K + d);
-    const uint32_t *kp = (const uint32_t *)((const uint16_t *)p.k + (t1 * p.hqk + hq) * (int64_t)p.K + d);
-    const uint32_t *gp = (const uint32_t *)((const uint16_t *)p.g + (t1 * p.hv + h) * (int64_t)p.K + d);
-    const float2 *rp = (const float2 *)(p.rnorm + (t1 * p.hv + h) * 2);
+    const int64_t sqk = (int64_t)p.pb.hqk * p.pb.K, sg = (int64_t)p.pb.hv * p.pb.K; /* two rows, in 4-byte words */
+    const uint32_t *qp = (const uint32_t *)((const uint16_t *)p.pb.q + (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d);
+    const uint32_t *kp = (const uint32_t *)((const uint16_t *)p.pb.k + (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d);
+    const uint32_t *gp = (const uint32_t *)((const uint16_t *)p.pb.g + (t1 * p.pb.hv + h) * (int64_t)p.pb.K + d);
+    const float2 *rp = (const float2 *)(p.rnorm + (t1 * p.pb.hv + h) * 2);
     uint32_t qb[RV], kb[RV], gb[RV];
     float2 rn[RV];
 #pragma unroll
@@ -359,12 +359,12 @@ DEV void head_rows_vec(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq,
         qb[r] = r < nqk ? __ldg(qp) : 0u;
         kb[r] = r < nqk ? __ldg(kp) : 0u;
         gb[r] = r < nv ? __ldg(gp) : 0u;
-        rn[r] = p.l2norm && r < nqk ? __ldg(rp) : make_float2(1.0f, 1.0f);
-        qp += sqk, kp += sqk, gp += sg, rp += 2 * p.hv;
+        rn[r] = p.pb.l2norm && r < nqk ? __ldg(rp) : make_float2(1.0f, 1.0f);
+        qp += sqk, kp += sqk, gp += sg, rp += 2 * p.pb.hv;
     }
-    const bool bias = p.gate_in_kernel && p.dt_bias;
-    const float b0 = bias ? p.dt_bias[(int64_t)h * p.K + d] : 0.0f, b1 = bias ? p.dt_bias[(int64_t)h * p.K + d + 1] : 0.0f;
-    const int f16 = p.dtype == KDA_DT_F16, gf16 = p.g_dtype == KDA_DT_F16;
+    const bool bias = p.pb.gate_in_kernel && p.pb.dt_bias;
+    const float b0 = bias ? p.pb.dt_bias[(int64_t)h * p.pb.K + d] : 0.0f, b1 = bias ? p.pb.dt_bias[(int64_t)h * p.pb.K + d + 1] : 0.0f;
+    const int f16 = p.pb.dtype == KDA_DT_F16, gf16 = p.pb.g_dtype == KDA_DT_F16;
 #pragma unroll
     for (int r = 0; r < RV; r++) {
         const int i = i0 + 2 * r;
@@ -377,7 +377,7 @@ DEV void head_rows_vec(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq,
         const float2 g = gf16 ? unpack_16x2<1>(gb[r]) : unpack_16x2<0>(gb[r]);
         const float2 x = r < nv ? make_float2(g.x + b0, g.y + b1) : make_float2(0.0f, 0.0f);
         *(float2 *)&sm.x[i * TS + cl] = x;
-        *(float2 *)&sm.G[i * TS + cl] = gate_pair<MODE>(p.lower_bound, A, x, r < nv);
+        *(float2 *)&sm.G[i * TS + cl] = gate_pair<MODE>(p.pb.lower_bound, A, x, r < nv);
     }
 }
 
@@ -392,12 +392,12 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
     const int64_t qpair = blockIdx.x / NTILE; /* (chunk, query/key head) */
     const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
-    const int64_t cid = qpair / p.hqk;
-    const int hq = (int)(qpair % p.hqk), h0 = hq * p.group, h1 = h0 + p.group; /* its value heads h0 .. h1 − 1 */
+    const int64_t cid = qpair / p.pb.hqk;
+    const int hq = (int)(qpair % p.pb.hqk), h0 = hq * p.pb.group, h1 = h0 + p.pb.group; /* its value heads h0 .. h1 − 1 */
     int64_t t0;
-    const int clen = chunk_tokens(p.seqs, cid, &t0);
+    const int clen = chunk_tokens(p.pb.seqs, cid, &t0);
     if (clen <= 0) return; /* (the whole cluster: its CTAs share the chunk) */
-    if (p.l2norm) { /* the barrier that receives the cluster's sums, expecting their bytes; then this CTA has
+    if (p.pb.l2norm) { /* the barrier that receives the cluster's sums, expecting their bytes; then this CTA has
                        started (the wait before the first push: every CTA has) */
         if (tid == 0) {
             mbar_init(smem_u32(&sm.bar), 1);
@@ -407,11 +407,11 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         if (tid == 0) mbar_expect_tx(smem_u32(&sm.bar), NTILE * 2 * C * (uint32_t)sizeof(float2));
         cluster_arrive_relaxed(); /* (the barrier's initialisation is released by its fence) */
     }
-    const float scale = p.scale;
+    const float scale = p.pb.scale;
     const int dl = lane, d = d0 + lane;
-    const int nrow = d < p.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
-    const bool vec = p.dtype != KDA_DT_F32 && p.g_dtype != KDA_DT_F32 && !(p.K & 1) && d0 + PK_KT <= p.K &&
-                     !(((uintptr_t)p.q | (uintptr_t)p.k | (uintptr_t)p.g) & 3); /* head_rows_vec's 4-byte loads */
+    const int nrow = d < p.pb.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
+    const bool vec = p.pb.dtype != KDA_DT_F32 && p.pb.g_dtype != KDA_DT_F32 && !(p.pb.K & 1) && d0 + PK_KT <= p.pb.K &&
+                     !(((uintptr_t)p.pb.q | (uintptr_t)p.pb.k | (uintptr_t)p.pb.g) & 3); /* head_rows_vec's 4-byte loads */
     float2 fq[PK_NT][2], fk[PK_NT][2]; /* dq̂, dk̂ of the lane's elements, summed over the value heads in order */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
@@ -422,9 +422,9 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
 
 #pragma unroll 1
     for (int h = h0; h < h1; h++) { /* one value head: everything but q̂, k̂ and the l2norm step */
-        const int64_t pair = cid * p.hv + h; /* (chunk, value head) */
+        const int64_t pair = cid * p.pb.hv + h; /* (chunk, value head) */
         const int first = h == h0, last = h == h1 - 1;
-        const float A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+        const float A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
         /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
            pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of
            the kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency). The previous
@@ -475,8 +475,8 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int i = 16 * I + g + 8 * hr;
-            const int64_t srow = i < clen ? (t0 + i) * p.hv + h : -1;
-            if (first) rn[hr] = p.l2norm && srow >= 0 ? __ldg((const float2 *)&p.rnorm[srow * 2]) : make_float2(1.0f, 1.0f);
+            const int64_t srow = i < clen ? (t0 + i) * p.pb.hv + h : -1;
+            if (first) rn[hr] = p.pb.l2norm && srow >= 0 ? __ldg((const float2 *)&p.rnorm[srow * 2]) : make_float2(1.0f, 1.0f);
 #pragma unroll
             for (int nt = 0; nt < PK_NT; nt++) {
                 const int dd = d0 + c0 + 8 * nt + 2 * t;
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         }
         /* after the last head, dq and dk: the l2norm step dx = r (dy − y (y·dy)), y = q̂ or k̂, r = 1/‖x‖ (the chunk
            kernel's) */
-        if (last && p.l2norm) { /* y·dy of a row over its KC channels: this warp's 16, then the CTA's two halves and
+        if (last && p.pb.l2norm) { /* y·dy of a row over its KC channels: this warp's 16, then the CTA's two halves and
                                    the cluster's CTAs, each of which pushes its sums into every CTA's ys */
 #pragma unroll
             for (int hr = 0; hr < 2; hr++)
@@ -587,11 +587,11 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
         sm.tot[w][dl] = s;
         __syncthreads();
         float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
-        if (d < p.K) /* γ dγ (NVH = 2: half 0's + half 1's) */
+        if (d < p.pb.K) /* γ dγ (NVH = 2: half 0's + half 1's) */
             off += gexp(Gl[dl]) * (NVH == 1 ? p.dgam[pair * KC + d] : p.dgam[pair * 2 * KC + d] + p.dgam[(pair * 2 + 1) * KC + d]);
         for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
         float dAl = 0.0f, dbias = 0.0f;
-        const int64_t gbase = ((t0 + PK_RG * w) * p.hv + h) * (int64_t)p.K + d;
+        const int64_t gbase = ((t0 + PK_RG * w) * p.pb.hv + h) * (int64_t)p.pb.K + d;
         switch (gate_mode(p)) {
         case GATE_NONE: gate_backward_rows_dt<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
         case GATE_LOWER: gate_backward_rows_dt<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
@@ -608,7 +608,7 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
             p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
         }
     }
-    if (p.l2norm) {
+    if (p.pb.l2norm) {
         mbar_wait(smem_u32(&sm.bar), 0); /* every CTA's sums are in ys (long since: the gate's work came between);
                                             no CTA exits before the pushes into it have landed */
         store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, clen, hq, rn, fq, fk, 1);
@@ -617,10 +617,10 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
 
 template <int KC, int NVH>
 static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hqk * (KC / PK_KT);
+    const int64_t ctas = p->blocks.max_chunks * p->pb.hqk * (KC / PK_KT);
     if (ctas == 0) return 0;
     static int done[KDA_MAX_DEVICES];
-    if (!p->l2norm)
+    if (!p->pb.l2norm)
         return kda_launch((const void *)kda_bwd_pairs_kernel<KC, NVH>, ctas, PK_THREADS, (int)sizeof(pairs_smem), p,
                           device, done, stream);
     return kda_launch_cluster((const void *)kda_bwd_pairs_kernel<KC, NVH>, ctas, KC / PK_KT, PK_THREADS,
@@ -629,10 +629,10 @@ static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
 
 template <int KC>
 static int launch_pairs_v(const kda_bwd_params_t *p, int device, void *stream) {
-    return kda_bwd_vhalves(p->vc) == 2 ? launch_pairs<KC, 2>(p, device, stream) : launch_pairs<KC, 1>(p, device, stream);
+    return kda_bwd_vhalves(p->pb.vc) == 2 ? launch_pairs<KC, 2>(p, device, stream) : launch_pairs<KC, 1>(p, device, stream);
 }
 
 extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->kc == 64 ? launch_pairs_v<64>(p, device, stream)
-           : p->kc == 128 ? launch_pairs_v<128>(p, device, stream) : launch_pairs_v<256>(p, device, stream);
+    return p->pb.kc == 64 ? launch_pairs_v<64>(p, device, stream)
+           : p->pb.kc == 128 ? launch_pairs_v<128>(p, device, stream) : launch_pairs_v<256>(p, device, stream);
 }

@@ -171,31 +171,31 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
 #pragma unroll
     for (int u = 0; u < DEC_TS; u++) d.beta[u] = 0.f;
     d.A = 1.f;
-    const int64_t nitems = p.num_seqs * p.hv * ntiles;
+    const int64_t nitems = p.pb.seqs.num_seqs * p.pb.hv * ntiles;
     if (it >= nitems) return d;
     if (nitems < ((int64_t)1 << 31)) { /* 32-bit division: a few instructions instead of a 64-bit routine */
-        const uint32_t i32 = (uint32_t)it, r = i32 / (uint32_t)ntiles, hv = (uint32_t)p.hv;
+        const uint32_t i32 = (uint32_t)it, r = i32 / (uint32_t)ntiles, hv = (uint32_t)p.pb.hv;
         d.vt = (int)(i32 - r * (uint32_t)ntiles);
         d.n = r / hv;
         d.h = (int)(r - (uint32_t)d.n * hv);
     } else {
         d.vt = (int)(it % ntiles);
-        d.h = (int)((it / ntiles) % p.hv);
-        d.n = it / ((int64_t)ntiles * p.hv);
+        d.h = (int)((it / ntiles) % p.pb.hv);
+        d.n = it / ((int64_t)ntiles * p.pb.hv);
     }
     dec_seq_bounds(p, d.n, &d.bos, &d.eos);
     /* 2-D slots: nothing is read or written for an empty sequence */
-    if (p.state_indices && p.idx_cols > 0 && d.eos == d.bos) return d;
+    if (p.pb.state_indices && p.idx_cols > 0 && d.eos == d.bos) return d;
     d.valid = 1;
     d.rslot = dec_read_slot(p, d.n);
-    d.hq = d.h / p.group;
+    d.hq = d.h / p.pb.group;
     if (d.eos > d.bos) {
         if (!p.beta_headwise) {
 #pragma unroll
             for (int u = 0; u < DEC_TS; u++)
-                if (u < p.ts && d.bos + u < d.eos) d.beta[u] = load_elem(p.beta, p.beta_dtype, (d.bos + u) * p.hv + d.h);
+                if (u < p.ts && d.bos + u < d.eos) d.beta[u] = load_elem(p.pb.beta, p.pb.beta_dtype, (d.bos + u) * p.pb.hv + d.h);
         }
-        if (p.A_log) d.A = expf(p.A_log[d.h]);
+        if (p.pb.A_log) d.A = expf(p.pb.A_log[d.h]);
     }
     return d;
 }
@@ -210,11 +210,11 @@ template <int VF, int KC, int SF32>
 DEV void issue_stage(const kda_decode_params_t &p, const dec_item &d, unsigned char *st, uint32_t bar) {
     typedef dec_geom<VF, KC> G;
     constexpr int ES = SF32 ? 4 : 2;
-    const int has = d.valid && d.rslot >= 0 && p.h0;
-    const int K = p.kd, V = p.vd, tid = threadIdx.x, j0 = d.vt * G::BV;
-    const int64_t base = has ? (d.rslot * p.hv + d.h) * (int64_t)K * V : 0;
+    const int has = d.valid && d.rslot >= 0 && p.pb.h0;
+    const int K = p.pb.K, V = p.pb.V, tid = threadIdx.x, j0 = d.vt * G::BV;
+    const int64_t base = has ? (d.rslot * p.pb.hv + d.h) * (int64_t)K * V : 0;
     if (p.bulk) {
-        const char *h0 = (const char *)p.h0;
+        const char *h0 = (const char *)p.pb.h0;
         if (VF) {
             const int rows = has ? (V - j0 < G::BV ? V - j0 : G::BV) : 0;
             if (tid == 0) mbar_expect_tx(bar, (uint32_t)(rows * K * ES));
@@ -238,12 +238,12 @@ DEV void issue_stage(const kda_decode_params_t &p, const dec_item &d, unsigned c
         int goff, soff;
         const int nv = copy_chunk_at<VF, KC>(r, K, V, j0, tid, &goff, &soff);
         if (p.vec) {
-            if (SF32) cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.h0 + (nv ? base + goff : 0),
+            if (SF32) cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.pb.h0 + (nv ? base + goff : 0),
                                        nv ? 16 : 0);
-            else cp_async8_zfill(smem_u32((uint16_t *)st + soff), (const uint16_t *)p.h0 + (nv ? base + goff : 0),
+            else cp_async8_zfill(smem_u32((uint16_t *)st + soff), (const uint16_t *)p.pb.h0 + (nv ? base + goff : 0),
                                  nv ? 8 : 0);
         } else {
-            const float4 x = load4(p.h0, p.h0_dtype, base + goff, nv, 0);
+            const float4 x = load4(p.pb.h0, p.pb.h0_dtype, base + goff, nv, 0);
             if (SF32) {
                 *(float4 *)((float *)st + soff) = x;
             } else {
@@ -298,38 +298,38 @@ DEV float2 smem_pair(const unsigned char *src, int dt, int e, int len) {
  * u·p.raw_tok; without aligned pairs, read_rows loads them later instead, synchronously: the rare path). */
 DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned char *st) {
     if (!d.valid || d.eos == d.bos || !p.vec_in) return;
-    const int K = p.kd, V = p.vd, e = 2 * threadIdx.x, h = d.h, hq = d.hq;
+    const int K = p.pb.K, V = p.pb.V, e = 2 * threadIdx.x, h = d.h, hq = d.hq;
     const int n = d.eos - d.bos < p.ts ? (int)(d.eos - d.bos) : p.ts;
     for (int u = 0; u < n; u++) {
         unsigned char *in = st + p.raw_rows + u * p.raw_tok;
         const int64_t t = d.bos + u;
-        copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.dtype)), p.q, p.dtype, (t * p.hqk + hq) * K, e, K);
-        copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.dtype)), p.k, p.dtype, (t * p.hqk + hq) * K, e, K);
-        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.g_dtype)), p.g, p.g_dtype, (t * p.hv + h) * K, e, K);
-        copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.dtype)), p.v, p.dtype, (t * p.hv + h) * V, e, V);
+        copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.pb.dtype)), p.pb.q, p.pb.dtype, (t * p.pb.hqk + hq) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.pb.dtype)), p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.pb.g_dtype)), p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.pb.dtype)), p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V, e, V);
         if (p.beta_headwise)
-            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.beta_dtype)), p.beta, p.beta_dtype, (t * p.hv + h) * V, e,
+            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.pb.beta_dtype)), p.pb.beta, p.pb.beta_dtype, (t * p.pb.hv + h) * V, e,
                       V);
     }
-    if (p.dt_bias) copy_pair(smem_u32(st + p.raw_bias + e * 4), p.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
+    if (p.pb.dt_bias) copy_pair(smem_u32(st + p.raw_bias + e * 4), p.pb.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
 }
 
 DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h) {
-    const int K = p.kd, V = p.vd, hq = h / p.group;
-    r.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+    const int K = p.pb.K, V = p.pb.V, hq = h / p.pb.group;
+    r.A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         const int e = 2 * threadIdx.x + u;
         r.q[u] = r.k[u] = r.g[u] = r.v[u] = r.b[u] = r.bias[u] = 0.f;
         if (e < K) {
-            r.q[u] = load_elem(p.q, p.dtype, (t * p.hqk + hq) * K + e);
-            r.k[u] = load_elem(p.k, p.dtype, (t * p.hqk + hq) * K + e);
-            r.g[u] = load_elem(p.g, p.g_dtype, (t * p.hv + h) * K + e);
-            if (p.dt_bias) r.bias[u] = p.dt_bias[(int64_t)h * K + e];
+            r.q[u] = load_elem(p.pb.q, p.pb.dtype, (t * p.pb.hqk + hq) * K + e);
+            r.k[u] = load_elem(p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * K + e);
+            r.g[u] = load_elem(p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K + e);
+            if (p.pb.dt_bias) r.bias[u] = p.pb.dt_bias[(int64_t)h * K + e];
         }
-        if (e < V) r.v[u] = load_elem(p.v, p.dtype, (t * p.hv + h) * V + e);
+        if (e < V) r.v[u] = load_elem(p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V + e);
         if (p.beta_headwise ? e < V : e == 0)
-            r.b[u] = load_elem(p.beta, p.beta_dtype, p.beta_headwise ? (t * p.hv + h) * V + e : t * p.hv + h);
+            r.b[u] = load_elem(p.pb.beta, p.pb.beta_dtype, p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
     }
 }
 
@@ -345,17 +345,17 @@ DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsign
         return;
     }
     const unsigned char *in = st + p.raw_rows + u * p.raw_tok;
-    const int e = 2 * threadIdx.x, K = p.kd, V = p.vd;
-    float2 x = smem_pair(in + p.raw_q + e * dt_size(p.dtype), p.dtype, e, K);
+    const int e = 2 * threadIdx.x, K = p.pb.K, V = p.pb.V;
+    float2 x = smem_pair(in + p.raw_q + e * dt_size(p.pb.dtype), p.pb.dtype, e, K);
     r.q[0] = x.x, r.q[1] = x.y;
-    x = smem_pair(in + p.raw_k + e * dt_size(p.dtype), p.dtype, e, K);
+    x = smem_pair(in + p.raw_k + e * dt_size(p.pb.dtype), p.pb.dtype, e, K);
     r.k[0] = x.x, r.k[1] = x.y;
-    x = smem_pair(in + p.raw_g + e * dt_size(p.g_dtype), p.g_dtype, e, K);
+    x = smem_pair(in + p.raw_g + e * dt_size(p.pb.g_dtype), p.pb.g_dtype, e, K);
     r.g[0] = x.x, r.g[1] = x.y;
-    x = smem_pair(in + p.raw_v + e * dt_size(p.dtype), p.dtype, e, V);
+    x = smem_pair(in + p.raw_v + e * dt_size(p.pb.dtype), p.pb.dtype, e, V);
     r.v[0] = x.x, r.v[1] = x.y;
     if (p.beta_headwise) {
-        x = smem_pair(in + p.raw_b + e * dt_size(p.beta_dtype), p.beta_dtype, e, V);
+        x = smem_pair(in + p.raw_b + e * dt_size(p.pb.beta_dtype), p.pb.beta_dtype, e, V);
         r.b[0] = x.x, r.b[1] = x.y;
     } else {
         float b = 0.f;
@@ -364,7 +364,7 @@ DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsign
         r.b[0] = e == 0 ? b : 0.f;
         r.b[1] = 0.f;
     }
-    if (p.dt_bias) {
+    if (p.pb.dt_bias) {
         x = smem_pair(st + p.raw_bias + e * 4, KDA_DT_F32, e, K);
         r.bias[0] = x.x, r.bias[1] = x.y;
     } else {
@@ -377,7 +377,7 @@ DEV void read_rows(const kda_decode_params_t &p, const dec_item &d, const unsign
  * non-finite (the non-finite contract). */
 template <int KC>
 DEV int commit_token(const kda_decode_params_t &p, dec_io<KC> &io, int buf, const tok_raw &r) {
-    const int K = p.kd, V = p.vd;
+    const int K = p.pb.K, V = p.pb.V;
     int bad = 0;
 #pragma unroll
     for (int u = 0; u < 2; u++) {
@@ -406,21 +406,21 @@ DEV int commit_token(const kda_decode_params_t &p, dec_io<KC> &io, int buf, cons
 /* Scale factors of q̂ and k̂ for buffer `buf` (every warp computes them for itself from shared memory). */
 template <int KC>
 DEV void token_norms(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float *sq, float *sk) {
-    if (!p.l2norm) {
-        *sq = p.scale;
+    if (!p.pb.l2norm) {
+        *sq = p.pb.scale;
         *sk = 1.0f;
         return;
     }
     const int lane = threadIdx.x & 31;
     float a = 0.f, b = 0.f;
-    for (int e = lane; e < p.kd; e += 32) {
+    for (int e = lane; e < p.pb.K; e += 32) {
         const float x = io.q[buf][e], y = io.k[buf][e];
         a += x * x;
         b += y * y;
     }
     a = lanes_sum<1>(a);
     b = lanes_sum<1>(b);
-    *sq = p.scale / sqrtf(a + 1e-6f);
+    *sq = p.pb.scale / sqrtf(a + 1e-6f);
     *sk = 1.0f / sqrtf(b + 1e-6f);
 }
 
@@ -431,7 +431,7 @@ template <int VF, int KC, int EX>
 DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf, float4 S[DEC_NA], int64_t t, int h,
                     int j0) {
     typedef dec_geom<VF, KC> G;
-    const int V = p.vd, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int V = p.pb.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     float sq, sk;
     token_norms(p, io, buf, &sq, &sk);
     const float *qs = io.q[buf], *ks = io.k[buf], *as = io.a[buf], *vs = io.v[buf], *bs = io.b[buf];
@@ -470,7 +470,7 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
         for (int s = 0; s < NP; s++) {
             const float os = row8_sum(o[s]) * sq;
             const int j = j0 + 16 * s + 4 * w + (lane >> 3);
-            if ((lane & 7) == 0 && (EX || j < V)) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j, os);
+            if ((lane & 7) == 0 && (EX || j < V)) store_elem(p.o, p.o_dtype, (t * p.pb.hv + h) * V + j, os);
         }
     } else {
         const int rg = lane / G::CGW, j = j0 + 4 * (w * G::CGW + lane % G::CGW);
@@ -521,7 +521,7 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
             const float os[4] = {o0, o1, o2, o3};
 #pragma unroll
             for (int c = 0; c < 4; c++)
-                if (EX || j + c < V) store_elem(p.o, p.o_dtype, (t * p.hv + h) * V + j + c, os[c] * sq);
+                if (EX || j + c < V) store_elem(p.o, p.o_dtype, (t * p.pb.hv + h) * V + j + c, os[c] * sq);
         }
     }
 }
@@ -529,22 +529,22 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
 /* Store the registers' tile to slot `slot` of the final-state tensor (EX: its dtype is the stage's, SF32). */
 template <int VF, int KC, int SF32, int EX>
 DEV void store_tile(const kda_decode_params_t &p, const float4 S[DEC_NA], int64_t slot, int h, int j0) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)(EX ? KC : p.kd) * p.vd;
+    const int64_t base = (slot * p.pb.hv + h) * (int64_t)(EX ? KC : p.pb.K) * p.pb.V;
 #pragma unroll
     for (int a = 0; a < DEC_NA; a++) {
         int goff, soff;
-        const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, threadIdx.x, &goff, &soff);
+        const int nv = chunk_at<VF, KC, EX>(a, p.pb.K, p.pb.V, j0, threadIdx.x, &goff, &soff);
         if (EX) {
             if (SF32) {
-                __stcs((float4 *)p.ht + (base + goff) / 4, S[a]);
+                __stcs((float4 *)p.pb.ht + (base + goff) / 4, S[a]);
             } else {
                 uint2 u;
                 u.x = pack_bf16(S[a].x, S[a].y);
                 u.y = pack_bf16(S[a].z, S[a].w);
-                __stcs((uint2 *)p.ht + (base + goff) / 4, u);
+                __stcs((uint2 *)p.pb.ht + (base + goff) / 4, u);
             }
         } else {
-            store4(p.ht, p.ht_dtype, base + goff, nv, p.vec, S[a]);
+            store4(p.pb.ht, p.pb.ht_dtype, base + goff, nv, p.vec, S[a]);
         }
     }
 }
@@ -564,7 +564,7 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
 #pragma unroll
     for (int a = 0; a < DEC_NA; a++) {
         int goff, soff;
-        const int nv = chunk_at<VF, KC, EX>(a, p.kd, p.vd, j0, tid, &goff, &soff);
+        const int nv = chunk_at<VF, KC, EX>(a, p.pb.K, p.pb.V, j0, tid, &goff, &soff);
         if (SF32) {
             S[a] = *(const float4 *)((const float *)st + soff);
         } else {
@@ -627,10 +627,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
     dec_io<KC> &io = *(dec_io<KC> *)(smem + NS * p.stage_bytes);
     dec_item *ring = (dec_item *)(smem + NS * p.stage_bytes + sizeof(dec_io<KC>));
     uint64_t *bars = (uint64_t *)(ring + NS); /* one mbarrier per stage: its tile's bulk copies */
-    const int ntiles = (p.vd + G::BV - 1) / G::BV;
-    const int64_t nitems = p.num_seqs * p.hv * ntiles, grid = gridDim.x;
+    const int ntiles = (p.pb.V + G::BV - 1) / G::BV;
+    const int64_t nitems = p.pb.seqs.num_seqs * p.pb.hv * ntiles, grid = gridDim.x;
     const int tid = threadIdx.x;
-    const int per_token = p.state_indices && p.idx_cols > 0;
+    const int per_token = p.pb.state_indices && p.idx_cols > 0;
 #define STAGE(k) (smem + (int)((k) % NS) * p.stage_bytes)
 #define ROWS(k) STAGE(k) /* p.raw_* count from the stage start */
 #define BAR(k) smem_u32(bars + (int)((k) % NS))
@@ -672,7 +672,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
 
         const int j0 = cur.vt * G::BV;
         float4 S[DEC_NA];
-        load_tile<VF, KC, SF32, EX>(p, STAGE(k), cur.valid && p.h0 && cur.rslot >= 0, S, j0);
+        load_tile<VF, KC, SF32, EX>(p, STAGE(k), cur.valid && p.pb.h0 && cur.rslot >= 0, S, j0);
         const int64_t T = cur.valid ? cur.eos - cur.bos : 0;
 #pragma unroll 1
         for (int64_t t = 0;; t++) {
@@ -687,13 +687,13 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
                     for (int a = 0; a < DEC_NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
                 }
                 token_step<VF, KC, EX>(p, io, buf, S, cur.bos + t, cur.h, j0);
-                if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
+                if (per_token && p.pb.ht) { /* speculative decoding: the state after this token to its own slot */
                     const int64_t ws = dec_token_slot(p, cur.n, t);
                     if (ws >= 0) store_tile<VF, KC, SF32, EX>(p, S, ws, cur.h, j0);
                 }
             }
             if (!more) {
-                if (cur.valid && !per_token && p.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
+                if (cur.valid && !per_token && p.pb.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
                 /* the next item's first token: its rows came with its tile (this thread's copies) */
                 cp_async_wait_group<NS - 2>();
                 if (blockIdx.x + (k + 1) * grid < nitems) {
@@ -742,7 +742,7 @@ static int launch(const kda_decode_params_t *p, int device, void *stream) {
     const int by_smem = 233472 / (c.smem_bytes + 1024);
     occ = occ < by_smem ? occ : by_smem;
     occ = occ < 1 ? 1 : occ;
-    const int64_t items = c.num_seqs * c.hv * ((c.vd + G::BV - 1) / G::BV);
+    const int64_t items = c.pb.seqs.num_seqs * c.pb.hv * ((c.pb.V + G::BV - 1) / G::BV);
     if (items == 0) return 0;
     int64_t ctas = (int64_t)c.sm_count * occ;
     if (c.forced_ctas > 0 && c.forced_ctas < ctas) ctas = c.forced_ctas;
@@ -757,10 +757,10 @@ static int launch(const kda_decode_params_t *p, int device, void *stream) {
 template <int VF, int KC, int SF32>
 static void stage_layout(kda_decode_params_t *p) {
     const int tile = dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2);
-    const int es = p->dtype == KDA_DT_F32 ? 4 : 2, eg = p->g_dtype == KDA_DT_F32 ? 4 : 2;
-    const int eb = p->beta_dtype == KDA_DT_F32 ? 4 : 2;
-    const int kp = (p->kd + 7) / 8 * 8, vp = (p->vd + 7) / 8 * 8;
-    const int64_t per = p->num_seqs > 0 ? (p->num_tokens + p->num_seqs - 1) / p->num_seqs : 1;
+    const int es = p->pb.dtype == KDA_DT_F32 ? 4 : 2, eg = p->pb.g_dtype == KDA_DT_F32 ? 4 : 2;
+    const int eb = p->pb.beta_dtype == KDA_DT_F32 ? 4 : 2;
+    const int kp = (p->pb.K + 7) / 8 * 8, vp = (p->pb.V + 7) / 8 * 8;
+    const int64_t per = p->pb.seqs.num_seqs > 0 ? (p->pb.seqs.num_tokens + p->pb.seqs.num_seqs - 1) / p->pb.seqs.num_seqs : 1;
     p->ts = per < 1 ? 1 : (per > DEC_TS ? DEC_TS : (int)per);
     int off = 0;
 #define ROW(field, bytes) (p->field = off, off += ((bytes) + 15) / 16 * 16)
@@ -773,12 +773,12 @@ static void stage_layout(kda_decode_params_t *p) {
     p->raw_tok = off;
     p->raw_rows = tile;
     p->raw_bias = tile + p->ts * p->raw_tok;
-    p->stage_bytes = p->vec_in ? p->raw_bias + (p->dt_bias ? (kp * 4 + 15) / 16 * 16 : 0) : tile;
+    p->stage_bytes = p->vec_in ? p->raw_bias + (p->pb.dt_bias ? (kp * 4 + 15) / 16 * 16 : 0) : tile;
     /* bulk copies: 16-byte rows (sizes and addresses) on both sides */
-    const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->kd : p->vd) * es_s;
+    const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->pb.K : p->pb.V) * es_s;
     const int srow = dec_geom<VF, KC>::ROW * es_s;
-    p->bulk = p->h0 && p->h0_dtype == (SF32 ? KDA_DT_F32 : KDA_DT_BF16) && rowb % 16 == 0 && srow % 16 == 0 &&
-              (uintptr_t)p->h0 % 16 == 0;
+    p->bulk = p->pb.h0 && p->pb.h0_dtype == (SF32 ? KDA_DT_F32 : KDA_DT_BF16) && rowb % 16 == 0 && srow % 16 == 0 &&
+              (uintptr_t)p->pb.h0 % 16 == 0;
 }
 
 /* The exact instance: K = KC, whole tiles, aligned 4-element rows, the final state (if any) of the stage's
@@ -787,14 +787,14 @@ template <int VF, int KC, int SF32>
 static int launch_ex(kda_decode_params_t *p, int device, void *stream) {
     stage_layout<VF, KC, SF32>(p);
     const int sdt = SF32 ? KDA_DT_F32 : KDA_DT_BF16;
-    const int ex = p->kd == KC && p->vd % dec_geom<VF, KC>::BV == 0 && p->vec && (!p->h0 || p->bulk) &&
-                   (!p->ht || p->ht_dtype == sdt);
+    const int ex = p->pb.K == KC && p->pb.V % dec_geom<VF, KC>::BV == 0 && p->vec && (!p->pb.h0 || p->bulk) &&
+                   (!p->pb.ht || p->pb.ht_dtype == sdt);
     return ex ? launch<VF, KC, SF32, 1>(p, device, stream) : launch<VF, KC, SF32, 0>(p, device, stream);
 }
 
 template <int VF, int KC>
 static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
-    if (p->h0 ? p->h0_dtype == KDA_DT_BF16 : (p->ht && p->ht_dtype == KDA_DT_BF16))
+    if (p->pb.h0 ? p->pb.h0_dtype == KDA_DT_BF16 : (p->pb.ht && p->pb.ht_dtype == KDA_DT_BF16))
         return launch_ex<VF, KC, 0>(p, device, stream);
     return launch_ex<VF, KC, 1>(p, device, stream);
 }
@@ -803,8 +803,8 @@ static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
     /* the tile kernel wherever it fits (docs/PERF.md "Decode kernel, fourth version"), unless a test forces the
        staged one (or its persistent CTAs) */
     if (p->forced_kernel != 1 && p->forced_ctas == 0 && kda_decode_tile_fits(p)) return kda_decode_tile_launch(p, stream);
-    const int kc = kda_cuda_size_class(p->kd);
-    if (p->v_first) {
+    const int kc = kda_cuda_size_class(p->pb.K);
+    if (p->pb.v_first) {
         if (kc == 64) return launch_dt<1, 64>(p, device, stream);
         if (kc == 128) return launch_dt<1, 128>(p, device, stream);
         return launch_dt<1, 256>(p, device, stream);
@@ -816,15 +816,15 @@ static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
 
 static void decode_plan(kda_decode_params_t *p) {
     /* 4-element chunks of a state row are vector accesses when rows are whole chunks and the tensors aligned */
-    const int row = p->v_first ? p->kd : p->vd;
-    const int h0_ok = !p->h0 || ((uintptr_t)p->h0 % (p->h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    const int ht_ok = !p->ht || ((uintptr_t)p->ht % (p->ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
+    const int row = p->pb.v_first ? p->pb.K : p->pb.V;
+    const int h0_ok = !p->pb.h0 || ((uintptr_t)p->pb.h0 % (p->pb.h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
+    const int ht_ok = !p->pb.ht || ((uintptr_t)p->pb.ht % (p->pb.ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
     p->vec = row % 4 == 0 && h0_ok && ht_ok;
     /* the first token's rows travel in the stage as element pairs (4 or 8 bytes): even rows, aligned bases */
 #define PAIR_OK(ptr, dt) (!(ptr) || (uintptr_t)(ptr) % (2 * ((dt) == KDA_DT_F32 ? 4 : 2)) == 0)
-    p->vec_in = p->kd % 2 == 0 && p->vd % 2 == 0 && PAIR_OK(p->q, p->dtype) && PAIR_OK(p->k, p->dtype) &&
-                PAIR_OK(p->v, p->dtype) && PAIR_OK(p->g, p->g_dtype) && PAIR_OK(p->dt_bias, KDA_DT_F32) &&
-                (!p->beta_headwise || PAIR_OK(p->beta, p->beta_dtype));
+    p->vec_in = p->pb.K % 2 == 0 && p->pb.V % 2 == 0 && PAIR_OK(p->pb.q, p->pb.dtype) && PAIR_OK(p->pb.k, p->pb.dtype) &&
+                PAIR_OK(p->pb.v, p->pb.dtype) && PAIR_OK(p->pb.g, p->pb.g_dtype) && PAIR_OK(p->pb.dt_bias, KDA_DT_F32) &&
+                (!p->beta_headwise || PAIR_OK(p->pb.beta, p->pb.beta_dtype));
 #undef PAIR_OK
 }
 
@@ -850,45 +850,14 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     const kda_args_t *a = &pr->a;
     kda_decode_params_t c;
     memset(&c, 0, sizeof c);
-    c.q = a->q;
-    c.k = a->k;
-    c.v = a->v;
-    c.g = a->g;
-    c.beta = a->beta;
+    kda_cuda_problem_fill(&c.pb, pr, NULL);
+    if (!a->state_indices) c.pb.num_state_slots = pr->num_seqs; /* sequence n is slot n */
     c.o = a->o;
-    c.h0 = a->initial_state;
-    c.ht = a->final_state;
-    c.A_log = a->use_gate_in_kernel ? a->A_log : NULL;
-    c.dt_bias = a->use_gate_in_kernel ? a->dt_bias : NULL;
-    c.cu_seqlens = a->cu_seqlens;
-    c.cu_seqlens_64 = a->cu_seqlens_dtype == KDA_INT64;
-    c.state_indices = a->state_indices;
+    c.o_dtype = (int)a->o_dtype;
     c.num_accepted = a->num_accepted_tokens;
     c.claim = claim;
     c.idx_cols = a->state_indices ? a->state_indices_cols : 0;
     c.idx_stride = pr->idx_stride;
-    c.num_state_slots = a->state_indices ? a->num_state_slots : pr->num_seqs;
-    c.dtype = (int)a->dtype;
-    c.g_dtype = (int)a->g_dtype;
-    c.beta_dtype = (int)a->beta_dtype;
-    c.o_dtype = (int)a->o_dtype;
-    c.h0_dtype = (int)a->initial_state_dtype;
-    c.ht_dtype = (int)a->final_state_dtype;
-    c.num_tokens = pr->num_tokens;
-    c.seq_len = a->seq_len;
-    c.num_seqs = pr->num_seqs;
-    c.hqk = a->num_qk_heads;
-    c.hv = a->num_v_heads;
-    c.group = pr->group;
-    c.kd = a->head_dim_k;
-    c.vd = a->head_dim_v;
-    c.scale = pr->scale;
-    c.lower_bound = pr->has_lower_bound ? a->lower_bound : 0.0f;
-    c.l2norm = a->use_qk_l2norm != 0;
-    c.gate_in_kernel = a->use_gate_in_kernel != 0;
-    c.beta_sigmoid = a->use_beta_sigmoid != 0;
-    c.neg_eigval = a->allow_neg_eigval != 0;
-    c.v_first = a->state_v_first != 0;
     c.beta_headwise = a->beta_headwise != 0;
     c.sm_count = sm_count;
     c.forced_ctas = tuning->decode_ctas;
@@ -900,13 +869,13 @@ extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device,
     if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
     if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     /* few rows, 1-D indices, the tile kernel: it settles the slots' ownership itself (no claim launch) */
-    if (claim && c.idx_cols == 0 && c.num_seqs <= KDA_DEC_SCAN_MAX && c.forced_kernel != 1 && c.forced_ctas == 0 &&
+    if (claim && c.idx_cols == 0 && c.pb.seqs.num_seqs <= KDA_DEC_SCAN_MAX && c.forced_kernel != 1 && c.forced_ctas == 0 &&
         kda_decode_tile_fits(&c)) {
         c.claim = claim = NULL;
         c.claim_scan = 1;
     }
     kda_claim_params_t cl = {a->state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
-                             c.idx_cols > 0 ? c.idx_stride : 1, c.num_state_slots, claim};
+                             c.idx_cols > 0 ? c.idx_stride : 1, c.pb.num_state_slots, claim};
     int err = kda_cuda_launch_claim(&cl, stream);
     if (err == 0) err = launch_decode(&c, device, stream);
     if (prev >= 0 && prev != device) cudaSetDevice(prev);

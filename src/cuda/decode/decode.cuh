@@ -53,15 +53,15 @@ DEV void store4_vec(void *base, int f32, int64_t off, float4 x) {
 
 /* Tokens [bos, eos) of sequence n (cu_seqlens clamped into [0, num_tokens]; never trusted further). */
 DEV void dec_seq_bounds(const kda_decode_params_t &p, int64_t n, int64_t *bos, int64_t *eos) {
-    if (!p.cu_seqlens) {
-        *bos = n * p.seq_len;
-        *eos = *bos + p.seq_len;
+    if (!p.pb.seqs.cu_seqlens) {
+        *bos = n * p.pb.seqs.seq_len;
+        *eos = *bos + p.pb.seqs.seq_len;
         return;
     }
-    int64_t a0 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[n] : ((const int32_t *)p.cu_seqlens)[n];
-    int64_t a1 = p.cu_seqlens_64 ? ((const int64_t *)p.cu_seqlens)[n + 1] : ((const int32_t *)p.cu_seqlens)[n + 1];
-    a0 = a0 < 0 ? 0 : (a0 > p.num_tokens ? p.num_tokens : a0);
-    a1 = a1 < a0 ? a0 : (a1 > p.num_tokens ? p.num_tokens : a1);
+    int64_t a0 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n] : ((const int32_t *)p.pb.seqs.cu_seqlens)[n];
+    int64_t a1 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n + 1] : ((const int32_t *)p.pb.seqs.cu_seqlens)[n + 1];
+    a0 = a0 < 0 ? 0 : (a0 > p.pb.seqs.num_tokens ? p.pb.seqs.num_tokens : a0);
+    a1 = a1 < a0 ? a0 : (a1 > p.pb.seqs.num_tokens ? p.pb.seqs.num_tokens : a1);
     *bos = a0;
     *eos = a1;
 }
@@ -69,16 +69,16 @@ DEV void dec_seq_bounds(const kda_decode_params_t &p, int64_t n, int64_t *bos, i
 /* The pool entry row n reads before its index is checked against claim (1-D state_indices[n]; 2-D
  * state_indices[n][a_n − 1], a_n clamped into [1, T_max]; none: n); −1 outside the pool. */
 DEV int64_t dec_named_slot(const kda_decode_params_t &p, int64_t n) {
-    if (!p.state_indices) return n;
+    if (!p.pb.state_indices) return n;
     int64_t s;
     if (p.idx_cols == 0) {
-        s = p.state_indices[n];
+        s = p.pb.state_indices[n];
     } else {
         int64_t col = p.num_accepted ? (int64_t)p.num_accepted[n] - 1 : 0;
         col = col < 0 ? 0 : (col >= p.idx_cols ? p.idx_cols - 1 : col);
-        s = p.state_indices[n * p.idx_stride + col];
+        s = p.pb.state_indices[n * p.idx_stride + col];
     }
-    return s < 0 || s >= p.num_state_slots ? -1 : s;
+    return s < 0 || s >= p.pb.num_state_slots ? -1 : s;
 }
 
 /* Whether slot s (in the pool) counts for row n: a later row naming it too owns it (slots.cu). */
@@ -93,17 +93,17 @@ DEV int64_t dec_read_slot(const kda_decode_params_t &p, int64_t n) {
 /* 2-D indices: the slot the state after token t (of the sequence) goes to, or −1. */
 DEV int64_t dec_token_slot(const kda_decode_params_t &p, int64_t n, int64_t t) {
     if (t >= p.idx_cols) return -1;
-    const int64_t s = p.state_indices[n * p.idx_stride + t];
-    if (s < 0 || s >= p.num_state_slots) return -1;
+    const int64_t s = p.pb.state_indices[n * p.idx_stride + t];
+    if (s < 0 || s >= p.pb.num_state_slots) return -1;
     return dec_owns(p, n, s) ? s : -1;
 }
 
 /* The log decay of §2 from a raw gate value g (+ dt_bias), clamped into [KDA_GATE_MIN, 0] (NaN stays NaN);
  * A = e^{A_log[h]} for the in-kernel gates. */
 DEV float dec_gate(const kda_decode_params_t &p, float g, float bias, float A) {
-    if (p.gate_in_kernel) {
+    if (p.pb.gate_in_kernel) {
         const float x = g + bias;
-        g = p.lower_bound != 0.0f ? p.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
+        g = p.pb.lower_bound != 0.0f ? p.pb.lower_bound * sigmoidf_(A * x) : -A * softplusf_(x);
     }
     g = g > 0.0f ? 0.0f : g;
     return g < KDA_GATE_MIN ? KDA_GATE_MIN : g;
@@ -111,7 +111,7 @@ DEV float dec_gate(const kda_decode_params_t &p, float g, float bias, float A) {
 
 /* β from its raw value: as given, sigmoid(β), or 2 sigmoid(β) (allow_neg_eigval). */
 DEV float dec_beta(const kda_decode_params_t &p, float b) {
-    return p.beta_sigmoid ? beta_sigmoid(b, p.neg_eigval) : b;
+    return p.pb.beta_sigmoid ? beta_sigmoid(b, p.pb.neg_eigval) : b;
 }
 
 /* Rows whose slot ownership the tile kernel settles itself (1-D indices): each of its 128 threads compares

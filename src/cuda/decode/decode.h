@@ -9,35 +9,22 @@
 #include <stdint.h>
 
 #include "internal.h"
+#include "kda_cuda.h" /* kda_cuda_problem_t */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct kda_decode_params {
-    /* tensors (device pointers) */
-    const void *q, *k, *v, *g, *beta;
+    kda_cuda_problem_t pb;           /* the call's problem (kda_cuda_problem_fill); pb.num_state_slots: the pool's
+                                        slots with state_indices, else one per sequence */
     void *o;
-    const void *h0;                  /* initial state or pool; NULL: zeros */
-    void *ht;                        /* final state or pool; NULL: not written */
-    const float *A_log, *dt_bias;    /* in-kernel gate only (A_log may be NULL with a lower bound) */
-    const void *cu_seqlens;          /* NULL: equal-length rows of seq_len tokens */
-    const int32_t *state_indices;    /* NULL: sequence n is state n */
     const int32_t *num_accepted;     /* 2-D indices only; NULL: column 0 */
     const int32_t *claim;            /* slots.cu: an entry's slot counts for row n only if claim[slot] == n; NULL: all */
     int64_t idx_cols;                /* 0: 1-D state_indices; else T_max of the 2-D [N, T_max] */
     int64_t idx_stride;              /* elements between rows of the 2-D indices */
-    int64_t num_state_slots;
-    int cu_seqlens_64;
-    int dtype, g_dtype, beta_dtype, o_dtype, h0_dtype, ht_dtype; /* kda_dtype_t codes */
-
-    /* sizes */
-    int64_t num_tokens, seq_len, num_seqs;
-    int hqk, hv, group, kd, vd;      /* kd = K, vd = V, each in [1, 256] */
-
-    /* options */
-    float scale, lower_bound;        /* lower_bound != 0: the sigmoid gate */
-    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval, v_first, beta_headwise;
+    int o_dtype;                     /* kda_dtype_t code */
+    int beta_headwise;               /* β per value channel (a V-vector per token and head) */
 
     /* launch shape (decode_plan) */
     int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */

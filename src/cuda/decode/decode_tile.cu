@@ -73,30 +73,30 @@ struct dt_raw {
 };
 
 DEV void dt_fetch(const kda_decode_params_t &p, dt_raw &r, int64_t t, int h, int hq) {
-    const int e = threadIdx.x, K = p.kd, V = p.vd;
+    const int e = threadIdx.x, K = p.pb.K, V = p.pb.V;
     r.q = r.k = r.g = r.v0 = r.v1 = 0u; /* the bits of 0 in every dtype */
     r.bias = 0.f;
     if (e < K) {
-        r.q = load_bits(p.q, p.dtype, (t * p.hqk + hq) * K + e);
-        r.k = load_bits(p.k, p.dtype, (t * p.hqk + hq) * K + e);
-        r.g = load_bits(p.g, p.g_dtype, (t * p.hv + h) * K + e);
-        if (p.dt_bias) r.bias = p.dt_bias[(int64_t)h * K + e];
+        r.q = load_bits(p.pb.q, p.pb.dtype, (t * p.pb.hqk + hq) * K + e);
+        r.k = load_bits(p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * K + e);
+        r.g = load_bits(p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K + e);
+        if (p.pb.dt_bias) r.bias = p.pb.dt_bias[(int64_t)h * K + e];
     }
-    if (e < V) r.v0 = load_bits(p.v, p.dtype, (t * p.hv + h) * V + e);
-    if (e + DT_THREADS < V) r.v1 = load_bits(p.v, p.dtype, (t * p.hv + h) * V + e + DT_THREADS);
-    r.b = load_bits(p.beta, p.beta_dtype, t * p.hv + h);
+    if (e < V) r.v0 = load_bits(p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V + e);
+    if (e + DT_THREADS < V) r.v1 = load_bits(p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V + e + DT_THREADS);
+    r.b = load_bits(p.pb.beta, p.pb.beta_dtype, t * p.pb.hv + h);
 }
 
 /* The transform of r into io (this thread's elements, its warp's partial sums). */
 template <int VF, int KD, int NA>
 DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt_raw &r, int j0) {
     constexpr int BV = dt_geom<VF, KD, NA>::BV;
-    const int e = threadIdx.x, K = p.kd, V = p.vd;
+    const int e = threadIdx.x, K = p.pb.K, V = p.pb.V;
     int bad = 0;
     float qq = 0.f, kk = 0.f, qk = 0.f;
     if (e < K) {
-        const float q = bits_value(r.q, p.dtype), k = bits_value(r.k, p.dtype);
-        const float g = dec_gate(p, bits_value(r.g, p.g_dtype), r.bias, r.A);
+        const float q = bits_value(r.q, p.pb.dtype), k = bits_value(r.k, p.pb.dtype);
+        const float g = dec_gate(p, bits_value(r.g, p.pb.g_dtype), r.bias, r.A);
         bad |= !finite_f(q) | !finite_f(k) | !finite_f(g);
         io.q[e] = q;
         io.k[e] = k;
@@ -105,13 +105,13 @@ DEV void dt_commit(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, const dt
         kk = k * k;
         qk = q * k;
     }
-    const float v0 = bits_value(r.v0, p.dtype), v1 = bits_value(r.v1, p.dtype);
+    const float v0 = bits_value(r.v0, p.pb.dtype), v1 = bits_value(r.v1, p.pb.dtype);
     bad |= (e < V && !finite_f(v0)) | (e + DT_THREADS < V && !finite_f(v1));
     const int jl = e - j0, jl1 = e + DT_THREADS - j0;
     if (jl >= 0 && jl < BV) io.v[jl] = v0;
     if (jl1 >= 0 && jl1 < BV) io.v[jl1] = v1;
     if (e == 0) {
-        const float b = dec_beta(p, bits_value(r.b, p.beta_dtype));
+        const float b = dec_beta(p, bits_value(r.b, p.pb.beta_dtype));
         io.beta = b;
         bad |= !finite_f(b);
     }
@@ -149,30 +149,30 @@ DEV float4 dt_load4(const void *base, int64_t off) {
 
 template <int VF, int KD, int NA, int SF32>
 DEV void dt_store_tile(const kda_decode_params_t &p, const float4 S[NA], int64_t slot, int h, int j0) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
+    const int64_t base = (slot * p.pb.hv + h) * (int64_t)KD * p.pb.V;
     if (VF && !SF32) { /* chunk pairs: 16 bytes */
 #pragma unroll
         for (int a = 0; a < NA; a += 2) {
             uint4 u;
             u.x = pack_bf16(S[a].x, S[a].y), u.y = pack_bf16(S[a].z, S[a].w);
             u.z = pack_bf16(S[a + 1].x, S[a + 1].y), u.w = pack_bf16(S[a + 1].z, S[a + 1].w);
-            __stcs((uint4 *)((uint16_t *)p.ht + base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x)), u);
+            __stcs((uint4 *)((uint16_t *)p.pb.ht + base + dt_chunk<VF, KD, NA, SF32>(a, p.pb.V, j0, threadIdx.x)), u);
         }
     } else {
 #pragma unroll
         for (int a = 0; a < NA; a++)
-            store4_vec(p.ht, SF32, base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x), S[a]);
+            store4_vec(p.pb.ht, SF32, base + dt_chunk<VF, KD, NA, SF32>(a, p.pb.V, j0, threadIdx.x), S[a]);
     }
 }
 
 template <int VF, int KD, int NA, int SF32>
 DEV void dt_load_tile(const kda_decode_params_t &p, float4 S[NA], int64_t slot, int h, int j0) {
-    const int64_t base = (slot * p.hv + h) * (int64_t)KD * p.vd;
+    const int64_t base = (slot * p.pb.hv + h) * (int64_t)KD * p.pb.V;
     if (VF && !SF32) {
 #pragma unroll
         for (int a = 0; a < NA; a += 2) {
-            const uint4 u = __ldcs((const uint4 *)((const uint16_t *)p.h0 + base +
-                                                   dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x)));
+            const uint4 u = __ldcs((const uint4 *)((const uint16_t *)p.pb.h0 + base +
+                                                   dt_chunk<VF, KD, NA, SF32>(a, p.pb.V, j0, threadIdx.x)));
             const float2 x0 = unpack_bf16(u.x), x1 = unpack_bf16(u.y), x2 = unpack_bf16(u.z), x3 = unpack_bf16(u.w);
             S[a] = make_float4(x0.x, x0.y, x1.x, x1.y);
             S[a + 1] = make_float4(x2.x, x2.y, x3.x, x3.y);
@@ -180,7 +180,7 @@ DEV void dt_load_tile(const kda_decode_params_t &p, float4 S[NA], int64_t slot, 
     } else {
 #pragma unroll
         for (int a = 0; a < NA; a++)
-            S[a] = dt_load4<SF32>(p.h0, base + dt_chunk<VF, KD, NA, SF32>(a, p.vd, j0, threadIdx.x));
+            S[a] = dt_load4<SF32>(p.pb.h0, base + dt_chunk<VF, KD, NA, SF32>(a, p.pb.V, j0, threadIdx.x));
     }
 }
 
@@ -205,7 +205,7 @@ DEV float dt_column(const kda_decode_params_t &p, float a, float b, float v, flo
 template <int VF, int KD, int NA, int SF32>
 DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[NA], int64_t t, int h, int j0) {
     typedef dt_geom<VF, KD, NA> G;
-    const int V = p.vd, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int V = p.pb.V, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     float4 ps = io.part[0];
 #pragma unroll
     for (int u = 1; u < DT_THREADS / 32; u++) {
@@ -216,10 +216,10 @@ DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[
 #pragma unroll
         for (int a = 0; a < NA; a++) S[a] = make_float4(NAN, NAN, NAN, NAN);
     }
-    const float sq = p.l2norm ? p.scale / sqrtf(ps.x + 1e-6f) : p.scale;
-    const float sk = p.l2norm ? 1.0f / sqrtf(ps.y + 1e-6f) : 1.0f;
+    const float sq = p.pb.l2norm ? p.pb.scale / sqrtf(ps.x + 1e-6f) : p.pb.scale;
+    const float sk = p.pb.l2norm ? 1.0f / sqrtf(ps.y + 1e-6f) : 1.0f;
     const float kq = sk * ps.z, beta = io.beta;
-    const int64_t orow = (t * p.hv + h) * V + j0;
+    const int64_t orow = (t * p.pb.hv + h) * V + j0;
     if (VF) {
         float ra[G::NP], rb[G::NP];
 #pragma unroll
@@ -309,29 +309,29 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     __shared__ __align__(16) dt_io<VF, KD, NA> io[2];
     const int vt = blockIdx.x, h = blockIdx.y;
     const int64_t n = blockIdx.z;
-    const int j0 = vt * G::BV, hq = h / p.group;
+    const int j0 = vt * G::BV, hq = h / p.pb.group;
     int64_t bos, eos;
     dec_seq_bounds(p, n, &bos, &eos);
     const int64_t T = eos - bos;
-    const int per_token = p.state_indices && p.idx_cols > 0;
+    const int per_token = p.pb.state_indices && p.idx_cols > 0;
     if (per_token && T == 0) return; /* 2-D slots: an empty sequence reads and writes nothing */
 
     /* the first token's inputs and the slot's index first, then the tile (the slot's ownership is checked, and
        the inputs transformed, while it flies) */
     dt_raw raw;
     if (T > 0) dt_fetch(p, raw, bos, h, hq);
-    raw.A = p.A_log ? expf(p.A_log[h]) : 1.0f;
+    raw.A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
     int32_t later[DT_SCAN]; /* claim_scan: the indices of rows n + 1 + tid + 128 i */
     if (p.claim_scan) {
 #pragma unroll
         for (int i = 0; i < DT_SCAN; i++) {
             const int64_t m = n + 1 + threadIdx.x + i * DT_THREADS;
-            later[i] = m < p.num_seqs ? p.state_indices[m] : -1;
+            later[i] = m < p.pb.seqs.num_seqs ? p.pb.state_indices[m] : -1;
         }
     }
     const int64_t named = dec_named_slot(p, n);
     float4 S[NA];
-    if (named >= 0 && p.h0) {
+    if (named >= 0 && p.pb.h0) {
         dt_load_tile<VF, KD, NA, SF32>(p, S, named, h, j0);
     } else {
 #pragma unroll
@@ -358,37 +358,37 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
         __syncthreads(); /* io[buf] complete; io[buf ^ 1] free (every thread is past token t − 1) */
         if (t + 1 < T) dt_fetch(p, raw, bos + t + 1, h, hq);
         dt_token<VF, KD, NA, SF32>(p, io[buf], S, bos + t, h, j0);
-        if (per_token && p.ht) { /* speculative decoding: the state after this token to its own slot */
+        if (per_token && p.pb.ht) { /* speculative decoding: the state after this token to its own slot */
             const int64_t ws = dec_token_slot(p, n, t);
             if (ws >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, ws, h, j0);
         }
     }
-    if (!per_token && p.ht && rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, rslot, h, j0);
+    if (!per_token && p.pb.ht && rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, rslot, h, j0);
 }
 
 template <int VF, int KD, int NA, int SF32>
 static int dt_launch(const kda_decode_params_t *p, void *stream) {
-    const dim3 grid((unsigned)(p->vd / dt_geom<VF, KD, NA>::BV), (unsigned)p->hv, (unsigned)p->num_seqs);
+    const dim3 grid((unsigned)(p->pb.V / dt_geom<VF, KD, NA>::BV), (unsigned)p->pb.hv, (unsigned)p->pb.seqs.num_seqs);
     kda_decode_tile_kernel<VF, KD, NA, SF32><<<grid, DT_THREADS, 0, (cudaStream_t)stream>>>(*p);
     return (int)cudaGetLastError();
 }
 
 int kda_decode_tile_fits(const kda_decode_params_t *p) {
-    if (p->beta_headwise || (p->kd != 64 && p->kd != 128) || p->vd % (DT_THREADS * 4 * 8 / p->kd) || p->vd > 256)
+    if (p->beta_headwise || (p->pb.K != 64 && p->pb.K != 128) || p->pb.V % (DT_THREADS * 4 * 8 / p->pb.K) || p->pb.V > 256)
         return 0;
-    if (p->num_seqs > 65535 || p->hv > 65535 || !p->vec) return 0;
+    if (p->pb.seqs.num_seqs > 65535 || p->pb.hv > 65535 || !p->vec) return 0;
     /* the states present share one dtype, fp32 or bf16, and 16-byte (fp32) / 8-byte (bf16) aligned bases */
-    const int sdt = p->h0 ? p->h0_dtype : p->ht_dtype;
+    const int sdt = p->pb.h0 ? p->pb.h0_dtype : p->pb.ht_dtype;
     if (sdt != KDA_DT_F32 && sdt != KDA_DT_BF16) return 0;
-    if (p->h0 && p->ht && p->h0_dtype != p->ht_dtype) return 0;
-    const uintptr_t al = sdt == KDA_DT_F32 || p->v_first ? 16 : 8; /* bf16 V-first: chunk pairs, 16 bytes */
-    return (!p->h0 || (uintptr_t)p->h0 % al == 0) && (!p->ht || (uintptr_t)p->ht % al == 0);
+    if (p->pb.h0 && p->pb.ht && p->pb.h0_dtype != p->pb.ht_dtype) return 0;
+    const uintptr_t al = sdt == KDA_DT_F32 || p->pb.v_first ? 16 : 8; /* bf16 V-first: chunk pairs, 16 bytes */
+    return (!p->pb.h0 || (uintptr_t)p->pb.h0 % al == 0) && (!p->pb.ht || (uintptr_t)p->pb.ht % al == 0);
 }
 
 template <int VF, int KD>
 static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
-    const int64_t ctas16 = p->num_seqs * p->hv * (p->vd / dt_geom<VF, KD, 16>::BV);
-    const int fits16 = p->vd % dt_geom<VF, KD, 16>::BV == 0;
+    const int64_t ctas16 = p->pb.seqs.num_seqs * p->pb.hv * (p->pb.V / dt_geom<VF, KD, 16>::BV);
+    const int fits16 = p->pb.V % dt_geom<VF, KD, 16>::BV == 0;
     /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
        columns) when V allows it and the grid still fills the card, except fp32 V-first tiles (8 chunks measure
        faster there: 305 against 317 us at N256 H32, 41 against 45 at N32, H200); else 8 */
@@ -399,8 +399,8 @@ static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
 }
 
 int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream) {
-    if (p->num_seqs == 0 || p->hv == 0) return 0;
-    const int f32 = (p->h0 ? p->h0_dtype : p->ht_dtype) == KDA_DT_F32;
-    if (p->v_first) return p->kd == 64 ? dt_launch_na<1, 64>(p, f32, stream) : dt_launch_na<1, 128>(p, f32, stream);
-    return p->kd == 64 ? dt_launch_na<0, 64>(p, f32, stream) : dt_launch_na<0, 128>(p, f32, stream);
+    if (p->pb.seqs.num_seqs == 0 || p->pb.hv == 0) return 0;
+    const int f32 = (p->pb.h0 ? p->pb.h0_dtype : p->pb.ht_dtype) == KDA_DT_F32;
+    if (p->pb.v_first) return p->pb.K == 64 ? dt_launch_na<1, 64>(p, f32, stream) : dt_launch_na<1, 128>(p, f32, stream);
+    return p->pb.K == 64 ? dt_launch_na<0, 64>(p, f32, stream) : dt_launch_na<0, 128>(p, f32, stream);
 }
