@@ -1,16 +1,10 @@
-"""``chunk_kda`` and ``fused_recurrent_kda``: FLA 0.6.0's entry points, computed by libkda.
-
-Argument handling follows FLA: the same signature and defaults, the same checks in the same order with the same
-exception types (where FLA uses ``assert``, :class:`KDAAssertionError`, both a ValueError and an AssertionError).
-What FLA accepts but libkda cannot do yet raises :class:`KDANotSupportedError` naming the argument; nothing is
-silently ignored. The caller's keywords become one :class:`kda._lib.KdaOptions` here, which every layer below reads.
-numpy arrays run on the CPU backend here; torch tensors go through ``kda._torch`` (imported only when a torch
-tensor is passed, so the numpy path never imports torch).
+"""FLA's entry points over libkda: FLA's checks in FLA's order and exception types, then ours; the keywords become
+one KdaOptions. numpy arrays run on the CPU backend here; torch tensors go to kda._torch (imported on first use).
 """
 
 from __future__ import annotations
 
-import ctypes
+import math
 import operator
 import sys
 import warnings
@@ -28,31 +22,11 @@ except ImportError:  # pragma: no cover
 __all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda"]
 
 if np is not None:
-    _NP_FLOAT = {np.dtype(np.float32): FLOAT32, np.dtype(np.float16): FLOAT16}
-    _NP_INT = {np.dtype(np.int32): INT32, np.dtype(np.int64): INT64}
     _ndarray, _f32, _i32, _i64 = np.ndarray, np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
+    _NP_CODES = {_f32: FLOAT32, np.dtype(np.float16): FLOAT16, _i32: INT32, _i64: INT64}
 else:  # pragma: no cover
-    _NP_FLOAT, _NP_INT, _ndarray = {}, {}, ()
-
-
-def _pick_data_ptr():
-    """A function giving an ndarray's data address: ``a.ctypes.data`` builds an object, while the address is also
-    the first field after the object header of numpy's PyArrayObject (the ABI PyArray_DATA reads). The cheaper read
-    is used where it agrees with ``a.ctypes.data`` on a few probes (it would not where id() is not an address)."""
-    slow = lambda a: a.ctypes.data  # noqa: E731
-    if np is None:
-        return slow
-    offset, from_address = object.__basicsize__, ctypes.c_void_p.from_address
-    fast = lambda a: from_address(id(a) + offset).value  # noqa: E731
-    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
-    probes = (base, base[1:], base[:, 1:].T, np.zeros(5, np.float16)[2:], np.ascontiguousarray(base[::2]))
-    return fast if all(fast(a) == a.ctypes.data for a in probes) else slow
-
-
-_data_ptr = _pick_data_ptr()
-# kda._torch.chunk_kda_cached, set when kda._torch is imported (the first torch call): chunk_kda's fast path for
-# a call whose signature has passed all its checks before
-_torch_chunk_cached = None
+    _ndarray, _NP_CODES = (), {}
+_torch_chunk_cached = None  # kda._torch.chunk_kda_cached once kda._torch is imported: chunk_kda's fast path
 
 
 def _shape(s) -> str:
@@ -212,15 +186,15 @@ def _float32(fn: str, name: str, x) -> float:
     return f
 
 
-def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, *, scale, gate, lower_bound, safe_gate, l2, bsig, neg,
-             v_first, cp: int = -1):
+def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bound, safe_gate, l2, bsig, neg, v_first,
+             cp: int = -1):
     """The call's KdaOptions from the caller's keywords, after the gate's checks: (g, A_log, dt_bias, options).
     Without use_gate_in_kernel, A_log, dt_bias and lower_bound are ignored (as in FLA)."""
     lb = 0.0
     if gate:
         _check_a_log(fn, A_log, lower_bound)
         for name, x, n, what in (("A_log", A_log, HV, "[HV]"), ("dt_bias", dt_bias, HV * K, "[HV * K]")):
-            if x is not None and _numel(x) != n:
+            if x is not None and math.prod(int(d) for d in x.shape) != n:
                 raise _bad(fn, name, f"expected {what} = {n} values, got shape {_shape(x.shape)}")
         if lower_bound is not None:
             lb = _float32(fn, "lower_bound", lower_bound)
@@ -233,13 +207,6 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, *, scale, gate, lower_
     s = K ** -0.5 if scale is None else _float32(fn, "scale", scale)
     return g, A_log, dt_bias, KdaOptions(s, bool(l2), bool(gate), bool(bsig), bool(neg), bool(safe_gate), lb,
                                          bool(v_first), cp)
-
-
-def _numel(x) -> int:
-    n = 1
-    for d in x.shape:
-        n *= int(d)
-    return n
 
 
 def _zeros_like(x):
@@ -319,27 +286,8 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
               return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
               cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: int | None = None,
               **kwargs):
-    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda`` (FLA 0.6.0), same
-    arguments, defaults and results. Per sequence and value head, with a K×V state S and natural-log gates:
-    ``S_t = (I - beta_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``.
-
-    q, k ``[B, T, H, K]`` (K <= 256) and v ``[B, T, HV, V]`` (HV a multiple of H) share one dtype (float32,
-    float16 or bfloat16); g ``[B, T, HV, K]``; beta ``[B, T, HV]``; scale None means ``K ** -0.5``;
-    initial_state ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``) float32 or bfloat16; cu_seqlens
-    ``[N + 1]`` int32/int64 offsets of N packed sequences (B = 1). ``use_gate_in_kernel``: the log decay is
-    ``-exp(A_log[h]) * softplus(g + dt_bias[h])``, or with ``lower_bound`` ``lower_bound * sigmoid(exp(A_log[h])
-    * (g + dt_bias[h]))``; ``A_log`` ``[HV]`` and ``dt_bias`` ``[HV * K]`` are keywords, ignored without it, as
-    is ``lower_bound``. ``return_intermediate_states`` (inference mode): h, the state before every 64-token chunk
-    of every sequence, in q's dtype. ``chunk_size`` (32 or 64), ``disable_recompute``, ``use_graph``,
-    ``max_num_seqs`` and ``safe_gate`` do not change the result; ``cp_context`` is not implemented. libkda's
-    keyword ``cp_piece_len`` controls the CUDA forward's intra-card context parallelism: None (libkda decides),
-    0 (never split) or a multiple of 64 up to 2**24 (pieces of that many tokens).
-
-    torch tensors run on the CUDA backend (the tensors' device and current stream) or the CPU backend, and the call
-    is differentiable; numpy arrays (float32/float16) run on the CPU backend (gradients: :func:`chunk_kda_backward`).
-    Returns ``(o, final_state)``: o in q's dtype, final_state float32 or None unless ``output_final_state``; with
-    ``return_intermediate_states``, ``(o, final_state, h)``.
-    """
+    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda``, with the same
+    arguments, defaults and results; torch tensors (differentiable) or numpy arrays. See docs/API.md, "Python"."""
     remember = None
     if _torch_chunk_cached is not None:
         r, remember = _torch_chunk_cached(
@@ -390,10 +338,9 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     # ours
     if initial_state is not None:
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first)
-    g, A_log, dt_bias, opts = _options(
-        fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
-        safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
-        v_first=state_v_first, cp=cp)
+    g, A_log, dt_bias, opts = _options(fn, g, A_log, dt_bias, HV, K, scale, use_gate_in_kernel, lower_bound, safe_gate,
+                                       use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                       state_v_first, cp=cp)
     if kind == "numpy":
         return _np_forward(fn, "forward", opts, q, k, v, g, beta, N, ht_mode=int(bool(output_final_state)),
                            initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias)
@@ -407,10 +354,8 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                        safe_gate: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
                        cu_seqlens=None, A_log=None, dt_bias=None):
-    """The gradients of ``chunk_kda`` on numpy arrays (CPU backend; torch tensors: chunk_kda is differentiable)
-    for the loss weights ``do`` (o's gradient) and ``dht`` (the final state's; None: zero); the other arguments
-    are the forward's. Returns ``(dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias)`` in the inputs'
-    dtypes and shapes (the last three float32, None where their input is not given or not used)."""
+    """chunk_kda's gradients on numpy arrays for the loss weights do and dht (None: zero): (dq, dk, dv, dg, dbeta,
+    d_initial_state, dA_log, ddt_bias), None where not used. See docs/API.md, "Python"."""
     fn = "chunk_kda_backward"
     if _kind(fn, q) != "numpy":
         raise _bad(fn, "q", "numpy arrays only; with torch tensors chunk_kda is differentiable (call .backward() on "
@@ -427,24 +372,19 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
         got = list(do.shape) if isinstance(do, _ndarray) else type(do).__name__
         raise _bad(fn, "do", f"expected a numpy array of v's shape {list(v.shape)}, got {got}")
     _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
-    g, A_log, dt_bias, opts = _options(
-        fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
-        safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
-        v_first=state_v_first)
+    g, A_log, dt_bias, opts = _options(fn, g, A_log, dt_bias, HV, K, scale, use_gate_in_kernel, lower_bound, safe_gate,
+                                       use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                       state_v_first)
 
     x = _np_convert(fn, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log,
                     dt_bias=dt_bias)
     do = np.zeros_like(do) if opts.scale == 0.0 else np.ascontiguousarray(do)  # FLA: o = 0 * S^T q
     dht = None if dht is None else np.ascontiguousarray(dht)
-    a = build_args(opts, fn, _data_ptr, _np_code, o=do, **x)  # `do` stands in for o, which is not read
+    a = build_args(opts, fn, _np_ptr, _np_code, o=do, **x)  # `do` stands in for o, which is not read
     grads = [np.empty_like(x[name]) for name in ("q", "k", "v", "g", "beta")]
     grads += [None if x.get(name) is None else np.empty(x[name].shape, _f32)
               for name in ("initial_state", "A_log", "dt_bias")]
-    b = build_backward_args(a, fn, _data_ptr, _np_code, do, dht, grads)
-    try:
-        _lib.run(_lib.cpu_context(), "backward", b)
-    except KDAError as e:
-        raise in_callers_terms(e, fn) from None
+    _np_run(fn, "backward", build_backward_args(a, fn, _np_ptr, _np_code, do, dht, grads))
     return tuple(grads)
 
 
@@ -453,18 +393,8 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
                         allow_neg_eigval: bool = False, lower_bound: float | None = None,
                         state_v_first: bool = False, cu_seqlens=None, **kwargs):
-    """Kimi Delta Attention, token-by-token (decode) form: a drop-in for ``fla.ops.kda.fused_recurrent_kda``, as
-    :func:`chunk_kda` (A_log and dt_bias positional, as in FLA) by libkda's recurrent decode. beta may be headwise,
-    ``[B, T, HV, V]``. Keywords, as FLA's and vLLM's: ``ssm_state_indices`` 1-D ``[N]``: initial_state is a pool
-    ``[num_slots, HV, K, V]`` and sequence n starts from slot ``ssm_state_indices[n]`` (negative: from zeros,
-    nothing written); 2-D ``[N, T_max]`` (speculative decoding): from slot ``[n, num_accepted_tokens[n] - 1]``,
-    and the state after token t goes to slot ``[n, t]``. ``num_accepted_tokens`` ``[N]`` in [1, T_max].
-    ``inplace_final_state``: write the final states back into initial_state and return it. ``out``: a
-    preallocated o. ``safe_gate``, ``cu_seqlens_cpu`` and ``transpose_state_layout`` as in chunk_kda.
-
-    Returns ``(o, final_state)``: o in v's dtype; final_state float32 ``[N, HV, K, V]`` if
-    ``output_final_state``, initial_state itself with ``inplace_final_state``, else None.
-    """
+    """Kimi Delta Attention, token by token (decode): a drop-in for ``fla.ops.kda.fused_recurrent_kda``, vLLM's
+    state pool keywords included. See docs/API.md, "Python"."""
     fn = "fused_recurrent_kda"
     kw, state_v_first = _keywords(fn, kwargs, state_v_first)
     idx, nat, out = kw["ssm_state_indices"], kw["num_accepted_tokens"], kw["out"]
@@ -511,10 +441,9 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
             raise _bad(fn, "initial_state", f"dtype {initial_state.dtype} is not implemented; use float32 (or "
                                             f"bfloat16)", KDANotSupportedError)
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=pool)
-    g, A_log, dt_bias, opts = _options(
-        fn, g, A_log, dt_bias, HV, K, scale=scale, gate=use_gate_in_kernel, lower_bound=lower_bound,
-        safe_gate=safe_gate, l2=use_qk_l2norm_in_kernel, bsig=use_beta_sigmoid_in_kernel, neg=allow_neg_eigval,
-        v_first=state_v_first)
+    g, A_log, dt_bias, opts = _options(fn, g, A_log, dt_bias, HV, K, scale, use_gate_in_kernel, lower_bound, safe_gate,
+                                       use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                                       state_v_first)
     ht_mode = 2 if inplace else (1 if output_final_state else 0)
     if kind == "numpy":
         return _np_forward(fn, "decode", opts, q, k, v, g, beta, N, out, ht_mode, initial_state=initial_state,
@@ -548,43 +477,41 @@ def host_ints(fn: str, name: str, x, dtypes: tuple):
     return np.ascontiguousarray(x)
 
 
+def _np_ptr(x) -> int:
+    return x.ctypes.data
+
+
 def _np_code(fn: str, field: str, x) -> int:
     """kda_dtype_t of a numpy array passed as kda_args_t's `field` (build_args's `code`)."""
-    code = (_NP_INT if field == "cu_seqlens" else _NP_FLOAT).get(x.dtype)
-    if code is None:
+    code = _NP_CODES.get(x.dtype)
+    if code is None or (code in (INT32, INT64)) != (field == "cu_seqlens"):
         raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
                                                             f"float16 (bfloat16 through torch tensors)",
                    KDANotSupportedError)
     return code
 
 
-def _np_array(fn: str, name: str, x, like=None, writable: bool = False):
-    if not isinstance(x, _ndarray):
+def _np_array(fn: str, name: str, x, like=None, writable: bool = False, dtype=None):
+    if _is_torch(x) and dtype is not None:  # A_log, dt_bias: a parameter of a torch model
+        x = x.detach().cpu().numpy()
+    elif not isinstance(x, _ndarray):
         raise _bad(fn, name, f"expected a numpy.ndarray like q, got {type(x).__name__}", KDATypeError)
     if like is not None and x.dtype != like.dtype:
         raise _bad(fn, name, f"dtype {x.dtype} differs from q's {like.dtype}; q, k and v must share one dtype",
                    KDANotSupportedError)
     if writable and not (x.flags.c_contiguous and x.flags.writeable):
         raise _bad(fn, name, "written in place, so it must be a C-contiguous, writable array")
-    return np.ascontiguousarray(x)
-
-
-def _np_f32(fn: str, name: str, x):
-    if _is_torch(x):
-        x = x.detach().cpu().numpy()
-    elif not isinstance(x, _ndarray):
-        raise _bad(fn, name, f"expected a numpy.ndarray like q, got {type(x).__name__}", KDATypeError)
-    return np.ascontiguousarray(x, dtype=_f32)
+    return np.ascontiguousarray(x, dtype=dtype)
 
 
 # how each optional kda_args_t array is taken from the caller (named as the caller knows it)
 _NP_OPTIONAL = {
-    "initial_state": lambda fn, name, x: _np_array(fn, name, x),
+    "initial_state": _np_array,
     "cu_seqlens": lambda fn, name, x: host_ints(fn, name, x, (_i32, _i64)),
     "state_indices": lambda fn, name, x: host_ints(fn, name, x, (_i32,)),
     "num_accepted_tokens": lambda fn, name, x: host_ints(fn, name, x, (_i32,)),
-    "A_log": _np_f32,
-    "dt_bias": _np_f32,
+    "A_log": lambda fn, name, x: _np_array(fn, name, x, dtype=_f32),
+    "dt_bias": lambda fn, name, x: _np_array(fn, name, x, dtype=_f32),
 }
 
 
@@ -597,6 +524,13 @@ def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
         if a is not None:
             x[field] = _NP_OPTIONAL[field](fn, ARGUMENT_OF_FIELD.get(field, field), a)
     return x
+
+
+def _np_run(fn: str, entry: str, args) -> None:
+    try:
+        _lib.run(_lib.cpu_context(), entry, args)
+    except KDAError as e:
+        raise in_callers_terms(e, fn) from None
 
 
 def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int, out=None, ht_mode: int = 0,
@@ -613,11 +547,7 @@ def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int,
     if ht_mode == 1:
         K, HV, V = q.shape[3], v.shape[2], v.shape[3]
         ht = np.empty((N, HV, V, K) if opts.state_v_first else (N, HV, K, V), _f32)
-    a = build_args(opts, fn, _data_ptr, _np_code, o=o, final_state=ht, **x)
-    try:
-        _lib.run(_lib.cpu_context(), entry, a)
-    except KDAError as e:
-        raise in_callers_terms(e, fn) from None
+    _np_run(fn, entry, build_args(opts, fn, _np_ptr, _np_code, o=o, final_state=ht, **x))
     if opts.scale == 0.0:  # FLA: o = 0 * S^T q (KdaOptions.apply)
         o[...] = 0
     return o, ht
