@@ -1,18 +1,9 @@
-"""kda: Kimi Delta Attention over libkda, with FLA's Python interface.
+"""kda: Kimi Delta Attention over libkda, with FLA's Python interface:
 
-    from kda import chunk_kda, fused_recurrent_kda
+    from kda import chunk_kda, fused_recurrent_kda  # instead of: from fla.ops.kda import ...
 
-takes the place of ``from fla.ops.kda import chunk_kda, fused_recurrent_kda``: same signatures, defaults, shapes,
-dtypes and errors (FLA 0.6.0). torch CUDA tensors run on libkda's CUDA backend (the tensors' device, the current
-stream); torch CPU tensors and numpy arrays (float32/float16) run on its CPU backend.
-
-libkda is found through ``$KDA_LIBRARY`` (a path), else the ``libkda.so`` bundled in this package, else the
-repository's ``build/libkda.so``, else ``ctypes.util.find_library("kda")``. It is loaded on first use: importing
-kda never fails for want of it. torch is optional and never imported by kda itself: torch tensors are recognised
-only once the caller has imported torch.
-
-Errors derive from :class:`KDAError` and from the matching built-in (``ValueError`` for a wrong argument,
-``NotImplementedError`` for what is not available, ``RuntimeError`` otherwise); see ``kda._errors``.
+torch tensors (CUDA or CPU) and numpy arrays; libkda is loaded on first use, torch never imported by kda itself.
+docs/API.md, "Python", says where libkda is looked for, what each function takes and what it raises.
 """
 
 from ._api import chunk_kda, chunk_kda_backward, fused_recurrent_kda

@@ -51,9 +51,7 @@ def _kind(fn: str, q) -> str:
     raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Checks shared by the entry points and both array kinds
-# ---------------------------------------------------------------------------------------------------------
 def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
     for name, x, want in (("q", q, "[B, T, H, K]"), ("k", k, "[B, T, H, K]"), ("v", v, "[B, T, HV, V]"),
                           ("g", g, "[B, T, HV, K]"), ("beta", beta, "")):
@@ -142,14 +140,10 @@ def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v
 
 
 def _is_state_dtype(fn: str, h, kind: str) -> bool:
-    if kind == "numpy":
-        if not isinstance(h, _ndarray):
-            raise _bad(fn, "initial_state", f"expected a numpy.ndarray like q, got {type(h).__name__}", KDATypeError)
-        return h.dtype == _f32
-    if not _is_torch(h):
-        raise _bad(fn, "initial_state", f"expected a torch.Tensor like q, got {type(h).__name__}", KDATypeError)
-    t = sys.modules["torch"]
-    return h.dtype == t.float32 or h.dtype == t.bfloat16
+    if not (isinstance(h, _ndarray) if kind == "numpy" else _is_torch(h)):
+        what = "numpy.ndarray" if kind == "numpy" else "torch.Tensor"
+        raise _bad(fn, "initial_state", f"expected a {what} like q, got {type(h).__name__}", KDATypeError)
+    return str(h.dtype) in (("float32",) if kind == "numpy" else ("torch.float32", "torch.bfloat16"))
 
 
 def _check_neg(fn: str, allow_neg_eigval, use_beta_sigmoid_in_kernel) -> None:
@@ -169,9 +163,7 @@ _F32_INF, _F32_ZERO = 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** -150
 
 
 def _float32(fn: str, name: str, x) -> float:
-    """x as kda_args_t's float: a real number whose float32 rounding is finite, and nonzero unless x is 0 (libkda
-    reads 0 as unset: a value that rounds to 0 would silently become the default). Plain arithmetic, which
-    torch.compile traces."""
+    """x as kda_args_t's float: its float32 rounding finite, and nonzero unless x is 0 (libkda reads 0 as unset)."""
     if isinstance(x, (str, bytes)) or not hasattr(type(x), "__float__"):
         raise _bad(fn, name, f"expected a real number, got {type(x).__name__} {x!r}", KDATypeError)
     try:
@@ -201,7 +193,8 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bou
             if lb == 0.0 and not safe_gate:
                 # FLA's gate is then 0 * sigmoid(...) = 0 for every token: no decay (and no gradient to g, A_log,
                 # dt_bias). libkda reads 0 as "unset", so that gate is computed here.
-                g, A_log, dt_bias, gate = _zeros_like(g), None, None, False
+                zeros_like = np.zeros_like if isinstance(g, _ndarray) else sys.modules["torch"].zeros_like
+                g, A_log, dt_bias, gate = zeros_like(g), None, None, False
     if not gate:
         A_log = dt_bias = None
     s = K ** -0.5 if scale is None else _float32(fn, "scale", scale)
@@ -209,14 +202,8 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bou
                                          bool(v_first), cp)
 
 
-def _zeros_like(x):
-    return np.zeros_like(x) if isinstance(x, _ndarray) else sys.modules["torch"].zeros_like(x)
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Keywords: what each entry point reads from **kwargs (as FLA does), with their defaults; any other keyword is a
 # TypeError, as a Python function without **kwargs would raise (FLA would ignore it: a typo changes the result).
-# ---------------------------------------------------------------------------------------------------------
 _KWARGS = {
     "chunk_kda": dict(A_log=None, dt_bias=None, chunk_size=64, transpose_state_layout=None, cp_piece_len=None),
     "fused_recurrent_kda": dict(transpose_state_layout=None, ssm_state_indices=None, inplace_final_state=False,
@@ -276,9 +263,7 @@ def _cp_piece_len(fn: str, x) -> int:
     raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be {why}, got {n}")
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The entry points
-# ---------------------------------------------------------------------------------------------------------
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
               use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
@@ -454,9 +439,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                                       kw["cu_seqlens_cpu"], idx, nat, out, ht_mode)
 
 
-# ---------------------------------------------------------------------------------------------------------
 # numpy: the CPU backend, synchronously
-# ---------------------------------------------------------------------------------------------------------
 def host_ints(fn: str, name: str, x, dtypes: tuple):
     """x (a numpy array, a CPU tensor or a sequence) as a C-contiguous numpy array of one of `dtypes` (the last
     when converted from another integer dtype, after checking that every value fits). torch uses it too."""

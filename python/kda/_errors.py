@@ -1,19 +1,5 @@
-"""Exceptions of the kda package.
-
-Every error the package raises derives from :class:`KDAError` and from the built-in exception a Python user
-would catch for that kind of problem:
-
-* ``KDAInvalidValueError`` (a ``ValueError``): a wrong argument (``KDA_STATUS_INVALID_VALUE``, or a check made in
-  Python); ``KDAAssertionError`` (also an ``AssertionError``) where FLA rejects it with ``assert``.
-* ``KDATypeError`` (a ``TypeError``): an argument of the wrong kind (numpy where torch is expected).
-* ``KDANotSupportedError`` (a ``NotImplementedError``): valid, but not available here
-  (``KDA_STATUS_NOT_SUPPORTED``, or an FLA option not implemented).
-* ``KDARuntimeError`` (a ``RuntimeError``): the other statuses; ``KDAInsufficientWorkspaceError``,
-  ``KDAAllocError``, ``KDABackendError`` and ``KDAInternalError`` for theirs.
-* ``KDALibraryNotFoundError`` (an ``OSError``): libkda could not be loaded.
-
-Each carries ``status`` (the ``kda_status_t`` value, or ``None`` for an error found in Python) and ``message``
-(libkda's ``kda_last_error()`` text for a C status).
+"""Exceptions of the kda package: each derives from KDAError and from the built-in a Python user would catch for
+that kind of problem, and carries ``status`` (the kda_status_t; None for a check made in Python) and ``message``.
 """
 
 from __future__ import annotations
@@ -99,9 +85,7 @@ def error_from_status(status: int, message: str) -> KDAError:
     return cls(message, status)
 
 
-# ---------------------------------------------------------------------------------------------------------
 # libkda's messages in the caller's terms: the Python function, and the argument names the caller passed
-# ---------------------------------------------------------------------------------------------------------
 # kda_args_t field (as libkda's messages name it) -> the Python argument it comes from
 ARGUMENT_OF_FIELD = {
     "batch": "q", "seq_len": "q", "num_qk_heads": "q", "head_dim_k": "q", "dtype": "q",
@@ -126,9 +110,8 @@ _C_ENTRY_POINTS = ("kda_forward_workspace_size", "kda_decode_workspace_size", "k
 
 
 def in_callers_terms(err: KDAError, fn: str) -> KDAError:
-    """`err` (from a libkda status) with its message in the terms of the Python call `fn`: "kda_decode: argument
-    'state_indices': ..." becomes "fused_recurrent_kda: argument 'ssm_state_indices': ... (libkda's field
-    'state_indices')". Messages of other shapes keep their text, with fn in front."""
+    """`err` with its message in the terms of the Python call `fn`: "kda_decode: argument 'state_indices': ..."
+    becomes "fused_recurrent_kda: argument 'ssm_state_indices': ... (libkda's field 'state_indices')"."""
     msg = err.message
     c_fn, sep, rest = msg.partition(": ")
     if not sep or c_fn not in _C_ENTRY_POINTS:

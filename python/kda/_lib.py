@@ -242,10 +242,8 @@ def library_path() -> str:
     return library().path
 
 
-# ---------------------------------------------------------------------------------------------------------
 # Contexts: one per (backend, device), created on first use, each with a lock (a context serves one thread
 # at a time) and, for the CPU backends, a reusable host workspace.
-# ---------------------------------------------------------------------------------------------------------
 class Context:
     __slots__ = ("handle", "backend", "device", "lock", "ws_buf", "ws_ptr", "ws_size", "__weakref__")
 

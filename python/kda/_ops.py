@@ -1,16 +1,7 @@
-"""torch custom ops over libkda (namespace ``kda``), and the launch of libkda on torch tensors that they share
-with kda._torch's eager calls. Each op has a fake (meta) implementation so that torch.compile can trace it and
-CUDA graph capture can record it (libkda never synchronises with the host; workspace comes from torch's caching
-allocator on the current stream):
-
-* ``kda::chunk_kda_fwd``: (o, final_state); differentiable (kda._autograd) through ``kda::chunk_kda_bwd``.
-* ``kda::chunk_kda_bwd``: libkda's kda_backward: (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias).
-* ``kda::fused_recurrent_kda_fwd``: (o, final_state); its backward raises (kda._autograd).
-* ``kda::fused_recurrent_kda_out``: writes ``o`` and ``final_state`` (a preallocated output and, for vLLM's
-  in-place decode, the state pool).
-
-The ops take the options as scalars (their schema is public); their bodies make one KdaOptions of them. An output
-not requested is an empty tensor (custom ops cannot return None, and their outputs may not alias).
+"""torch custom ops over libkda (``kda::chunk_kda_fwd``, ``kda::chunk_kda_bwd``, ``kda::fused_recurrent_kda_fwd``,
+and ``kda::fused_recurrent_kda_out`` writing a given o and state pool), with fakes for torch.compile and CUDA graph
+capture, and the launch of libkda on tensors that kda._torch's eager calls share. Workspace comes from torch's
+caching allocator on the current stream. An output not requested is an empty tensor (custom ops cannot return None).
 """
 
 from typing import Optional, Tuple
@@ -21,9 +12,9 @@ from torch import Tensor
 from . import _lib
 from ._api import _bad, _check_shapes, _check_state
 from ._errors import KDAError, KDAInvalidValueError, KDANotSupportedError, in_callers_terms
-from ._lib import BACKEND_CUDA, INT32, INT64, KdaOptions, build_args, build_backward_args
+from ._lib import BACKEND_CUDA, BFLOAT16, FLOAT16, FLOAT32, INT32, INT64, KdaOptions, build_args, build_backward_args
 
-_FLOAT = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_FLOAT = {torch.float32: FLOAT32, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16}
 _INT = {torch.int32: INT32, torch.int64: INT64}
 _ptr = Tensor.data_ptr
 
@@ -31,8 +22,7 @@ if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):  # 
     raise KDANotSupportedError(f"kda: torch {torch.__version__} is too old; torch >= 2.4 (torch.library.custom_op) "
                                f"is required for torch tensors")
 
-# the current CUDA stream and device without the public spellings' checks (the callers hold CUDA tensors: torch's
-# CUDA state is up); the public spellings are the fallback
+# the current CUDA stream and device without the public spellings' checks (the callers hold CUDA tensors)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 _OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens_cpu"}  # kda_args_t field -> op arg
@@ -62,8 +52,7 @@ def workspace_of(dev: torch.device):
 
 
 def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None) -> int:
-    """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's allocator), errors
-    in the terms of the Python call `fn`."""
+    """_lib.run on the tensors' device `dev` (CUDA: its current stream), errors in the terms of the call `fn`."""
     try:
         if dev.type == "cuda":
             index, ctx = cuda_context(dev)
@@ -80,9 +69,8 @@ def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = No
 
 
 def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
-    """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor of kda_forward_saved_size bytes, set
-    into `a` and returned (None: the library keeps nothing, or the CPU). `memo`: a cached signature
-    (kda._torch._ChunkCall), whose size is asked once unless the host's lengths may change it."""
+    """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor set into `a` and returned (None: nothing
+    kept). `memo`: a cached signature (kda._torch._ChunkCall), asked once unless the host's lengths may change it."""
     if dev.type != "cuda":
         return None
     n = memo.saved_bytes if memo is not None and not a.cu_seqlens_host else None
@@ -101,8 +89,8 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
 
 
 def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
-    """What libkda cannot check for itself: sizes, dtypes, devices and layouts of the memory behind the pointers
-    (`optional`: kda_args_t's optional tensors by name). The entry points have checked it; the ops are public."""
+    """What libkda cannot check for itself: the sizes, dtypes, devices and layouts behind the pointers (the ops are
+    public; the entry points have checked it). `optional`: kda_args_t's optional tensors by name."""
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
         if t.dim() != 4:
             raise _bad(fn, name, f"expected a 4-D tensor, got shape {list(t.shape)}")
@@ -148,11 +136,8 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
 
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
            keep: bool = False, memo=None, **optional) -> Optional[Tensor]:
-    """Run libkda's `entry` ("forward" or "decode") on tensors. `optional`: kda_args_t's optional tensors by name
-    (final_state may be initial_state: in place; an empty one is not requested; cu_seqlens_host is read on CUDA
-    only). `checked`: an entry point has made check_launch's checks. `hs`: kda_args_t.chunk_states. `keep`: keep
-    what the backward reuses (kda_args_t.saved), returned. `memo`: a cached signature (kda._torch._ChunkCall),
-    whose last workspace size is tried first."""
+    """libkda's `entry` ("forward", "decode") on tensors; `optional` by kda_args_t's names (an empty final_state:
+    none). `hs`: chunk_states. `keep`: returns kda_args_t.saved. `memo`: a _ChunkCall, its workspace size first."""
     ht = optional.get("final_state")
     if ht is not None and ht.numel() == 0:
         optional["final_state"] = None
@@ -171,7 +156,7 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
 
 
 def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool) -> Tensor:
-    """The final state: float32 [N, HV, K, V] ([N, HV, V, K] V-first), or an empty tensor unless `final`."""
+    """The final state: float32 [N, HV, K, V] ([N, HV, V, K] V-first); empty unless `final`."""
     K, HV, V = q.shape[3], v.shape[2], v.shape[3]
     N = q.shape[0] if cu is None else cu.shape[0] - 1
     shape = ((N, HV, V, K) if v_first else (N, HV, K, V)) if final else (0,)
@@ -193,8 +178,8 @@ def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu
 
 
 def bwd_outputs(inputs, wants):
-    """chunk_bwd's gradients, allocated: the five inputs' shapes and dtypes, then d_initial_state, dA_log, ddt_bias
-    where wanted (`wants`) and given, else each an empty tensor (outputs of a custom op may not alias)."""
+    """chunk_bwd's gradients like the five inputs, then d_initial_state, dA_log, ddt_bias where wanted and given
+    (else empty: outputs of a custom op may not alias)."""
     q, k, v, g, beta, A_log, dt_bias, h0 = inputs[:8]
     extra = [torch.empty_like(t) if want and t is not None else q.new_empty((0,), dtype=torch.float32)
              for t, want in zip((h0, A_log, dt_bias), wants)]
@@ -202,12 +187,9 @@ def bwd_outputs(inputs, wants):
 
 
 def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None):
-    """kda_backward of chunk_fwd with `inputs` (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
-    cu_seqlens_cpu) for the loss weights do and dht (None or empty: zero). `wants`: whether to compute
-    d_initial_state, dA_log, ddt_bias. `checked`: the inputs passed kda.chunk_kda's checks, and do and dht are
-    autograd's gradients of its outputs, made contiguous. `saved`: what the forward kept for this backward (None:
-    the backward recomputes it). `memo`: a cached signature (kda._torch._ChunkCall): the workspace size of its
-    last backward with as many saved bytes is used first (the CUDA backward's workspace depends on them)."""
+    """kda_backward of chunk_fwd's 10 `inputs` for the loss weights do and dht (None or empty: zero); `wants`:
+    d_initial_state, dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall,
+    whose last backward's workspace size is tried first if it had as many saved bytes."""
     fn = "chunk_kda backward"
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
     if dht is not None and dht.numel() == 0:
@@ -240,9 +222,7 @@ def fused_launch(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_
            dt_bias=dt_bias)
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The ops
-# ---------------------------------------------------------------------------------------------------------
 @torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=())
 def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
                   dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],

@@ -1,10 +1,6 @@
-"""torch tensors: the torch halves of kda.chunk_kda and kda.fused_recurrent_kda (arguments checked by kda._api,
-options in one KdaOptions), and chunk_kda's fast path for a signature seen before. Imported only when a torch
-tensor reaches an entry point (``import kda`` never imports torch).
-
-Eager calls on plain tensors skip the custom ops' dispatch (kda._ops; its host time is more than a small call's
-GPU time): without gradients the implementations are called directly; a chunk_kda that needs gradients runs
-through _autograd.ChunkKDA. torch.compile and tensor subclasses go through the ops.
+"""The torch halves of kda.chunk_kda and kda.fused_recurrent_kda (arguments checked by kda._api), and chunk_kda's
+fast path for a signature seen before. Eager calls on plain tensors skip the custom ops' dispatch (kda._ops): the
+implementations directly, or _autograd.ChunkKDA where gradients are needed; torch.compile and subclasses use the ops.
 """
 
 from typing import Optional
@@ -24,9 +20,7 @@ _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or 
 _bad = _api._bad
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The caller's tensors as the ops read them
-# ---------------------------------------------------------------------------------------------------------
 def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
     if not isinstance(x, Tensor):
         raise _bad(fn, name, f"expected a torch.Tensor like q, got {type(x).__name__}", KDATypeError)
@@ -61,8 +55,7 @@ def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
 
 
 def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
-    """An integer tensor on `device` of one of `dtypes`. Other integer dtypes (and sequences, numpy arrays) are
-    converted after a check on the host that every value fits (a uint64 may not)."""
+    """An integer tensor on `device` of one of `dtypes`; others converted after a check that every value fits."""
     if isinstance(x, Tensor):
         if x.device != device:
             hint = "; pass it there (and the host copy as cu_seqlens_cpu)" if name == "cu_seqlens" else ""
@@ -78,8 +71,7 @@ def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
 
 
 def _offsets(fn: str, cu, cu_cpu, q: Tensor):
-    """(cu_seqlens on q's device, its host copy for CUDA tensors: cu_seqlens_cpu, or cu_seqlens itself when it came
-    from the host)."""
+    """(cu_seqlens on q's device, its host copy for CUDA tensors: cu_seqlens_cpu, or cu_seqlens from the host)."""
     if cu is None:
         return None, None
     host = None if isinstance(cu, Tensor) else _ints(fn, "cu_seqlens", cu, torch.device("cpu"), _INT)
@@ -95,8 +87,7 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
 
 
 def _eager(*ts) -> bool:
-    """Whether the ops' Python implementations may be called directly (the same computation without the op's
-    dispatch): plain tensors (or parameters), no autograd to record, not tracing for torch.compile."""
+    """Whether the ops' implementations may be called directly: plain tensors, no autograd, not compiling."""
     if _compiling():
         return False
     grad = torch.is_grad_enabled()
@@ -104,8 +95,8 @@ def _eager(*ts) -> bool:
 
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
-    """FLA's h of return_intermediate_states, [B, NT, HV, K, V] ([.., V, K] V-first) with NT = ceil(T / 64) (varlen:
-    [1, Σ ceil(len / 64), ..]) in q's dtype, and the tensor libkda writes: h, or a float32 one for float16."""
+    """FLA's h of return_intermediate_states, [B, NT, HV, K, V] ([.., V, K] V-first), NT = Σ ceil(len / 64), in q's
+    dtype, and the tensor libkda writes: h, or a float32 one for float16."""
     if cu is None:
         nt = (q.shape[1] + 63) // 64
     else:
@@ -117,13 +108,10 @@ def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
     return h, (h if q.dtype != torch.float16 else q.new_empty(shape, dtype=torch.float32))
 
 
-# ---------------------------------------------------------------------------------------------------------
 # The entry points' torch halves
-# ---------------------------------------------------------------------------------------------------------
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
               states: bool = False):
-    """`remember`: from chunk_kda_cached, (signature, the caller's tensors) of a call that may be cached. `states`:
-    return_intermediate_states (inference mode: no autograd), the result is then (o, final_state, h)."""
+    """`remember`: chunk_kda_cached's note of a call that may be cached. `states`: return_intermediate_states."""
     q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
     A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
     h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
@@ -185,16 +173,9 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
     return o, ht
 
 
-# ---------------------------------------------------------------------------------------------------------
-# kda.chunk_kda's fast path: a call whose signature (everything its checks read: argument types, shapes, dtypes,
-# devices, contiguity, options) has passed them before runs without them, and without the workspace size query:
-# the size its last call used is tried first (_lib.run settles one that falls short). A training call (tensors
-# that require grad; which ones is part of the signature) is launched before autograd's Function records it, and
-# its backward reuses the signature's backward workspace size.
-#
-# Signatures are filed under q's shape, and one is computed only for a shape seen before: where the shapes change
-# from call to call (variable-length prefill), a call costs one dict lookup more, not an unused cache entry.
-# ---------------------------------------------------------------------------------------------------------
+# kda.chunk_kda's fast path: a call whose signature (everything its checks read: types, shapes, dtypes, devices,
+# contiguity, options) passed them before runs without them, and tries its last workspace size first (_lib.run
+# settles one that falls short). Signatures are filed under q's shape, and made only for a shape seen before.
 _SCALARS = frozenset((type(None), bool, int, float))  # equal values of these mean the same to every check
 _CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
 _MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
@@ -202,9 +183,8 @@ _chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
 
 
 def chunk_kda_cached(tensors, kwargs, flags):
-    """kda.chunk_kda's (q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu), **kwargs and other arguments
-    (scale, ..., max_num_seqs in its order, without disable_recompute) -> (result, None) for a signature checked
-    and run eagerly before; else (None, what to pass to chunk_kda as `remember`: None where not cacheable)."""
+    """kda.chunk_kda's tensors, **kwargs and other arguments (but disable_recompute) -> (result, None) for a
+    signature checked and run eagerly before; else (None, chunk_kda's `remember`: None where not cacheable)."""
     q = tensors[0]
     if _compiling() or type(q) not in _PLAIN_TENSORS:  # first: torch.compile traces the ops, not this
         return None, None
@@ -243,9 +223,8 @@ def chunk_kda_cached(tensors, kwargs, flags):
 
 
 def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) -> None:
-    """After an eager chunk_kda call (`train`: one through ChunkKDA): note q's shape if new, else cache the call's
-    signature if the launch used the caller's tensors as they came (no copy, conversion or replacement), or none
-    in their place (an argument the call ignores)."""
+    """After an eager chunk_kda call (`train`: through ChunkKDA): note q's shape if new, else cache the signature
+    if the launch used the caller's tensors as they came (or none in their place: an argument it ignores)."""
     shape, key, given = remember
     calls = _chunk_calls.get(shape)
     if calls is None:
@@ -259,9 +238,7 @@ def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) 
 
 
 class _ChunkCall:
-    """One cached chunk_kda signature: its options, whether it returns the final state and is recorded by
-    autograd, which arguments its calls ignore, the workspace sizes its last calls used (the forward's; the
-    backward's with the saved bytes it had) and the bytes its forward keeps for the backward."""
+    """One cached chunk_kda signature: its options, flags, ignored arguments, and the sizes its last calls used."""
     __slots__ = ("opts", "final", "train", "unused", "nbytes", "saved_bytes", "bwd_nbytes", "bwd_saved")
 
     def __init__(self, opts: KdaOptions, final: bool, train: bool, unused: tuple):
