@@ -146,6 +146,25 @@ def _is_state_dtype(fn: str, h, kind: str) -> bool:
     return str(h.dtype) in (("float32",) if kind == "numpy" else ("torch.float32", "torch.bfloat16"))
 
 
+def _check_slots(fn: str, idx, nat, N: int) -> None:
+    """ssm_state_indices: [N] or [N, T_max >= 1]; num_accepted_tokens: [N], with a 2-D ssm_state_indices."""
+    nd = getattr(idx, "ndim", None)
+    if idx is not None:
+        if nd not in (1, 2):
+            raise _bad(fn, "ssm_state_indices", "expected a 1-D array of N slots or a 2-D array [N, T_max] of "
+                                                "per-token slots")
+        if idx.shape[0] != N:
+            raise _bad(fn, "ssm_state_indices", f"expected N = {N} rows (one per sequence), got {idx.shape[0]}")
+        if nd == 2 and idx.shape[1] < 1:
+            raise _bad(fn, "ssm_state_indices", "a 2-D array needs T_max >= 1 columns")
+    if nat is not None:
+        if nd != 2:
+            raise _bad(fn, "num_accepted_tokens", "needs a 2-D ssm_state_indices [N, T_max]")
+        if getattr(nat, "ndim", None) != 1 or nat.shape[0] != N:
+            raise _bad(fn, "num_accepted_tokens", f"expected shape [N] = [{N}], got "
+                                                  f"{_shape(getattr(nat, 'shape', ()))}")
+
+
 def _check_neg(fn: str, allow_neg_eigval, use_beta_sigmoid_in_kernel) -> None:
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
@@ -251,14 +270,10 @@ def _cp_piece_len(fn: str, x) -> int:
     if isinstance(x, bool) or not hasattr(x, "__index__"):
         raise KDATypeError(f"{fn}: `cp_piece_len` must be None, 0 or a whole number of tokens, got "
                            f"{type(x).__name__} {x!r}")
-    n, m = operator.index(x), _lib.CP_PIECE_MULTIPLE
-    if n < 0:
-        why = f"None (libkda decides), 0 (no split) or a positive multiple of {m}"
-    elif n % m != 0:
-        why = f"a multiple of the chunk, {m} tokens"
-    elif n > _lib.CP_MAX_PIECE_LEN:
-        why = f"at most {_lib.CP_MAX_PIECE_LEN} tokens"
-    else:
+    n, m, top = operator.index(x), _lib.CP_PIECE_MULTIPLE, _lib.CP_MAX_PIECE_LEN
+    why = (f"None (libkda decides), 0 (no split) or a positive multiple of {m}" if n < 0 else
+           f"a multiple of the chunk, {m} tokens" if n % m else f"at most {top} tokens" if n > top else None)
+    if why is None:
         return n
     raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be {why}, got {n}")
 
@@ -400,27 +415,13 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
 
     # ours
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
-    if pool:
-        nd = getattr(idx, "ndim", None)
-        if nd not in (1, 2):
-            raise _bad(fn, "ssm_state_indices", "expected a 1-D array of N slots or a 2-D array [N, T_max] of "
-                                                "per-token slots")
-        if idx.shape[0] != N:
-            raise _bad(fn, "ssm_state_indices", f"expected N = {N} rows (one per sequence), got {idx.shape[0]}")
-        if nd == 2 and idx.shape[1] < 1:
-            raise _bad(fn, "ssm_state_indices", "a 2-D array needs T_max >= 1 columns")
-        if initial_state is None:
-            raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices' needs initial_state, the state pool")
-        if output_final_state and not inplace:
-            raise KDANotSupportedError(f"{fn}: output_final_state=True with ssm_state_indices but without "
-                                       f"inplace_final_state=True is not implemented by kda (pass "
-                                       f"inplace_final_state=True to update the pool)")
-    if nat is not None:
-        if getattr(idx, "ndim", None) != 2:
-            raise _bad(fn, "num_accepted_tokens", "needs a 2-D ssm_state_indices [N, T_max]")
-        if getattr(nat, "ndim", None) != 1 or nat.shape[0] != N:
-            raise _bad(fn, "num_accepted_tokens", f"expected shape [N] = [{N}], got "
-                                                  f"{_shape(getattr(nat, 'shape', ()))}")
+    _check_slots(fn, idx, nat, N)
+    if pool and initial_state is None:
+        raise KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices' needs initial_state, the state pool")
+    if pool and output_final_state and not inplace:
+        raise KDANotSupportedError(f"{fn}: output_final_state=True with ssm_state_indices but without "
+                                   f"inplace_final_state=True is not implemented by kda (pass "
+                                   f"inplace_final_state=True to update the pool)")
     if initial_state is not None:
         if not _is_state_dtype(fn, initial_state, kind):
             raise _bad(fn, "initial_state", f"dtype {initial_state.dtype} is not implemented; use float32 (or "

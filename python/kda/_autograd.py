@@ -1,12 +1,6 @@
-"""Autograd for the custom ops of kda._ops, and the autograd Functions of kda._torch's eager calls.
-
-* ``kda::chunk_kda_fwd``'s backward runs ``kda::chunk_kda_bwd`` (libkda's kda_backward).
-* ``kda::fused_recurrent_kda_fwd``'s backward runs ``kda::backward_not_implemented``, which raises
-  KDANotSupportedError when it runs (its fake returns gradients' shapes, so that a compiled graph with a backward
-  still builds and the error comes when the backward actually runs). Gradients are never made up.
-* ChunkKDA: chunk_kda_fwd and its backward without the custom op's dispatch, for eager calls on plain tensors
-  that need gradients (the op's dispatch costs a training step host time, forward and backward). Its CUDA
-  forward keeps its chunk blocks for the backward (kda_args_t.saved).
+"""Autograd: chunk_kda_fwd's backward runs chunk_kda_bwd (kda_backward); fused_recurrent_kda_fwd's raises
+KDANotSupportedError when it runs (gradients are never made up). ChunkKDA: the same for eager calls on plain
+tensors, without the custom op's dispatch; its CUDA forward keeps its chunk blocks for the backward.
 """
 
 from typing import List
@@ -19,9 +13,8 @@ from ._lib import KdaOptions
 
 
 def _chunk_grads(ctx, do, dht, bwd, need):
-    """chunk_kda_fwd's 8 gradients (q, k, v, g, beta, A_log, dt_bias, initial_state) from ctx.saved_tensors (the
-    op's 10 tensor inputs) and ctx.opts, computed by `bwd(opts, inputs, do, dht, wants)`. `need`: whether each of
-    the 10 inputs needs its gradient."""
+    """The 8 gradients of q, k, v, g, beta, A_log, dt_bias, initial_state by `bwd(opts, inputs, do, dht, wants)`
+    from ctx.saved_tensors (the op's 10 tensors); `need`: whether each of the 10 needs its gradient."""
     inputs = ctx.saved_tensors
     q, v, A_log, dt_bias, h0 = inputs[0], inputs[2], inputs[5], inputs[6], inputs[7]
     gate = ctx.opts.use_gate_in_kernel
@@ -53,8 +46,7 @@ _ops.chunk_kda_fwd.register_autograd(_chunk_op_backward, setup_context=_chunk_se
 
 @torch.library.custom_op("kda::backward_not_implemented", mutates_args=())
 def backward_not_implemented(op: str, grad_outputs: List[torch.Tensor], like: List[torch.Tensor]) -> List[torch.Tensor]:
-    """Raises: the backward of `op` is not implemented. Its fake returns tensors shaped like `like`; it takes the
-    incoming gradients so that a compiled graph cannot move it ahead of the backward pass."""
+    """Raises. Its fake returns tensors like `like`; it takes the gradients so a compiled graph cannot hoist it."""
     raise KDANotSupportedError(
         f"kda.{op}: backward is not implemented yet (libkda has the forward pass only); run the forward under "
         f"torch.no_grad() / torch.inference_mode(), or use FLA for training")
@@ -79,18 +71,12 @@ _ops.fused_recurrent_kda_fwd.register_autograd(_fused_backward, setup_context=_f
 
 
 class ChunkKDA(torch.autograd.Function):
-    """chunk_kda_fwd and its backward for eager calls on plain tensors that need gradients, without the custom
-    op's dispatch. Inputs: the options, output_final_state, the forward's (o, ht, saved) where kda._torch's fast
-    path has launched it already (before apply, so that autograd's node is made while the device runs the
-    forward; a tuple: no input to autograd) or None, that path's cached signature (_ChunkCall: workspace sizes to
-    reuse) or None, then the op's 10 tensors. The arguments were checked by kda.chunk_kda (and the backward's do
-    and dht are autograd's gradients of the outputs)."""
+    """chunk_kda_fwd and its backward on checked arguments: (opts, output_final_state, the forward's (o, ht, saved)
+    if the fast path launched it already, else None, that path's _ChunkCall or None, the op's 10 tensors)."""
 
     @staticmethod
     def forward(ctx, opts, final, launched, memo, *inputs):
-        if launched is None:
-            # the forward keeps its chunk blocks for the backward (kda_args_t.saved; CUDA), which then does not
-            # rerun the preparation stage and needs as much less workspace
+        if launched is None:  # kept for the backward: kda_args_t.saved
             launched = _ops.chunk_fwd(opts, *inputs, final, checked=True, keep=True)
         o, ht, ctx.kda_saved = launched
         ctx.save_for_backward(*inputs)

@@ -1,7 +1,4 @@
-"""libkda through ctypes: loading the library, the structs' mirrors and their builder, the options of a call,
-contexts, and the calls. The library is loaded by the first call that needs it, so that ``import kda`` works on a
-machine without it (the call then raises :class:`KDALibraryNotFoundError` listing the places searched).
-"""
+"""libkda through ctypes: loading it on first use, the structs' mirrors and their builder, contexts, the calls."""
 
 from __future__ import annotations
 
@@ -63,8 +60,7 @@ _TYPED = frozenset(("cu_seqlens", "g", "beta", "o", "initial_state", "final_stat
 
 
 class KdaOptions(NamedTuple):
-    """The settings of one call, as kda_args_t reads them: built once by kda._api from the caller's keywords and
-    passed down unchanged (hashable, so it is part of a cached call's signature)."""
+    """The settings of one call, as kda_args_t reads them: built once by kda._api, passed down unchanged."""
     scale: float                  # the output scale, resolved (K ** -0.5 for None); 0.0: o = 0 (FLA's product)
     use_qk_l2norm: bool = False
     use_gate_in_kernel: bool = False
@@ -93,9 +89,8 @@ def set_cp(a: KdaArgs, cp: int) -> None:
 
 
 def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **optional) -> KdaArgs:
-    """The kda_args_t of one call, for numpy arrays and torch tensors alike: `ptr(x)` is x's address, `code(fn,
-    field, x)` its kda_dtype_t (raising in `fn`'s terms for one it cannot pass); `optional`: more pointer fields
-    by name (None: unset). Sizes come from the arrays' shapes; the checks are the caller's."""
+    """The kda_args_t of one call, numpy or torch: `ptr(x)` is x's address, `code(fn, field, x)` its kda_dtype_t;
+    `optional`: more pointer fields by name (None: unset). Sizes come from the shapes, checks from the caller."""
     a = KdaArgs.from_buffer_copy(library().template)
     a.batch, a.seq_len, a.num_qk_heads, a.head_dim_k = q.shape
     a.num_v_heads, a.head_dim_v = v.shape[2], v.shape[3]
@@ -124,8 +119,8 @@ _GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "d_initial_state", "dA_log", "ddt
 
 
 def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBackwardArgs:
-    """The kda_backward_args_t of problem `a` (kept alive by the caller) for the loss weights `do` and `dht` (None:
-    zero), writing `grads` (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias; None: not computed)."""
+    """The kda_backward_args_t of problem `a` for the loss weights `do` and `dht` (None: zero), writing `grads`
+    (in _GRADIENTS' order; None: not computed)."""
     b = KdaBackwardArgs.from_buffer_copy(library().backward_template)
     b.problem = ctypes.addressof(a)
     b.d_o, b.d_o_dtype = ptr(do), code(fn, "do", do)
@@ -185,9 +180,7 @@ class _Library:
         _, self.backward_template = self._defaults(self.backward_args_init, KdaBackwardArgs, "kda_backward_args_t")
 
     def _defaults(self, init, cls, c_name: str):
-        """(the library's sizeof(c_name), its defaults as a `cls`). The init function writes the library's size of
-        the struct: it gets a buffer large enough for a newer library's longer struct, and the part this mirror
-        knows is kept."""
+        """(the library's sizeof(c_name), its defaults as a `cls`), from a buffer large enough for a newer struct."""
         probe = ctypes.create_string_buffer(4096)
         init(probe)
         lib_size, ours = c_size_t.from_buffer(probe).value, ctypes.sizeof(cls)
@@ -242,8 +235,8 @@ def library_path() -> str:
     return library().path
 
 
-# Contexts: one per (backend, device), created on first use, each with a lock (a context serves one thread
-# at a time) and, for the CPU backends, a reusable host workspace.
+# Contexts: one per (backend, device), created on first use, each with a lock (it serves one thread at a time)
+# and, for the CPU backends, a reusable host workspace.
 class Context:
     __slots__ = ("handle", "backend", "device", "lock", "ws_buf", "ws_ptr", "ws_size", "__weakref__")
 
@@ -293,9 +286,7 @@ def cpu_context() -> Context:
 
 
 def _forget_contexts_in_child() -> None:
-    """After fork(), a CPU context's worker threads do not exist in the child: using it there would wait for them
-    forever. The child drops every cached context (leaking the handles: destroying would join those threads) and
-    creates new ones on first use."""
+    """A CPU context's worker threads do not exist in a forked child: it drops (leaks) every cached context."""
     global _contexts_lock, _lib_lock
     _contexts.clear()
     _contexts_lock = threading.Lock()
@@ -307,12 +298,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None) -> int:
-    """Run `entry` ("forward", "decode", "backward") of `args` (a KdaArgs; a KdaBackwardArgs for the backward) on
-    `ctx` with the workspace its size query asks for; returns that size. `workspace(n)` gives (pointer,
-    keep-alive) on a device; None: the context's host workspace. `nbytes`: the size an earlier call of the same
-    signature used, tried without the query; should that call fail, the query settles what the plain order would
-    have done: its own error if it fails; else, if it asks for more (a CPU context given more threads since), the
-    call again with that much; else the call's own error. Raises the KDAError of a failing status."""
+    """`entry` ("forward", "decode", "backward") of `args` on `ctx` with the workspace its size query asks for;
+    returns that size. `workspace(n)`: (pointer, keep-alive) on a device; None: the host workspace. `nbytes`: an
+    earlier size, tried without the query; if that call fails, the query decides: its error, a retry with more
+    bytes, or the call's own error."""
     L, pa = _lib, byref(args)
     call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
     with ctx.lock:

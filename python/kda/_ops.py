@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from . import _lib
-from ._api import _bad, _check_shapes, _check_state
+from ._api import _bad, _check_shapes, _check_slots, _check_state
 from ._errors import KDAError, KDAInvalidValueError, KDANotSupportedError, in_callers_terms
 from ._lib import BACKEND_CUDA, BFLOAT16, FLOAT16, FLOAT32, INT32, INT64, KdaOptions, build_args, build_backward_args
 
@@ -43,24 +43,18 @@ def cuda_context(dev: torch.device):
     return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
 
 
-def workspace_of(dev: torch.device):
-    """_lib.run's workspace getter for CUDA device `dev`: a uint8 tensor from torch's caching allocator."""
-    def workspace(n):
-        t = torch.empty(n, dtype=torch.uint8, device=dev)
-        return t.data_ptr(), t
-    return workspace
-
-
 def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None) -> int:
-    """_lib.run on the tensors' device `dev` (CUDA: its current stream), errors in the terms of the call `fn`."""
+    """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's caching allocator),
+    errors in the terms of the call `fn`."""
     try:
         if dev.type == "cuda":
             index, ctx = cuda_context(dev)
             stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
+            ws = lambda n: ((t := torch.empty(n, dtype=torch.uint8, device=dev)).data_ptr(), t)  # noqa: E731
             if _cuda_get_device() != index:
                 with torch.cuda.device(index):
-                    return _lib.run(ctx, entry, args, workspace_of(dev), stream, nbytes)
-            return _lib.run(ctx, entry, args, workspace_of(dev), stream, nbytes)
+                    return _lib.run(ctx, entry, args, ws, stream, nbytes)
+            return _lib.run(ctx, entry, args, ws, stream, nbytes)
         if dev.type == "cpu":
             return _lib.run(_lib.cpu_context(), entry, args, None, None, nbytes)
     except KDAError as e:
@@ -108,14 +102,10 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
             _check_state(fn, name, t, N, HV, K, V, v_first, pool=idx is not None)
     if h0 is not None and ht is not None and h0.shape[0] != ht.shape[0]:
         raise _bad(fn, "final_state", f"{ht.shape[0]} slots, but initial_state has {h0.shape[0]}")
-    if idx is not None and (idx.dim() not in (1, 2) or idx.shape[0] != N or idx.dtype != torch.int32 or
-                            (idx.dim() == 2 and idx.shape[1] < 1)):
-        raise _bad(fn, "ssm_state_indices", f"expected int32 [{N}] or [{N}, T_max], got {idx.dtype} "
-                                            f"{list(idx.shape)}")
-    if nat is not None and (idx is None or idx.dim() != 2 or nat.dim() != 1 or nat.shape[0] != N or
-                            nat.dtype != torch.int32):
-        raise _bad(fn, "num_accepted_tokens", f"expected int32 [{N}] with a 2-D ssm_state_indices, got "
-                                              f"{nat.dtype} {list(nat.shape)}")
+    _check_slots(fn, idx, nat, N)
+    for name, t in (("ssm_state_indices", idx), ("num_accepted_tokens", nat)):
+        if t is not None and t.dtype != torch.int32:
+            raise _bad(fn, name, f"expected int32, got {t.dtype}")
     if cu is not None and (cu.dim() != 1 or cu.dtype not in _INT or B != 1):
         raise _bad(fn, "cu_seqlens", f"expected int32/int64 [N + 1] with B = 1, got {cu.dtype} {list(cu.shape)}, "
                                      f"B = {B}")
@@ -230,8 +220,7 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: float,
                   state_v_first: bool, cp_piece_len: int = -1) -> Tuple[Tensor, Tensor]:
-    """libkda's chunked forward (kda_forward). lower_bound 0.0 means unset; cp_piece_len -1 auto, 0 off, else the
-    forced piece length in tokens. Returns (o, final_state or [])."""
+    """kda_forward: (o, final_state or []). lower_bound 0.0: unset; cp_piece_len -1 auto, 0 off, else tokens."""
     opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                       allow_neg_eigval, safe_gate, lower_bound, state_v_first, cp_piece_len)
     return chunk_fwd(opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
@@ -239,10 +228,8 @@ def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 
 
 @chunk_kda_fwd.register_fake
-def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, scale, output_final_state,
-      use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-      lower_bound, state_v_first, cp_piece_len=-1):
-    return new_outputs(q, v, cu_seqlens, output_final_state, state_v_first)
+def _(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_cpu, scale, output_final_state, *flags, **kwargs):
+    return new_outputs(q, v, cu_seqlens, output_final_state, flags[6])  # flags: use_qk_l2norm .. state_v_first
 
 
 @torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=())
@@ -253,9 +240,8 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool, want_dh0: bool,
                   want_dA_log: bool, want_ddt_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                    Tensor, Tensor]:
-    """libkda's backward (kda_backward) of chunk_kda_fwd for the loss weights do (and dht: the final state's,
-    None or empty: zero). Returns (dq, dk, dv, dg, dbeta, d_initial_state, dA_log, ddt_bias) in the inputs'
-    dtypes (FLA's); the last three are empty unless wanted (and their input given)."""
+    """kda_backward of chunk_kda_fwd for the loss weights do and dht (None or empty: zero): (dq, dk, dv, dg, dbeta,
+    d_initial_state, dA_log, ddt_bias) in the inputs' dtypes; the last three empty unless wanted and given."""
     opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                       allow_neg_eigval, safe_gate, lower_bound, state_v_first)
     inputs = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
@@ -263,10 +249,8 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
 
 
 @chunk_kda_bwd.register_fake
-def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, do, dht, scale,
-      use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate,
-      lower_bound, state_v_first, want_dh0, want_dA_log, want_ddt_bias):
-    return bwd_outputs((q, k, v, g, beta, A_log, dt_bias, initial_state), (want_dh0, want_dA_log, want_ddt_bias))
+def _(*args):
+    return bwd_outputs(args[:8], args[-3:])  # the 8 inputs' likes; want_dh0, want_dA_log, want_ddt_bias
 
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=())
@@ -287,10 +271,8 @@ def fused_recurrent_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
 
 
 @fused_recurrent_kda_fwd.register_fake
-def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu, ssm_state_indices, scale,
-      output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-      safe_gate, lower_bound, state_v_first, num_accepted_tokens=None):
-    return new_outputs(q, v, cu_seqlens, output_final_state, state_v_first)
+def _(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_cpu, idx, scale, output_final_state, *flags, **kwargs):
+    return new_outputs(q, v, cu_seqlens, output_final_state, flags[6])  # flags: use_qk_l2norm .. state_v_first
 
 
 @torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"))
@@ -301,8 +283,7 @@ def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                             use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                             allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool,
                             num_accepted_tokens: Optional[Tensor] = None) -> None:
-    """libkda's recurrent decode into given tensors: o, and final_state when given. With state_in_place,
-    final_state is also the initial state (initial_state is then None): vLLM's in-place pool update."""
+    """kda_decode into o and final_state when given; with state_in_place, final_state is the initial state too."""
     opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                       allow_neg_eigval, safe_gate, lower_bound, state_v_first)
     fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, final_state if state_in_place else initial_state,
