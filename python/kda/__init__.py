@@ -10,6 +10,7 @@ from ._api import chunk_kda, chunk_kda_backward, fused_recurrent_kda
 from ._errors import (KDAAllocError, KDAAssertionError, KDABackendError, KDAError, KDAInsufficientWorkspaceError,
                       KDAInternalError, KDAInvalidValueError, KDALibraryNotFoundError, KDANotSupportedError,
                       KDARuntimeError, KDATypeError)
+from . import _lib
 from ._lib import library_path
 
 __version__ = "0.1.0"
@@ -22,18 +23,15 @@ __all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda", "library_pa
 
 def library_version() -> str:
     """The version of the loaded libkda, e.g. "0.1.0" (loads it)."""
-    from ._lib import library
-    v = library().version()
+    v = _lib.library().version()
     return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
 
 
 def set_num_threads(num_threads: int) -> None:
     """Use `num_threads` threads for the CPU backend from now on (default: $KDA_NUM_THREADS, else one per core)."""
-    from ._lib import BACKEND_CPU, get_context
-    get_context(BACKEND_CPU, 0).set_num_threads(num_threads)
+    _lib.get_context(_lib.BACKEND_CPU, 0).set_num_threads(num_threads)
 
 
 def get_num_threads() -> int:
     """The number of threads of the CPU backend."""
-    from ._lib import BACKEND_CPU, get_context
-    return get_context(BACKEND_CPU, 0).num_threads()
+    return _lib.get_context(_lib.BACKEND_CPU, 0).num_threads()

@@ -34,7 +34,6 @@ def _shape(s) -> str:
 
 
 def _bad(fn: str, name: str, what: str, cls=KDAInvalidValueError):
-    """The error for the caller's argument `name` of `fn`."""
     return cls(f"{fn}: argument '{name}': {what}")
 
 
@@ -199,8 +198,7 @@ def _float32(fn: str, name: str, x) -> float:
 
 def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bound, safe_gate, l2, bsig, neg, v_first,
              cp: int = -1):
-    """The call's KdaOptions from the caller's keywords, after the gate's checks: (g, A_log, dt_bias, options).
-    Without use_gate_in_kernel, A_log, dt_bias and lower_bound are ignored (as in FLA)."""
+    """The call's KdaOptions after the gate's checks: (g, A_log, dt_bias, options); no gate: no A_log, dt_bias."""
     lb = 0.0
     if gate:
         _check_a_log(fn, A_log, lower_bound)
@@ -286,8 +284,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
               return_intermediate_states: bool = False, state_v_first: bool = False, cu_seqlens=None,
               cu_seqlens_cpu=None, cp_context=None, use_graph: bool = False, max_num_seqs: int | None = None,
               **kwargs):
-    """Kimi Delta Attention, chunked (prefill) form: a drop-in for ``fla.ops.kda.chunk_kda``, with the same
-    arguments, defaults and results; torch tensors (differentiable) or numpy arrays. See docs/API.md, "Python"."""
+    """A drop-in for ``fla.ops.kda.chunk_kda`` on torch tensors or numpy arrays (docs/API.md, "Python")."""
     remember = None
     if _torch_chunk_cached is not None:
         r, remember = _torch_chunk_cached(
@@ -354,8 +351,7 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                        safe_gate: bool = False, lower_bound: float | None = None, state_v_first: bool = False,
                        cu_seqlens=None, A_log=None, dt_bias=None):
-    """chunk_kda's gradients on numpy arrays for the loss weights do and dht (None: zero): (dq, dk, dv, dg, dbeta,
-    d_initial_state, dA_log, ddt_bias), None where not used. See docs/API.md, "Python"."""
+    """chunk_kda's gradients on numpy arrays (docs/API.md, "Python")."""
     fn = "chunk_kda_backward"
     if _kind(fn, q) != "numpy":
         raise _bad(fn, "q", "numpy arrays only; with torch tensors chunk_kda is differentiable (call .backward() on "
@@ -393,8 +389,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                         use_gate_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
                         allow_neg_eigval: bool = False, lower_bound: float | None = None,
                         state_v_first: bool = False, cu_seqlens=None, **kwargs):
-    """Kimi Delta Attention, token by token (decode): a drop-in for ``fla.ops.kda.fused_recurrent_kda``, vLLM's
-    state pool keywords included. See docs/API.md, "Python"."""
+    """A drop-in for ``fla.ops.kda.fused_recurrent_kda``, vLLM's state pools included (docs/API.md, "Python")."""
     fn = "fused_recurrent_kda"
     kw, state_v_first = _keywords(fn, kwargs, state_v_first)
     idx, nat, out = kw["ssm_state_indices"], kw["num_accepted_tokens"], kw["out"]
@@ -442,8 +437,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
 
 # numpy: the CPU backend, synchronously
 def host_ints(fn: str, name: str, x, dtypes: tuple):
-    """x (a numpy array, a CPU tensor or a sequence) as a C-contiguous numpy array of one of `dtypes` (the last
-    when converted from another integer dtype, after checking that every value fits). torch uses it too."""
+    """x as a C-contiguous numpy array of one of `dtypes` (another integer dtype: the last, if every value fits)."""
     if _is_torch(x):
         if x.device.type != "cpu":
             raise _bad(fn, name, f"on {x.device} while the inputs are numpy arrays (host memory)")
@@ -466,7 +460,6 @@ def _np_ptr(x) -> int:
 
 
 def _np_code(fn: str, field: str, x) -> int:
-    """kda_dtype_t of a numpy array passed as kda_args_t's `field` (build_args's `code`)."""
     code = _NP_CODES.get(x.dtype)
     if code is None or (code in (INT32, INT64)) != (field == "cu_seqlens"):
         raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
@@ -500,7 +493,6 @@ _NP_OPTIONAL = {
 
 
 def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
-    """The arrays of a numpy call as libkda reads them, by kda_args_t's names (None left out)."""
     q = _np_array(fn, "q", q)
     x = dict(q=q, k=_np_array(fn, "k", k, q), v=_np_array(fn, "v", v, q), g=_np_array(fn, "g", g),
              beta=_np_array(fn, "beta", beta))
@@ -519,8 +511,7 @@ def _np_run(fn: str, entry: str, args) -> None:
 
 def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int, out=None, ht_mode: int = 0,
                 **optional):
-    """kda_forward (entry "forward") or kda_decode ("decode") of numpy arrays: (o, final state). `optional`:
-    kda_args_t's optional arrays by name. ht_mode: 0 no final state, 1 a new one, 2 initial_state in place."""
+    """kda_forward or kda_decode of numpy arrays: (o, ht). ht_mode: 0 none, 1 a new one, 2 initial_state in place."""
     if out is not None:
         _np_array(fn, "out", out, writable=True)
     if ht_mode == 2:

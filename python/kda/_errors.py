@@ -105,13 +105,12 @@ ARGUMENT_OF_FIELD = {
 _DETAIL_WORDS = [(re.compile(r"(?<![\w.])" + c + r"\b"), py) for c, py in (
     ("state_indices", "ssm_state_indices"), ("num_state_slots", "the number of slots of initial_state"),
     ("seq_len", "T"), ("num_seqs", "the number of sequences"))]
-_C_ENTRY_POINTS = ("kda_forward_workspace_size", "kda_decode_workspace_size", "kda_backward_workspace_size",
-                   "kda_forward", "kda_decode", "kda_backward")
+_C_ENTRY_POINTS = tuple(f"kda_{e}{s}" for e in ("forward", "decode", "backward") for s in ("", "_workspace_size"))
 
 
 def in_callers_terms(err: KDAError, fn: str) -> KDAError:
-    """`err` with its message in the terms of the Python call `fn`: "kda_decode: argument 'state_indices': ..."
-    becomes "fused_recurrent_kda: argument 'ssm_state_indices': ... (libkda's field 'state_indices')"."""
+    """`err` in the terms of the call `fn`: "kda_decode: argument 'state_indices': ..." becomes
+    "fused_recurrent_kda: argument 'ssm_state_indices': ... (libkda's field 'state_indices')"."""
     msg = err.message
     c_fn, sep, rest = msg.partition(": ")
     if not sep or c_fn not in _C_ENTRY_POINTS:

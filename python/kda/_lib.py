@@ -46,7 +46,6 @@ class KdaArgs(ctypes.Structure):
 
 
 class KdaBackwardArgs(ctypes.Structure):
-    """The ctypes mirror of ``kda_backward_args_t``, field for field."""
     _fields_ = _layout("""
         struct_size size, problem ptr
         d_o ptr, d_o_dtype enum, d_final_state ptr, d_final_state_dtype enum
@@ -81,7 +80,6 @@ class KdaOptions(NamedTuple):
 
 
 def set_cp(a: KdaArgs, cp: int) -> None:
-    """kda_args_t's cp_mode and cp_piece_len from KdaOptions.cp (< 0 leaves the template's auto)."""
     if cp == 0:
         a.cp_mode = CP_OFF
     elif cp > 0:
@@ -119,8 +117,7 @@ _GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "d_initial_state", "dA_log", "ddt
 
 
 def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBackwardArgs:
-    """The kda_backward_args_t of problem `a` for the loss weights `do` and `dht` (None: zero), writing `grads`
-    (in _GRADIENTS' order; None: not computed)."""
+    """The kda_backward_args_t of problem `a` for `do`, `dht` (None: zero), writing `grads` (None: not computed)."""
     b = KdaBackwardArgs.from_buffer_copy(library().backward_template)
     b.problem = ctypes.addressof(a)
     b.d_o, b.d_o_dtype = ptr(do), code(fn, "do", do)
@@ -148,7 +145,6 @@ _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, 
 
 
 def _candidates() -> list[tuple[str, str | None]]:
-    """(description, path) of each place libkda is looked for, in order."""
     env = os.environ.get("KDA_LIBRARY")
     if env:
         # An explicit choice is the only one tried: falling back elsewhere would hide a mistake.
@@ -192,7 +188,6 @@ class _Library:
         return lib_size, t
 
     def error(self, status: int):
-        """The exception for `status`, with the calling thread's kda_last_error() message."""
         msg = self.last_error()
         return error_from_status(status, msg.decode("utf-8", "replace") if msg else "")
 
@@ -226,7 +221,6 @@ def _load() -> _Library:
 
 
 def library() -> _Library:
-    """The loaded library (loading it on first use)."""
     return _lib if _lib is not None else _load()
 
 
@@ -298,10 +292,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None) -> int:
-    """`entry` ("forward", "decode", "backward") of `args` on `ctx` with the workspace its size query asks for;
-    returns that size. `workspace(n)`: (pointer, keep-alive) on a device; None: the host workspace. `nbytes`: an
-    earlier size, tried without the query; if that call fails, the query decides: its error, a retry with more
-    bytes, or the call's own error."""
+    """`entry` of `args` on `ctx` with the workspace its size query asks for (`workspace(n)`: (pointer, keep-alive);
+    None: the host's). `nbytes`: a size tried first; should that call fail, the query decides as the plain order."""
     L, pa = _lib, byref(args)
     call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
     with ctx.lock:
@@ -318,7 +310,6 @@ def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int
 
 
 def _call(ctx: Context, entry, pa, n: int, workspace, stream) -> int:
-    """An entry point with a workspace of n bytes (ctx.lock held); returns the status."""
     keep = None  # the allocator's block stays valid for the stream it was allocated on
     if n == 0:
         ptr = None
@@ -341,7 +332,6 @@ def _check(status: int) -> None:
 
 
 def _out(f, *args, ctype=c_size_t):
-    """f(*args, &value) -> value, raising the error of a failing status."""
     value = ctype()
     _check(f(*args, byref(value)))
     return value.value

@@ -1,10 +1,12 @@
 """torch custom ops over libkda (``kda::chunk_kda_fwd``, ``kda::chunk_kda_bwd``, ``kda::fused_recurrent_kda_fwd``,
 and ``kda::fused_recurrent_kda_out`` writing a given o and state pool), with fakes for torch.compile and CUDA graph
-capture, and the launch of libkda on tensors that kda._torch's eager calls share. Workspace comes from torch's
-caching allocator on the current stream. An output not requested is an empty tensor (custom ops cannot return None).
+capture and their autograd; the launch of libkda on tensors, shared with kda._torch's eager calls (ChunkKDA: the
+differentiable chunk_kda without the op's dispatch). Workspace comes from torch's caching allocator on the current
+stream. An output not requested is an empty tensor (custom ops cannot return None). A backward not implemented
+raises when it runs: gradients are never made up.
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -29,7 +31,6 @@ _OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens
 
 
 def code(fn: str, field: str, t: Tensor) -> int:
-    """kda_dtype_t of a tensor passed as kda_args_t's `field` (build_args's `code`)."""
     c = (_INT if field == "cu_seqlens" else _FLOAT).get(t.dtype)
     if c is None:
         raise _bad(fn, "out" if field == "o" else field, f"dtype {t.dtype} is not supported; use float32, float16 "
@@ -38,7 +39,6 @@ def code(fn: str, field: str, t: Tensor) -> int:
 
 
 def cuda_context(dev: torch.device):
-    """(device index, libkda's cached CUDA context of it) for CUDA device `dev`."""
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
 
@@ -63,8 +63,7 @@ def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = No
 
 
 def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
-    """kda_args_t.saved for a forward on CUDA device `dev`: a uint8 tensor set into `a` and returned (None: nothing
-    kept). `memo`: a cached signature (kda._torch._ChunkCall), asked once unless the host's lengths may change it."""
+    """kda_args_t.saved for a CUDA forward: a uint8 tensor set into `a` (None: nothing kept); `memo`: a _ChunkCall."""
     if dev.type != "cuda":
         return None
     n = memo.saved_bytes if memo is not None and not a.cu_seqlens_host else None
@@ -83,8 +82,7 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
 
 
 def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
-    """What libkda cannot check for itself: the sizes, dtypes, devices and layouts behind the pointers (the ops are
-    public; the entry points have checked it). `optional`: kda_args_t's optional tensors by name."""
+    """What libkda cannot check itself (sizes, dtypes, devices, layouts behind the pointers): the ops are public."""
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
         if t.dim() != 4:
             raise _bad(fn, name, f"expected a 4-D tensor, got shape {list(t.shape)}")
@@ -154,7 +152,6 @@ def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: 
 
 
 def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool):
-    """o (v's shape and dtype) and new_state: the implementations' outputs and the fakes' alike."""
     return v.new_empty(v.shape), new_state(q, v, cu, final, v_first)
 
 
@@ -168,8 +165,7 @@ def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu
 
 
 def bwd_outputs(inputs, wants):
-    """chunk_bwd's gradients like the five inputs, then d_initial_state, dA_log, ddt_bias where wanted and given
-    (else empty: outputs of a custom op may not alias)."""
+    """chunk_bwd's gradients; d_initial_state, dA_log, ddt_bias empty unless wanted and given (no aliasing)."""
     q, k, v, g, beta, A_log, dt_bias, h0 = inputs[:8]
     extra = [torch.empty_like(t) if want and t is not None else q.new_empty((0,), dtype=torch.float32)
              for t, want in zip((h0, A_log, dt_bias), wants)]
@@ -177,9 +173,8 @@ def bwd_outputs(inputs, wants):
 
 
 def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None):
-    """kda_backward of chunk_fwd's 10 `inputs` for the loss weights do and dht (None or empty: zero); `wants`:
-    d_initial_state, dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall,
-    whose last backward's workspace size is tried first if it had as many saved bytes."""
+    """kda_backward of chunk_fwd's 10 `inputs` for do and dht (None or empty: zero); `wants`: d_initial_state,
+    dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall."""
     fn = "chunk_kda backward"
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
     if dht is not None and dht.numel() == 0:
@@ -240,8 +235,7 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
                   allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool, want_dh0: bool,
                   want_dA_log: bool, want_ddt_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                                    Tensor, Tensor]:
-    """kda_backward of chunk_kda_fwd for the loss weights do and dht (None or empty: zero): (dq, dk, dv, dg, dbeta,
-    d_initial_state, dA_log, ddt_bias) in the inputs' dtypes; the last three empty unless wanted and given."""
+    """kda_backward of chunk_kda_fwd: the 8 gradients in the inputs' dtypes, the last three empty unless wanted."""
     opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                       allow_neg_eigval, safe_gate, lower_bound, state_v_first)
     inputs = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
@@ -293,3 +287,85 @@ def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
 @fused_recurrent_kda_out.register_fake
 def _(*args, **kwargs):
     return None
+
+
+# Autograd
+def _chunk_grads(ctx, do, dht, bwd, need):
+    """The 8 gradients by `bwd(opts, inputs, do, dht, wants)`; `need`: whether each of the 10 tensors needs one."""
+    inputs = ctx.saved_tensors
+    q, v, A_log, dt_bias, h0 = inputs[0], inputs[2], inputs[5], inputs[6], inputs[7]
+    gate = ctx.opts.use_gate_in_kernel
+    if do is None:
+        do = torch.zeros(v.shape, dtype=q.dtype, device=q.device)
+    wants = (bool(need[7]) and h0 is not None, bool(need[5]) and A_log is not None and gate,
+             bool(need[6]) and dt_bias is not None and gate)
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = bwd(ctx.opts, inputs, do.contiguous(),
+                                              dht.contiguous() if dht is not None else None, wants)
+    return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None, ddt if need[6] and ddt.numel() else None,
+            dh0 if need[7] and dh0.numel() else None)
+
+
+# chunk_kda_fwd's inputs: the 10 tensors, then scale, output_final_state, the 7 options from l2norm to
+# state_v_first, cp_piece_len
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:10])
+    ctx.opts = KdaOptions(inputs[10], *inputs[12:19])
+
+
+def _chunk_op_backward(ctx, do, dht):
+    def bwd(opts, inputs, do, dht, wants):
+        return torch.ops.kda.chunk_kda_bwd(*inputs, do, dht, opts.scale, *opts[1:8], *wants)
+    return _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad) + (None,) * 12
+
+
+chunk_kda_fwd.register_autograd(_chunk_op_backward, setup_context=_chunk_setup_context)
+
+
+@torch.library.custom_op("kda::backward_not_implemented", mutates_args=())
+def backward_not_implemented(op: str, grad_outputs: List[torch.Tensor], like: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Raises. Its fake returns tensors like `like`; it takes the gradients so a compiled graph cannot hoist it."""
+    raise KDANotSupportedError(
+        f"kda.{op}: backward is not implemented yet (libkda has the forward pass only); run the forward under "
+        f"torch.no_grad() / torch.inference_mode(), or use FLA for training")
+
+
+@backward_not_implemented.register_fake
+def _(op, grad_outputs, like):
+    return [torch.empty_like(t) for t in like]
+
+
+def _fused_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5])  # q, k, v, g, beta: only their shapes are used
+
+
+def _fused_backward(ctx, do, dht):
+    grads = torch.ops.kda.backward_not_implemented("fused_recurrent_kda", [t for t in (do, dht) if t is not None],
+                                                   list(ctx.saved_tensors))
+    return tuple(grads) + (None,) * 16  # the op's 21 inputs
+
+
+fused_recurrent_kda_fwd.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+class ChunkKDA(torch.autograd.Function):
+    """chunk_kda_fwd and its backward on checked arguments: opts, final, the fast path's (o, ht, saved) or None,
+    its _ChunkCall or None, the op's 10 tensors."""
+
+    @staticmethod
+    def forward(ctx, opts, final, launched, memo, *inputs):
+        if launched is None:  # kept for the backward: kda_args_t.saved
+            launched = chunk_fwd(opts, *inputs, final, checked=True, keep=True)
+        o, ht, ctx.kda_saved = launched
+        ctx.save_for_backward(*inputs)
+        ctx.opts, ctx.kda_memo = opts, memo
+        if not final:
+            ctx.mark_non_differentiable(ht)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        saved, memo = ctx.kda_saved, ctx.kda_memo
+
+        def bwd(*args):
+            return chunk_bwd(*args, checked=True, saved=saved, memo=memo)
+        return (None,) * 4 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[4:]) + (None, None)

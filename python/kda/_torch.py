@@ -1,6 +1,6 @@
 """The torch halves of kda.chunk_kda and kda.fused_recurrent_kda (arguments checked by kda._api), and chunk_kda's
 fast path for a signature seen before. Eager calls on plain tensors skip the custom ops' dispatch (kda._ops): the
-implementations directly, or _autograd.ChunkKDA where gradients are needed; torch.compile and subclasses use the ops.
+implementations directly, or _ops.ChunkKDA where gradients are needed; torch.compile and subclasses use the ops.
 """
 
 from typing import Optional
@@ -9,7 +9,6 @@ import torch
 from torch import Tensor
 
 from . import _api, _ops
-from ._autograd import ChunkKDA
 from ._errors import KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
@@ -32,14 +31,14 @@ def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
     return x.contiguous()
 
 
-def _inputs(fn: str, q, k, v, g, beta):
+def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias):
     q = q.contiguous()
     _ops.code(fn, "q", q)
     k, v = _tensor(fn, "k", k, q, q.dtype), _tensor(fn, "v", v, q, q.dtype)
     g, beta = _tensor(fn, "g", g, q), _tensor(fn, "beta", beta, q)
     _ops.code(fn, "g", g)
     _ops.code(fn, "beta", beta)
-    return q, k, v, g, beta
+    return q, k, v, g, beta, _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
 
 
 def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
@@ -95,8 +94,7 @@ def _eager(*ts) -> bool:
 
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
-    """FLA's h of return_intermediate_states, [B, NT, HV, K, V] ([.., V, K] V-first), NT = Σ ceil(len / 64), in q's
-    dtype, and the tensor libkda writes: h, or a float32 one for float16."""
+    """FLA's h, [B, Σ ceil(len / 64), HV, K, V] in q's dtype, and the tensor libkda writes (float32 for float16)."""
     if cu is None:
         nt = (q.shape[1] + 63) // 64
     else:
@@ -112,8 +110,7 @@ def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
               states: bool = False):
     """`remember`: chunk_kda_cached's note of a call that may be cached. `states`: return_intermediate_states."""
-    q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
-    A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
+    q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
     h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     inputs = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
@@ -127,7 +124,7 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
     if _eager(*inputs[:8]):
         o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
-        o, ht = ChunkKDA.apply(opts, final, None, None, *inputs)
+        o, ht = _ops.ChunkKDA.apply(opts, final, None, None, *inputs)
         train = True
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(*inputs, opts.scale, final, *opts[1:8], opts.cp)
@@ -140,8 +137,7 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
 def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, out,
                         ht_mode: int):
     """ht_mode: 0 no final state, 1 a new one, 2 initial_state updated in place (and returned)."""
-    q, k, v, g, beta = _inputs(fn, q, k, v, g, beta)
-    A_log, dt_bias = _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
+    q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     idx = None if idx is None else _ints(fn, "ssm_state_indices", idx, q.device)
     nat = None if nat is None else _ints(fn, "num_accepted_tokens", nat, q.device)
@@ -183,8 +179,7 @@ _chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
 
 
 def chunk_kda_cached(tensors, kwargs, flags):
-    """kda.chunk_kda's tensors, **kwargs and other arguments (but disable_recompute) -> (result, None) for a
-    signature checked and run eagerly before; else (None, chunk_kda's `remember`: None where not cacheable)."""
+    """(result, None) for a signature checked and run eagerly before; else (None, chunk_kda's `remember`)."""
     q = tensors[0]
     if _compiling() or type(q) not in _PLAIN_TENSORS:  # first: torch.compile traces the ops, not this
         return None, None
@@ -204,27 +199,23 @@ def chunk_kda_cached(tensors, kwargs, flags):
     grad = torch.is_grad_enabled()
     q, k, v, g, beta, h0, cu, cu_cpu = tensors
     inputs = (q, k, v, g, beta, kwargs.get("A_log"), kwargs.get("dt_bias"), h0, cu, cu_cpu)
-    key = [flags]
-    for t in inputs:
-        if t is None:
-            key.append(None)
-        elif type(t) in _PLAIN_TENSORS:  # the last field: autograd records the call (as _eager decides)
-            key.append((t.shape, t.dtype, t.device, t.is_contiguous(), grad and t.requires_grad))
-        else:
-            return None, None
-    call = calls.get(key := tuple(key))
+    if not all(t is None or type(t) in _PLAIN_TENSORS for t in inputs):
+        return None, None
+    # the last field: autograd records the call (as _eager decides)
+    key = (flags, *(None if t is None else (t.shape, t.dtype, t.device, t.is_contiguous(), grad and t.requires_grad)
+                    for t in inputs))
+    call = calls.get(key)
     if call is None:
         return None, (shape, key, inputs)
     inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        o, ht = ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
+        o, ht = _ops.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
         return (o, ht if call.final else None), None
     return call(*inputs), None
 
 
 def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) -> None:
-    """After an eager chunk_kda call (`train`: through ChunkKDA): note q's shape if new, else cache the signature
-    if the launch used the caller's tensors as they came (or none in their place: an argument it ignores)."""
+    """Note q's shape if new, else cache the signature if the launch used the caller's tensors as they came."""
     shape, key, given = remember
     calls = _chunk_calls.get(shape)
     if calls is None:
