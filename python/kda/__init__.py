@@ -1,9 +1,6 @@
-"""kda: Kimi Delta Attention over libkda, with FLA's Python interface:
-
-    from kda import chunk_kda, fused_recurrent_kda  # instead of: from fla.ops.kda import ...
-
-torch tensors (CUDA or CPU) and numpy arrays; libkda is loaded on first use, torch never imported by kda itself.
-docs/API.md, "Python", says where libkda is looked for, what each function takes and what it raises.
+"""kda: Kimi Delta Attention over libkda, with FLA's Python interface: ``from kda import chunk_kda,
+fused_recurrent_kda`` in place of ``from fla.ops.kda import ...``, on torch tensors (CUDA or CPU) or numpy arrays.
+libkda is loaded on first use; torch is never imported by kda itself. docs/API.md, "Python", says the rest.
 """
 
 from ._api import chunk_kda, chunk_kda_backward, fused_recurrent_kda

@@ -1,6 +1,5 @@
-"""FLA's entry points over libkda: FLA's checks in FLA's order and exception types, then ours; the keywords become
-one KdaOptions. numpy arrays run on the CPU backend here; torch tensors go to kda._torch (imported on first use).
-"""
+"""FLA's entry points: FLA's checks in FLA's order and exception types, then ours, into one KdaOptions; numpy
+arrays run on the CPU backend here, torch tensors go to kda._torch (imported on first use)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ try:  # numpy is needed for numpy inputs only
     import numpy as np
 except ImportError:  # pragma: no cover
     np = None
-
-__all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda"]
 
 if np is not None:
     _ndarray, _f32, _i32, _i64 = np.ndarray, np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
@@ -309,7 +306,6 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         if disable_recompute:
             raise KDAAssertionError(f"{fn}: return_intermediate_states must be used with disable_recompute=False")
     _check_ndim(fn, q, k, v, g, beta, fused=False)
-
     # FLA's checks, in FLA's order
     N = _num_seqs(fn, q, cu_seqlens, initial_state)
     if initial_state is not None and not _is_state_dtype(fn, initial_state, kind):
@@ -331,7 +327,6 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         raise KDAAssertionError(f"{fn}: with use_graph, cu_seqlens must be padded with empty tail sequences to "
                                 f"exactly max_num_seqs + 1 entries, got {N} sequences with max_num_seqs="
                                 f"{max_num_seqs}")
-
     # ours
     if initial_state is not None:
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first)
@@ -371,7 +366,6 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     g, A_log, dt_bias, opts = _options(fn, g, A_log, dt_bias, HV, K, scale, use_gate_in_kernel, lower_bound, safe_gate,
                                        use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
                                        state_v_first)
-
     x = _np_convert(fn, q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log,
                     dt_bias=dt_bias)
     do = np.zeros_like(do) if opts.scale == 0.0 else np.ascontiguousarray(do)  # FLA: o = 0 * S^T q
@@ -397,7 +391,6 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     kind = _kind(fn, q)
     _check_ndim(fn, q, k, v, g, beta, fused=True)
     pool = idx is not None
-
     # FLA's checks, in FLA's order
     N = _num_seqs(fn, q, cu_seqlens, initial_state, pool)
     _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
@@ -407,7 +400,6 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                    KDAAssertionError)
     if inplace and initial_state is None:
         raise KDAAssertionError(f"{fn}: inplace_final_state=True requires initial_state (argument 'initial_state')")
-
     # ours
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
     _check_slots(fn, idx, nat, N)

@@ -1,14 +1,9 @@
-"""Exceptions of the kda package: each derives from KDAError and from the built-in a Python user would catch for
-that kind of problem, and carries ``status`` (the kda_status_t; None for a check made in Python) and ``message``.
-"""
+"""kda's exceptions: each derives from KDAError and from the built-in a user would catch for that kind of problem,
+and carries ``status`` (the kda_status_t; None for a check made in Python) and ``message``."""
 
 from __future__ import annotations
 
 import re
-
-__all__ = ["KDAError", "KDAInvalidValueError", "KDAAssertionError", "KDATypeError", "KDANotSupportedError",
-           "KDARuntimeError", "KDAInsufficientWorkspaceError", "KDAAllocError", "KDABackendError", "KDAInternalError",
-           "KDALibraryNotFoundError", "STATUS_NAMES"]
 
 # kda_status_t, as in include/kda.h. CONTEXT_IN_USE: a context entered by a second thread while in use, where the
 # library reports it. A status missing here still maps to KDARuntimeError, named by its number.
@@ -93,12 +88,10 @@ ARGUMENT_OF_FIELD = {
     "g_dtype": "g", "beta_dtype": "beta",
     "num_seqs": "cu_seqlens", "cu_seqlens_dtype": "cu_seqlens", "cu_seqlens_host": "cu_seqlens_cpu",
     "initial_state_dtype": "initial_state", "num_state_slots": "initial_state",
-    "state_indices": "ssm_state_indices",
-    "use_qk_l2norm": "use_qk_l2norm_in_kernel", "use_beta_sigmoid": "use_beta_sigmoid_in_kernel",
-    "chunk_states": "return_intermediate_states", "chunk_states_dtype": "return_intermediate_states",
-    "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",  # kda_backward_args_t
-    # outputs the caller can pass: o is fused_recurrent_kda's `out`, and a final state the caller passes is the
-    # initial state updated in place (the ones kda allocates cannot be wrong)
+    "state_indices": "ssm_state_indices", "use_qk_l2norm": "use_qk_l2norm_in_kernel",
+    "use_beta_sigmoid": "use_beta_sigmoid_in_kernel", "chunk_states": "return_intermediate_states",
+    "chunk_states_dtype": "return_intermediate_states", "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",
+    # outputs the caller can pass: fused_recurrent_kda's `out`, and initial_state updated in place
     "o": "out", "o_dtype": "out", "final_state": "initial_state", "final_state_dtype": "initial_state",
 }
 # C names inside a message's detail, and what the caller knows them as

@@ -1,9 +1,7 @@
-"""torch custom ops over libkda (``kda::chunk_kda_fwd``, ``kda::chunk_kda_bwd``, ``kda::fused_recurrent_kda_fwd``,
-and ``kda::fused_recurrent_kda_out`` writing a given o and state pool), with fakes for torch.compile and CUDA graph
-capture and their autograd; the launch of libkda on tensors, shared with kda._torch's eager calls (ChunkKDA: the
-differentiable chunk_kda without the op's dispatch). Workspace comes from torch's caching allocator on the current
-stream. An output not requested is an empty tensor (custom ops cannot return None). A backward not implemented
-raises when it runs: gradients are never made up.
+"""torch custom ops over libkda (kda::chunk_kda_fwd, kda::chunk_kda_bwd, kda::fused_recurrent_kda_fwd, and
+kda::fused_recurrent_kda_out writing a given o and state pool) with fakes and autograd (a backward not implemented
+raises when it runs), and the launch of libkda on tensors that kda._torch's eager calls share (ChunkKDA: chunk_kda
+with gradients, without the op's dispatch). An output not requested is an empty tensor (no None from custom ops).
 """
 
 from typing import List, Optional, Tuple
@@ -365,7 +363,6 @@ class ChunkKDA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         saved, memo = ctx.kda_saved, ctx.kda_memo
-
         def bwd(*args):
             return chunk_bwd(*args, checked=True, saved=saved, memo=memo)
         return (None,) * 4 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[4:]) + (None, None)
