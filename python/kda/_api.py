@@ -226,7 +226,6 @@ _KWARGS = {
 
 
 def _keywords(fn: str, kwargs: dict, state_v_first: bool):
-    """(the keywords `fn` reads from **kwargs, given or default; state_v_first with its deprecated alias)."""
     unknown = {name: x for name, x in kwargs.items() if name not in _KWARGS[fn]}
     if unknown:
         raise _unexpected_kwargs(fn, unknown)
@@ -259,7 +258,6 @@ def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
 
 
 def _cp_piece_len(fn: str, x) -> int:
-    """chunk_kda's cp_piece_len as KdaOptions.cp (-1 auto for None), checked so that the error speaks of it."""
     if x is None:
         return -1
     if isinstance(x, bool) or not hasattr(x, "__index__"):
@@ -447,10 +445,6 @@ def host_ints(fn: str, name: str, x, dtypes: tuple):
     return np.ascontiguousarray(x)
 
 
-def _np_ptr(x) -> int:
-    return x.ctypes.data
-
-
 def _np_code(fn: str, field: str, x) -> int:
     code = _NP_CODES.get(x.dtype)
     if code is None or (code in (INT32, INT64)) != (field == "cu_seqlens"):
@@ -473,6 +467,7 @@ def _np_array(fn: str, name: str, x, like=None, writable: bool = False, dtype=No
     return np.ascontiguousarray(x, dtype=dtype)
 
 
+_np_ptr = operator.attrgetter("ctypes.data")
 # how each optional kda_args_t array is taken from the caller (named as the caller knows it)
 _NP_OPTIONAL = {
     "initial_state": _np_array,

@@ -19,8 +19,7 @@ class KDAError(Exception):
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
-        self.message = message
-        self.status = status
+        self.message, self.status = message, status
 
     @property
     def status_name(self) -> str | None:
@@ -73,7 +72,6 @@ _BY_STATUS = {INVALID_VALUE: KDAInvalidValueError, NOT_SUPPORTED: KDANotSupporte
 
 
 def error_from_status(status: int, message: str) -> KDAError:
-    """The exception for a failing libkda status, carrying libkda's message."""
     cls = _BY_STATUS.get(status, KDARuntimeError)
     if not message:
         message = STATUS_NAMES.get(status, f"libkda status {status}")

@@ -23,7 +23,6 @@ _CTYPES = {"size": c_size_t, "i64": c_int64, "i32": c_int32, "int": c_int, "enum
 
 
 def _layout(spec: str) -> list:
-    """ctypes _fields_ from "name type" pairs separated by commas or lines (types: _CTYPES's keys)."""
     return [(n, _CTYPES[t]) for n, t in (f.split() for f in spec.replace("\n", ",").split(",") if f.strip())]
 
 
@@ -158,7 +157,6 @@ def _candidates() -> list[tuple[str, str | None]]:
 
 
 class _Library:
-    """The loaded libkda with its function objects, prototyped once, and the structs' defaults from the library."""
 
     def __init__(self, cdll: ctypes.CDLL, path: str):
         self.cdll, self.path = cdll, path
@@ -240,11 +238,9 @@ class Context:
         self.ws_buf, self.ws_ptr, self.ws_size = None, None, 0
 
     def host_workspace(self, nbytes: int):
-        """A host buffer of at least nbytes, kept between calls (call with the lock held)."""
-        if nbytes > self.ws_size:
-            size = max(nbytes, 2 * self.ws_size)
-            buf = ctypes.create_string_buffer(size)
-            self.ws_buf, self.ws_ptr, self.ws_size = buf, ctypes.addressof(buf), size
+        if nbytes > self.ws_size:  # call with the lock held
+            self.ws_buf = ctypes.create_string_buffer(max(nbytes, 2 * self.ws_size))
+            self.ws_ptr, self.ws_size = ctypes.addressof(self.ws_buf), len(self.ws_buf)
         return self.ws_ptr
 
     def num_threads(self) -> int:
@@ -260,7 +256,6 @@ _contexts_lock = threading.Lock()
 
 
 def get_context(backend: int, device: int = 0) -> Context:
-    """The cached context of (backend, device), created on first use. Failures are not cached."""
     ctx = _contexts.get((backend, device))
     if ctx is not None:
         return ctx
@@ -275,7 +270,6 @@ def get_context(backend: int, device: int = 0) -> Context:
 
 
 def cpu_context() -> Context:
-    """The context of CPU_CONTEXT (tests point that at the reference backend)."""
     return _contexts.get(CPU_CONTEXT) or get_context(*CPU_CONTEXT)
 
 
@@ -321,7 +315,6 @@ def _call(ctx: Context, entry, pa, n: int, workspace, stream) -> int:
 
 
 def saved_size(ctx: Context, args: KdaArgs) -> int:
-    """kda_forward_saved_size: the bytes kda_forward keeps for kda_backward at args.saved (0: nothing)."""
     with ctx.lock:
         return _out(_lib.forward_saved_size, ctx.handle, byref(args))
 

@@ -142,7 +142,6 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
 
 
 def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool) -> Tensor:
-    """The final state: float32 [N, HV, K, V] ([N, HV, V, K] V-first); empty unless `final`."""
     K, HV, V = q.shape[3], v.shape[2], v.shape[3]
     N = q.shape[0] if cu is None else cu.shape[0] - 1
     shape = ((N, HV, V, K) if v_first else (N, HV, K, V)) if final else (0,)
@@ -155,7 +154,6 @@ def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first
 
 def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, checked=False,
               hs=None, keep=False, memo=None):
-    """kda_forward: (o, final state or empty), and with `keep` what the backward reuses (or None)."""
     o, ht = new_outputs(q, v, cu, final, opts.state_v_first)
     saved = launch("chunk_kda", "forward", opts, q, k, v, g, beta, o, checked, hs, keep, memo, initial_state=h0,
                    final_state=ht, cu_seqlens=cu, cu_seqlens_host=cu_cpu, A_log=A_log, dt_bias=dt_bias)
@@ -199,7 +197,6 @@ def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=Non
 
 def fused_launch(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, o, ht,
                  checked=False):
-    """kda_decode into o and ht (None or empty: no final state; ht may be h0: in place)."""
     launch("fused_recurrent_kda", "decode", opts, q, k, v, g, beta, o, checked, initial_state=h0, final_state=ht,
            cu_seqlens=cu, cu_seqlens_host=cu_cpu, state_indices=idx, num_accepted_tokens=nat, A_log=A_log,
            dt_bias=dt_bias)
@@ -240,9 +237,8 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_lo
     return chunk_bwd(opts, inputs, do, dht, (want_dh0, want_dA_log, want_ddt_bias))
 
 
-@chunk_kda_bwd.register_fake
-def _(*args):
-    return bwd_outputs(args[:8], args[-3:])  # the 8 inputs' likes; want_dh0, want_dA_log, want_ddt_bias
+# the gradients like the first 8 inputs, as want_dh0, want_dA_log, want_ddt_bias (the last 3) say
+chunk_kda_bwd.register_fake(lambda *args: bwd_outputs(args[:8], args[-3:]))
 
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=())
@@ -282,9 +278,7 @@ def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Te
                  cu_seqlens, cu_seqlens_cpu, ssm_state_indices, num_accepted_tokens, o, final_state)
 
 
-@fused_recurrent_kda_out.register_fake
-def _(*args, **kwargs):
-    return None
+fused_recurrent_kda_out.register_fake(lambda *args, **kwargs: None)
 
 
 # Autograd
@@ -327,9 +321,7 @@ def backward_not_implemented(op: str, grad_outputs: List[torch.Tensor], like: Li
         f"torch.no_grad() / torch.inference_mode(), or use FLA for training")
 
 
-@backward_not_implemented.register_fake
-def _(op, grad_outputs, like):
-    return [torch.empty_like(t) for t in like]
+backward_not_implemented.register_fake(lambda op, grad_outputs, like: [torch.empty_like(t) for t in like])
 
 
 def _fused_setup_context(ctx, inputs, output):

@@ -1,7 +1,5 @@
 """The torch halves of kda.chunk_kda and kda.fused_recurrent_kda (arguments checked by kda._api), and chunk_kda's
-fast path for a signature seen before. Eager calls on plain tensors skip the custom ops' dispatch (kda._ops): the
-implementations directly, or _ops.ChunkKDA where gradients are needed; torch.compile and subclasses use the ops.
-"""
+fast path for a signature seen before. Eager calls on plain tensors skip the ops' dispatch; torch.compile does not."""
 
 from typing import Optional
 
@@ -54,7 +52,6 @@ def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
 
 
 def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
-    """An integer tensor on `device` of one of `dtypes`; others converted after a check that every value fits."""
     if isinstance(x, Tensor):
         if x.device != device:
             hint = "; pass it there (and the host copy as cu_seqlens_cpu)" if name == "cu_seqlens" else ""
@@ -70,7 +67,6 @@ def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
 
 
 def _offsets(fn: str, cu, cu_cpu, q: Tensor):
-    """(cu_seqlens on q's device, its host copy for CUDA tensors: cu_seqlens_cpu, or cu_seqlens from the host)."""
     if cu is None:
         return None, None
     host = None if isinstance(cu, Tensor) else _ints(fn, "cu_seqlens", cu, torch.device("cpu"), _INT)
@@ -86,7 +82,6 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
 
 
 def _eager(*ts) -> bool:
-    """Whether the ops' implementations may be called directly: plain tensors, no autograd, not compiling."""
     if _compiling():
         return False
     grad = torch.is_grad_enabled()
@@ -241,7 +236,6 @@ class _ChunkCall:
         return o, (ht if self.final else None)
 
     def launch(self, *inputs):
-        """A training call's forward, before ChunkKDA records it: (o, ht, what the forward kept for the backward)."""
         return _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, keep=True, memo=self)
 
 
