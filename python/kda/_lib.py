@@ -145,8 +145,7 @@ _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, 
 
 def _candidates() -> list[tuple[str, str | None]]:
     env = os.environ.get("KDA_LIBRARY")
-    if env:
-        # An explicit choice is the only one tried: falling back elsewhere would hide a mistake.
+    if env:  # an explicit choice is the only one tried: falling back elsewhere would hide a mistake
         return [("$KDA_LIBRARY", env)]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
@@ -227,9 +226,7 @@ def library_path() -> str:
     return library().path
 
 
-# Contexts: one per (backend, device), created on first use, each with a lock (it serves one thread at a time)
-# and, for the CPU backends, a reusable host workspace.
-class Context:
+class Context:  # one per (backend, device), made on first use; a lock (one thread at a time), a host workspace
     __slots__ = ("handle", "backend", "device", "lock", "ws_buf", "ws_ptr", "ws_size", "__weakref__")
 
     def __init__(self, handle: int, backend: int, device: int):

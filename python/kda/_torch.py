@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _api, _ops
+from . import _api, _autograd, _ops
 from ._errors import KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
@@ -119,7 +119,7 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
     if _eager(*inputs[:8]):
         o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
-        o, ht = _ops.ChunkKDA.apply(opts, final, None, None, *inputs)
+        o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, *inputs)
         train = True
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(*inputs, opts.scale, final, *opts[1:8], opts.cp)
@@ -204,7 +204,7 @@ def chunk_kda_cached(tensors, kwargs, flags):
         return None, (shape, key, inputs)
     inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        o, ht = _ops.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
+        o, ht = _autograd.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
         return (o, ht if call.final else None), None
     return call(*inputs), None
 
