@@ -300,53 +300,20 @@ static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t
  * chunk preparation's params: the forward's first stages, which the backward runs too (unless saved). */
 static void fill_prep_params(const cuda_impl_t *impl, const kda_problem_t *p, unsigned char *base, int dev_skip,
                              kda_prep_params_t *out) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
-    kda_cuda_seqs_t seqs;
-    memset(&seqs, 0, sizeof seqs);
-    seqs.cu_seqlens = a->cu_seqlens;
-    seqs.cu_seqlens_64 = a->cu_seqlens_dtype == KDA_INT64;
-    seqs.num_tokens = p->num_tokens;
-    seqs.seq_len = a->seq_len;
-    seqs.num_seqs = p->num_seqs;
-    seqs.chunks_per_row = (a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
-    seqs.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
-    const int fine = fine_blocks(impl, p);
-    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
-                                kda_cuda_block_bytes_fine(kda_cuda_size_class(K), kda_cuda_size_class(V), fine),
-                                max_chunks(p), fine};
-
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v;
     kda_prep_params_t pp;
     memset(&pp, 0, sizeof pp);
-    pp.seqs = seqs;
+    kda_cuda_problem_fill(&pp.pb, p, (int32_t *)base);
+    const int fine = fine_blocks(impl, p);
+    const kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
+                                      kda_cuda_block_bytes_fine(pp.pb.kc, pp.pb.vc, fine), max_chunks(p), fine};
     pp.blocks = blocks;
-    pp.q = a->q;
-    pp.k = a->k;
-    pp.v = a->v;
-    pp.g = a->g;
-    pp.beta = a->beta;
-    pp.A_log = a->use_gate_in_kernel ? a->A_log : NULL;
-    pp.dt_bias = a->use_gate_in_kernel ? a->dt_bias : NULL;
-    pp.dtype = (int)a->dtype;
-    pp.g_dtype = (int)a->g_dtype;
-    pp.beta_dtype = (int)a->beta_dtype;
-    pp.hqk = a->num_qk_heads;
-    pp.hv = a->num_v_heads;
-    pp.group = p->group;
-    pp.K = K;
-    pp.V = V;
     pp.piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
     pp.piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
-    pp.scale = p->scale;
-    pp.lower_bound = p->has_lower_bound ? a->lower_bound : 0.0f;
-    pp.l2norm = a->use_qk_l2norm != 0;
-    pp.gate_in_kernel = a->use_gate_in_kernel != 0;
-    pp.beta_sigmoid = a->use_beta_sigmoid != 0;
-    pp.neg_eigval = a->allow_neg_eigval != 0;
     pp.dev_skip = dev_skip;
-    pp.div_hv = kda_fastdiv_make(pp.hv);
-    pp.div_group = kda_fastdiv_make(pp.group);
-    pp.div_cpr = kda_fastdiv_make(seqs.chunks_per_row);
+    pp.div_hv = kda_fastdiv_make(pp.pb.hv);
+    pp.div_group = kda_fastdiv_make(pp.pb.group);
+    pp.div_cpr = kda_fastdiv_make(pp.pb.seqs.chunks_per_row);
     *out = pp;
 }
 
@@ -414,10 +381,10 @@ static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, co
 /* The CP region at cpbase (cp_bytes(p, cap) bytes: the header, the piece table, the slots) and the plan's inputs;
  * tiles_factor 1 for the forward, KDA_BWD_CP_TILES for the backward's state-gradient chain */
 static void fill_cp_params(const cuda_impl_t *impl, const kda_problem_t *p, kda_cp_capacity_t cap, int tiles_factor,
-                           unsigned char *cpbase, const kda_cuda_seqs_t *seqs, kda_cp_params_t *cpp) {
+                           unsigned char *cpbase, const kda_cuda_problem_t *pb, kda_cp_params_t *cpp) {
     const kda_args_t *a = &p->a;
     memset(cpp, 0, sizeof *cpp);
-    cpp->seqs = *seqs;
+    cpp->pb = *pb;
     cpp->header = (int64_t *)cpbase;
     cpp->table = (kda_cp_piece_t *)(cpbase + 256);
     cpp->slots = (float *)(cpbase + 256 + (cap.pieces * (int64_t)sizeof(kda_cp_piece_t) + 255) / 256 * 256);
@@ -425,12 +392,9 @@ static void fill_cp_params(const cuda_impl_t *impl, const kda_problem_t *p, kda_
     cpp->cap_slots = cap.slots;
     cpp->mode = (int)a->cp_mode;
     cpp->piece_len = a->cp_piece_len;
-    cpp->hv = a->num_v_heads;
     cpp->v_tiles = kda_cp_v_tiles(a->head_dim_v) * tiles_factor;
     cpp->prescan_pairs = tiles_factor == KDA_BWD_CP_TILES;
     cpp->sm_count = impl->sm_count;
-    cpp->kc = kda_cuda_size_class(a->head_dim_k);
-    cpp->vc = kda_cuda_size_class(a->head_dim_v);
 }
 
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
@@ -452,18 +416,14 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
     kda_prep_params_t pp;
     fill_prep_params(impl, p, base, tune.dev_skip, &pp);
-    const kda_cuda_seqs_t seqs = pp.seqs;
+    const kda_cuda_seqs_t seqs = pp.pb.seqs;
     const kda_cuda_blocks_t blocks = pp.blocks;
 
     kda_rec_params_t rp;
     memset(&rp, 0, sizeof rp);
-    rp.seqs = seqs;
+    rp.pb = pp.pb;
     rp.blocks = blocks;
     rp.o = a->o;
-    rp.h0 = a->initial_state;
-    rp.ht = a->final_state;
-    rp.state_indices = a->state_indices;
-    rp.num_state_slots = a->num_state_slots;
     /* slot ownership (slots.cu) at the workspace's end */
     const kda_cp_capacity_t cap = cp_capacity(ctx, p);
     kda_claim_params_t cl = {a->state_indices, p->num_seqs, 1, 1, a->num_state_slots, NULL};
@@ -471,12 +431,6 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
         cl.claim = (int32_t *)(base + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cap));
     rp.claim = cl.claim;
     rp.o_dtype = (int)a->o_dtype;
-    rp.h0_dtype = (int)a->initial_state_dtype;
-    rp.ht_dtype = (int)a->final_state_dtype;
-    rp.hv = a->num_v_heads;
-    rp.K = K;
-    rp.V = V;
-    rp.v_first = a->state_v_first != 0;
     rp.states_bf16 = saved_states(impl, p); /* S for the backward, written as the recurrence (or CP's pieces) passes */
     /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
     if (cap.slots > 0) { /* the pieces' recurrence: the widest tiles (the split made the CTAs); M's columns come in
@@ -495,7 +449,7 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     kda_cp_params_t cpp;
     memset(&cpp, 0, sizeof cpp);
     if (cap.slots > 0) {
-        fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(impl, p), &seqs, &cpp);
+        fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(impl, p), &pp.pb, &cpp);
         int64_t *maps = saved_maps(impl, p);
         if (maps) { /* the plan records its piece length, the pre-scan writes M for the backward */
             cpp.maps_mode = 1;
@@ -685,18 +639,9 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
                       const kda_cuda_config_t *cfg, int device, void *stream) {
     kda_rec_params_t rp;
     memset(&rp, 0, sizeof rp);
-    rp.seqs = bw->pb.seqs;
+    rp.pb = bw->pb; /* (the mode writes no final state: pb.ht unused) */
     rp.blocks = bw->blocks;
-    rp.h0 = bw->pb.h0;
-    rp.state_indices = bw->pb.state_indices;
-    rp.num_state_slots = bw->pb.num_state_slots;
     rp.o_dtype = (int)KDA_DT_BF16; /* no O is written; sizes the (unused) staging rows */
-    rp.h0_dtype = bw->pb.h0_dtype;
-    rp.ht_dtype = (int)KDA_DT_F32;
-    rp.hv = bw->pb.hv;
-    rp.K = bw->pb.K;
-    rp.V = bw->pb.V;
-    rp.v_first = bw->pb.v_first;
     rp.chunk_states = bw->states;
     rp.states_bf16 = bw->states_bf16;
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
@@ -756,7 +701,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 
     kda_bwd_params_t bw;
     memset(&bw, 0, sizeof bw);
-    kda_cuda_problem_fill(&bw.pb, p, pp.seqs.chunk_offsets);
+    bw.pb = pp.pb;
     bw.blocks = pp.blocks;
     bw.states = bwd_split(p) ? NULL : (float *)(base + l.states);
     bw.states_bf16 = !bwd_split(p) ? NULL : kept_states ? kept_states : (uint16_t *)(base + l.states);
@@ -808,7 +753,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     kda_cp_params_t cpp;
     const int ds_cp = l.cap.slots > 0 && kda_bwd_dstate_cp_applies(&bw);
     if (ds_cp) {
-        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.pb.seqs, &cpp);
+        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.pb, &cpp);
         int64_t *maps = saved_maps(impl, p);
         if (maps) { /* the forward's pieces and maps where its plan's length is this call's (cp_plan.cu) */
             cpp.maps_mode = 2;

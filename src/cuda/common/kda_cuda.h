@@ -116,16 +116,15 @@ typedef struct kda_cuda_blocks {
 /* Intra-card context parallelism's plan and merge (cp_plan.cu, cp_plan.cuh, cp_merge.cu): the lengths, the piece
  * table and its storage in the workspace, the decision's inputs */
 typedef struct kda_cp_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;           /* the call's problem (its sequences, value heads and size classes) */
     kda_cp_piece_t *table;
     int64_t *header;                 /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
     float *slots;
     int64_t cap_pieces, cap_slots;   /* the workspace's capacity (kda_cp_capacity) */
     int mode;                        /* kda_cp_mode_t */
     int64_t piece_len;               /* tokens, KDA_CP_ON */
-    int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
+    int v_tiles, sm_count;           /* the decision's inputs (kda_cp_problem_t), with pb.hv */
     int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
-    int kc, vc;                      /* size classes: the slots' tiles */
     /* The forward's piece maps kept for the backward's chain (kda_args_t.saved): maps_header[0] is the piece length
        the forward's plan chose (0: none split, nothing kept), written by the forward's plan (maps_mode 1) and read
        by the backward's (maps_mode 2), which takes that length, and the maps (header[3] = 1), when its own
@@ -157,15 +156,9 @@ KDA_HD static inline uint32_t kda_fastdiv(uint32_t n, kda_fastdiv_t f) {
 }
 
 typedef struct kda_prep_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;           /* the call's problem: K, V the true head sizes (the template holds the classes) */
     kda_cuda_blocks_t blocks;
-    const void *q, *k, *v, *g, *beta;
-    const float *A_log, *dt_bias;    /* NULL unless use_gate_in_kernel */
-    int dtype, g_dtype, beta_dtype;
-    int hqk, hv, group, K, V;        /* the true head sizes (the kernel's template holds their classes) */
     int piece_qk, piece_v;           /* bytes in which 16-bit K (V) rows are copied: 16, 8, 4 or 2 (K % 8 == 0: 16) */
-    float scale, lower_bound;        /* lower_bound != 0: sigmoid gate */
-    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int dev_skip;                    /* KDA_SKIP */
     kda_fastdiv_t div_hv, div_group, div_cpr; /* by hv, group and seqs.chunks_per_row: the CTA → chunk step */
     /* plan = 1: the prep kernel's CTA 0 makes the CP piece table from cp (cp_plan.cuh) beside the chunks' CTAs,
@@ -210,16 +203,11 @@ KDA_HD static inline void kda_cuda_states_dv(int e, int kc, int *d, int *v) {
 }
 
 typedef struct kda_rec_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;           /* the call's problem: sequences, states, heads, head sizes */
     kda_cuda_blocks_t blocks;
     void *o;
-    const void *h0;
-    void *ht;
-    const int32_t *state_indices;
+    int o_dtype;                     /* also sizes the O staging rows of the modes that write no O */
     const int32_t *claim;            /* slots.cu: a slot counts for sequence n only if claim[slot] == n; NULL: all */
-    int64_t num_state_slots;
-    int o_dtype, h0_dtype, ht_dtype;
-    int hv, K, V, v_first;
     int bv;                          /* V columns per CTA: 32, 64 or 128 (<= the V class) */
     int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
     int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */

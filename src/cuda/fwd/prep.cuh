@@ -203,22 +203,22 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     constexpr int NT = PREP_NT(KD, VD);
     if (tid == 0) *sm.tstar = KDA_CHUNK; /* lowered only after gate_cumsum's barrier */
     if (!KDA_SKIP(p, 512)) {
-        if (p.dtype != KDA_DT_F32) {
-            const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)ck.K;
-            const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)ck.V;
-            load_tile16<KD, NT>(q, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
-            load_tile16<KD, NT>(k, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
-            load_tile16<VD, NT>(v, ck.t0, p.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
+        if (p.pb.dtype != KDA_DT_F32) {
+            const uint16_t *q = (const uint16_t *)p.pb.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.pb.k + ck.hq * (int64_t)ck.K;
+            const uint16_t *v = (const uint16_t *)p.pb.v + ck.h * (int64_t)ck.V;
+            load_tile16<KD, NT>(q, ck.t0, p.pb.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
+            load_tile16<KD, NT>(k, ck.t0, p.pb.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
+            load_tile16<VD, NT>(v, ck.t0, p.pb.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
         }
-        if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
-            load_tile16<KD, NT>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen,
+        if (p.pb.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
+            load_tile16<KD, NT>((const uint16_t *)p.pb.g + ck.h * (int64_t)ck.K, ck.t0, p.pb.hv, ck.K, ck.clen,
                                 ck.piece_qk, (bf16 *)sm.G, KD, tid);
     }
     if (tid < KDA_CHUNK) {
         float b = 0.0f;
         if (tid < ck.clen) {
-            b = load_elem(p.beta, p.beta_dtype, (ck.t0 + tid) * p.hv + ck.h);
-            if (p.beta_sigmoid) b = beta_sigmoid(b, p.neg_eigval);
+            b = load_elem(p.pb.beta, p.pb.beta_dtype, (ck.t0 + tid) * p.pb.hv + ck.h);
+            if (p.pb.beta_sigmoid) b = beta_sigmoid(b, p.pb.neg_eigval);
             if (!(fabsf(b) < PREP_HUGE)) bad = tid;
         }
         sm.beta[tid] = b;
@@ -273,16 +273,16 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD, NT);
     const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
     const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
-    const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
+    const float A = p.pb.A_log ? __expf(p.pb.A_log[ck.h]) : 1.0f;
     float2 bias = make_float2(0.0f, 0.0f);
-    if (p.gate_in_kernel && p.dt_bias) {
-        const float *db = p.dt_bias + ck.h * (int64_t)ck.K + gd;
+    if (p.pb.gate_in_kernel && p.pb.dt_bias) {
+        const float *db = p.pb.dt_bias + ck.h * (int64_t)ck.K + gd;
         if ((ck.K & 1) == 0 && okx) bias = *(const float2 *)db;
         else bias = make_float2(okx ? db[0] : 0.0f, oky ? db[1] : 0.0f);
     }
-    if (p.g_dtype == KDA_DT_F32) {
-        const float *gp = (const float *)p.g + (ck.t0 * p.hv + ck.h) * (int64_t)ck.K + gd;
-        const int64_t rs = (int64_t)p.hv * ck.K;
+    if (p.pb.g_dtype == KDA_DT_F32) {
+        const float *gp = (const float *)p.pb.g + (ck.t0 * p.pb.hv + ck.h) * (int64_t)ck.K + gd;
+        const int64_t rs = (int64_t)p.pb.hv * ck.K;
         if ((ck.K & 1) == 0) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
@@ -301,17 +301,17 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     cp_async_wait_all();
     __syncthreads(); /* the tiles were copied by all threads */
     const uint32_t *graw = (const uint32_t *)sm.G + gd / 2;
-    if (p.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
+    if (p.pb.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
         gate_pairs_to_f32<1, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
-    else if (p.g_dtype == KDA_DT_BF16)
+    else if (p.pb.g_dtype == KDA_DT_BF16)
         gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
     /* rows past the chunk's end and padded channels add 0 */
     const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
     float run0 = 0.0f, run1 = 0.0f;
-    if (p.gate_in_kernel && p.lower_bound != 0.0f) {
+    if (p.pb.gate_in_kernel && p.pb.lower_bound != 0.0f) {
         /* lower_bound · sigmoid(A (g + bias)), straight in log2 units: it lies in [lower_bound, 0] (the
            validated lower_bound ≥ −5 is inside the clamp), so one fmaxf is the whole clamp (NaN → min) */
-        const float za = -A * LOG2E, lb2 = p.lower_bound * LOG2E;
+        const float za = -A * LOG2E, lb2 = p.pb.lower_bound * LOG2E;
         if (!KDA_SKIP(p, 32)) {
             if (nvalid >= GROWS && nvalid_y >= GROWS) /* every row of the part inside the chunk: no masks */
                 gate_rows_lb<GROWS, 1>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
@@ -319,7 +319,7 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
                 gate_rows_lb<GROWS, 0>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
         }
     } else {
-        if (p.gate_in_kernel) { /* −A softplus(g + bias) */
+        if (p.pb.gate_in_kernel) { /* −A softplus(g + bias) */
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
                 gx[u] = -A * softplusf_(gx[u] + bias.x);
@@ -364,7 +364,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
                   const bf16 *tile, int tid, float (&x)[W / TPR]) {
     constexpr int CW = W / TPR, S = PREP_S(W);
     const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
-    if (p.dtype == KDA_DT_F32) {
+    if (p.pb.dtype == KDA_DT_F32) {
         const float *src = (const float *)src_base + row * n + c0;
         if (vec) {
 #pragma unroll
@@ -379,7 +379,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
 #pragma unroll
             for (int c = 0; c < CW; c++) x[c] = r < clen && c0 + c < n ? src[c] : 0.0f;
         }
-    } else if (p.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler computed both
+    } else if (p.pb.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler computed both
                                              conversions and selected */
         row16_to_f32<1, CW>(tile + r * S + c0, x);
     } else {
@@ -452,11 +452,11 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         return;
     }
     const int row = tid >> PREP_LOG2(TPR);
-    const int64_t row_qk = (ck.t0 + row) * p.hqk + ck.hq, row_v = (ck.t0 + row) * p.hv + ck.h;
+    const int64_t row_qk = (ck.t0 + row) * p.pb.hqk + ck.hq, row_v = (ck.t0 + row) * p.pb.hv + ck.h;
     const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
     float xq[CW], xk[CW];
-    load_row<KD, TPR, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
-    load_row<KD, TPR, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
+    load_row<KD, TPR, EXACT>(p, p.pb.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
+    load_row<KD, TPR, EXACT>(p, p.pb.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
     /* q·k, Σq², Σk² over the row's TPR threads, the three reductions side by side */
     float dot = 0.0f, ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
@@ -472,17 +472,17 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
     }
     int q_kept = 0; /* bf16 q: the tile keeps it raw and fq waits in sm.fq (the same f in all TPR threads) */
-    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad, p.dtype == KDA_DT_BF16, &q_kept);
-    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad, 0, NULL);
+    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.pb.l2norm, p.pb.scale, tid, bad, p.pb.dtype == KDA_DT_BF16, &q_kept);
+    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.pb.l2norm, 1.0f, tid, bad, 0, NULL);
     if ((tid & (TPR - 1)) == 0) {
         const float d = dot * fq * fk;
         sm.diag[row] = fabsf(d) < INFINITY ? d : 0.0f;
         sm.fq[row] = q_kept ? fq : 1.0f;
         sm.fqn[row] = fq;
     }
-    if (p.dtype != KDA_DT_BF16) {
+    if (p.pb.dtype != KDA_DT_BF16) {
         float xv[VD / TPR];
-        load_row<VD, TPR, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
+        load_row<VD, TPR, EXACT>(p, p.pb.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
         scale_row<VD, TPR>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad, 0, NULL);
     } else {
         huge_bf16_rows<VD, TPR>(sm.V, tid, bad);
@@ -789,15 +789,15 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
                                 holds bf16(q̂)): lo goes to QΓ_lo. Rows from t* on (neutral) and past the chunk's end are
                                 zero, as in the tile */
             const int ok = r < ck.clen && r < *sm.tstar;
-            const int64_t row = (ck.t0 + r) * p.hqk + ck.hq;
+            const int64_t row = (ck.t0 + r) * p.pb.hqk + ck.hq;
             float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int col = c * 8 + u;
                 float qv = 0.0f;
                 if (ok && col < ck.K)
-                    qv = p.dtype == KDA_DT_F32 ? ((const float *)p.q)[row * ck.K + col]
-                                               : __half2float(((const __half *)p.q)[row * ck.K + col]);
+                    qv = p.pb.dtype == KDA_DT_F32 ? ((const float *)p.pb.q)[row * ck.K + col]
+                                               : __half2float(((const __half *)p.pb.q)[row * ck.K + col]);
                 x[u] = qv * sm.fqn[r] * eg[u];
             }
             uint32_t lo[4];
@@ -1024,26 +1024,26 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
 
     /* this CTA's chunk */
     prep_chunk_t ck;
-    ck.K = EXACT ? KD : p.K;
-    ck.V = EXACT ? VD : p.V;
+    ck.K = EXACT ? KD : p.pb.K;
+    ck.V = EXACT ? VD : p.pb.V;
     ck.piece_qk = EXACT ? 16 : p.piece_qk;
     ck.piece_v = EXACT ? 16 : p.piece_v;
     /* (chunk, value head) of this CTA, after the planning CTA when there is one; the divisions by multiplies (fewer
        than 2^31 CTAs and chunks, so every dividend is below 2^31: kda_fastdiv_t) */
     const uint32_t b = blockIdx.x - (uint32_t)p.plan;
     const uint32_t cid = kda_fastdiv(b, p.div_hv);
-    ck.h = (int)(b - cid * (uint32_t)p.hv);
+    ck.h = (int)(b - cid * (uint32_t)p.pb.hv);
     int64_t n;
-    if (!p.seqs.cu_seqlens) {
+    if (!p.pb.seqs.cu_seqlens) {
         n = kda_fastdiv(cid, p.div_cpr);
-        if (n >= p.seqs.num_seqs) return;
+        if (n >= p.pb.seqs.num_seqs) return;
     } else {
-        n = chunk_seq(p.seqs, cid);
+        n = chunk_seq(p.pb.seqs, cid);
         if (n < 0) return;
     }
     int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    ck.t0 = bos + (cid - seq_chunk0(p.seqs, n)) * KDA_CHUNK;
+    seq_bounds(p.pb.seqs, n, &bos, &eos);
+    ck.t0 = bos + (cid - seq_chunk0(p.pb.seqs, n)) * KDA_CHUNK;
     ck.clen = (int)min((int64_t)KDA_CHUNK, eos - ck.t0);
     if (ck.clen <= 0) return;
     ck.hq = (int)kda_fastdiv((uint32_t)ck.h, p.div_group);
@@ -1086,10 +1086,10 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
 /* The launcher of one configuration: one CTA per (chunk, value head), and the planning CTA first when p->plan */
 template <int KD, int VD>
 static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv + (p->plan ? 1 : 0);
+    const int64_t ctas = p->blocks.max_chunks * p->pb.hv + (p->plan ? 1 : 0);
     if (ctas == 0) return 0;
     if (ctas >= ((int64_t)1 << 31)) return (int)cudaErrorInvalidValue; /* (the kernel's 32-bit CTA → chunk step) */
-    const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
+    const int bytes = PREP_BYTES(KD, VD), exact = p->pb.K == KD && p->pb.V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
     return kda_launch_ex(kernel, ctas, 1, PREP_NT(KD, VD), bytes, p, device, done[exact], stream, 1);

@@ -295,22 +295,22 @@ DEV void load_state(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sb
     for (int nt = 0; nt < KD / 8; nt++)                                                                          \
         for (int c = 0; c < 4; c++) {                                                                           \
             const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);                                  \
-            s[nt][c] = (MASK) ? CONV(((const T *)p.h0)[sbase + d * sd + v * sv]) : 0.0f;                        \
+            s[nt][c] = (MASK) ? CONV(((const T *)p.pb.h0)[sbase + d * sd + v * sv]) : 0.0f;                        \
         }
     if (full) {
-        if (p.h0_dtype == KDA_DT_F32) {
+        if (p.pb.h0_dtype == KDA_DT_F32) {
 #pragma unroll
             REC_LOAD_STATE(float, , 1)
         } else {
 #pragma unroll
             REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, 1)
         }
-    } else if (p.h0_dtype == KDA_DT_F32) {
+    } else if (p.pb.h0_dtype == KDA_DT_F32) {
 #pragma unroll
-        REC_LOAD_STATE(float, , d < p.K && v < p.V)
+        REC_LOAD_STATE(float, , d < p.pb.K && v < p.pb.V)
     } else {
 #pragma unroll
-        REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, d < p.K && v < p.V)
+        REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, d < p.pb.K && v < p.pb.V)
     }
 #undef REC_LOAD_STATE
 }
@@ -342,7 +342,7 @@ DEV void store_state(const kda_rec_params_t &p, void *dst, int dtype, const floa
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-            if (full || (d < p.K && v < p.V)) store_elem(dst, dtype, sbase + d * sd + v * sv, s[nt][c]);
+            if (full || (d < p.pb.K && v < p.pb.V)) store_elem(dst, dtype, sbase + d * sd + v * sv, s[nt][c]);
         }
 }
 
@@ -376,15 +376,15 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
         for (int e = tid; e < clen * row16; e += nthreads) {
             const int r = e / row16, c = e % row16;
             const uint4 val = *(const uint4 *)(sO + r * ostride * oes + c * 16);
-            *(uint4 *)(o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c * 16) = val;
+            *(uint4 *)(o + (((tok0 + r) * p.pb.hv + h) * (int64_t)p.pb.V + v0) * oes + c * 16) = val;
         }
     } else {
-        const int rowb = p.V * oes, pb = rowb % 16 == 0 ? 16 : rowb % 8 == 0 ? 8 : rowb % 4 == 0 ? 4 : 2;
-        const int np = min(bv, p.V - v0) * oes / pb;
+        const int rowb = p.pb.V * oes, pb = rowb % 16 == 0 ? 16 : rowb % 8 == 0 ? 8 : rowb % 4 == 0 ? 4 : 2;
+        const int np = min(bv, p.pb.V - v0) * oes / pb;
         for (int e = tid; e < clen * np; e += nthreads) {
             const int r = e / np, c = (e % np) * pb;
             const unsigned char *src = sO + r * ostride * oes + c;
-            unsigned char *dst = o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c;
+            unsigned char *dst = o + (((tok0 + r) * p.pb.hv + h) * (int64_t)p.pb.V + v0) * oes + c;
             if (pb == 16) *(uint4 *)dst = *(const uint4 *)src;
             else if (pb == 8) *(uint2 *)dst = *(const uint2 *)src;
             else if (pb == 4) *(uint32_t *)dst = *(const uint32_t *)src;
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     pdl_wait(); /* (launched with pdl: the kernel before, prep or the merge, has completed) */
     pdl_trigger();
 
-    const int bv = p.bv, nvt = kda_cuda_size_class(p.V) / bv;
+    const int bv = p.bv, nvt = kda_cuda_size_class(p.pb.V) / bv;
     const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t = lane & 3;
 
@@ -428,17 +428,17 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     if (MODE == KDA_REC_SEQ || MODE == KDA_REC_STATES) {
         vt = (int)(blockIdx.x % nvt);
         const int64_t rest = blockIdx.x / nvt;
-        h = (int)(rest % p.hv);
-        n = rest / p.hv;
-        seq_bounds(p.seqs, n, &bos, &eos);
+        h = (int)(rest % p.pb.hv);
+        n = rest / p.pb.hv;
+        seq_bounds(p.pb.seqs, n, &bos, &eos);
         nchunks = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
-        chunk0 = seq_chunk0(p.seqs, n);
+        chunk0 = seq_chunk0(p.pb.seqs, n);
     } else {
         const int mt = MODE == KDA_REC_PRESCAN ? KD / bv : 0, ntiles = mt + nvt;
         const int tile = (int)(blockIdx.x % ntiles);
         const int64_t rest = blockIdx.x / ntiles;
-        h = (int)(rest % p.hv);
-        const int64_t piece = rest / p.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
+        h = (int)(rest % p.pb.hv);
+        const int64_t piece = rest / p.pb.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
         if (piece >= p.cp_header[MODE == KDA_REC_PRESCAN ? 2 : 0]) return;
         const kda_cp_piece_t *e = &p.cp_table[piece];
         const int64_t flags = e->flags, cslot = e->slot;
@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         nchunks = e->num_chunks;
         chunk0 = e->chunk0;
         if (cslot >= 0)
-            slot_base = p.cp_slots + (cslot * p.hv + h) * kda_cuda_cp_slot_floats(KD, kda_cuda_size_class(p.V));
+            slot_base = p.cp_slots + (cslot * p.pb.hv + h) * kda_cuda_cp_slot_floats(KD, kda_cuda_size_class(p.pb.V));
         if (MODE == KDA_REC_PRESCAN) {
             /* only split pieces before their sequence's last; a first piece has no M */
             if (cslot < 0 || (flags & KDA_CP_LAST) || (tile < mt && (flags & KDA_CP_FIRST))) return;
@@ -458,7 +458,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
             store_final = 0;
             if (mcols && p.cp_maps) { /* at the backward's mirrored slot: its first slot + (np − 1 − index) */
                 const int64_t ms = cslot - e->index + (e->seq_pieces - 1 - e->index);
-                map_out = p.cp_maps + (ms * p.hv + h) * (int64_t)KD * KD;
+                map_out = p.cp_maps + (ms * p.pb.hv + h) * (int64_t)KD * KD;
             }
         } else {
             vt = tile;
@@ -477,22 +477,22 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
     unsigned char *sO0 = smem + nst * stage_bytes;
     const int ostride = REC_O_STRIDE(bv);
     const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
-    const int64_t slot = seq_slot(p.state_indices, p.claim, p.num_state_slots, n);
+    const int64_t slot = seq_slot(p.pb.state_indices, p.claim, p.pb.num_state_slots, n);
 
     float s[NT][4];
-    const int64_t sd = p.v_first ? 1 : p.V, sv = p.v_first ? p.K : 1; /* strides of d and v in a state */
-    const int64_t sbase = slot >= 0 ? (slot * p.hv + h) * (int64_t)p.K * p.V : 0;
-    const int vc = kda_cuda_size_class(p.V);
+    const int64_t sd = p.pb.v_first ? 1 : p.pb.V, sv = p.pb.v_first ? p.pb.K : 1; /* strides of d and v in a state */
+    const int64_t sbase = slot >= 0 ? (slot * p.pb.hv + h) * (int64_t)p.pb.K * p.pb.V : 0;
+    const int vc = kda_cuda_size_class(p.pb.V);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
-    const int full = EXACT || (p.K == KD && v0 + bv <= p.V); /* no padded rows or columns in this CTA's part of S */
+    const int full = EXACT || (p.pb.K == KD && v0 + bv <= p.pb.V); /* no padded rows or columns in this CTA's part of S */
     if (mcols) {
-        identity_cols<KD>(s, p.K, vw, g, t);
+        identity_cols<KD>(s, p.pb.K, vw, g, t);
     } else if (load_sin) {
         load_slot<KD>(slot_base + KD * KD + KD * vc, s, vc, 1, vw, g, t);
-    } else if (from_h0 && p.h0 && slot >= 0) {
+    } else if (from_h0 && p.pb.h0 && slot >= 0) {
         /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
         load_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
         poison_columns<KD>(s);
@@ -506,7 +506,7 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         mbar_init_fence();
     }
     __syncthreads();
-#define REC_BLOCK(ci) (blocks + ((chunk0 + (ci)) * p.hv + h) * p.blocks.block_bytes)
+#define REC_BLOCK(ci) (blocks + ((chunk0 + (ci)) * p.pb.hv + h) * p.blocks.block_bytes)
     if (tid == 0) {
         if (SPLIT) {
             if (nchunks > 0) {
@@ -534,16 +534,16 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         }
         if (MODE == KDA_REC_STATES) { /* S at this chunk's start: the caller's chunk_states, or the backward's */
             if (p.states_out)
-                store_state<KD>(p, p.states_out, p.states_out_dtype, s, ((chunk0 + ci) * p.hv + h) * (int64_t)p.K * p.V,
+                store_state<KD>(p, p.states_out, p.states_out_dtype, s, ((chunk0 + ci) * p.pb.hv + h) * (int64_t)p.pb.K * p.pb.V,
                                 sd, sv, vw, g, t, full);
             else if (p.states_bf16)
-                store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
+                store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.pb.hv + h) * (int64_t)KD * vc, s, vw, lane);
             else
-                store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
+                store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.pb.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
         } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_TILE && p.states_bf16) {
             /* the forward keeps S for the backward (kda_args_t.saved, bf16 inputs, backend.c keeps_states): the
                backward's states stage is then not run */
-            store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
+            store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.pb.hv + h) * (int64_t)KD * vc, s, vw, lane);
         }
         /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
            closing barrier, which it must have to get here */
@@ -601,8 +601,8 @@ __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(cons
         if (mcols) store_map<KD>(slot_base, s, 1, vw, g, t);             /* Mᵀ[e][d] (swizzled) */
         else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
         if (map_out) store_map<KD>(map_out, s, 0, vw, g, t);              /* M[d][e]: the backward's Mᵀ */
-    } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
-        store_state<KD>(p, p.ht, p.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
+    } else if (MODE != KDA_REC_STATES && store_final && p.pb.ht && slot >= 0) {
+        store_state<KD>(p, p.pb.ht, p.pb.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
     }
 }
 
@@ -629,16 +629,16 @@ static const void *rec_states_kernel(void) {
  * value head, tile) */
 template <int KD, int HAS_WG>
 static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
-    const int64_t nvt = kda_cuda_size_class(p->V) / p->bv;
-    const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->seqs.num_seqs * p->hv * nvt
-                         : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->hv * nvt
-                                                     : p->cp_capacity_slots * p->hv * (KD / p->bv + nvt);
+    const int64_t nvt = kda_cuda_size_class(p->pb.V) / p->bv;
+    const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->pb.seqs.num_seqs * p->pb.hv * nvt
+                         : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->pb.hv * nvt
+                                                     : p->cp_capacity_slots * p->pb.hv * (KD / p->bv + nvt);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
     static int done[4][6][KDA_MAX_DEVICES]; /* per kernel below */
     /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
-    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
+    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0, exact = p->pb.K == KD && p->pb.V == kda_cuda_size_class(p->pb.V);
 #define REC_KERNELS(M)                                                                                          \
     {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
      (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>, \
