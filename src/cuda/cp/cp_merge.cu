@@ -9,8 +9,8 @@
  * head splits over VC / 16 items, and a step is a KC × KC by KC × 16 product. The grid is at most one wave, and a
  * CTA takes items blockIdx, blockIdx + gridDim, ..: the host cannot tell how many sequences the device's plan
  * splits, only that they are at most min(N, slots / 2) (a split sequence has two slots or more), and a grid of
- * every table entry's CTAs (up to the capacity, most of them returning at once) cost more than the chain it served
- * (docs/PERF.md, "The merge's empty CTAs"). Item (r, h, tile) finds the first piece of the r-th split sequence by a
+ * every table entry's CTAs (up to the capacity, most of them returning at once) would cost more than the chain it
+ * serves. Item (r, h, tile) finds the first piece of the r-th split sequence by a
  * scan of the table's split pieces (its first header[2] entries, cp_plan.h; those FIRST), which goes on where the
  * CTA's previous item left it.
  *
@@ -22,8 +22,8 @@
  * half a step) frees its stages: two steps ahead at K = 128. Mᵀ is stored swizzled (kda_cuda_map_index: its writers
  * are the pre-scans, cp_slot.cuh's store_map), so that the four rows of an A fragment's load fall in different
  * banks. S_in(j) sits in shared memory rows of MERGE_SST floats (conflict-free B fragments), double-buffered: one
- * barrier a step. The FFMA version of before (four thread groups, 4 × 4 tiles) took ~3.4 µs a step at T65536 H8,
- * its shared-memory loads 8 floats per 16 FFMA (docs/PERF.md, "The merge step"). The backward's chain may take
+ * barrier a step (on CUDA cores, 4 × 4 tiles a thread, a step loads 8 floats from shared memory per 16 FFMA). The
+ * backward's chain may take
  * Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]): its chunk map is
  * the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6), stored in the same layout.
  */

@@ -13,7 +13,7 @@
  *   gate_cumsum        the gate (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel: G
  *   normalize_qkv      q ← s·q/‖q‖, k ← k/‖k‖ (l2norm), v: all as bf16 tiles; a bf16 q stays raw in its tile
  *                      and its row factor f_q = s/‖q‖ goes to fq, applied in fp32 by its readers (Aqk's rows,
- *                      QΓ), so that s q̂ e^G is rounded once rather than twice (docs/PERF.md, "QΓ rounded once")
+ *                      QΓ), so that s q̂ e^G is rounded once rather than twice
  *   neutral_rows       [rare] the non-finite contract (ALGORITHM.md §7): the chunk's first poisoning row t*
  *                      (NaN gate; q, k, v, β non-finite or |x| ≥ 2^56, found beside the three steps above);
  *                      rows from t* on become neutral (q = k = v = β = 0), so no row before t* reads them
@@ -55,8 +55,8 @@
 /* Threads of a CTA: 8 warps, or 16 for K = V class 256, whose shared memory holds one CTA per SM: 8 warps alone
  * left an SM's issue slots idle through every latency-bound step. With 16 warps each step's per-thread work is
  * that of the 8-warp kernel of a class half as wide (the same registers). The code takes 16 warps for any pair of
- * classes ≥ 128 (the classes (128, 256) and (256, 128) compile to 120 and 128 registers, no spill); they stay at
- * 8 until measured on a GPU. */
+ * classes ≥ 128 (the classes (128, 256) and (256, 128) compile to 120 and 128 registers, no spill); the mixed
+ * pairs keep 8 warps. */
 #define PREP_NT(KD, VD) ((KD) == 256 && (VD) == 256 ? 512 : 256)
 #define PREP_A_WARPS 6      /* A/Aqk roles: warps 0-5, and with 16 warps 6-11 the same roles over the second half of
                                the channels; the other warps ("decay warps") compute the decay factors beside them */
@@ -204,7 +204,8 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     if (tid == 0) *sm.tstar = KDA_CHUNK; /* lowered only after gate_cumsum's barrier */
     if (!KDA_SKIP(p, 512)) {
         if (p.pb.dtype != KDA_DT_F32) {
-            const uint16_t *q = (const uint16_t *)p.pb.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.pb.k + ck.hq * (int64_t)ck.K;
+            const uint16_t *q = (const uint16_t *)p.pb.q + ck.hq * (int64_t)ck.K,
+                           *k = (const uint16_t *)p.pb.k + ck.hq * (int64_t)ck.K;
             const uint16_t *v = (const uint16_t *)p.pb.v + ck.h * (int64_t)ck.V;
             load_tile16<KD, NT>(q, ck.t0, p.pb.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
             load_tile16<KD, NT>(k, ck.t0, p.pb.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
@@ -390,7 +391,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
 /* The row's factor f (1/‖x‖ with the l2norm, from the row's Σx² ss_row, times the scale), the contract's bound,
  * x f → the bf16 tile; f. With keep_raw (the tile holds the 16-bit input exactly, as bf16) and f within 2^±40
  * the tile keeps x and *kept is set: its readers apply f themselves, so that q's products with the decay factors
- * are rounded once (docs/PERF.md, "QΓ rounded once"); the bound keeps x e^{G−R} and its sums as far from
+ * are rounded once; the bound keeps x e^{G−R} and its sums as far from
  * overflow and underflow as x f e^{G−R} would be, give or take 2^40. */
 template <int W, int TPR>
 DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad,
@@ -436,7 +437,7 @@ DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
 
 /* Aqk's diagonal, Aqk_ii = q_i·k_i: with the factors of intra_chunk_A it carried the bf16 rounding of q, of k,
  * of both exponentials and of both factors, and o_i ≈ Aqk_ii Δ_i where the decay is strong: here it is s q·k /
- * (‖q‖ ‖k‖) in fp32 from the unrounded rows (docs/PERF.md, accuracy), substituted after intra_chunk_A
+ * (‖q‖ ‖k‖) in fp32 from the unrounded rows, substituted after intra_chunk_A
  * (aqk_diagonal). With the l2norm |q·k| ≤ √(Σq² Σk²), so a row whose sums are finite cannot overflow; one whose
  * sum is not (its normalized row is 0, or NaN and poisoned) gets 0, as does, without the l2norm, a row whose raw
  * q·k overflows (only with a scale below ~2^-8 and elements near the contract's bound: that token's own o_i,
@@ -472,7 +473,8 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
     }
     int q_kept = 0; /* bf16 q: the tile keeps it raw and fq waits in sm.fq (the same f in all TPR threads) */
-    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.pb.l2norm, p.pb.scale, tid, bad, p.pb.dtype == KDA_DT_BF16, &q_kept);
+    const float fq =
+        scale_row<KD, TPR>(xq, ssq, sm.Q, p.pb.l2norm, p.pb.scale, tid, bad, p.pb.dtype == KDA_DT_BF16, &q_kept);
     const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.pb.l2norm, 1.0f, tid, bad, 0, NULL);
     if ((tid & (TPR - 1)) == 0) {
         const float d = dot * fq * fk;
@@ -721,7 +723,7 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
 /* ---------------------------------------------------------------------------------------------------------
  * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): γ = e^{G_last} → workspace,
  * and Aqk's zero blocks above the diagonal. K̃ is made in gated_qk: here it put 8 K of a chunk's exponentials on
- * the MUFU pipe while the A warps' 33 K bunched there (docs/PERF.md, "What paces the A phase").
+ * the MUFU pipe while the A warps' 33 K bunched there.
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int VD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
@@ -861,7 +863,7 @@ DEV void invert_diag_blocks(float *sA, uint4 *ab, int warp, int lane) {
  * solve_w_u: [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
  *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I = Y_I + L_II Y_I.
  * Y_I stays in fp32 in the accumulators that L_II Y_I (Y_I rounded to bf16) is added to: with T_II's unit
- * diagonal on the tensor cores, Y's bf16 rounding went straight into X (docs/PERF.md, accuracy).
+ * diagonal on the tensor cores, Y's bf16 rounding would go straight into X.
  * A warp owns a slab of SLAB columns of W (the first half of the warps, SLAB = KD/4 with 8 warps, KD/8 with 16)
  * or of U (the second half, VD/4 or VD/8), so it needs no other warp. X goes to `stage` (panel layout), Y
  * through the warp's scratch rows (stride YS).
@@ -995,7 +997,7 @@ DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
 #define PREP_MIN_CTAS(KD, VD) ((KD) <= 128 && (VD) <= 128 ? 2 : 1)
 
 /* EXACT: K and V are the classes themselves (K = KD, V = VD): the masks and the narrow load paths compile away.
- * Without it the kernel carries them, and its larger code slowed the common sizes (instruction fetch). */
+ * Without it the kernel carries them, and its larger code would slow the common sizes (instruction fetch). */
 template <int KD, int VD, int EXACT>
 __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     kda_prep_kernel(const kda_prep_params_t p) {

@@ -30,10 +30,16 @@
  * O goes through shared memory so that its global stores are whole rows. Columns past V and tokens past a
  * sequence's end are never stored.
  *
- * Intra-card context parallelism (ALGORITHM.md §4) runs the same step over pieces of sequences (the kernel's MODE):
- * the pre-scan forms a piece's map S_out = M S_in + E (M's columns from the identity with U = 0, E's from zero),
- * Δᵀ = −Sᵀ Wᵀ and no O for M's columns, no O at all, QΓ and Aqk not copied; the pieces' pass is this kernel from
- * each piece's merged incoming state.
+ * Four kernels, one per mode (kda_cuda.h KDA_REC_*), each a few lines over the same phases:
+ *   kda_rec_seq_kernel      the forward: whole sequences, O and the final state
+ *   kda_rec_prescan_kernel  intra-card CP (ALGORITHM.md §4): a split piece's map S_out = M S_in + E (M's columns
+ *                           from the identity with U = 0, so Δᵀ = −Sᵀ Wᵀ; E's from zero), no O, QΓ and Aqk not
+ *                           copied
+ *   kda_rec_pieces_kernel   intra-card CP: every piece from its merged incoming state, O and the final state
+ *   kda_rec_states_kernel   chunk_states and the backward's stage 1: S at every chunk start, no O
+ * The phases: rec_seq_work / rec_piece_work (the CTA's sequence or piece, head and tile), rec_cta_setup,
+ * rec_load_start (S from the identity, S_in, h0 or zero), rec_prologue (barriers, first copies), then per chunk
+ * rec_chunk (rec_wait_chunk, rec_keep_state, the step, the O rows), and rec_store_end (Mᵀ and E, or ht).
  */
 #include "common.cuh"
 #include "cp_slot.cuh"
@@ -239,7 +245,8 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
     reg_fence(&oacc[0][0], 32);
     wg_fence();
 #pragma unroll
-    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(st.W + (kt >> 2) * 8192 + (kt & 3) * 32));
+    for (int kt = 0; kt < NKT; kt++)
+        wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(st.W + (kt >> 2) * 8192 + (kt & 3) * 32));
     wg_commit();
     if (WO) {
 #pragma unroll
@@ -794,7 +801,8 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const int bytes = kda_rec_smem<KD>(p, p->stages);
     static int done[4][6][KDA_MAX_DEVICES]; /* per kernel below */
     /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
-    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0, exact = p->pb.K == KD && p->pb.V == kda_cuda_size_class(p->pb.V);
+    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0;
+    const int exact = p->pb.K == KD && p->pb.V == kda_cuda_size_class(p->pb.V);
 #define REC_KERNELS(KERNEL)                                                                                     \
     {(const void *)KERNEL<KD, 0, 0>, (const void *)KERNEL<KD, 0, 1>, (const void *)KERNEL<KD, HAS_WG, 0>,         \
      (const void *)KERNEL<KD, HAS_WG, 1>, NULL, NULL}
