@@ -713,61 +713,40 @@ DEV void rec_run(const kda_rec_params_t &p, rec_cta_t &c, unsigned char *smem) {
  * sizes (instruction fetch). WG: 0 mma.sync, 1 wgmma, 2 wgmma adding Δᵀ K̃_lo (the states pass over fine blocks).
  * Each is launched with pdl: its first act waits for the kernel before (prep or the merge).
  * ------------------------------------------------------------------------------------------------------- */
-/* The shared memory's stages 1 KB-aligned (wgmma's 128-byte swizzle repeats every 1 KB) */
-DEV unsigned char *rec_smem_aligned(unsigned char *smem_raw) {
-    return smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+/* A kernel's body: the shared memory's stages 1 KB-aligned (wgmma's 128-byte swizzle repeats every 1 KB), the wait
+ * for the kernel before, the CTA's work (a whole sequence, or a piece of the table: none past the plan's), its walk */
+template <int KD, int WG, int EXACT, int MODE>
+DEV void rec_kernel(const kda_rec_params_t &p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    pdl_wait();
+    pdl_trigger();
+    rec_cta_t c;
+    rec_cta_ids(p, c);
+    if (MODE == KDA_REC_SEQ || MODE == KDA_REC_STATES) rec_seq_work(p, c.w);
+    else if (!rec_piece_work<KD, MODE>(p, c.w)) return;
+    rec_run<KD, WG, EXACT, MODE>(p, c, smem);
 }
 
 /* The forward: whole sequences, O and the final states */
 template <int KD, int WG, int EXACT>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_seq_kernel(const kda_rec_params_t p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = rec_smem_aligned(smem_raw);
-    pdl_wait();
-    pdl_trigger();
-    rec_cta_t c;
-    rec_cta_ids(p, c);
-    rec_seq_work(p, c.w);
-    rec_run<KD, WG, EXACT, KDA_REC_SEQ>(p, c, smem);
+    rec_kernel<KD, WG, EXACT, KDA_REC_SEQ>(p);
 }
-
 /* CP's pre-scan: each split piece's map, no O */
 template <int KD, int WG, int EXACT>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_prescan_kernel(const kda_rec_params_t p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = rec_smem_aligned(smem_raw);
-    pdl_wait();
-    pdl_trigger();
-    rec_cta_t c;
-    rec_cta_ids(p, c);
-    if (!rec_piece_work<KD, KDA_REC_PRESCAN>(p, c.w)) return;
-    rec_run<KD, WG, EXACT, KDA_REC_PRESCAN>(p, c, smem);
+    rec_kernel<KD, WG, EXACT, KDA_REC_PRESCAN>(p);
 }
-
 /* CP's pieces: every piece from its incoming state, O and the final states */
 template <int KD, int WG, int EXACT>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_pieces_kernel(const kda_rec_params_t p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = rec_smem_aligned(smem_raw);
-    pdl_wait();
-    pdl_trigger();
-    rec_cta_t c;
-    rec_cta_ids(p, c);
-    if (!rec_piece_work<KD, KDA_REC_PIECES>(p, c.w)) return;
-    rec_run<KD, WG, EXACT, KDA_REC_PIECES>(p, c, smem);
+    rec_kernel<KD, WG, EXACT, KDA_REC_PIECES>(p);
 }
-
 /* The states pass (chunk_states, the backward's stage 1): whole sequences, S at every chunk start, no O */
 template <int KD, int WG, int EXACT>
 __global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_states_kernel(const kda_rec_params_t p) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = rec_smem_aligned(smem_raw);
-    pdl_wait();
-    pdl_trigger();
-    rec_cta_t c;
-    rec_cta_ids(p, c);
-    rec_seq_work(p, c.w);
-    rec_run<KD, WG, EXACT, KDA_REC_STATES>(p, c, smem);
+    rec_kernel<KD, WG, EXACT, KDA_REC_STATES>(p);
 }
 
 /* Shared memory of a recurrence CTA of this configuration with `stages` ring stages (split: one buffer) */
