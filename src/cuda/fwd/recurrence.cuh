@@ -519,13 +519,13 @@ DEV void rec_cta_setup(const kda_rec_params_t &p, unsigned char *smem, rec_cta_t
  * where its state lies in h0 and ht */
 template <int KD, int EXACT>
 DEV void rec_load_start(const kda_rec_params_t &p, rec_cta_t &c, float (&s)[KD / 8][4]) {
+    c.sd = p.pb.v_first ? 1 : p.pb.V, c.sv = p.pb.v_first ? p.pb.K : 1;
+    c.sbase = c.slot >= 0 ? (c.slot * p.pb.hv + c.w.h) * (int64_t)p.pb.K * p.pb.V : 0;
+    c.vc = kda_cuda_size_class(p.pb.V);
 #pragma unroll
     for (int nt = 0; nt < KD / 8; nt++)
 #pragma unroll
         for (int cc = 0; cc < 4; cc++) s[nt][cc] = 0.0f;
-    c.sd = p.pb.v_first ? 1 : p.pb.V, c.sv = p.pb.v_first ? p.pb.K : 1;
-    c.sbase = c.slot >= 0 ? (c.slot * p.pb.hv + c.w.h) * (int64_t)p.pb.K * p.pb.V : 0;
-    c.vc = kda_cuda_size_class(p.pb.V);
     c.full = EXACT || (p.pb.K == KD && c.v0 + c.bv <= p.pb.V);
     if (c.w.mcols) {
         identity_cols<KD>(s, p.pb.K, c.vw, c.g, c.t);
