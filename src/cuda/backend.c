@@ -13,7 +13,9 @@
 
 #include "internal.h"
 #include "bwd.h"
+#include "cp.h"
 #include "decode.h"
+#include "fwd.h"
 #include "kda_cuda.h"
 
 typedef struct {
@@ -196,7 +198,7 @@ static size_t cp_bytes(const kda_problem_t *p, kda_cp_capacity_t cap) {
 
 /* bwd.h kda_bwd_params_t.split: bf16 inputs take the split stage 3 (and its Δ region). fp16 inputs take the fp32
  * recomputation as fp32 ones do: the split's bf16 tiles round fp16's 10-bit dO and S to 7 bits, and on FLA's
- * test_chunk_varlen fp16 case that put dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar (PERF.md) */
+ * test_chunk_varlen fp16 case that puts dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar */
 static int bwd_split(const kda_problem_t *p) { return p->a.dtype == KDA_BFLOAT16; }
 
 /* S at every chunk start in bf16 ([max_chunks][hv][KC][VC]): the split path's states (its products take S in
@@ -217,8 +219,8 @@ static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p);
  * passes (+128 bytes per token-head at K = V = 64, +512 at 128), so that the backward runs no states stage —
  * where that stage would take the card: its CTAs fill more than half of the SMs, or the state-gradient chain is
  * split (its pieces then take the card). Otherwise it runs beside the state-gradient stage on the second stream
- * and costs the step nothing, while the forward's writes would (+0.16 ms measured at B1 T32768 H16 before the
- * chain's split). The problem alone decides, so the forward and the backward agree. */
+ * and costs the step nothing, while the forward's writes would cost the forward their bytes. The problem alone
+ * decides, so the forward and the backward agree. */
 static int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
     return bwd_split(p) && keeps_blocks(p) &&
            (2 * states_ctas(impl, p) > impl->sm_count || bwd_own_capacity(impl, p).slots > 0);
@@ -237,7 +239,7 @@ static int keeps_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
  * same with and without `saved`, and an inference forward writes none): the backward's own blocks, a chunk_states
  * forward's, and the blocks a forward keeps in saved unless it keeps S as well (keeps_states: the backward then
  * reads the forward's S, made without K̃_lo, and runs no states pass). `kept`: the blocks are (or would be) those
- * kept in saved (docs/PERF.md, "K̃_lo in the states pass") */
+ * kept in saved */
 static int fine_for(const cuda_impl_t *impl, const kda_problem_t *p, int kept) {
     const int kt = kda_cuda_size_class(p->a.head_dim_k) <= 128 &&
                    (kept ? !keeps_states(impl, p) : p->bwd || p->a.chunk_states != NULL);
@@ -296,67 +298,23 @@ static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t
     return KDA_STATUS_SUCCESS;
 }
 
-/* The sequences, the chunk blocks (at `base` after the varlen offsets, or in the caller's saved memory) and the
- * chunk preparation's params: the forward's first stages, which the backward runs too (unless saved). */
-static void fill_prep_params(const cuda_impl_t *impl, const kda_problem_t *p, unsigned char *base, int dev_skip,
-                             kda_prep_params_t *out) {
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
-    kda_cuda_seqs_t seqs;
-    memset(&seqs, 0, sizeof seqs);
-    seqs.cu_seqlens = a->cu_seqlens;
-    seqs.cu_seqlens_64 = a->cu_seqlens_dtype == KDA_INT64;
-    seqs.num_tokens = p->num_tokens;
-    seqs.seq_len = a->seq_len;
-    seqs.num_seqs = p->num_seqs;
-    seqs.chunks_per_row = (a->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
-    seqs.chunk_offsets = p->varlen ? (int32_t *)base : NULL;
+/* The chunk blocks: at `base` after the varlen offsets, or in the caller's saved memory */
+static kda_cuda_blocks_t call_blocks(const cuda_impl_t *impl, const kda_problem_t *p, unsigned char *base) {
     const int fine = fine_blocks(impl, p);
-    kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
-                                kda_cuda_block_bytes_fine(kda_cuda_size_class(K), kda_cuda_size_class(V), fine),
-                                max_chunks(p), fine};
-
-    kda_prep_params_t pp;
-    memset(&pp, 0, sizeof pp);
-    pp.seqs = seqs;
-    pp.blocks = blocks;
-    pp.q = a->q;
-    pp.k = a->k;
-    pp.v = a->v;
-    pp.g = a->g;
-    pp.beta = a->beta;
-    pp.A_log = a->use_gate_in_kernel ? a->A_log : NULL;
-    pp.dt_bias = a->use_gate_in_kernel ? a->dt_bias : NULL;
-    pp.dtype = (int)a->dtype;
-    pp.g_dtype = (int)a->g_dtype;
-    pp.beta_dtype = (int)a->beta_dtype;
-    pp.hqk = a->num_qk_heads;
-    pp.hv = a->num_v_heads;
-    pp.group = p->group;
-    pp.K = K;
-    pp.V = V;
-    pp.piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
-    pp.piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
-    pp.scale = p->scale;
-    pp.lower_bound = p->has_lower_bound ? a->lower_bound : 0.0f;
-    pp.l2norm = a->use_qk_l2norm != 0;
-    pp.gate_in_kernel = a->use_gate_in_kernel != 0;
-    pp.beta_sigmoid = a->use_beta_sigmoid != 0;
-    pp.neg_eigval = a->allow_neg_eigval != 0;
-    pp.dev_skip = dev_skip;
-    pp.div_hv = kda_fastdiv_make(pp.hv);
-    pp.div_group = kda_fastdiv_make(pp.group);
-    pp.div_cpr = kda_fastdiv_make(seqs.chunks_per_row);
-    *out = pp;
+    const kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
+                                      kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k),
+                                                                kda_cuda_size_class(p->a.head_dim_v), fine),
+                                      max_chunks(p), fine};
+    return blocks;
 }
 
-/* Columns of the state per recurrence CTA: the widest tile (up to 128, within the V class) that still gives
- * ~80% of the SMs a CTA. */
-static int choose_bv(const cuda_impl_t *impl, const kda_problem_t *p, int vc) {
-    const int64_t heads = p->num_seqs * p->a.num_v_heads;
-    for (int bv = vc < 128 ? vc : 128; bv >= 32; bv /= 2)
-        if (heads * (vc / bv) * 5 >= (int64_t)impl->sm_count * 4) return bv;
-    return 32;
+/* The call's problem (its varlen offsets at `base`) and the chunk preparation's params over its blocks: the
+ * forward's first stages, which the backward runs too (unless saved) */
+static void fill_prep_params(const cuda_impl_t *impl, const kda_problem_t *p, unsigned char *base, int dev_skip,
+                             kda_prep_params_t *out) {
+    kda_cuda_problem_t pb;
+    kda_cuda_problem_fill(&pb, p, (int32_t *)base);
+    kda_fwd_prep_params(&pb, call_blocks(impl, p, base), dev_skip, out);
 }
 
 #ifdef KDA_DEV_BUILD
@@ -371,183 +329,56 @@ KDA_API void kda_dev_set_tuning(int dev_skip, int bv, int rec_mma, int stages) {
 }
 #endif
 
-/* The recurrence's tile narrowed until two ring stages fit (rp->blocks and o_dtype set): with fine blocks' K̃_lo a
- * stage at K = 128, BV = 128 is 89 KB, and with fp32 O staging two of them no longer fit at BV 128 */
-static void rec_fit_bv(const kda_cuda_config_t *cfg, kda_rec_params_t *rp) {
-    while (rp->bv > 32 && cfg->rec_smem(rp, 2) > KDA_REC_SMEM_MAX) rp->bv /= 2;
-}
-
 /* The state columns per CTA of the recurrence kernel in KDA_REC_STATES mode (its launch and states_ctas) */
 static int states_bv(const cuda_impl_t *impl, const kda_problem_t *p) {
-    return choose_bv(impl, p, kda_cuda_size_class(p->a.head_dim_v));
+    return kda_fwd_choose_bv(p->num_seqs * p->a.num_v_heads, kda_cuda_size_class(p->a.head_dim_v), impl->sm_count);
 }
 /* The CTAs of the backward's states stage (keeps_states, bwd_overlap) */
 static int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p) {
     return p->num_seqs * p->a.num_v_heads * (kda_cuda_size_class(p->a.head_dim_v) / states_bv(impl, p));
 }
 
-/* The recurrence kernel in KDA_REC_STATES mode over whole sequences, with its tiling (rp: the problem and where the
- * states go; the forward's and the backward's stage 1 both launch through here). */
+/* The recurrence kernel in KDA_REC_STATES mode over whole sequences (the backward's stage 1; fwd/launch.c) */
 static int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
                              kda_rec_params_t *rp, int device, void *stream) {
-    rp->mode = KDA_REC_STATES;
-    rp->bv = states_bv(impl, p);
-    rec_fit_bv(cfg, rp);
-    rp->stages = cfg->rec_smem(rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-    rp->wgmma = impl->major == 9 && rp->bv >= 64 && cfg->rec_wgmma;
-    return cfg->rec(rp, device, stream);
+    return kda_fwd_launch_states(cfg, rp, states_bv(impl, p), impl->major, device, stream);
 }
 
-/* chunk_states: S before every chunk, by the recurrence kernel in KDA_REC_STATES mode over the prep's blocks (no O
- * products), into the caller's tensor. It runs before the forward's own recurrence, which may overwrite an
- * in-place initial state; whole sequences, whatever the CP split of the forward. */
-static int chunk_states_pass(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
-                             const kda_rec_params_t *fwd, int device, void *stream) {
-    kda_rec_params_t rp = *fwd;
-    rp.chunk_states = NULL;
-    rp.states_bf16 = NULL;
-    rp.states_out = p->a.chunk_states;
-    rp.states_out_dtype = (int)p->a.chunk_states_dtype;
-    return launch_rec_states(impl, p, cfg, &rp, device, stream);
-}
-
-/* The CP region at cpbase (cp_bytes(p, cap) bytes: the header, the piece table, the slots) and the plan's inputs;
- * tiles_factor 1 for the forward, KDA_BWD_CP_TILES for the backward's state-gradient chain */
+/* The CP region at cpbase (cp_bytes(p, cap) bytes) and the plan's inputs; tiles_factor 1 for the forward,
+ * KDA_BWD_CP_TILES for the backward's state-gradient chain (cp/launch.c) */
 static void fill_cp_params(const cuda_impl_t *impl, const kda_problem_t *p, kda_cp_capacity_t cap, int tiles_factor,
-                           unsigned char *cpbase, const kda_cuda_seqs_t *seqs, kda_cp_params_t *cpp) {
-    const kda_args_t *a = &p->a;
-    memset(cpp, 0, sizeof *cpp);
-    cpp->seqs = *seqs;
-    cpp->header = (int64_t *)cpbase;
-    cpp->table = (kda_cp_piece_t *)(cpbase + 256);
-    cpp->slots = (float *)(cpbase + 256 + (cap.pieces * (int64_t)sizeof(kda_cp_piece_t) + 255) / 256 * 256);
-    cpp->cap_pieces = cap.pieces;
-    cpp->cap_slots = cap.slots;
-    cpp->mode = (int)a->cp_mode;
-    cpp->piece_len = a->cp_piece_len;
-    cpp->hv = a->num_v_heads;
-    cpp->v_tiles = kda_cp_v_tiles(a->head_dim_v) * tiles_factor;
-    cpp->prescan_pairs = tiles_factor == KDA_BWD_CP_TILES;
-    cpp->sm_count = impl->sm_count;
-    cpp->kc = kda_cuda_size_class(a->head_dim_k);
-    cpp->vc = kda_cuda_size_class(a->head_dim_v);
+                           unsigned char *cpbase, const kda_cuda_problem_t *pb, kda_cp_params_t *cpp) {
+    kda_cp_fill_params(pb, &p->a, cap, tiles_factor, impl->sm_count, cpbase, cpp);
 }
 
+/* The forward's chunked path: the workspace regions of this call, then its launches (fwd/launch.c) */
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
-    const kda_args_t *a = &p->a;
-    const int K = a->head_dim_k, V = a->head_dim_v;
-    const int kc = kda_cuda_size_class(K), vc = kda_cuda_size_class(V);
-    const kda_cuda_config_t *cfg = kda_cuda_find_config(kc, vc); /* non-NULL: cuda_supports checked it */
-    kda_tuning_t tune = ctx->tuning;
+    kda_fwd_launch_t l;
+    memset(&l, 0, sizeof l);
+    l.p = p;
+    l.tune = ctx->tuning;
 #ifdef KDA_DEV_BUILD
-    if (!tune.bv) tune.bv = dev_tuning.bv;
-    if (!tune.rec_mma) tune.rec_mma = dev_tuning.rec_mma;
-    if (!tune.stages) tune.stages = dev_tuning.stages;
-    if (!tune.dev_skip) tune.dev_skip = dev_tuning.dev_skip;
+    if (!l.tune.bv) l.tune.bv = dev_tuning.bv;
+    if (!l.tune.rec_mma) l.tune.rec_mma = dev_tuning.rec_mma;
+    if (!l.tune.stages) l.tune.stages = dev_tuning.stages;
+    if (!l.tune.dev_skip) l.tune.dev_skip = dev_tuning.dev_skip;
 #else
-    tune.dev_skip = 0;
+    l.tune.dev_skip = 0;
 #endif
-
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
-    kda_prep_params_t pp;
-    fill_prep_params(impl, p, base, tune.dev_skip, &pp);
-    const kda_cuda_seqs_t seqs = pp.seqs;
-    const kda_cuda_blocks_t blocks = pp.blocks;
-
-    kda_rec_params_t rp;
-    memset(&rp, 0, sizeof rp);
-    rp.seqs = seqs;
-    rp.blocks = blocks;
-    rp.o = a->o;
-    rp.h0 = a->initial_state;
-    rp.ht = a->final_state;
-    rp.state_indices = a->state_indices;
-    rp.num_state_slots = a->num_state_slots;
-    /* slot ownership (slots.cu) at the workspace's end */
-    const kda_cp_capacity_t cap = cp_capacity(ctx, p);
-    kda_claim_params_t cl = {a->state_indices, p->num_seqs, 1, 1, a->num_state_slots, NULL};
-    if (kda_cuda_claim_bytes(p) > 0)
-        cl.claim = (int32_t *)(base + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cap));
-    rp.claim = cl.claim;
-    rp.o_dtype = (int)a->o_dtype;
-    rp.h0_dtype = (int)a->initial_state_dtype;
-    rp.ht_dtype = (int)a->final_state_dtype;
-    rp.hv = a->num_v_heads;
-    rp.K = K;
-    rp.V = V;
-    rp.v_first = a->state_v_first != 0;
-    rp.states_bf16 = saved_states(impl, p); /* S for the backward, written as the recurrence (or CP's pieces) passes */
-    /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence's */
-    if (cap.slots > 0) { /* the pieces' recurrence: the widest tiles (the split made the CTAs); M's columns come in
-                            tiles of the same width, so no wider than the K class */
-        rp.bv = vc < 128 ? vc : 128;
-        if (kc < rp.bv) rp.bv = kc;
-    } else {
-        rp.bv = choose_bv(impl, p, vc);
-        if ((tune.bv == 32 || tune.bv == 64 || tune.bv == 128) && tune.bv <= vc) rp.bv = tune.bv;
-    }
-    rp.stages = cfg->rec_smem(&rp, 3) <= KDA_REC_SMEM_MAX ? 3 : 2;
-    if (tune.stages == 2) rp.stages = 2;
-    rp.wgmma = impl->major == 9 && rp.bv >= 64 && cfg->rec_wgmma && !tune.rec_mma;
-    rp.dev_skip = tune.dev_skip;
-
-    kda_cp_params_t cpp;
-    memset(&cpp, 0, sizeof cpp);
-    if (cap.slots > 0) {
-        fill_cp_params(impl, p, cap, 1, base + meta_bytes(p) + ws_blocks_bytes(impl, p), &seqs, &cpp);
-        int64_t *maps = saved_maps(impl, p);
-        if (maps) { /* the plan records its piece length, the pre-scan writes M for the backward */
-            cpp.maps_mode = 1;
-            cpp.maps_header = maps;
-            rp.cp_maps = (float *)(maps + 32);
-        }
-        rp.cp_table = cpp.table;
-        rp.cp_header = cpp.header;
-        rp.cp_slots = cpp.slots;
-        rp.cp_capacity = cap.pieces;
-        rp.cp_capacity_slots = cap.slots;
-    }
-    pp.plan = cap.slots > 0;
-    pp.cp = cpp;
-
-    if (blocks.max_chunks * a->num_v_heads >= ((int64_t)1 << 31) ||
-        p->num_seqs * a->num_v_heads * (vc / 32) >= ((int64_t)1 << 31) ||
-        cap.pieces * a->num_v_heads * (kc / 64 + vc / 32) >= ((int64_t)1 << 31) ||
-        cap.slots * a->num_v_heads * (kc / 32 + vc / 32) >= ((int64_t)1 << 31)) /* the pre-scan's grid, by slots */
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
-                         fn, (long long)p->num_tokens, a->num_v_heads);
-
-    int prev = -1;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e == cudaSuccess && prev != ctx->device) e = cudaSetDevice(ctx->device);
-    if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
-    int err = 0;
-    const char *stage = "";
-    if (p->varlen && (err = kda_cuda_launch_meta(&seqs, stream)) != 0) stage = "meta";
-    else if ((err = kda_cuda_launch_claim(&cl, stream)) != 0) stage = "slot ownership";
-    /* the CP plan reads only the lengths: CTA 0 of the prep kernel makes it beside the chunks (its own kernel
-       before prep sat on the chain before the pre-scan, ~8 µs on the H200; after prep, ~9 µs); a kernel of its own
-       only when prep does not run */
-    else if (cap.slots != 0 && (tune.dev_skip & 8) && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0)
-        stage = "CP plan";
-    else if (!(tune.dev_skip & 8) && (err = cfg->prep(&pp, ctx->device, stream)) != 0) stage = "prep";
-    else if (a->chunk_states && (err = chunk_states_pass(impl, p, cfg, &rp, ctx->device, stream)) != 0)
-        stage = "chunk states";
-    else if (cap.slots == 0) {
-        if (!(tune.dev_skip & 16) && (err = cfg->rec(&rp, ctx->device, stream)) != 0) stage = "recurrence";
-    } else if ((rp.mode = KDA_REC_PRESCAN, err = cfg->rec(&rp, ctx->device, stream)) != 0) {
-        stage = "CP pre-scan";
-    } else if ((err = kda_cuda_launch_cp_merge(&cpp, ctx->device, stream)) != 0) {
-        stage = "CP merge";
-    } else if ((rp.mode = KDA_REC_PIECES, err = cfg->rec(&rp, ctx->device, stream)) != 0) {
-        stage = "CP pieces";
-    }
-    if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
-    if (err != 0)
-        return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the %s kernel: %s", fn, stage,
-                         cudaGetErrorString((cudaError_t)err));
-    return KDA_STATUS_SUCCESS;
+    kda_cuda_problem_fill(&l.pb, p, (int32_t *)base);
+    l.cfg = kda_cuda_find_config(l.pb.kc, l.pb.vc); /* non-NULL: cuda_supports checked it */
+    l.blocks = call_blocks(impl, p, base);
+    /* the CP region after the blocks, slot ownership (slots.cu) at the workspace's end */
+    l.cap = cp_capacity(ctx, p);
+    l.cp_base = base + meta_bytes(p) + ws_blocks_bytes(impl, p);
+    l.claim = kda_cuda_claim_bytes(p) > 0 ? (int32_t *)(l.cp_base + cp_bytes(p, l.cap)) : NULL;
+    l.states_bf16 = saved_states(impl, p);
+    l.maps = saved_maps(impl, p);
+    l.sm_count = impl->sm_count;
+    l.major = impl->major;
+    return kda_fwd_run(&l, ctx->device, stream, fn);
 }
 
 /* The decode kernel's workspace is the slot-ownership array alone (256-aligned within it), or nothing */
@@ -685,18 +516,9 @@ static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda
                       const kda_cuda_config_t *cfg, int device, void *stream) {
     kda_rec_params_t rp;
     memset(&rp, 0, sizeof rp);
-    rp.seqs = bw->pb.seqs;
+    rp.pb = bw->pb; /* (the mode writes no final state: pb.ht unused) */
     rp.blocks = bw->blocks;
-    rp.h0 = bw->pb.h0;
-    rp.state_indices = bw->pb.state_indices;
-    rp.num_state_slots = bw->pb.num_state_slots;
     rp.o_dtype = (int)KDA_DT_BF16; /* no O is written; sizes the (unused) staging rows */
-    rp.h0_dtype = bw->pb.h0_dtype;
-    rp.ht_dtype = (int)KDA_DT_F32;
-    rp.hv = bw->pb.hv;
-    rp.K = bw->pb.K;
-    rp.V = bw->pb.V;
-    rp.v_first = bw->pb.v_first;
     rp.chunk_states = bw->states;
     rp.states_bf16 = bw->states_bf16;
     return launch_rec_states(impl, p, cfg, &rp, device, stream);
@@ -756,7 +578,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
 
     kda_bwd_params_t bw;
     memset(&bw, 0, sizeof bw);
-    kda_cuda_problem_fill(&bw.pb, p, pp.seqs.chunk_offsets);
+    bw.pb = pp.pb;
     bw.blocks = pp.blocks;
     bw.states = bwd_split(p) ? NULL : (float *)(base + l.states);
     bw.states_bf16 = !bwd_split(p) ? NULL : kept_states ? kept_states : (uint16_t *)(base + l.states);
@@ -808,7 +630,7 @@ static kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *b
     kda_cp_params_t cpp;
     const int ds_cp = l.cap.slots > 0 && kda_bwd_dstate_cp_applies(&bw);
     if (ds_cp) {
-        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.pb.seqs, &cpp);
+        fill_cp_params(impl, p, l.cap, KDA_BWD_CP_TILES, base + l.cp, &bw.pb, &cpp);
         int64_t *maps = saved_maps(impl, p);
         if (maps) { /* the forward's pieces and maps where its plan's length is this call's (cp_plan.cu) */
             cpp.maps_mode = 2;

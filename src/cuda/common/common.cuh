@@ -33,7 +33,7 @@ DEV uint32_t pack_bf16(float lo, float hi) {
 }
 
 /* exact, by bits (bf16 is fp32's upper half): no split into 16-bit registers, which cost the kernels a pair of PRMT
-   wherever a packed pair was also read back (docs/PERF.md, "Prep v2") */
+   wherever a packed pair was also read back */
 DEV float2 unpack_bf16(uint32_t u) { return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u)); }
 
 /* The low part of the pair (x0, x1) whose bf16 rounding is hi = pack_bf16(x0, x1): x = hi + lo to ~16 bits */
@@ -190,8 +190,7 @@ DEV void split_tf32(float x, float *hi, float *lo) {
 
 /* x as tf32 parts by masks, hi = x with its 13 low mantissa bits cleared, lo = x − hi (exact) likewise: two integer
  * ops and an add, where split_tf32's two cvt.rn are conversions (F2FP: 30 % of the CP merge's instructions with
- * split_tf32; measured on an H200 they issued like any full-rate op, and the merge gained ~10 % from this and its
- * shorter chains together, docs/PERF.md). Both parts toward zero, so A B ≈ Ah Bh + Ah Bl + Al Bh within ~2^-19
+ * split_tf32). Both parts toward zero, so A B ≈ Ah Bh + Ah Bl + Al Bh within ~2^-19
  * relative (against ~2^-21 for split_tf32): still far below the bf16 outputs' 2^-8 */
 DEV void split_tf32_rz(float x, float *hi, float *lo) {
     *hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
@@ -328,7 +327,7 @@ DEV void fence_proxy_async(void) { asm volatile("fence.proxy.async.shared::cta;\
  * cta_smem(smem_raw): the array itself here (the host emulator gives each CTA of a cluster its own). */
 DEV void cluster_arrive(void) { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 /* An arrive that orders nothing but an mbarrier's initialisation before it (fence.mbarrier_init.release.cluster):
- * the release form's MEMBAR.ALL.GPU at the pairs kernel's start was ~2.5 % of its stall samples */
+ * the release form would put a MEMBAR.ALL.GPU at the kernel's start */
 DEV void cluster_arrive_relaxed(void) { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
 DEV void cluster_wait(void) { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 DEV void cluster_st_async2(const void *local, uint32_t bar, unsigned rank, float x, float y) {
@@ -485,8 +484,8 @@ static inline cudaError_t kda_smem_limit(const void *kernel, int bytes, int devi
 
 /* Launch `kernel`, whose one argument is the params struct at `params`, on `ctas` CTAs of `threads` threads with
  * `bytes` of dynamic shared memory (its limit raised once per device through `done`), in clusters of `cluster`
- * consecutive CTAs when cluster > 1 (ctas a multiple of it; scheduled for load balance, not the default spread: the
- * pairs kernel 1.79 → 1.68 ms at B2 T8192 H32, H100), with programmatic stream serialisation when pdl (the kernel
+ * consecutive CTAs when cluster > 1 (ctas a multiple of it; scheduled for load balance, not the default spread),
+ * with programmatic stream serialisation when pdl (the kernel
  * may be scheduled before the one ahead of it in the stream completes: see pdl_trigger): 0 or the cudaError_t. */
 static inline int kda_launch_ex(const void *kernel, int64_t ctas, int cluster, int threads, int bytes,
                                 const void *params, int device, int done[KDA_MAX_DEVICES], void *stream, int pdl) {

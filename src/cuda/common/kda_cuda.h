@@ -1,20 +1,25 @@
 /*
- * The CUDA backend's host/device contract: the size classes and the table of kernel configurations, one plain
- * params struct per kernel (filled by backend.c from a checked kda_problem_t, passed by value), the workspace
- * block layout, and the launchers of each stage.
+ * The CUDA backend's host/device contract: the size classes and the table of kernel configurations, the problem
+ * every kernel reads (kda_cuda_problem_t: filled once per call by problem.c from the checked kda_problem_t and
+ * embedded as `pb` in each kernel's params, passed by value), one params struct per kernel adding its workspace
+ * regions and tiling (filled by the op's launch file: fwd/launch.c, cp/launch.c), the workspace block layout, and
+ * the launchers of each stage.
  *
- * Stages of kda_forward (docs/ALGORITHM.md §3):
- *   meta.cu        varlen only: chunk_offsets[n] = Σ_{m<n} ceil(len_m / C), on the device (no host sync)
- *   prep.cuh       one CTA per (chunk, value head): per-token inputs, A, Aqk, T = (I + A)⁻¹, W, U, QΓ, K̃, γ
- *                  into a workspace block per (chunk, head); one instance per (K class, V class)
- *   recurrence.cuh one CTA per (sequence, value head, V tile): the chunk recurrence over the blocks; one
- *                  instance per K class (and MMA kind)
+ * Stages of kda_forward (docs/ALGORITHM.md §3), per chunk of C tokens:
+ *   meta.cu        varlen only: chunk_offsets[n] = Σ_{m<n} ⌈len_m / C⌉, on the device (no host sync)
+ *   prep.cuh       one CTA per (chunk, value head): the per-token inputs, A, Aqk, T = (I + A)⁻¹,
+ *                  W = T Diag(β) KΓ, U = T Diag(β) V, QΓ, K̃, γ into a workspace block per (chunk, head); one
+ *                  instance per (K class, V class)
+ *   recurrence.cuh one CTA per (sequence, value head, V tile), chunk after chunk: Δ = U − W S,
+ *                  O = QΓ S + Aqk Δ, S ← Diag(γ) S + K̃ᵀ Δ; one instance per K class (and MMA kind)
  * and, when a long sequence is split into pieces (intra-card context parallelism, docs/ALGORITHM.md §4), between
  * prep and a recurrence over the pieces:
- *   cp_plan.cu     one CTA: the piece table (src/cp_plan.h's decision and layout, from the device's lengths)
- *   recurrence.cuh KDA_REC_PRESCAN: per (piece, value head, tile) the piece's affine map S_out = M S_in + E
- *   cp_merge.cu    per (split sequence, value head, 32 columns): S_in of every piece, in order, in fp32
- *   recurrence.cuh KDA_REC_PIECES: per (piece, value head, V tile) the chunk recurrence from S_in, writing O
+ *   cp_plan.cu     one CTA (or the prep kernel's CTA 0): the piece table (src/cp_plan.h's decision and layout,
+ *                  from the device's lengths)
+ *   recurrence.cuh pre-scan: per (split piece j, value head, tile) its affine map S_out = M_j S_in + E_j
+ *   cp_merge.cu    per (split sequence, value head, 16 columns): S_in(j + 1) = M_j S_in(j) + E_j, in order, fp32
+ *   recurrence.cuh pieces: per (piece, value head, V tile) the chunk recurrence from S_in, writing O
+ * The recurrence's states pass (S at every chunk start, no O) serves chunk_states and the backward's stage 1.
  *
  * Head sizes: any K and V in [1, KDA_MAX_HEAD_DIM], independently. Each is padded to its size class (64, 128 or
  * 256): loads zero-fill the padding and stores are masked, so a problem runs the kernels of its class. The
@@ -116,16 +121,15 @@ typedef struct kda_cuda_blocks {
 /* Intra-card context parallelism's plan and merge (cp_plan.cu, cp_plan.cuh, cp_merge.cu): the lengths, the piece
  * table and its storage in the workspace, the decision's inputs */
 typedef struct kda_cp_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;           /* the call's problem (its sequences, value heads and size classes) */
     kda_cp_piece_t *table;
     int64_t *header;                 /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
     float *slots;
     int64_t cap_pieces, cap_slots;   /* the workspace's capacity (kda_cp_capacity) */
     int mode;                        /* kda_cp_mode_t */
     int64_t piece_len;               /* tokens, KDA_CP_ON */
-    int hv, v_tiles, sm_count;       /* the decision's inputs (kda_cp_problem_t) */
+    int v_tiles, sm_count;           /* the decision's inputs (kda_cp_problem_t), with pb.hv */
     int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
-    int kc, vc;                      /* size classes: the slots' tiles */
     /* The forward's piece maps kept for the backward's chain (kda_args_t.saved): maps_header[0] is the piece length
        the forward's plan chose (0: none split, nothing kept), written by the forward's plan (maps_mode 1) and read
        by the backward's (maps_mode 2), which takes that length, and the maps (header[3] = 1), when its own
@@ -157,15 +161,9 @@ KDA_HD static inline uint32_t kda_fastdiv(uint32_t n, kda_fastdiv_t f) {
 }
 
 typedef struct kda_prep_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;           /* the call's problem: K, V the true head sizes (the template holds the classes) */
     kda_cuda_blocks_t blocks;
-    const void *q, *k, *v, *g, *beta;
-    const float *A_log, *dt_bias;    /* NULL unless use_gate_in_kernel */
-    int dtype, g_dtype, beta_dtype;
-    int hqk, hv, group, K, V;        /* the true head sizes (the kernel's template holds their classes) */
     int piece_qk, piece_v;           /* bytes in which 16-bit K (V) rows are copied: 16, 8, 4 or 2 (K % 8 == 0: 16) */
-    float scale, lower_bound;        /* lower_bound != 0: sigmoid gate */
-    int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
     int dev_skip;                    /* KDA_SKIP */
     kda_fastdiv_t div_hv, div_group, div_cpr; /* by hv, group and seqs.chunks_per_row: the CTA → chunk step */
     /* plan = 1: the prep kernel's CTA 0 makes the CP piece table from cp (cp_plan.cuh) beside the chunks' CTAs,
@@ -196,10 +194,10 @@ KDA_HD static inline int64_t kda_cuda_map_index(int kc, int r, int c) {
 }
 
 /* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S; also of its fp16 dS⁺, bwd.h
- * dstates_f16: states16.cuh writes and reads both): the recurrence's warps write S as
- * their mma accumulators hold it, each lane 16-byte pieces, so that a warp's store is whole 512-byte lines (the
- * row-major [KC][VC] order took 64 two-byte stores per thread and chunk, each warp store four half sectors; in
- * this order the writes cost the forward 137 µs at B2 T8192 H32, docs/PERF.md "Backward v8"). Per (chunk, head), KC · VC elements as [VC / 16][KC / 16][32 lanes][8]: element j of
+ * dstates_f16: states16.cuh writes and reads both): the recurrence's warps write S as their mma accumulators hold
+ * it, each lane 16-byte pieces, so that a warp's store is whole 512-byte lines (the row-major [KC][VC] order takes
+ * 64 two-byte stores per thread and chunk, each warp store four half sectors). Per (chunk, head), KC · VC elements
+ * as [VC / 16][KC / 16][32 lanes][8]: element j of
  * lane l of piece (vb, np), flat index e = ((vb · KC/16 + np) · 32 + l) · 8 + j, is S[d][v] with
  * nt = 2 np + j / 4, c = j mod 4, d = 8 nt + 2 (l mod 4) + c mod 2, v = 16 vb + l / 4 + 8 (c / 2). */
 KDA_HD static inline void kda_cuda_states_dv(int e, int kc, int *d, int *v) {
@@ -210,16 +208,11 @@ KDA_HD static inline void kda_cuda_states_dv(int e, int kc, int *d, int *v) {
 }
 
 typedef struct kda_rec_params {
-    kda_cuda_seqs_t seqs;
+    kda_cuda_problem_t pb;           /* the call's problem: sequences, states, heads, head sizes */
     kda_cuda_blocks_t blocks;
     void *o;
-    const void *h0;
-    void *ht;
-    const int32_t *state_indices;
+    int o_dtype;                     /* also sizes the O staging rows of the modes that write no O */
     const int32_t *claim;            /* slots.cu: a slot counts for sequence n only if claim[slot] == n; NULL: all */
-    int64_t num_state_slots;
-    int o_dtype, h0_dtype, ht_dtype;
-    int hv, K, V, v_first;
     int bv;                          /* V columns per CTA: 32, 64 or 128 (<= the V class) */
     int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
     int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */
@@ -268,9 +261,9 @@ KDA_HD static inline int64_t kda_cuda_block_bytes(int kc, int vc) {
     return kda_cuda_off_u(kc) + (int64_t)KDA_CHUNK * vc * 2;
 }
 /* Fine blocks (kda_cuda_blocks_t.fine): low parts after U, each C×KC bf16 in the panel layout, x = hi + lo to ~16
- * bits (docs/PERF.md, "Fine blocks"):
+ * bits:
  *   KDA_FINE_QG  QΓ_lo, fp16 and fp32 inputs (prep.cuh gated_qk, from the unrounded s q̂ e^G), for the state-gradient
- *                chain's QΓᵀ dO (bwd_dstate.cu): with QΓ in bf16 alone, d_initial_state of fp32 inputs was ~3x FLA's
+ *                chain's QΓᵀ dO (bwd_dstate.cu): with QΓ in bf16 alone, d_initial_state of fp32 inputs is ~3x FLA's
  *   KDA_FINE_KT  K̃_lo, K class ≤ 128 (prep.cuh decay_factors, from k̂'s bf16 times the decay factor), for the
  *                states pass's Sᵀ += Δᵀ K̃ (recurrence.cuh, KDA_REC_STATES; the backward's S, chunk_states):
  *                S's rounding from a bf16 K̃ reached dA_log through dγ = rowsum(S ⊙ dS⁺). The forward's

@@ -8,7 +8,7 @@
  * Both writers hold the transposed state in mma accumulators the same way: warp w of the tile owns the 16 value
  * columns vw = v0 + 16 w.., lane (g, t) = (lane / 4, lane mod 4) holds s[nt][c] = X[d][v] with
  * d = 8 nt + 2 t + (c mod 2), v = vw + g + 8 (c / 2). Each lane stores s[2 np .. 2 np + 1][0 .. 3] as one 16-byte
- * piece, so that a warp's store is one whole 512-byte run per np (docs/PERF.md "Backward v8").
+ * piece, so that a warp's store is one whole 512-byte run per np.
  *
  * What a lane of a reader finds in a piece (vb, np) it loads whole (16 bytes, as lane l of the writer held it):
  *   .x = X[16 np + 2 t + {0, 1}][16 vb + g],      .y = X[16 np + 2 t + {0, 1}][16 vb + 8 + g],
@@ -20,7 +20,7 @@
  * pieces of lane l finds two tiles' same elements in the same places (bwd_inter.cu: dγ from the pieces).
  *
  * Why dS⁺ is not bf16 as S is: dΔ = Aqkᵀ dO + K̃ dS⁺ (bwd_chunk.cu) feeds dv and dβ, and bf16's 8 significant bits
- * there put their emulated errors 4-7x above the fp32 path's (docs/PERF.md "Backward v11b"); fp16's 11 bits are
+ * there put their emulated errors 4-7x above the fp32 path's; fp16's 11 bits are
  * tf32's, the precision that product had from fp32 dS⁺. fp16's range is not: the lane's factor 2^e brings its
  * largest |x| to [2^14, 2^15), so every element within 2^28 of it keeps its 11 bits (exactly the value tf32
  * rounding gave) and none overflows. The factor's biased exponent is stored as a byte per (lane, block): 1/128 of

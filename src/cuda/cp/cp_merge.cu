@@ -9,8 +9,8 @@
  * head splits over VC / 16 items, and a step is a KC × KC by KC × 16 product. The grid is at most one wave, and a
  * CTA takes items blockIdx, blockIdx + gridDim, ..: the host cannot tell how many sequences the device's plan
  * splits, only that they are at most min(N, slots / 2) (a split sequence has two slots or more), and a grid of
- * every table entry's CTAs (up to the capacity, most of them returning at once) cost more than the chain it served
- * (docs/PERF.md, "The merge's empty CTAs"). Item (r, h, tile) finds the first piece of the r-th split sequence by a
+ * every table entry's CTAs (up to the capacity, most of them returning at once) would cost more than the chain it
+ * serves. Item (r, h, tile) finds the first piece of the r-th split sequence by a
  * scan of the table's split pieces (its first header[2] entries, cp_plan.h; those FIRST), which goes on where the
  * CTA's previous item left it.
  *
@@ -22,8 +22,8 @@
  * half a step) frees its stages: two steps ahead at K = 128. Mᵀ is stored swizzled (kda_cuda_map_index: its writers
  * are the pre-scans, cp_slot.cuh's store_map), so that the four rows of an A fragment's load fall in different
  * banks. S_in(j) sits in shared memory rows of MERGE_SST floats (conflict-free B fragments), double-buffered: one
- * barrier a step. The FFMA version of before (four thread groups, 4 × 4 tiles) took ~3.4 µs a step at T65536 H8,
- * its shared-memory loads 8 floats per 16 FFMA (docs/PERF.md, "The merge step"). The backward's chain may take
+ * barrier a step (on CUDA cores, 4 × 4 tiles a thread, a step loads 8 floats from shared memory per 16 FFMA). The
+ * backward's chain may take
  * Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]): its chunk map is
  * the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6), stored in the same layout.
  */
@@ -54,9 +54,9 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     pdl_wait(); /* (launched with pdl: the pre-scan has completed) */
     pdl_trigger();
     if (p.header[1] == 0) return; /* the plan split nothing */
-    const int VC = p.vc, nct = VC / MERGE_COLS;
+    const int VC = p.pb.vc, nct = VC / MERGE_COLS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t ne = p.header[2], per_seq = (int64_t)p.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
+    const int64_t ne = p.header[2], per_seq = (int64_t)p.pb.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
     const int d0 = 16 * warp;                        /* the warp's rows of S_in(j + 1) */
     const int ca = (d0 + g) ^ (8 * t), cb = (d0 + g + 8) ^ (8 * t); /* their swizzled columns in Mᵀ rows e ≡ t (4) */
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     int64_t scanned = 0, seen = 0;  /* the scan's next block of entries, and the matches before it */
     for (int64_t item = blockIdx.x;; item += gridDim.x) {
         const int64_t r = item / per_seq;
-        const int h = (int)(item / nct % p.hv), tile = (int)(item % nct);
+        const int h = (int)(item / nct % p.pb.hv), tile = (int)(item % nct);
         while (r != rank) { /* (uniform) the next block of entries; r's match may be in the block that held rank's */
             if (scanned >= ne) break;
             const int64_t i = scanned + tid;
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         const kda_cp_piece_t *e = &p.table[first];
         const int64_t np = e->seq_pieces, s0 = e->slot;
         const int c4 = tile * MERGE_COLS;
-#define SLOT(j) (p.slots + ((s0 + (j)) * p.hv + h) * sz)
-#define MT(j) (mts + ((s0 + (j)) * p.hv + h) * msz)
+#define SLOT(j) (p.slots + ((s0 + (j)) * p.pb.hv + h) * sz)
+#define MT(j) (mts + ((s0 + (j)) * p.pb.hv + h) * msz)
         /* block q of the item's stream: rows b·EB .. of Mᵀ_j, j = 1 + q / NB, b = q % NB; Q blocks in all; in the
            ring at stage (qb + q) mod NST, its use (qb + q) / NST of that stage's barrier */
         const int64_t Q = np > 2 ? (np - 2) * NB : 0;
@@ -217,11 +217,11 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
 /* The grid: the work items there can be (the plan's split sequences are at most min(N, slots / 2)), at most as many
    CTAs as are resident at once (by shared memory and threads; 1 per SM at K = 128 and 256, 2 at 64) */
 extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream) {
-    const int64_t nsplit = p->cap_slots / 2 < p->seqs.num_seqs ? p->cap_slots / 2 : p->seqs.num_seqs;
-    const int64_t items = nsplit * p->hv * (p->vc / MERGE_COLS);
+    const int64_t nsplit = p->cap_slots / 2 < p->pb.seqs.num_seqs ? p->cap_slots / 2 : p->pb.seqs.num_seqs;
+    const int64_t items = nsplit * p->pb.hv * (p->pb.vc / MERGE_COLS);
     if (items <= 0) return 0;
-    const int bytes = merge_smem(p->kc), which = p->kc == 64 ? 0 : p->kc == 128 ? 1 : 2;
-    const int threads = 2 * p->kc;
+    const int bytes = merge_smem(p->pb.kc), which = p->pb.kc == 64 ? 0 : p->pb.kc == 128 ? 1 : 2;
+    const int threads = 2 * p->pb.kc;
     const int by_smem = (227 * 1024) / (bytes + 1024), by_threads = 2048 / threads;
     const int64_t resident = (int64_t)(p->sm_count > 0 ? p->sm_count : 1) *
                              (by_smem < by_threads ? (by_smem > 0 ? by_smem : 1) : by_threads);

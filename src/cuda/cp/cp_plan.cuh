@@ -44,10 +44,10 @@ DEV int64_t plan_exclusive_scan(int64_t x, int64_t *scratch, int64_t *total) {
 template <int THREADS>
 DEV void cp_plan_cta(const kda_cp_params_t &p, int64_t *scratch, int64_t *red_max) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t N = p.seqs.num_seqs;
+    const int64_t N = p.pb.seqs.num_seqs;
     const int64_t per = (N + THREADS - 1) / THREADS;
     const int64_t begin = min(N, tid * per), end = min(N, begin + per);
-    const kda_cp_seqs_t s = {p.seqs.cu_seqlens, p.seqs.cu_seqlens_64, N, p.seqs.seq_len, p.seqs.num_tokens};
+    const kda_cp_seqs_t s = {p.pb.seqs.cu_seqlens, p.pb.seqs.cu_seqlens_64, N, p.pb.seqs.seq_len, p.pb.seqs.num_tokens};
 
     /* the decision's counts */
     int64_t chunks = 0, mx = 0;
@@ -70,7 +70,7 @@ DEV void cp_plan_cta(const kda_cp_params_t &p, int64_t *scratch, int64_t *red_ma
     cp.num_seqs = N;
     cp.total_chunks = total;
     cp.max_chunks = mx;
-    cp.num_v_heads = p.hv;
+    cp.num_v_heads = p.pb.hv;
     cp.v_tiles = p.v_tiles;
     cp.sm_count = p.sm_count;
     cp.mode = p.mode;

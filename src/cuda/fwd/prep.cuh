@@ -13,7 +13,7 @@
  *   gate_cumsum        the gate (in-kernel gate, clamped to [KDA_GATE_MIN, 0]) summed down each channel: G
  *   normalize_qkv      q ← s·q/‖q‖, k ← k/‖k‖ (l2norm), v: all as bf16 tiles; a bf16 q stays raw in its tile
  *                      and its row factor f_q = s/‖q‖ goes to fq, applied in fp32 by its readers (Aqk's rows,
- *                      QΓ), so that s q̂ e^G is rounded once rather than twice (docs/PERF.md, "QΓ rounded once")
+ *                      QΓ), so that s q̂ e^G is rounded once rather than twice
  *   neutral_rows       [rare] the non-finite contract (ALGORITHM.md §7): the chunk's first poisoning row t*
  *                      (NaN gate; q, k, v, β non-finite or |x| ≥ 2^56, found beside the three steps above);
  *                      rows from t* on become neutral (q = k = v = β = 0), so no row before t* reads them
@@ -55,8 +55,8 @@
 /* Threads of a CTA: 8 warps, or 16 for K = V class 256, whose shared memory holds one CTA per SM: 8 warps alone
  * left an SM's issue slots idle through every latency-bound step. With 16 warps each step's per-thread work is
  * that of the 8-warp kernel of a class half as wide (the same registers). The code takes 16 warps for any pair of
- * classes ≥ 128 (the classes (128, 256) and (256, 128) compile to 120 and 128 registers, no spill); they stay at
- * 8 until measured on a GPU. */
+ * classes ≥ 128 (the classes (128, 256) and (256, 128) compile to 120 and 128 registers, no spill); the mixed
+ * pairs keep 8 warps. */
 #define PREP_NT(KD, VD) ((KD) == 256 && (VD) == 256 ? 512 : 256)
 #define PREP_A_WARPS 6      /* A/Aqk roles: warps 0-5, and with 16 warps 6-11 the same roles over the second half of
                                the channels; the other warps ("decay warps") compute the decay factors beside them */
@@ -203,22 +203,23 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     constexpr int NT = PREP_NT(KD, VD);
     if (tid == 0) *sm.tstar = KDA_CHUNK; /* lowered only after gate_cumsum's barrier */
     if (!KDA_SKIP(p, 512)) {
-        if (p.dtype != KDA_DT_F32) {
-            const uint16_t *q = (const uint16_t *)p.q + ck.hq * (int64_t)ck.K, *k = (const uint16_t *)p.k + ck.hq * (int64_t)ck.K;
-            const uint16_t *v = (const uint16_t *)p.v + ck.h * (int64_t)ck.V;
-            load_tile16<KD, NT>(q, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
-            load_tile16<KD, NT>(k, ck.t0, p.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
-            load_tile16<VD, NT>(v, ck.t0, p.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
+        if (p.pb.dtype != KDA_DT_F32) {
+            const uint16_t *q = (const uint16_t *)p.pb.q + ck.hq * (int64_t)ck.K,
+                           *k = (const uint16_t *)p.pb.k + ck.hq * (int64_t)ck.K;
+            const uint16_t *v = (const uint16_t *)p.pb.v + ck.h * (int64_t)ck.V;
+            load_tile16<KD, NT>(q, ck.t0, p.pb.hqk, ck.K, ck.clen, ck.piece_qk, sm.Q, PREP_S(KD), tid);
+            load_tile16<KD, NT>(k, ck.t0, p.pb.hqk, ck.K, ck.clen, ck.piece_qk, sm.K, PREP_S(KD), tid);
+            load_tile16<VD, NT>(v, ck.t0, p.pb.hv, ck.V, ck.clen, ck.piece_v, sm.V, PREP_S(VD), tid);
         }
-        if (p.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
-            load_tile16<KD, NT>((const uint16_t *)p.g + ck.h * (int64_t)ck.K, ck.t0, p.hv, ck.K, ck.clen,
+        if (p.pb.g_dtype != KDA_DT_F32) /* raw, [C][KD], into R_G (G is written there only after a barrier) */
+            load_tile16<KD, NT>((const uint16_t *)p.pb.g + ck.h * (int64_t)ck.K, ck.t0, p.pb.hv, ck.K, ck.clen,
                                 ck.piece_qk, (bf16 *)sm.G, KD, tid);
     }
     if (tid < KDA_CHUNK) {
         float b = 0.0f;
         if (tid < ck.clen) {
-            b = load_elem(p.beta, p.beta_dtype, (ck.t0 + tid) * p.hv + ck.h);
-            if (p.beta_sigmoid) b = beta_sigmoid(b, p.neg_eigval);
+            b = load_elem(p.pb.beta, p.pb.beta_dtype, (ck.t0 + tid) * p.pb.hv + ck.h);
+            if (p.pb.beta_sigmoid) b = beta_sigmoid(b, p.pb.neg_eigval);
             if (!(fabsf(b) < PREP_HUGE)) bad = tid;
         }
         sm.beta[tid] = b;
@@ -273,16 +274,16 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     constexpr int PAIRS = GATE_PAIRS(KD), GROWS = GATE_ROWS(KD, NT);
     const int gd = 2 * (tid % PAIRS), gr0 = (tid / PAIRS) * GROWS;
     const int okx = EXACT || gd < ck.K, oky = EXACT || gd + 1 < ck.K; /* padded channels: gate 0 */
-    const float A = p.A_log ? __expf(p.A_log[ck.h]) : 1.0f;
+    const float A = p.pb.A_log ? __expf(p.pb.A_log[ck.h]) : 1.0f;
     float2 bias = make_float2(0.0f, 0.0f);
-    if (p.gate_in_kernel && p.dt_bias) {
-        const float *db = p.dt_bias + ck.h * (int64_t)ck.K + gd;
+    if (p.pb.gate_in_kernel && p.pb.dt_bias) {
+        const float *db = p.pb.dt_bias + ck.h * (int64_t)ck.K + gd;
         if ((ck.K & 1) == 0 && okx) bias = *(const float2 *)db;
         else bias = make_float2(okx ? db[0] : 0.0f, oky ? db[1] : 0.0f);
     }
-    if (p.g_dtype == KDA_DT_F32) {
-        const float *gp = (const float *)p.g + (ck.t0 * p.hv + ck.h) * (int64_t)ck.K + gd;
-        const int64_t rs = (int64_t)p.hv * ck.K;
+    if (p.pb.g_dtype == KDA_DT_F32) {
+        const float *gp = (const float *)p.pb.g + (ck.t0 * p.pb.hv + ck.h) * (int64_t)ck.K + gd;
+        const int64_t rs = (int64_t)p.pb.hv * ck.K;
         if ((ck.K & 1) == 0) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
@@ -301,17 +302,17 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     cp_async_wait_all();
     __syncthreads(); /* the tiles were copied by all threads */
     const uint32_t *graw = (const uint32_t *)sm.G + gd / 2;
-    if (p.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
+    if (p.pb.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
         gate_pairs_to_f32<1, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
-    else if (p.g_dtype == KDA_DT_BF16)
+    else if (p.pb.g_dtype == KDA_DT_BF16)
         gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
     /* rows past the chunk's end and padded channels add 0 */
     const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
     float run0 = 0.0f, run1 = 0.0f;
-    if (p.gate_in_kernel && p.lower_bound != 0.0f) {
+    if (p.pb.gate_in_kernel && p.pb.lower_bound != 0.0f) {
         /* lower_bound · sigmoid(A (g + bias)), straight in log2 units: it lies in [lower_bound, 0] (the
            validated lower_bound ≥ −5 is inside the clamp), so one fmaxf is the whole clamp (NaN → min) */
-        const float za = -A * LOG2E, lb2 = p.lower_bound * LOG2E;
+        const float za = -A * LOG2E, lb2 = p.pb.lower_bound * LOG2E;
         if (!KDA_SKIP(p, 32)) {
             if (nvalid >= GROWS && nvalid_y >= GROWS) /* every row of the part inside the chunk: no masks */
                 gate_rows_lb<GROWS, 1>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
@@ -319,7 +320,7 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
                 gate_rows_lb<GROWS, 0>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
         }
     } else {
-        if (p.gate_in_kernel) { /* −A softplus(g + bias) */
+        if (p.pb.gate_in_kernel) { /* −A softplus(g + bias) */
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
                 gx[u] = -A * softplusf_(gx[u] + bias.x);
@@ -364,7 +365,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
                   const bf16 *tile, int tid, float (&x)[W / TPR]) {
     constexpr int CW = W / TPR, S = PREP_S(W);
     const int r = tid >> PREP_LOG2(TPR), c0 = (tid & (TPR - 1)) * CW;
-    if (p.dtype == KDA_DT_F32) {
+    if (p.pb.dtype == KDA_DT_F32) {
         const float *src = (const float *)src_base + row * n + c0;
         if (vec) {
 #pragma unroll
@@ -379,7 +380,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
 #pragma unroll
             for (int c = 0; c < CW; c++) x[c] = r < clen && c0 + c < n ? src[c] : 0.0f;
         }
-    } else if (p.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler computed both
+    } else if (p.pb.dtype == KDA_DT_F16) { /* the dtype branch outside the loops: inside, the compiler computed both
                                              conversions and selected */
         row16_to_f32<1, CW>(tile + r * S + c0, x);
     } else {
@@ -390,7 +391,7 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
 /* The row's factor f (1/‖x‖ with the l2norm, from the row's Σx² ss_row, times the scale), the contract's bound,
  * x f → the bf16 tile; f. With keep_raw (the tile holds the 16-bit input exactly, as bf16) and f within 2^±40
  * the tile keeps x and *kept is set: its readers apply f themselves, so that q's products with the decay factors
- * are rounded once (docs/PERF.md, "QΓ rounded once"); the bound keeps x e^{G−R} and its sums as far from
+ * are rounded once; the bound keeps x e^{G−R} and its sums as far from
  * overflow and underflow as x f e^{G−R} would be, give or take 2^40. */
 template <int W, int TPR>
 DEV float scale_row(const float (&x)[W / TPR], float ss_row, bf16 *tile, int norm, float scale, int tid, int &bad,
@@ -436,7 +437,7 @@ DEV void huge_bf16_rows(const bf16 *tile, int tid, int &bad) {
 
 /* Aqk's diagonal, Aqk_ii = q_i·k_i: with the factors of intra_chunk_A it carried the bf16 rounding of q, of k,
  * of both exponentials and of both factors, and o_i ≈ Aqk_ii Δ_i where the decay is strong: here it is s q·k /
- * (‖q‖ ‖k‖) in fp32 from the unrounded rows (docs/PERF.md, accuracy), substituted after intra_chunk_A
+ * (‖q‖ ‖k‖) in fp32 from the unrounded rows, substituted after intra_chunk_A
  * (aqk_diagonal). With the l2norm |q·k| ≤ √(Σq² Σk²), so a row whose sums are finite cannot overflow; one whose
  * sum is not (its normalized row is 0, or NaN and poisoned) gets 0, as does, without the l2norm, a row whose raw
  * q·k overflows (only with a scale below ~2^-8 and elements near the contract's bound: that token's own o_i,
@@ -452,11 +453,11 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         return;
     }
     const int row = tid >> PREP_LOG2(TPR);
-    const int64_t row_qk = (ck.t0 + row) * p.hqk + ck.hq, row_v = (ck.t0 + row) * p.hv + ck.h;
+    const int64_t row_qk = (ck.t0 + row) * p.pb.hqk + ck.hq, row_v = (ck.t0 + row) * p.pb.hv + ck.h;
     const int vec4_qk = EXACT || (ck.K & 3) == 0, vec4_v = EXACT || (ck.V & 3) == 0; /* fp32 rows by float4 */
     float xq[CW], xk[CW];
-    load_row<KD, TPR, EXACT>(p, p.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
-    load_row<KD, TPR, EXACT>(p, p.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
+    load_row<KD, TPR, EXACT>(p, p.pb.q, row_qk, ck.K, vec4_qk, ck.clen, sm.Q, tid, xq);
+    load_row<KD, TPR, EXACT>(p, p.pb.k, row_qk, ck.K, vec4_qk, ck.clen, sm.K, tid, xk);
     /* q·k, Σq², Σk² over the row's TPR threads, the three reductions side by side */
     float dot = 0.0f, ssq = 0.0f, ssk = 0.0f;
 #pragma unroll
@@ -472,17 +473,18 @@ DEV void normalize_qkv(const kda_prep_params_t &p, const prep_smem_t &sm, const 
         ssk += __shfl_xor_sync(0xffffffffu, ssk, o);
     }
     int q_kept = 0; /* bf16 q: the tile keeps it raw and fq waits in sm.fq (the same f in all TPR threads) */
-    const float fq = scale_row<KD, TPR>(xq, ssq, sm.Q, p.l2norm, p.scale, tid, bad, p.dtype == KDA_DT_BF16, &q_kept);
-    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.l2norm, 1.0f, tid, bad, 0, NULL);
+    const float fq =
+        scale_row<KD, TPR>(xq, ssq, sm.Q, p.pb.l2norm, p.pb.scale, tid, bad, p.pb.dtype == KDA_DT_BF16, &q_kept);
+    const float fk = scale_row<KD, TPR>(xk, ssk, sm.K, p.pb.l2norm, 1.0f, tid, bad, 0, NULL);
     if ((tid & (TPR - 1)) == 0) {
         const float d = dot * fq * fk;
         sm.diag[row] = fabsf(d) < INFINITY ? d : 0.0f;
         sm.fq[row] = q_kept ? fq : 1.0f;
         sm.fqn[row] = fq;
     }
-    if (p.dtype != KDA_DT_BF16) {
+    if (p.pb.dtype != KDA_DT_BF16) {
         float xv[VD / TPR];
-        load_row<VD, TPR, EXACT>(p, p.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
+        load_row<VD, TPR, EXACT>(p, p.pb.v, row_v, ck.V, vec4_v, ck.clen, sm.V, tid, xv);
         scale_row<VD, TPR>(xv, 0.0f, sm.V, 0, 1.0f, tid, bad, 0, NULL);
     } else {
         huge_bf16_rows<VD, TPR>(sm.V, tid, bad);
@@ -721,7 +723,7 @@ DEV void intra_chunk_store(const prep_smem_t &sm, unsigned char *blk_aqk, int wa
 /* ---------------------------------------------------------------------------------------------------------
  * decay_factors (the decay warps, ND = 64 or 128 threads, beside intra_chunk_A): γ = e^{G_last} → workspace,
  * and Aqk's zero blocks above the diagonal. K̃ is made in gated_qk: here it put 8 K of a chunk's exponentials on
- * the MUFU pipe while the A warps' 33 K bunched there (docs/PERF.md, "What paces the A phase").
+ * the MUFU pipe while the A warps' 33 K bunched there.
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD, int VD, int ND>
 DEV void decay_factors(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_chunk_t &ck, int tid2) {
@@ -789,15 +791,15 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
                                 holds bf16(q̂)): lo goes to QΓ_lo. Rows from t* on (neutral) and past the chunk's end are
                                 zero, as in the tile */
             const int ok = r < ck.clen && r < *sm.tstar;
-            const int64_t row = (ck.t0 + r) * p.hqk + ck.hq;
+            const int64_t row = (ck.t0 + r) * p.pb.hqk + ck.hq;
             float x[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int col = c * 8 + u;
                 float qv = 0.0f;
                 if (ok && col < ck.K)
-                    qv = p.dtype == KDA_DT_F32 ? ((const float *)p.q)[row * ck.K + col]
-                                               : __half2float(((const __half *)p.q)[row * ck.K + col]);
+                    qv = p.pb.dtype == KDA_DT_F32 ? ((const float *)p.pb.q)[row * ck.K + col]
+                                               : __half2float(((const __half *)p.pb.q)[row * ck.K + col]);
                 x[u] = qv * sm.fqn[r] * eg[u];
             }
             uint32_t lo[4];
@@ -861,7 +863,7 @@ DEV void invert_diag_blocks(float *sA, uint4 *ab, int warp, int lane) {
  * solve_w_u: [W | U] = T Diag(β) [KΓ | V] by block forward substitution: for row blocks I = 0..3,
  *   Y_I = β_I ⊙ [KΓ | V]_I − Σ_{M<I} A_IM X_M,   X_I = T_II Y_I = Y_I + L_II Y_I.
  * Y_I stays in fp32 in the accumulators that L_II Y_I (Y_I rounded to bf16) is added to: with T_II's unit
- * diagonal on the tensor cores, Y's bf16 rounding went straight into X (docs/PERF.md, accuracy).
+ * diagonal on the tensor cores, Y's bf16 rounding would go straight into X.
  * A warp owns a slab of SLAB columns of W (the first half of the warps, SLAB = KD/4 with 8 warps, KD/8 with 16)
  * or of U (the second half, VD/4 or VD/8), so it needs no other warp. X goes to `stage` (panel layout), Y
  * through the warp's scratch rows (stride YS).
@@ -995,7 +997,7 @@ DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
 #define PREP_MIN_CTAS(KD, VD) ((KD) <= 128 && (VD) <= 128 ? 2 : 1)
 
 /* EXACT: K and V are the classes themselves (K = KD, V = VD): the masks and the narrow load paths compile away.
- * Without it the kernel carries them, and its larger code slowed the common sizes (instruction fetch). */
+ * Without it the kernel carries them, and its larger code would slow the common sizes (instruction fetch). */
 template <int KD, int VD, int EXACT>
 __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
     kda_prep_kernel(const kda_prep_params_t p) {
@@ -1024,26 +1026,26 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
 
     /* this CTA's chunk */
     prep_chunk_t ck;
-    ck.K = EXACT ? KD : p.K;
-    ck.V = EXACT ? VD : p.V;
+    ck.K = EXACT ? KD : p.pb.K;
+    ck.V = EXACT ? VD : p.pb.V;
     ck.piece_qk = EXACT ? 16 : p.piece_qk;
     ck.piece_v = EXACT ? 16 : p.piece_v;
     /* (chunk, value head) of this CTA, after the planning CTA when there is one; the divisions by multiplies (fewer
        than 2^31 CTAs and chunks, so every dividend is below 2^31: kda_fastdiv_t) */
     const uint32_t b = blockIdx.x - (uint32_t)p.plan;
     const uint32_t cid = kda_fastdiv(b, p.div_hv);
-    ck.h = (int)(b - cid * (uint32_t)p.hv);
+    ck.h = (int)(b - cid * (uint32_t)p.pb.hv);
     int64_t n;
-    if (!p.seqs.cu_seqlens) {
+    if (!p.pb.seqs.cu_seqlens) {
         n = kda_fastdiv(cid, p.div_cpr);
-        if (n >= p.seqs.num_seqs) return;
+        if (n >= p.pb.seqs.num_seqs) return;
     } else {
-        n = chunk_seq(p.seqs, cid);
+        n = chunk_seq(p.pb.seqs, cid);
         if (n < 0) return;
     }
     int64_t bos, eos;
-    seq_bounds(p.seqs, n, &bos, &eos);
-    ck.t0 = bos + (cid - seq_chunk0(p.seqs, n)) * KDA_CHUNK;
+    seq_bounds(p.pb.seqs, n, &bos, &eos);
+    ck.t0 = bos + (cid - seq_chunk0(p.pb.seqs, n)) * KDA_CHUNK;
     ck.clen = (int)min((int64_t)KDA_CHUNK, eos - ck.t0);
     if (ck.clen <= 0) return;
     ck.hq = (int)kda_fastdiv((uint32_t)ck.h, p.div_group);
@@ -1086,10 +1088,10 @@ __global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
 /* The launcher of one configuration: one CTA per (chunk, value head), and the planning CTA first when p->plan */
 template <int KD, int VD>
 static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream) {
-    const int64_t ctas = p->blocks.max_chunks * p->hv + (p->plan ? 1 : 0);
+    const int64_t ctas = p->blocks.max_chunks * p->pb.hv + (p->plan ? 1 : 0);
     if (ctas == 0) return 0;
     if (ctas >= ((int64_t)1 << 31)) return (int)cudaErrorInvalidValue; /* (the kernel's 32-bit CTA → chunk step) */
-    const int bytes = PREP_BYTES(KD, VD), exact = p->K == KD && p->V == VD;
+    const int bytes = PREP_BYTES(KD, VD), exact = p->pb.K == KD && p->pb.V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
     return kda_launch_ex(kernel, ctas, 1, PREP_NT(KD, VD), bytes, p, device, done[exact], stream, 1);

@@ -30,10 +30,16 @@
  * O goes through shared memory so that its global stores are whole rows. Columns past V and tokens past a
  * sequence's end are never stored.
  *
- * Intra-card context parallelism (ALGORITHM.md §4) runs the same step over pieces of sequences (the kernel's MODE):
- * the pre-scan forms a piece's map S_out = M S_in + E (M's columns from the identity with U = 0, E's from zero),
- * Δᵀ = −Sᵀ Wᵀ and no O for M's columns, no O at all, QΓ and Aqk not copied; the pieces' pass is this kernel from
- * each piece's merged incoming state.
+ * Four kernels, one per mode (kda_cuda.h KDA_REC_*), each a few lines over the same phases:
+ *   kda_rec_seq_kernel      the forward: whole sequences, O and the final state
+ *   kda_rec_prescan_kernel  intra-card CP (ALGORITHM.md §4): a split piece's map S_out = M S_in + E (M's columns
+ *                           from the identity with U = 0, so Δᵀ = −Sᵀ Wᵀ; E's from zero), no O, QΓ and Aqk not
+ *                           copied
+ *   kda_rec_pieces_kernel   intra-card CP: every piece from its merged incoming state, O and the final state
+ *   kda_rec_states_kernel   chunk_states and the backward's stage 1: S at every chunk start, no O
+ * The phases: rec_seq_work / rec_piece_work (the CTA's sequence or piece, head and tile), rec_cta_setup,
+ * rec_load_start (S from the identity, S_in, h0 or zero), rec_prologue (barriers, first copies), then per chunk
+ * rec_chunk (rec_wait_chunk, rec_keep_state, the step, the O rows), and rec_store_end (Mᵀ and E, or ht).
  */
 #include "common.cuh"
 #include "cp_slot.cuh"
@@ -239,7 +245,8 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
     reg_fence(&oacc[0][0], 32);
     wg_fence();
 #pragma unroll
-    for (int kt = 0; kt < NKT; kt++) wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(st.W + (kt >> 2) * 8192 + (kt & 3) * 32));
+    for (int kt = 0; kt < NKT; kt++)
+        wgmma_n64_kmaj(&dacc[0][0], sa[kt], wg_desc_kmaj(st.W + (kt >> 2) * 8192 + (kt & 3) * 32));
     wg_commit();
     if (WO) {
 #pragma unroll
@@ -295,22 +302,22 @@ DEV void load_state(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sb
     for (int nt = 0; nt < KD / 8; nt++)                                                                          \
         for (int c = 0; c < 4; c++) {                                                                           \
             const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);                                  \
-            s[nt][c] = (MASK) ? CONV(((const T *)p.h0)[sbase + d * sd + v * sv]) : 0.0f;                        \
+            s[nt][c] = (MASK) ? CONV(((const T *)p.pb.h0)[sbase + d * sd + v * sv]) : 0.0f;                        \
         }
     if (full) {
-        if (p.h0_dtype == KDA_DT_F32) {
+        if (p.pb.h0_dtype == KDA_DT_F32) {
 #pragma unroll
             REC_LOAD_STATE(float, , 1)
         } else {
 #pragma unroll
             REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, 1)
         }
-    } else if (p.h0_dtype == KDA_DT_F32) {
+    } else if (p.pb.h0_dtype == KDA_DT_F32) {
 #pragma unroll
-        REC_LOAD_STATE(float, , d < p.K && v < p.V)
+        REC_LOAD_STATE(float, , d < p.pb.K && v < p.pb.V)
     } else {
 #pragma unroll
-        REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, d < p.K && v < p.V)
+        REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, d < p.pb.K && v < p.pb.V)
     }
 #undef REC_LOAD_STATE
 }
@@ -342,7 +349,7 @@ DEV void store_state(const kda_rec_params_t &p, void *dst, int dtype, const floa
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-            if (full || (d < p.K && v < p.V)) store_elem(dst, dtype, sbase + d * sd + v * sv, s[nt][c]);
+            if (full || (d < p.pb.K && v < p.pb.V)) store_elem(dst, dtype, sbase + d * sd + v * sv, s[nt][c]);
         }
 }
 
@@ -376,15 +383,15 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
         for (int e = tid; e < clen * row16; e += nthreads) {
             const int r = e / row16, c = e % row16;
             const uint4 val = *(const uint4 *)(sO + r * ostride * oes + c * 16);
-            *(uint4 *)(o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c * 16) = val;
+            *(uint4 *)(o + (((tok0 + r) * p.pb.hv + h) * (int64_t)p.pb.V + v0) * oes + c * 16) = val;
         }
     } else {
-        const int rowb = p.V * oes, pb = rowb % 16 == 0 ? 16 : rowb % 8 == 0 ? 8 : rowb % 4 == 0 ? 4 : 2;
-        const int np = min(bv, p.V - v0) * oes / pb;
+        const int rowb = p.pb.V * oes, pb = rowb % 16 == 0 ? 16 : rowb % 8 == 0 ? 8 : rowb % 4 == 0 ? 4 : 2;
+        const int np = min(bv, p.pb.V - v0) * oes / pb;
         for (int e = tid; e < clen * np; e += nthreads) {
             const int r = e / np, c = (e % np) * pb;
             const unsigned char *src = sO + r * ostride * oes + c;
-            unsigned char *dst = o + (((tok0 + r) * p.hv + h) * (int64_t)p.V + v0) * oes + c;
+            unsigned char *dst = o + (((tok0 + r) * p.pb.hv + h) * (int64_t)p.pb.V + v0) * oes + c;
             if (pb == 16) *(uint4 *)dst = *(const uint4 *)src;
             else if (pb == 8) *(uint2 *)dst = *(const uint2 *)src;
             else if (pb == 4) *(uint32_t *)dst = *(const uint32_t *)src;
@@ -394,218 +401,353 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * The kernel
+ * The CTA's work: which (sequence or piece, value head, tile) it walks, from which state, to which end
  * ------------------------------------------------------------------------------------------------------- */
-/* EXACT: K and V are their classes: no masks, whole 16-byte O rows. Without it the kernel carries the masks and
- * the narrow stores, and its larger code slowed the common sizes (instruction fetch: +13% per step at BV 32,
- * +40% for 8-chunk sequences, measured).
- * MODE (kda_cuda.h): KDA_REC_SEQ walks whole sequences. With a piece table (intra-card CP, ALGORITHM.md §4) a CTA
- * is a (piece, value head, tile): KDA_REC_PRESCAN computes a split piece's map S_out = M S_in + E (tiles 0 ..
- * KC/BV − 1 are M's columns, from the identity with U = 0; the rest E's, from zero, or from the initial state for
- * a sequence's first piece, whose M is not needed) into the piece's slot, and writes no O; KDA_REC_PIECES runs
- * every piece from its incoming state (the merged S_in of its slot, or the sequence's initial state) and writes
- * O, and the final state from a sequence's last piece. The grids cover the table's capacity; CTAs past the
- * pieces the plan made, or with nothing to do, return at once. */
-template <int KD, int WG, int EXACT, int MODE>
-__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_recurrence_kernel(const kda_rec_params_t p) {
-    constexpr int NT = KD / 8; /* n-tiles of Sᵀ over K */
-    constexpr int SPLIT = REC_SPLIT(KD);
-    constexpr int WO = MODE != KDA_REC_PRESCAN && MODE != KDA_REC_STATES; /* the kernel writes O */
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u); /* stages 1 KB-aligned */
-    pdl_wait(); /* (launched with pdl: the kernel before, prep or the merge, has completed) */
-    pdl_trigger();
-
-    const int bv = p.bv, nvt = kda_cuda_size_class(p.V) / bv;
-    const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, t = lane & 3;
-
-    int h, vt, mcols = 0; /* mcols: this CTA computes columns of M (pre-scan) */
+/* MODE (kda_cuda.h): KDA_REC_SEQ and KDA_REC_STATES walk whole sequences. With a piece table (intra-card CP,
+ * ALGORITHM.md §4) a CTA is a (piece, value head, tile): KDA_REC_PRESCAN computes a split piece's map
+ * S_out = M S_in + E (tiles 0 .. KC/BV − 1 are M's columns, from the identity with U = 0; the rest E's, from zero,
+ * or from the initial state for a sequence's first piece, whose M is not needed) into the piece's slot, and writes
+ * no O; KDA_REC_PIECES runs every piece from its incoming state (the merged S_in of its slot, or the sequence's
+ * initial state) and writes O, and the final state from a sequence's last piece. The grids cover the table's
+ * capacity; CTAs past the pieces the plan made, or with nothing to do, return at once. */
+typedef struct {
+    int h, vt;
+    int mcols;               /* this CTA computes columns of M (pre-scan) */
+    int load_sin, from_h0, store_final;
     int64_t n, bos, eos, nchunks, chunk0;
-    float *slot_base = NULL; /* this (piece, head)'s CP storage, or NULL */
-    float *map_out = NULL;   /* the pre-scan's M for the backward (kda_rec_params_t.cp_maps), or NULL */
-    int load_sin = 0, from_h0 = 1, store_final = 1;
-    if (MODE == KDA_REC_SEQ || MODE == KDA_REC_STATES) {
-        vt = (int)(blockIdx.x % nvt);
-        const int64_t rest = blockIdx.x / nvt;
-        h = (int)(rest % p.hv);
-        n = rest / p.hv;
-        seq_bounds(p.seqs, n, &bos, &eos);
-        nchunks = (eos - bos + KDA_CHUNK - 1) / KDA_CHUNK;
-        chunk0 = seq_chunk0(p.seqs, n);
-    } else {
-        const int mt = MODE == KDA_REC_PRESCAN ? KD / bv : 0, ntiles = mt + nvt;
-        const int tile = (int)(blockIdx.x % ntiles);
-        const int64_t rest = blockIdx.x / ntiles;
-        h = (int)(rest % p.hv);
-        const int64_t piece = rest / p.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
-        if (piece >= p.cp_header[MODE == KDA_REC_PRESCAN ? 2 : 0]) return;
-        const kda_cp_piece_t *e = &p.cp_table[piece];
-        const int64_t flags = e->flags, cslot = e->slot;
-        n = e->seq;
-        bos = e->bos;
-        eos = e->eos;
-        nchunks = e->num_chunks;
-        chunk0 = e->chunk0;
-        if (cslot >= 0)
-            slot_base = p.cp_slots + (cslot * p.hv + h) * kda_cuda_cp_slot_floats(KD, kda_cuda_size_class(p.V));
-        if (MODE == KDA_REC_PRESCAN) {
-            /* only split pieces before their sequence's last; a first piece has no M */
-            if (cslot < 0 || (flags & KDA_CP_LAST) || (tile < mt && (flags & KDA_CP_FIRST))) return;
-            mcols = tile < mt;
-            vt = mcols ? tile : tile - mt;
-            from_h0 = !mcols && (flags & KDA_CP_FIRST);
-            store_final = 0;
-            if (mcols && p.cp_maps) { /* at the backward's mirrored slot: its first slot + (np − 1 − index) */
-                const int64_t ms = cslot - e->index + (e->seq_pieces - 1 - e->index);
-                map_out = p.cp_maps + (ms * p.hv + h) * (int64_t)KD * KD;
-            }
-        } else {
-            vt = tile;
-            load_sin = cslot >= 0 && !(flags & KDA_CP_FIRST);
-            from_h0 = !load_sin;
-            store_final = (flags & KDA_CP_LAST) != 0;
-        }
-    }
-    const int v0 = vt * bv;           /* first state column of this CTA (of M's columns when mcols) */
-    const int vw = v0 + 16 * warp;    /* first state column of this warp */
+    float *slot_base;        /* this (piece, head)'s CP storage, or NULL */
+    float *map_out;          /* the pre-scan's M for the backward (kda_rec_params_t.cp_maps), or NULL */
+} rec_work_t;
 
-    /* K̃_lo in the stages (WG 2 is the wgmma version that adds it, the launcher's choice) */
-    const int ktlo = rec_ktlo(KD, MODE, p.blocks.fine);
-    const int stage_bytes = REC_STAGE_BYTES(KD, bv, ktlo);
-    const int nst = SPLIT ? 1 : p.stages; /* ring: chunks in flight, nst - 1 ahead of the one in use */
-    unsigned char *sO0 = smem + nst * stage_bytes;
-    const int ostride = REC_O_STRIDE(bv);
-    const int oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
-    const int64_t slot = seq_slot(p.state_indices, p.claim, p.num_state_slots, n);
+/* A whole sequence (KDA_REC_SEQ, KDA_REC_STATES): CTA → (sequence, value head, V tile) */
+DEV void rec_seq_work(const kda_rec_params_t &p, rec_work_t &w) {
+    const int nvt = kda_cuda_size_class(p.pb.V) / p.bv;
+    w.mcols = 0;
+    w.slot_base = NULL;
+    w.map_out = NULL;
+    w.load_sin = 0, w.from_h0 = 1, w.store_final = 1;
+    w.vt = (int)(blockIdx.x % nvt);
+    const int64_t rest = blockIdx.x / nvt;
+    w.h = (int)(rest % p.pb.hv);
+    w.n = rest / p.pb.hv;
+    seq_bounds(p.pb.seqs, w.n, &w.bos, &w.eos);
+    w.nchunks = (w.eos - w.bos + KDA_CHUNK - 1) / KDA_CHUNK;
+    w.chunk0 = seq_chunk0(p.pb.seqs, w.n);
+}
 
-    float s[NT][4];
-    const int64_t sd = p.v_first ? 1 : p.V, sv = p.v_first ? p.K : 1; /* strides of d and v in a state */
-    const int64_t sbase = slot >= 0 ? (slot * p.hv + h) * (int64_t)p.K * p.V : 0;
-    const int vc = kda_cuda_size_class(p.V);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) s[nt][c] = 0.0f;
-    const int full = EXACT || (p.K == KD && v0 + bv <= p.V); /* no padded rows or columns in this CTA's part of S */
-    if (mcols) {
-        identity_cols<KD>(s, p.K, vw, g, t);
-    } else if (load_sin) {
-        load_slot<KD>(slot_base + KD * KD + KD * vc, s, vc, 1, vw, g, t);
-    } else if (from_h0 && p.h0 && slot >= 0) {
-        /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
-        load_state<KD>(p, s, sbase, sd, sv, vw, g, t, full);
-        poison_columns<KD>(s);
-    }
-    const unsigned char *blocks = (const unsigned char *)p.blocks.base;
-    const int64_t off_u = kda_cuda_off_u(KD);
-    const int64_t off_kl = ktlo ? kda_cuda_off_ktlo(KD, vc, p.blocks.fine) : -1;
-    const uint32_t bars = smem_u32(sO0 + 2 * KDA_CHUNK * ostride * oes);
-    if (tid == 0) {
-        for (int sidx = 0; sidx < (SPLIT ? 2 : nst); sidx++) mbar_init(bars + 8 * sidx, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
-#define REC_BLOCK(ci) (blocks + ((chunk0 + (ci)) * p.hv + h) * p.blocks.block_bytes)
-    if (tid == 0) {
-        if (SPLIT) {
-            if (nchunks > 0) {
-                issue_copy(smem, bars, REC_BLOCK(0), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD, -1);
-                issue_copy(smem, bars + 8, REC_BLOCK(0), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO,
-                           KD, -1);
-            }
-        } else {
-            for (int sidx = 0; sidx < nst - 1 && sidx < nchunks; sidx++)
-                issue_copy(smem + sidx * stage_bytes, bars + 8 * sidx, REC_BLOCK(sidx), 0, REC_LINEAR(KD), !mcols,
-                           off_u, v0, bv, !WO, KD, off_kl);
-        }
-    }
-    for (int64_t ci = 0; ci < nchunks; ci++) {
-        const int64_t ahead = ci + nst - 1;
-        const int nocopy = KDA_SKIP(p, 1024); /* development: stale stages, to time the math alone */
-        const int cur = SPLIT ? 0 : (int)(ci % nst);
-        if (!SPLIT) {
-            if (tid == 0 && ahead < nchunks && !nocopy)
-                issue_copy(smem + (ahead % nst) * stage_bytes, bars + 8 * (ahead % nst), REC_BLOCK(ahead), 0,
-                           REC_LINEAR(KD), !mcols, off_u, v0, bv, !WO, KD, off_kl);
-            if (!nocopy || ci < nst - 1) mbar_wait(bars + 8 * cur, (uint32_t)((ci / nst) & 1));
-        } else if (!nocopy || ci == 0) {
-            mbar_wait(bars, (uint32_t)(ci & 1));
-        }
-        if (MODE == KDA_REC_STATES) { /* S at this chunk's start: the caller's chunk_states, or the backward's */
-            if (p.states_out)
-                store_state<KD>(p, p.states_out, p.states_out_dtype, s, ((chunk0 + ci) * p.hv + h) * (int64_t)p.K * p.V,
-                                sd, sv, vw, g, t, full);
-            else if (p.states_bf16)
-                store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
-            else
-                store_slot<KD>(p.chunk_states + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vc, 1, vw, g, t);
-        } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_TILE && p.states_bf16) {
-            /* the forward keeps S for the backward (kda_args_t.saved, bf16 inputs, backend.c keeps_states): the
-               backward's states stage is then not run */
-            store_states_bf16<KD>(p.states_bf16 + ((chunk0 + ci) * p.hv + h) * (int64_t)KD * vc, s, vw, lane);
-        }
-        /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's
-           closing barrier, which it must have to get here */
-        unsigned char *sO = sO0 + (ci & 1) * KDA_CHUNK * ostride * oes;
-        const unsigned char *stg = smem + cur * stage_bytes;
-        rec_stage_t st;
-        st.W = smem_u32(stg);
-        st.QG = st.W + KDA_CHUNK * KD * 2;
-        st.KT = st.W + 2 * KDA_CHUNK * KD * 2;
-        st.Aqk = st.W + 3 * KDA_CHUNK * KD * 2;
-        st.U = st.W + REC_LINEAR(KD);
-        st.gam = (const float *)(stg + 3 * KDA_CHUNK * KD * 2 + KDA_CHUNK * KDA_CHUNK * 2);
-        st.ucol = (v0 % KDA_PANEL_COLS) + 16 * warp;
-        st.KTlo = ktlo ? st.W + REC_KTLO_OFF(KD, bv) : 0;
-
-        float oacc[8][4], dacc[8][4];
-        const int math = !KDA_SKIP(p, 2048); /* development: skip the math, to time the copies alone */
-        if (!math) {
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) oacc[nt][c] = 0.0f;
-        } else if (WG) {
-            if (mcols) step_wgmma<KD, WO, 1, 0>(s, oacc, st, lane);
-            else step_wgmma<KD, WO, 0, WG == 2>(s, oacc, st, lane);
-        } else {
-            state_products_mma<KD, WO>(s, dacc, oacc, st, lane);
-        }
-        if (SPLIT) {
-            __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
-            if (tid == 0 && ci + 1 < nchunks && !nocopy)
-                issue_copy(smem, bars, REC_BLOCK(ci + 1), 0, REC_PART_A(KD), 0, off_u, v0, bv, !WO, KD, -1);
-            if (!nocopy || ci == 0) mbar_wait(bars + 8, (uint32_t)(ci & 1));
-        }
-        if (math && !WG) {
-            if (mcols) state_update_mma<KD, WO, 1>(s, dacc, oacc, st, lane);
-            else state_update_mma<KD, WO, 0>(s, dacc, oacc, st, lane);
-        }
-        if (WO) stage_o(oacc, sO, p.o_dtype, ostride, warp, g, t);
-        __syncthreads(); /* the stage is free for the next copy; O staging is complete */
-        if (SPLIT && tid == 0 && ci + 1 < nchunks && !nocopy)
-            issue_copy(smem, bars + 8, REC_BLOCK(ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !mcols, off_u, v0, bv,
-                       !WO, KD, -1);
-
-        /* O rows of this chunk → global */
-        if (WO) {
-            const int64_t tok0 = bos + ci * KDA_CHUNK;
-            const int clen = (int)min((int64_t)KDA_CHUNK, eos - tok0);
-            store_o<EXACT>(p, sO, ostride, oes, tok0, clen, h, v0, bv, tid, nthreads);
-        }
-    }
-#undef REC_BLOCK
-
+/* A piece of the table (KDA_REC_PRESCAN, KDA_REC_PIECES): CTA → (entry, value head, tile); 0: nothing to do */
+template <int KD, int MODE>
+DEV int rec_piece_work(const kda_rec_params_t &p, rec_work_t &w) {
+    const int nvt = kda_cuda_size_class(p.pb.V) / p.bv;
+    w.mcols = 0;
+    w.slot_base = NULL;
+    w.map_out = NULL;
+    w.load_sin = 0, w.from_h0 = 1, w.store_final = 1;
+    const int mt = MODE == KDA_REC_PRESCAN ? KD / p.bv : 0, ntiles = mt + nvt;
+    const int tile = (int)(blockIdx.x % ntiles);
+    const int64_t rest = blockIdx.x / ntiles;
+    w.h = (int)(rest % p.pb.hv);
+    const int64_t piece = rest / p.pb.hv; /* the pre-scan's grid covers the slots: entry = slot (cp_plan.h) */
+    if (piece >= p.cp_header[MODE == KDA_REC_PRESCAN ? 2 : 0]) return 0;
+    const kda_cp_piece_t *e = &p.cp_table[piece];
+    const int64_t flags = e->flags, cslot = e->slot;
+    w.n = e->seq;
+    w.bos = e->bos;
+    w.eos = e->eos;
+    w.nchunks = e->num_chunks;
+    w.chunk0 = e->chunk0;
+    if (cslot >= 0)
+        w.slot_base = p.cp_slots + (cslot * p.pb.hv + w.h) * kda_cuda_cp_slot_floats(KD, kda_cuda_size_class(p.pb.V));
     if (MODE == KDA_REC_PRESCAN) {
-        if (mcols) store_map<KD>(slot_base, s, 1, vw, g, t);             /* Mᵀ[e][d] (swizzled) */
-        else store_slot<KD>(slot_base + KD * KD, s, vc, 1, vw, g, t);    /* E[d][v] */
-        if (map_out) store_map<KD>(map_out, s, 0, vw, g, t);              /* M[d][e]: the backward's Mᵀ */
-    } else if (MODE != KDA_REC_STATES && store_final && p.ht && slot >= 0) {
-        store_state<KD>(p, p.ht, p.ht_dtype, s, sbase, sd, sv, vw, g, t, full);
+        /* only split pieces before their sequence's last; a first piece has no M */
+        if (cslot < 0 || (flags & KDA_CP_LAST) || (tile < mt && (flags & KDA_CP_FIRST))) return 0;
+        w.mcols = tile < mt;
+        w.vt = w.mcols ? tile : tile - mt;
+        w.from_h0 = !w.mcols && (flags & KDA_CP_FIRST);
+        w.store_final = 0;
+        if (w.mcols && p.cp_maps) { /* at the backward's mirrored slot: its first slot + (np − 1 − index) */
+            const int64_t ms = cslot - e->index + (e->seq_pieces - 1 - e->index);
+            w.map_out = p.cp_maps + (ms * p.pb.hv + w.h) * (int64_t)KD * KD;
+        }
+    } else {
+        w.vt = tile;
+        w.load_sin = cslot >= 0 && !(flags & KDA_CP_FIRST);
+        w.from_h0 = !w.load_sin;
+        w.store_final = (flags & KDA_CP_LAST) != 0;
+    }
+    return 1;
+}
+
+/* What every phase of the CTA reads: its work, its columns, its shared memory, its state's place */
+typedef struct {
+    rec_work_t w;
+    int tid, nthreads, warp, lane, g, t;
+    int bv, vc, v0, vw;      /* tile width, V class, first state column of the CTA (of M's when mcols), the warp's */
+    int ktlo, stage_bytes, nst; /* K̃_lo in the stages; ring: chunks in flight, nst − 1 ahead of the one in use */
+    unsigned char *smem, *sO0;
+    int ostride, oes;
+    int64_t slot, sd, sv, sbase; /* the state's slot, strides of d and v, and its base */
+    int full;                /* no padded rows or columns in this CTA's part of S */
+    const unsigned char *blocks;
+    int64_t off_u, off_kl;
+    uint32_t bars;
+} rec_cta_t;
+
+/* The thread's place in the CTA */
+DEV void rec_cta_ids(const kda_rec_params_t &p, rec_cta_t &c) {
+    c.bv = p.bv;
+    c.tid = threadIdx.x, c.nthreads = blockDim.x, c.warp = c.tid >> 5, c.lane = c.tid & 31;
+    c.g = c.lane >> 2, c.t = c.lane & 3;
+}
+
+/* The CTA's columns, stages and the slot of its state (c.w set) */
+template <int KD, int MODE>
+DEV void rec_cta_setup(const kda_rec_params_t &p, unsigned char *smem, rec_cta_t &c) {
+    c.v0 = c.w.vt * c.bv;
+    c.vw = c.v0 + 16 * c.warp;
+    c.ktlo = rec_ktlo(KD, MODE, p.blocks.fine); /* (WG 2 is the wgmma version that adds it, the launcher's choice) */
+    c.stage_bytes = REC_STAGE_BYTES(KD, c.bv, c.ktlo);
+    c.nst = REC_SPLIT(KD) ? 1 : p.stages;
+    c.smem = smem;
+    c.sO0 = smem + c.nst * c.stage_bytes;
+    c.ostride = REC_O_STRIDE(c.bv);
+    c.oes = p.o_dtype == KDA_DT_F32 ? 4 : 2;
+    c.slot = seq_slot(p.pb.state_indices, p.claim, p.pb.num_state_slots, c.w.n);
+}
+
+/* The state the CTA starts from: M's identity columns, a piece's merged S_in, the initial state, or zero; and
+ * where its state lies in h0 and ht */
+template <int KD, int EXACT>
+DEV void rec_load_start(const kda_rec_params_t &p, rec_cta_t &c, float (&s)[KD / 8][4]) {
+    c.sd = p.pb.v_first ? 1 : p.pb.V, c.sv = p.pb.v_first ? p.pb.K : 1;
+    c.sbase = c.slot >= 0 ? (c.slot * p.pb.hv + c.w.h) * (int64_t)p.pb.K * p.pb.V : 0;
+    c.vc = kda_cuda_size_class(p.pb.V);
+#pragma unroll
+    for (int nt = 0; nt < KD / 8; nt++)
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++) s[nt][cc] = 0.0f;
+    c.full = EXACT || (p.pb.K == KD && c.v0 + c.bv <= p.pb.V);
+    if (c.w.mcols) {
+        identity_cols<KD>(s, p.pb.K, c.vw, c.g, c.t);
+    } else if (c.w.load_sin) {
+        load_slot<KD>(c.w.slot_base + KD * KD + KD * c.vc, s, c.vc, 1, c.vw, c.g, c.t);
+    } else if (c.w.from_h0 && p.pb.h0 && c.slot >= 0) {
+        /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
+        load_state<KD>(p, s, c.sbase, c.sd, c.sv, c.vw, c.g, c.t, c.full);
+        poison_columns<KD>(s);
     }
 }
 
+/* ---------------------------------------------------------------------------------------------------------
+ * The chunk loop's phases: the copies of the blocks into the stages, the states a mode keeps, the step's math,
+ * the O rows
+ * ------------------------------------------------------------------------------------------------------- */
+DEV const unsigned char *rec_block(const kda_rec_params_t &p, const rec_cta_t &c, int64_t ci) {
+    return c.blocks + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * p.blocks.block_bytes;
+}
+
+/* The barriers, then the first chunks' copies (ring: nst − 1 chunks ahead; split: both parts of chunk 0) */
+template <int KD, int WO>
+DEV void rec_prologue(const kda_rec_params_t &p, rec_cta_t &c) {
+    constexpr int SPLIT = REC_SPLIT(KD);
+    c.blocks = (const unsigned char *)p.blocks.base;
+    c.off_u = kda_cuda_off_u(KD);
+    c.off_kl = c.ktlo ? kda_cuda_off_ktlo(KD, c.vc, p.blocks.fine) : -1;
+    c.bars = smem_u32(c.sO0 + 2 * KDA_CHUNK * c.ostride * c.oes);
+    if (c.tid == 0) {
+        for (int sidx = 0; sidx < (SPLIT ? 2 : c.nst); sidx++) mbar_init(c.bars + 8 * sidx, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (c.tid == 0) {
+        if (SPLIT) {
+            if (c.w.nchunks > 0) {
+                issue_copy(c.smem, c.bars, rec_block(p, c, 0), 0, REC_PART_A(KD), 0, c.off_u, c.v0, c.bv, !WO, KD,
+                           -1);
+                issue_copy(c.smem, c.bars + 8, rec_block(p, c, 0), REC_PART_A(KD), REC_LINEAR(KD), !c.w.mcols,
+                           c.off_u, c.v0, c.bv, !WO, KD, -1);
+            }
+        } else {
+            for (int sidx = 0; sidx < c.nst - 1 && sidx < c.w.nchunks; sidx++)
+                issue_copy(c.smem + sidx * c.stage_bytes, c.bars + 8 * sidx, rec_block(p, c, sidx), 0,
+                           REC_LINEAR(KD), !c.w.mcols, c.off_u, c.v0, c.bv, !WO, KD, c.off_kl);
+        }
+    }
+}
+
+/* Chunk ci's stage is in (ring: the copy nst − 1 chunks ahead issued first; split: its first part) */
+template <int KD, int WO>
+DEV void rec_wait_chunk(const kda_rec_params_t &p, const rec_cta_t &c, int64_t ci, int64_t ahead, int cur,
+                        int nocopy) {
+    if (!REC_SPLIT(KD)) {
+        if (c.tid == 0 && ahead < c.w.nchunks && !nocopy)
+            issue_copy(c.smem + (ahead % c.nst) * c.stage_bytes, c.bars + 8 * (ahead % c.nst), rec_block(p, c, ahead),
+                       0, REC_LINEAR(KD), !c.w.mcols, c.off_u, c.v0, c.bv, !WO, KD, c.off_kl);
+        if (!nocopy || ci < c.nst - 1) mbar_wait(c.bars + 8 * cur, (uint32_t)((ci / c.nst) & 1));
+    } else if (!nocopy || ci == 0) {
+        mbar_wait(c.bars, (uint32_t)(ci & 1));
+    }
+}
+
+/* S at chunk ci's start where the mode keeps it: KDA_REC_STATES into the caller's chunk_states or the backward's
+ * S; the forward's sequences and pieces into the bf16 S kept for the backward (kda_args_t.saved) when set */
+template <int KD, int MODE>
+DEV void rec_keep_state(const kda_rec_params_t &p, const rec_cta_t &c, const float (&s)[KD / 8][4], int64_t ci) {
+    if (MODE == KDA_REC_STATES) {
+        if (p.states_out)
+            store_state<KD>(p, p.states_out, p.states_out_dtype, s,
+                            ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)p.pb.K * p.pb.V, c.sd, c.sv, c.vw, c.g,
+                            c.t, c.full);
+        else if (p.states_bf16)
+            store_states_bf16<KD>(p.states_bf16 + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)KD * c.vc, s,
+                                  c.vw, c.lane);
+        else
+            store_slot<KD>(p.chunk_states + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)KD * c.vc, s, c.vc, 1,
+                           c.vw, c.g, c.t);
+    } else if (MODE != KDA_REC_PRESCAN && KD <= KDA_BWD_TILE && p.states_bf16) {
+        /* the forward keeps S for the backward (bf16 inputs, backend.c keeps_states): its states stage then
+           does not run */
+        store_states_bf16<KD>(p.states_bf16 + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)KD * c.vc, s, c.vw,
+                              c.lane);
+    }
+}
+
+/* The tiles of stage `cur` */
+template <int KD>
+DEV rec_stage_t rec_stage_at(const rec_cta_t &c, int cur) {
+    const unsigned char *stg = c.smem + cur * c.stage_bytes;
+    rec_stage_t st;
+    st.W = smem_u32(stg);
+    st.QG = st.W + KDA_CHUNK * KD * 2;
+    st.KT = st.W + 2 * KDA_CHUNK * KD * 2;
+    st.Aqk = st.W + 3 * KDA_CHUNK * KD * 2;
+    st.U = st.W + REC_LINEAR(KD);
+    st.gam = (const float *)(stg + 3 * KDA_CHUNK * KD * 2 + KDA_CHUNK * KDA_CHUNK * 2);
+    st.ucol = (c.v0 % KDA_PANEL_COLS) + 16 * c.warp;
+    st.KTlo = c.ktlo ? st.W + REC_KTLO_OFF(KD, c.bv) : 0;
+    return st;
+}
+
+/* One chunk: Δ = U − W S, O = QΓ S + Aqk Δ (staged in shared memory, then stored), S ← Diag(γ) S + K̃ᵀ Δ. Split
+ * staging copies the next chunk's first part once [W | QΓ] is read, its second once the step is done. */
+template <int KD, int WG, int EXACT, int MODE>
+DEV void rec_chunk(const kda_rec_params_t &p, const rec_cta_t &c, float (&s)[KD / 8][4], int64_t ci) {
+    constexpr int SPLIT = REC_SPLIT(KD);
+    constexpr int WO = MODE != KDA_REC_PRESCAN && MODE != KDA_REC_STATES; /* the mode writes O */
+    const int64_t ahead = ci + c.nst - 1;
+    const int nocopy = KDA_SKIP(p, 1024); /* development: stale stages, to time the math alone */
+    const int cur = SPLIT ? 0 : (int)(ci % c.nst);
+    rec_wait_chunk<KD, WO>(p, c, ci, ahead, cur, nocopy);
+    rec_keep_state<KD, MODE>(p, c, s, ci);
+    /* O staging alternates: the buffer of chunk ci - 2 is free once every thread passed chunk ci - 1's closing
+       barrier, which it must have to get here */
+    unsigned char *sO = c.sO0 + (ci & 1) * KDA_CHUNK * c.ostride * c.oes;
+    const rec_stage_t st = rec_stage_at<KD>(c, cur);
+
+    float oacc[8][4], dacc[8][4];
+    const int math = !KDA_SKIP(p, 2048); /* development: skip the math, to time the copies alone */
+    if (!math) {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int cc = 0; cc < 4; cc++) oacc[nt][cc] = 0.0f;
+    } else if (WG) {
+        if (c.w.mcols) step_wgmma<KD, WO, 1, 0>(s, oacc, st, c.lane);
+        else step_wgmma<KD, WO, 0, WG == 2>(s, oacc, st, c.lane);
+    } else {
+        state_products_mma<KD, WO>(s, dacc, oacc, st, c.lane);
+    }
+    if (SPLIT) {
+        __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
+        if (c.tid == 0 && ci + 1 < c.w.nchunks && !nocopy)
+            issue_copy(c.smem, c.bars, rec_block(p, c, ci + 1), 0, REC_PART_A(KD), 0, c.off_u, c.v0, c.bv, !WO, KD,
+                       -1);
+        if (!nocopy || ci == 0) mbar_wait(c.bars + 8, (uint32_t)(ci & 1));
+    }
+    if (math && !WG) {
+        if (c.w.mcols) state_update_mma<KD, WO, 1>(s, dacc, oacc, st, c.lane);
+        else state_update_mma<KD, WO, 0>(s, dacc, oacc, st, c.lane);
+    }
+    if (WO) stage_o(oacc, sO, p.o_dtype, c.ostride, c.warp, c.g, c.t);
+    __syncthreads(); /* the stage is free for the next copy; O staging is complete */
+    if (SPLIT && c.tid == 0 && ci + 1 < c.w.nchunks && !nocopy)
+        issue_copy(c.smem, c.bars + 8, rec_block(p, c, ci + 1), REC_PART_A(KD), REC_LINEAR(KD), !c.w.mcols, c.off_u,
+                   c.v0, c.bv, !WO, KD, -1);
+
+    /* O rows of this chunk → global */
+    if (WO) {
+        const int64_t tok0 = c.w.bos + ci * KDA_CHUNK;
+        const int clen = (int)min((int64_t)KDA_CHUNK, c.w.eos - tok0);
+        store_o<EXACT>(p, sO, c.ostride, c.oes, tok0, clen, c.w.h, c.v0, c.bv, c.tid, c.nthreads);
+    }
+}
+
+/* The state the CTA ends with: the pre-scan's Mᵀ or E into the piece's slot (and M for the backward), else the
+ * final state from a sequence's end */
+template <int KD, int MODE>
+DEV void rec_store_end(const kda_rec_params_t &p, const rec_cta_t &c, const float (&s)[KD / 8][4]) {
+    if (MODE == KDA_REC_PRESCAN) {
+        if (c.w.mcols) store_map<KD>(c.w.slot_base, s, 1, c.vw, c.g, c.t);                /* Mᵀ[e][d] (swizzled) */
+        else store_slot<KD>(c.w.slot_base + KD * KD, s, c.vc, 1, c.vw, c.g, c.t);       /* E[d][v] */
+        if (c.w.map_out) store_map<KD>(c.w.map_out, s, 0, c.vw, c.g, c.t);             /* M[d][e]: the backward's Mᵀ */
+    } else if (MODE != KDA_REC_STATES && c.w.store_final && p.pb.ht && c.slot >= 0) {
+        store_state<KD>(p, p.pb.ht, p.pb.ht_dtype, s, c.sbase, c.sd, c.sv, c.vw, c.g, c.t, c.full);
+    }
+}
+
+/* A CTA's walk over its chunks: the start state, the copies' prologue, the chunk steps, the end state */
+template <int KD, int WG, int EXACT, int MODE>
+DEV void rec_run(const kda_rec_params_t &p, rec_cta_t &c, unsigned char *smem) {
+    constexpr int WO = MODE != KDA_REC_PRESCAN && MODE != KDA_REC_STATES;
+    rec_cta_setup<KD, MODE>(p, smem, c);
+    float s[KD / 8][4];
+    rec_load_start<KD, EXACT>(p, c, s);
+    rec_prologue<KD, WO>(p, c);
+    for (int64_t ci = 0; ci < c.w.nchunks; ci++) rec_chunk<KD, WG, EXACT, MODE>(p, c, s, ci);
+    rec_store_end<KD, MODE>(p, c, s);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernels, one per mode (kda_cuda.h KDA_REC_*). EXACT: K and V are their classes: no masks, whole 16-byte O
+ * rows; without it the kernel carries the masks and the narrow stores, whose larger code would slow the common
+ * sizes (instruction fetch). WG: 0 mma.sync, 1 wgmma, 2 wgmma adding Δᵀ K̃_lo (the states pass over fine blocks).
+ * Each is launched with pdl: its first act waits for the kernel before (prep or the merge).
+ * ------------------------------------------------------------------------------------------------------- */
+/* A kernel's body: the shared memory's stages 1 KB-aligned (wgmma's 128-byte swizzle repeats every 1 KB), the wait
+ * for the kernel before, the CTA's work (a whole sequence, or a piece of the table: none past the plan's), its walk */
+template <int KD, int WG, int EXACT, int MODE>
+DEV void rec_kernel(const kda_rec_params_t &p) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    pdl_wait();
+    pdl_trigger();
+    rec_cta_t c;
+    rec_cta_ids(p, c);
+    if (MODE == KDA_REC_SEQ || MODE == KDA_REC_STATES) rec_seq_work(p, c.w);
+    else if (!rec_piece_work<KD, MODE>(p, c.w)) return;
+    rec_run<KD, WG, EXACT, MODE>(p, c, smem);
+}
+
+/* The forward: whole sequences, O and the final states */
+template <int KD, int WG, int EXACT>
+__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_seq_kernel(const kda_rec_params_t p) {
+    rec_kernel<KD, WG, EXACT, KDA_REC_SEQ>(p);
+}
+/* CP's pre-scan: each split piece's map, no O */
+template <int KD, int WG, int EXACT>
+__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_prescan_kernel(const kda_rec_params_t p) {
+    rec_kernel<KD, WG, EXACT, KDA_REC_PRESCAN>(p);
+}
+/* CP's pieces: every piece from its incoming state, O and the final states */
+template <int KD, int WG, int EXACT>
+__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_pieces_kernel(const kda_rec_params_t p) {
+    rec_kernel<KD, WG, EXACT, KDA_REC_PIECES>(p);
+}
+/* The states pass (chunk_states, the backward's stage 1): whole sequences, S at every chunk start, no O */
+template <int KD, int WG, int EXACT>
+__global__ void __launch_bounds__(REC_MAX_THREADS, 1) kda_rec_states_kernel(const kda_rec_params_t p) {
+    rec_kernel<KD, WG, EXACT, KDA_REC_STATES>(p);
+}
 
 /* Shared memory of a recurrence CTA of this configuration with `stages` ring stages (split: one buffer) */
 template <int KD>
@@ -620,7 +762,7 @@ template <int KD, int WG, int EXACT>
 static const void *rec_states_kernel(void) {
     if constexpr (WG == 2 && REC_SPLIT(KD)) return NULL; /* K̃_lo: K class ≤ 128 */
     else if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM)
-        return (const void *)kda_recurrence_kernel<KD, WG, EXACT, KDA_REC_STATES>;
+        return (const void *)kda_rec_states_kernel<KD, WG, EXACT>;
     else return NULL;
 }
 
@@ -629,25 +771,26 @@ static const void *rec_states_kernel(void) {
  * value head, tile) */
 template <int KD, int HAS_WG>
 static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
-    const int64_t nvt = kda_cuda_size_class(p->V) / p->bv;
-    const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->seqs.num_seqs * p->hv * nvt
-                         : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->hv * nvt
-                                                     : p->cp_capacity_slots * p->hv * (KD / p->bv + nvt);
+    const int64_t nvt = kda_cuda_size_class(p->pb.V) / p->bv;
+    const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->pb.seqs.num_seqs * p->pb.hv * nvt
+                         : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->pb.hv * nvt
+                                                     : p->cp_capacity_slots * p->pb.hv * (KD / p->bv + nvt);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
     const int bytes = kda_rec_smem<KD>(p, p->stages);
     static int done[4][6][KDA_MAX_DEVICES]; /* per kernel below */
     /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
-    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0, exact = p->K == KD && p->V == kda_cuda_size_class(p->V);
-#define REC_KERNELS(M)                                                                                          \
-    {(const void *)kda_recurrence_kernel<KD, 0, 0, M>, (const void *)kda_recurrence_kernel<KD, 0, 1, M>,        \
-     (const void *)kda_recurrence_kernel<KD, HAS_WG, 0, M>, (const void *)kda_recurrence_kernel<KD, HAS_WG, 1, M>, \
-     NULL, NULL}
+    const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0;
+    const int exact = p->pb.K == KD && p->pb.V == kda_cuda_size_class(p->pb.V);
+#define REC_KERNELS(KERNEL)                                                                                     \
+    {(const void *)KERNEL<KD, 0, 0>, (const void *)KERNEL<KD, 0, 1>, (const void *)KERNEL<KD, HAS_WG, 0>,         \
+     (const void *)KERNEL<KD, HAS_WG, 1>, NULL, NULL}
     /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM) */
 #define REC_STATES_KERNELS                                                                                      \
     {rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),          \
      rec_states_kernel<KD, HAS_WG, 1>(), rec_states_kernel<KD, 2 * HAS_WG, 0>(), rec_states_kernel<KD, 2 * HAS_WG, 1>()}
-    const void *kernels[4][6] = {REC_KERNELS(KDA_REC_SEQ), REC_KERNELS(KDA_REC_PRESCAN), REC_KERNELS(KDA_REC_PIECES),
+    const void *kernels[4][6] = {REC_KERNELS(kda_rec_seq_kernel), REC_KERNELS(kda_rec_prescan_kernel),
+                                 REC_KERNELS(kda_rec_pieces_kernel),
                                  REC_STATES_KERNELS};
 #undef REC_KERNELS
 #undef REC_STATES_KERNELS
