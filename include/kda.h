@@ -63,10 +63,11 @@ typedef enum kda_dtype {
     KDA_FLOAT16 = 1,
     KDA_BFLOAT16 = 2,
     KDA_INT32 = 3,
-    KDA_INT64 = 4
+    KDA_INT64 = 4,
+    KDA_FLOAT64 = 5 /* cross-rank CP summaries only (cp_summary_dtype) */
 } kda_dtype_t;
 
-/* Bytes per element of a dtype (4, 2, 2, 4, 8), or 0 for a value outside the enum. */
+/* Bytes per element of a dtype (4, 2, 2, 4, 8, 8), or 0 for a value outside the enum. */
 KDA_API size_t kda_dtype_size(kda_dtype_t dtype);
 
 /* ---- Context: one backend ---------------------------------------------------------------------------- */
@@ -184,6 +185,15 @@ typedef struct kda_args {
     /* -- Training: what the forward keeps for the backward (appended; docs/API.md §10) ------------------- */
     void *saved;                  /* kda_forward writes, kda_backward reads; NULL: the backward recomputes */
     size_t saved_bytes;           /* bytes at saved, at least kda_forward_saved_size's answer */
+
+    /* -- Context parallelism across ranks (appended; kda_forward, kda_backward; docs/API.md §14) --------- */
+    int32_t cp_num_ranks;         /* R >= 1 ranks the packed tokens are split over; 0: none (the default) */
+    int32_t cp_rank;              /* this rank, in [0, R) */
+    int32_t cp_pre_ranks;         /* ranks before this one whose parts chain into its first sequence, <= cp_rank */
+    int32_t cp_post_ranks;        /* ranks after this one its last sequence continues on, <= R - 1 - cp_rank */
+    kda_dtype_t cp_summary_dtype; /* FLOAT32 or FLOAT64 (CPU backends): the summaries' elements. Default FLOAT32 */
+    const void *cp_summaries;     /* [R, HV, K, K + V] every rank's forward summary (all-gathered); cp_pre_ranks > 0 */
+    size_t cp_summaries_bytes;    /* bytes at cp_summaries, at least R * kda_cp_summary_size's answer */
 } kda_args_t;
 
 /* Set the defaults of the first struct_size bytes of `args` and struct_size itself (docs/API.md §13). */
@@ -246,6 +256,10 @@ typedef struct kda_backward_args {
     kda_dtype_t d_initial_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
     float *dA_log;                 /* [HV] float32; needs use_gate_in_kernel and A_log. NULL: not computed */
     float *ddt_bias;               /* [HV * K] float32; needs use_gate_in_kernel and dt_bias. NULL: not computed */
+
+    /* -- Context parallelism across ranks (appended; docs/API.md §14): problem->cp_* describe the split -- */
+    const void *cp_summaries;      /* [R, HV, K, K + V] every rank's backward summary; problem->cp_post_ranks > 0 */
+    size_t cp_summaries_bytes;     /* bytes at cp_summaries, at least R * kda_cp_summary_size's answer */
 } kda_backward_args_t;
 
 /* As kda_args_init_sized, for the backward's struct (struct_size = the caller's sizeof). */
@@ -261,6 +275,35 @@ KDA_API kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const
  * NOT_SUPPORTED naming head_dim_k or head_dim_v), no host sync (graph-capturable). */
 KDA_API kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
                                   size_t workspace_bytes, void *stream);
+
+/* ---- Context parallelism across ranks: the transport-free building blocks (docs/API.md §14) -------------
+ * Each rank writes its summary, the caller all-gathers the R summaries (any collective: NCCL, MPI, torch), and
+ * the rank's kda_forward / kda_backward fold the ones that chain into its sequences (args->cp_summaries). CPU
+ * and reference backends; CUDA: NOT_SUPPORTED for now. */
+
+/* Bytes of one rank's summary: HV * K * (K + V) elements of args->cp_summary_dtype. Validates args. */
+KDA_API kda_status_t kda_cp_summary_size(const kda_context_t *ctx, const kda_args_t *args, size_t *summary_bytes);
+
+/* Workspace of kda_cp_forward_summary (may be 0). Validates args. */
+KDA_API kda_status_t kda_cp_forward_summary_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
+                                                           size_t *workspace_bytes);
+
+/* This rank's forward summary into `summary` (summary_bytes >= kda_cp_summary_size): per value head [M | E] of
+ * its last local sequence part. Reads the inputs and initial_state of args only; writes nothing else. */
+KDA_API kda_status_t kda_cp_forward_summary(kda_context_t *ctx, const kda_args_t *args, void *summary,
+                                            size_t summary_bytes, void *workspace, size_t workspace_bytes,
+                                            void *stream);
+
+/* Workspace of kda_cp_backward_summary (may be 0). Validates args. */
+KDA_API kda_status_t kda_cp_backward_summary_workspace_size(const kda_context_t *ctx,
+                                                            const kda_backward_args_t *args,
+                                                            size_t *workspace_bytes);
+
+/* This rank's backward summary into `summary`: per value head [Mᵀ | dE] of its first local sequence part. Reads
+ * the problem's inputs, d_o and d_final_state; writes no gradient. */
+KDA_API kda_status_t kda_cp_backward_summary(kda_context_t *ctx, const kda_backward_args_t *args, void *summary,
+                                             size_t summary_bytes, void *workspace, size_t workspace_bytes,
+                                             void *stream);
 
 #ifdef __cplusplus
 }

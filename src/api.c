@@ -34,6 +34,7 @@ size_t kda_dtype_size(kda_dtype_t dtype) {
     case KDA_BFLOAT16: return 2;
     case KDA_INT32: return 4;
     case KDA_INT64: return 8;
+    case KDA_FLOAT64: return 8;
     }
     return 0;
 }
@@ -69,6 +70,9 @@ static kda_status_t ctx_enter(const kda_context_t *ctx, const char *fn) {
 }
 
 static void ctx_leave(const kda_context_t *ctx) { __atomic_fetch_sub((int *)&ctx->in_use, 1, __ATOMIC_RELEASE); }
+
+kda_status_t kda_ctx_enter(const kda_context_t *ctx, const char *fn) { return ctx_enter(ctx, fn); }
+void kda_ctx_leave(const kda_context_t *ctx) { ctx_leave(ctx); }
 
 /* The context alone (kda_set_num_threads, kda_destroy), or CONTEXT_IN_USE while any call runs on it. */
 static kda_status_t ctx_claim(kda_context_t *ctx, const char *fn) {
@@ -212,13 +216,19 @@ static kda_status_t prepare(const kda_context_t *ctx, const kda_args_t *args, al
                             kda_problem_t *p, size_t *need) {
     if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'ctx': NULL", fn);
     kda_status_t st = kda_check_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
+    if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, p, algo == ALGO_DECODE ? KDA_XCP_DECODE : KDA_XCP_FOLD);
     if (st != KDA_STATUS_SUCCESS) return st;
+    if (kda_xcp_forward_extra(p) && !ctx->ops->cp_summary)
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'cp_pre_ranks': the %s backend cannot fold "
+                         "cross-rank CP summaries yet (use the cpu or reference backend)", fn,
+                         kda_backend_name(ctx->backend));
     if (ctx->ops->supports) {
         st = ctx->ops->supports(ctx, p, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
     }
     st = algo == ALGO_FORWARD ? ctx->ops->forward_workspace(ctx, p, need)
                               : ctx->ops->decode_workspace(ctx, p, need);
+    if (st == KDA_STATUS_SUCCESS && algo == ALGO_FORWARD) *need += kda_xcp_forward_extra(p);
     return st;
 }
 
@@ -265,6 +275,8 @@ static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, si
                          "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, ws_bytes, need);
     if (need > 0 && !ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
     if (p.num_tokens == 0 && !p.a.final_state) return KDA_STATUS_SUCCESS; /* nothing to write */
+    if (algo == ALGO_FORWARD && kda_xcp_forward_extra(&p))
+        kda_xcp_fold_forward(&p, (char *)ws + need - kda_xcp_forward_extra(&p));
     return algo == ALGO_FORWARD ? ctx->ops->forward(ctx, &p, ws, ws_bytes, stream)
                                 : ctx->ops->decode(ctx, &p, ws, ws_bytes, stream);
 }
@@ -340,14 +352,22 @@ static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backwar
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: the %s backend has no backward yet (use the cpu or "
                          "reference backend)", fn, kda_backend_name(ctx->backend));
     kda_status_t st = kda_check_backward_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
+    if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, &p->f, KDA_XCP_FOLD);
+    if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp_backward(fn, p);
     if (st != KDA_STATUS_SUCCESS) return st;
+    if (kda_xcp_backward_extra(p) && !ctx->ops->cp_summary)
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'cp_num_ranks': the %s backend cannot fold "
+                         "cross-rank CP summaries yet (use the cpu or reference backend)", fn,
+                         kda_backend_name(ctx->backend));
     if (ctx->ops->supports) {
         st = ctx->ops->supports(ctx, &p->f, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
     }
     st = check_saved(ctx, &p->f, fn);
     if (st != KDA_STATUS_SUCCESS) return st;
-    return ctx->ops->backward_workspace(ctx, p, need);
+    st = ctx->ops->backward_workspace(ctx, p, need);
+    if (st == KDA_STATUS_SUCCESS) *need += kda_xcp_backward_extra(p);
+    return st;
 }
 
 kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args,
@@ -374,6 +394,7 @@ static kda_status_t backward(kda_context_t *ctx, const kda_backward_args_t *args
         return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
                          "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, workspace_bytes, need);
     if (need > 0 && !workspace) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    if (kda_xcp_backward_extra(&p)) kda_xcp_fold_backward(&p, (char *)workspace + need - kda_xcp_backward_extra(&p));
     return ctx->ops->backward(ctx, &p, workspace, workspace_bytes, stream);
 }
 

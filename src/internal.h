@@ -67,6 +67,8 @@ typedef struct kda_problem {
                               else ceil(T / 64), a lower bound (the aliasing check only) */
     int bwd;               /* the backward's problem (kda_check_backward_args): a backend may lay out what its
                               stages read differently (the CUDA chunk blocks' K̃_lo) */
+    const double *cp_state_in; /* cross-rank CP: the folded state entering sequence 0, [HV, K, V] K-major fp64, in
+                                  place of its initial state (xcp.c, in the call's workspace); NULL: none */
 } kda_problem_t;
 
 /* First and last+1 token (row of the flattened [B*T] tensors) of sequence n. The CPU backends call this with
@@ -130,6 +132,8 @@ typedef struct kda_bwd_problem {
     kda_problem_t f;            /* the forward's problem (f.a.o and f.a.final_state are not used) */
     kda_backward_args_t b;      /* the backward's arguments; b.problem points to f.a */
     int64_t max_seq_len;        /* the longest sequence (host-readable offsets; else the batch rows' T) */
+    const double *cp_dstate_out; /* cross-rank CP: the folded ∂L/∂S at the end of sequence N − 1, [HV, K, V]
+                                    K-major fp64, in place of its d_final_state (xcp.c); NULL: none */
 } kda_bwd_problem_t;
 
 /* Validate the backward's `args` for `fn` and fill `out`: the forward's problem as kda_check_args does (its o
@@ -174,6 +178,14 @@ typedef struct kda_backend_ops {
     kda_status_t (*backward_workspace)(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
     kda_status_t (*backward)(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
                              void *stream);
+    /* Cross-rank CP (docs/ALGORITHM.md §4a; NULL: the backend has none: NOT_SUPPORTED, for the summaries and for a
+     * forward or backward that folds): this rank's summary, [HV, K, K + V] fp64, into `out`, for p's num_seqs >= 1.
+     * bp NULL: the forward's ([M | E] of the last local part); else the backward's ([Mᵀ | dE] of the first). The
+     * backend reads p->cp_state_in / bp->cp_dstate_out where set (xcp.c's folds). */
+    kda_status_t (*cp_summary_workspace)(const kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                         size_t *bytes);
+    kda_status_t (*cp_summary)(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out,
+                               void *ws, size_t ws_bytes);
 } kda_backend_ops_t;
 
 /* Tuning a caller cannot reach: tests force tilings through kda_set_tuning (internal symbol, linked statically),
@@ -203,6 +215,38 @@ struct kda_context {
                                    kda_set_num_threads / kda_destroy holds it alone; read and written only with
                                    the __atomic builtins (api.c) */
 };
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Context parallelism across ranks (xcp.c; docs/ALGORITHM.md §4a)
+ * ------------------------------------------------------------------------------------------------------- */
+/* The last local sequence starts on this rank (its forward summary has M = 0); the first ends on it (the
+ * backward summary's M = 0). */
+static inline int kda_xcp_last_starts_here(const kda_problem_t *p) {
+    return p->num_seqs > 1 || p->a.cp_pre_ranks == 0;
+}
+static inline int kda_xcp_first_ends_here(const kda_problem_t *p) {
+    return p->num_seqs > 1 || p->a.cp_post_ranks == 0;
+}
+
+/* The cp_* fields of a checked problem (validate.c, its last section): ranges, dtype, what cannot be split, and
+ * for `call` KDA_XCP_FOLD (kda_forward, kda_backward) the gathered forward summaries where the forward folds;
+ * KDA_XCP_SUMMARY (the summary calls) reads no gathered summary; KDA_XCP_DECODE refuses the fields. */
+enum { KDA_XCP_FOLD = 0, KDA_XCP_DECODE = 1, KDA_XCP_SUMMARY = 2 };
+kda_status_t kda_check_xcp(const char *fn, const kda_problem_t *p, int call);
+/* The backward's gathered summaries (kda_backward_args_t.cp_summaries) against its problem. */
+kda_status_t kda_check_xcp_backward(const char *fn, const kda_bwd_problem_t *bp);
+/* Bytes of one rank's summary (0 when cp_num_ranks is 0), saturating at SIZE_MAX. */
+size_t kda_xcp_summary_bytes(const kda_problem_t *p);
+
+/* The folds (xcp.c): workspace beyond the backend's, and the fold into it (setting cp_state_in, cp_dstate_out). */
+size_t kda_xcp_forward_extra(const kda_problem_t *p);
+void kda_xcp_fold_forward(kda_problem_t *p, void *mem);
+size_t kda_xcp_backward_extra(const kda_bwd_problem_t *bp);
+void kda_xcp_fold_backward(kda_bwd_problem_t *bp, void *mem);
+
+/* The context's in-use count around a call (api.c). */
+kda_status_t kda_ctx_enter(const kda_context_t *ctx, const char *fn);
+void kda_ctx_leave(const kda_context_t *ctx);
 
 extern const kda_backend_ops_t kda_cpu_ops;
 extern const kda_backend_ops_t kda_reference_ops;

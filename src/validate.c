@@ -37,6 +37,7 @@ static const char *dtype_name(kda_dtype_t d) {
     case KDA_BFLOAT16: return "bfloat16";
     case KDA_INT32: return "int32";
     case KDA_INT64: return "int64";
+    case KDA_FLOAT64: return "float64";
     }
     return "unknown";
 }
@@ -823,4 +824,109 @@ kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn) {
     FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot sequence %lld "
          "reads) is touched by another sequence of the call", (long long)s, (long long)n, (long long)rd,
          (long long)n);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Context parallelism across ranks: the cp_* fields (docs/API.md §14, docs/ALGORITHM.md §4a)
+ * ------------------------------------------------------------------------------------------------------- */
+#define KDA_XCP_MAX_RANKS (1 << 20)
+
+size_t kda_xcp_summary_bytes(const kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    if (a->cp_num_ranks <= 0) return 0;
+    const size_t el = a->cp_summary_dtype == KDA_FLOAT64 ? 8 : 4;
+    size_t n = 0;
+    if (__builtin_mul_overflow((size_t)a->num_v_heads * (size_t)a->head_dim_k,
+                               (size_t)a->head_dim_k + (size_t)a->head_dim_v, &n) ||
+        __builtin_mul_overflow(n, el, &n))
+        return SIZE_MAX;
+    return n;
+}
+
+/* `bytes` at `ptr` hold the R gathered summaries of problem p (arg: the field names for the message) */
+static kda_status_t check_gathered(const char *fn, const kda_problem_t *p, const void *ptr, size_t bytes,
+                                   const char *arg, const char *bytes_arg, const char *why) {
+    const int32_t R = p->a.cp_num_ranks;
+    if (!ptr) FAIL(KDA_STATUS_INVALID_VALUE, arg, "NULL, but %s: the all-gathered summaries of the %d ranks are "
+                   "needed", why, (int)R);
+    size_t need = 0;
+    if (__builtin_mul_overflow(kda_xcp_summary_bytes(p), (size_t)R, &need) || bytes < need)
+        FAIL(KDA_STATUS_INVALID_VALUE, bytes_arg, "%zu bytes given, %d ranks' summaries of %zu bytes each (%s "
+             "elements; kda_cp_summary_size) need %zu", bytes, (int)R, kda_xcp_summary_bytes(p),
+             p->a.cp_summary_dtype == KDA_FLOAT64 ? "float64" : "float32", need);
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_check_xcp(const char *fn, const kda_problem_t *p, int call) {
+    const kda_args_t *a = &p->a;
+    if (a->cp_summary_dtype != KDA_FLOAT32 && a->cp_summary_dtype != KDA_FLOAT64)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_summary_dtype", "%s is neither float32 nor float64",
+             dtype_name(a->cp_summary_dtype));
+    const int32_t R = a->cp_num_ranks;
+    if (R < 0 || R > KDA_XCP_MAX_RANKS)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_num_ranks", "%d is outside [0, %d] (0: no split across ranks)", (int)R,
+             KDA_XCP_MAX_RANKS);
+    if (R == 0) {
+        if (a->cp_rank) FAIL(KDA_STATUS_INVALID_VALUE, "cp_rank", "%d is set but cp_num_ranks is 0", (int)a->cp_rank);
+        if (a->cp_pre_ranks)
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_pre_ranks", "%d is set but cp_num_ranks is 0", (int)a->cp_pre_ranks);
+        if (a->cp_post_ranks)
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_post_ranks", "%d is set but cp_num_ranks is 0", (int)a->cp_post_ranks);
+        if (a->cp_summaries) FAIL(KDA_STATUS_INVALID_VALUE, "cp_summaries", "set but cp_num_ranks is 0");
+        return KDA_STATUS_SUCCESS;
+    }
+    if (call == KDA_XCP_DECODE)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_num_ranks", "%d: kda_decode takes no split across ranks (kda_forward "
+             "runs it)", (int)R);
+    if (a->cp_rank < 0 || a->cp_rank >= R)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_rank", "%d is outside [0, cp_num_ranks = %d)", (int)a->cp_rank, (int)R);
+    if (a->cp_pre_ranks < 0 || a->cp_pre_ranks > a->cp_rank)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_pre_ranks", "%d is outside [0, cp_rank = %d]: only the ranks before "
+             "this one can chain into its first sequence", (int)a->cp_pre_ranks, (int)a->cp_rank);
+    if (a->cp_post_ranks < 0 || a->cp_post_ranks > R - 1 - a->cp_rank)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_post_ranks", "%d is outside [0, cp_num_ranks - 1 - cp_rank = %d]: only "
+             "the ranks after this one can continue its last sequence", (int)a->cp_post_ranks,
+             (int)(R - 1 - a->cp_rank));
+    if (p->num_seqs == 0 && (a->cp_pre_ranks || a->cp_post_ranks))
+        FAIL(KDA_STATUS_INVALID_VALUE, a->cp_pre_ranks ? "cp_pre_ranks" : "cp_post_ranks", "%d, but this rank holds "
+             "no sequence to continue (a slice a sequence passes through is one empty sequence)",
+             (int)(a->cp_pre_ranks ? a->cp_pre_ranks : a->cp_post_ranks));
+    if (a->beta_headwise)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "beta_headwise", "a headwise beta has no K x K state map: it cannot be split "
+             "across ranks");
+    if (a->state_indices && a->state_indices_cols > 0)
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "state_indices_cols", "%lld: per-token state slots cannot be split across "
+             "ranks", (long long)a->state_indices_cols);
+    if (call == KDA_XCP_SUMMARY) return KDA_STATUS_SUCCESS;
+    if (a->cp_pre_ranks > 0)
+        TRY(check_gathered(fn, p, a->cp_summaries, a->cp_summaries_bytes, "cp_summaries", "cp_summaries_bytes",
+                           "cp_pre_ranks > 0"));
+    if (a->cp_pre_ranks > 0) { /* the fold's input must not be written by the call */
+        size_t sb = kda_xcp_summary_bytes(p) * (size_t)R;
+        const size_t T = (size_t)p->num_tokens, HV = (size_t)a->num_v_heads;
+        const size_t KV = (size_t)a->head_dim_k * (size_t)a->head_dim_v;
+        const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : p->num_seqs);
+        const span_t sums = {"cp_summaries", a->cp_summaries, sb};
+        const span_t outs[] = {
+            {"o", a->o, T * HV * (size_t)a->head_dim_v * kda_dtype_size(a->o_dtype)},
+            {"final_state", a->final_state, nstate * HV * KV * kda_dtype_size(a->final_state_dtype)},
+        };
+        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
+            if (overlaps(sums, outs[i]))
+                FAIL(KDA_STATUS_INVALID_VALUE, "cp_summaries", "overlaps %s, which the call writes", outs[i].name);
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_check_xcp_backward(const char *fn, const kda_bwd_problem_t *bp) {
+    const kda_args_t *a = &bp->f.a;
+    const kda_backward_args_t *b = &bp->b;
+    if (a->cp_num_ranks == 0) {
+        if (b->cp_summaries) FAIL(KDA_STATUS_INVALID_VALUE, "cp_summaries", "set but problem->cp_num_ranks is 0");
+        return KDA_STATUS_SUCCESS;
+    }
+    if (a->cp_post_ranks > 0)
+        TRY(check_gathered(fn, &bp->f, b->cp_summaries, b->cp_summaries_bytes, "cp_summaries", "cp_summaries_bytes",
+                           "problem->cp_post_ranks > 0"));
+    return KDA_STATUS_SUCCESS;
 }

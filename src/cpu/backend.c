@@ -67,6 +67,30 @@ void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S) {
     kda_cpu_poison_columns(S, K, V); /* the non-finite contract (docs/ALGORITHM.md §7): per value channel */
 }
 
+void kda_cpu_load_seq_state(const kda_problem_t *p, int64_t n, int h, float *S) {
+    if (n == 0 && p->cp_state_in) { /* cross-rank CP: the fold of the earlier ranks' maps (xcp.c), fp64 */
+        const int64_t KV = kda_state_head_elems(p);
+        for (int64_t i = 0; i < KV; i++) S[i] = (float)p->cp_state_in[h * KV + i];
+        kda_cpu_poison_columns(S, p->a.head_dim_k, p->a.head_dim_v);
+        return;
+    }
+    kda_cpu_load_state(p, kda_state_slot(p, n), h, S);
+}
+
+void kda_cpu_load_head(const kda_problem_t *p, const void *src, kda_dtype_t dt, int64_t slot, int h, float *S) {
+    const kda_args_t *a = &p->a;
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    if (!src || slot < 0) {
+        memset(S, 0, sizeof(float) * (size_t)K * V);
+        return;
+    }
+    const int64_t base = (slot * a->num_v_heads + h) * (int64_t)K * V;
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < V; j++)
+            S[(size_t)i * V + j] =
+                kda_load_f32(src, dt, base + (a->state_v_first ? (int64_t)j * K + i : (int64_t)i * V + j));
+}
+
 /* Columns [j0, j0 + w) of S (K×V K-major) into head h of row `row` of a state tensor (final_state or
  * chunk_states: [rows, HV, K, V], V-first [rows, HV, V, K]) of dtype dt. */
 static void store_head(const kda_problem_t *p, void *dst, kda_dtype_t dt, int64_t row, int h, const float *S, int j0,
@@ -129,4 +153,6 @@ const kda_backend_ops_t kda_cpu_ops = {
     .destroy = cpu_destroy,
     .backward_workspace = kda_cpu_backward_workspace,
     .backward = kda_cpu_backward,
+    .cp_summary_workspace = kda_cpu_xcp_workspace,
+    .cp_summary = kda_cpu_xcp_summary,
 };

@@ -841,7 +841,7 @@ static void task_whole(void *arg, int64_t item, int thread) {
     int poisoned[KDA_CPU_GROUP];
     for (int u = 0; u < nh; u++) {
         /* a non-finite column is NaN now, and stays in its column */
-        kda_cpu_load_state(p, slot, h0 + u, s.S + (size_t)u * K * V);
+        kda_cpu_load_seq_state(p, n, h0 + u, s.S + (size_t)u * K * V);
         nan_from[u] = eos;
         poisoned[u] = 0;
     }
@@ -1024,7 +1024,7 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
         kda_seq_bounds(p, n, &job.bos, &job.eos);
         job.row0 = job.rows ? job.rows[n] : 0;
         const int64_t slot = kda_state_slot(p, n);
-        kda_cpu_load_state(p, slot, job.h, job.S);
+        kda_cpu_load_seq_state(p, n, job.h, job.S);
         /* non-finite contract: a non-finite column of the initial state is NaN (kda_cpu_load_state) and stays
            in its column; a chunk's poisoned row poisons from the end of that chunk (its own rows are NaN from
            the row on) */
@@ -1056,6 +1056,126 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
+ * Cross-rank context parallelism (docs/ALGORITHM.md §4a): a rank's summary per value head, from the chunks'
+ * preps. The forward map of a part, X = [M | E] (K × (K + V), row stride K + V), starts from [I | 0] (or [0 | S0]
+ * for a sequence that starts here, whose M columns stay 0 and are not computed) and takes each chunk's step on
+ * its columns [j0, j0 + w), §3's state step with [0 | U] for U (M's columns read no v):
+ *     D = [0 | U] − W X,   X ← Diag(γ) X + K̃ᵀ D
+ * the same two products as chunk_recurrence, so E of a sequence that starts here is the forward's own final
+ * state. The backward's dE walks the part's chunks last first with §6's state-gradient step:
+ *     dΔ = Aqkᵀ dO + K̃ dS,   dS ← Diag(γ) dS + QΓᵀ dO − Wᵀ dΔ
+ * A chunk with a poisoned row makes the forward map NaN (as the state through it would be); the backward has no
+ * non-finite contract of its own (§7) and walks the neutral rows.
+ * ------------------------------------------------------------------------------------------------------- */
+typedef struct {
+    const kda_problem_t *p;
+    const kda_bwd_problem_t *bp; /* NULL: the forward's summary */
+    double *out;
+    char *ws;
+    size_t per_thread;
+} xjob_t;
+
+/* Floats per thread beyond the chunk scratch: X (K × (K + V)), [0 | U] and D (C × (K + V)), dO (C × V), two K×V */
+static size_t xcp_extra_floats(const kda_problem_t *p) {
+    const size_t K = (size_t)p->a.head_dim_k, V = (size_t)p->a.head_dim_v, W = K + V, C = KDA_CPU_CHUNK;
+    return ((K * W + 15) & ~(size_t)15) + 2 * ((C * W + 15) & ~(size_t)15) + ((C * V + 15) & ~(size_t)15) +
+           2 * ((K * V + 15) & ~(size_t)15);
+}
+
+static size_t xcp_thread_bytes(const kda_problem_t *p) {
+    return per_thread_bytes(p) + xcp_extra_floats(p) * sizeof(float);
+}
+
+/* X's columns [j0, j0 + w) through the chunks of tokens [t0, t1) of head h */
+static void xcp_map(const kda_problem_t *p, scratch_t *s, float *X, int j0, int w, float *Ue, float *D, int64_t t0,
+                    int64_t t1, int h) {
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, W = K + V;
+    for (int64_t c0 = t0; c0 < t1; c0 += KDA_CPU_CHUNK) {
+        const int c = t1 - c0 < KDA_CPU_CHUNK ? (int)(t1 - c0) : KDA_CPU_CHUNK;
+        chunk_prep(p, s, &s->pr, c0, c, h, 0, 0, 0);
+        if (s->pr.bad < c) {
+            for (int64_t i = 0; i < (int64_t)K * W; i++) X[i] = NAN;
+            return;
+        }
+        for (int i = 0; i < c; i++) {
+            memset(Ue + (size_t)i * W, 0, sizeof(float) * (size_t)K);
+            memcpy(Ue + (size_t)i * W + K, s->pr.U + (size_t)i * V, sizeof(float) * (size_t)V);
+        }
+        kda_gemm_ex(c, w, K, s->pr.W, K, 1, X + j0, W, D + j0, W, KDA_GEMM_SUB_FROM, Ue + j0, W, 0);
+        kda_gemm_ex(K, w, c, s->pr.KT, KDA_CPU_CHUNK, 1, D + j0, W, X + j0, W, KDA_GEMM_SCALE_ADD, s->pr.gamma, 0, 0);
+    }
+}
+
+/* dS (K×V) back through the chunks of tokens [t0, t1) of head h; dO, dD C×V and T K×V scratch */
+static void xcp_adjoint(const kda_bwd_problem_t *bp, scratch_t *s, float *dS, float *dO, float *dD, float *T,
+                        int64_t t0, int64_t t1, int h) {
+    const kda_problem_t *p = &bp->f;
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads;
+    const int64_t nc = (t1 - t0 + KDA_CPU_CHUNK - 1) / KDA_CPU_CHUNK;
+    for (int64_t ci = nc - 1; ci >= 0; ci--) {
+        const int64_t c0 = t0 + ci * KDA_CPU_CHUNK;
+        const int c = t1 - c0 < KDA_CPU_CHUNK ? (int)(t1 - c0) : KDA_CPU_CHUNK;
+        chunk_prep(p, s, &s->pr, c0, c, h, 0, 0, 0);
+        for (int i = 0; i < c; i++)
+            kda_load_row(dO + (size_t)i * V, bp->b.d_o, bp->b.d_o_dtype, ((c0 + i) * HV + h) * V, V);
+        /* dΔ = Aqkᵀ dO + K̃ dS (Aqk lower with its diagonal: zeros above it) */
+        kda_gemm_ex(c, V, c, s->pr.Aqk, 1, KDA_CPU_CHUNK, dO, V, dD, V, KDA_GEMM_SET, NULL, 0, 0);
+        kda_gemm_ex(c, V, K, s->pr.KT, 1, KDA_CPU_CHUNK, dS, V, dD, V, KDA_GEMM_ADD, NULL, 0, 0);
+        /* T = QΓᵀ dO − Wᵀ dΔ, then dS = Diag(γ) dS + T */
+        kda_gemm_ex(K, V, c, s->pr.QG, 1, K, dO, V, T, V, KDA_GEMM_SET, NULL, 0, 0);
+        kda_gemm_ex(K, V, c, s->pr.W, 1, K, dD, V, T, V, KDA_GEMM_SUB_FROM, T, V, 0);
+        for (int i = 0; i < K; i++) {
+            const float gm = s->pr.gamma[i];
+            for (int j = 0; j < V; j++) dS[(size_t)i * V + j] = gm * dS[(size_t)i * V + j] + T[(size_t)i * V + j];
+        }
+    }
+}
+
+static void xcp_task(void *arg, int64_t item, int thread) {
+    const xjob_t *job = (const xjob_t *)arg;
+    const kda_problem_t *p = job->p;
+    const kda_bwd_problem_t *bp = job->bp;
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, W = K + V, h = (int)item;
+    const size_t C = KDA_CPU_CHUNK;
+    scratch_t s;
+    float *base = (float *)(job->ws + (size_t)thread * job->per_thread);
+    float *X = base + carve(base, K, V, &s);
+    float *Ue = X + (((size_t)K * W + 15) & ~(size_t)15), *D = Ue + ((C * W + 15) & ~(size_t)15);
+    float *dO = D + ((C * W + 15) & ~(size_t)15), *S1 = dO + ((C * V + 15) & ~(size_t)15);
+    float *S2 = S1 + (((size_t)K * V + 15) & ~(size_t)15);
+    const int64_t n = bp ? 0 : p->num_seqs - 1;
+    const int zero_m = bp ? kda_xcp_first_ends_here(p) : kda_xcp_last_starts_here(p);
+    int64_t bos, eos;
+    kda_seq_bounds(p, n, &bos, &eos);
+    memset(X, 0, sizeof(float) * (size_t)K * W);
+    if (!zero_m)
+        for (int i = 0; i < K; i++) X[(size_t)i * W + i] = 1.0f;
+    if (!bp) { /* [M | E] of the last part; a sequence that starts here: [0 | its state], E's columns only */
+        if (zero_m) {
+            kda_cpu_load_seq_state(p, n, h, S1);
+            for (int i = 0; i < K; i++) memcpy(X + (size_t)i * W + K, S1 + (size_t)i * V, sizeof(float) * (size_t)V);
+        }
+        xcp_map(p, &s, X, zero_m ? K : 0, zero_m ? V : W, Ue, D, bos, eos, h);
+    } else { /* [Mᵀ | dE] of the first part: M's columns only, then dE from dS_out (d_final_state, or 0) */
+        if (!zero_m) xcp_map(p, &s, X, 0, K, Ue, D, bos, eos, h);
+        kda_cpu_load_head(p, zero_m ? bp->b.d_final_state : NULL, bp->b.d_final_state_dtype, kda_state_slot(p, n), h,
+                          S1);
+        xcp_adjoint(bp, &s, S1, dO, D, S2, bos, eos, h);
+        for (int i = 0; i < K; i++) memcpy(X + (size_t)i * W + K, S1 + (size_t)i * V, sizeof(float) * (size_t)V);
+    }
+    double *o = job->out + (size_t)h * K * W;
+    for (int i = 0; i < K; i++)
+        for (int l = 0; l < W; l++)
+            o[(size_t)i * W + l] = (double)(bp && l < K ? X[(size_t)l * W + i] : X[(size_t)i * W + l]);
+}
+
+static void xcp_run(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out, void *ws) {
+    xjob_t job = {p, bp, out, (char *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), 0};
+    job.per_thread = (xcp_thread_bytes(p) + 63) & ~(size_t)63;
+    kda_pool_run(ctx->pool, p->a.num_v_heads, xcp_task, &job);
+}
+
+/* ---------------------------------------------------------------------------------------------------------
  * Entry points. This file is compiled once per x86-64 target level (CMakeLists.txt: KDA_CPU_ISA = v4, v3 with
  * -march=x86-64-v4/-v3, and the portable build without it); the portable object also holds the dispatcher,
  * which picks the best object the CPU runs (a property of the machine, never of a setting).
@@ -1065,11 +1185,19 @@ static void run(kda_context_t *ctx, const kda_problem_t *p, void *ws) {
 
 void KDA_CAT(kda_cpu_chunk_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem_t *p, void *ws);
 void KDA_CAT(kda_cpu_chunk_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem_t *p, void *ws) { run(ctx, p, ws); }
+void KDA_CAT(kda_cpu_xcp_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                           double *out, void *ws);
+void KDA_CAT(kda_cpu_xcp_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                           double *out, void *ws) {
+    xcp_run(ctx, p, bp, out, ws);
+}
 
 #ifdef KDA_CPU_ISA_PORTABLE
 #if KDA_CPU_MULTI_ISA
 void kda_cpu_chunk_run_v3(kda_context_t *ctx, const kda_problem_t *p, void *ws);
 void kda_cpu_chunk_run_v4(kda_context_t *ctx, const kda_problem_t *p, void *ws);
+void kda_cpu_xcp_run_v3(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out, void *ws);
+void kda_cpu_xcp_run_v4(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out, void *ws);
 #endif
 
 /* The target level the chunked path runs at on this CPU: 4, 3, or 0 (portable). */
@@ -1101,6 +1229,26 @@ kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, v
     case 3: kda_cpu_chunk_run_v3(ctx, p, ws); break;
 #endif
     default: kda_cpu_chunk_run_portable(ctx, p, ws); break;
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_cpu_xcp_workspace(const kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                   size_t *bytes) {
+    (void)bp;
+    *bytes = (size_t)ctx->num_threads * ((xcp_thread_bytes(p) + 63) & ~(size_t)63) + 64;
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_cpu_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out,
+                                 void *ws, size_t ws_bytes) {
+    (void)ws_bytes;
+    switch (kda_cpu_chunk_isa()) {
+#if KDA_CPU_MULTI_ISA
+    case 4: kda_cpu_xcp_run_v4(ctx, p, bp, out, ws); break;
+    case 3: kda_cpu_xcp_run_v3(ctx, p, bp, out, ws); break;
+#endif
+    default: kda_cpu_xcp_run_portable(ctx, p, bp, out, ws); break;
     }
     return KDA_STATUS_SUCCESS;
 }

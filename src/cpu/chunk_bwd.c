@@ -491,7 +491,7 @@ KDA_INLINE void bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
     const int64_t nc = (eos - bos + C - 1) / C;
 
     /* forward: S at every chunk start */
-    kda_cpu_load_state(p, slot, h, s->states);
+    kda_cpu_load_seq_state(p, n, h, s->states);
     for (int64_t ci = 0; ci < nc; ci++) {
         const int64_t t0 = bos + ci * C;
         const int c = eos - t0 < C ? (int)(eos - t0) : C;
@@ -500,7 +500,9 @@ KDA_INLINE void bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
         chunk_state(s, K, V, c, s->states + ci * KV, s->states + (ci + 1) * KV);
     }
     /* backward */
-    if (b->d_final_state && slot >= 0) state_io(p, b->d_final_state, b->d_final_state_dtype, NULL, slot, h, s->dS);
+    if (n == p->num_seqs - 1 && bp->cp_dstate_out) /* continues on later ranks: their fold (xcp.c) */
+        for (int64_t i = 0; i < KV; i++) s->dS[i] = (float)bp->cp_dstate_out[h * KV + i];
+    else if (b->d_final_state && slot >= 0) state_io(p, b->d_final_state, b->d_final_state_dtype, NULL, slot, h, s->dS);
     else memset(s->dS, 0, sizeof(float) * (size_t)KV);
     for (int64_t ci = nc - 1; ci >= 0; ci--) {
         const int64_t t0 = bos + ci * C;
@@ -508,6 +510,7 @@ KDA_INLINE void bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
         chunk_backward(bp, s, t0, c, h, s->states + ci * KV);
         chunk_outputs(bp, s, t0, c, h, bos, part);
     }
+    if (n == 0 && p->cp_state_in) memset(s->dS, 0, sizeof(float) * (size_t)KV); /* its initial state unread */
     if (b->d_initial_state && slot >= 0)
         state_io(p, NULL, b->d_initial_state_dtype, b->d_initial_state, slot, h, s->dS);
 }

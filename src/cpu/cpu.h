@@ -8,6 +8,12 @@
  * every column (value channel) that holds an inf or NaN set to NaN whole (kda_cpu_poison_columns, the
  * non-finite contract): every CPU path, forward, decode and backward, reads its initial state through here. */
 void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S);
+/* The state sequence n starts from: kda_cpu_load_state of its slot, or for sequence 0 the cross-rank CP fold
+ * (kda_problem_t.cp_state_in) where set, its non-finite columns NaN as well. */
+void kda_cpu_load_seq_state(const kda_problem_t *p, int64_t n, int h, float *S);
+/* Head h of slot `slot` of a state-shaped tensor src (layout of the states, dtype dt), K×V K-major; NULL or a
+ * negative slot: zeros. No poisoning (gradients: d_final_state). */
+void kda_cpu_load_head(const kda_problem_t *p, const void *src, kda_dtype_t dt, int64_t slot, int h, float *S);
 /* Store S into head h of final_state slot `slot` (nothing when negative or no final_state). */
 void kda_cpu_store_state(const kda_problem_t *p, int64_t slot, int h, const float *S);
 /* Columns [j0, j0 + w) of S (K×V K-major) into row `row` of chunk_states, head h. */
@@ -23,6 +29,12 @@ kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, v
 int kda_cpu_chunk_isa(void);
 kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
+
+/* Cross-rank CP summaries (chunk.c, docs/ALGORITHM.md §4a): the backend's cp_summary ops. */
+kda_status_t kda_cpu_xcp_workspace(const kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                   size_t *bytes);
+kda_status_t kda_cpu_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out,
+                                 void *ws, size_t ws_bytes);
 
 /* The CPU backend's backward (chunk_bwd.c). */
 kda_status_t kda_cpu_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);

@@ -90,7 +90,9 @@ void kda_ref_initial_state(const kda_problem_t *p, int64_t n, int h, double *S) 
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v;
     const int64_t slot = kda_state_slot(p, n);
-    if (a->initial_state && slot >= 0) {
+    if (n == 0 && p->cp_state_in) { /* cross-rank CP: the fold of the earlier ranks' maps (xcp.c) */
+        memcpy(S, p->cp_state_in + (size_t)h * K * V, sizeof(double) * (size_t)K * V);
+    } else if (a->initial_state && slot >= 0) {
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++)
                 S[i * V + j] = kda_load_f32(a->initial_state, a->initial_state_dtype, state_index(p, slot, h, i, j));
@@ -218,4 +220,6 @@ const kda_backend_ops_t kda_reference_ops = {
     .destroy = NULL,
     .backward_workspace = kda_reference_backward_workspace,
     .backward = kda_reference_backward,
+    .cp_summary_workspace = kda_ref_xcp_summary_workspace,
+    .cp_summary = kda_ref_xcp_summary,
 };

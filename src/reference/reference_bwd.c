@@ -26,6 +26,7 @@
 #include "../internal.h"
 #include "reference.h"
 #include "../dtype.h"
+#include "reference_cp.h"
 
 #define RB 64 /* tokens between two kept states */
 
@@ -166,14 +167,7 @@ static void ref_bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
 
     /* forward: S at each block start */
     double *S0 = s->ckpt;
-    if (a->initial_state && slot >= 0) {
-        for (int i = 0; i < K; i++)
-            for (int j = 0; j < V; j++)
-                S0[i * V + j] = kda_load_f32(a->initial_state, a->initial_state_dtype, state_index(p, slot, h, i, j));
-    } else {
-        memset(S0, 0, sizeof(double) * (size_t)KV);
-    }
-    kda_reference_poison_columns(S0, K, V); /* as the forward: a non-finite column is NaN whole */
+    kda_ref_initial_state(p, n, h, S0); /* as the forward: a non-finite column is NaN whole; cross-rank CP's fold */
     for (int64_t blk = 0; blk < nb; blk++) {
         memcpy(s->blk, s->ckpt + blk * KV, sizeof(double) * (size_t)KV);
         const int64_t t1 = bos + (blk + 1) * RB < eos ? bos + (blk + 1) * RB : eos;
@@ -185,8 +179,10 @@ static void ref_bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
         memcpy(s->ckpt + (blk + 1) * KV, s->blk, sizeof(double) * (size_t)KV);
     }
 
-    /* dS_T = d_final_state */
-    if (b->d_final_state && slot >= 0) {
+    /* dS_T = d_final_state, or for a last sequence that continues on later ranks their fold (xcp.c) */
+    if (n == p->num_seqs - 1 && bp->cp_dstate_out) {
+        memcpy(s->dS, bp->cp_dstate_out + (size_t)h * KV, sizeof(double) * (size_t)KV);
+    } else if (b->d_final_state && slot >= 0) {
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++)
                 s->dS[i * V + j] = kda_load_f32(b->d_final_state, b->d_final_state_dtype, state_index(p, slot, h, i, j));
@@ -277,6 +273,7 @@ static void ref_bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
         }
     }
 
+    if (n == 0 && p->cp_state_in) memset(s->dS, 0, sizeof(double) * (size_t)KV); /* its initial state unread */
     if (b->d_initial_state && slot >= 0)
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++)

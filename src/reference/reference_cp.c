@@ -16,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "../dtype.h"
 #include "reference_cp.h"
 
 int kda_ref_cp_map(const kda_problem_t *p, int64_t n, int h, int64_t t0, int64_t t1, double *M, double *E) {
@@ -114,6 +115,92 @@ kda_status_t kda_ref_cp_merge(const kda_problem_t *p, const kda_cp_piece_t *tabl
                 const int64_t r = table[e - 1].slot * HV + h; /* the piece before, of the same sequence */
                 kda_ref_cp_apply(K, V, M + r * K * K, E + r * K * V, S_in + r * K * V, S_in + s * K * V);
             }
+        }
+    }
+    return KDA_STATUS_SUCCESS;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * Context parallelism across ranks (docs/ALGORITHM.md §4a). The forward's summary of value head h is [M | E] of
+ * the last local sequence part: from kda_ref_cp_map, or M = 0 and E = the oracle's own state at the slice's end
+ * when the sequence starts here. The backward's is [Mᵀ | dE] of the first part: dE = ∂L/∂S before its first token
+ * from the part's d_o and dS_out (d_final_state when the sequence ends here, else 0, and then Mᵀ the transposed
+ * map), walking its tokens last to first:
+ *     dS ← dS + s q_t do_tᵀ,   dS ← Diag(α_t) (I − β_t k_t k_tᵀ) dS
+ * the adjoint of S_t = (I − β k kᵀ) Diag(α) S_{t−1} + β k vᵀ and o_t = s S_tᵀ q_t (reference_bwd.c's dS chain).
+ * ------------------------------------------------------------------------------------------------------- */
+kda_status_t kda_ref_xcp_summary_workspace(const kda_context_t *ctx, const kda_problem_t *p,
+                                           const kda_bwd_problem_t *bp, size_t *bytes) {
+    (void)ctx;
+    (void)bp;
+    const size_t K = (size_t)p->a.head_dim_k, V = (size_t)p->a.head_dim_v;
+    *bytes = (K * K + 2 * K * V) * sizeof(double) + 64;
+    return KDA_STATUS_SUCCESS;
+}
+
+/* Element (i, j) of head h of state slot `slot` of a [slots, HV, K, V] (V-first: [.., V, K]) tensor */
+static int64_t xcp_state_index(const kda_problem_t *p, int64_t slot, int h, int i, int j) {
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v;
+    const int64_t base = (slot * p->a.num_v_heads + h) * (int64_t)K * V;
+    return base + (p->a.state_v_first ? (int64_t)j * K + i : (int64_t)i * V + j);
+}
+
+/* dS (K×V) back through tokens [t0, t1) of value head h, last first */
+static void xcp_adjoint(const kda_bwd_problem_t *bp, int h, int64_t t0, int64_t t1, double *dS) {
+    const kda_problem_t *p = &bp->f;
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads;
+    const double s = (double)p->scale;
+    double q[256], k[256], v[256], gate[256], beta[256], r[256];
+    for (int64_t t = t1 - 1; t >= t0; t--) {
+        const int bad = kda_ref_token(p, t, h, q, k, v, gate, beta);
+        for (int j = 0; j < V; j++) {
+            const double d = (double)kda_load_f32(bp->b.d_o, bp->b.d_o_dtype, (t * HV + h) * V + j);
+            for (int i = 0; i < K; i++) dS[i * V + j] += s * q[i] * d;
+        }
+        for (int j = 0; j < V; j++) {
+            r[j] = 0.0;
+            for (int i = 0; i < K; i++) r[j] += k[i] * dS[i * V + j];
+        }
+        for (int i = 0; i < K; i++) {
+            const double alpha = exp(gate[i]);
+            for (int j = 0; j < V; j++) dS[i * V + j] = alpha * (dS[i * V + j] - beta[0] * k[i] * r[j]);
+        }
+        if (bad)
+            for (int i = 0; i < K * V; i++) dS[i] = NAN;
+    }
+}
+
+kda_status_t kda_ref_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out,
+                                 void *ws, size_t ws_bytes) {
+    (void)ctx;
+    (void)ws_bytes;
+    const int K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads, W = K + V;
+    double *M = (double *)(((uintptr_t)ws + 63) & ~(uintptr_t)63), *E = M + (size_t)K * K, *S = E + (size_t)K * V;
+    const int64_t n = bp ? 0 : p->num_seqs - 1;
+    const int zero_m = bp ? kda_xcp_first_ends_here(p) : kda_xcp_last_starts_here(p);
+    int64_t bos, eos;
+    kda_seq_bounds(p, n, &bos, &eos);
+    for (int h = 0; h < HV; h++) {
+        if (zero_m) memset(M, 0, sizeof(double) * (size_t)K * K);
+        if (!bp) {
+            if (zero_m) kda_ref_state_at(p, n, h, eos, E);
+            else kda_ref_cp_map(p, n, h, bos, eos, M, E);
+        } else {
+            if (!zero_m) kda_ref_cp_map(p, n, h, bos, eos, M, S); /* S: the map's E, not needed */
+            const kda_backward_args_t *b = &bp->b;
+            const int64_t slot = kda_state_slot(p, n);
+            memset(E, 0, sizeof(double) * (size_t)K * V);
+            if (zero_m && b->d_final_state && slot >= 0)
+                for (int i = 0; i < K; i++)
+                    for (int j = 0; j < V; j++)
+                        E[i * V + j] = kda_load_f32(b->d_final_state, b->d_final_state_dtype,
+                                                    xcp_state_index(p, slot, h, i, j));
+            xcp_adjoint(bp, h, bos, eos, E);
+        }
+        double *X = out + (size_t)h * K * W;
+        for (int i = 0; i < K; i++) {
+            for (int l = 0; l < K; l++) X[i * W + l] = bp ? M[l * K + i] : M[i * K + l];
+            for (int j = 0; j < V; j++) X[i * W + K + j] = E[i * V + j];
         }
     }
     return KDA_STATUS_SUCCESS;

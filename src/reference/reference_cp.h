@@ -55,4 +55,15 @@ kda_status_t kda_ref_cp_prescan(const kda_problem_t *p, const kda_cp_piece_t *ta
 kda_status_t kda_ref_cp_merge(const kda_problem_t *p, const kda_cp_piece_t *table, int64_t num_pieces,
                               const double *M, const double *E, double *S_in);
 
+/* ---- Context parallelism across ranks (docs/ALGORITHM.md §4a): the backend's cp_summary ops ---------------- */
+
+/* Workspace of kda_ref_xcp_summary. */
+kda_status_t kda_ref_xcp_summary_workspace(const kda_context_t *ctx, const kda_problem_t *p,
+                                           const kda_bwd_problem_t *bp, size_t *bytes);
+/* This rank's summary into out ([HV, K, K + V], rows [A | C]): bp NULL, the forward's [M | E] of the last local
+ * sequence part (M = 0 and E its state at the slice's end when it starts here); else the backward's [Mᵀ | dE] of
+ * the first (M = 0 and dE from its d_final_state when it ends here; else dE from d_o alone). */
+kda_status_t kda_ref_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out,
+                                 void *ws, size_t ws_bytes);
+
 #endif /* KDA_CPU_REFERENCE_CP_H */
