@@ -32,8 +32,8 @@
  * its fp32 tiles in shared memory, which bounds its tile to 128 (KDA_BWD_TILE): class 256 runs as 128-wide parts —
  * V by two halves of the inter and chunk grids whose sums over V go into a copy of their regions per half (added
  * by the pairs and finish kernels), K by a cluster of two chunk-kernel CTAs exchanging partial sums (bwd_chunk.cu);
- * the dstate stage's recurrence kernel takes K ≤ 128, its fallback kernel K 256 (docs/PERF.md, "Backward at
- * K = V = 256").
+ * the dstate stage's recurrence kernel takes K ≤ 128 (CP split too), and K 256 with one 2-stage ring of 32 columns
+ * (bwd_dstate.cu).
  */
 #ifndef KDA_CUDA_BWD_H
 #define KDA_CUDA_BWD_H

@@ -42,10 +42,7 @@
  * step (the next chunk's block prefetched into L2 meanwhile); the products on the tensor cores in tf32 (bwd.cuh
  * mma16: the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 4 · BV/8 tiles of 16 × 8,
  * BV/16 per warp; the dS update as KC/16 · BV/8 tiles, KC · BV/1024 per warp.
- *
- * Measured (H200, dev builds): B2 T8192 H32 1.29 ms with the fallback kernel (10 µs a chunk step: every step
- * waited for its own copies), 0.31 with the recurrence kernel (2.4 µs a step); B1 T32768 H16 2.40 → 1.24
- * (docs/PERF.md, "Backward v5, second session").
+ * The recurrence kernel is the fast one: the fallback's every chunk step waits for its own copies.
  */
 #include "bwd.cuh"
 #include "cp_slot.cuh"
@@ -721,8 +718,8 @@ static int launch_dstate_rec_k(const kda_bwd_params_t *p, int bv, int device, vo
 }
 
 /* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback.
- * K class 256: mma.sync at BV 32 with a 2-stage ring (226,320 bytes; three stages would need 338,968: docs/PERF.md
- * "Backward at K = V = 256"), no CP split (its tiles would be 128 columns wide) */
+ * K class 256: mma.sync at BV 32 with a 2-stage ring (226,320 bytes; three stages would need 338,968, above the
+ * SM's shared memory), no CP split (its tiles would be 128 columns wide) */
 static int dstate_rec_applies(const kda_bwd_params_t *p) {
     return p->do_dtype == KDA_DT_BF16 && p->pb.V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
 }

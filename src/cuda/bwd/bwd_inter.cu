@@ -9,16 +9,15 @@
  *     dQΓ = dO Sᵀ            (C × K)
  *     dK̃  = Δ dS⁺ᵀ           (C × K; fp16 operands, 11 bits each, with power-of-two factors: Δ's per row,
  *                            dS⁺'s per row class; in bf16 its error, carried by the pairs kernel's reverse sum
- *                            through the chunk, put dA_log above FLA's: docs/PERF.md, "dA_log against FLA")
+ *                            through the chunk, put dA_log above FLA's)
  *     dγ  = rowsum(S ⊙ dS⁺)  (K; fp32 sums of the bf16 S and the fp16-exact dS⁺)
  *
  * Written: Δ (per (chunk, head, V part): the fp16 [C][VC] of dK̃'s operand and each row's exponent byte,
  * KDA_BWD_DELTA_BYTES, for the chunk kernel); dQΓ and dK̃ raw (fp32) into the dq̂, dk̂ scratch rows of the chunk's
  * tokens, which the pairs kernel reads and multiplies by the factors (s e^G, e^{G_last − G}); dγ per (chunk, head).
  * dΔ stays the chunk kernel's (from fp32 Aqk and K̃): read from the bf16 blocks it put dv's
- * and dβ's errors 5-13x above the fp32 path's (dev/bwd_emu, use_blocks = 2) and dβ's above FLA's (docs/PERF.md). The chunk kernel took these three products with S and dS⁺ as tf32 operands
- * read element by element from L2 (two warps of four per product waiting on each other's loads: docs/PERF.md,
- * "Backward v4, first step").
+ * and dβ's errors 5-13x above the fp32 path's (dev/bwd_emu, use_blocks = 2) and dβ's above FLA's. Here, and not in
+ * the chunk kernel, because there these products read S and dS⁺ element by element from L2 as tf32 operands.
  *
  * Tiles (bf16, the 128-byte swizzled panels of common.cuh, so every ldmatrix is conflict-free): S [KC][VC] (bf16
  * as stage 1 or the forward wrote it, in kda_cuda_states_dv's order: the forward's products take S in bf16 too),

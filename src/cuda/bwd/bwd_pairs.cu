@@ -27,20 +27,16 @@
  * completing bytes on the receiver's mbarrier, right after the last head's pair products, and waits on its own
  * barrier only at the end, after that head's gate backward, so that the exchange costs no wait. The sums are added
  * in rank order: the same bits in every CTA. Without l2norm (dx = dŷ) no cluster: the stores follow the last head's
- * factor rules. (Until v11 only G = 1 took this way, and G > 1 wrote each value head's
- * dq̂, dk̂ into the scratch for a finish kernel to sum: docs/PERF.md, "Backward v10" and "Backward v11".)
+ * factor rules.
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
  * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 or, where a block does not split,
  * pair by pair, the others with the k, q operand in two tf32 parts (mma16_blk: why). Warp w owns row block w mod 4:
  * its rows as the later token (Pq, Pk) and as the earlier one (E), for one half of the tile's channels.
- * Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction), so 8 warps per CTA (2.61 → 2.07 ms for
- * 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
- * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
- * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
- * per SM at 127 registers and no spills are 1.6 % faster than three (H100; 128 registers, no spills, since the
- * dq, dk epilogue). Layout: q̂, k̂, G, the gate inputs [C][PK_KT] and P (later dG), B [C][C + 4], fp32 in shared
+ * Latency-bound, so 8 warps per CTA and two CTAs per SM at up to 128 registers (three CTAs would need 80 registers
+ * and spills); the diagonal block is peeled out of the off-diagonal loops, whose tf32 products form no lo parts.
+ * Layout: q̂, k̂, G, the gate inputs [C][PK_KT] and P (later dG), B [C][C + 4], fp32 in shared
  * memory (74 KB); each head's P and B arrive by cp.async (the chunk kernel writes their rows padded as here) while
  * its rows are loaded and its gate computed.
  */
@@ -98,7 +94,7 @@ DEV void coef_frags(const float *X, int I, int j0, int lane, frag_t f[4], frag_t
  * q times its factor) in two tf32 parts, the coefficient A in one. A pair's coefficient enters dG twice (rows i and
  * j) rounded the same way, so its rounding cancels in dĝ's reverse sum; the operands of the two entries are
  * different numbers, and their tf32 rounding did not cancel: carried by the reverse sum to every earlier row, it was
- * most of dA_log's error at strong decay (docs/PERF.md, "dA_log at strong decay, on the acc inputs") */
+ * most of dA_log's error at strong decay */
 template <int X3>
 DEV void mma16_blk(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1) {
     frag_t bh0, bl0, bh1, bl1;

@@ -115,9 +115,7 @@ static int bwd_mark(int i, void *stream) {
 
 /* The backward's stage 1: S at every chunk start, by the forward's recurrence kernel in KDA_REC_STATES mode
  * (wgmma / mma.sync, the same products as the forward's, S stored from its fp32 accumulators; a non-finite
- * initial-state element poisons its value column as in the forward, ALGORITHM.md §7). Measured on an H100 (dev
- * build, B2 T8192 H32): 0.36 ms against 2.45 for the CUDA-core kernel it replaced (bwd_states.cu, removed),
- * gradients within 2e-5 of it; B1 T32768 H16: 0.84 against 4.14 ms. */
+ * initial-state element poisons its value column as in the forward, ALGORITHM.md §7). */
 static int bwd_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_bwd_params_t *bw,
                       const kda_cuda_config_t *cfg, int device, void *stream) {
     kda_rec_params_t rp;

@@ -48,7 +48,7 @@ size_t cp_bytes(const kda_problem_t *p, kda_cp_capacity_t cap) {
 
 /* bwd.h kda_bwd_params_t.split: bf16 inputs take the split stage 3 (and its Δ region). fp16 inputs take the fp32
  * recomputation as fp32 ones do: the split's bf16 tiles round fp16's 10-bit dO and S to 7 bits, and on FLA's
- * test_chunk_varlen fp16 case that put dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar (PERF.md) */
+ * test_chunk_varlen fp16 case that put dq, dk, dh0 at 4-6x FLA's errors and ddt_bias above its bar */
 int bwd_split(const kda_problem_t *p) { return p->a.dtype == KDA_BFLOAT16; }
 
 /* S at every chunk start in bf16 ([max_chunks][hv][KC][VC]): the split path's states (its products take S in
@@ -68,8 +68,8 @@ int keeps_blocks(const kda_problem_t *p) {
  * passes (+128 bytes per token-head at K = V = 64, +512 at 128), so that the backward runs no states stage —
  * where that stage would take the card: its CTAs fill more than half of the SMs, or the state-gradient chain is
  * split (its pieces then take the card). Otherwise it runs beside the state-gradient stage on the second stream
- * and costs the step nothing, while the forward's writes would (+0.16 ms measured at B1 T32768 H16 before the
- * chain's split). The problem alone decides, so the forward and the backward agree. */
+ * and costs the step nothing, where the forward's writes would cost it time. The problem alone decides, so the
+ * forward and the backward agree. */
 int keeps_states(const cuda_impl_t *impl, const kda_problem_t *p) {
     return bwd_split(p) && keeps_blocks(p) &&
            (2 * states_ctas(impl, p) > impl->sm_count || bwd_own_capacity(impl, p).slots > 0);
@@ -88,7 +88,7 @@ int keeps_maps(const cuda_impl_t *impl, const kda_problem_t *p) {
  * same with and without `saved`, and an inference forward writes none): the backward's own blocks, a chunk_states
  * forward's, and the blocks a forward keeps in saved unless it keeps S as well (keeps_states: the backward then
  * reads the forward's S, made without K̃_lo, and runs no states pass). `kept`: the blocks are (or would be) those
- * kept in saved (docs/PERF.md, "K̃_lo in the states pass") */
+ * kept in saved */
 int fine_for(const cuda_impl_t *impl, const kda_problem_t *p, int kept) {
     const int kt = kda_cuda_size_class(p->a.head_dim_k) <= 128 &&
                    (kept ? !keeps_states(impl, p) : p->bwd || p->a.chunk_states != NULL);
