@@ -786,7 +786,8 @@ DEV void prefetch_inputs(const kda_bwd_params_t &p, const chunk_cta &c) {
         const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
         static_assert(CK_THREADS == 8 * C, "two tensors' C rows, 4 threads each");
         const int esz = which ? (p.pb.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
-        if (row < c.clen && part * 128 < (p.pb.V - c.v0) * esz)
+        /* both tests by &: one predicate, no branch (a branch here costs the K-cluster instances spill) */
+        if ((row < c.clen) & (part * 128 < (p.pb.V - c.v0) * esz))
             l2_prefetch((const char *)(which ? p.pb.v : p.d_o) +
                         (((c.t0 + row) * p.pb.hv + c.h) * (int64_t)p.pb.V + c.v0) * esz + part * 128);
     }
