@@ -106,6 +106,9 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backward takes K, V <= %d (K = %d, V = %d); "
                          "use the cpu backend for larger heads", fn, a->head_dim_k > KDA_BWD_MAX_HEAD_DIM ? "head_dim_k" : "head_dim_v",
                          KDA_BWD_MAX_HEAD_DIM, a->head_dim_k, a->head_dim_v);
+    if (strncmp(fn, "kda_backward", 12) == 0 && !kda_bwd_supports(kc, vc))
+        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA backward configuration for K = %d, "
+                         "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
     if (a->chunk_states && a->head_dim_k > KDA_BWD_TILE)
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'chunk_states': the CUDA backend writes it for K <= %d "
                          "(K = %d); use the cpu backend for larger heads", fn, KDA_BWD_TILE, a->head_dim_k);

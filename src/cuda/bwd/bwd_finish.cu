@@ -6,9 +6,9 @@
  *            order); zeros when there are no tokens
  *
  *   dβ,      V class 256 only, one thread per (token, value head): the chunk kernel's two V halves' parts, half 0 +
- *            half 1, then through β's sigmoid (bwd_chunk.cu writes dβ itself for the other classes)
+ *            half 1, then through β's sigmoid (bwd_chunk.cuh writes dβ itself for the other classes)
  *
- * dq and dk are the pairs kernel's (bwd_pairs.cu: it sums the G value heads of a query/key head in order and
+ * dq and dk are the pairs kernel's (bwd_pairs.cuh: it sums the G value heads of a query/key head in order and
  * applies the l2norm step).
  * No atomics: two identical calls give identical bytes.
  */

@@ -29,7 +29,7 @@ typedef struct {
     pthread_mutex_t lock;
 } cuda_impl_t;
 
-/* The backward's state-gradient chain takes the same plan (bwd_dstate.cu's CP modes, run last piece first) with
+/* The backward's state-gradient chain takes the same plan (bwd_dstate.cuh's CP modes, run last piece first) with
  * twice the tiles: its pre-scan runs each piece's M columns beside its E columns, each as long a chain as the
  * piece, and the split aims at one pre-scan CTA per SM, counting a sequence's 2n − 3 pre-scan chains of n pieces
  * (kda_cp_problem_t.prescan_pairs; B1 T32768 H16 on 132 SMs: 5 pieces of 103 chunks, 112 pre-scan CTAs and 80

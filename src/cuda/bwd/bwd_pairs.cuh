@@ -4,9 +4,9 @@
  *
  * One CTA of 256 threads per (chunk, query/key head, PK_KT-channel tile d0..), looping over the G value heads
  * h = hq·G … hq·G + G − 1 of its query/key head hq in that order. Every term below is a sum over tokens for one
- * channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu) leaves, per
+ * channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cuh) leaves, per
  * value head, the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the
- * l2norm factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (bf16 inputs) or the chunk kernel (fp32, fp16
+ * l2norm factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cuh (bf16 inputs) or the chunk kernel (fp32, fp16
  * inputs). With q̂, k̂ (per query/key head: loaded once) and ĝ (per value head) recomputed from the inputs and
  * G = cumsum ĝ, for each value head and channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
  *
@@ -40,6 +40,9 @@
  * memory (74 KB); each head's P and B arrive by cp.async (the chunk kernel writes their rows padded as here) while
  * its rows are loaded and its gate computed.
  */
+#ifndef KDA_CUDA_BWD_PAIRS_CUH
+#define KDA_CUDA_BWD_PAIRS_CUH
+
 #include "bwd.cuh"
 #include "seq.cuh"
 
@@ -682,12 +685,11 @@ static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
                               (int)sizeof(pairs_smem), p, device, done, stream);
 }
 
-template <int KC>
-static int launch_pairs_v(const kda_bwd_params_t *p, int device, void *stream) {
-    return kda_bwd_vhalves(p->pb.vc) == 2 ? launch_pairs<KC, 2>(p, device, stream) : launch_pairs<KC, 1>(p, device, stream);
-}
+/* One instance (a KDA_BWD_PAIRS_CONFIG row of configs.def; CMake generates its translation unit): the launcher
+ * kda_bwd_pairs_k<KC>_h<NVH>, found by bwd/configs.c's table */
+#define KDA_BWD_PAIRS_INSTANCE(KC, NVH)                                                                            \
+    extern "C" int kda_bwd_pairs_k##KC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {                \
+        return launch_pairs<KC, NVH>(p, device, stream);                                                            \
+    }
 
-extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->pb.kc == 64 ? launch_pairs_v<64>(p, device, stream)
-           : p->pb.kc == 128 ? launch_pairs_v<128>(p, device, stream) : launch_pairs_v<256>(p, device, stream);
-}
+#endif /* KDA_CUDA_BWD_PAIRS_CUH */

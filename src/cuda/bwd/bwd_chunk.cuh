@@ -4,7 +4,7 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * bf16 inputs (SPLIT), Δ from bwd_inter.cu, S in bf16 (from stage 1 or kept by the forward) and dS⁺ in scaled fp16
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cuh, S in bf16 (from stage 1 or kept by the forward) and dS⁺ in scaled fp16
  * (states16.cuh). In §3's notation,
  * A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
@@ -14,10 +14,10 @@
  *              (block_split: any decay is safe); T = (I + A)⁻¹,  Δ = T Z  (= U − W S: the inter kernel's)
  *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dR = Tᵀ dΔ    dA = −dR Δᵀ (strict)
  *              dX  = −dR Sᵀ                dv = β dR               dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
- * Written: dv, dβ (through the sigmoid) of the chunk's tokens; for bwd_pairs.cu, which does the rest per channel
+ * Written: dv, dβ (through the sigmoid) of the chunk's tokens; for bwd_pairs.cuh, which does the rest per channel
  * (the pair products' backward, the factor rules into dq̂, dk̂, dG, the gate's backward): P = s·dAqk and
  * B = Diag(β) dA, β ⊙ dX, the l2norm factors; with fp32 inputs also the raw dQΓ = dO Sᵀ, dK̃ = Δ dS⁺ᵀ and
- * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with bf16 inputs).
+ * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cuh's with bf16 inputs).
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
  * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are staged
@@ -35,6 +35,9 @@
  * dev/bwd_emu runs the kernel on the host against the fp64 oracle (and `run.sh profile` counts its source lines'
  * executions).
  */
+#ifndef KDA_CUDA_BWD_CHUNK_CUH
+#define KDA_CUDA_BWD_CHUNK_CUH
+
 #include "bwd.cuh"
 #include "seq.cuh"
 #include "states16.cuh"
@@ -250,7 +253,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
             sm.k[i * KS + lane + 32 * u] = kv[r][u] * rk;
         }
     }
-    if (lane < 2 * RW) { /* for bwd_pairs.cu */
+    if (lane < 2 * RW) { /* for bwd_pairs.cuh */
         const int i = warp + (CK_THREADS / 32) * (lane >> 1);
         if (p.pb.l2norm && i < clen && rows_out) p.rnorm[((t0 + i) * p.pb.hv + h) * 2 + (lane & 1)] = fl;
     }
@@ -1287,22 +1290,12 @@ static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
     return kda_launch_cluster(kernel, ctas, KSP, CK_THREADS, bytes, p, device, done, stream);
 }
 
-template <int KC, int VC, int KSP, int NVH>
-static int launch_chunk_mode(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->split ? launch_chunk<KC, VC, 1, KSP, NVH>(p, device, stream)
-                    : launch_chunk<KC, VC, 0, KSP, NVH>(p, device, stream);
-}
+/* One instance (a KDA_BWD_CHUNK_CONFIG row of configs.def; CMake generates its translation unit): the launcher
+ * kda_bwd_chunk_k<KC>_v<VC>_s<SPLIT>_c<KSP>_h<NVH>, found by bwd/configs.c's table */
+#define KDA_BWD_CHUNK_INSTANCE(KC, VC, SPLIT, KSP, NVH)                                                            \
+    extern "C" int kda_bwd_chunk_k##KC##_v##VC##_s##SPLIT##_c##KSP##_h##NVH(const kda_bwd_params_t *p, int device,   \
+                                                                           void *stream) {                        \
+        return launch_chunk<KC, VC, SPLIT, KSP, NVH>(p, device, stream);                                            \
+    }
 
-/* Class 256 as 128-wide parts: K by a cluster of two CTAs, V by two halves of the grid */
-template <int KC, int KSP>
-static int launch_chunk_k(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->pb.vc == 64) return launch_chunk_mode<KC, 64, KSP, 1>(p, device, stream);
-    if (p->pb.vc == 128) return launch_chunk_mode<KC, 128, KSP, 1>(p, device, stream);
-    return launch_chunk_mode<KC, 128, KSP, 2>(p, device, stream);
-}
-
-extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->pb.kc == 64) return launch_chunk_k<64, 1>(p, device, stream);
-    if (p->pb.kc == 128) return launch_chunk_k<128, 1>(p, device, stream);
-    return launch_chunk_k<128, 2>(p, device, stream);
-}
+#endif /* KDA_CUDA_BWD_CHUNK_CUH */

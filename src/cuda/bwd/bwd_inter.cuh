@@ -1,6 +1,6 @@
 /*
  * Backward, stage 3a: the chunk's products with its states (docs/ALGORITHM.md §6, "Chunked"), before the chunk
- * kernel (bwd_chunk.cu), as plain tensor-core products of bf16 tiles in shared memory.
+ * kernel (bwd_chunk.cuh), as plain tensor-core products of bf16 tiles in shared memory.
  *
  * One CTA of 256 threads per (chunk, value head), several per SM. From the forward's chunk blocks (W, U in bf16,
  * prep.cuh), S at the chunk's start (stage 1) and dS⁺ at its end (stage 2), in §3's notation:
@@ -31,6 +31,9 @@
  * S for 8 warps: two each; dQΓ, dK̃ in two passes of KC / 4 columns per warp, for registers). 197,632 bytes at
  * K 256, V 128: one CTA per SM.
  */
+#ifndef KDA_CUDA_BWD_INTER_CUH
+#define KDA_CUDA_BWD_INTER_CUH
+
 #include "bwd.cuh"
 #include "seq.cuh"
 #include "states16.cuh"
@@ -350,15 +353,11 @@ static int launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
                       stream);
 }
 
-template <int KC>
-static int launch_inter_k(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->pb.vc == 64) return launch_inter<KC, 64, 1>(p, device, stream);
-    if (p->pb.vc == 128) return launch_inter<KC, 128, 1>(p, device, stream);
-    return launch_inter<KC, 128, 2>(p, device, stream);
-}
+/* One instance (a KDA_BWD_INTER_CONFIG row of configs.def; CMake generates its translation unit): the launcher
+ * kda_bwd_inter_k<KC>_v<VC>_h<NVH>, found by bwd/configs.c's table */
+#define KDA_BWD_INTER_INSTANCE(KC, VC, NVH)                                                                        \
+    extern "C" int kda_bwd_inter_k##KC##_v##VC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {        \
+        return launch_inter<KC, VC, NVH>(p, device, stream);                                                        \
+    }
 
-extern "C" int kda_bwd_launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->pb.kc == 64) return launch_inter_k<64>(p, device, stream);
-    if (p->pb.kc == 128) return launch_inter_k<128>(p, device, stream);
-    return launch_inter_k<256>(p, device, stream);
-}
+#endif /* KDA_CUDA_BWD_INTER_CUH */
