@@ -1,4 +1,4 @@
-/* The chunk kernel (bwd_chunk.cu, cut before its launcher) under the emulator: a CTA per (chunk, value head), its
+/* The chunk kernel (bwd_chunk.cuh, cut before its launcher) under the emulator: a CTA per (chunk, value head), its
  * fp32-input path (SPLIT = 0: everything recomputed from the inputs, S and dS⁺) or (p->split) the split path after
  * the emulated dstate and inter kernels. */
 #define EMU_TU "chunk" /* EMU_TF32_EXACT names stages by it (common.cuh) */

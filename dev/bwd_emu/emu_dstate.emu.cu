@@ -1,4 +1,4 @@
-/* The dS+ kernels (bwd_dstate.cu, cut before its launchers) under the emulator: a CTA per (sequence, value head,
+/* The dS+ kernels (bwd_dstate.cuh, cut before its launchers) under the emulator: a CTA per (sequence, value head,
  * BV-column tile). The fallback kernel: EMU_DS_BV=16 or 32 (default 32), the tile width the launcher picks from the
  * SM count. EMU_DS_REC=32, 64 or 128: the recurrence kernel's mma.sync path at that tile width instead, from a bf16
  * copy of d_o (the harness rounds d_o to bf16 values then, so that the oracle sees the same dO). */

@@ -1,4 +1,4 @@
-/* The inter kernel (bwd_inter.cu, cut before its launcher) under the emulator: a CTA per (chunk, value head) of the
+/* The inter kernel (bwd_inter.cuh, cut before its launcher) under the emulator: a CTA per (chunk, value head) of the
  * split stage 3 (harness mode use_blocks = 2). */
 #define EMU_TU "inter" /* EMU_TF32_EXACT names stages by it (common.cuh) */
 #include "bwd_inter.emu.h"

@@ -1,4 +1,4 @@
-/* The pairs kernel (bwd_pairs.cu, cut before its launcher) under the emulator: a CTA per (chunk, query/key head,
+/* The pairs kernel (bwd_pairs.cuh, cut before its launcher) under the emulator: a CTA per (chunk, query/key head,
  * 32-channel tile), its value heads in turn, after the emulated chunk kernel; it writes dq and dk (with l2norm the
  * step's sums exchanged within a cluster of a row's channel tiles), as the launcher does. */
 #define EMU_TU "pairs" /* EMU_TF32_EXACT names stages by it (common.cuh) */

@@ -1,9 +1,9 @@
 #!/bin/sh
-# Host emulation of the CUDA backward's stages 3-4 (bwd_chunk.cu, bwd_pairs.cu, bwd_finish.cu): one host thread per CUDA
+# Host emulation of the CUDA backward's stages 3-4 (bwd_chunk.cuh, bwd_pairs.cuh, bwd_finish.cu): one host thread per CUDA
 # thread, mma.sync emulated from its fragment layouts (common.cuh here), against the fp64 oracle with exact
-# S and dS+ per chunk; use_blocks = 1: dS+ by the emulated bwd_dstate.cu from the synthesized bf16 chunk
+# S and dS+ per chunk; use_blocks = 1: dS+ by the emulated bwd_dstate.cuh from the synthesized bf16 chunk
 # blocks (S stays exact: stage 1 is the forward's recurrence kernel, not emulated here); use_blocks = 2: as 1, then
-# the split stage 3 of 16-bit inputs (bwd_inter.cu, the chunk kernel's SPLIT path; the inputs stay fp32 here).
+# the split stage 3 of 16-bit inputs (bwd_inter.cuh, the chunk kernel's SPLIT path; the inputs stay fp32 here).
 # No GPU needed; about a minute per case on two cores.
 #   dev/bwd_emu/run.sh [build|suite|k256|ARGS...]   ARGS: K V gate vfirst use_blocks mode hqk hv decay neg
 # Environment: EMU_NO_L2NORM=1 runs without the l2norm (q, k as given); EMU_DUMP=FILE writes the computed gradients
@@ -33,12 +33,14 @@ mkdir -p $B
 build() {
   python3 - "$W" "$B" <<'PY'
 import sys; w, b = sys.argv[1], sys.argv[2]
-for f, cut in [('bwd_chunk.cu', 'template <int KC, int VC, int SPLIT, int KSP, int NVH>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
-               ('bwd_dstate.cu', 'template <int KC, int BV>\nstatic int launch_dstate'),
-               ('bwd_inter.cu', 'template <int KC, int VC, int NVH>\nstatic int launch_inter'),
-               ('bwd_pairs.cu', 'template <int KC, int NVH>\nstatic int launch_pairs')]:
+for f, cut in [('bwd_chunk.cuh', 'template <int KC, int VC, int SPLIT, int KSP, int NVH>\nstatic int launch_chunk'), ('bwd_finish.cu', 'extern "C" int kda_bwd_launch_finish'),
+               ('bwd_dstate.cuh', 'template <int KC, int BV>\nstatic int launch_dstate'),
+               ('bwd_inter.cuh', 'template <int KC, int VC, int NVH>\nstatic int launch_inter'),
+               ('bwd_pairs.cuh', 'template <int KC, int NVH>\nstatic int launch_pairs')]:
     s = open(w + '/src/cuda/bwd/' + f).read()
-    open(b + '/' + f.replace('.cu', '.emu.h'), 'w').write(s[:s.index(cut)])
+    s = s[:s.index(cut)]  # the kernels (the launchers and instance macros after the cut need the CUDA runtime)
+    if f.endswith('.cuh'): s += '#endif\n'  # the header guard the cut left open
+    open(b + '/' + f.split('.')[0] + '.emu.h', 'w').write(s)
 PY
   cp $W/src/cuda/bwd/bwd.cuh $W/src/cuda/common/seq.cuh $W/src/cuda/common/states16.cuh $E/common.cuh $E/shim.h $B/ # their "common.cuh": the stand-in
   F="-w -std=c++17 -O1 -DKDA_DEV_BUILD=1 -I$B -I$E -I$W/src/cuda/common -I$W/src/cuda/fwd -I$W/src/cuda/cp -I$W/src/cuda/decode -I$W/src/cuda/bwd -I$W/src -I$W/include -I$W/tools -I$W/tests/common -I/usr/local/cuda/include"

@@ -412,7 +412,7 @@ static void expect_deterministic(const char *name, const kda_synth_config_t *c);
 
 /* G > 1 with more than one query/key head: the pairs kernel's CTA of (chunk, query/key head hq, channel tile) runs
  * the value heads hq·G … hq·G + G − 1 in turn and sums their dq̂, dk̂ in order before the l2norm step
- * (bwd_pairs.cu). G = 4 and 3: l2norm on and off, K = 100 (channels past K in the last tile) and K = 32 (a tile
+ * (bwd_pairs.cuh). G = 4 and 3: l2norm on and off, K = 100 (channels past K in the last tile) and K = 32 (a tile
  * wholly past K), the K class 64, fp32 and fp16 inputs, varlen with empty sequences, and two calls giving
  * identical bytes. */
 TEST(gpu_bwd_gva_4x) {
@@ -873,7 +873,7 @@ TEST(gpu_bwd_saved_blocks) {
     saved_case("fp32_k64", &f, &TRAIN, 0, 0);
 }
 
-/* The state-gradient chain split by intra-card CP (bwd_dstate.cu's modes, forced on through kda_args_t.cp_mode
+/* The state-gradient chain split by intra-card CP (bwd_dstate.cuh's modes, forced on through kda_args_t.cp_mode
  * with pieces of `piece` tokens) against the same call with the split off: each gradient's error against the
  * oracle at most 1.1x the unsplit call's (+ 1e-5), nothing left unwritten, two split calls giving identical
  * bytes, and — the inputs decay slowly, so the state gradient carries across pieces — some gradient byte

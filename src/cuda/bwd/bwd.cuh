@@ -14,7 +14,7 @@ DEV int64_t state_elem(const kda_bwd_params_t &p, int64_t slot, int h, int d, in
     return base + (p.pb.v_first ? (int64_t)c * p.pb.K + d : (int64_t)d * p.pb.V + c);
 }
 
-/* tf32 tensor-core products of the backward (bwd_chunk.cu, bwd_dstate.cu): a k-step of 16 is two m16n8k8 tf32
+/* tf32 tensor-core products of the backward (bwd_chunk.cuh, bwd_dstate.cuh): a k-step of 16 is two m16n8k8 tf32
  * products; a lane feeds its k pair (2t, 2t + 1) into the slots t and t + 4 of one of them (the sum over k does
  * not depend on the order), so that its fragments are read as in the bf16 m16n8k16 layout: A rows g, g + 8 at
  * k 2t, 2t + 1 (and + 8), B column g (lane = 4g + t). */

@@ -6,10 +6,10 @@
  *            order); zeros when there are no tokens
  *
  *   dβ,      V class 256 only, one thread per (token, value head): the chunk kernel's two V halves' parts, half 0 +
- *            half 1, then through β's sigmoid (bwd_chunk.cu writes dβ itself for the other classes)
+ *            half 1, then through β's sigmoid (bwd_chunk.cuh writes dβ itself for the other classes)
  *
- * dq and dk are the pairs kernel's (bwd_pairs.cu: it sums the G value heads of a query/key head in order and
- * applies the l2norm step); until v11 a kernel here did that for G > 1 from a scratch of per-head dq̂, dk̂.
+ * dq and dk are the pairs kernel's (bwd_pairs.cuh: it sums the G value heads of a query/key head in order and
+ * applies the l2norm step).
  * No atomics: two identical calls give identical bytes.
  */
 #include "bwd.cuh"
@@ -25,8 +25,8 @@ __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_gate_params_kernel(const 
                                              : p.pb.seqs.num_seqs * p.pb.seqs.chunks_per_row;
     float a = 0.0f, b = 0.0f;
     if (d < p.pb.kc) {
-        /* FIN_BATCH chunks' loads issued before their sums (in chunk order, as one at a time: a chain of round
-           trips, ~0.07 ms of 256 chunks) */
+        /* FIN_BATCH chunks' loads issued before their sums (in chunk order; one at a time would be a chain of
+           round trips) */
         const float *part = p.part + (int64_t)h * (2 * p.pb.kc) + d;
         const int64_t stride = (int64_t)p.pb.hv * (2 * p.pb.kc);
         int64_t c = 0;

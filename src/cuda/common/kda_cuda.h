@@ -263,7 +263,7 @@ KDA_HD static inline int64_t kda_cuda_block_bytes(int kc, int vc) {
 /* Fine blocks (kda_cuda_blocks_t.fine): low parts after U, each C×KC bf16 in the panel layout, x = hi + lo to ~16
  * bits:
  *   KDA_FINE_QG  QΓ_lo, fp16 and fp32 inputs (prep.cuh gated_qk, from the unrounded s q̂ e^G), for the state-gradient
- *                chain's QΓᵀ dO (bwd_dstate.cu): with QΓ in bf16 alone, d_initial_state of fp32 inputs is ~3x FLA's
+ *                chain's QΓᵀ dO (bwd_dstate.cuh): with QΓ in bf16 alone, d_initial_state of fp32 inputs is ~3x FLA's
  *   KDA_FINE_KT  K̃_lo, K class ≤ 128 (prep.cuh decay_factors, from k̂'s bf16 times the decay factor), for the
  *                states pass's Sᵀ += Δᵀ K̃ (recurrence.cuh, KDA_REC_STATES; the backward's S, chunk_states):
  *                S's rounding from a bf16 K̃ reached dA_log through dγ = rowsum(S ⊙ dS⁺). The forward's

@@ -3,7 +3,7 @@
  *
  *     S   at every chunk start, bf16  (docs/ALGORITHM.md §6: the forward's recurrence, recurrence.cuh, holding Sᵀ)
  *     dS⁺ at every chunk end, fp16 with a power-of-two factor per (lane, 16-column block)
- *                                     (the state gradient's recurrence, bwd_dstate.cu, holding dSᵀ)
+ *                                     (the state gradient's recurrence, bwd_dstate.cuh, holding dSᵀ)
  *
  * Both writers hold the transposed state in mma accumulators the same way: warp w of the tile owns the 16 value
  * columns vw = v0 + 16 w.., lane (g, t) = (lane / 4, lane mod 4) holds s[nt][c] = X[d][v] with
@@ -14,12 +14,12 @@
  *   .x = X[16 np + 2 t + {0, 1}][16 vb + g],      .y = X[16 np + 2 t + {0, 1}][16 vb + 8 + g],
  *   .z = X[16 np + 8 + 2 t + {0, 1}][16 vb + g],  .w = X[16 np + 8 + 2 t + {0, 1}][16 vb + 8 + g]
  * — with d as the k index of a product, the B fragments (k pairs 2t, 2t + 1 and 2t + 8, 2t + 9 of column g) of
- * the 8-column tiles 16 vb.. (.x, .z) and 16 vb + 8.. (.y, .w) (bwd_chunk.cu: K̃ dS⁺ straight from the pieces); as
+ * the 8-column tiles 16 vb.. (.x, .z) and 16 vb + 8.. (.y, .w) (bwd_chunk.cuh: K̃ dS⁺ straight from the pieces); as
  * four 8 × 8 matrices Xᵀ[16 vb + 8 h + ·][8 nt + ·], m = 2 (nt − 2 np) + h, transposed by stmatrix into a tile
- * (bwd_inter.cu) or by movmatrix in registers (bwd_chunk.cu: S for dX = −dR Sᵀ). A reader's lane l that loads the
- * pieces of lane l finds two tiles' same elements in the same places (bwd_inter.cu: dγ from the pieces).
+ * (bwd_inter.cuh) or by movmatrix in registers (bwd_chunk.cuh: S for dX = −dR Sᵀ). A reader's lane l that loads the
+ * pieces of lane l finds two tiles' same elements in the same places (bwd_inter.cuh: dγ from the pieces).
  *
- * Why dS⁺ is not bf16 as S is: dΔ = Aqkᵀ dO + K̃ dS⁺ (bwd_chunk.cu) feeds dv and dβ, and bf16's 8 significant bits
+ * Why dS⁺ is not bf16 as S is: dΔ = Aqkᵀ dO + K̃ dS⁺ (bwd_chunk.cuh) feeds dv and dβ, and bf16's 8 significant bits
  * there put their emulated errors 4-7x above the fp32 path's; fp16's 11 bits are
  * tf32's, the precision that product had from fp32 dS⁺. fp16's range is not: the lane's factor 2^e brings its
  * largest |x| to [2^14, 2^15), so every element within 2^28 of it keeps its 11 bits (exactly the value tf32

@@ -1,6 +1,6 @@
 /*
  * Intra-card CP's storage of a state tile (docs/ALGORITHM.md §4), shared by the forward's recurrence
- * (recurrence.cuh: S, M) and the backward's state-gradient recurrence (bwd_dstate.cu: dS, its M): a warp's mma
+ * (recurrence.cuh: S, M) and the backward's state-gradient recurrence (bwd_dstate.cuh: dS, its M): a warp's mma
  * accumulators hold 16 columns of the K × V tile transposed, s[nt][c] = X[d][v] with d = 8 nt + 2t + (c & 1),
  * v = vw + g + 8 (c >> 1) (g = lane / 4, t = lane % 4). The slot is fp32 with strides sd (of d) and sv (of v):
  * [d][v] row-major for S_ext and the incoming state; Mᵀ [v][d] by store_map, swizzled (the merge, cp_merge.cu,

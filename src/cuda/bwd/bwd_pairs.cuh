@@ -4,9 +4,9 @@
  *
  * One CTA of 256 threads per (chunk, query/key head, PK_KT-channel tile d0..), looping over the G value heads
  * h = hq·G … hq·G + G − 1 of its query/key head hq in that order. Every term below is a sum over tokens for one
- * channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cu) leaves, per
+ * channel d, so the channels split across CTAs with nothing to combine. The chunk kernel (bwd_chunk.cuh) leaves, per
  * value head, the coefficient gradients P = s·dAqk (lower) and B = Diag(β) dA (strictly lower), β ⊙ dX and the
- * l2norm factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cu (bf16 inputs) or the chunk kernel (fp32, fp16
+ * l2norm factors; the raw dQΓ, dK̃ and dγ come from bwd_inter.cuh (bf16 inputs) or the chunk kernel (fp32, fp16
  * inputs). With q̂, k̂ (per query/key head: loaded once) and ĝ (per value head) recomputed from the inputs and
  * G = cumsum ĝ, for each value head and channel (e_i = e^{G_i}, f_i = e^{G_last − G_i}):
  *
@@ -27,23 +27,22 @@
  * completing bytes on the receiver's mbarrier, right after the last head's pair products, and waits on its own
  * barrier only at the end, after that head's gate backward, so that the exchange costs no wait. The sums are added
  * in rank order: the same bits in every CTA. Without l2norm (dx = dŷ) no cluster: the stores follow the last head's
- * factor rules. (Until v11 only G = 1 took this way, and G > 1 wrote each value head's
- * dq̂, dk̂ into the scratch for a finish kernel to sum: docs/PERF.md, "Backward v10" and "Backward v11".)
+ * factor rules.
  *
  * The pair sums are tensor-core products (mma.sync m16n8k8, tf32, fp32 sums) of the C × C coefficients with
  * k, q scaled by split factors e^{G_i − R} · e^{R − G_j} around a reference row R of each 16-row block
  * (block_split, decided for this tile's channels), the diagonal blocks in 3xTF32 or, where a block does not split,
  * pair by pair, the others with the k, q operand in two tf32 parts (mma16_blk: why). Warp w owns row block w mod 4:
  * its rows as the later token (Pq, Pk) and as the earlier one (E), for one half of the tile's channels.
- * Latency-bound (4 warps per CTA: 6.5 cycles per issued instruction), so 8 warps per CTA (2.61 → 2.07 ms for
- * 4 → 8 warps, → 1.93 for 2 → 3 CTAs per SM at 80 registers with ~110 bytes
- * of spills, → 1.65 with the diagonal block peeled out of the off-diagonal loops, whose tf32 products no longer form
- * unused lo parts; B2 T8192 H32 on an H200). Since the instruction cuts of docs/PERF.md's "third session", two CTAs
- * per SM at 127 registers and no spills are 1.6 % faster than three (H100; 128 registers, no spills, since the
- * dq, dk epilogue). Layout: q̂, k̂, G, the gate inputs [C][PK_KT] and P (later dG), B [C][C + 4], fp32 in shared
+ * Latency-bound, so 8 warps per CTA and two CTAs per SM at up to 128 registers (three CTAs would need 80 registers
+ * and spills); the diagonal block is peeled out of the off-diagonal loops, whose tf32 products form no lo parts.
+ * Layout: q̂, k̂, G, the gate inputs [C][PK_KT] and P (later dG), B [C][C + 4], fp32 in shared
  * memory (74 KB); each head's P and B arrive by cp.async (the chunk kernel writes their rows padded as here) while
  * its rows are loaded and its gate computed.
  */
+#ifndef KDA_CUDA_BWD_PAIRS_CUH
+#define KDA_CUDA_BWD_PAIRS_CUH
+
 #include "bwd.cuh"
 #include "seq.cuh"
 
@@ -98,7 +97,7 @@ DEV void coef_frags(const float *X, int I, int j0, int lane, frag_t f[4], frag_t
  * q times its factor) in two tf32 parts, the coefficient A in one. A pair's coefficient enters dG twice (rows i and
  * j) rounded the same way, so its rounding cancels in dĝ's reverse sum; the operands of the two entries are
  * different numbers, and their tf32 rounding did not cancel: carried by the reverse sum to every earlier row, it was
- * most of dA_log's error at strong decay (docs/PERF.md, "dA_log at strong decay, on the acc inputs") */
+ * most of dA_log's error at strong decay */
 template <int X3>
 DEV void mma16_blk(float c[4], const frag_t ah[4], const frag_t al[4], frag_t b0, frag_t b1) {
     frag_t bh0, bl0, bh1, bl1;
@@ -381,6 +380,233 @@ DEV void head_rows_vec(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq,
     }
 }
 
+/* A CTA's place: its (chunk, query/key head), channel tile and threads' roles */
+struct pairs_cta {
+    int tid, lane, w, g, t; /* warp w, lane (g, t) */
+    int I, c0;              /* the products: row block I, channels c0 .. c0 + 15 of the tile */
+    int d0, hq, clen;       /* the tile's first channel; query/key head; the chunk's tokens */
+    int dl, d, nrow;        /* the per-element phases: the lane's channel d = d0 + dl, the thread's rows that exist */
+    int64_t cid, t0;        /* the chunk, its first token */
+};
+
+/* With l2norm: the barrier that receives the cluster's sums, expecting their bytes; then this CTA has started
+   (the wait before the first push: every CTA has) */
+template <int NTILE>
+DEV void init_sum_barrier(pairs_smem &sm, int tid) {
+    if (tid == 0) {
+        mbar_init(smem_u32(&sm.bar), 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (tid == 0) mbar_expect_tx(smem_u32(&sm.bar), NTILE * 2 * C * (uint32_t)sizeof(float2));
+    cluster_arrive_relaxed(); /* (the barrier's initialisation is released by its fence) */
+}
+
+/* P and B of (chunk, value head) `pair`, rows padded as here (the chunk kernel writes them so): one contiguous
+   region, by 16-byte cp.async pieces at the same offsets in both (as pieces of unpadded rows they took ~26
+   instructions each). The previous head's last reads of this region (dG) were before its barrier after the gate's
+   backward. NVH = 2: the two V halves' copies, added (half 0 + half 1) by plain loads. */
+template <int NVH>
+DEV void load_coefs(const kda_bwd_params_t &p, pairs_smem &sm, int64_t pair, int tid) {
+    static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
+    if (NVH == 1) {
+        const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
+        const uint32_t dst = smem_u32(sm.P);
+        for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
+        cp_async_commit();
+    } else {
+        const float4 *s0 = (const float4 *)(p.dcoef + pair * 2 * (int64_t)(2 * C * CS)), *s1 = s0 + C * CS / 2;
+        for (int o = tid; o < C * CS / 2; o += PK_THREADS) {
+            const float4 a = __ldg(s0 + o), b = __ldg(s1 + o);
+            ((float4 *)sm.P)[o] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        }
+    }
+}
+
+/* The head's rows (head_rows_vec where its loads apply, else head_rows), then G = cumsum ĝ: each thread its
+   warp's rows of its column, then the earlier warps' totals (after a barrier) */
+DEV void head_inputs(const kda_bwd_params_t &p, pairs_smem &sm, int h, float A, int first, bool vec,
+                     const pairs_cta &c) {
+    const int w = c.w, dl = c.dl;
+    if (vec) {
+        switch (gate_mode(p)) {
+        case GATE_NONE: head_rows_vec<GATE_NONE>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first); break;
+        case GATE_LOWER: head_rows_vec<GATE_LOWER>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first); break;
+        default: head_rows_vec<GATE_SOFTPLUS>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first);
+        }
+        __syncwarp(); /* (the sum below reads the other lanes' rows) */
+    } else {
+        head_rows(p, sm, h, c.hq, c.t0, w, c.d0, c.nrow, A, first);
+    }
+    {
+        float s = 0.0f;
+#pragma unroll
+        for (int r = 0; r < PK_RG; r++) {
+            s += sm.G[(PK_RG * w + r) * TS + dl];
+            sm.G[(PK_RG * w + r) * TS + dl] = s;
+        }
+        sm.tot[w][dl] = s;
+    }
+    __syncthreads();
+    {
+        float off = 0.0f;
+        for (int u = 0; u < w; u++) off += sm.tot[u][dl];
+#pragma unroll
+        for (int r = 0; r < PK_RG; r++) sm.G[(PK_RG * w + r) * TS + dl] += off;
+    }
+}
+
+/* The lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: zeros) of value head h: the raw dQΓ,
+   dK̃ and β ⊙ dX (NVH = 2: both V halves', added), and with the group's first head the l2norm factors rn */
+template <int KC, int NVH>
+DEV void load_scratch(const kda_bwd_params_t &p, int h, int first, float2 (*dQ)[2], float2 (*dK)[2],
+                      float2 (*xb)[2], float2 rn[2], const pairs_cta &c) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int i = 16 * c.I + c.g + 8 * hr;
+        const int64_t srow = i < c.clen ? (c.t0 + i) * p.pb.hv + h : -1;
+        if (first)
+            rn[hr] = p.pb.l2norm && srow >= 0 ? __ldg((const float2 *)&p.rnorm[srow * 2]) : make_float2(1.0f, 1.0f);
+#pragma unroll
+        for (int nt = 0; nt < PK_NT; nt++) {
+            const int dd = c.d0 + c.c0 + 8 * nt + 2 * c.t;
+            const float2 z = make_float2(0.0f, 0.0f);
+            dQ[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * NVH * (2 * KC) + dd]) : z;
+            dK[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * NVH * (2 * KC) + KC + dd]) : z;
+            xb[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dx[srow * NVH * KC + dd]) : z;
+            if (NVH == 2 && srow >= 0) { /* + the second V half's */
+                const float2 q1 = __ldg((const float2 *)&p.dqk[(srow * 2 + 1) * (2 * KC) + dd]);
+                const float2 k1 = __ldg((const float2 *)&p.dqk[(srow * 2 + 1) * (2 * KC) + KC + dd]);
+                const float2 x1 = __ldg((const float2 *)&p.dx[(srow * 2 + 1) * KC + dd]);
+                dQ[nt][hr] = make_float2(dQ[nt][hr].x + q1.x, dQ[nt][hr].y + q1.y);
+                dK[nt][hr] = make_float2(dK[nt][hr].x + k1.x, dK[nt][hr].y + k1.y);
+                xb[nt][hr] = make_float2(xb[nt][hr].x + x1.x, xb[nt][hr].y + x1.y);
+            }
+        }
+    }
+}
+
+/* The factor rules for the lane's element pairs (c, c + 1) of adjacent columns: dq̂, dk̂ added to fq, fk (the
+   sums over the heads so far), dG, the rows' Σ q̂ dq̂ and Σ k̂ dk̂ of those sums into yq, yk, and per row block
+   Σ k f dK̃ into ext */
+DEV void factor_rules(pairs_smem &sm, float scale, const float (*pq)[4], const float (*pk)[4], const float (*pe)[4],
+                      const float2 (*dQ)[2], const float2 (*dK)[2], const float2 (*xb)[2], float2 (*fq)[2],
+                      float2 (*fk)[2], float (*dG)[4], float yq[2], float yk[2], const pairs_cta &c) {
+    const int I = c.I, g = c.g, t = c.t, c0 = c.c0;
+    const float *Gl = sm.G + (C - 1) * TS;
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++) {
+        float ext[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int i = 16 * I + g + 8 * hr, col = c0 + 8 * nt + 2 * t;
+            const float dq_in[2] = {dQ[nt][hr].x, dQ[nt][hr].y}, dk_in[2] = {dK[nt][hr].x, dK[nt][hr].y};
+            const float x_in[2] = {xb[nt][hr].x, xb[nt][hr].y};
+            float oq[2], ok[2], qv[2], kv[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int e = 2 * hr + u;
+                const float Gi = sm.G[i * TS + col + u], ei = gexp(Gi), f = gexp(Gl[col + u] - Gi);
+                qv[u] = sm.q[i * TS + col + u], kv[u] = sm.k[i * TS + col + u];
+                const float ex = ei * x_in[u], fy = f * dk_in[u];
+                oq[u] = scale * ei * dq_in[u] + pq[nt][e];
+                ok[u] = ex + fy + pk[nt][e] + pe[nt][e];
+                dG[nt][e] = qv[u] * oq[u] + kv[u] * (ex - fy + pk[nt][e] - pe[nt][e]);
+                ext[u] += kv[u] * fy;
+            }
+            fq[nt][hr] = make_float2(fq[nt][hr].x + oq[0], fq[nt][hr].y + oq[1]);
+            fk[nt][hr] = make_float2(fk[nt][hr].x + ok[0], fk[nt][hr].y + ok[1]);
+            yq[hr] += qv[0] * fq[nt][hr].x;
+            yq[hr] += qv[1] * fq[nt][hr].y;
+            yk[hr] += kv[0] * fk[nt][hr].x;
+            yk[hr] += kv[1] * fk[nt][hr].y;
+        }
+        /* Σ over the block's 16 rows (the lanes of one t) of k f dK̃ for columns 2t, 2t + 1 */
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float x = ext[u];
+            x += __shfl_xor_sync(0xffffffffu, x, 4);
+            x += __shfl_xor_sync(0xffffffffu, x, 8);
+            x += __shfl_xor_sync(0xffffffffu, x, 16);
+            if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
+        }
+    }
+}
+
+/* With l2norm, after the last head: y·dy of a row over its KC channels, this warp's 16, then the CTA's two halves
+   and the cluster's CTAs, each of which pushes its sums into every CTA's ys: lane t of a quad sends the quad's two
+   rows into CTAs t (and t + 4 in a cluster of 8), completing bytes on their barriers */
+template <int NTILE>
+DEV void push_norm_sums(pairs_smem &sm, float yq[2], float yk[2], const pairs_cta &c) {
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++)
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            yq[hr] += __shfl_xor_sync(0xffffffffu, yq[hr], o);
+            yk[hr] += __shfl_xor_sync(0xffffffffu, yk[hr], o);
+        }
+    cluster_wait(); /* every CTA of the cluster has started, its barrier initialised */
+#pragma unroll
+    for (int rk = c.t; rk < NTILE; rk += 4) {
+        const int me = c.d0 / PK_KT;
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+            cluster_st_async2(&sm.ys[me][c.w >> 2][16 * c.I + c.g + 8 * hr], smem_u32(&sm.bar), (unsigned)rk, yq[hr],
+                              yk[hr]);
+    }
+}
+
+/* dĝ = reverse cumsum of dG + the G_last terms: dG into P's tile (every read of P and B done), each thread its
+   warp's rows of its column, then the later warps' totals; then the clamp and the gate, element by element: dg
+   of value head h written, the thread's ∂L/∂A_log and ∂L/∂dt_bias terms into red */
+template <int KC, int NVH>
+DEV void gate_phase(const kda_bwd_params_t &p, pairs_smem &sm, const float (*dG)[4], int h, int64_t pair, float A,
+                    const pairs_cta &c) {
+    const int w = c.w, dl = c.dl, d = c.d;
+    const float *Gl = sm.G + (C - 1) * TS;
+    __syncthreads(); /* every read of P and B is done: dG goes there */
+    float *dGt = sm.P; /* [C][TS] */
+#pragma unroll
+    for (int nt = 0; nt < PK_NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dGt[(16 * c.I + c.g + 8 * (e >> 1)) * TS + c.c0 + 8 * nt + 2 * c.t + (e & 1)] = dG[nt][e];
+    __syncthreads();
+    float s = 0.0f;
+#pragma unroll
+    for (int r = PK_RG - 1; r >= 0; r--) {
+        s += dGt[(PK_RG * w + r) * TS + dl];
+        dGt[(PK_RG * w + r) * TS + dl] = s;
+    }
+    sm.tot[w][dl] = s;
+    __syncthreads();
+    float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
+    if (d < p.pb.K) /* γ dγ (NVH = 2: half 0's + half 1's) */
+        off += gexp(Gl[dl]) *
+               (NVH == 1 ? p.dgam[pair * KC + d] : p.dgam[pair * 2 * KC + d] + p.dgam[(pair * 2 + 1) * KC + d]);
+    for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
+    float dAl = 0.0f, dbias = 0.0f;
+    const int64_t gbase = ((c.t0 + PK_RG * w) * p.pb.hv + h) * (int64_t)p.pb.K + d;
+    switch (gate_mode(p)) {
+    case GATE_NONE: gate_backward_rows_dt<GATE_NONE>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias); break;
+    case GATE_LOWER: gate_backward_rows_dt<GATE_LOWER>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias); break;
+    default: gate_backward_rows_dt<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias);
+    }
+    sm.red[0][c.tid] = dAl;
+    sm.red[1][c.tid] = dbias;
+}
+
+/* Per channel of the tile: Σ ∂L/∂A_log terms (tid < PK_KT) and Σ ∂L/∂dt_bias[d] over the threads, in order */
+template <int KC>
+DEV void store_parts(const kda_bwd_params_t &p, const pairs_smem &sm, int64_t pair, int d0, int tid) {
+    if (tid < 2 * PK_KT && p.part) {
+        const int which = tid / PK_KT, c = tid % PK_KT;
+        float v = 0.0f;
+        for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
+        p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
+    }
+}
+
 /* NVH = 2 (V class 256): the chunk kernel's sums over V come in two copies, one per V half, added here as they are
  * loaded (P and B by plain loads then, not cp.async) */
 template <int KC, int NVH>
@@ -388,230 +614,62 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     constexpr int NTILE = KC / PK_KT; /* with l2norm: the CTAs of a cluster (≤ 8, the portable cluster size) */
     extern __shared__ __align__(16) unsigned char smem_raw[];
     pairs_smem &sm = *(pairs_smem *)cta_smem(smem_raw);
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int I = w & 3, c0 = 16 * (w >> 2); /* the products: row block I, channels c0 .. c0 + 15 of the tile */
+    pairs_cta c;
+    c.tid = threadIdx.x, c.lane = c.tid & 31, c.w = c.tid >> 5, c.g = c.lane >> 2, c.t = c.lane & 3;
+    c.I = c.w & 3, c.c0 = 16 * (c.w >> 2);
     const int64_t qpair = blockIdx.x / NTILE; /* (chunk, query/key head) */
-    const int d0 = (int)(blockIdx.x % NTILE) * PK_KT;
-    const int64_t cid = qpair / p.pb.hqk;
-    const int hq = (int)(qpair % p.pb.hqk), h0 = hq * p.pb.group, h1 = h0 + p.pb.group; /* its value heads h0 .. h1 − 1 */
-    int64_t t0;
-    const int clen = chunk_tokens(p.pb.seqs, cid, &t0);
-    if (clen <= 0) return; /* (the whole cluster: its CTAs share the chunk) */
-    if (p.pb.l2norm) { /* the barrier that receives the cluster's sums, expecting their bytes; then this CTA has
-                       started (the wait before the first push: every CTA has) */
-        if (tid == 0) {
-            mbar_init(smem_u32(&sm.bar), 1);
-            mbar_init_fence();
-        }
-        __syncthreads();
-        if (tid == 0) mbar_expect_tx(smem_u32(&sm.bar), NTILE * 2 * C * (uint32_t)sizeof(float2));
-        cluster_arrive_relaxed(); /* (the barrier's initialisation is released by its fence) */
-    }
+    c.d0 = (int)(blockIdx.x % NTILE) * PK_KT;
+    c.cid = qpair / p.pb.hqk;
+    c.hq = (int)(qpair % p.pb.hqk);
+    const int h0 = c.hq * p.pb.group, h1 = h0 + p.pb.group; /* its value heads h0 .. h1 − 1 */
+    c.clen = chunk_tokens(p.pb.seqs, c.cid, &c.t0);
+    if (c.clen <= 0) return; /* (the whole cluster: its CTAs share the chunk) */
+    if (p.pb.l2norm) init_sum_barrier<NTILE>(sm, c.tid);
     const float scale = p.pb.scale;
-    const int dl = lane, d = d0 + lane;
-    const int nrow = d < p.pb.K ? min(PK_RG, clen - PK_RG * w) : 0; /* the thread's rows that exist */
-    const bool vec = p.pb.dtype != KDA_DT_F32 && p.pb.g_dtype != KDA_DT_F32 && !(p.pb.K & 1) && d0 + PK_KT <= p.pb.K &&
-                     !(((uintptr_t)p.pb.q | (uintptr_t)p.pb.k | (uintptr_t)p.pb.g) & 3); /* head_rows_vec's 4-byte loads */
+    c.dl = c.lane, c.d = c.d0 + c.lane;
+    c.nrow = c.d < p.pb.K ? min(PK_RG, c.clen - PK_RG * c.w) : 0;
+    const bool vec = p.pb.dtype != KDA_DT_F32 && p.pb.g_dtype != KDA_DT_F32 && !(p.pb.K & 1) &&
+                     c.d0 + PK_KT <= p.pb.K &&
+                     !(((uintptr_t)p.pb.q | (uintptr_t)p.pb.k | (uintptr_t)p.pb.g) & 3); /* head_rows_vec's loads */
     float2 fq[PK_NT][2], fk[PK_NT][2]; /* dq̂, dk̂ of the lane's elements, summed over the value heads in order */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) fq[nt][hr] = fk[nt][hr] = make_float2(0.0f, 0.0f);
-    float2 rn[2];                      /* the l2norm factors of the lane's rows g, g + 8 of block I */
-    const float *Gl = sm.G + (C - 1) * TS;
+    float2 rn[2]; /* the l2norm factors of the lane's rows g, g + 8 of block I */
 
 #pragma unroll 1
     for (int h = h0; h < h1; h++) { /* one value head: everything but q̂, k̂ and the l2norm step */
-        const int64_t pair = cid * p.pb.hv + h; /* (chunk, value head) */
+        const int64_t pair = c.cid * p.pb.hv + h; /* (chunk, value head) */
         const int first = h == h0, last = h == h1 - 1;
         const float A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
-        /* P and B, rows padded as here (the chunk kernel writes them so): one contiguous region, by 16-byte cp.async
-           pieces at the same offsets in both (as pieces of unpadded rows they took ~26 instructions each: 7 % of
-           the kernel's; one bulk copy of the region, 2f846d8, was 2 % slower: a single copy's latency). The previous
-           head's last reads of this region (dG) were before its barrier after the gate's backward. */
-        static_assert(sizeof(sm.P) + sizeof(sm.B) == 2 * C * CS * 4, "P, B: one region");
-        if (NVH == 1) {
-            const char *src = (const char *)(p.dcoef + pair * (int64_t)(2 * C * CS));
-            const uint32_t dst = smem_u32(sm.P);
-            for (uint32_t o = 16u * tid; o < 2u * C * CS * 4; o += 16u * PK_THREADS) cp_async16_zfill(dst + o, src + o, 16);
-            cp_async_commit();
-        } else { /* the two V halves' copies, added (half 0 + half 1) */
-            const float4 *s0 = (const float4 *)(p.dcoef + pair * 2 * (int64_t)(2 * C * CS)), *s1 = s0 + C * CS / 2;
-            for (int o = tid; o < C * CS / 2; o += PK_THREADS) {
-                const float4 a = __ldg(s0 + o), b = __ldg(s1 + o);
-                ((float4 *)sm.P)[o] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-            }
-        }
-        if (vec) {
-            switch (gate_mode(p)) {
-            case GATE_NONE: head_rows_vec<GATE_NONE>(p, sm, h, hq, t0, w, d0, clen, A, first); break;
-            case GATE_LOWER: head_rows_vec<GATE_LOWER>(p, sm, h, hq, t0, w, d0, clen, A, first); break;
-            default: head_rows_vec<GATE_SOFTPLUS>(p, sm, h, hq, t0, w, d0, clen, A, first);
-            }
-            __syncwarp(); /* (the sum below reads the other lanes' rows) */
-        } else {
-            head_rows(p, sm, h, hq, t0, w, d0, nrow, A, first);
-        }
-        /* G = cumsum ĝ: each thread its warp's rows of its column, then the earlier warps' totals */
-        {
-            float s = 0.0f;
-#pragma unroll
-            for (int r = 0; r < PK_RG; r++) {
-                s += sm.G[(PK_RG * w + r) * TS + dl];
-                sm.G[(PK_RG * w + r) * TS + dl] = s;
-            }
-            sm.tot[w][dl] = s;
-        }
-        __syncthreads();
-        {
-            float off = 0.0f;
-            for (int u = 0; u < w; u++) off += sm.tot[u][dl];
-#pragma unroll
-            for (int r = 0; r < PK_RG; r++) sm.G[(PK_RG * w + r) * TS + dl] += off;
-        }
-        /* the lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: none), loaded now, used after the
-           pair sums */
-        float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2];
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int i = 16 * I + g + 8 * hr;
-            const int64_t srow = i < clen ? (t0 + i) * p.pb.hv + h : -1;
-            if (first) rn[hr] = p.pb.l2norm && srow >= 0 ? __ldg((const float2 *)&p.rnorm[srow * 2]) : make_float2(1.0f, 1.0f);
-#pragma unroll
-            for (int nt = 0; nt < PK_NT; nt++) {
-                const int dd = d0 + c0 + 8 * nt + 2 * t;
-                const float2 z = make_float2(0.0f, 0.0f);
-                dQ[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * NVH * (2 * KC) + dd]) : z;
-                dK[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dqk[srow * NVH * (2 * KC) + KC + dd]) : z;
-                xb[nt][hr] = srow >= 0 ? __ldg((const float2 *)&p.dx[srow * NVH * KC + dd]) : z;
-                if (NVH == 2 && srow >= 0) { /* + the second V half's */
-                    const float2 q1 = __ldg((const float2 *)&p.dqk[(srow * 2 + 1) * (2 * KC) + dd]);
-                    const float2 k1 = __ldg((const float2 *)&p.dqk[(srow * 2 + 1) * (2 * KC) + KC + dd]);
-                    const float2 x1 = __ldg((const float2 *)&p.dx[(srow * 2 + 1) * KC + dd]);
-                    dQ[nt][hr] = make_float2(dQ[nt][hr].x + q1.x, dQ[nt][hr].y + q1.y);
-                    dK[nt][hr] = make_float2(dK[nt][hr].x + k1.x, dK[nt][hr].y + k1.y);
-                    xb[nt][hr] = make_float2(xb[nt][hr].x + x1.x, xb[nt][hr].y + x1.y);
-                }
-            }
-        }
+        load_coefs<NVH>(p, sm, pair, c.tid);
+        head_inputs(p, sm, h, A, first, vec, c);
+        float2 dQ[PK_NT][2], dK[PK_NT][2], xb[PK_NT][2]; /* loaded now, used after the pair sums */
+        load_scratch<KC, NVH>(p, h, first, dQ, dK, xb, rn, c);
         cp_async_wait_all();
         __syncthreads();
 
-        const int split = block_split<TS, PK_KT>(sm.G, I, lane);
+        const int split = block_split<TS, PK_KT>(sm.G, c.I, c.lane);
         float pq[PK_NT][4], pk[PK_NT][4], pe[PK_NT][4];
-        pairs_later(sm, I, c0, split, lane, pq, pk);
-        pairs_earlier(sm, I, c0, split, lane, pe);
-
-        /* the factor rules, element pairs (c, c + 1) of adjacent columns */
+        pairs_later(sm, c.I, c.c0, split, c.lane, pq, pk);
+        pairs_earlier(sm, c.I, c.c0, split, c.lane, pe);
         float dG[PK_NT][4];
-        float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* Σ over the lane's elements of q̂ dq̂, k̂ dk̂ (dq̂, dk̂
-                                                              summed over the heads so far), by row: used after
-                                                              the last head */
-#pragma unroll
-        for (int nt = 0; nt < PK_NT; nt++) {
-            float ext[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++) {
-                const int i = 16 * I + g + 8 * hr, col = c0 + 8 * nt + 2 * t;
-                const float dq_in[2] = {dQ[nt][hr].x, dQ[nt][hr].y}, dk_in[2] = {dK[nt][hr].x, dK[nt][hr].y};
-                const float x_in[2] = {xb[nt][hr].x, xb[nt][hr].y};
-                float oq[2], ok[2], qv[2], kv[2];
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int c = 2 * hr + u;
-                    const float Gi = sm.G[i * TS + col + u], e = gexp(Gi), f = gexp(Gl[col + u] - Gi);
-                    qv[u] = sm.q[i * TS + col + u], kv[u] = sm.k[i * TS + col + u];
-                    const float ex = e * x_in[u], fy = f * dk_in[u];
-                    oq[u] = scale * e * dq_in[u] + pq[nt][c];
-                    ok[u] = ex + fy + pk[nt][c] + pe[nt][c];
-                    dG[nt][c] = qv[u] * oq[u] + kv[u] * (ex - fy + pk[nt][c] - pe[nt][c]);
-                    ext[u] += kv[u] * fy;
-                }
-                fq[nt][hr] = make_float2(fq[nt][hr].x + oq[0], fq[nt][hr].y + oq[1]);
-                fk[nt][hr] = make_float2(fk[nt][hr].x + ok[0], fk[nt][hr].y + ok[1]);
-                yq[hr] += qv[0] * fq[nt][hr].x;
-                yq[hr] += qv[1] * fq[nt][hr].y;
-                yk[hr] += kv[0] * fk[nt][hr].x;
-                yk[hr] += kv[1] * fk[nt][hr].y;
-            }
-            /* Σ over the block's 16 rows (the lanes of one t) of k f dK̃ for columns 2t, 2t + 1 */
-#pragma unroll
-            for (int u = 0; u < 2; u++) {
-                float x = ext[u];
-                x += __shfl_xor_sync(0xffffffffu, x, 4);
-                x += __shfl_xor_sync(0xffffffffu, x, 8);
-                x += __shfl_xor_sync(0xffffffffu, x, 16);
-                if (g == 0) sm.ext[I][c0 + 8 * nt + 2 * t + u] = x;
-            }
-        }
+        float yq[2] = {0.0f, 0.0f}, yk[2] = {0.0f, 0.0f}; /* by row: used after the last head */
+        factor_rules(sm, scale, pq, pk, pe, dQ, dK, xb, fq, fk, dG, yq, yk, c);
         /* after the last head, dq and dk: the l2norm step dx = r (dy − y (y·dy)), y = q̂ or k̂, r = 1/‖x‖ (the chunk
            kernel's) */
-        if (last && p.pb.l2norm) { /* y·dy of a row over its KC channels: this warp's 16, then the CTA's two halves and
-                                   the cluster's CTAs, each of which pushes its sums into every CTA's ys */
-#pragma unroll
-            for (int hr = 0; hr < 2; hr++)
-#pragma unroll
-                for (int o = 1; o <= 2; o <<= 1) {
-                    yq[hr] += __shfl_xor_sync(0xffffffffu, yq[hr], o);
-                    yk[hr] += __shfl_xor_sync(0xffffffffu, yk[hr], o);
-                }
-            cluster_wait(); /* every CTA of the cluster has started, its barrier initialised */
-            /* lane t of a quad: the quad's two rows into CTAs t (and t + 4 in a cluster of 8), completing bytes on their
-               barriers */
-#pragma unroll
-            for (int rk = t; rk < NTILE; rk += 4) {
-                const int me = d0 / PK_KT;
-#pragma unroll
-                for (int hr = 0; hr < 2; hr++)
-                    cluster_st_async2(&sm.ys[me][w >> 2][16 * I + g + 8 * hr], smem_u32(&sm.bar), (unsigned)rk, yq[hr], yk[hr]);
-            }
-        } else if (last)
-            store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, clen, hq, rn, fq, fk, 0);
-        __syncthreads(); /* every read of P and B is done: dG goes there */
-        float *dGt = sm.P; /* [C][TS] */
-#pragma unroll
-        for (int nt = 0; nt < PK_NT; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                dGt[(16 * I + g + 8 * (c >> 1)) * TS + c0 + 8 * nt + 2 * t + (c & 1)] = dG[nt][c];
-        __syncthreads();
-
-        /* dĝ = reverse cumsum of dG + the G_last terms: each thread its warp's rows of its column, then the later
-           warps' totals; then the clamp and the gate, element by element */
-        float s = 0.0f;
-#pragma unroll
-        for (int r = PK_RG - 1; r >= 0; r--) {
-            s += dGt[(PK_RG * w + r) * TS + dl];
-            dGt[(PK_RG * w + r) * TS + dl] = s;
-        }
-        sm.tot[w][dl] = s;
-        __syncthreads();
-        float off = sm.ext[0][dl] + sm.ext[1][dl] + sm.ext[2][dl] + sm.ext[3][dl];
-        if (d < p.pb.K) /* γ dγ (NVH = 2: half 0's + half 1's) */
-            off += gexp(Gl[dl]) * (NVH == 1 ? p.dgam[pair * KC + d] : p.dgam[pair * 2 * KC + d] + p.dgam[(pair * 2 + 1) * KC + d]);
-        for (int u = w + 1; u < PK_WARPS; u++) off += sm.tot[u][dl];
-        float dAl = 0.0f, dbias = 0.0f;
-        const int64_t gbase = ((t0 + PK_RG * w) * p.pb.hv + h) * (int64_t)p.pb.K + d;
-        switch (gate_mode(p)) {
-        case GATE_NONE: gate_backward_rows_dt<GATE_NONE>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-        case GATE_LOWER: gate_backward_rows_dt<GATE_LOWER>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias); break;
-        default: gate_backward_rows_dt<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, nrow, gbase, &dAl, &dbias);
-        }
-        sm.red[0][tid] = dAl;
-        sm.red[1][tid] = dbias;
+        if (last && p.pb.l2norm) push_norm_sums<NTILE>(sm, yq, yk, c);
+        else if (last) store_dqdk<NTILE>(p, sm, c.I, c.c0, c.d0, c.g, c.t, c.t0, c.clen, c.hq, rn, fq, fk, 0);
+        gate_phase<KC, NVH>(p, sm, dG, h, pair, A, c);
         __syncthreads(); /* also: every read of this head's P (dG), G, x, ext and tot is done, so the next head may
                             write them */
-        if (tid < 2 * PK_KT && p.part) { /* per channel: Σ ∂L/∂A_log terms (tid < PK_KT), Σ ∂L/∂dt_bias[d] */
-            const int which = tid / PK_KT, c = tid % PK_KT;
-            float v = 0.0f;
-            for (int u = 0; u < PK_WARPS; u++) v += sm.red[which][u * PK_KT + c];
-            p.part[(pair * 2 + which) * (int64_t)KC + d0 + c] = v;
-        }
+        store_parts<KC>(p, sm, pair, c.d0, c.tid);
     }
     if (p.pb.l2norm) {
         mbar_wait(smem_u32(&sm.bar), 0); /* every CTA's sums are in ys (long since: the gate's work came between);
                                             no CTA exits before the pushes into it have landed */
-        store_dqdk<NTILE>(p, sm, I, c0, d0, g, t, t0, clen, hq, rn, fq, fk, 1);
+        store_dqdk<NTILE>(p, sm, c.I, c.c0, c.d0, c.g, c.t, c.t0, c.clen, c.hq, rn, fq, fk, 1);
     }
 }
 
@@ -627,12 +685,11 @@ static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
                               (int)sizeof(pairs_smem), p, device, done, stream);
 }
 
-template <int KC>
-static int launch_pairs_v(const kda_bwd_params_t *p, int device, void *stream) {
-    return kda_bwd_vhalves(p->pb.vc) == 2 ? launch_pairs<KC, 2>(p, device, stream) : launch_pairs<KC, 1>(p, device, stream);
-}
+/* One instance (a KDA_BWD_PAIRS_CONFIG row of configs.def; CMake generates its translation unit): the launcher
+ * kda_bwd_pairs_k<KC>_h<NVH>, found by bwd/configs.c's table */
+#define KDA_BWD_PAIRS_INSTANCE(KC, NVH)                                                                            \
+    extern "C" int kda_bwd_pairs_k##KC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {                \
+        return launch_pairs<KC, NVH>(p, device, stream);                                                            \
+    }
 
-extern "C" int kda_bwd_launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->pb.kc == 64 ? launch_pairs_v<64>(p, device, stream)
-           : p->pb.kc == 128 ? launch_pairs_v<128>(p, device, stream) : launch_pairs_v<256>(p, device, stream);
-}
+#endif /* KDA_CUDA_BWD_PAIRS_CUH */

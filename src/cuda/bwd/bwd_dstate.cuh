@@ -42,11 +42,11 @@
  * step (the next chunk's block prefetched into L2 meanwhile); the products on the tensor cores in tf32 (bwd.cuh
  * mma16: the bf16 panels exactly; dO, dS and dΔ rounded to tf32; fp32 sums): dΔ as 4 · BV/8 tiles of 16 × 8,
  * BV/16 per warp; the dS update as KC/16 · BV/8 tiles, KC · BV/1024 per warp.
- *
- * Measured (H200, dev builds): B2 T8192 H32 1.29 ms with the fallback kernel (10 µs a chunk step: every step
- * waited for its own copies), 0.31 with the recurrence kernel (2.4 µs a step); B1 T32768 H16 2.40 → 1.24
- * (docs/PERF.md, "Backward v5, second session").
+ * The recurrence kernel is the fast one: the fallback's every chunk step waits for its own copies.
  */
+#ifndef KDA_CUDA_BWD_DSTATE_CUH
+#define KDA_CUDA_BWD_DSTATE_CUH
+
 #include "bwd.cuh"
 #include "cp_slot.cuh"
 #include "seq.cuh"
@@ -642,12 +642,6 @@ static int launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
     return kda_launch((const void *)kda_bwd_dstate_kernel<KC, BV>, ctas, DS_THREADS, bytes, p, device, done, stream);
 }
 
-/* The wide tile when the (sequence, head) pairs at that width give at least a CTA per SM (the chains are no longer
- * than with narrow tiles, and each chunk's panels are copied half as often); else the narrow one. */
-static int dstate_wide(const kda_bwd_params_t *p) {
-    return p->pb.vc >= KDA_BWD_BV_WIDE && p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / KDA_BWD_BV_WIDE) >= p->sm_count;
-}
-
 template <int KC, int BV, int WG, int LO, int MODE>
 static int launch_dstate_rec_lo(const kda_bwd_params_t *p, int64_t ctas, int device, void *stream) {
     static int done[KDA_MAX_DEVICES];
@@ -683,74 +677,25 @@ static int launch_dstate_cp(const kda_bwd_params_t *p, int device, void *stream)
                    : launch_dstate_rec_lo<KC, BV, WG, 3, KDA_DS_PIECES>(p, ctas, device, stream);
 }
 
-/* The CP modes' tile: the widest, one CTA per piece and head where the classes allow (the pieces fill the card;
- * each tile reloads the chunk's panels), and M's columns in tiles of the same width: min(VC, KC, 128) */
-static int dstate_cp_bv(const kda_bwd_params_t *p) {
-    const int bv = p->pb.vc < 128 ? p->pb.vc : 128;
-    return p->pb.kc < bv ? p->pb.kc : bv;
+/* ds_mode's launch of the recurrence kernel's row (KC, BV, WG): whole sequences, or the CP modes where the row
+ * has them (CP) */
+template <int KC, int BV, int WG, int CP>
+static int launch_dstate_rec_row(const kda_bwd_params_t *p, int device, void *stream) {
+    if (p->ds_mode == KDA_DS_SEQ) return launch_dstate_rec<KC, BV, WG>(p, device, stream);
+    if constexpr (CP) return launch_dstate_cp<KC, BV, WG>(p, device, stream);
+    return (int)cudaErrorInvalidValue;
 }
 
-template <int KC>
-static int launch_dstate_cp_k(const kda_bwd_params_t *p, int device, void *stream) {
-    if constexpr (KC == 128)
-        if (dstate_cp_bv(p) == 128)
-            return p->wgmma ? launch_dstate_cp<KC, 128, 1>(p, device, stream)
-                            : launch_dstate_cp<KC, 128, 0>(p, device, stream);
-    return p->wgmma ? launch_dstate_cp<KC, 64, 1>(p, device, stream) : launch_dstate_cp<KC, 64, 0>(p, device, stream);
-}
-/* The recurrence kernel's tile: the widest whose CTAs fill the card (the forward recurrence's rule, backend.c
- * choose_bv), but on sm_90a never below 64, wgmma's width (fewer (sequence, head) pairs than SMs leave SMs idle
- * either way: the chain is as long at 32 columns as at 64, and a wgmma step is shorter than two warps' mma.sync
- * step; development builds: dev_skip 16384 gives the narrow tile back, to time it) */
-static int dstate_rec_bv(const kda_bwd_params_t *p) {
-    if (p->pb.kc > 128) return 32;
-    const int64_t heads = p->pb.seqs.num_seqs * p->pb.hv;
-    int bv = p->pb.vc > 128 ? 128 : p->pb.vc; /* (V class 256: at most 128, the kernel's widest tile) */
-    while (bv > 32 && heads * (p->pb.vc / bv) * 5 < (int64_t)p->sm_count * 4) bv /= 2;
-    if (p->wgmma && bv < 64 && p->pb.vc >= 64 && !KDA_SKIP(*p, 16384)) bv = 64;
-    return bv;
-}
+/* One instance of each kernel (KDA_BWD_DSTATE_CONFIG, KDA_BWD_DSTATE_REC_CONFIG rows of configs.def; CMake generates
+ * their translation units): the launchers kda_bwd_dstate_k<KC>_b<BV> (the fallback) and
+ * kda_bwd_dstate_rec_k<KC>_b<BV>_w<WG>, found by bwd/configs.c's tables */
+#define KDA_BWD_DSTATE_INSTANCE(KC, BV)                                                                            \
+    extern "C" int kda_bwd_dstate_k##KC##_b##BV(const kda_bwd_params_t *p, int device, void *stream) {               \
+        return launch_dstate<KC, BV>(p, device, stream);                                                            \
+    }
+#define KDA_BWD_DSTATE_REC_INSTANCE(KC, BV, WG, CP)                                                                \
+    extern "C" int kda_bwd_dstate_rec_k##KC##_b##BV##_w##WG(const kda_bwd_params_t *p, int device, void *stream) {  \
+        return launch_dstate_rec_row<KC, BV, WG, CP>(p, device, stream);                                            \
+    }
 
-template <int KC>
-static int launch_dstate_rec_k(const kda_bwd_params_t *p, int bv, int device, void *stream) {
-    if (bv == 128) return p->wgmma ? launch_dstate_rec<KC, 128, 1>(p, device, stream)
-                                   : launch_dstate_rec<KC, 128, 0>(p, device, stream);
-    if (bv == 64) return p->wgmma ? launch_dstate_rec<KC, 64, 1>(p, device, stream)
-                                  : launch_dstate_rec<KC, 64, 0>(p, device, stream);
-    return launch_dstate_rec<KC, 32, 0>(p, device, stream);
-}
-
-/* The recurrence kernel where its bulk copies of dO rows apply (bf16, 16-byte rows and start), else the fallback.
- * K class 256: mma.sync at BV 32 with a 2-stage ring (226,320 bytes; three stages would need 338,968: docs/PERF.md
- * "Backward at K = V = 256"), no CP split (its tiles would be 128 columns wide) */
-static int dstate_rec_applies(const kda_bwd_params_t *p) {
-    return p->do_dtype == KDA_DT_BF16 && p->pb.V % 8 == 0 && ((uintptr_t)p->d_o & 15) == 0;
-}
-
-/* The state columns per CTA of the kernel that applies (one decision for the launch and for its CTA count) */
-static int dstate_bv(const kda_bwd_params_t *p) {
-    return dstate_rec_applies(p) ? dstate_rec_bv(p) : dstate_wide(p) ? KDA_BWD_BV_WIDE : KDA_BWD_BV;
-}
-
-extern "C" int64_t kda_bwd_dstate_ctas(const kda_bwd_params_t *p) {
-    return p->pb.seqs.num_seqs * p->pb.hv * (p->pb.vc / dstate_bv(p));
-}
-
-extern "C" int kda_bwd_dstate_cp_applies(const kda_bwd_params_t *p) { return p->pb.kc <= 128 && dstate_rec_applies(p); }
-
-extern "C" int kda_bwd_launch_dstate(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->ds_mode != KDA_DS_SEQ) /* the host takes the CP modes only where the recurrence kernel applies */
-        return p->pb.kc == 64 ? launch_dstate_cp_k<64>(p, device, stream) : launch_dstate_cp_k<128>(p, device, stream);
-    const int bv = dstate_bv(p);
-    if (dstate_rec_applies(p))
-        return p->pb.kc == 64    ? launch_dstate_rec_k<64>(p, bv, device, stream)
-               : p->pb.kc == 128 ? launch_dstate_rec_k<128>(p, bv, device, stream)
-                              : launch_dstate_rec<256, 32, 0>(p, device, stream);
-    if (bv == KDA_BWD_BV_WIDE)
-        return p->pb.kc == 64    ? launch_dstate<64, KDA_BWD_BV_WIDE>(p, device, stream)
-               : p->pb.kc == 128 ? launch_dstate<128, KDA_BWD_BV_WIDE>(p, device, stream)
-                              : launch_dstate<256, KDA_BWD_BV_WIDE>(p, device, stream);
-    return p->pb.kc == 64    ? launch_dstate<64, KDA_BWD_BV>(p, device, stream)
-           : p->pb.kc == 128 ? launch_dstate<128, KDA_BWD_BV>(p, device, stream)
-                          : launch_dstate<256, KDA_BWD_BV>(p, device, stream);
-}
+#endif /* KDA_CUDA_BWD_DSTATE_CUH */

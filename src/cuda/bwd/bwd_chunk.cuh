@@ -4,7 +4,7 @@
  *
  * One CTA of 512 threads per (chunk, value head), all chunks in parallel. It recomputes the chunk's pair products
  * and inverse in fp32 from the inputs (and with fp32 inputs Δ from S), takes S and dS⁺ from stages 1–2 and, with
- * bf16 inputs (SPLIT), Δ from bwd_inter.cu, S in bf16 (from stage 1 or kept by the forward) and dS⁺ in scaled fp16
+ * bf16 inputs (SPLIT), Δ from bwd_inter.cuh, S in bf16 (from stage 1 or kept by the forward) and dS⁺ in scaled fp16
  * (states16.cuh). In §3's notation,
  * A = Diag(β) M, X = Diag(β) KΓ, Y = Diag(β) V, Z = Y − X S:
  *
@@ -14,10 +14,10 @@
  *              (block_split: any decay is safe); T = (I + A)⁻¹,  Δ = T Z  (= U − W S: the inter kernel's)
  *   backward   dΔ  = Aqkᵀ dO + K̃ dS⁺      dAqk = dO Δᵀ (lower)    dR = Tᵀ dΔ    dA = −dR Δᵀ (strict)
  *              dX  = −dR Sᵀ                dv = β dR               dβ = v·dR + Σ_d k e^G dX + Σ_j dA M
- * Written: dv, dβ (through the sigmoid) of the chunk's tokens; for bwd_pairs.cu, which does the rest per channel
+ * Written: dv, dβ (through the sigmoid) of the chunk's tokens; for bwd_pairs.cuh, which does the rest per channel
  * (the pair products' backward, the factor rules into dq̂, dk̂, dG, the gate's backward): P = s·dAqk and
  * B = Diag(β) dA, β ⊙ dX, the l2norm factors; with fp32 inputs also the raw dQΓ = dO Sᵀ, dK̃ = Δ dS⁺ᵀ and
- * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cu's with bf16 inputs).
+ * dγ = rowsum(dS⁺ ⊙ S) (bwd_inter.cuh's with bf16 inputs).
  *
  * Layout: the q̂, k̂, G tiles [C][KC], M, Aqk (later dAqk), T (later dA) [C][C], Δ and a second C × VC tile (dO,
  * then dΔ, then dR) in shared memory, fp32 (≤ 223 KB at KC = VC = 128: one CTA per SM); S and dS⁺ are staged
@@ -27,14 +27,17 @@
  *
  * Every product is on the tensor cores (mma.sync m16n8k8, tf32 operands rounded from the fp32 tiles as they are
  * read, fp32 sums; the diagonal blocks of the pair products in 3xTF32, see mma16_x3, and with fp16/fp32 inputs Δ =
- * T Z and dK̃ = Δ dS⁺ᵀ too: docs/PERF.md, "dA_log of fp32 inputs"): 16 warps, warp w computes
- * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts; 8 warps and
- * halves until the instruction count showed the kernel latency-bound at 2 warps per scheduler: docs/PERF.md,
- * "the v3 chunk kernel ... without a GPU"). T = (I + A)⁻¹ by 16-row blocks: the diagonal ones in fp32 (invert_diag),
+ * T Z and dK̃ = Δ dS⁺ᵀ too: their tf32 rounding reaches dg and dA_log, see mma_rows_2g): 16 warps, warp w computes
+ * rows 16 (w mod 4).. of every C-row product and the quarter w / 4 of its columns (CK_NQ parts: the kernel is
+ * latency-bound, and four warps per scheduler hide more of it than two). T = (I + A)⁻¹ by 16-row blocks: the
+ * diagonal ones in fp32 (invert_diag),
  * the others by column strips in 3xTF32 (invert_offdiag).
  * dev/bwd_emu runs the kernel on the host against the fp64 oracle (and `run.sh profile` counts its source lines'
  * executions).
  */
+#ifndef KDA_CUDA_BWD_CHUNK_CUH
+#define KDA_CUDA_BWD_CHUNK_CUH
+
 #include "bwd.cuh"
 #include "seq.cuh"
 #include "states16.cuh"
@@ -250,7 +253,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
             sm.k[i * KS + lane + 32 * u] = kv[r][u] * rk;
         }
     }
-    if (lane < 2 * RW) { /* for bwd_pairs.cu */
+    if (lane < 2 * RW) { /* for bwd_pairs.cuh */
         const int i = warp + (CK_THREADS / 32) * (lane >> 1);
         if (p.pb.l2norm && i < clen && rows_out) p.rnorm[((t0 + i) * p.pb.hv + h) * 2 + (lane & 1)] = fl;
     }
@@ -361,8 +364,7 @@ DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int 
 /* Two products of that form in one k loop (their L2 loads in flight together): acc1[nt] += Σ_k a1(i, k) b1(n, k),
  * acc2[nt] += Σ_k a2(i, k) b2(n, k) over k < kn; a1, a2 shared (row-major), b1, b2 global (BT). The second in
  * 3xTF32 (mma16_x3): it is dK̃ = Δ dS⁺ᵀ, whose tf32 rounding reaches every earlier row's dĝ through the chunk's G_last
- * terms, a correlated error that was nearly all of fp32 inputs' dg and dA_log error (docs/PERF.md, "dA_log of fp32
- * inputs") */
+ * terms, a correlated error that dominates fp32 inputs' dg and dA_log error otherwise */
 template <int NT>
 DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const float *a2, int lda, const float *b1,
                      const float *b2, int ldb, int i0, int n0, int kn, int lane) {
@@ -579,8 +581,8 @@ DEV void invert_diag(chunk_smem<KC, VC> &sm, int tid) {
  * columns 8s.. (column block J = s / 2) of the blocks T_IJ, I > J, and computes them in the order of I by block
  * forward substitution, Y = Diag(β_I) Σ_{J ≤ L < I} M_IL T_LJ, T_IJ = −T_II Y, both products in 3xTF32 (~fp32
  * accurate), Y through the warp's 16 × 8 piece of scr. The T_LJ a strip reads are its own or the diagonal blocks:
- * no barrier inside, and the other warps go on to the next one. (Until v19 the blocks by rounds of I over 1 × 4
- * tiles of fp32 FMAs, six barriers with 2-6 warps working: ~6 % of the kernel's stall samples, docs/PERF.md.) */
+ * no barrier inside, and the other warps go on to the next one (rounds of I over all warps would need a CTA
+ * barrier per round with most warps idle). */
 template <int KC, int VC>
 DEV void invert_offdiag(chunk_smem<KC, VC> &sm, float *scr, int warp, int lane) {
     static_assert(C == 64 && CK_THREADS / 32 >= 6 && 6 * 16 * 8 <= 16 * C, "four 16-row blocks; six strips of 8");
@@ -741,98 +743,98 @@ DEV int64_t part_piece(unsigned e, int dk0, int v0) {
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * The kernel
+ * The kernel's phases
  * ------------------------------------------------------------------------------------------------------- */
-/* KC, VC: the CTA's tile (≤ 128). KSP = 2: K class 256, a cluster of two CTAs, rank r holding channels KC r..; NVH =
- * 2: V class 256, the grid's CTAs (clusters) take the V halves VC vh.. (their sums over V into the regions' copy
- * vh). Block b: ((chunk · hv + head) · NVH + vh) · KSP + rank. */
+/* A CTA's place: its (chunk, value head), K and V parts, threads' roles and state tiles */
+struct chunk_cta {
+    int tid, lane, warp, I, hf, g, t; /* warp w: row block I = w mod 4, column part hf = w / 4; lane (g, t) */
+    int rank, vh, h, dk0, v0, clen;   /* cluster rank (K part), V half, value head, first channel and V column */
+    bool lead;                        /* writes what both CTAs of a cluster compute alike */
+    int nv0, nk0, jc0;                /* the warp's first V / K / C column */
+    int64_t cid, t0, pair, hpart;     /* chunk, first token, (chunk, head), its V half's copy */
+    float scale, A;
+    const float *S, *dS;              /* fp32 S and dS⁺ (the CTA's part) */
+    const uint16_t *Sb, *dSh;         /* the split path's: bf16 S, fp16 dS⁺ pieces */
+    const uint8_t *dSe;               /* the split path's: dS⁺'s exponents */
+};
+
+/* S, dS⁺ (the CTA's part: rows of VC columns in fp32, or runs of pieces in 16 bits), dO's and v's rows into L2:
+   read after the inverse and in the dv step */
 template <int KC, int VC, int SPLIT, int KSP, int NVH>
-__global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
-    constexpr int KS = KC + 4, VS = VC + 4, KN = KC / 8 / CK_NQ, VN = VC / 8 / CK_NQ; /* n-tiles of a column part */
-    constexpr int CT = C / 8 / CK_NQ, TPRW = CK_THREADS / C; /* C-column tiles of a part; threads per row */
-    constexpr int KT = KC * KSP, VT = VC * NVH;               /* the classes; S, dS⁺ rows of VT */
-    static_assert((KSP == 1 || (KSP == 2 && KC == 128)) && (NVH == 1 || VC == 128), "chunk: class 256 as 128-wide parts");
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)(KSP == 1 ? smem_raw : cta_smem(smem_raw)); /* (the emulator's
-                                                                                                    rank) */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int I = warp & 3, hf = warp >> 2, g = lane >> 2, t = lane & 3;
-
-    const int rank = KSP == 1 ? 0 : (int)(blockIdx.x % KSP);
-    const unsigned unit = blockIdx.x / (KSP * NVH); /* (chunk, head) */
-    const int vh = NVH == 1 ? 0 : (int)(blockIdx.x / KSP % NVH);
-    const int64_t cid = unit / p.pb.hv;
-    const int h = (int)(unit % p.pb.hv);
-    const int dk0 = KC * rank, v0 = VC * vh; /* the CTA's first channel and first V column */
-    const bool lead = KSP == 1 || rank == 0;  /* writes what both CTAs of a cluster compute alike */
-    int64_t t0;
-    const int clen = chunk_tokens(p.pb.seqs, cid, &t0);
-    if (clen <= 0) return;
-    const float scale = p.pb.scale;
-    const float A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
-    const int64_t pair = cid * p.pb.hv + h, hpart = pair * NVH + vh; /* (chunk, head); its V half's copy */
-    const float *__restrict__ S = SPLIT ? NULL : p.states + pair * (int64_t)KT * VT + (int64_t)dk0 * VT + v0; /* fp32 */
-    const uint16_t *__restrict__ Sb = SPLIT ? p.states_bf16 + pair * (int64_t)KT * VT : NULL; /* the split path's */
-    const float *__restrict__ dS = SPLIT ? NULL : p.dstates + pair * (int64_t)KT * VT + (int64_t)dk0 * VT + v0; /* fp32 */
-    const uint16_t *__restrict__ dSh = SPLIT ? p.dstates_f16 + pair * (int64_t)KT * VT : NULL; /* the split path's */
-    const uint8_t *__restrict__ dSe = SPLIT ? p.dstates_exp + pair * (int64_t)(VT / 16) * 32 + (v0 / 16) * 32 : NULL;
-    const int nv0 = hf * (VC / CK_NQ), nk0 = hf * (KC / CK_NQ), jc0 = hf * (C / CK_NQ); /* the warp's first V / K / C column */
-
-    /* ---- forward ---- */
-    if (KSP * NVH > 1) { /* the CTA's part of S and dS⁺: rows of VC columns (fp32), or runs of pieces (16-bit) */
+DEV void prefetch_inputs(const kda_bwd_params_t &p, const chunk_cta &c) {
+    constexpr int KT = KC * KSP, VT = VC * NVH;
+    const int tid = c.tid;
+    if (KSP * NVH > 1) {
         for (int d = tid / 4; d < KC; d += CK_THREADS / 4)
             if (SPLIT) {
                 if (d < VC / 16 && tid % 4 == 0)
                     for (int o = 0; o < KC * 32; o += 128) {
-                        l2_prefetch((const char *)(Sb + part_piece<KC, KT>(32u * (KC / 16) * d, dk0, v0) * 8) + o);
-                        l2_prefetch((const char *)(dSh + part_piece<KC, KT>(32u * (KC / 16) * d, dk0, v0) * 8) + o);
+                        l2_prefetch((const char *)(c.Sb + part_piece<KC, KT>(32u * (KC / 16) * d, c.dk0, c.v0) * 8) + o);
+                        l2_prefetch((const char *)(c.dSh + part_piece<KC, KT>(32u * (KC / 16) * d, c.dk0, c.v0) * 8) +
+                                    o);
                     }
             } else {
-                l2_prefetch((const char *)(S + (int64_t)d * VT) + 128 * (tid % 4));
-                l2_prefetch((const char *)(dS + (int64_t)d * VT) + 128 * (tid % 4));
+                l2_prefetch((const char *)(c.S + (int64_t)d * VT) + 128 * (tid % 4));
+                l2_prefetch((const char *)(c.dS + (int64_t)d * VT) + 128 * (tid % 4));
             }
     } else if (SPLIT) {
-        prefetch_l2(Sb, (int64_t)KC * VC * 2, tid);
-        prefetch_l2(dSh, (int64_t)KC * VC * 2, tid);
-        prefetch_l2(dSe, (int64_t)VC * 2, tid);
+        prefetch_l2(c.Sb, (int64_t)KC * VC * 2, tid);
+        prefetch_l2(c.dSh, (int64_t)KC * VC * 2, tid);
+        prefetch_l2(c.dSe, (int64_t)VC * 2, tid);
     } else {
-        prefetch_l2(S, (int64_t)KC * VC * 4, tid);
-        prefetch_l2(dS, (int64_t)KC * VC * 4, tid);
+        prefetch_l2(c.S, (int64_t)KC * VC * 4, tid);
+        prefetch_l2(c.dS, (int64_t)KC * VC * 4, tid);
     }
-    {   /* dO's and v's rows into L2: read after the inverse and in the dv step (~9% of the stall samples waited
-           for v from DRAM) */
+    {
         const int i = tid >> 2, part = tid & 3, which = i / C, row = i % C; /* 4 threads per row, 128 B apart */
         static_assert(CK_THREADS == 8 * C, "two tensors' C rows, 4 threads each");
         const int esz = which ? (p.pb.dtype == KDA_DT_F32 ? 4 : 2) : (p.do_dtype == KDA_DT_F32 ? 4 : 2);
-        if (row < clen && part * 128 < (p.pb.V - v0) * esz)
-            l2_prefetch((const char *)(which ? p.pb.v : p.d_o) + (((t0 + row) * p.pb.hv + h) * (int64_t)p.pb.V + v0) * esz +
-                        part * 128);
+        /* both tests by &: one predicate, no branch (a branch here costs the K-cluster instances spill) */
+        if ((row < c.clen) & (part * 128 < (p.pb.V - c.v0) * esz))
+            l2_prefetch((const char *)(which ? p.pb.v : p.d_o) +
+                        (((c.t0 + row) * p.pb.hv + c.h) * (int64_t)p.pb.V + c.v0) * esz + part * 128);
     }
-    load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + hpart * KDA_BWD_DELTA_BYTES(VC), t0, clen, h, A, tid, rank, v0);
+}
+
+/* The chunk's rows (load_rows), G = cumsum ĝ, and with SPLIT Δ widened from its staged fp16 rows */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
+DEV void chunk_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    load_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, p.delta + c.hpart * KDA_BWD_DELTA_BYTES(VC), c.t0, c.clen, c.h, c.A,
+                                       c.tid, c.rank, c.v0);
     __syncthreads();
-    gate_cumsum<KC>(sm.G, tid);
+    gate_cumsum<KC>(sm.G, c.tid);
     if (SPLIT) cp_async_wait_all(); /* Δ's copies (their only group so far) */
     __syncthreads();
-    if (SPLIT) delta_rows<KC, VC>(sm, tid); /* (read T's tile before the inverse writes it: the barrier after the
-                                              pair products) */
-    {   /* the pair products' blocks by a table that gives each SM sub-partition (warp mod 4) one diagonal block
-           (3xTF32) and at most two below it: with block (I, hf) on warp 4 hf + I, sub-partition 3 carried row block
-           3's four working warps; the table: chunk −3 % (docs/PERF.md "Backward v10") */
-        static_assert(CK_NQ == 4, "16 warps, 4 x 4 blocks");
-        const int map = (int)((0xe984dc32b761fa50ull >> (4 * warp)) & 0xfull); /* warp → (pI, phf) = (map & 3, map >> 2) */
-        const int pI = map & 3, phf = map >> 2;
-        const int split = block_split<KC + 4, KC>(sm.G, pI, lane);
-        pair_products_mma<KC, VC>(sm, scale, pI, phf, split, lane);
-    }
+    if (SPLIT) delta_rows<KC, VC>(sm, c.tid); /* (read T's tile before the inverse writes it: the barrier after the
+                                                pair products) */
+}
+
+/* M and Aqk: the pair products' blocks by a table that gives each SM sub-partition (warp mod 4) one diagonal block
+   (3xTF32) and at most two below it (with block (I, hf) on warp 4 hf + I, sub-partition 3 carried row block 3's
+   four working warps); KSP = 2: summed over the cluster's channels, in both CTAs */
+template <int KC, int VC, int KSP>
+DEV void pair_products(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    static_assert(CK_NQ == 4, "16 warps, 4 x 4 blocks");
+    const int map = (int)((0xe984dc32b761fa50ull >> (4 * c.warp)) & 0xfull); /* warp → (pI, phf) = (map & 3, map >> 2) */
+    const int pI = map & 3, phf = map >> 2;
+    const int split = block_split<KC + 4, KC>(sm.G, pI, c.lane);
+    pair_products_mma<KC, VC>(sm, c.scale, pI, phf, split, c.lane);
     __syncthreads();
-    if (KSP == 2) cluster_sum_pairs<KC, VC>(sm, tid, rank); /* M and Aqk over all the channels, in both CTAs */
-    /* dO's first loads issued now, the rest after the diagonal inverse blocks, then all converted into R: warps
-       4-15 do it while warps 0-3 compute T_II (it followed the whole inverse, which used R as its scratch; 8 held
-       across the inverse: more spill) */
+    if (KSP == 2) cluster_sum_pairs<KC, VC>(sm, c.tid, c.rank);
+}
+
+/* T = (I + A)⁻¹ with dO into R and dS⁺ into q̂'s tile around it: dO's first loads issued before the diagonal
+   blocks, the rest after them, then all converted into R, so that warps 4-15 do it while warps 0-3 compute T_II.
+   16-bit dO with V = VC and 16-byte rows: every element by 16-byte loads (NV a thread), all issued first. dS⁺ in
+   flight during the inverse: SPLIT, all of its fp16 pieces as they are (KC · VC · 2 bytes) and then their exponent
+   bytes (2 VC); fp32, its first KC / 2 rows (the second half after the first's product; KSP = 2: after Z's
+   exchange, which goes through this tile) */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
+DEV void inverse_phase(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int VS = VC + 4, KT = KC * KSP, VT = VC * NVH;
+    const int tid = c.tid, clen = c.clen, h = c.h, v0 = c.v0;
+    const int64_t t0 = c.t0;
     constexpr int NO = C * VC / CK_THREADS, NO1 = NO < 8 ? NO : 8;
-    /* 16-bit dO with V = VC and 16-byte rows: every element by 16-byte loads (NV a thread), all issued now (the
-       element loads' per-element addresses were ~a quarter of this phase's instructions, and warps 0-3 issued
-       their second batch only after T_II) */
     constexpr int NV = C * VC / 8 / CK_THREADS;
     static_assert(NV >= 1 && (C * VC / 8) % CK_THREADS == 0, "whole 16-byte pieces of dO per thread");
     const bool do_vec = p.do_dtype != KDA_DT_F32 && p.pb.V == VT && ((uintptr_t)p.d_o & 15) == 0;
@@ -841,53 +843,53 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
     if (do_vec) {
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            const int u = tid + CK_THREADS * j, i = u / (VC / 8), c = 8 * (u % (VC / 8));
-            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.pb.hv + h) * (int64_t)VT + v0 + c))
+            const int u = tid + CK_THREADS * j, i = u / (VC / 8), col = 8 * (u % (VC / 8));
+            ov[j] = i < clen ? __ldg((const uint4 *)((const uint16_t *)p.d_o + ((t0 + i) * p.pb.hv + h) * (int64_t)VT +
+                                                     v0 + col))
                              : make_uint4(0u, 0u, 0u, 0u);
         }
     } else {
 #pragma unroll
         for (int j = 0; j < NO1; j++) {
-            const int e = tid + CK_THREADS * j, i = e / VC, c = v0 + e % VC;
-            ob[j] = i < clen && c < p.pb.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c) : 0u;
+            const int e = tid + CK_THREADS * j, i = e / VC, col = v0 + e % VC;
+            ob[j] = i < clen && col < p.pb.V
+                        ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + col)
+                        : 0u;
         }
     }
-    /* dS⁺ into q̂'s tile (free from here on), in flight during the inverse (read element by element from L2, dΔ's
-       K̃ dS⁺ was ~15% of the kernel's stall samples): SPLIT, all of its fp16 pieces as they are (KC · VC · 2 bytes)
-       and then their exponent bytes (2 VC); fp32, its first KC / 2 rows (the second half after the first's
-       product) */
     float *sdS = sm.q; /* fp32: [KC / 2][VC + 4] */
     static_assert(KC / 2 * (VC + 4) <= C * (KC + 4), "half of dS⁺ fits in q̂'s tile");
     static_assert(KC * VC * 2 + 2 * VC <= C * (KC + 4) * 4, "fp16 dS⁺ and its exponents fit in q̂'s tile");
-    const uint8_t *sdSe = (const uint8_t *)sm.q + KC * VC * 2;
     if (SPLIT) {
         for (unsigned e = tid; e < (unsigned)(KC * VC / 8 + VC / 8); e += CK_THREADS) {
-            const void *src = e < KC * VC / 8 ? (const void *)(dSh + 8 * part_piece<KC, KT>(e, dk0, v0))
-                                              : dSe + 16 * (e - KC * VC / 8);
+            const void *src = e < KC * VC / 8 ? (const void *)(c.dSh + 8 * part_piece<KC, KT>(e, c.dk0, v0))
+                                              : c.dSe + 16 * (e - KC * VC / 8);
             cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), src, 16);
         }
         cp_async_commit();
-    } else if (KSP == 1) { /* (KSP = 2: after Z's exchange, which goes through this tile) */
-        copy_state_half<KC, VC, VT>(sdS, dS, 0, tid);
+    } else if (KSP == 1) {
+        copy_state_half<KC, VC, VT>(sdS, c.dS, 0, tid);
     }
     invert_diag<KC, VC>(sm, tid);
     if (do_vec) { /* dO into R: each piece's 8 values as two float4 */
 #pragma unroll
         for (int j = 0; j < NV; j++) {
-            const int u = tid + CK_THREADS * j, i = u / (VC / 8), c = 8 * (u % (VC / 8));
+            const int u = tid + CK_THREADS * j, i = u / (VC / 8), col = 8 * (u % (VC / 8));
             const uint32_t w[4] = {ov[j].x, ov[j].y, ov[j].z, ov[j].w};
             float2 x[4];
 #pragma unroll
             for (int m = 0; m < 4; m++)
                 x[m] = p.do_dtype == KDA_DT_F16 ? unpack_16x2<1>(w[m]) : unpack_16x2<0>(w[m]);
-            *(float4 *)&sm.R[i * VS + c] = make_float4(x[0].x, x[0].y, x[1].x, x[1].y);
-            *(float4 *)&sm.R[i * VS + c + 4] = make_float4(x[2].x, x[2].y, x[3].x, x[3].y);
+            *(float4 *)&sm.R[i * VS + col] = make_float4(x[0].x, x[0].y, x[1].x, x[1].y);
+            *(float4 *)&sm.R[i * VS + col + 4] = make_float4(x[2].x, x[2].y, x[3].x, x[3].y);
         }
     } else {
 #pragma unroll
         for (int j = NO1; j < NO; j++) {
-            const int e = tid + CK_THREADS * j, i = e / VC, c = v0 + e % VC;
-            ob[j] = i < clen && c < p.pb.V ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c) : 0u;
+            const int e = tid + CK_THREADS * j, i = e / VC, col = v0 + e % VC;
+            ob[j] = i < clen && col < p.pb.V
+                        ? load_bits(p.d_o, p.do_dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + col)
+                        : 0u;
         }
         switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
         case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
@@ -896,196 +898,208 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
         }
     }
     __syncthreads(); /* T_II and dO are in */
-    invert_offdiag<KC, VC>(sm, sm.Y, warp, lane);
+    invert_offdiag<KC, VC>(sm, sm.Y, c.warp, c.lane);
+}
 
+/* The lane's tiles (rows 16 I + g, + 8; columns n0 + 8 nt + 2t, + 1) of acc into the tile X (row stride VC + 4) */
+template <int NT, int VC>
+DEV void store_tiles(float *X, const float (*acc)[4], int I, int n0, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) X[(16 * I + g + 8 * (e >> 1)) * (VC + 4) + n0 + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+}
+
+/* fp32 and fp16 inputs: Z = Diag(β) (V − KΓ S) in place of v (each element is its owner's; KSP = 2: over the
+   peer's channels too, through q̂'s tile, then dS⁺'s first half into that tile), then Δ = T Z in 3xTF32 (Δ's tf32
+   rounding reached dK̃ = Δ dS⁺ᵀ and through it every earlier row's dĝ: mma_rows_2g) */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
+DEV void delta_fp32(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int VS = VC + 4, VN = VC / 8 / CK_NQ, VT = VC * NVH;
+    const int I = c.I, g = c.g, t = c.t, nv0 = c.nv0, lane = c.lane;
     float acc[VN][4];
-    if (!SPLIT) {
-        /* Z = Diag(β) (V − KΓ S), in place of v (each element is its owner's) */
-        zero_acc<VN>(acc);
-        mma_gated_k_state<VN, KC, 1>(acc, sm.k, sm.G, NULL, S, VT, 16 * I, nv0, 0, KC, lane);
-        if (KSP == 2) { /* over the peer's channels too (q̂'s tile is free), then dS⁺'s first half into that tile */
-            cluster_sum_tiles<VN>(acc, sm.q, VS, 16 * I, nv0, lane, rank);
-            copy_state_half<KC, VC, VT>(sdS, dS, 0, tid);
-        }
-#pragma unroll
-        for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), col = nv0 + 8 * nt + 2 * t + (c & 1);
-                sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][c]);
-            }
-        __syncthreads();
-        /* Δ = T Z, in 3xTF32: Δ's tf32 rounding reached dK̃ = Δ dS⁺ᵀ and through it every earlier row's dĝ
-           (mma_rows_2g) */
-        zero_acc<VN>(acc);
-        mma_rows<VN, 0, 0, 0, !SPLIT>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
-        __syncthreads();
-#pragma unroll
-        for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                sm.D[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
-    }
-
-    /* ---- backward ---- */
-    const float *Gl = sm.G + (C - 1) * KS;
-    if (!SPLIT) { /* dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with bf16 inputs): TPR threads per row of S, dS⁺
-                     (adjacent lanes), all their float4 loads in flight */
-        constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
-        const int d = tid / TPR, c0 = (tid % TPR) * NC;
-        float s = 0.0f;
-#pragma unroll
-        for (int c = 0; c < NC; c += 4) {
-            const float4 x = __ldg((const float4 *)(dS + (int64_t)d * VT + c0 + c));
-            const float4 y = __ldg((const float4 *)(S + (int64_t)d * VT + c0 + c));
-            s += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
-        }
-#pragma unroll
-        for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (tid % TPR == 0) p.dgam[hpart * KT + dk0 + d] = s;
-    }
-    cp_async_wait_all(); /* dS⁺ (fp32: its first half) */
-    __syncthreads();
-
-    /* the lane's rows g, g + 8 of block I: their scratch rows (raw dQΓ, dK̃ with fp32 inputs) and β ⊙ dX rows
-       (rows past the chunk's end are dropped) */
-    float *dq_row[2], *dx_row[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        const int i = 16 * I + g + 8 * hr;
-        const int64_t row = (t0 + (i < clen ? i : 0)) * p.pb.hv + h;
-        dq_row[hr] = p.dqk + (row * NVH + vh) * (int64_t)(2 * KT) + dk0; /* dK̃ at KT on */
-        dx_row[hr] = p.dx + (row * NVH + vh) * (int64_t)KT + dk0;
-    }
-    if (!SPLIT) { /* dQΓ = dO Sᵀ, raw (the inter kernel's with bf16 inputs) */
-        float a[KN][4];
-        zero_acc<KN>(a);
-        mma_rows<KN, 0, 1, 1>(a, sm.R, VS, S, VT, 16 * I, nk0, 0, VC, lane);
-#pragma unroll
-        for (int nt = 0; nt < KN; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), d = nk0 + 8 * nt + 2 * t + (c & 1);
-                if (i < clen) dq_row[c >> 1][d] = a[nt][c];
-            }
-    }
+    zero_acc<VN>(acc);
+    mma_gated_k_state<VN, KC, 1>(acc, sm.k, sm.G, NULL, c.S, VT, 16 * I, nv0, 0, KC, lane);
     if (KSP == 2) {
-        /* dΔ = (K̃ dS⁺ over this CTA's channels + the peer's) + Aqkᵀ dO: the partial first, through q̂'s tile once
-           every read of dS⁺ there is done */
+        cluster_sum_tiles<VN>(acc, sm.q, VS, 16 * I, nv0, lane, c.rank);
+        copy_state_half<KC, VC, VT>(sm.q, c.dS, 0, c.tid);
+    }
+#pragma unroll
+    for (int nt = 0; nt < VN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * I + g + 8 * (e >> 1), col = nv0 + 8 * nt + 2 * t + (e & 1);
+            sm.D[i * VS + col] = sm.beta[i] * (sm.D[i * VS + col] - acc[nt][e]);
+        }
+    __syncthreads();
+    zero_acc<VN>(acc);
+    mma_rows<VN, 0, 0, 0, !SPLIT>(acc, sm.T, CS, sm.D, VS, 16 * I, nv0, 0, 16 * (I + 1), lane);
+    __syncthreads();
+    store_tiles<VN, VC>(sm.D, acc, I, nv0, g, t);
+}
+
+/* fp32 and fp16 inputs: dγ = rowsum(dS⁺ ⊙ S) (the inter kernel's with bf16 inputs): TPR threads per row of S, dS⁺
+   (adjacent lanes), all their float4 loads in flight */
+template <int KC, int VC, int KSP, int NVH>
+DEV void dgamma_fp32(const kda_bwd_params_t &p, const chunk_cta &c) {
+    constexpr int KT = KC * KSP, VT = VC * NVH;
+    constexpr int TPR = CK_THREADS / KC, NC = VC / TPR;
+    const int d = c.tid / TPR, c0 = (c.tid % TPR) * NC;
+    float s = 0.0f;
+#pragma unroll
+    for (int col = 0; col < NC; col += 4) {
+        const float4 x = __ldg((const float4 *)(c.dS + (int64_t)d * VT + c0 + col));
+        const float4 y = __ldg((const float4 *)(c.S + (int64_t)d * VT + c0 + col));
+        s += x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+    }
+#pragma unroll
+    for (int o = 1; o < TPR; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (c.tid % TPR == 0) p.dgam[c.hpart * KT + c.dk0 + d] = s;
+}
+
+/* fp32 and fp16 inputs: dQΓ = dO Sᵀ, raw (the inter kernel's with bf16 inputs), into the lane's scratch rows */
+template <int KC, int VC, int KSP, int NVH>
+DEV void dq_fp32(chunk_smem<KC, VC> &sm, float *const *dq_row, const chunk_cta &c) {
+    constexpr int VS = VC + 4, KN = KC / 8 / CK_NQ, VT = VC * NVH;
+    const int g = c.g, t = c.t;
+    float a[KN][4];
+    zero_acc<KN>(a);
+    mma_rows<KN, 0, 1, 1>(a, sm.R, VS, c.S, VT, 16 * c.I, c.nk0, 0, VC, c.lane);
+#pragma unroll
+    for (int nt = 0; nt < KN; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * c.I + g + 8 * (e >> 1), d = c.nk0 + 8 * nt + 2 * t + (e & 1);
+            if (i < c.clen) dq_row[e >> 1][d] = a[nt][e];
+        }
+}
+
+/* dΔ = Aqkᵀ dO + K̃ dS⁺ into R, and dAqk = dO Δᵀ (lower) in place of Aqk. KSP = 1: from the fp32 Aqk and K̃ (in acc
+   until dO is no longer needed), fp32 dS⁺'s second half in flight during dAqk. KSP = 2: K̃ dS⁺ over this CTA's
+   channels + the peer's, the partial first, through q̂'s tile once every read of dS⁺ there is done. */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
+DEV void ddelta_phase(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int KS = KC + 4, VS = VC + 4, VN = VC / 8 / CK_NQ, VT = VC * NVH;
+    const int I = c.I, nv0 = c.nv0, lane = c.lane, tid = c.tid;
+    const float *Gl = sm.G + (C - 1) * KS;
+    float *sdS = sm.q; /* fp32: [KC / 2][VC + 4] */
+    const uint8_t *sdSe = (const uint8_t *)sm.q + KC * VC * 2;
+    float acc[VN][4];
+    if (KSP == 2) {
         zero_acc<VN>(acc);
         if (SPLIT) {
             mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, sdSe, 16 * I, nv0, lane);
         } else {
             mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
             __syncthreads();
-            copy_state_half<KC, VC, VT>(sdS, dS, KC / 2, tid);
+            copy_state_half<KC, VC, VT>(sdS, c.dS, KC / 2, tid);
             cp_async_wait_all();
             __syncthreads();
             mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
         }
         __syncthreads(); /* every read of dS⁺ is done */
-        cluster_sum_tiles<VN>(acc, sm.q, VS, 16 * I, nv0, lane, rank);
+        cluster_sum_tiles<VN>(acc, sm.q, VS, 16 * I, nv0, lane, c.rank);
         mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
         __syncthreads(); /* every read of Aqk is done */
-        daqk_rows<KC, VC>(sm, I, jc0, lane);
+        daqk_rows<KC, VC>(sm, I, c.jc0, lane);
         __syncthreads(); /* every read of dO is done */
-#pragma unroll
-        for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
+        store_tiles<VN, VC>(sm.R, acc, I, nv0, c.g, c.t);
     } else {
-        /* dΔ = Aqkᵀ dO + K̃ dS⁺ from the fp32 Aqk and K̃ (in acc until dO is no longer needed) */
         zero_acc<VN>(acc);
         mma_rows<VN, 1, 0, 0>(acc, sm.A2, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
         if (SPLIT) mma_gated_k_pieces<VN, KC>(acc, sm.k, sm.G, Gl, (const uint4 *)sm.q, sdSe, 16 * I, nv0, lane);
         else mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
         __syncthreads(); /* every read of Aqk (and of dS⁺'s first half) is done */
-        if (!SPLIT) copy_state_half<KC, VC, VT>(sdS, dS, KC / 2, tid); /* the second half, in flight during dAqk */
-        daqk_rows<KC, VC>(sm, I, jc0, lane); /* dAqk = dO Δᵀ (lower) in place of Aqk */
+        if (!SPLIT) copy_state_half<KC, VC, VT>(sdS, c.dS, KC / 2, tid); /* the second half, in flight during dAqk */
+        daqk_rows<KC, VC>(sm, I, c.jc0, lane); /* dAqk = dO Δᵀ (lower) in place of Aqk */
         if (!SPLIT) cp_async_wait_all();
         __syncthreads(); /* every read of dO is done (fp32: dS⁺'s second half is in) */
         if (!SPLIT)
             mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS - (KC / 2) * VS, VS, 16 * I, nv0, KC / 2, KC, lane);
-#pragma unroll
-        for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
+        store_tiles<VN, VC>(sm.R, acc, I, nv0, c.g, c.t);
     }
     __syncthreads();
-    /* v's pieces for the dv phase (dv_row_load), in flight during dR and dA */
-    const int r = tid / TPRW, l4 = tid % TPRW;
-    const bool dv_vec = p.pb.V == VT && p.pb.dtype != KDA_DT_F32 && p.dv_dtype == p.pb.dtype &&
-                        (((uintptr_t)p.pb.v | (uintptr_t)p.dv) & 7) == 0;
-    const int64_t vrow = ((t0 + (r < clen ? r : 0)) * p.pb.hv + h) * (int64_t)p.pb.V + v0;
-    uint2 vb[VC / 32];
-    if (lead && r < clen && dv_vec) dv_row_load<VC>(p, vrow, l4, vb);
-    /* dR = Tᵀ dΔ */
-    zero_acc<VN>(acc);
-    mma_rows<VN, 1, 0, 0>(acc, sm.T, CS, sm.R, VS, 16 * I, nv0, 16 * I, C, lane);
-    __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < VN; nt++)
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            sm.R[(16 * I + g + 8 * (c >> 1)) * VS + nv0 + 8 * nt + 2 * t + (c & 1)] = acc[nt][c];
-    __syncthreads();
-    {   /* dA = −dR Δᵀ (strictly lower) in place of T; dβ's pair term Σ_j dA M */
-        float a[CT][4];
-        zero_acc<CT>(a);
-        if ((jc0 >> 4) <= I) mma_rows<CT, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, jc0, 0, VC, lane);
-        float db[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int nt = 0; nt < CT; nt++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                const int i = 16 * I + g + 8 * (c >> 1), j = jc0 + 8 * nt + 2 * t + (c & 1);
-                const float x = j < i ? -a[nt][c] : 0.0f;
-                sm.T[i * CS + j] = x;
-                db[c >> 1] += x * sm.M[i * CS + j];
-            }
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const float s = row_sum4(db[hr]);
-            if (t == 0) sm.dbp[hf][16 * I + g + 8 * hr] = s;
-        }
-    }
-    __syncthreads();
-    if (lead) { /* the pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 pieces of rows padded to CS (the
-                   pairs kernel's shared layout: one contiguous copy there), the padding zero */
-        float *dc = p.dcoef + hpart * (int64_t)(2 * C * CS);
-        for (unsigned e = tid; e < (unsigned)(2 * C * C / 4); e += CK_THREADS) {
-            const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
-            const float4 x = *(const float4 *)&(m ? sm.T : sm.A2)[i * CS + j];
-            const float f = m ? sm.beta[i] : scale;
-            *(float4 *)&dc[(m * C + i) * CS + j] = make_float4(f * x.x, f * x.y, f * x.z, f * x.w);
-        }
-        static_assert(CS - C == 4 && 2 * C <= CK_THREADS, "one float4 of padding per row, a thread each");
-        if (tid < 2 * C) *(float4 *)&dc[tid * CS + C] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-    prefetch_next_wave<KC, VC, SPLIT, KSP, NVH>(p, tid);
-    /* SPLIT: S (bf16, kda_cuda_states_dv's order) into q̂'s tile (free since dΔ) by cp.async, in flight during the
-       dv loads, then widened to fp32 [KC][VC + 4] over M, Aqk, T and Δ for dX's products (read from L2 element by
-       element they were ~22% of the kernel's stall samples) */
-    float *sS = sm.M; /* [KC][VC + 4] */
-    static_assert(SPLIT == 0 || KC * (VC + 4) <= 3 * C * CS + C * (VC + 4), "S fits over M, A2, T and D");
-    static_assert(SPLIT == 0 || KC * VC * 2 <= C * (KC + 4) * 4, "bf16 S fits in q̂'s tile");
-    if (SPLIT) {
-        for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS)
-            cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), Sb + 8 * part_piece<KC, KT>(e, dk0, v0), 16);
-        cp_async_commit();
-    }
+}
 
-    /* dv = β dR, dβ's v·dR: thread (r, l4) = (tid / TPRW, tid mod TPRW), TPRW adjacent lanes per row */
+/* dR = Tᵀ dΔ in place of dΔ */
+template <int KC, int VC>
+DEV void dr_phase(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int VS = VC + 4, VN = VC / 8 / CK_NQ;
+    float acc[VN][4];
+    zero_acc<VN>(acc);
+    mma_rows<VN, 1, 0, 0>(acc, sm.T, CS, sm.R, VS, 16 * c.I, c.nv0, 16 * c.I, C, c.lane);
+    __syncthreads();
+    store_tiles<VN, VC>(sm.R, acc, c.I, c.nv0, c.g, c.t);
+    __syncthreads();
+}
+
+/* dA = −dR Δᵀ (strictly lower) in place of T; dβ's pair term Σ_j dA M by column part into dbp */
+template <int KC, int VC>
+DEV void da_phase(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int VS = VC + 4, CT = C / 8 / CK_NQ;
+    const int I = c.I, g = c.g, t = c.t, jc0 = c.jc0;
+    float a[CT][4];
+    zero_acc<CT>(a);
+    if ((jc0 >> 4) <= I) mma_rows<CT, 0, 1, 0>(a, sm.R, VS, sm.D, VS, 16 * I, jc0, 0, VC, c.lane);
+    float db[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < CT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int i = 16 * I + g + 8 * (e >> 1), j = jc0 + 8 * nt + 2 * t + (e & 1);
+            const float x = j < i ? -a[nt][e] : 0.0f;
+            sm.T[i * CS + j] = x;
+            db[e >> 1] += x * sm.M[i * CS + j];
+        }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const float s = row_sum4(db[hr]);
+        if (t == 0) sm.dbp[c.hf][16 * I + g + 8 * hr] = s;
+    }
+}
+
+/* The pairs kernel's coefficients P = s·dAqk, B = Diag(β) dA, float4 pieces of rows padded to CS (the pairs
+   kernel's shared layout: one contiguous copy there), the padding zero */
+template <int KC, int VC>
+DEV void store_coefs(const kda_bwd_params_t &p, const chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    const int tid = c.tid;
+    float *dc = p.dcoef + c.hpart * (int64_t)(2 * C * CS);
+    for (unsigned e = tid; e < (unsigned)(2 * C * C / 4); e += CK_THREADS) {
+        const int m = e / (C * C / 4), i = (e / (C / 4)) % C, j = 4 * (e % (C / 4));
+        const float4 x = *(const float4 *)&(m ? sm.T : sm.A2)[i * CS + j];
+        const float f = m ? sm.beta[i] : c.scale;
+        *(float4 *)&dc[(m * C + i) * CS + j] = make_float4(f * x.x, f * x.y, f * x.z, f * x.w);
+    }
+    static_assert(CS - C == 4 && 2 * C <= CK_THREADS, "one float4 of padding per row, a thread each");
+    if (tid < 2 * C) *(float4 *)&dc[tid * CS + C] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+/* SPLIT: S (bf16, kda_cuda_states_dv's order) into q̂'s tile (free since dΔ) by cp.async, in flight during the dv
+   loads, widened later (widen_s) */
+template <int KC, int VC, int KSP>
+DEV void stage_s(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int KT = KC * KSP;
+    static_assert(KC * (VC + 4) <= 3 * C * CS + C * (VC + 4), "S fits over M, A2, T and D");
+    static_assert(KC * VC * 2 <= C * (KC + 4) * 4, "bf16 S fits in q̂'s tile");
+    for (unsigned e = c.tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS)
+        cp_async16_zfill(smem_u32((unsigned char *)sm.q + 16 * e), c.Sb + 8 * part_piece<KC, KT>(e, c.dk0, c.v0), 16);
+    cp_async_commit();
+}
+
+/* dv = β dR and dβ's v·dR (returned) of row r, thread l4 of its TPRW: by dv_row_vec where it applies (v's pieces
+   vb loaded before dR), else element by element in two batches */
+template <int KC, int VC, int NVH>
+DEV float dv_phase(const kda_bwd_params_t &p, const chunk_smem<KC, VC> &sm, int r, int l4, bool dv_vec,
+                   int64_t vrow, const uint2 (&vb)[VC / 32], const chunk_cta &c) {
+    constexpr int VS = VC + 4, TPRW = CK_THREADS / C;
     float db = 0.0f;
-    if (!lead) {
+    if (!c.lead) {
         /* (the peer writes dv and dβ) */
-    } else if (r < clen && dv_vec) {
+    } else if (r < c.clen && dv_vec) {
         db = p.pb.dtype == KDA_DT_F16 ? dv_row_vec<1, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb)
-                                   : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb);
-    } else if (r < clen) {
-        const int vn = NVH == 1 ? p.pb.V : min(p.pb.V - v0, VC); /* the part's columns that exist */
+                                      : dv_row_vec<0, VC>(p, sm.R + r * VS, sm.beta[r], vrow, l4, vb);
+    } else if (r < c.clen) {
+        const int vn = NVH == 1 ? p.pb.V : min(p.pb.V - c.v0, VC); /* the part's columns that exist */
         const float br = sm.beta[r];
         constexpr int N = VC / TPRW / 2; /* two batches */
 #pragma unroll
@@ -1094,82 +1108,174 @@ __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_
             float vv[N];
 #pragma unroll
             for (int j = 0; j < N; j++) {
-                const int c = l4 + TPRW * (j0 + j);
-                vbits[j] = c < vn ? load_bits(p.pb.v, p.pb.dtype, vrow + c) : 0u;
+                const int col = l4 + TPRW * (j0 + j);
+                vbits[j] = col < vn ? load_bits(p.pb.v, p.pb.dtype, vrow + col) : 0u;
             }
             bits_values<N>(vv, vbits, p.pb.dtype);
 #pragma unroll
             for (int j = 0; j < N; j++) db += vv[j] * sm.R[r * VS + l4 + TPRW * (j0 + j)];
         }
-        for (int c = l4; c < vn; c += TPRW) store_elem(p.dv, p.dv_dtype, vrow + c, br * sm.R[r * VS + c]);
+        for (int col = l4; col < vn; col += TPRW) store_elem(p.dv, p.dv_dtype, vrow + col, br * sm.R[r * VS + col]);
     }
-    if (SPLIT) {
-        cp_async_wait_all();
-        __syncthreads(); /* S is in; every read of M, Aqk, T, Δ is done */
-        /* the warp's 32 pieces e are the 32 lanes of one (vb, np): four 8 × 8 matrices Sᵀ[16 vb + 8 h + ·][8 nt + ·]
-           (m = 2 (nt − 2 np) + h), each transposed by movmatrix so that the lane holds two adjacent columns */
-        for (unsigned e = tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS) {
-            const uint4 b = *(const uint4 *)((const unsigned char *)sm.q + 16 * e);
-            const uint32_t w[4] = {b.x, b.y, b.z, b.w};
-            const int piece = (int)(e >> 5), vb = piece / (KC / 16), np = piece % (KC / 16);
+    return db;
+}
+
+/* SPLIT: S staged in q̂'s tile widened to fp32 [KC][VC + 4] over M, Aqk, T and Δ for dX's products. The warp's 32
+   pieces e are the 32 lanes of one (vb, np): four 8 × 8 matrices Sᵀ[16 vb + 8 h + ·][8 nt + ·]
+   (m = 2 (nt − 2 np) + h), each transposed by movmatrix so that the lane holds two adjacent columns */
+template <int KC, int VC>
+DEV void widen_s(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
+    constexpr int VS = VC + 4;
+    float *sS = sm.M; /* [KC][VC + 4] */
+    cp_async_wait_all();
+    __syncthreads(); /* S is in; every read of M, Aqk, T, Δ is done */
+    for (unsigned e = c.tid; e < (unsigned)(KC * VC / 8); e += CK_THREADS) {
+        const uint4 b = *(const uint4 *)((const unsigned char *)sm.q + 16 * e);
+        const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+        const int piece = (int)(e >> 5), vb = piece / (KC / 16), np = piece % (KC / 16);
 #pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const float2 x = unpack_bf16(movm_t(w[m]));
-                *(float2 *)&sS[(8 * (2 * np + (m >> 1)) + g) * VS + 16 * vb + 8 * (m & 1) + 2 * t] = x;
-            }
-        }
-        __syncthreads();
-    }
-    /* dX = −dR Sᵀ: β ⊙ dX into the pairs kernel's rows and dβ's term Σ_d k e^G dX (X = β k e^G); with fp32
-       inputs also dK̃ = Δ dS⁺ᵀ, raw, by halves of the warp's columns (two products' accumulators); SPLIT: all
-       the warp's columns at once (dR's fragments read and rounded once per k-step, not once per half) */
-    {
-        float dbx[2] = {0.0f, 0.0f};
-        if (SPLIT) {
-            float ax[KN][4];
-            zero_acc<KN>(ax);
-            mma_rows<KN, 0, 1, 0>(ax, sm.R, VS, sS, VS, 16 * I, nk0, 0, VC, lane);
-            dx_out<KN, KC, 0, KT>(ax, ax, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, nk0, clen, lane);
-        } else {
-#pragma unroll
-            for (int q2 = 0; q2 < 2; q2++) {
-                constexpr int NH = KN / 2;
-                const int n0 = nk0 + q2 * (KC / 2 / CK_NQ);
-                float ax[NH][4], ak[NH][4];
-                zero_acc<NH>(ax);
-                zero_acc<NH>(ak);
-                mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, S, dS, VT, 16 * I, n0, VC, lane);
-                dx_out<NH, KC, 1, KT>(ax, ak, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, n0, clen, lane);
-            }
-        }
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const float s = row_sum4(dbx[hr]);
-            if (t == 0) sm.dbp[CK_NQ + hf][16 * I + g + 8 * hr] = s;
+        for (int m = 0; m < 4; m++) {
+            const float2 x = unpack_bf16(movm_t(w[m]));
+            *(float2 *)&sS[(8 * (2 * np + (m >> 1)) + c.g) * VS + 16 * vb + 8 * (m & 1) + 2 * c.t] = x;
         }
     }
     __syncthreads();
-    if (KSP == 2) cluster_sync(); /* the peer's dX terms of dβ are in its dbp */
+}
 
-    /* dβ: the row's TPRW threads sum, with the terms by column part (KSP = 2: then the peer's dX terms, over its
-       channels); through the sigmoid (NVH = 2: this V half's part before it, into dbeta_part) */
+/* dX = −dR Sᵀ: β ⊙ dX into the pairs kernel's rows and dβ's term Σ_d k e^G dX (X = β k e^G) by column part into
+   dbp; with fp32 inputs also dK̃ = Δ dS⁺ᵀ, raw, by halves of the warp's columns (two products' accumulators);
+   SPLIT: all the warp's columns at once (dR's fragments read and rounded once per k-step, not once per half) */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
+DEV void dx_phase(chunk_smem<KC, VC> &sm, float *const *dq_row, float *const *dx_row, const chunk_cta &c) {
+    constexpr int VS = VC + 4, KN = KC / 8 / CK_NQ, KT = KC * KSP, VT = VC * NVH;
+    const int I = c.I, lane = c.lane;
+    float dbx[2] = {0.0f, 0.0f};
+    if (SPLIT) {
+        float ax[KN][4];
+        zero_acc<KN>(ax);
+        mma_rows<KN, 0, 1, 0>(ax, sm.R, VS, sm.M, VS, 16 * I, c.nk0, 0, VC, lane);
+        dx_out<KN, KC, 0, KT>(ax, ax, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, c.nk0, c.clen, lane);
+    } else {
+#pragma unroll
+        for (int q2 = 0; q2 < 2; q2++) {
+            constexpr int NH = KN / 2;
+            const int n0 = c.nk0 + q2 * (KC / 2 / CK_NQ);
+            float ax[NH][4], ak[NH][4];
+            zero_acc<NH>(ax);
+            zero_acc<NH>(ak);
+            mma_rows_2g<NH>(ax, ak, sm.R, sm.D, VS, c.S, c.dS, VT, 16 * I, n0, VC, lane);
+            dx_out<NH, KC, 1, KT>(ax, ak, sm.k, sm.G, sm.beta, dx_row, dq_row, dbx, 16 * I, n0, c.clen, lane);
+        }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const float s = row_sum4(dbx[hr]);
+        if (c.t == 0) sm.dbp[CK_NQ + c.hf][16 * I + c.g + 8 * hr] = s;
+    }
+}
+
+/* dβ: the row's TPRW threads sum, with the terms by column part (KSP = 2: then the peer's dX terms, over its
+   channels); through the sigmoid (NVH = 2: this V half's part before it, into dbeta_part) */
+template <int KC, int VC, int KSP, int NVH>
+DEV void dbeta_phase(const kda_bwd_params_t &p, const chunk_smem<KC, VC> &sm, float db, int r, int l4,
+                     const chunk_cta &c) {
+    constexpr int TPRW = CK_THREADS / C;
 #pragma unroll
     for (int o = 1; o < TPRW; o <<= 1) db += __shfl_xor_sync(0xffffffffu, db, o);
-    if (lead && l4 == 0 && r < clen) {
+    if (c.lead && l4 == 0 && r < c.clen) {
 #pragma unroll
         for (int u = 0; u < 2 * CK_NQ; u++) db += sm.dbp[u][r];
         if (KSP == 2)
 #pragma unroll
             for (int u = CK_NQ; u < 2 * CK_NQ; u++) db += cluster_ld(&sm.dbp[u][r], 1u);
-        const int64_t e = (t0 + r) * p.pb.hv + h;
+        const int64_t e = (c.t0 + r) * p.pb.hv + c.h;
         if (NVH == 2) {
-            p.dbeta_part[e * 2 + vh] = db;
+            p.dbeta_part[e * 2 + c.vh] = db;
         } else if (p.pb.beta_sigmoid) {
             const float sg = beta_sigmoid(load_elem(p.pb.beta, p.pb.beta_dtype, e), 0);
             db *= (p.pb.neg_eigval ? 2.0f : 1.0f) * sg * (1.0f - sg);
         }
         if (NVH == 1) store_elem(p.dbeta, p.dbeta_dtype, e, db);
     }
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The kernel
+ * ------------------------------------------------------------------------------------------------------- */
+/* KC, VC: the CTA's tile (≤ 128). KSP = 2: K class 256, a cluster of two CTAs, rank r holding channels KC r..; NVH =
+ * 2: V class 256, the grid's CTAs (clusters) take the V halves VC vh.. (their sums over V into the regions' copy
+ * vh). Block b: ((chunk · hv + head) · NVH + vh) · KSP + rank. */
+template <int KC, int VC, int SPLIT, int KSP, int NVH>
+__global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
+    constexpr int KT = KC * KSP, VT = VC * NVH, TPRW = CK_THREADS / C; /* the classes; threads per row */
+    static_assert((KSP == 1 || (KSP == 2 && KC == 128)) && (NVH == 1 || VC == 128), "chunk: class 256 as 128-wide parts");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)(KSP == 1 ? smem_raw : cta_smem(smem_raw)); /* (the emulator's
+                                                                                                    rank) */
+    chunk_cta c;
+    c.tid = threadIdx.x, c.lane = c.tid & 31, c.warp = c.tid >> 5;
+    c.I = c.warp & 3, c.hf = c.warp >> 2, c.g = c.lane >> 2, c.t = c.lane & 3;
+    c.rank = KSP == 1 ? 0 : (int)(blockIdx.x % KSP);
+    const unsigned unit = blockIdx.x / (KSP * NVH); /* (chunk, head) */
+    c.vh = NVH == 1 ? 0 : (int)(blockIdx.x / KSP % NVH);
+    c.cid = unit / p.pb.hv;
+    c.h = (int)(unit % p.pb.hv);
+    c.dk0 = KC * c.rank, c.v0 = VC * c.vh;
+    c.lead = KSP == 1 || c.rank == 0;
+    c.clen = chunk_tokens(p.pb.seqs, c.cid, &c.t0);
+    if (c.clen <= 0) return;
+    c.scale = p.pb.scale;
+    c.A = p.pb.A_log ? expf(p.pb.A_log[c.h]) : 1.0f;
+    c.pair = c.cid * p.pb.hv + c.h, c.hpart = c.pair * NVH + c.vh;
+    c.S = SPLIT ? NULL : p.states + c.pair * (int64_t)KT * VT + (int64_t)c.dk0 * VT + c.v0;
+    c.Sb = SPLIT ? p.states_bf16 + c.pair * (int64_t)KT * VT : NULL;
+    c.dS = SPLIT ? NULL : p.dstates + c.pair * (int64_t)KT * VT + (int64_t)c.dk0 * VT + c.v0;
+    c.dSh = SPLIT ? p.dstates_f16 + c.pair * (int64_t)KT * VT : NULL;
+    c.dSe = SPLIT ? p.dstates_exp + c.pair * (int64_t)(VT / 16) * 32 + (c.v0 / 16) * 32 : NULL;
+    c.nv0 = c.hf * (VC / CK_NQ), c.nk0 = c.hf * (KC / CK_NQ), c.jc0 = c.hf * (C / CK_NQ);
+
+    /* ---- forward ---- */
+    prefetch_inputs<KC, VC, SPLIT, KSP, NVH>(p, c);
+    chunk_rows<KC, VC, SPLIT, KSP, NVH>(p, sm, c);
+    pair_products<KC, VC, KSP>(sm, c);
+    inverse_phase<KC, VC, SPLIT, KSP, NVH>(p, sm, c);
+    if (!SPLIT) delta_fp32<KC, VC, SPLIT, KSP, NVH>(sm, c);
+
+    /* ---- backward ---- */
+    if (!SPLIT) dgamma_fp32<KC, VC, KSP, NVH>(p, c);
+    cp_async_wait_all(); /* dS⁺ (fp32: its first half) */
+    __syncthreads();
+    /* the lane's rows g, g + 8 of block I: their scratch rows (raw dQΓ, dK̃ with fp32 inputs) and β ⊙ dX rows
+       (rows past the chunk's end are dropped) */
+    float *dq_row[2], *dx_row[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        const int i = 16 * c.I + c.g + 8 * hr;
+        const int64_t row = (c.t0 + (i < c.clen ? i : 0)) * p.pb.hv + c.h;
+        dq_row[hr] = p.dqk + (row * NVH + c.vh) * (int64_t)(2 * KT) + c.dk0; /* dK̃ at KT on */
+        dx_row[hr] = p.dx + (row * NVH + c.vh) * (int64_t)KT + c.dk0;
+    }
+    if (!SPLIT) dq_fp32<KC, VC, KSP, NVH>(sm, dq_row, c);
+    ddelta_phase<KC, VC, SPLIT, KSP, NVH>(sm, c);
+    /* v's pieces for the dv phase (dv_row_load), in flight during dR and dA */
+    const int r = c.tid / TPRW, l4 = c.tid % TPRW;
+    const bool dv_vec = p.pb.V == VT && p.pb.dtype != KDA_DT_F32 && p.dv_dtype == p.pb.dtype &&
+                        (((uintptr_t)p.pb.v | (uintptr_t)p.dv) & 7) == 0;
+    const int64_t vrow = ((c.t0 + (r < c.clen ? r : 0)) * p.pb.hv + c.h) * (int64_t)p.pb.V + c.v0;
+    uint2 vb[VC / 32];
+    if (c.lead && r < c.clen && dv_vec) dv_row_load<VC>(p, vrow, l4, vb);
+    dr_phase<KC, VC>(sm, c);
+    da_phase<KC, VC>(sm, c);
+    __syncthreads();
+    if (c.lead) store_coefs<KC, VC>(p, sm, c);
+    prefetch_next_wave<KC, VC, SPLIT, KSP, NVH>(p, c.tid);
+    if (SPLIT) stage_s<KC, VC, KSP>(sm, c);
+    const float db = dv_phase<KC, VC, NVH>(p, sm, r, l4, dv_vec, vrow, vb, c);
+    if (SPLIT) widen_s<KC, VC>(sm, c);
+    dx_phase<KC, VC, SPLIT, KSP, NVH>(sm, dq_row, dx_row, c);
+    __syncthreads();
+    if (KSP == 2) cluster_sync(); /* the peer's dX terms of dβ are in its dbp */
+    dbeta_phase<KC, VC, KSP, NVH>(p, sm, db, r, l4, c);
     if (KSP == 2) cluster_sync(); /* rank 0 has read rank 1's dbp: rank 1 may exit */
 }
 
@@ -1184,22 +1290,12 @@ static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
     return kda_launch_cluster(kernel, ctas, KSP, CK_THREADS, bytes, p, device, done, stream);
 }
 
-template <int KC, int VC, int KSP, int NVH>
-static int launch_chunk_mode(const kda_bwd_params_t *p, int device, void *stream) {
-    return p->split ? launch_chunk<KC, VC, 1, KSP, NVH>(p, device, stream)
-                    : launch_chunk<KC, VC, 0, KSP, NVH>(p, device, stream);
-}
+/* One instance (a KDA_BWD_CHUNK_CONFIG row of configs.def; CMake generates its translation unit): the launcher
+ * kda_bwd_chunk_k<KC>_v<VC>_s<SPLIT>_c<KSP>_h<NVH>, found by bwd/configs.c's table */
+#define KDA_BWD_CHUNK_INSTANCE(KC, VC, SPLIT, KSP, NVH)                                                            \
+    extern "C" int kda_bwd_chunk_k##KC##_v##VC##_s##SPLIT##_c##KSP##_h##NVH(const kda_bwd_params_t *p, int device,   \
+                                                                           void *stream) {                        \
+        return launch_chunk<KC, VC, SPLIT, KSP, NVH>(p, device, stream);                                            \
+    }
 
-/* Class 256 as 128-wide parts: K by a cluster of two CTAs, V by two halves of the grid */
-template <int KC, int KSP>
-static int launch_chunk_k(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->pb.vc == 64) return launch_chunk_mode<KC, 64, KSP, 1>(p, device, stream);
-    if (p->pb.vc == 128) return launch_chunk_mode<KC, 128, KSP, 1>(p, device, stream);
-    return launch_chunk_mode<KC, 128, KSP, 2>(p, device, stream);
-}
-
-extern "C" int kda_bwd_launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
-    if (p->pb.kc == 64) return launch_chunk_k<64, 1>(p, device, stream);
-    if (p->pb.kc == 128) return launch_chunk_k<128, 1>(p, device, stream);
-    return launch_chunk_k<128, 2>(p, device, stream);
-}
+#endif /* KDA_CUDA_BWD_CHUNK_CUH */
