@@ -48,15 +48,13 @@
  *     4(w·CGW + l % CGW) .. +3 and rows i = l / CGW + RG·a (RG = 32 / CGW, a < 8); reductions over K:
  *     log2(RG) shuffles within the warp. The stage's rows are padded to 5BV/4 elements (no bank conflicts).
  */
-#include <string.h>
-
 #include "common.cuh"
 #include "decode.cuh"
 
-#define DEC_THREADS 128
-#define DEC_TILE 4096 /* state elements per tile */
-#define DEC_NA 8      /* four-element chunks of a tile per thread: DEC_TILE / 4 / DEC_THREADS */
-#define DEC_TS 4      /* at most this many tokens of an item travel in its stage (p.ts); later ones one ahead */
+#define DEC_THREADS KDA_DEC_THREADS
+#define DEC_TILE KDA_DEC_TILE /* state elements per tile */
+#define DEC_NA KDA_DEC_NA     /* four-element chunks of a tile per thread */
+#define DEC_TS KDA_DEC_TS     /* tokens of an item that can travel in its stage */
 
 /* Inputs of the current and the next token (double-buffered), and the ring of tile descriptors. */
 template <int KC>
@@ -110,12 +108,12 @@ DEV int clamp_valid(int n) { return n < 0 ? 0 : (n > 4 ? 4 : n); }
  * ------------------------------------------------------------------------------------------------------- */
 template <int VF, int KC>
 struct dec_geom {
-    static constexpr int BV = DEC_TILE / KC;                 /* columns of a tile */
+    static constexpr int BV = KDA_DEC_BV(KC);                /* columns of a tile */
     static constexpr int CPR = KC / 32;                      /* V-first: chunks of a row per lane */
     static constexpr int CGW = BV / 16;                      /* K-first: column groups per warp */
     static constexpr int RG = 32 / CGW;                      /* K-first: lanes (row groups) per column group */
-    static constexpr int ROW = VF ? KC : BV + BV / 4;        /* stage elements per row */
-    static constexpr int ELEMS = VF ? DEC_TILE : KC * ROW;   /* stage elements */
+    static constexpr int ROW = KDA_DEC_ROW(VF, KC);          /* stage elements per row */
+    static constexpr int ELEMS = KDA_DEC_ELEMS(VF, KC);      /* stage elements */
     static_assert(DEC_TILE % KC == 0 && KC % 32 == 0 && BV % 16 == 0, "decode tile geometry");
     static_assert(VF ? (BV / 16) * CPR == DEC_NA : RG * DEC_NA == KC, "decode: 8 chunks per thread");
 };
@@ -616,7 +614,7 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
  * four CTAs, at 128 registers, spill and measured slower: docs/PERF.md "Decode"). */
 template <int VF, int KC, int SF32>
 struct dec_stages {
-    static constexpr int N = SF32 ? 3 : 4;
+    static constexpr int N = KDA_DEC_STAGES(SF32);
 };
 
 template <int VF, int KC, int SF32, int EX>
@@ -715,10 +713,11 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
 #undef BAR_WAIT
 }
 
-/* Registers per thread of a kernel instance on a device (cached): with the shared memory, its CTAs per SM. */
-template <int VF, int KC, int SF32, int EX>
-static int launch(const kda_decode_params_t *p, int device, void *stream) {
-    typedef dec_geom<VF, KC> G;
+/* The launch of an instance: its shared memory (the stages, the inputs, the descriptor ring and its mbarriers),
+ * its registers per thread (asked once per device) and so its CTAs (launch.c). */
+template <int VF, int KC, int SF32, int EX, int NA>
+static int kda_dec_staged_launch(const kda_decode_params_t *p, int device, void *stream) {
+    static_assert(NA == DEC_NA, "the staged kernel holds DEC_NA chunks per thread");
     constexpr int NS = dec_stages<VF, KC, SF32>::N;
     static int done[KDA_MAX_DEVICES];
     static int regs[KDA_MAX_DEVICES];
@@ -736,151 +735,22 @@ static int launch(const kda_decode_params_t *p, int device, void *stream) {
         r = attr.numRegs > 0 ? attr.numRegs : 255;
         if (known) regs[device] = r;
     }
-    /* CTAs per SM: registers (allocated per warp in units of 256), shared memory (1 KB reserved per CTA) */
-    const int warp_regs = (r * 32 + 255) / 256 * 256;
-    int occ = 65536 / (warp_regs * (DEC_THREADS / 32));
-    const int by_smem = 233472 / (c.smem_bytes + 1024);
-    occ = occ < by_smem ? occ : by_smem;
-    occ = occ < 1 ? 1 : occ;
-    const int64_t items = c.pb.seqs.num_seqs * c.pb.hv * ((c.pb.V + G::BV - 1) / G::BV);
-    if (items == 0) return 0;
-    int64_t ctas = (int64_t)c.sm_count * occ;
-    if (c.forced_ctas > 0 && c.forced_ctas < ctas) ctas = c.forced_ctas;
-    if (ctas > items) ctas = items;
+    const int64_t ctas = kda_decode_staged_ctas(&c, r);
+    if (ctas == 0) return 0;
     kda_decode_kernel<VF, KC, SF32, EX><<<(unsigned)ctas, DEC_THREADS, c.smem_bytes, (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 
-/* A stage: the tile, then p.ts token blocks (q, k, g, v, headwise β rows, each rounded up to 16 bytes), then
- * dt_bias. p.ts: the tokens per sequence when all sequences have the same length, else the average rounded
- * up, at most DEC_TS. */
-template <int VF, int KC, int SF32>
-static void stage_layout(kda_decode_params_t *p) {
-    const int tile = dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2);
-    const int es = p->pb.dtype == KDA_DT_F32 ? 4 : 2, eg = p->pb.g_dtype == KDA_DT_F32 ? 4 : 2;
-    const int eb = p->pb.beta_dtype == KDA_DT_F32 ? 4 : 2;
-    const int kp = (p->pb.K + 7) / 8 * 8, vp = (p->pb.V + 7) / 8 * 8;
-    const int64_t per = p->pb.seqs.num_seqs > 0 ? (p->pb.seqs.num_tokens + p->pb.seqs.num_seqs - 1) / p->pb.seqs.num_seqs : 1;
-    p->ts = per < 1 ? 1 : (per > DEC_TS ? DEC_TS : (int)per);
-    int off = 0;
-#define ROW(field, bytes) (p->field = off, off += ((bytes) + 15) / 16 * 16)
-    ROW(raw_q, kp * es);
-    ROW(raw_k, kp * es);
-    ROW(raw_g, kp * eg);
-    ROW(raw_v, vp * es);
-    ROW(raw_b, p->beta_headwise ? vp * eb : 0);
-#undef ROW
-    p->raw_tok = off;
-    p->raw_rows = tile;
-    p->raw_bias = tile + p->ts * p->raw_tok;
-    p->stage_bytes = p->vec_in ? p->raw_bias + (p->pb.dt_bias ? (kp * 4 + 15) / 16 * 16 : 0) : tile;
-    /* bulk copies: 16-byte rows (sizes and addresses) on both sides */
-    const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->pb.K : p->pb.V) * es_s;
-    const int srow = dec_geom<VF, KC>::ROW * es_s;
-    p->bulk = p->pb.h0 && p->pb.h0_dtype == (SF32 ? KDA_DT_F32 : KDA_DT_BF16) && rowb % 16 == 0 && srow % 16 == 0 &&
-              (uintptr_t)p->pb.h0 % 16 == 0;
-}
-
-/* The exact instance: K = KC, whole tiles, aligned 4-element rows, the final state (if any) of the stage's
- * dtype and the initial state (if any) by bulk copy. */
-template <int VF, int KC, int SF32>
-static int launch_ex(kda_decode_params_t *p, int device, void *stream) {
-    stage_layout<VF, KC, SF32>(p);
-    const int sdt = SF32 ? KDA_DT_F32 : KDA_DT_BF16;
-    const int ex = p->pb.K == KC && p->pb.V % dec_geom<VF, KC>::BV == 0 && p->vec && (!p->pb.h0 || p->bulk) &&
-                   (!p->pb.ht || p->pb.ht_dtype == sdt);
-    return ex ? launch<VF, KC, SF32, 1>(p, device, stream) : launch<VF, KC, SF32, 0>(p, device, stream);
-}
-
-template <int VF, int KC>
-static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
-    if (p->pb.h0 ? p->pb.h0_dtype == KDA_DT_BF16 : (p->pb.ht && p->pb.ht_dtype == KDA_DT_BF16))
-        return launch_ex<VF, KC, 0>(p, device, stream);
-    return launch_ex<VF, KC, 1>(p, device, stream);
-}
-
-static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
-    /* the tile kernel wherever it fits (docs/PERF.md "Decode kernel, fourth version"), unless a test forces the
-       staged one (or its persistent CTAs) */
-    if (p->forced_kernel != 1 && p->forced_ctas == 0 && kda_decode_tile_fits(p)) return kda_decode_tile_launch(p, stream);
-    const int kc = kda_cuda_size_class(p->pb.K);
-    if (p->pb.v_first) {
-        if (kc == 64) return launch_dt<1, 64>(p, device, stream);
-        if (kc == 128) return launch_dt<1, 128>(p, device, stream);
-        return launch_dt<1, 256>(p, device, stream);
+#define KDA_DECODE_STAGED(VF, KC, SF32, EX)                                                                      \
+    extern "C" int kda_dec_staged_vf##VF##_k##KC##_f##SF32##_ex##EX##_na8(const kda_decode_params_t *p,         \
+                                                                         int device, void *stream) {            \
+        return kda_dec_staged_launch<VF, KC, SF32, EX, 8>(p, device, stream);                                    \
     }
-    if (kc == 64) return launch_dt<0, 64>(p, device, stream);
-    if (kc == 128) return launch_dt<0, 128>(p, device, stream);
-    return launch_dt<0, 256>(p, device, stream);
-}
-
-static void decode_plan(kda_decode_params_t *p) {
-    /* 4-element chunks of a state row are vector accesses when rows are whole chunks and the tensors aligned */
-    const int row = p->pb.v_first ? p->pb.K : p->pb.V;
-    const int h0_ok = !p->pb.h0 || ((uintptr_t)p->pb.h0 % (p->pb.h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    const int ht_ok = !p->pb.ht || ((uintptr_t)p->pb.ht % (p->pb.ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    p->vec = row % 4 == 0 && h0_ok && ht_ok;
-    /* the first token's rows travel in the stage as element pairs (4 or 8 bytes): even rows, aligned bases */
-#define PAIR_OK(ptr, dt) (!(ptr) || (uintptr_t)(ptr) % (2 * ((dt) == KDA_DT_F32 ? 4 : 2)) == 0)
-    p->vec_in = p->pb.K % 2 == 0 && p->pb.V % 2 == 0 && PAIR_OK(p->pb.q, p->pb.dtype) && PAIR_OK(p->pb.k, p->pb.dtype) &&
-                PAIR_OK(p->pb.v, p->pb.dtype) && PAIR_OK(p->pb.g, p->pb.g_dtype) && PAIR_OK(p->pb.dt_bias, KDA_DT_F32) &&
-                (!p->beta_headwise || PAIR_OK(p->pb.beta, p->pb.beta_dtype));
-#undef PAIR_OK
-}
-
-/* ---------------------------------------------------------------------------------------------------------
- * Host side: the choice of kernel and the launch
- * ------------------------------------------------------------------------------------------------------- */
-extern "C" int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode) {
-    const kda_args_t *a = &p->a;
-    if (a->beta_headwise || (a->state_indices && a->state_indices_cols > 0)) return 1;
-    if (!is_decode) return 0;
-    /* fp32 / fp16 inputs keep fp32 arithmetic at any length (the chunked kernels round to bf16) */
-    if (a->dtype != KDA_BFLOAT16) return 1;
-    return p->num_tokens <= (int64_t)KDA_DECODE_MAX_TOKENS_PER_SEQ * p->num_seqs;
-}
-
-extern "C" size_t kda_cuda_claim_bytes(const kda_problem_t *p) {
-    if (!p->a.state_indices || p->num_seqs < 2) return 0; /* one row cannot collide with another */
-    return ((size_t)p->a.num_state_slots * sizeof(int32_t) + 255) & ~(size_t)255;
-}
-
-extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count,
-                                            const kda_tuning_t *tuning, int32_t *claim, void *stream, const char *fn) {
-    const kda_args_t *a = &pr->a;
-    kda_decode_params_t c;
-    memset(&c, 0, sizeof c);
-    kda_cuda_problem_fill(&c.pb, pr, NULL);
-    if (!a->state_indices) c.pb.num_state_slots = pr->num_seqs; /* sequence n is slot n */
-    c.o = a->o;
-    c.o_dtype = (int)a->o_dtype;
-    c.num_accepted = a->num_accepted_tokens;
-    c.claim = claim;
-    c.idx_cols = a->state_indices ? a->state_indices_cols : 0;
-    c.idx_stride = pr->idx_stride;
-    c.beta_headwise = a->beta_headwise != 0;
-    c.sm_count = sm_count;
-    c.forced_ctas = tuning->decode_ctas;
-    c.forced_kernel = tuning->decode_kernel;
-    decode_plan(&c);
-
-    int prev = -1;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
-    if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
-    /* few rows, 1-D indices, the tile kernel: it settles the slots' ownership itself (no claim launch) */
-    if (claim && c.idx_cols == 0 && c.pb.seqs.num_seqs <= KDA_DEC_SCAN_MAX && c.forced_kernel != 1 && c.forced_ctas == 0 &&
-        kda_decode_tile_fits(&c)) {
-        c.claim = claim = NULL;
-        c.claim_scan = 1;
-    }
-    kda_claim_params_t cl = {a->state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
-                             c.idx_cols > 0 ? c.idx_stride : 1, c.pb.num_state_slots, claim};
-    int err = kda_cuda_launch_claim(&cl, stream);
-    if (err == 0) err = launch_decode(&c, device, stream);
-    if (prev >= 0 && prev != device) cudaSetDevice(prev);
-    if (err != 0)
-        return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the decode kernel: %s", fn,
-                         cudaGetErrorString((cudaError_t)err));
-    return KDA_STATUS_SUCCESS;
-}
+#define KDA_DECODE_STAGED_K(VF, KC) KDA_DECODE_STAGED(VF, KC, 0, 0) KDA_DECODE_STAGED(VF, KC, 0, 1) \
+    KDA_DECODE_STAGED(VF, KC, 1, 0) KDA_DECODE_STAGED(VF, KC, 1, 1)
+KDA_DECODE_STAGED_K(0, 64)
+KDA_DECODE_STAGED_K(0, 128)
+KDA_DECODE_STAGED_K(0, 256)
+KDA_DECODE_STAGED_K(1, 64)
+KDA_DECODE_STAGED_K(1, 128)
+KDA_DECODE_STAGED_K(1, 256)

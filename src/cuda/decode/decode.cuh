@@ -114,13 +114,4 @@ DEV float dec_beta(const kda_decode_params_t &p, float b) {
     return p.pb.beta_sigmoid ? beta_sigmoid(b, p.pb.neg_eigval) : b;
 }
 
-/* Rows whose slot ownership the tile kernel settles itself (1-D indices): each of its 128 threads compares
- * DT_SCAN later rows' indices with the CTA's slot. */
-#define DT_SCAN 2
-#define KDA_DEC_SCAN_MAX (1 + DT_SCAN * 128)
-
-/* decode_tile.cu: whether its kernel runs the launch p (decode_plan done), and the launch. */
-int kda_decode_tile_fits(const kda_decode_params_t *p);
-int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream);
-
 #endif /* KDA_CUDA_DECODE_CUH */

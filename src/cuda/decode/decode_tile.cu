@@ -39,13 +39,14 @@
  */
 #include "decode.cuh"
 
-#define DT_THREADS 128
+#define DT_THREADS KDA_DT_THREADS
+#define DT_SCAN KDA_DT_SCAN
 
 /* NA four-element chunks of state per thread (8 or 16): a tile of 512·NA elements, BV = 512·NA / K columns. */
 template <int VF, int KD, int NA>
 struct dt_geom {
     static constexpr int TILE = DT_THREADS * 4 * NA;
-    static constexpr int BV = TILE / KD;   /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
+    static constexpr int BV = KDA_DT_BV(KD, NA); /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
     static constexpr int CPR = KD / 32;    /* V-first: chunks of a row per lane */
     static constexpr int NP = NA / CPR;    /* V-first: rows per thread */
     static constexpr int CB = BV / 32;     /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u) */
@@ -366,41 +367,25 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     if (!per_token && p.pb.ht && rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, rslot, h, j0);
 }
 
-template <int VF, int KD, int NA, int SF32>
-static int dt_launch(const kda_decode_params_t *p, void *stream) {
+/* The launch of an instance: a CTA per (tile, value head, sequence), tiles fastest. */
+template <int VF, int KD, int SF32, int EX, int NA>
+static int kda_dec_tile_launch(const kda_decode_params_t *p, int device, void *stream) {
+    static_assert(EX == 1, "the tile kernel runs exact head sizes only");
+    (void)device;
+    if (p->pb.seqs.num_seqs == 0 || p->pb.hv == 0) return 0;
     const dim3 grid((unsigned)(p->pb.V / dt_geom<VF, KD, NA>::BV), (unsigned)p->pb.hv, (unsigned)p->pb.seqs.num_seqs);
     kda_decode_tile_kernel<VF, KD, NA, SF32><<<grid, DT_THREADS, 0, (cudaStream_t)stream>>>(*p);
     return (int)cudaGetLastError();
 }
 
-int kda_decode_tile_fits(const kda_decode_params_t *p) {
-    if (p->beta_headwise || (p->pb.K != 64 && p->pb.K != 128) || p->pb.V % (DT_THREADS * 4 * 8 / p->pb.K) || p->pb.V > 256)
-        return 0;
-    if (p->pb.seqs.num_seqs > 65535 || p->pb.hv > 65535 || !p->vec) return 0;
-    /* the states present share one dtype, fp32 or bf16, and 16-byte (fp32) / 8-byte (bf16) aligned bases */
-    const int sdt = p->pb.h0 ? p->pb.h0_dtype : p->pb.ht_dtype;
-    if (sdt != KDA_DT_F32 && sdt != KDA_DT_BF16) return 0;
-    if (p->pb.h0 && p->pb.ht && p->pb.h0_dtype != p->pb.ht_dtype) return 0;
-    const uintptr_t al = sdt == KDA_DT_F32 || p->pb.v_first ? 16 : 8; /* bf16 V-first: chunk pairs, 16 bytes */
-    return (!p->pb.h0 || (uintptr_t)p->pb.h0 % al == 0) && (!p->pb.ht || (uintptr_t)p->pb.ht % al == 0);
-}
-
-template <int VF, int KD>
-static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
-    const int64_t ctas16 = p->pb.seqs.num_seqs * p->pb.hv * (p->pb.V / dt_geom<VF, KD, 16>::BV);
-    const int fits16 = p->pb.V % dt_geom<VF, KD, 16>::BV == 0;
-    /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
-       columns) when V allows it and the grid still fills the card, except fp32 V-first tiles (8 chunks measure
-       faster there: 305 against 317 us at N256 H32, 41 against 45 at N32, H200); else 8 */
-    const int want16 = ctas16 >= 4 * (int64_t)p->sm_count && !(VF && f32);
-    if (fits16 && (p->forced_kernel == 4 || (p->forced_kernel != 3 && want16)))
-        return f32 ? dt_launch<VF, KD, 16, 1>(p, stream) : dt_launch<VF, KD, 16, 0>(p, stream);
-    return f32 ? dt_launch<VF, KD, 8, 1>(p, stream) : dt_launch<VF, KD, 8, 0>(p, stream);
-}
-
-int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream) {
-    if (p->pb.seqs.num_seqs == 0 || p->pb.hv == 0) return 0;
-    const int f32 = (p->pb.h0 ? p->pb.h0_dtype : p->pb.ht_dtype) == KDA_DT_F32;
-    if (p->pb.v_first) return p->pb.K == 64 ? dt_launch_na<1, 64>(p, f32, stream) : dt_launch_na<1, 128>(p, f32, stream);
-    return p->pb.K == 64 ? dt_launch_na<0, 64>(p, f32, stream) : dt_launch_na<0, 128>(p, f32, stream);
-}
+#define KDA_DECODE_TILE(VF, K, SF32, NA)                                                                         \
+    extern "C" int kda_dec_tile_vf##VF##_k##K##_f##SF32##_ex1_na##NA(const kda_decode_params_t *p, int device,  \
+                                                                    void *stream) {                            \
+        return kda_dec_tile_launch<VF, K, SF32, 1, NA>(p, device, stream);                                       \
+    }
+#define KDA_DECODE_TILE_K(VF, K) KDA_DECODE_TILE(VF, K, 0, 8) KDA_DECODE_TILE(VF, K, 0, 16) \
+    KDA_DECODE_TILE(VF, K, 1, 8) KDA_DECODE_TILE(VF, K, 1, 16)
+KDA_DECODE_TILE_K(0, 64)
+KDA_DECODE_TILE_K(0, 128)
+KDA_DECODE_TILE_K(1, 64)
+KDA_DECODE_TILE_K(1, 128)
