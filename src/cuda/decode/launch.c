@@ -26,21 +26,18 @@ typedef struct {
     kda_decode_launch_fn launch;
 } dec_config_t;
 
-#define KDA_DECODE_STAGED(VF, KC, SF32, EX)                                                                      \
-    {KDA_DEC_KERNEL_staged, VF, KC, SF32, EX, 8, kda_dec_staged_vf##VF##_k##KC##_f##SF32##_ex##EX##_na8},
-#define KDA_DECODE_TILE(VF, K, SF32, NA)                                                                         \
-    {KDA_DEC_KERNEL_tile, VF, K, SF32, 1, NA, kda_dec_tile_vf##VF##_k##K##_f##SF32##_ex1_na##NA},
-#define DEC_LAUNCHER(name) int name(const kda_decode_params_t *p, int device, void *stream);
-#define DEC_STAGED_DECL(VF, KC, SF32, EX) DEC_LAUNCHER(kda_dec_staged_vf##VF##_k##KC##_f##SF32##_ex##EX##_na8)
-#define DEC_TILE_DECL(VF, K, SF32, NA) DEC_LAUNCHER(kda_dec_tile_vf##VF##_k##K##_f##SF32##_ex1_na##NA)
-#define DEC_STAGED_ROWS(X, VF, KC) X(VF, KC, 0, 0) X(VF, KC, 0, 1) X(VF, KC, 1, 0) X(VF, KC, 1, 1)
-#define DEC_TILE_ROWS(X, VF, K) X(VF, K, 0, 8) X(VF, K, 0, 16) X(VF, K, 1, 8) X(VF, K, 1, 16)
-#define DEC_ALL(S, T)                                                                                            \
-    DEC_STAGED_ROWS(S, 0, 64) DEC_STAGED_ROWS(S, 0, 128) DEC_STAGED_ROWS(S, 0, 256) DEC_STAGED_ROWS(S, 1, 64)     \
-    DEC_STAGED_ROWS(S, 1, 128) DEC_STAGED_ROWS(S, 1, 256) DEC_TILE_ROWS(T, 0, 64) DEC_TILE_ROWS(T, 0, 128)        \
-    DEC_TILE_ROWS(T, 1, 64) DEC_TILE_ROWS(T, 1, 128)
-DEC_ALL(DEC_STAGED_DECL, DEC_TILE_DECL)
-static const dec_config_t configs[] = {DEC_ALL(KDA_DECODE_STAGED, KDA_DECODE_TILE)};
+#define KDA_DECODE_CONFIG(KERN, VF, K, SF32, EX, NA)                                                            \
+    int kda_dec_##KERN##_vf##VF##_k##K##_f##SF32##_ex##EX##_na##NA(const kda_decode_params_t *p, int device,   \
+                                                                  void *stream);
+#include "cuda/configs.def"
+#undef KDA_DECODE_CONFIG
+
+static const dec_config_t configs[] = {
+#define KDA_DECODE_CONFIG(KERN, VF, K, SF32, EX, NA)                                                            \
+    {KDA_DEC_KERNEL_##KERN, VF, K, SF32, EX, NA, kda_dec_##KERN##_vf##VF##_k##K##_f##SF32##_ex##EX##_na##NA},
+#include "cuda/configs.def"
+#undef KDA_DECODE_CONFIG
+};
 
 static const dec_config_t *find_config(int kernel, int vf, int k, int sf32, int ex, int na) {
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {

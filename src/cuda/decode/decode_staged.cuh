@@ -48,6 +48,9 @@
  *     4(w·CGW + l % CGW) .. +3 and rows i = l / CGW + RG·a (RG = 32 / CGW, a < 8); reductions over K:
  *     log2(RG) shuffles within the warp. The stage's rows are padded to 5BV/4 elements (no bank conflicts).
  */
+#ifndef KDA_CUDA_DECODE_STAGED_CUH
+#define KDA_CUDA_DECODE_STAGED_CUH
+
 #include "common.cuh"
 #include "decode.cuh"
 
@@ -741,16 +744,4 @@ static int kda_dec_staged_launch(const kda_decode_params_t *p, int device, void 
     return (int)cudaGetLastError();
 }
 
-#define KDA_DECODE_STAGED(VF, KC, SF32, EX)                                                                      \
-    extern "C" int kda_dec_staged_vf##VF##_k##KC##_f##SF32##_ex##EX##_na8(const kda_decode_params_t *p,         \
-                                                                         int device, void *stream) {            \
-        return kda_dec_staged_launch<VF, KC, SF32, EX, 8>(p, device, stream);                                    \
-    }
-#define KDA_DECODE_STAGED_K(VF, KC) KDA_DECODE_STAGED(VF, KC, 0, 0) KDA_DECODE_STAGED(VF, KC, 0, 1) \
-    KDA_DECODE_STAGED(VF, KC, 1, 0) KDA_DECODE_STAGED(VF, KC, 1, 1)
-KDA_DECODE_STAGED_K(0, 64)
-KDA_DECODE_STAGED_K(0, 128)
-KDA_DECODE_STAGED_K(0, 256)
-KDA_DECODE_STAGED_K(1, 64)
-KDA_DECODE_STAGED_K(1, 128)
-KDA_DECODE_STAGED_K(1, 256)
+#endif /* KDA_CUDA_DECODE_STAGED_CUH */

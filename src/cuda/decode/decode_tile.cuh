@@ -37,6 +37,9 @@
  * it loaded and starts from zeros. A non-finite initial-state column shows as a non-finite a_j: a_j is then
  * made NaN, which makes the column and o_j NaN (finite states whose products overflow fp32 do the same).
  */
+#ifndef KDA_CUDA_DECODE_TILE_CUH
+#define KDA_CUDA_DECODE_TILE_CUH
+
 #include "decode.cuh"
 
 #define DT_THREADS KDA_DT_THREADS
@@ -378,14 +381,4 @@ static int kda_dec_tile_launch(const kda_decode_params_t *p, int device, void *s
     return (int)cudaGetLastError();
 }
 
-#define KDA_DECODE_TILE(VF, K, SF32, NA)                                                                         \
-    extern "C" int kda_dec_tile_vf##VF##_k##K##_f##SF32##_ex1_na##NA(const kda_decode_params_t *p, int device,  \
-                                                                    void *stream) {                            \
-        return kda_dec_tile_launch<VF, K, SF32, 1, NA>(p, device, stream);                                       \
-    }
-#define KDA_DECODE_TILE_K(VF, K) KDA_DECODE_TILE(VF, K, 0, 8) KDA_DECODE_TILE(VF, K, 0, 16) \
-    KDA_DECODE_TILE(VF, K, 1, 8) KDA_DECODE_TILE(VF, K, 1, 16)
-KDA_DECODE_TILE_K(0, 64)
-KDA_DECODE_TILE_K(0, 128)
-KDA_DECODE_TILE_K(1, 64)
-KDA_DECODE_TILE_K(1, 128)
+#endif /* KDA_CUDA_DECODE_TILE_CUH */
