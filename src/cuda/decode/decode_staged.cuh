@@ -425,6 +425,23 @@ DEV void token_norms(const kda_decode_params_t &p, const dec_io<KC> &io, int buf
     *sk = 1.0f / sqrtf(b + 1e-6f);
 }
 
+/* acc += s·x, element by element */
+DEV void axpy4(float4 &acc, float s, const float4 &x) {
+    acc.x += s * x.x;
+    acc.y += s * x.y;
+    acc.z += s * x.z;
+    acc.w += s * x.w;
+}
+/* lanes_sum of each element */
+template <int FROM>
+DEV float4 lanes_sum4(float4 x) {
+    x.x = lanes_sum<FROM>(x.x);
+    x.y = lanes_sum<FROM>(x.y);
+    x.z = lanes_sum<FROM>(x.z);
+    x.w = lanes_sum<FROM>(x.w);
+    return x;
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * One token on the registers' tile: decay, d = Sᵀk̂, δ, S += k̂δᵀ, o = Sᵀq̂ (stored)
  * ------------------------------------------------------------------------------------------------------- */
@@ -475,51 +492,34 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
         }
     } else {
         const int rg = lane / G::CGW, j = j0 + 4 * (w * G::CGW + lane % G::CGW);
-        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+        float4 d = make_float4(0.f, 0.f, 0.f, 0.f); /* d_j of the thread's 4 columns */
 #pragma unroll
         for (int a = 0; a < DEC_NA; a++) {
             const int i = rg + G::RG * a;
             const float al = as[i], kk = ks[i];
-            S[a].x *= al;
-            S[a].y *= al;
-            S[a].z *= al;
-            S[a].w *= al;
-            d0 += kk * S[a].x;
-            d1 += kk * S[a].y;
-            d2 += kk * S[a].z;
-            d3 += kk * S[a].w;
+            S[a].x *= al, S[a].y *= al, S[a].z *= al, S[a].w *= al;
+            axpy4(d, kk, S[a]);
         }
-        d0 = lanes_sum<G::CGW>(d0);
-        d1 = lanes_sum<G::CGW>(d1);
-        d2 = lanes_sum<G::CGW>(d2);
-        d3 = lanes_sum<G::CGW>(d3);
+        d = lanes_sum4<G::CGW>(d);
         float dl[4];
-        const float dd[4] = {d0, d1, d2, d3};
+        const float dd[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int jc = j + c, jj = (EX || jc < V) ? jc : 0;
             dl[c] = (EX || jc < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd[c] * sk) * sk : 0.f;
         }
-        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+        const float4 dk = make_float4(dl[0], dl[1], dl[2], dl[3]); /* the k̂ δ_j factors */
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int a = 0; a < DEC_NA; a++) {
             const int i = rg + G::RG * a;
             const float kk = ks[i], qq = qs[i];
-            S[a].x += kk * dl[0];
-            S[a].y += kk * dl[1];
-            S[a].z += kk * dl[2];
-            S[a].w += kk * dl[3];
-            o0 += qq * S[a].x;
-            o1 += qq * S[a].y;
-            o2 += qq * S[a].z;
-            o3 += qq * S[a].w;
+            axpy4(S[a], kk, dk);
+            axpy4(o, qq, S[a]);
         }
-        o0 = lanes_sum<G::CGW>(o0);
-        o1 = lanes_sum<G::CGW>(o1);
-        o2 = lanes_sum<G::CGW>(o2);
-        o3 = lanes_sum<G::CGW>(o3);
+        o = lanes_sum4<G::CGW>(o);
         if (rg == 0) {
-            const float os[4] = {o0, o1, o2, o3};
+            const float os[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
             for (int c = 0; c < 4; c++)
                 if (EX || j + c < V) store_elem(p.o, p.o_dtype, (t * p.pb.hv + h) * V + j + c, os[c] * sq);
