@@ -1,7 +1,7 @@
 /*
- * Device pieces shared by the two decode kernels (decode.cu: persistent CTAs walking staged tiles, any shape;
- * decode_tile.cu: one CTA per tile, the exact head sizes): warp reductions, a sequence's bounds and the state
- * slots of the pool (docs/ALGORITHM.md §1; the slot rules are in decode.cu's header).
+ * Device pieces shared by the two decode kernels (decode_staged.cuh: persistent CTAs walking staged tiles, any
+ * shape; decode_tile.cuh: one CTA per tile, the exact head sizes): warp reductions, a sequence's bounds and the
+ * state slots of the pool (docs/ALGORITHM.md §1; the slot rules are in decode_staged.cuh's header).
  */
 #ifndef KDA_CUDA_DECODE_CUH
 #define KDA_CUDA_DECODE_CUH
@@ -58,8 +58,10 @@ DEV void dec_seq_bounds(const kda_decode_params_t &p, int64_t n, int64_t *bos, i
         *eos = *bos + p.pb.seqs.seq_len;
         return;
     }
-    int64_t a0 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n] : ((const int32_t *)p.pb.seqs.cu_seqlens)[n];
-    int64_t a1 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n + 1] : ((const int32_t *)p.pb.seqs.cu_seqlens)[n + 1];
+    int64_t a0 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n]
+                                         : ((const int32_t *)p.pb.seqs.cu_seqlens)[n];
+    int64_t a1 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n + 1]
+                                         : ((const int32_t *)p.pb.seqs.cu_seqlens)[n + 1];
     a0 = a0 < 0 ? 0 : (a0 > p.pb.seqs.num_tokens ? p.pb.seqs.num_tokens : a0);
     a1 = a1 < a0 ? a0 : (a1 > p.pb.seqs.num_tokens ? p.pb.seqs.num_tokens : a1);
     *bos = a0;

@@ -21,7 +21,8 @@ typedef struct kda_decode_params {
                                         slots with state_indices, else one per sequence */
     void *o;
     const int32_t *num_accepted;     /* 2-D indices only; NULL: column 0 */
-    const int32_t *claim;            /* slots.cu: an entry's slot counts for row n only if claim[slot] == n; NULL: all */
+    const int32_t *claim;            /* slots.cu: an entry's slot counts for row n only if claim[slot] == n;
+                                        NULL: all */
     int64_t idx_cols;                /* 0: 1-D state_indices; else T_max of the 2-D [N, T_max] */
     int64_t idx_stride;              /* elements between rows of the 2-D indices */
     int o_dtype;                     /* kda_dtype_t code */
@@ -38,7 +39,8 @@ typedef struct kda_decode_params {
     int smem_bytes;                  /* the kernel's dynamic shared memory */
     int sm_count;
     int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
-    int forced_kernel;               /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks per thread */
+    int forced_kernel;               /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks
+                                        per thread */
     int claim_scan;                  /* 1-D state_indices, no claim array: each CTA of the tile kernel finds whether a
                                         later row names its slot (N ≤ KDA_DEC_SCAN_MAX; saves the claim launch) */
 } kda_decode_params_t;

@@ -1,5 +1,6 @@
 /*
- * CUDA recurrent decode (kda_decode for few tokens per sequence): the token recurrence of docs/ALGORITHM.md §1
+ * CUDA recurrent decode, the staged kernel (kda_decode for few tokens per sequence, any K and V up to 256, and
+ * what only the recurrent path has: headwise β, 2-D state_indices): the token recurrence of docs/ALGORITHM.md §1
  * with the state in fp32 registers and fp32 arithmetic. Per token t of a (sequence n, value head h), on a
  * tile of BV value columns of the K×V state, with the inputs of §2:
  *
@@ -13,8 +14,7 @@
  *     o_t = Sᵀ q̂                                   (a second reduction over K)
  *
  * Decode is a stream over the states: each tile is read once and written once, at a few flops per byte; what
- * bounds the kernel in practice is its instructions per tile and their latencies (docs/PERF.md "Decode kernel,
- * second version"), so:
+ * bounds the kernel is its instructions per tile and their latencies more than its bytes, so:
  *   - a tile is DEC_TILE = 4096 state elements (BV = 4096 / KC columns of the K class KC: 64, 32 or 16);
  *   - persistent CTAs of 128 threads walk the tiles (item i = blockIdx.x + k·gridDim.x); each CTA keeps the
  *     next NS − 1 tiles in flight in a ring of NS shared-memory stages (dec_stages: 3 for fp32, 4 for bf16),
@@ -194,7 +194,8 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
         if (!p.beta_headwise) {
 #pragma unroll
             for (int u = 0; u < DEC_TS; u++)
-                if (u < p.ts && d.bos + u < d.eos) d.beta[u] = load_elem(p.pb.beta, p.pb.beta_dtype, (d.bos + u) * p.pb.hv + d.h);
+                if (u < p.ts && d.bos + u < d.eos)
+                    d.beta[u] = load_elem(p.pb.beta, p.pb.beta_dtype, (d.bos + u) * p.pb.hv + d.h);
         }
         if (p.pb.A_log) d.A = expf(p.pb.A_log[d.h]);
     }
@@ -204,7 +205,7 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
 /* Copy item d's state tile into stage buffer `st`. With p.bulk, bulk copies (the Hopper copy engine, one per
  * row, or one for the whole tile when rows are unpadded) completing on the stage's mbarrier `bar`: the copy
  * engine keeps any number of bytes in flight, where per-thread copies are bounded by the SM's outstanding
- * requests (docs/PERF.md "Decode"); the stage then holds stale data past K and V, which load_tile masks.
+ * requests; the stage then holds stale data past K and V, which load_tile masks.
  * Otherwise cp.async (zero-filled past K and V; waited for with the rows' group), or without 4-element aligned
  * rows (p.vec == 0) element by element. Thread 0 always arrives on `bar` (0 bytes when nothing is copied). */
 template <int VF, int KC, int SF32>
@@ -306,11 +307,12 @@ DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned ch
         const int64_t t = d.bos + u;
         copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.pb.dtype)), p.pb.q, p.pb.dtype, (t * p.pb.hqk + hq) * K, e, K);
         copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.pb.dtype)), p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * K, e, K);
-        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.pb.g_dtype)), p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.pb.g_dtype)), p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K, e,
+                  K);
         copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.pb.dtype)), p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V, e, V);
         if (p.beta_headwise)
-            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.pb.beta_dtype)), p.pb.beta, p.pb.beta_dtype, (t * p.pb.hv + h) * V, e,
-                      V);
+            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.pb.beta_dtype)), p.pb.beta, p.pb.beta_dtype,
+                      (t * p.pb.hv + h) * V, e, V);
     }
     if (p.pb.dt_bias) copy_pair(smem_u32(st + p.raw_bias + e * 4), p.pb.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
 }
@@ -330,7 +332,8 @@ DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h)
         }
         if (e < V) r.v[u] = load_elem(p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V + e);
         if (p.beta_headwise ? e < V : e == 0)
-            r.b[u] = load_elem(p.pb.beta, p.pb.beta_dtype, p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
+            r.b[u] = load_elem(p.pb.beta, p.pb.beta_dtype,
+                               p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
     }
 }
 
@@ -612,9 +615,9 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
  * The kernel: VF layout, KC K class, SF32 stage dtype (the initial state's: fp32 or bf16). A stage is the
  * tile (dec_geom ELEMS elements) followed by the first token's input rows (p.raw_*), p.stage_bytes in all.
  * ------------------------------------------------------------------------------------------------------- */
-/* Stages: 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM (the kernel is bound by
- * its instructions and their latencies more than by bytes in flight: the copy engine keeps the tiles coming;
- * four CTAs, at 128 registers, spill and measured slower: docs/PERF.md "Decode"). */
+/* Stages: KDA_DEC_STAGES, 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM (the kernel
+ * is bound by its instructions and their latencies more than by bytes in flight: the copy engine keeps the tiles
+ * coming; four CTAs would leave 128 registers a thread, where the kernel spills). */
 template <int VF, int KC, int SF32>
 struct dec_stages {
     static constexpr int N = KDA_DEC_STAGES(SF32);
@@ -694,7 +697,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
                 }
             }
             if (!more) {
-                if (cur.valid && !per_token && p.pb.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
+                if (cur.valid && !per_token && p.pb.ht && cur.rslot >= 0)
+                    store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
                 /* the next item's first token: its rows came with its tile (this thread's copies) */
                 cp_async_wait_group<NS - 2>();
                 if (blockIdx.x + (k + 1) * grid < nitems) {

@@ -1,7 +1,8 @@
 /*
  * CUDA recurrent decode, the tile kernel: one CTA of 128 threads per (sequence n, value head h, tile of BV value
  * columns) for the exact head sizes K ∈ {64, 128} (BV = 4096 / K, V a multiple of BV), fp32 or bf16 states,
- * scalar β. The same recurrence as decode.cu (docs/ALGORITHM.md §1; inputs of §2), per token t:
+ * scalar β. The same recurrence as the staged kernel (decode_staged.cuh; docs/ALGORITHM.md §1; inputs of §2), per
+ * token t:
  *
  *     q̂ = s_q q_t, k̂ = s_k k_t         (l2norm: s_q = s / sqrt(Σq² + 1e−6), s_k = 1 / sqrt(Σk² + 1e−6);
  *                                       else s_q = s, s_k = 1)
@@ -12,14 +13,14 @@
  *     S  = S' + (s_k k) δᵀ
  *     o_j = s_q (b_j + s_k δ_j Σ_i k_i q_i)           (= Σ_i q̂_i S_ij after the update)
  *
- * Why a second kernel: decode streams the pool (each state read once and written once at ~4 flops per
- * element), and decode.cu's generality (any K and V, persistent items, staged rows) costs it ~1400
- * instructions per warp per tile where the arithmetic is ~200 (docs/PERF.md "Decode kernel, fourth version").
- * Here a CTA issues the first token's input loads and its slot's index first, then its tile's loads (8 or 16
- * vector loads per thread straight into registers), transforms the inputs while the tile flies (they return
- * first: issued behind the tile, they made every CTA wait for its whole tile before its transform and barrier),
- * makes one pass with both reductions, and stores; four to six CTAs per SM keep 96–128 KB of state in flight. The grid is (tiles, HV, N), tiles fastest, so the CTAs of a head run together
- * and share its input rows in L2.
+ * Why a second kernel: decode streams the pool (each state read once and written once at a few flops per
+ * element), and the staged kernel's generality (any K and V, persistent items, staged rows) costs it several
+ * times the instructions per tile that the arithmetic needs. Here a CTA issues the first token's input loads and
+ * its slot's index first, then its tile's loads (8 or 16 vector loads per thread straight into registers),
+ * transforms the inputs while the tile flies (they return first: issued behind the tile, they would make every
+ * CTA wait for its whole tile before its transform and barrier), makes one pass with both reductions, and
+ * stores; four to six CTAs per SM (dt_geom MIN_CTAS) keep 96–128 KB of fp32 state in flight. The grid is
+ * (tiles, HV, N), tiles fastest, so the CTAs of a head run together and share its input rows in L2.
  *
  * Per token the CTA loads each input row once, element e = tid (+128) per thread: q, k, g (+ dt_bias) of K,
  * the whole v row (the non-finite contract checks all V of it), β; transforms them (gate, α, β) into one of
@@ -27,12 +28,12 @@
  * per token. The next token's rows are loaded into registers during the current token's arithmetic.
  *
  * Thread layout of the tile (a "chunk" is 4 consecutive elements of a memory row; lane l of warp w), as in
- * decode.cu: V-first ([V, K] rows): 8 lanes per row, row j = 16·pass + 4w + (l >> 3), elements
+ * the staged kernel: V-first ([V, K] rows): 8 lanes per row, row j = 16·pass + 4w + (l >> 3), elements
  * i = 4(l & 7) + 32c; K-first ([K, V] rows): lane l holds columns 4(w·CGW + l % CGW) .. +3 and rows
  * i = l / CGW + RG·a. Reductions over K: 3 shuffles within the 8 lanes (V-first), log2(RG) within the warp
  * (K-first).
  *
- * Slots, the non-finite contract and the empty-sequence rules are decode.cu's (its header). The row's own
+ * Slots, the non-finite contract and the empty-sequence rules are the staged kernel's (its header). The row's own
  * state is loaded before its slot's ownership (claim) is known; a row that does not own the slot drops what
  * it loaded and starts from zeros. A non-finite initial-state column shows as a non-finite a_j: a_j is then
  * made NaN, which makes the column and o_j NaN (finite states whose products overflow fp32 do the same).

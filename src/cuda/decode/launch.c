@@ -140,7 +140,8 @@ static const dec_config_t *tile_config(const kda_decode_params_t *p) {
     if ((p->pb.h0 && (uintptr_t)p->pb.h0 % al) || (p->pb.ht && (uintptr_t)p->pb.ht % al)) return NULL;
     const int f32 = sdt == KDA_DT_F32;
     /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
-       columns) when V allows it and the grid still fills the card, except fp32 V-first tiles; else 8 */
+       columns) when V allows it and the grid still fills the card, except fp32 V-first tiles (8 run faster
+       there); else 8 */
     const int64_t ctas16 = p->pb.seqs.num_seqs * p->pb.hv * (V / KDA_DT_BV(K, 16));
     const int fits16 = V % KDA_DT_BV(K, 16) == 0;
     const int want16 = ctas16 >= 4 * (int64_t)p->sm_count && !(vf && f32);
