@@ -1,4 +1,4 @@
-"""libkda's decode (kda.fused_recurrent_kda -> kda_decode -> src/cuda/decode/decode.cu) vs FLA's fused_recurrent_kda_fwd,
+"""libkda's decode (kda.fused_recurrent_kda -> kda_decode -> src/cuda/decode/) vs FLA's fused_recurrent_kda_fwd,
 in one process, on a vLLM-style state pool updated in place (issue 10).
 
     KDA_LIBRARY=build/libkda.so PYTHONPATH=python:$FLA python3 bench/bench_decode.py --out DIR [--quick]

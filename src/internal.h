@@ -42,12 +42,12 @@ extern "C" {
                                  below float32's resolution of anything it multiplies, and the bound keeps the
                                  chunk's cumulative sums small enough to subtract exactly */
 
-/* CUDA kda_decode: the recurrent kernel (src/cuda/decode/decode.cu) runs bf16 problems of up to this many tokens per
+/* CUDA kda_decode: the recurrent kernels (src/cuda/decode/) run bf16 problems of up to this many tokens per
  * sequence on average (num_tokens / N); longer ones go to the chunked kernels (scalar β, 1-D state_indices
- * only). fp32 / fp16 inputs always take the recurrent kernel (fp32 arithmetic). The recurrent kernel's cost grows
- * with every token, the chunked kernels' with every 64-token chunk plus a fixed prep: they cross between 8 and 16
- * tokens per sequence on the supported GPUs (bench/bench_decode.py's crossover table), so the recurrent kernel
- * keeps up to 8. */
+ * only). fp32 / fp16 inputs always take the recurrent kernels (fp32 arithmetic). The recurrent kernels' cost grows
+ * with every token, the chunked kernels' with every 64-token chunk plus a fixed prep, so short sequences are the
+ * recurrent kernels'; the bound sits at or below where the two cross on the supported GPUs
+ * (bench/bench_decode.py compares them). */
 #define KDA_DECODE_MAX_TOKENS_PER_SEQ 8
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -197,8 +197,8 @@ typedef struct kda_tuning {
     int dev_skip; /* development builds only (KDA_SKIP in src/cuda/common/kda_cuda.h): phases left out, results wrong */
     int decode_ctas; /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
                         the same bits for any count */
-    int decode_kernel; /* CUDA decode: 1 the staged kernel (decode.cu), 2 the tile kernel (decode_tile.cu) where
-                          it fits, 3 / 4 that with 8 / 16 chunks per thread (where V allows 16); 0 the choice */
+    int decode_kernel; /* CUDA decode: 1 the staged kernel (decode_staged.cuh), 2 the tile kernel (decode_tile.cuh)
+                          where it fits, 3 / 4 that with 8 / 16 chunks per thread (where V allows 16); 0 the choice */
 } kda_tuning_t;
 
 void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);

@@ -1,5 +1,5 @@
 /*
- * The CUDA decode kernels (src/cuda/decode/decode_tile.cu, decode.cu) against the fp64 oracle: every option, head
+ * The CUDA decode kernels (src/cuda/decode/: tile, staged) against the fp64 oracle: every option, head
  * sizes 1..256 in both state layouts, GVA, MTP (several tokens per sequence), vLLM state pools updated in place
  * (1-D and the 2-D slots of speculative decoding), headwise β, the non-finite contract, CUDA-graph capture, and the GPU time
  * of one N1 H32 decode step measured from C. Untouched pool slots are filled with a byte pattern and must
@@ -385,8 +385,8 @@ TEST(gpu_decode_beta_headwise) {
     }
 }
 
-/* The kernels on the exact head sizes: by default the tile kernel (decode_tile.cu) with 8 chunks per thread on
- * small grids and fp32 V-first states; forced here onto the staged kernel (decode.cu, its exact instances)
+/* The kernels on the exact head sizes: by default the tile kernel (decode_tile.cuh) with 8 chunks per thread on
+ * small grids and fp32 V-first states; forced here onto the staged kernel (decode_staged.cuh, its exact instances)
  * and onto the tile kernel with 8 and 16 chunks per thread: plain and MTP with a 1-D pool, spec decoding with 2-D slots, GVA,
  * fp32 and bf16 states, both layouts, K = 64 and 128 (V = 128: two 64-column tiles, one 128-column tile). */
 TEST(gpu_decode_forced_kernels_exact) {

@@ -1,7 +1,7 @@
 /*
- * Device pieces shared by the two decode kernels (decode.cu: persistent CTAs walking staged tiles, any shape;
- * decode_tile.cu: one CTA per tile, the exact head sizes): warp reductions, a sequence's bounds and the state
- * slots of the pool (docs/ALGORITHM.md §1; the slot rules are in decode.cu's header).
+ * Device pieces shared by the two decode kernels (decode_staged.cuh: persistent CTAs walking staged tiles, any
+ * shape; decode_tile.cuh: one CTA per tile, the exact head sizes): warp reductions, a sequence's bounds and the
+ * state slots of the pool (docs/ALGORITHM.md §1; the slot rules are in decode_staged.cuh's header).
  */
 #ifndef KDA_CUDA_DECODE_CUH
 #define KDA_CUDA_DECODE_CUH
@@ -58,8 +58,10 @@ DEV void dec_seq_bounds(const kda_decode_params_t &p, int64_t n, int64_t *bos, i
         *eos = *bos + p.pb.seqs.seq_len;
         return;
     }
-    int64_t a0 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n] : ((const int32_t *)p.pb.seqs.cu_seqlens)[n];
-    int64_t a1 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n + 1] : ((const int32_t *)p.pb.seqs.cu_seqlens)[n + 1];
+    int64_t a0 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n]
+                                         : ((const int32_t *)p.pb.seqs.cu_seqlens)[n];
+    int64_t a1 = p.pb.seqs.cu_seqlens_64 ? ((const int64_t *)p.pb.seqs.cu_seqlens)[n + 1]
+                                         : ((const int32_t *)p.pb.seqs.cu_seqlens)[n + 1];
     a0 = a0 < 0 ? 0 : (a0 > p.pb.seqs.num_tokens ? p.pb.seqs.num_tokens : a0);
     a1 = a1 < a0 ? a0 : (a1 > p.pb.seqs.num_tokens ? p.pb.seqs.num_tokens : a1);
     *bos = a0;
@@ -113,14 +115,5 @@ DEV float dec_gate(const kda_decode_params_t &p, float g, float bias, float A) {
 DEV float dec_beta(const kda_decode_params_t &p, float b) {
     return p.pb.beta_sigmoid ? beta_sigmoid(b, p.pb.neg_eigval) : b;
 }
-
-/* Rows whose slot ownership the tile kernel settles itself (1-D indices): each of its 128 threads compares
- * DT_SCAN later rows' indices with the CTA's slot. */
-#define DT_SCAN 2
-#define KDA_DEC_SCAN_MAX (1 + DT_SCAN * 128)
-
-/* decode_tile.cu: whether its kernel runs the launch p (decode_plan done), and the launch. */
-int kda_decode_tile_fits(const kda_decode_params_t *p);
-int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream);
 
 #endif /* KDA_CUDA_DECODE_CUH */

@@ -1,5 +1,6 @@
 /*
- * CUDA recurrent decode (kda_decode for few tokens per sequence): the token recurrence of docs/ALGORITHM.md §1
+ * CUDA recurrent decode, the staged kernel (kda_decode for few tokens per sequence, any K and V up to 256, and
+ * what only the recurrent path has: headwise β, 2-D state_indices): the token recurrence of docs/ALGORITHM.md §1
  * with the state in fp32 registers and fp32 arithmetic. Per token t of a (sequence n, value head h), on a
  * tile of BV value columns of the K×V state, with the inputs of §2:
  *
@@ -13,8 +14,7 @@
  *     o_t = Sᵀ q̂                                   (a second reduction over K)
  *
  * Decode is a stream over the states: each tile is read once and written once, at a few flops per byte; what
- * bounds the kernel in practice is its instructions per tile and their latencies (docs/PERF.md "Decode kernel,
- * second version"), so:
+ * bounds the kernel is its instructions per tile and their latencies more than its bytes, so:
  *   - a tile is DEC_TILE = 4096 state elements (BV = 4096 / KC columns of the K class KC: 64, 32 or 16);
  *   - persistent CTAs of 128 threads walk the tiles (item i = blockIdx.x + k·gridDim.x); each CTA keeps the
  *     next NS − 1 tiles in flight in a ring of NS shared-memory stages (dec_stages: 3 for fp32, 4 for bf16),
@@ -48,15 +48,16 @@
  *     4(w·CGW + l % CGW) .. +3 and rows i = l / CGW + RG·a (RG = 32 / CGW, a < 8); reductions over K:
  *     log2(RG) shuffles within the warp. The stage's rows are padded to 5BV/4 elements (no bank conflicts).
  */
-#include <string.h>
+#ifndef KDA_CUDA_DECODE_STAGED_CUH
+#define KDA_CUDA_DECODE_STAGED_CUH
 
 #include "common.cuh"
 #include "decode.cuh"
 
-#define DEC_THREADS 128
-#define DEC_TILE 4096 /* state elements per tile */
-#define DEC_NA 8      /* four-element chunks of a tile per thread: DEC_TILE / 4 / DEC_THREADS */
-#define DEC_TS 4      /* at most this many tokens of an item travel in its stage (p.ts); later ones one ahead */
+#define DEC_THREADS KDA_DEC_THREADS
+#define DEC_TILE KDA_DEC_TILE /* state elements per tile */
+#define DEC_NA KDA_DEC_NA     /* four-element chunks of a tile per thread */
+#define DEC_TS KDA_DEC_TS     /* tokens of an item that can travel in its stage */
 
 /* Inputs of the current and the next token (double-buffered), and the ring of tile descriptors. */
 template <int KC>
@@ -110,12 +111,12 @@ DEV int clamp_valid(int n) { return n < 0 ? 0 : (n > 4 ? 4 : n); }
  * ------------------------------------------------------------------------------------------------------- */
 template <int VF, int KC>
 struct dec_geom {
-    static constexpr int BV = DEC_TILE / KC;                 /* columns of a tile */
+    static constexpr int BV = KDA_DEC_BV(KC);                /* columns of a tile */
     static constexpr int CPR = KC / 32;                      /* V-first: chunks of a row per lane */
     static constexpr int CGW = BV / 16;                      /* K-first: column groups per warp */
     static constexpr int RG = 32 / CGW;                      /* K-first: lanes (row groups) per column group */
-    static constexpr int ROW = VF ? KC : BV + BV / 4;        /* stage elements per row */
-    static constexpr int ELEMS = VF ? DEC_TILE : KC * ROW;   /* stage elements */
+    static constexpr int ROW = KDA_DEC_ROW(VF, KC);          /* stage elements per row */
+    static constexpr int ELEMS = KDA_DEC_ELEMS(VF, KC);      /* stage elements */
     static_assert(DEC_TILE % KC == 0 && KC % 32 == 0 && BV % 16 == 0, "decode tile geometry");
     static_assert(VF ? (BV / 16) * CPR == DEC_NA : RG * DEC_NA == KC, "decode: 8 chunks per thread");
 };
@@ -193,7 +194,8 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
         if (!p.beta_headwise) {
 #pragma unroll
             for (int u = 0; u < DEC_TS; u++)
-                if (u < p.ts && d.bos + u < d.eos) d.beta[u] = load_elem(p.pb.beta, p.pb.beta_dtype, (d.bos + u) * p.pb.hv + d.h);
+                if (u < p.ts && d.bos + u < d.eos)
+                    d.beta[u] = load_elem(p.pb.beta, p.pb.beta_dtype, (d.bos + u) * p.pb.hv + d.h);
         }
         if (p.pb.A_log) d.A = expf(p.pb.A_log[d.h]);
     }
@@ -203,7 +205,7 @@ DEV dec_item make_item(const kda_decode_params_t &p, int64_t it, int ntiles) {
 /* Copy item d's state tile into stage buffer `st`. With p.bulk, bulk copies (the Hopper copy engine, one per
  * row, or one for the whole tile when rows are unpadded) completing on the stage's mbarrier `bar`: the copy
  * engine keeps any number of bytes in flight, where per-thread copies are bounded by the SM's outstanding
- * requests (docs/PERF.md "Decode"); the stage then holds stale data past K and V, which load_tile masks.
+ * requests; the stage then holds stale data past K and V, which load_tile masks.
  * Otherwise cp.async (zero-filled past K and V; waited for with the rows' group), or without 4-element aligned
  * rows (p.vec == 0) element by element. Thread 0 always arrives on `bar` (0 bytes when nothing is copied). */
 template <int VF, int KC, int SF32>
@@ -305,11 +307,12 @@ DEV void issue_rows(const kda_decode_params_t &p, const dec_item &d, unsigned ch
         const int64_t t = d.bos + u;
         copy_pair(smem_u32(in + p.raw_q + e * dt_size(p.pb.dtype)), p.pb.q, p.pb.dtype, (t * p.pb.hqk + hq) * K, e, K);
         copy_pair(smem_u32(in + p.raw_k + e * dt_size(p.pb.dtype)), p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * K, e, K);
-        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.pb.g_dtype)), p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K, e, K);
+        copy_pair(smem_u32(in + p.raw_g + e * dt_size(p.pb.g_dtype)), p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * K, e,
+                  K);
         copy_pair(smem_u32(in + p.raw_v + e * dt_size(p.pb.dtype)), p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V, e, V);
         if (p.beta_headwise)
-            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.pb.beta_dtype)), p.pb.beta, p.pb.beta_dtype, (t * p.pb.hv + h) * V, e,
-                      V);
+            copy_pair(smem_u32(in + p.raw_b + e * dt_size(p.pb.beta_dtype)), p.pb.beta, p.pb.beta_dtype,
+                      (t * p.pb.hv + h) * V, e, V);
     }
     if (p.pb.dt_bias) copy_pair(smem_u32(st + p.raw_bias + e * 4), p.pb.dt_bias, KDA_DT_F32, (int64_t)h * K, e, K);
 }
@@ -329,7 +332,8 @@ DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h)
         }
         if (e < V) r.v[u] = load_elem(p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V + e);
         if (p.beta_headwise ? e < V : e == 0)
-            r.b[u] = load_elem(p.pb.beta, p.pb.beta_dtype, p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
+            r.b[u] = load_elem(p.pb.beta, p.pb.beta_dtype,
+                               p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
     }
 }
 
@@ -424,6 +428,23 @@ DEV void token_norms(const kda_decode_params_t &p, const dec_io<KC> &io, int buf
     *sk = 1.0f / sqrtf(b + 1e-6f);
 }
 
+/* acc += s·x, element by element */
+DEV void axpy4(float4 &acc, float s, const float4 &x) {
+    acc.x += s * x.x;
+    acc.y += s * x.y;
+    acc.z += s * x.z;
+    acc.w += s * x.w;
+}
+/* lanes_sum of each element */
+template <int FROM>
+DEV float4 lanes_sum4(float4 x) {
+    x.x = lanes_sum<FROM>(x.x);
+    x.y = lanes_sum<FROM>(x.y);
+    x.z = lanes_sum<FROM>(x.z);
+    x.w = lanes_sum<FROM>(x.w);
+    return x;
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * One token on the registers' tile: decay, d = Sᵀk̂, δ, S += k̂δᵀ, o = Sᵀq̂ (stored)
  * ------------------------------------------------------------------------------------------------------- */
@@ -474,51 +495,34 @@ DEV void token_step(const kda_decode_params_t &p, const dec_io<KC> &io, int buf,
         }
     } else {
         const int rg = lane / G::CGW, j = j0 + 4 * (w * G::CGW + lane % G::CGW);
-        float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+        float4 d = make_float4(0.f, 0.f, 0.f, 0.f); /* d_j of the thread's 4 columns */
 #pragma unroll
         for (int a = 0; a < DEC_NA; a++) {
             const int i = rg + G::RG * a;
             const float al = as[i], kk = ks[i];
-            S[a].x *= al;
-            S[a].y *= al;
-            S[a].z *= al;
-            S[a].w *= al;
-            d0 += kk * S[a].x;
-            d1 += kk * S[a].y;
-            d2 += kk * S[a].z;
-            d3 += kk * S[a].w;
+            S[a].x *= al, S[a].y *= al, S[a].z *= al, S[a].w *= al;
+            axpy4(d, kk, S[a]);
         }
-        d0 = lanes_sum<G::CGW>(d0);
-        d1 = lanes_sum<G::CGW>(d1);
-        d2 = lanes_sum<G::CGW>(d2);
-        d3 = lanes_sum<G::CGW>(d3);
+        d = lanes_sum4<G::CGW>(d);
         float dl[4];
-        const float dd[4] = {d0, d1, d2, d3};
+        const float dd[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int jc = j + c, jj = (EX || jc < V) ? jc : 0;
             dl[c] = (EX || jc < V) ? bs[p.beta_headwise ? jj : 0] * (vs[jj] - dd[c] * sk) * sk : 0.f;
         }
-        float o0 = 0.f, o1 = 0.f, o2 = 0.f, o3 = 0.f;
+        const float4 dk = make_float4(dl[0], dl[1], dl[2], dl[3]); /* the k̂ δ_j factors */
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int a = 0; a < DEC_NA; a++) {
             const int i = rg + G::RG * a;
             const float kk = ks[i], qq = qs[i];
-            S[a].x += kk * dl[0];
-            S[a].y += kk * dl[1];
-            S[a].z += kk * dl[2];
-            S[a].w += kk * dl[3];
-            o0 += qq * S[a].x;
-            o1 += qq * S[a].y;
-            o2 += qq * S[a].z;
-            o3 += qq * S[a].w;
+            axpy4(S[a], kk, dk);
+            axpy4(o, qq, S[a]);
         }
-        o0 = lanes_sum<G::CGW>(o0);
-        o1 = lanes_sum<G::CGW>(o1);
-        o2 = lanes_sum<G::CGW>(o2);
-        o3 = lanes_sum<G::CGW>(o3);
+        o = lanes_sum4<G::CGW>(o);
         if (rg == 0) {
-            const float os[4] = {o0, o1, o2, o3};
+            const float os[4] = {o.x, o.y, o.z, o.w};
 #pragma unroll
             for (int c = 0; c < 4; c++)
                 if (EX || j + c < V) store_elem(p.o, p.o_dtype, (t * p.pb.hv + h) * V + j + c, os[c] * sq);
@@ -611,12 +615,12 @@ DEV void load_tile(const kda_decode_params_t &p, const unsigned char *st, int ha
  * The kernel: VF layout, KC K class, SF32 stage dtype (the initial state's: fp32 or bf16). A stage is the
  * tile (dec_geom ELEMS elements) followed by the first token's input rows (p.raw_*), p.stage_bytes in all.
  * ------------------------------------------------------------------------------------------------------- */
-/* Stages: 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM (the kernel is bound by
- * its instructions and their latencies more than by bytes in flight: the copy engine keeps the tiles coming;
- * four CTAs, at 128 registers, spill and measured slower: docs/PERF.md "Decode"). */
+/* Stages: KDA_DEC_STAGES, 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM (the kernel
+ * is bound by its instructions and their latencies more than by bytes in flight: the copy engine keeps the tiles
+ * coming; four CTAs would leave 128 registers a thread, where the kernel spills). */
 template <int VF, int KC, int SF32>
 struct dec_stages {
-    static constexpr int N = SF32 ? 3 : 4;
+    static constexpr int N = KDA_DEC_STAGES(SF32);
 };
 
 template <int VF, int KC, int SF32, int EX>
@@ -693,7 +697,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
                 }
             }
             if (!more) {
-                if (cur.valid && !per_token && p.pb.ht && cur.rslot >= 0) store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
+                if (cur.valid && !per_token && p.pb.ht && cur.rslot >= 0)
+                    store_tile<VF, KC, SF32, EX>(p, S, cur.rslot, cur.h, j0);
                 /* the next item's first token: its rows came with its tile (this thread's copies) */
                 cp_async_wait_group<NS - 2>();
                 if (blockIdx.x + (k + 1) * grid < nitems) {
@@ -715,10 +720,11 @@ __global__ void __launch_bounds__(DEC_THREADS, 3) kda_decode_kernel(const kda_de
 #undef BAR_WAIT
 }
 
-/* Registers per thread of a kernel instance on a device (cached): with the shared memory, its CTAs per SM. */
-template <int VF, int KC, int SF32, int EX>
-static int launch(const kda_decode_params_t *p, int device, void *stream) {
-    typedef dec_geom<VF, KC> G;
+/* The launch of an instance: its shared memory (the stages, the inputs, the descriptor ring and its mbarriers),
+ * its registers per thread (asked once per device) and so its CTAs (launch.c). */
+template <int VF, int KC, int SF32, int EX, int NA>
+static int kda_dec_staged_launch(const kda_decode_params_t *p, int device, void *stream) {
+    static_assert(NA == DEC_NA, "the staged kernel holds DEC_NA chunks per thread");
     constexpr int NS = dec_stages<VF, KC, SF32>::N;
     static int done[KDA_MAX_DEVICES];
     static int regs[KDA_MAX_DEVICES];
@@ -736,151 +742,10 @@ static int launch(const kda_decode_params_t *p, int device, void *stream) {
         r = attr.numRegs > 0 ? attr.numRegs : 255;
         if (known) regs[device] = r;
     }
-    /* CTAs per SM: registers (allocated per warp in units of 256), shared memory (1 KB reserved per CTA) */
-    const int warp_regs = (r * 32 + 255) / 256 * 256;
-    int occ = 65536 / (warp_regs * (DEC_THREADS / 32));
-    const int by_smem = 233472 / (c.smem_bytes + 1024);
-    occ = occ < by_smem ? occ : by_smem;
-    occ = occ < 1 ? 1 : occ;
-    const int64_t items = c.pb.seqs.num_seqs * c.pb.hv * ((c.pb.V + G::BV - 1) / G::BV);
-    if (items == 0) return 0;
-    int64_t ctas = (int64_t)c.sm_count * occ;
-    if (c.forced_ctas > 0 && c.forced_ctas < ctas) ctas = c.forced_ctas;
-    if (ctas > items) ctas = items;
+    const int64_t ctas = kda_decode_staged_ctas(&c, r);
+    if (ctas == 0) return 0;
     kda_decode_kernel<VF, KC, SF32, EX><<<(unsigned)ctas, DEC_THREADS, c.smem_bytes, (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 
-/* A stage: the tile, then p.ts token blocks (q, k, g, v, headwise β rows, each rounded up to 16 bytes), then
- * dt_bias. p.ts: the tokens per sequence when all sequences have the same length, else the average rounded
- * up, at most DEC_TS. */
-template <int VF, int KC, int SF32>
-static void stage_layout(kda_decode_params_t *p) {
-    const int tile = dec_geom<VF, KC>::ELEMS * (SF32 ? 4 : 2);
-    const int es = p->pb.dtype == KDA_DT_F32 ? 4 : 2, eg = p->pb.g_dtype == KDA_DT_F32 ? 4 : 2;
-    const int eb = p->pb.beta_dtype == KDA_DT_F32 ? 4 : 2;
-    const int kp = (p->pb.K + 7) / 8 * 8, vp = (p->pb.V + 7) / 8 * 8;
-    const int64_t per = p->pb.seqs.num_seqs > 0 ? (p->pb.seqs.num_tokens + p->pb.seqs.num_seqs - 1) / p->pb.seqs.num_seqs : 1;
-    p->ts = per < 1 ? 1 : (per > DEC_TS ? DEC_TS : (int)per);
-    int off = 0;
-#define ROW(field, bytes) (p->field = off, off += ((bytes) + 15) / 16 * 16)
-    ROW(raw_q, kp * es);
-    ROW(raw_k, kp * es);
-    ROW(raw_g, kp * eg);
-    ROW(raw_v, vp * es);
-    ROW(raw_b, p->beta_headwise ? vp * eb : 0);
-#undef ROW
-    p->raw_tok = off;
-    p->raw_rows = tile;
-    p->raw_bias = tile + p->ts * p->raw_tok;
-    p->stage_bytes = p->vec_in ? p->raw_bias + (p->pb.dt_bias ? (kp * 4 + 15) / 16 * 16 : 0) : tile;
-    /* bulk copies: 16-byte rows (sizes and addresses) on both sides */
-    const int es_s = SF32 ? 4 : 2, rowb = (VF ? p->pb.K : p->pb.V) * es_s;
-    const int srow = dec_geom<VF, KC>::ROW * es_s;
-    p->bulk = p->pb.h0 && p->pb.h0_dtype == (SF32 ? KDA_DT_F32 : KDA_DT_BF16) && rowb % 16 == 0 && srow % 16 == 0 &&
-              (uintptr_t)p->pb.h0 % 16 == 0;
-}
-
-/* The exact instance: K = KC, whole tiles, aligned 4-element rows, the final state (if any) of the stage's
- * dtype and the initial state (if any) by bulk copy. */
-template <int VF, int KC, int SF32>
-static int launch_ex(kda_decode_params_t *p, int device, void *stream) {
-    stage_layout<VF, KC, SF32>(p);
-    const int sdt = SF32 ? KDA_DT_F32 : KDA_DT_BF16;
-    const int ex = p->pb.K == KC && p->pb.V % dec_geom<VF, KC>::BV == 0 && p->vec && (!p->pb.h0 || p->bulk) &&
-                   (!p->pb.ht || p->pb.ht_dtype == sdt);
-    return ex ? launch<VF, KC, SF32, 1>(p, device, stream) : launch<VF, KC, SF32, 0>(p, device, stream);
-}
-
-template <int VF, int KC>
-static int launch_dt(kda_decode_params_t *p, int device, void *stream) {
-    if (p->pb.h0 ? p->pb.h0_dtype == KDA_DT_BF16 : (p->pb.ht && p->pb.ht_dtype == KDA_DT_BF16))
-        return launch_ex<VF, KC, 0>(p, device, stream);
-    return launch_ex<VF, KC, 1>(p, device, stream);
-}
-
-static int launch_decode(kda_decode_params_t *p, int device, void *stream) {
-    /* the tile kernel wherever it fits (docs/PERF.md "Decode kernel, fourth version"), unless a test forces the
-       staged one (or its persistent CTAs) */
-    if (p->forced_kernel != 1 && p->forced_ctas == 0 && kda_decode_tile_fits(p)) return kda_decode_tile_launch(p, stream);
-    const int kc = kda_cuda_size_class(p->pb.K);
-    if (p->pb.v_first) {
-        if (kc == 64) return launch_dt<1, 64>(p, device, stream);
-        if (kc == 128) return launch_dt<1, 128>(p, device, stream);
-        return launch_dt<1, 256>(p, device, stream);
-    }
-    if (kc == 64) return launch_dt<0, 64>(p, device, stream);
-    if (kc == 128) return launch_dt<0, 128>(p, device, stream);
-    return launch_dt<0, 256>(p, device, stream);
-}
-
-static void decode_plan(kda_decode_params_t *p) {
-    /* 4-element chunks of a state row are vector accesses when rows are whole chunks and the tensors aligned */
-    const int row = p->pb.v_first ? p->pb.K : p->pb.V;
-    const int h0_ok = !p->pb.h0 || ((uintptr_t)p->pb.h0 % (p->pb.h0_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    const int ht_ok = !p->pb.ht || ((uintptr_t)p->pb.ht % (p->pb.ht_dtype == KDA_DT_F32 ? 16 : 8)) == 0;
-    p->vec = row % 4 == 0 && h0_ok && ht_ok;
-    /* the first token's rows travel in the stage as element pairs (4 or 8 bytes): even rows, aligned bases */
-#define PAIR_OK(ptr, dt) (!(ptr) || (uintptr_t)(ptr) % (2 * ((dt) == KDA_DT_F32 ? 4 : 2)) == 0)
-    p->vec_in = p->pb.K % 2 == 0 && p->pb.V % 2 == 0 && PAIR_OK(p->pb.q, p->pb.dtype) && PAIR_OK(p->pb.k, p->pb.dtype) &&
-                PAIR_OK(p->pb.v, p->pb.dtype) && PAIR_OK(p->pb.g, p->pb.g_dtype) && PAIR_OK(p->pb.dt_bias, KDA_DT_F32) &&
-                (!p->beta_headwise || PAIR_OK(p->pb.beta, p->pb.beta_dtype));
-#undef PAIR_OK
-}
-
-/* ---------------------------------------------------------------------------------------------------------
- * Host side: the choice of kernel and the launch
- * ------------------------------------------------------------------------------------------------------- */
-extern "C" int kda_cuda_decode_fits(const kda_problem_t *p, int is_decode) {
-    const kda_args_t *a = &p->a;
-    if (a->beta_headwise || (a->state_indices && a->state_indices_cols > 0)) return 1;
-    if (!is_decode) return 0;
-    /* fp32 / fp16 inputs keep fp32 arithmetic at any length (the chunked kernels round to bf16) */
-    if (a->dtype != KDA_BFLOAT16) return 1;
-    return p->num_tokens <= (int64_t)KDA_DECODE_MAX_TOKENS_PER_SEQ * p->num_seqs;
-}
-
-extern "C" size_t kda_cuda_claim_bytes(const kda_problem_t *p) {
-    if (!p->a.state_indices || p->num_seqs < 2) return 0; /* one row cannot collide with another */
-    return ((size_t)p->a.num_state_slots * sizeof(int32_t) + 255) & ~(size_t)255;
-}
-
-extern "C" kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_count,
-                                            const kda_tuning_t *tuning, int32_t *claim, void *stream, const char *fn) {
-    const kda_args_t *a = &pr->a;
-    kda_decode_params_t c;
-    memset(&c, 0, sizeof c);
-    kda_cuda_problem_fill(&c.pb, pr, NULL);
-    if (!a->state_indices) c.pb.num_state_slots = pr->num_seqs; /* sequence n is slot n */
-    c.o = a->o;
-    c.o_dtype = (int)a->o_dtype;
-    c.num_accepted = a->num_accepted_tokens;
-    c.claim = claim;
-    c.idx_cols = a->state_indices ? a->state_indices_cols : 0;
-    c.idx_stride = pr->idx_stride;
-    c.beta_headwise = a->beta_headwise != 0;
-    c.sm_count = sm_count;
-    c.forced_ctas = tuning->decode_ctas;
-    c.forced_kernel = tuning->decode_kernel;
-    decode_plan(&c);
-
-    int prev = -1;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
-    if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
-    /* few rows, 1-D indices, the tile kernel: it settles the slots' ownership itself (no claim launch) */
-    if (claim && c.idx_cols == 0 && c.pb.seqs.num_seqs <= KDA_DEC_SCAN_MAX && c.forced_kernel != 1 && c.forced_ctas == 0 &&
-        kda_decode_tile_fits(&c)) {
-        c.claim = claim = NULL;
-        c.claim_scan = 1;
-    }
-    kda_claim_params_t cl = {a->state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
-                             c.idx_cols > 0 ? c.idx_stride : 1, c.pb.num_state_slots, claim};
-    int err = kda_cuda_launch_claim(&cl, stream);
-    if (err == 0) err = launch_decode(&c, device, stream);
-    if (prev >= 0 && prev != device) cudaSetDevice(prev);
-    if (err != 0)
-        return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: launching the decode kernel: %s", fn,
-                         cudaGetErrorString((cudaError_t)err));
-    return KDA_STATUS_SUCCESS;
-}
+#endif /* KDA_CUDA_DECODE_STAGED_CUH */

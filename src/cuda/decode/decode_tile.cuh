@@ -1,7 +1,8 @@
 /*
  * CUDA recurrent decode, the tile kernel: one CTA of 128 threads per (sequence n, value head h, tile of BV value
  * columns) for the exact head sizes K ∈ {64, 128} (BV = 4096 / K, V a multiple of BV), fp32 or bf16 states,
- * scalar β. The same recurrence as decode.cu (docs/ALGORITHM.md §1; inputs of §2), per token t:
+ * scalar β. The same recurrence as the staged kernel (decode_staged.cuh; docs/ALGORITHM.md §1; inputs of §2), per
+ * token t:
  *
  *     q̂ = s_q q_t, k̂ = s_k k_t         (l2norm: s_q = s / sqrt(Σq² + 1e−6), s_k = 1 / sqrt(Σk² + 1e−6);
  *                                       else s_q = s, s_k = 1)
@@ -12,14 +13,14 @@
  *     S  = S' + (s_k k) δᵀ
  *     o_j = s_q (b_j + s_k δ_j Σ_i k_i q_i)           (= Σ_i q̂_i S_ij after the update)
  *
- * Why a second kernel: decode streams the pool (each state read once and written once at ~4 flops per
- * element), and decode.cu's generality (any K and V, persistent items, staged rows) costs it ~1400
- * instructions per warp per tile where the arithmetic is ~200 (docs/PERF.md "Decode kernel, fourth version").
- * Here a CTA issues the first token's input loads and its slot's index first, then its tile's loads (8 or 16
- * vector loads per thread straight into registers), transforms the inputs while the tile flies (they return
- * first: issued behind the tile, they made every CTA wait for its whole tile before its transform and barrier),
- * makes one pass with both reductions, and stores; four to six CTAs per SM keep 96–128 KB of state in flight. The grid is (tiles, HV, N), tiles fastest, so the CTAs of a head run together
- * and share its input rows in L2.
+ * Why a second kernel: decode streams the pool (each state read once and written once at a few flops per
+ * element), and the staged kernel's generality (any K and V, persistent items, staged rows) costs it several
+ * times the instructions per tile that the arithmetic needs. Here a CTA issues the first token's input loads and
+ * its slot's index first, then its tile's loads (8 or 16 vector loads per thread straight into registers),
+ * transforms the inputs while the tile flies (they return first: issued behind the tile, they would make every
+ * CTA wait for its whole tile before its transform and barrier), makes one pass with both reductions, and
+ * stores; four to six CTAs per SM (dt_geom MIN_CTAS) keep 96–128 KB of fp32 state in flight. The grid is
+ * (tiles, HV, N), tiles fastest, so the CTAs of a head run together and share its input rows in L2.
  *
  * Per token the CTA loads each input row once, element e = tid (+128) per thread: q, k, g (+ dt_bias) of K,
  * the whole v row (the non-finite contract checks all V of it), β; transforms them (gate, α, β) into one of
@@ -27,25 +28,29 @@
  * per token. The next token's rows are loaded into registers during the current token's arithmetic.
  *
  * Thread layout of the tile (a "chunk" is 4 consecutive elements of a memory row; lane l of warp w), as in
- * decode.cu: V-first ([V, K] rows): 8 lanes per row, row j = 16·pass + 4w + (l >> 3), elements
+ * the staged kernel: V-first ([V, K] rows): 8 lanes per row, row j = 16·pass + 4w + (l >> 3), elements
  * i = 4(l & 7) + 32c; K-first ([K, V] rows): lane l holds columns 4(w·CGW + l % CGW) .. +3 and rows
  * i = l / CGW + RG·a. Reductions over K: 3 shuffles within the 8 lanes (V-first), log2(RG) within the warp
  * (K-first).
  *
- * Slots, the non-finite contract and the empty-sequence rules are decode.cu's (its header). The row's own
+ * Slots, the non-finite contract and the empty-sequence rules are the staged kernel's (its header). The row's own
  * state is loaded before its slot's ownership (claim) is known; a row that does not own the slot drops what
  * it loaded and starts from zeros. A non-finite initial-state column shows as a non-finite a_j: a_j is then
  * made NaN, which makes the column and o_j NaN (finite states whose products overflow fp32 do the same).
  */
+#ifndef KDA_CUDA_DECODE_TILE_CUH
+#define KDA_CUDA_DECODE_TILE_CUH
+
 #include "decode.cuh"
 
-#define DT_THREADS 128
+#define DT_THREADS KDA_DT_THREADS
+#define DT_SCAN KDA_DT_SCAN
 
 /* NA four-element chunks of state per thread (8 or 16): a tile of 512·NA elements, BV = 512·NA / K columns. */
 template <int VF, int KD, int NA>
 struct dt_geom {
     static constexpr int TILE = DT_THREADS * 4 * NA;
-    static constexpr int BV = TILE / KD;   /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
+    static constexpr int BV = KDA_DT_BV(KD, NA); /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
     static constexpr int CPR = KD / 32;    /* V-first: chunks of a row per lane */
     static constexpr int NP = NA / CPR;    /* V-first: rows per thread */
     static constexpr int CB = BV / 32;     /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u) */
@@ -366,41 +371,15 @@ __global__ void __launch_bounds__(DT_THREADS, dt_geom<VF, KD, NA>::MIN_CTAS)
     if (!per_token && p.pb.ht && rslot >= 0) dt_store_tile<VF, KD, NA, SF32>(p, S, rslot, h, j0);
 }
 
-template <int VF, int KD, int NA, int SF32>
-static int dt_launch(const kda_decode_params_t *p, void *stream) {
+/* The launch of an instance: a CTA per (tile, value head, sequence), tiles fastest. */
+template <int VF, int KD, int SF32, int EX, int NA>
+static int kda_dec_tile_launch(const kda_decode_params_t *p, int device, void *stream) {
+    static_assert(EX == 1, "the tile kernel runs exact head sizes only");
+    (void)device;
+    if (p->pb.seqs.num_seqs == 0 || p->pb.hv == 0) return 0;
     const dim3 grid((unsigned)(p->pb.V / dt_geom<VF, KD, NA>::BV), (unsigned)p->pb.hv, (unsigned)p->pb.seqs.num_seqs);
     kda_decode_tile_kernel<VF, KD, NA, SF32><<<grid, DT_THREADS, 0, (cudaStream_t)stream>>>(*p);
     return (int)cudaGetLastError();
 }
 
-int kda_decode_tile_fits(const kda_decode_params_t *p) {
-    if (p->beta_headwise || (p->pb.K != 64 && p->pb.K != 128) || p->pb.V % (DT_THREADS * 4 * 8 / p->pb.K) || p->pb.V > 256)
-        return 0;
-    if (p->pb.seqs.num_seqs > 65535 || p->pb.hv > 65535 || !p->vec) return 0;
-    /* the states present share one dtype, fp32 or bf16, and 16-byte (fp32) / 8-byte (bf16) aligned bases */
-    const int sdt = p->pb.h0 ? p->pb.h0_dtype : p->pb.ht_dtype;
-    if (sdt != KDA_DT_F32 && sdt != KDA_DT_BF16) return 0;
-    if (p->pb.h0 && p->pb.ht && p->pb.h0_dtype != p->pb.ht_dtype) return 0;
-    const uintptr_t al = sdt == KDA_DT_F32 || p->pb.v_first ? 16 : 8; /* bf16 V-first: chunk pairs, 16 bytes */
-    return (!p->pb.h0 || (uintptr_t)p->pb.h0 % al == 0) && (!p->pb.ht || (uintptr_t)p->pb.ht % al == 0);
-}
-
-template <int VF, int KD>
-static int dt_launch_na(const kda_decode_params_t *p, int f32, void *stream) {
-    const int64_t ctas16 = p->pb.seqs.num_seqs * p->pb.hv * (p->pb.V / dt_geom<VF, KD, 16>::BV);
-    const int fits16 = p->pb.V % dt_geom<VF, KD, 16>::BV == 0;
-    /* 16 chunks per thread (twice the bytes in flight per thread, the per-token work of a CTA over twice the
-       columns) when V allows it and the grid still fills the card, except fp32 V-first tiles (8 chunks measure
-       faster there: 305 against 317 us at N256 H32, 41 against 45 at N32, H200); else 8 */
-    const int want16 = ctas16 >= 4 * (int64_t)p->sm_count && !(VF && f32);
-    if (fits16 && (p->forced_kernel == 4 || (p->forced_kernel != 3 && want16)))
-        return f32 ? dt_launch<VF, KD, 16, 1>(p, stream) : dt_launch<VF, KD, 16, 0>(p, stream);
-    return f32 ? dt_launch<VF, KD, 8, 1>(p, stream) : dt_launch<VF, KD, 8, 0>(p, stream);
-}
-
-int kda_decode_tile_launch(const kda_decode_params_t *p, void *stream) {
-    if (p->pb.seqs.num_seqs == 0 || p->pb.hv == 0) return 0;
-    const int f32 = (p->pb.h0 ? p->pb.h0_dtype : p->pb.ht_dtype) == KDA_DT_F32;
-    if (p->pb.v_first) return p->pb.K == 64 ? dt_launch_na<1, 64>(p, f32, stream) : dt_launch_na<1, 128>(p, f32, stream);
-    return p->pb.K == 64 ? dt_launch_na<0, 64>(p, f32, stream) : dt_launch_na<0, 128>(p, f32, stream);
-}
+#endif /* KDA_CUDA_DECODE_TILE_CUH */
