@@ -17,18 +17,18 @@
 enum { CT = 80, CHV = 2 };
 
 /* Whether o[t][h][j] (x; clean: y) holds the rule for g = gv at token t0 of head 0; a move inside t0's block on
- * a chunked path raises *worst (relative to omax). */
-static int causal_ok(float x, float y, float gv, int t, int h, int t0, int exact, double omax, double *worst) {
+ * a chunked path (tol > 0) raises *worst (relative to omax). */
+static int causal_ok(float x, float y, float gv, int t, int h, int t0, double tol, double omax, double *worst) {
     if (h == 0 && t >= t0) return isnan(gv) ? isnan(x) : isfinite(x); /* NaN for a NaN gate, else clamped */
-    if (h == 0 && t / 16 == t0 / 16 && !exact) {
+    if (h == 0 && t / 16 == t0 / 16 && tol > 0.0) {
         const double dev = fabs((double)x - (double)y);
         if (isfinite(x)) *worst = fmax(*worst, dev / omax);
-        return isfinite(x) && dev <= KDA_CAUSAL_TOL * omax;
+        return isfinite(x) && dev <= tol * omax;
     }
-    return x == y; /* an earlier block, the other head, or an exact path */
+    return x == y; /* an earlier block, the other head, or a token-by-token path */
 }
 
-double kda_contract_causal_g(const kda_contract_backend_t *be, kda_algo_t algo, int exact, uint64_t seed) {
+double kda_contract_causal_g(const kda_contract_backend_t *be, kda_algo_t algo, double tol, uint64_t seed) {
     static const float values[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, -100.0f, -30.0f, 100.0f};
     const int D = be->head_dim;
     kda_synth_config_t c;
@@ -66,7 +66,7 @@ double kda_contract_causal_g(const kda_contract_backend_t *be, kda_algo_t algo, 
                     for (int h = 0; h < CHV; h++)
                         for (int j = 0; j < D; j++) {
                             const size_t e = ((size_t)t * CHV + h) * D + j;
-                            if (causal_ok(o[e], clean[e], values[vi], t, h, t0, exact, omax, &worst) || bad++ >= 3)
+                            if (causal_ok(o[e], clean[e], values[vi], t, h, t0, tol, omax, &worst) || bad++ >= 3)
                                 continue;
                             CHECK(0, "%s, K = V = %d: g = %g at token %d (all channels %d): o[%d][%d][%d] = %.9g, "
                                   "clean %.9g", be->name, D, (double)values[vi], t0, all, t, h, j, (double)o[e],
