@@ -215,7 +215,7 @@ KDA_API kda_status_t kda_forward_saved_size(const kda_context_t *ctx, const kda_
 /* Compute o (and final_state, chunk_states, saved when set) for every sequence. `workspace`: at least the
  * kda_forward_workspace_size answer on the context's device, any alignment (NULL when 0). `stream`: a
  * cudaStream_t (NULL: the default stream; ignored on the CPU). One thread at a time per context. Causal, except
- * that a token's g may move the earlier tokens of its 16-token block by float32 rounding (docs/API.md §12). */
+ * that a token's g may move the earlier tokens of its 16-token block by rounding (docs/API.md §12). */
 KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace,
                                  size_t workspace_bytes, void *stream);
 

@@ -29,8 +29,17 @@
 #include <stdint.h>
 #include <string.h>
 
-/* KDA_NO_CLONES (set by CMakeLists.txt for ThreadSanitizer builds): one version, no target_clones resolver; the
- * resolvers run during relocation, before a sanitizer runtime that instruments them is initialised. */
+/* KDA_NO_CLONES (set by CMakeLists.txt for KDA_SANITIZE=thread, and here for any ThreadSanitizer build, e.g.
+ * -fsanitize=thread in CMAKE_C_FLAGS): one version, no target_clones resolver; the resolvers run during
+ * relocation, before a sanitizer runtime that instruments them is initialised. */
+#if !defined(KDA_NO_CLONES) && defined(__SANITIZE_THREAD__) /* gcc */
+#define KDA_NO_CLONES 1
+#endif
+#if !defined(KDA_NO_CLONES) && defined(__has_feature)
+#if __has_feature(thread_sanitizer) /* clang */
+#define KDA_NO_CLONES 1
+#endif
+#endif
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(KDA_NO_CLONES)
 #define KDA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

@@ -31,4 +31,16 @@ typedef struct {
  * state configurations; CHECKs inside. */
 void kda_contract_check(const kda_contract_backend_t *be, int t);
 
+/* Causality in g (docs/ALGORITHM.md §7 item 6; tests/common/causal.c): each class of g (NaN, ±inf, ±1e30, -100,
+ * -30, 100) in one channel or all channels of head 0 at token t0, for every t0 of the first three 16-token blocks
+ * and around the 64-token chunk boundary, of an 80-token sequence with two value heads, K = V = be->head_dim.
+ * From t0 on, head 0's o is NaN for a NaN gate and finite otherwise; earlier blocks and head 1 are bit-identical
+ * to the clean run; the earlier rows of t0's block are too where tol is 0 (a token-by-token path), and
+ * otherwise finite and within tol of head 0's largest |o|. Returns the largest such move seen (relative); CHECKs
+ * inside. The stated bounds: KDA_CAUSAL_TOL on the CPU (float32 arithmetic), KDA_CAUSAL_TOL_CUDA on CUDA (its
+ * chunked kernels take some products with 16-bit operands). */
+#define KDA_CAUSAL_TOL 1e-5
+#define KDA_CAUSAL_TOL_CUDA 1e-2
+double kda_contract_causal_g(const kda_contract_backend_t *be, kda_algo_t algo, double tol, uint64_t seed);
+
 #endif /* KDA_TEST_CONTRACT_H */

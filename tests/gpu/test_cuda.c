@@ -657,6 +657,23 @@ TEST(gpu_contract_forward_decode_agree) {
     }
 }
 
+/* Causality in g on CUDA (docs/ALGORITHM.md §7 item 6; tests/common/causal.c, as harden_fwd_causal_in_g on
+ * the CPU): a gate of any class at token t0 leaves earlier 16-token blocks bit-identical and the block's earlier
+ * rows within KDA_CAUSAL_TOL_CUDA of the head's largest |o| (the chunked kernels' 16-bit operands round them);
+ * kda_decode on 80 tokens is held to the same rule (it may take the chunked kernels). */
+TEST(gpu_fwd_causal_in_g) {
+    (void)gpu();
+    double worst = 0.0;
+    for (int kd = 64; kd <= 128; kd += 64)
+        for (int algo = 0; algo < 2; algo++) {
+            const kda_contract_backend_t be = {algo ? "cuda decode" : "cuda forward", run_cuda, NULL, kd, 0.0, 0.0,
+                                               0};
+            const kda_algo_t a = algo ? KDA_ALGO_DECODE : KDA_ALGO_FORWARD;
+            worst = fmax(worst, kda_contract_causal_g(&be, a, KDA_CAUSAL_TOL_CUDA, kd));
+        }
+    printf("largest move of an earlier output of t0's block (CUDA): %.3g of the head's max |o|\n", worst);
+}
+
 /* ---------------------------------------------------------------------------------------------------------
  * Intra-card context parallelism (issue 9): the acceptance checks, written before the kernels. Forced on with
  * pieces of 1 to many chunks (and auto), every case's relative errors of o and of the final state against the
