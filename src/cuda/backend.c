@@ -101,7 +101,7 @@ const kda_cuda_config_t *kda_cuda_find_config(int kc, int vc) {
 static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t *p, const char *fn) {
     (void)ctx;
     const kda_args_t *a = &p->a;
-    /* the recurrent kernel (decode.cu) takes any K, V in [1, 256] and any alignment */
+    /* the recurrent kernel (decode/) takes any K, V in [1, 256] and any alignment */
     if (kda_cuda_decode_fits(p, strncmp(fn, "kda_decode", 10) == 0)) return KDA_STATUS_SUCCESS;
     const int kc = kda_cuda_size_class(a->head_dim_k), vc = kda_cuda_size_class(a->head_dim_v);
     if (strncmp(fn, "kda_backward", 12) == 0 && (a->head_dim_k > KDA_BWD_MAX_HEAD_DIM || a->head_dim_v > KDA_BWD_MAX_HEAD_DIM))
@@ -184,7 +184,7 @@ static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, voi
     return cuda_run(ctx, p, ws, stream, "kda_forward");
 }
 
-/* Decode: the recurrent kernel (decode.cu) for short sequences, the chunked kernels for long ones. */
+/* Decode: the recurrent kernel (decode/) for short sequences, the chunked kernels for long ones. */
 static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
     if (kda_cuda_decode_fits(p, 1))
