@@ -110,23 +110,23 @@ typedef enum kda_cp_mode {
     KDA_CP_ON = 2    /* always take the split path, with pieces of cp_piece_len tokens */
 } kda_cp_mode_t;
 
-#define KDA_CHUNK_SIZE 64                  /* tokens per chunk of the chunked algorithm: chunk_states' rows */
-#define KDA_CP_PIECE_MULTIPLE 64           /* cp_piece_len is a multiple of the chunk (tokens) */
-#define KDA_CP_MAX_PIECE_LEN (1 << 24)     /* the largest cp_piece_len (tokens) */
+#define KDA_CHUNK_SIZE 64              /* tokens per chunk of the chunked algorithm: chunk_states' rows */
+#define KDA_CP_PIECE_MULTIPLE 64       /* cp_piece_len is a multiple of the chunk (tokens) */
+#define KDA_CP_MAX_PIECE_LEN (1 << 24) /* the largest cp_piece_len (tokens) */
 
 /* ---- The problem: one struct for kda_forward and kda_decode (docs/API.md §5) ---------------------------
  * kda_args_init() sets every field to its default (given beside it; unstated: 0 / NULL); then set the fields
  * you use. Leave struct_size as kda_args_init() set it (docs/API.md §13). */
 typedef struct kda_args {
-    size_t struct_size;           /* sizeof(kda_args_t) of the header the caller was built with */
+    size_t struct_size; /* sizeof(kda_args_t) of the header the caller was built with */
 
     /* -- Problem size (docs/API.md §4) ------------------------------------------------------------------- */
-    int64_t batch;                /* B >= 0 equal-length rows; 1 with cu_seqlens. Default 1 */
-    int64_t seq_len;              /* T >= 0 tokens per row (total tokens with cu_seqlens). Default 0 */
-    int32_t num_qk_heads;         /* HQK >= 1 query/key heads. Default 1 */
-    int32_t num_v_heads;          /* HV >= 1 value heads, a multiple of HQK (GVA when larger). Default 1 */
-    int32_t head_dim_k;           /* K in [1, 256]. Default 128 */
-    int32_t head_dim_v;           /* V in [1, 256], independent of K. Default 128 */
+    int64_t batch;        /* B >= 0 equal-length rows; 1 with cu_seqlens. Default 1 */
+    int64_t seq_len;      /* T >= 0 tokens per row (total tokens with cu_seqlens). Default 0 */
+    int32_t num_qk_heads; /* HQK >= 1 query/key heads. Default 1 */
+    int32_t num_v_heads;  /* HV >= 1 value heads, a multiple of HQK (GVA when larger). Default 1 */
+    int32_t head_dim_k;   /* K in [1, 256]. Default 128 */
+    int32_t head_dim_v;   /* V in [1, 256], independent of K. Default 128 */
 
     /* -- Variable-length sequences (optional) ------------------------------------------------------------ */
     const void *cu_seqlens;       /* [N+1] monotone offsets from 0 to T; NULL: N = B equal-length rows */
@@ -135,56 +135,56 @@ typedef struct kda_args {
     const void *cu_seqlens_host;  /* CUDA, optional: a host copy of cu_seqlens, whose contents are then validated */
 
     /* -- Inputs ------------------------------------------------------------------------------------------ */
-    kda_dtype_t dtype;            /* dtype of q, k and v: FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
-    const void *q;                /* [B, T, HQK, K] queries */
-    const void *k;                /* [B, T, HQK, K] keys */
-    const void *v;                /* [B, T, HV, V] values */
-    const void *g;                /* [B, T, HV, K] log decay (<= 0), or the raw gate with use_gate_in_kernel */
-    kda_dtype_t g_dtype;          /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
-    const void *beta;             /* [B, T, HV] β, or its logit with use_beta_sigmoid ([.., HV, V] headwise) */
-    kda_dtype_t beta_dtype;       /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    kda_dtype_t dtype;      /* dtype of q, k and v: FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    const void *q;          /* [B, T, HQK, K] queries */
+    const void *k;          /* [B, T, HQK, K] keys */
+    const void *v;          /* [B, T, HV, V] values */
+    const void *g;          /* [B, T, HV, K] log decay (<= 0), or the raw gate with use_gate_in_kernel */
+    kda_dtype_t g_dtype;    /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    const void *beta;       /* [B, T, HV] β, or its logit with use_beta_sigmoid ([.., HV, V] headwise) */
+    kda_dtype_t beta_dtype; /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
 
     /* -- Output ------------------------------------------------------------------------------------------ */
-    void *o;                      /* [B, T, HV, V] output, fully written */
-    kda_dtype_t o_dtype;          /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    void *o;             /* [B, T, HV, V] output, fully written */
+    kda_dtype_t o_dtype; /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
 
     /* -- States (optional; pools and slots: docs/API.md §6) ---------------------------------------------- */
-    const void *initial_state;    /* [N, HV, K, V] (V-first: [N, HV, V, K]), or a pool; NULL: zeros */
+    const void *initial_state;       /* [N, HV, K, V] (V-first: [N, HV, V, K]), or a pool; NULL: zeros */
     kda_dtype_t initial_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
-    void *final_state;            /* as initial_state, may be the same memory (in place); NULL: not written */
-    kda_dtype_t final_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
-    int state_v_first;            /* 1: states are stored [V, K] per head (FLA's state_v_first) */
-    const int32_t *state_indices; /* [N] slot of each sequence in the state pools (negative: none), or NULL */
-    int64_t num_state_slots;      /* slots in the pools when state_indices is set */
+    void *final_state;               /* as initial_state, may be the same memory (in place); NULL: not written */
+    kda_dtype_t final_state_dtype;   /* FLOAT32 or BFLOAT16. Default FLOAT32 */
+    int state_v_first;               /* 1: states are stored [V, K] per head (FLA's state_v_first) */
+    const int32_t *state_indices;    /* [N] slot of each sequence in the state pools (negative: none), or NULL */
+    int64_t num_state_slots;         /* slots in the pools when state_indices is set */
 
     /* -- Options (FLA's chunk_kda flags, same meaning; docs/API.md §5) ----------------------------------- */
-    float scale;                  /* output scale; 0 selects K^-1/2 (a binding refuses values that round to 0.0f) */
-    int use_qk_l2norm;            /* 1: q and k are l2-normalised over K first (use_qk_l2norm_in_kernel) */
-    int use_gate_in_kernel;       /* 1: g is the raw gate; log decay from A_log, dt_bias, lower_bound */
-    const float *A_log;           /* [HV] float32, with use_gate_in_kernel; required unless lower_bound is set */
-    const float *dt_bias;         /* [HV * K] float32, optional, with use_gate_in_kernel */
-    float lower_bound;            /* the sigmoid gate's bound, < 0; 0: unset (softplus gate; bindings: as scale) */
-    int safe_gate;                /* 1: the caller promises bounded gates (FLA's safe_gate) */
-    int use_beta_sigmoid;         /* 1: beta is a logit, β = sigmoid(beta) (use_beta_sigmoid_in_kernel) */
-    int allow_neg_eigval;         /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid */
+    float scale;            /* output scale; 0 selects K^-1/2 (a binding refuses values that round to 0.0f) */
+    int use_qk_l2norm;      /* 1: q and k are l2-normalised over K first (use_qk_l2norm_in_kernel) */
+    int use_gate_in_kernel; /* 1: g is the raw gate; log decay from A_log, dt_bias, lower_bound */
+    const float *A_log;     /* [HV] float32, with use_gate_in_kernel; required unless lower_bound is set */
+    const float *dt_bias;   /* [HV * K] float32, optional, with use_gate_in_kernel */
+    float lower_bound;      /* the sigmoid gate's bound, < 0; 0: unset (softplus gate; bindings: as scale) */
+    int safe_gate;          /* 1: the caller promises bounded gates (FLA's safe_gate) */
+    int use_beta_sigmoid;   /* 1: beta is a logit, β = sigmoid(beta) (use_beta_sigmoid_in_kernel) */
+    int allow_neg_eigval;   /* 1: β = 2 * sigmoid(beta), in (0, 2); requires use_beta_sigmoid */
 
     /* -- Speculative decoding and headwise β (appended; docs/API.md §6, §13) ------------------------------ */
-    int64_t state_indices_cols;   /* 0: state_indices is [N]; T_max >= 1: it is [N, T_max] (speculative) */
-    int64_t state_indices_row_stride; /* elements between rows of a 2-D state_indices (<= 2^40); 0: the cols */
+    int64_t state_indices_cols;         /* 0: state_indices is [N]; T_max >= 1: it is [N, T_max] (speculative) */
+    int64_t state_indices_row_stride;   /* elements between rows of a 2-D state_indices (<= 2^40); 0: the cols */
     const int32_t *num_accepted_tokens; /* [N] in [1, T_max], with a 2-D state_indices; NULL: all 1 */
-    int beta_headwise;            /* 1: beta is [B, T, HV, V], one β per value channel */
+    int beta_headwise;                  /* 1: beta is [B, T, HV, V], one β per value channel */
 
     /* -- Intra-card context parallelism (appended; CUDA kda_forward; docs/API.md §8) --------------------- */
-    kda_cp_mode_t cp_mode;        /* KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON. Default KDA_CP_AUTO (0) */
-    int64_t cp_piece_len;         /* KDA_CP_ON: tokens per piece, a multiple of 64 up to KDA_CP_MAX_PIECE_LEN */
+    kda_cp_mode_t cp_mode; /* KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON. Default KDA_CP_AUTO (0) */
+    int64_t cp_piece_len;  /* KDA_CP_ON: tokens per piece, a multiple of 64 up to KDA_CP_MAX_PIECE_LEN */
 
     /* -- Chunk-start states (appended; kda_forward; docs/API.md §9) -------------------------------------- */
-    void *chunk_states;           /* [Σ_n ceil(len_n / 64), HV, K, V]: the state before every chunk; NULL: none */
+    void *chunk_states;             /* [Σ_n ceil(len_n / 64), HV, K, V]: the state before every chunk; NULL: none */
     kda_dtype_t chunk_states_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
 
     /* -- Training: what the forward keeps for the backward (appended; docs/API.md §10) ------------------- */
-    void *saved;                  /* kda_forward writes, kda_backward reads; NULL: the backward recomputes */
-    size_t saved_bytes;           /* bytes at saved, at least kda_forward_saved_size's answer */
+    void *saved;        /* kda_forward writes, kda_backward reads; NULL: the backward recomputes */
+    size_t saved_bytes; /* bytes at saved, at least kda_forward_saved_size's answer */
 
     /* -- Context parallelism across ranks (appended; kda_forward, kda_backward; docs/API.md §14) --------- */
     int32_t cp_num_ranks;         /* R >= 1 ranks the packed tokens are split over; 0: none (the default) */
@@ -216,50 +216,50 @@ KDA_API kda_status_t kda_forward_saved_size(const kda_context_t *ctx, const kda_
  * kda_forward_workspace_size answer on the context's device, any alignment (NULL when 0). `stream`: a
  * cudaStream_t (NULL: the default stream; ignored on the CPU). One thread at a time per context. Causal, except
  * that a token's g may move the earlier tokens of its 16-token block by rounding (docs/API.md §12). */
-KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace,
-                                 size_t workspace_bytes, void *stream);
+KDA_API kda_status_t kda_forward(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
+                                 void *stream);
 
 /* ---- Decode: the token-by-token recurrence, for few tokens per sequence (docs/API.md §7) -------------
  * Same arguments and results as kda_forward; best for T <= 16 tokens per sequence; with state_indices and
  * final_state == initial_state it updates a state pool in place. */
 KDA_API kda_status_t kda_decode_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
                                                size_t *workspace_bytes);
-KDA_API kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *workspace,
-                                size_t workspace_bytes, void *stream);
+KDA_API kda_status_t kda_decode(kda_context_t *ctx, const kda_args_t *args, void *workspace, size_t workspace_bytes,
+                                void *stream);
 
 /* ---- Training backward: the gradients of every input of kda_forward (docs/API.md §11) ------------------
  * `problem` is the very kda_args_t the forward ran with (its o and final_state are not read); its
  * initial_state must still hold the state the forward started from. Gradients are with respect to the raw
  * inputs, through the in-kernel options. */
 typedef struct kda_backward_args {
-    size_t struct_size;            /* sizeof(kda_backward_args_t) of the header the caller was built with */
-    const kda_args_t *problem;     /* the forward's arguments (o and final_state are not read). Required */
+    size_t struct_size;        /* sizeof(kda_backward_args_t) of the header the caller was built with */
+    const kda_args_t *problem; /* the forward's arguments (o and final_state are not read). Required */
 
     /* -- Incoming gradients ------------------------------------------------------------------------------ */
-    const void *d_o;               /* [B, T, HV, V] ∂L/∂o. Required when B * T > 0 */
-    kda_dtype_t d_o_dtype;         /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
-    const void *d_final_state;     /* ∂L/∂final_state, laid out as final_state. NULL: zero */
+    const void *d_o;                 /* [B, T, HV, V] ∂L/∂o. Required when B * T > 0 */
+    kda_dtype_t d_o_dtype;           /* FLOAT32, FLOAT16 or BFLOAT16. Default BFLOAT16 */
+    const void *d_final_state;       /* ∂L/∂final_state, laid out as final_state. NULL: zero */
     kda_dtype_t d_final_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
 
     /* -- Gradient outputs: each in its input's dtype or FLOAT32; required when B * T > 0 ----------------- */
-    void *dq;                      /* [B, T, HQK, K] */
-    kda_dtype_t dq_dtype;          /* Default BFLOAT16 */
-    void *dk;                      /* [B, T, HQK, K] */
-    kda_dtype_t dk_dtype;          /* Default BFLOAT16 */
-    void *dv;                      /* [B, T, HV, V] */
-    kda_dtype_t dv_dtype;          /* Default BFLOAT16 */
-    void *dg;                      /* [B, T, HV, K] gradient of g (of the raw gate with use_gate_in_kernel) */
-    kda_dtype_t dg_dtype;          /* Default BFLOAT16 */
-    void *dbeta;                   /* [B, T, HV] gradient of beta (of the logit with use_beta_sigmoid) */
-    kda_dtype_t dbeta_dtype;       /* Default BFLOAT16 */
-    void *d_initial_state;         /* shaped as initial_state; requires it. NULL: not computed */
+    void *dq;                          /* [B, T, HQK, K] */
+    kda_dtype_t dq_dtype;              /* Default BFLOAT16 */
+    void *dk;                          /* [B, T, HQK, K] */
+    kda_dtype_t dk_dtype;              /* Default BFLOAT16 */
+    void *dv;                          /* [B, T, HV, V] */
+    kda_dtype_t dv_dtype;              /* Default BFLOAT16 */
+    void *dg;                          /* [B, T, HV, K] gradient of g (of the raw gate with use_gate_in_kernel) */
+    kda_dtype_t dg_dtype;              /* Default BFLOAT16 */
+    void *dbeta;                       /* [B, T, HV] gradient of beta (of the logit with use_beta_sigmoid) */
+    kda_dtype_t dbeta_dtype;           /* Default BFLOAT16 */
+    void *d_initial_state;             /* shaped as initial_state; requires it. NULL: not computed */
     kda_dtype_t d_initial_state_dtype; /* FLOAT32 or BFLOAT16. Default FLOAT32 */
-    float *dA_log;                 /* [HV] float32; needs use_gate_in_kernel and A_log. NULL: not computed */
-    float *ddt_bias;               /* [HV * K] float32; needs use_gate_in_kernel and dt_bias. NULL: not computed */
+    float *dA_log;                     /* [HV] float32; needs use_gate_in_kernel and A_log. NULL: not computed */
+    float *ddt_bias;                   /* [HV * K] float32; needs use_gate_in_kernel and dt_bias. NULL: not computed */
 
     /* -- Context parallelism across ranks (appended; docs/API.md §14): problem->cp_* describe the split -- */
-    const void *cp_summaries;      /* [R, HV, K, K + V] every rank's backward summary; problem->cp_post_ranks > 0 */
-    size_t cp_summaries_bytes;     /* bytes at cp_summaries, at least R * kda_cp_summary_size's answer */
+    const void *cp_summaries;  /* [R, HV, K, K + V] every rank's backward summary; problem->cp_post_ranks > 0 */
+    size_t cp_summaries_bytes; /* bytes at cp_summaries, at least R * kda_cp_summary_size's answer */
 } kda_backward_args_t;
 
 /* As kda_args_init_sized, for the backward's struct (struct_size = the caller's sizeof). */
@@ -295,8 +295,7 @@ KDA_API kda_status_t kda_cp_forward_summary(kda_context_t *ctx, const kda_args_t
                                             void *stream);
 
 /* Workspace of kda_cp_backward_summary (may be 0). Validates args. */
-KDA_API kda_status_t kda_cp_backward_summary_workspace_size(const kda_context_t *ctx,
-                                                            const kda_backward_args_t *args,
+KDA_API kda_status_t kda_cp_backward_summary_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args,
                                                             size_t *workspace_bytes);
 
 /* This rank's backward summary into `summary`: per value head [Mᵀ | dE] of its first local sequence part. Reads

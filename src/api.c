@@ -15,36 +15,54 @@ int kda_version(void) { return KDA_VERSION; }
 
 const char *kda_status_string(kda_status_t status) {
     switch (status) {
-    case KDA_STATUS_SUCCESS: return "KDA_STATUS_SUCCESS";
-    case KDA_STATUS_INVALID_VALUE: return "KDA_STATUS_INVALID_VALUE";
-    case KDA_STATUS_NOT_SUPPORTED: return "KDA_STATUS_NOT_SUPPORTED";
-    case KDA_STATUS_INSUFFICIENT_WORKSPACE: return "KDA_STATUS_INSUFFICIENT_WORKSPACE";
-    case KDA_STATUS_ALLOC_FAILED: return "KDA_STATUS_ALLOC_FAILED";
-    case KDA_STATUS_BACKEND_ERROR: return "KDA_STATUS_BACKEND_ERROR";
-    case KDA_STATUS_INTERNAL_ERROR: return "KDA_STATUS_INTERNAL_ERROR";
-    case KDA_STATUS_CONTEXT_IN_USE: return "KDA_STATUS_CONTEXT_IN_USE";
+    case KDA_STATUS_SUCCESS:
+        return "KDA_STATUS_SUCCESS";
+    case KDA_STATUS_INVALID_VALUE:
+        return "KDA_STATUS_INVALID_VALUE";
+    case KDA_STATUS_NOT_SUPPORTED:
+        return "KDA_STATUS_NOT_SUPPORTED";
+    case KDA_STATUS_INSUFFICIENT_WORKSPACE:
+        return "KDA_STATUS_INSUFFICIENT_WORKSPACE";
+    case KDA_STATUS_ALLOC_FAILED:
+        return "KDA_STATUS_ALLOC_FAILED";
+    case KDA_STATUS_BACKEND_ERROR:
+        return "KDA_STATUS_BACKEND_ERROR";
+    case KDA_STATUS_INTERNAL_ERROR:
+        return "KDA_STATUS_INTERNAL_ERROR";
+    case KDA_STATUS_CONTEXT_IN_USE:
+        return "KDA_STATUS_CONTEXT_IN_USE";
     }
     return "KDA_STATUS_UNKNOWN";
 }
 
 size_t kda_dtype_size(kda_dtype_t dtype) {
     switch (dtype) {
-    case KDA_FLOAT32: return 4;
-    case KDA_FLOAT16: return 2;
-    case KDA_BFLOAT16: return 2;
-    case KDA_INT32: return 4;
-    case KDA_INT64: return 8;
-    case KDA_FLOAT64: return 8;
+    case KDA_FLOAT32:
+        return 4;
+    case KDA_FLOAT16:
+        return 2;
+    case KDA_BFLOAT16:
+        return 2;
+    case KDA_INT32:
+        return 4;
+    case KDA_INT64:
+        return 8;
+    case KDA_FLOAT64:
+        return 8;
     }
     return 0;
 }
 
 const char *kda_backend_name(kda_backend_t backend) {
     switch (backend) {
-    case KDA_BACKEND_AUTO: return "auto";
-    case KDA_BACKEND_CPU: return "cpu";
-    case KDA_BACKEND_REFERENCE: return "reference";
-    case KDA_BACKEND_CUDA: return "cuda";
+    case KDA_BACKEND_AUTO:
+        return "auto";
+    case KDA_BACKEND_CPU:
+        return "cpu";
+    case KDA_BACKEND_REFERENCE:
+        return "reference";
+    case KDA_BACKEND_CUDA:
+        return "cuda";
     }
     return "unknown";
 }
@@ -63,8 +81,10 @@ static kda_status_t ctx_enter(const kda_context_t *ctx, const char *fn) {
     int v = __atomic_load_n(in_use, __ATOMIC_ACQUIRE);
     do {
         if (v < 0)
-            return kda_error(KDA_STATUS_CONTEXT_IN_USE, "%s: the context is in use: another thread is running "
-                             "kda_set_num_threads or kda_destroy on it", fn);
+            return kda_error(KDA_STATUS_CONTEXT_IN_USE,
+                             "%s: the context is in use: another thread is running "
+                             "kda_set_num_threads or kda_destroy on it",
+                             fn);
     } while (!__atomic_compare_exchange_n(in_use, &v, v + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     return KDA_STATUS_SUCCESS;
 }
@@ -78,9 +98,10 @@ void kda_ctx_leave(const kda_context_t *ctx) { ctx_leave(ctx); }
 static kda_status_t ctx_claim(kda_context_t *ctx, const char *fn) {
     int v = 0;
     if (!__atomic_compare_exchange_n(&ctx->in_use, &v, -1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-        return kda_error(KDA_STATUS_CONTEXT_IN_USE, "%s: the context is in use: %s on another thread; call it "
-                         "when no other call runs on the context", fn,
-                         v > 0 ? "a call is running on it" : "kda_set_num_threads or kda_destroy is running");
+        return kda_error(KDA_STATUS_CONTEXT_IN_USE,
+                         "%s: the context is in use: %s on another thread; call it "
+                         "when no other call runs on the context",
+                         fn, v > 0 ? "a call is running on it" : "kda_set_num_threads or kda_destroy is running");
     return KDA_STATUS_SUCCESS;
 }
 
@@ -171,8 +192,7 @@ void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning) {
 
 kda_status_t kda_get_num_threads(const kda_context_t *ctx, int *num_threads) {
     if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_num_threads: argument 'ctx': NULL");
-    if (!num_threads)
-        return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_num_threads: argument 'num_threads': NULL");
+    if (!num_threads) return kda_error(KDA_STATUS_INVALID_VALUE, "kda_get_num_threads: argument 'num_threads': NULL");
     *num_threads = ctx->num_threads;
     return KDA_STATUS_SUCCESS;
 }
@@ -219,15 +239,15 @@ static kda_status_t prepare(const kda_context_t *ctx, const kda_args_t *args, al
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, p, algo == ALGO_DECODE ? KDA_XCP_DECODE : KDA_XCP_FOLD);
     if (st != KDA_STATUS_SUCCESS) return st;
     if (kda_xcp_forward_extra(p) && !ctx->ops->cp_summary)
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'cp_pre_ranks': the %s backend cannot fold "
-                         "cross-rank CP summaries yet (use the cpu or reference backend)", fn,
-                         kda_backend_name(ctx->backend));
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument 'cp_pre_ranks': the %s backend cannot fold "
+                         "cross-rank CP summaries yet (use the cpu or reference backend)",
+                         fn, kda_backend_name(ctx->backend));
     if (ctx->ops->supports) {
         st = ctx->ops->supports(ctx, p, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
     }
-    st = algo == ALGO_FORWARD ? ctx->ops->forward_workspace(ctx, p, need)
-                              : ctx->ops->decode_workspace(ctx, p, need);
+    st = algo == ALGO_FORWARD ? ctx->ops->forward_workspace(ctx, p, need) : ctx->ops->decode_workspace(ctx, p, need);
     if (st == KDA_STATUS_SUCCESS && algo == ALGO_FORWARD) *need += kda_xcp_forward_extra(p);
     return st;
 }
@@ -245,8 +265,10 @@ static kda_status_t check_saved(const kda_context_t *ctx, const kda_problem_t *p
     const kda_status_t st = saved_need(ctx, p, &need);
     if (st != KDA_STATUS_SUCCESS) return st;
     if (p->a.saved_bytes < need)
-        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE, "%s: argument 'saved_bytes': %zu bytes given, %zu needed "
-                         "(kda_forward_saved_size)", fn, p->a.saved_bytes, need);
+        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
+                         "%s: argument 'saved_bytes': %zu bytes given, %zu needed "
+                         "(kda_forward_saved_size)",
+                         fn, p->a.saved_bytes, need);
     return KDA_STATUS_SUCCESS;
 }
 
@@ -349,16 +371,19 @@ static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backwar
                                      kda_bwd_problem_t *p, size_t *need) {
     if (!ctx) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'ctx': NULL", fn);
     if (!ctx->ops->backward)
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: the %s backend has no backward yet (use the cpu or "
-                         "reference backend)", fn, kda_backend_name(ctx->backend));
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: the %s backend has no backward yet (use the cpu or "
+                         "reference backend)",
+                         fn, kda_backend_name(ctx->backend));
     kda_status_t st = kda_check_backward_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, &p->f, KDA_XCP_FOLD);
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp_backward(fn, p);
     if (st != KDA_STATUS_SUCCESS) return st;
     if (kda_xcp_backward_extra(p) && !ctx->ops->cp_summary)
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'cp_num_ranks': the %s backend cannot fold "
-                         "cross-rank CP summaries yet (use the cpu or reference backend)", fn,
-                         kda_backend_name(ctx->backend));
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument 'cp_num_ranks': the %s backend cannot fold "
+                         "cross-rank CP summaries yet (use the cpu or reference backend)",
+                         fn, kda_backend_name(ctx->backend));
     if (ctx->ops->supports) {
         st = ctx->ops->supports(ctx, &p->f, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
@@ -370,8 +395,7 @@ static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backwar
     return st;
 }
 
-kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args,
-                                         size_t *bytes) {
+kda_status_t kda_backward_workspace_size(const kda_context_t *ctx, const kda_backward_args_t *args, size_t *bytes) {
     const char *fn = "kda_backward_workspace_size";
     if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
     kda_status_t st = ctx_enter(ctx, fn);
@@ -398,8 +422,8 @@ static kda_status_t backward(kda_context_t *ctx, const kda_backward_args_t *args
     return ctx->ops->backward(ctx, &p, workspace, workspace_bytes, stream);
 }
 
-kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace,
-                          size_t workspace_bytes, void *stream) {
+kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t *args, void *workspace, size_t workspace_bytes,
+                          void *stream) {
     const char *fn = "kda_backward";
     kda_status_t st = ctx_enter(ctx, fn);
     if (st != KDA_STATUS_SUCCESS) return st;

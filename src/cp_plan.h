@@ -84,14 +84,14 @@ extern "C" {
  * The decision
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct kda_cp_problem {
-    int64_t num_seqs;     /* N */
-    int64_t total_chunks; /* Σ_n ceil(len_n / C); or its upper bound (kda_cp_chunk_bounds) */
-    int64_t max_chunks;   /* max_n ceil(len_n / C); or its upper bound */
-    int32_t num_v_heads;  /* HV */
-    int32_t v_tiles;      /* V tiles of KDA_CP_TILE_COLS columns per head: kda_cp_v_tiles(V) */
-    int32_t sm_count;     /* the device's multiprocessors */
-    int32_t mode;         /* kda_cp_mode_t: KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON */
-    int64_t piece_len;    /* KDA_CP_ON: tokens per piece (validated: a multiple of C in [C, KDA_CP_MAX_PIECE_LEN]) */
+    int64_t num_seqs;      /* N */
+    int64_t total_chunks;  /* Σ_n ceil(len_n / C); or its upper bound (kda_cp_chunk_bounds) */
+    int64_t max_chunks;    /* max_n ceil(len_n / C); or its upper bound */
+    int32_t num_v_heads;   /* HV */
+    int32_t v_tiles;       /* V tiles of KDA_CP_TILE_COLS columns per head: kda_cp_v_tiles(V) */
+    int32_t sm_count;      /* the device's multiprocessors */
+    int32_t mode;          /* kda_cp_mode_t: KDA_CP_AUTO, KDA_CP_OFF or KDA_CP_ON */
+    int64_t piece_len;     /* KDA_CP_ON: tokens per piece (validated: a multiple of C in [C, KDA_CP_MAX_PIECE_LEN]) */
     int32_t prescan_pairs; /* the backward's state-gradient chain (v_tiles then counts its two chains per tile): a
                               piece's pre-scan runs two chains (M beside E) but a sequence's last piece one (E) and
                               its first none; rule 3 counts them so (0: the forward) */
@@ -164,13 +164,12 @@ KDA_HD static inline int64_t kda_cp_piece_chunks(const kda_cp_problem_t *p) {
     if (n <= (p->prescan_pairs ? 2 : 1)) return 0;
     if (!p->prescan_pairs) {
         const int64_t n1 = (target + 3 * units) / (2 * units); /* units × (2 n1 − 3) <= target */
-        if (n1 >= 2 && n1 < n &&
-            kda_cp_fwd_cost(max_c, units, target, n1) < kda_cp_fwd_cost(max_c, units, target, n))
+        if (n1 >= 2 && n1 < n && kda_cp_fwd_cost(max_c, units, target, n1) < kda_cp_fwd_cost(max_c, units, target, n))
             n = n1;
     }
-    int64_t P = kda_cp_balanced_len(max_c, n); /* 4 */
-    P = kda_cp_max64(P, kda_cp_ceil_div(2 * total, kda_cp_auto_slot_limit(p)));                  /* 5 */
-    return P >= max_c ? 0 : P;                                                                     /* 6 */
+    int64_t P = kda_cp_balanced_len(max_c, n);                                  /* 4 */
+    P = kda_cp_max64(P, kda_cp_ceil_div(2 * total, kda_cp_auto_slot_limit(p))); /* 5 */
+    return P >= max_c ? 0 : P;                                                  /* 6 */
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -275,8 +274,8 @@ KDA_HD static inline kda_cp_capacity_t kda_cp_capacity(const kda_cp_problem_t *p
     } else {
         /* the guards that hold whatever the lengths: eff >= HV × tiles (total >= max), and max <= its bound */
         const int64_t units = (int64_t)p->num_v_heads * kda_cp_max64(1, p->v_tiles);
-        const int never = p->max_chunks < KDA_CP_MIN_SEQ_CHUNKS ||
-                          units * KDA_CP_FILL_DIV >= kda_cp_max64(1, p->sm_count);
+        const int never =
+            p->max_chunks < KDA_CP_MIN_SEQ_CHUNKS || units * KDA_CP_FILL_DIV >= kda_cp_max64(1, p->sm_count);
         P = never ? 0 : KDA_CP_MIN_PIECE_CHUNKS;
     }
     if (P == 0) {
@@ -362,8 +361,8 @@ KDA_HD static inline int64_t kda_cp_workspace_bytes(kda_cp_capacity_t c, int32_t
  * plan's total of slots. Entries at or past `capacity` are not written. Returns the number of pieces of the
  * sequence. */
 KDA_HD static inline int64_t kda_cp_write_seq(const kda_cp_seqs_t *s, int64_t n, int64_t P, int64_t chunk0,
-                                              int64_t slot0, int64_t whole0, int64_t num_slots,
-                                              kda_cp_piece_t *table, int64_t capacity) {
+                                              int64_t slot0, int64_t whole0, int64_t num_slots, kda_cp_piece_t *table,
+                                              int64_t capacity) {
     int64_t bos, eos;
     kda_cp_seq_bounds(s, n, &bos, &eos);
     const int64_t chunks = kda_cp_ceil_div(eos - bos, KDA_CHUNK);

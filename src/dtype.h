@@ -36,8 +36,8 @@ static inline float kda_f16_to_f32(uint16_t h) {
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
     if (exp == 0x1f) return kda_bits_to_f32(sign | 0x7f800000u | (man << 13)); /* inf / nan */
-    if (exp == 0) {                                                             /* zero / subnormal */
-        float f = (float)man * (1.0f / 16777216.0f);                            /* man * 2^-24 */
+    if (exp == 0) {                                                            /* zero / subnormal */
+        float f = (float)man * (1.0f / 16777216.0f);                           /* man * 2^-24 */
         return sign ? -f : f;
     }
     return kda_bits_to_f32(sign | ((exp + 112u) << 23) | (man << 13));
@@ -47,7 +47,7 @@ static inline uint16_t kda_f32_to_f16(float f) {
     uint32_t u = kda_f32_to_bits(f);
     uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* nan */
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* nan */
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
     if (a < 0x38800000u) {                                   /* below 2^-14: subnormal or zero */
         if (a < 0x33000000u) return sign;                    /* below 2^-25: rounds to 0 */
@@ -65,18 +65,27 @@ static inline uint16_t kda_f32_to_f16(float f) {
 /* Element i of a float tensor of dtype dt. */
 static inline float kda_load_f32(const void *p, kda_dtype_t dt, int64_t i) {
     switch (dt) {
-    case KDA_FLOAT32: return ((const float *)p)[i];
-    case KDA_FLOAT16: return kda_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return kda_bf16_to_f32(((const uint16_t *)p)[i]);
+    case KDA_FLOAT32:
+        return ((const float *)p)[i];
+    case KDA_FLOAT16:
+        return kda_f16_to_f32(((const uint16_t *)p)[i]);
+    default:
+        return kda_bf16_to_f32(((const uint16_t *)p)[i]);
     }
 }
 
 /* Store x as element i of a float tensor of dtype dt. */
 static inline void kda_store_f32(void *p, kda_dtype_t dt, int64_t i, float x) {
     switch (dt) {
-    case KDA_FLOAT32: ((float *)p)[i] = x; break;
-    case KDA_FLOAT16: ((uint16_t *)p)[i] = kda_f32_to_f16(x); break;
-    default: ((uint16_t *)p)[i] = kda_f32_to_bf16(x); break;
+    case KDA_FLOAT32:
+        ((float *)p)[i] = x;
+        break;
+    case KDA_FLOAT16:
+        ((uint16_t *)p)[i] = kda_f32_to_f16(x);
+        break;
+    default:
+        ((uint16_t *)p)[i] = kda_f32_to_bf16(x);
+        break;
     }
 }
 

@@ -30,15 +30,16 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------------------
  * The chunked algorithm's blocking, shared by the CPU and CUDA backends (docs/ALGORITHM.md)
  * ------------------------------------------------------------------------------------------------------- */
-#define KDA_CHUNK 64          /* tokens per chunk of the recurrence */
+#define KDA_CHUNK 64 /* tokens per chunk of the recurrence */
 #if KDA_CHUNK != KDA_CHUNK_SIZE
 #error "the public chunk size (chunk_states' rows) is the algorithm's"
 #endif
-#define KDA_SUB 16            /* tokens per block of the intra-chunk matrices A and Aqk */
-#define KDA_MAX_HEAD_DIM 256  /* largest K and V, every backend */
-#define KDA_DIAG_RANGE 64.0f  /* largest |exponent| of a diagonal block's factors before per-pair exps */
-#define KDA_L2NORM_EPS 1e-6 /* the epsilon of FLA's l2norm: x / sqrt(sum x^2 + eps) */
-#define KDA_GATE_MIN (-80.0f) /* every path clamps each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
+#define KDA_SUB 16           /* tokens per block of the intra-chunk matrices A and Aqk */
+#define KDA_MAX_HEAD_DIM 256 /* largest K and V, every backend */
+#define KDA_DIAG_RANGE 64.0f /* largest |exponent| of a diagonal block's factors before per-pair exps */
+#define KDA_L2NORM_EPS 1e-6  /* the epsilon of FLA's l2norm: x / sqrt(sum x^2 + eps) */
+#define KDA_GATE_MIN                                                                                                   \
+    (-80.0f) /* every path clamps each token's log decay into [KDA_GATE_MIN, 0]: e^-80 is
                                  below float32's resolution of anything it multiplies, and the bound keeps the
                                  chunk's cumulative sums small enough to subtract exactly */
 
@@ -55,17 +56,17 @@ extern "C" {
  * what follows from it
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct kda_problem {
-    kda_args_t a;          /* the arguments, normalised */
-    int64_t num_seqs;      /* N */
-    int64_t num_tokens;    /* rows of q/k/v/g/beta/o: B * T */
-    int32_t group;         /* G = HV / HQK */
-    float scale;           /* resolved: a.scale, or K^-1/2 when a.scale == 0 */
-    int varlen;            /* cu_seqlens given */
-    int has_lower_bound;   /* a.lower_bound != 0 (sigmoid gate) */
-    int64_t idx_stride;    /* 2-D state_indices: elements between rows (0 for 1-D) */
-    int64_t chunk_rows;    /* with chunk_states: its rows, Σ ceil(len_n / 64), when the lengths are host-readable;
+    kda_args_t a;              /* the arguments, normalised */
+    int64_t num_seqs;          /* N */
+    int64_t num_tokens;        /* rows of q/k/v/g/beta/o: B * T */
+    int32_t group;             /* G = HV / HQK */
+    float scale;               /* resolved: a.scale, or K^-1/2 when a.scale == 0 */
+    int varlen;                /* cu_seqlens given */
+    int has_lower_bound;       /* a.lower_bound != 0 (sigmoid gate) */
+    int64_t idx_stride;        /* 2-D state_indices: elements between rows (0 for 1-D) */
+    int64_t chunk_rows;        /* with chunk_states: its rows, Σ ceil(len_n / 64), when the lengths are host-readable;
                               else ceil(T / 64), a lower bound (the aliasing check only) */
-    int bwd;               /* the backward's problem (kda_check_backward_args): a backend may lay out what its
+    int bwd;                   /* the backward's problem (kda_check_backward_args): a backend may lay out what its
                               stages read differently (the CUDA chunk blocks' K̃_lo) */
     const double *cp_state_in; /* cross-rank CP: the folded state entering sequence 0, [HV, K, V] K-major fp64, in
                                   place of its initial state (xcp.c, in the call's workspace); NULL: none */
@@ -129,9 +130,9 @@ kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn);
 
 /* A checked backward problem: the forward's problem and the backward's arguments, normalised. */
 typedef struct kda_bwd_problem {
-    kda_problem_t f;            /* the forward's problem (f.a.o and f.a.final_state are not used) */
-    kda_backward_args_t b;      /* the backward's arguments; b.problem points to f.a */
-    int64_t max_seq_len;        /* the longest sequence (host-readable offsets; else the batch rows' T) */
+    kda_problem_t f;             /* the forward's problem (f.a.o and f.a.final_state are not used) */
+    kda_backward_args_t b;       /* the backward's arguments; b.problem points to f.a */
+    int64_t max_seq_len;         /* the longest sequence (host-readable offsets; else the batch rows' T) */
     const double *cp_dstate_out; /* cross-rank CP: the folded ∂L/∂S at the end of sequence N − 1, [HV, K, V]
                                     K-major fp64, in place of its d_final_state (xcp.c); NULL: none */
 } kda_bwd_problem_t;
@@ -151,9 +152,8 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
 
 /* Validate `args` for entry point `fn` on `ctx` and fill `out`. `host_readable`: the pointers are host memory,
  * so the contents of cu_seqlens and state_indices can be checked as well. */
-kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn,
-                            int host_readable, kda_problem_t *out);
-
+kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn, int host_readable,
+                            kda_problem_t *out);
 
 /* ---------------------------------------------------------------------------------------------------------
  * Backends
@@ -164,11 +164,9 @@ typedef struct kda_backend_ops {
     const char *name;
     /* Both algorithms: workspace size, then the call. Arguments are already checked. */
     kda_status_t (*forward_workspace)(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
-    kda_status_t (*forward)(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
-                            void *stream);
+    kda_status_t (*forward)(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream);
     kda_status_t (*decode_workspace)(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
-    kda_status_t (*decode)(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
-                           void *stream);
+    kda_status_t (*decode)(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream);
     /* Backend-specific checks beyond the shared ones (e.g. supported head sizes), or NULL. */
     kda_status_t (*supports)(const kda_context_t *ctx, const kda_problem_t *p, const char *fn);
     void (*destroy)(kda_context_t *ctx);
@@ -176,8 +174,7 @@ typedef struct kda_backend_ops {
     kda_status_t (*saved_size)(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
     /* The training backward (NULL: the backend has none; kda_backward answers NOT_SUPPORTED). */
     kda_status_t (*backward_workspace)(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
-    kda_status_t (*backward)(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
-                             void *stream);
+    kda_status_t (*backward)(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes, void *stream);
     /* Cross-rank CP (docs/ALGORITHM.md §4a; NULL: the backend has none: NOT_SUPPORTED, for the summaries and for a
      * forward or backward that folds): this rank's summary, [HV, K, K + V] fp64, into `out`, for p's num_seqs >= 1.
      * bp NULL: the forward's ([M | E] of the last local part); else the backward's ([Mᵀ | dE] of the first). The
@@ -195,7 +192,7 @@ typedef struct kda_tuning {
     int rec_mma;  /* CUDA recurrence: 1 = mma.sync where warpgroup MMA would run (A/B of the two) */
     int stages;   /* CUDA recurrence: ring stages (2 or 3) */
     int dev_skip; /* development builds only (KDA_SKIP in src/cuda/common/kda_cuda.h): phases left out, results wrong */
-    int decode_ctas; /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
+    int decode_ctas;   /* CUDA decode kernel: at most this many (persistent) CTAs, each then walks several tiles;
                         the same bits for any count */
     int decode_kernel; /* CUDA decode: 1 the staged kernel (decode_staged.cuh), 2 the tile kernel (decode_tile.cuh)
                           where it fits, 3 / 4 that with 8 / 16 chunks per thread (where V allows 16); 0 the choice */
@@ -206,12 +203,12 @@ void kda_set_tuning(kda_context_t *ctx, const kda_tuning_t *tuning);
 struct kda_context {
     kda_backend_t backend;
     const kda_backend_ops_t *ops;
-    int device;                 /* CUDA ordinal */
-    int num_threads;            /* CPU */
-    kda_threadpool_t *pool;     /* CPU */
-    void *impl;                 /* backend data (CUDA: device properties) */
-    kda_tuning_t tuning;        /* zeros unless a test set it */
-    int in_use;                 /* calls running on the context (each holds 1 for its duration), or -1 while
+    int device;             /* CUDA ordinal */
+    int num_threads;        /* CPU */
+    kda_threadpool_t *pool; /* CPU */
+    void *impl;             /* backend data (CUDA: device properties) */
+    kda_tuning_t tuning;    /* zeros unless a test set it */
+    int in_use;             /* calls running on the context (each holds 1 for its duration), or -1 while
                                    kda_set_num_threads / kda_destroy holds it alone; read and written only with
                                    the __atomic builtins (api.c) */
 };
@@ -221,12 +218,8 @@ struct kda_context {
  * ------------------------------------------------------------------------------------------------------- */
 /* The last local sequence starts on this rank (its forward summary has M = 0); the first ends on it (the
  * backward summary's M = 0). */
-static inline int kda_xcp_last_starts_here(const kda_problem_t *p) {
-    return p->num_seqs > 1 || p->a.cp_pre_ranks == 0;
-}
-static inline int kda_xcp_first_ends_here(const kda_problem_t *p) {
-    return p->num_seqs > 1 || p->a.cp_post_ranks == 0;
-}
+static inline int kda_xcp_last_starts_here(const kda_problem_t *p) { return p->num_seqs > 1 || p->a.cp_pre_ranks == 0; }
+static inline int kda_xcp_first_ends_here(const kda_problem_t *p) { return p->num_seqs > 1 || p->a.cp_post_ranks == 0; }
 
 /* The cp_* fields of a checked problem (validate.c, its last section): ranges, dtype, what cannot be split, and
  * for `call` KDA_XCP_FOLD (kda_forward, kda_backward) the gathered forward summaries where the forward folds;

@@ -32,12 +32,18 @@ static int is_state_dtype(kda_dtype_t d) { return d == KDA_FLOAT32 || d == KDA_B
 
 static const char *dtype_name(kda_dtype_t d) {
     switch (d) {
-    case KDA_FLOAT32: return "float32";
-    case KDA_FLOAT16: return "float16";
-    case KDA_BFLOAT16: return "bfloat16";
-    case KDA_INT32: return "int32";
-    case KDA_INT64: return "int64";
-    case KDA_FLOAT64: return "float64";
+    case KDA_FLOAT32:
+        return "float32";
+    case KDA_FLOAT16:
+        return "float16";
+    case KDA_BFLOAT16:
+        return "bfloat16";
+    case KDA_INT32:
+        return "int32";
+    case KDA_INT64:
+        return "int64";
+    case KDA_FLOAT64:
+        return "float64";
     }
     return "unknown";
 }
@@ -53,8 +59,8 @@ static kda_status_t check_cu_seqlens(const char *fn, const char *arg, const void
     for (int64_t i = 1; i <= n; i++) {
         int64_t a = read_offset(cu, dt, i - 1), b = read_offset(cu, dt, i);
         if (b < a)
-            FAIL(KDA_STATUS_INVALID_VALUE, arg, "not monotone (%s[%lld] = %lld < %s[%lld] = %lld)", arg,
-                 (long long)i, (long long)b, arg, (long long)(i - 1), (long long)a);
+            FAIL(KDA_STATUS_INVALID_VALUE, arg, "not monotone (%s[%lld] = %lld < %s[%lld] = %lld)", arg, (long long)i,
+                 (long long)b, arg, (long long)(i - 1), (long long)a);
     }
     int64_t last = read_offset(cu, dt, n);
     if (last != total)
@@ -84,8 +90,8 @@ static int overlap(extent_t x, extent_t y) { return x.lo < x.hi && y.lo < y.hi &
 
 static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int need_o) {
     const kda_args_t *a = &p->a;
-    const int64_t T = p->num_tokens, HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k,
-                  V = a->head_dim_v, N = p->num_seqs;
+    const int64_t T = p->num_tokens, HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k, V = a->head_dim_v,
+                  N = p->num_seqs;
     const int64_t slots = a->state_indices ? a->num_state_slots : N;
     const size_t cu_size = kda_dtype_size(a->cu_seqlens_dtype);
     const extent_t in[] = {
@@ -105,11 +111,9 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
         extent("num_accepted_tokens", a->num_accepted_tokens, N, sizeof(*a->num_accepted_tokens)),
     };
     const extent_t o = extent("o", need_o ? a->o : NULL, T * HV * V, kda_dtype_size(a->o_dtype));
-    const extent_t fs = extent("final_state", a->final_state, slots * HV * K * V,
-                               kda_dtype_size(a->final_state_dtype));
+    const extent_t fs = extent("final_state", a->final_state, slots * HV * K * V, kda_dtype_size(a->final_state_dtype));
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
-        if (overlap(o, in[i]))
-            FAIL(KDA_STATUS_INVALID_VALUE, "o", "overlaps the memory of input '%s'", in[i].name);
+        if (overlap(o, in[i])) FAIL(KDA_STATUS_INVALID_VALUE, "o", "overlaps the memory of input '%s'", in[i].name);
         const int is_initial_state = i == 0, in_place = is_initial_state && fs.lo == in[i].lo && fs.hi == in[i].hi;
         if (overlap(fs, in[i]) && !in_place)
             FAIL(KDA_STATUS_INVALID_VALUE, "final_state", "overlaps the memory of input '%s'%s", in[i].name,
@@ -117,17 +121,18 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
                                   : "");
     }
     if (overlap(o, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "o", "overlaps the memory of output 'final_state'");
-    const extent_t cs = extent("chunk_states", a->chunk_states, p->chunk_rows * HV * K * V,
-                               kda_dtype_size(a->chunk_states_dtype));
+    const extent_t cs =
+        extent("chunk_states", a->chunk_states, p->chunk_rows * HV * K * V, kda_dtype_size(a->chunk_states_dtype));
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
         if (overlap(cs, in[i]))
             FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of input '%s'", in[i].name);
     if (overlap(cs, o)) FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of output 'o'");
     if (overlap(cs, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "overlaps the memory of output 'final_state'");
-    const extent_t sv = extent("saved", a->saved, (int64_t)(a->saved_bytes > (size_t)KDA_MAX_ELEMS ? KDA_MAX_ELEMS
-                                                                                                 : a->saved_bytes), 1);
+    const extent_t sv = extent("saved", a->saved,
+                               (int64_t)(a->saved_bytes > (size_t)KDA_MAX_ELEMS ? KDA_MAX_ELEMS : a->saved_bytes), 1);
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
-        if (overlap(sv, in[i])) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of input '%s'", in[i].name);
+        if (overlap(sv, in[i]))
+            FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of input '%s'", in[i].name);
     if (overlap(sv, o)) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of output 'o'");
     if (overlap(sv, fs)) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of output 'final_state'");
     if (overlap(sv, cs)) FAIL(KDA_STATUS_INVALID_VALUE, "saved", "overlaps the memory of output 'chunk_states'");
@@ -138,10 +143,10 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
  * The problem (kda_args_t), one named check per group of fields, in the order check_problem runs them: the
  * first failing check's message is the call's. Each reads only what the checks before it have bounded.
  * ------------------------------------------------------------------------------------------------------- */
-#define TRY(x)                                                                                              \
-    do {                                                                                                    \
-        const kda_status_t st_ = (x);                                                                       \
-        if (st_ != KDA_STATUS_SUCCESS) return st_;                                                          \
+#define TRY(x)                                                                                                         \
+    do {                                                                                                               \
+        const kda_status_t st_ = (x);                                                                                  \
+        if (st_ != KDA_STATUS_SUCCESS) return st_;                                                                     \
     } while (0)
 
 /* struct_size of `type` (docs/API.md §13): at least its first release's `min`; above this library's `ours`, a
@@ -150,15 +155,20 @@ static kda_status_t check_overlaps(const char *fn, const kda_problem_t *p, int n
 static kda_status_t check_struct_size(const char *fn, size_t size, size_t min, size_t ours, size_t align,
                                       const char *type, const char *init) {
     if (size < min)
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is smaller than the first %s (%zu bytes); initialise the "
-             "struct with %s()", size, type, min, init);
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size",
+             "%zu is smaller than the first %s (%zu bytes); initialise the "
+             "struct with %s()",
+             size, type, min, init);
     if (size > ours && (size > KDA_STRUCT_SIZE_MAX || size % align != 0))
-        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size", "%zu is no size of a %s (this library's is %zu bytes, a newer "
-             "one's a multiple of %zu up to %zu): the struct looks uninitialised; initialise it with %s()", size,
-             type, ours, align, KDA_STRUCT_SIZE_MAX, init);
+        FAIL(KDA_STATUS_INVALID_VALUE, "struct_size",
+             "%zu is no size of a %s (this library's is %zu bytes, a newer "
+             "one's a multiple of %zu up to %zu): the struct looks uninitialised; initialise it with %s()",
+             size, type, ours, align, KDA_STRUCT_SIZE_MAX, init);
     if (size > ours)
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size", "%zu is larger than this library's sizeof(%s) = %zu: the "
-             "program was built against a newer libkda", size, type, ours);
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "struct_size",
+             "%zu is larger than this library's sizeof(%s) = %zu: the "
+             "program was built against a newer libkda",
+             size, type, ours);
     return KDA_STATUS_SUCCESS;
 }
 
@@ -179,8 +189,7 @@ static kda_status_t check_sizes(const char *fn, kda_problem_t *p) {
     const kda_args_t *a = &p->a;
     if (a->batch < 0) FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld is negative", (long long)a->batch);
     if (a->seq_len < 0) FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld is negative", (long long)a->seq_len);
-    if (a->num_qk_heads < 1)
-        FAIL(KDA_STATUS_INVALID_VALUE, "num_qk_heads", "%d must be at least 1", a->num_qk_heads);
+    if (a->num_qk_heads < 1) FAIL(KDA_STATUS_INVALID_VALUE, "num_qk_heads", "%d must be at least 1", a->num_qk_heads);
     if (a->num_v_heads < 1) FAIL(KDA_STATUS_INVALID_VALUE, "num_v_heads", "%d must be at least 1", a->num_v_heads);
     if (a->num_v_heads % a->num_qk_heads != 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "num_v_heads", "%d is not a multiple of num_qk_heads = %d", a->num_v_heads,
@@ -190,8 +199,8 @@ static kda_status_t check_sizes(const char *fn, kda_problem_t *p) {
     if (a->head_dim_v < 1 || a->head_dim_v > KDA_MAX_HEAD_DIM)
         FAIL(KDA_STATUS_INVALID_VALUE, "head_dim_v", "%d is outside [1, %d]", a->head_dim_v, KDA_MAX_HEAD_DIM);
     if (a->batch > 0 && a->seq_len > KDA_MAX_TOKENS / a->batch)
-        FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "batch * seq_len = %lld * %lld is too large",
-             (long long)a->batch, (long long)a->seq_len);
+        FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "batch * seq_len = %lld * %lld is too large", (long long)a->batch,
+             (long long)a->seq_len);
     p->num_tokens = a->batch * a->seq_len;
     if (p->num_tokens > KDA_MAX_ELEMS / ((int64_t)a->num_v_heads * 256))
         FAIL(KDA_STATUS_INVALID_VALUE, "seq_len", "%lld tokens of %d value heads is too large",
@@ -232,11 +241,13 @@ static kda_status_t check_sequences(const char *fn, int host_readable, kda_probl
                  dtype_name(a->cu_seqlens_dtype));
         if (a->num_seqs < 0) FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is negative", (long long)a->num_seqs);
         if (a->num_seqs > KDA_MAX_ELEMS / state_elems(a))
-            FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld sequences of %d value heads of %d x %d states is too "
-                 "large (more than 2^52 state elements)", (long long)a->num_seqs, a->num_v_heads, a->head_dim_k,
-                 a->head_dim_v);
+            FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs",
+                 "%lld sequences of %d value heads of %d x %d states is too "
+                 "large (more than 2^52 state elements)",
+                 (long long)a->num_seqs, a->num_v_heads, a->head_dim_k, a->head_dim_v);
         if (a->cu_seqlens_host && host_readable)
-            FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is for the CUDA backend; on the CPU pass the host "
+            FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host",
+                 "is for the CUDA backend; on the CPU pass the host "
                  "array as cu_seqlens");
         const void *readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
         if (readable)
@@ -246,12 +257,12 @@ static kda_status_t check_sequences(const char *fn, int host_readable, kda_probl
     } else {
         if (a->num_seqs != 0)
             FAIL(KDA_STATUS_INVALID_VALUE, "num_seqs", "%lld is set but cu_seqlens is NULL", (long long)a->num_seqs);
-        if (a->cu_seqlens_host)
-            FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is set but cu_seqlens is NULL");
+        if (a->cu_seqlens_host) FAIL(KDA_STATUS_INVALID_VALUE, "cu_seqlens_host", "is set but cu_seqlens is NULL");
         if (a->batch > KDA_MAX_ELEMS / state_elems(a))
-            FAIL(KDA_STATUS_INVALID_VALUE, "batch", "%lld sequences of %d value heads of %d x %d states is too "
-                 "large (more than 2^52 state elements)", (long long)a->batch, a->num_v_heads, a->head_dim_k,
-                 a->head_dim_v);
+            FAIL(KDA_STATUS_INVALID_VALUE, "batch",
+                 "%lld sequences of %d value heads of %d x %d states is too "
+                 "large (more than 2^52 state elements)",
+                 (long long)a->batch, a->num_v_heads, a->head_dim_k, a->head_dim_v);
         p->num_seqs = a->batch;
     }
     return KDA_STATUS_SUCCESS;
@@ -281,10 +292,11 @@ static kda_status_t check_state_layout(const char *fn, kda_problem_t *p) {
     if (a->final_state && !is_state_dtype(a->final_state_dtype))
         FAIL(KDA_STATUS_INVALID_VALUE, "final_state_dtype", "%s is not float32 or bfloat16",
              dtype_name(a->final_state_dtype));
-    if (a->initial_state && a->initial_state == a->final_state &&
-        a->initial_state_dtype != a->final_state_dtype)
-        FAIL(KDA_STATUS_INVALID_VALUE, "final_state", "is the memory of initial_state but its dtype differs "
-             "(%s vs %s)", dtype_name(a->final_state_dtype), dtype_name(a->initial_state_dtype));
+    if (a->initial_state && a->initial_state == a->final_state && a->initial_state_dtype != a->final_state_dtype)
+        FAIL(KDA_STATUS_INVALID_VALUE, "final_state",
+             "is the memory of initial_state but its dtype differs "
+             "(%s vs %s)",
+             dtype_name(a->final_state_dtype), dtype_name(a->initial_state_dtype));
     if (a->state_indices_cols < 0)
         FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "%lld is negative", (long long)a->state_indices_cols);
     if (a->state_indices_cols > 0 && !a->state_indices)
@@ -292,11 +304,15 @@ static kda_status_t check_state_layout(const char *fn, kda_problem_t *p) {
              (long long)a->state_indices_cols);
     if (a->state_indices_row_stride != 0) {
         if (a->state_indices_cols == 0)
-            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is set but state_indices is 1-D "
-                 "(state_indices_cols = 0)", (long long)a->state_indices_row_stride);
+            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride",
+                 "%lld is set but state_indices is 1-D "
+                 "(state_indices_cols = 0)",
+                 (long long)a->state_indices_row_stride);
         if (a->state_indices_row_stride < a->state_indices_cols)
-            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride", "%lld is smaller than state_indices_cols = "
-                 "%lld", (long long)a->state_indices_row_stride, (long long)a->state_indices_cols);
+            FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_row_stride",
+                 "%lld is smaller than state_indices_cols = "
+                 "%lld",
+                 (long long)a->state_indices_row_stride, (long long)a->state_indices_cols);
     }
     if (a->state_indices_cols > KDA_MAX_TOKENS)
         FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "%lld is larger than 2^40 (T_max, a sequence's tokens)",
@@ -312,7 +328,8 @@ static kda_status_t check_state_layout(const char *fn, kda_problem_t *p) {
              "%lld rows of %lld elements apart (T_max = %lld) span more than 2^40 elements", (long long)p->num_seqs,
              (long long)p->idx_stride, (long long)a->state_indices_cols);
     if (a->num_accepted_tokens && a->state_indices_cols == 0)
-        FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "needs a 2-D state_indices (state_indices_cols = "
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens",
+             "needs a 2-D state_indices (state_indices_cols = "
              "T_max >= 1)");
     if (a->beta_headwise != 0 && a->beta_headwise != 1)
         FAIL(KDA_STATUS_INVALID_VALUE, "beta_headwise", "%d is not 0 or 1", a->beta_headwise);
@@ -328,15 +345,19 @@ static kda_status_t check_slot_ranges(const char *fn, const kda_problem_t *p) {
         if (cols == 0) {
             int64_t s = a->state_indices[n];
             if (s >= a->num_state_slots)
-                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] = %lld is not below "
-                     "num_state_slots = %lld", (long long)n, (long long)s, (long long)a->num_state_slots);
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices",
+                     "state_indices[%lld] = %lld is not below "
+                     "num_state_slots = %lld",
+                     (long long)n, (long long)s, (long long)a->num_state_slots);
             continue;
         }
         if (a->num_accepted_tokens) {
             int64_t an = a->num_accepted_tokens[n];
             if (an < 1 || an > cols)
-                FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens", "num_accepted_tokens[%lld] = %lld is "
-                     "outside [1, T_max = %lld]", (long long)n, (long long)an, (long long)cols);
+                FAIL(KDA_STATUS_INVALID_VALUE, "num_accepted_tokens",
+                     "num_accepted_tokens[%lld] = %lld is "
+                     "outside [1, T_max = %lld]",
+                     (long long)n, (long long)an, (long long)cols);
         }
         int64_t bos, eos;
         kda_seq_bounds(p, n, &bos, &eos);
@@ -345,9 +366,10 @@ static kda_status_t check_slot_ranges(const char *fn, const kda_problem_t *p) {
             const int64_t col = t < 0 ? rd : t;
             int64_t s = a->state_indices[n * p->idx_stride + col];
             if (s >= a->num_state_slots)
-                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld][%lld] = %lld is not "
-                     "below num_state_slots = %lld", (long long)n, (long long)col, (long long)s,
-                     (long long)a->num_state_slots);
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices",
+                     "state_indices[%lld][%lld] = %lld is not "
+                     "below num_state_slots = %lld",
+                     (long long)n, (long long)col, (long long)s, (long long)a->num_state_slots);
         }
     }
     return KDA_STATUS_SUCCESS;
@@ -369,22 +391,26 @@ static kda_status_t check_state_pool(const char *fn, int host_readable, const kd
         FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld must be at least 1 with state_indices",
              (long long)a->num_state_slots);
     if (a->num_state_slots > KDA_MAX_ELEMS / state_elems(a))
-        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots", "%lld slots of %d value heads of %d x %d states is "
-             "too large (more than 2^52 state elements)", (long long)a->num_state_slots, a->num_v_heads,
-             a->head_dim_k, a->head_dim_v);
+        FAIL(KDA_STATUS_INVALID_VALUE, "num_state_slots",
+             "%lld slots of %d value heads of %d x %d states is "
+             "too large (more than 2^52 state elements)",
+             (long long)a->num_state_slots, a->num_v_heads, a->head_dim_k, a->head_dim_v);
     const int64_t cols = a->state_indices_cols;
     if (cols > 0 && !p->varlen && a->seq_len > cols)
-        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than seq_len = %lld (a "
-             "2-D state_indices needs a slot for every token)", (long long)cols, (long long)a->seq_len);
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols",
+             "T_max = %lld is smaller than seq_len = %lld (a "
+             "2-D state_indices needs a slot for every token)",
+             (long long)cols, (long long)a->seq_len);
     const void *cu_readable = host_readable ? a->cu_seqlens : a->cu_seqlens_host;
     if (cols > 0 && p->varlen && cu_readable) {
         for (int64_t n = 0; n < p->num_seqs; n++) {
-            int64_t len = read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) -
-                          read_offset(cu_readable, a->cu_seqlens_dtype, n);
+            int64_t len =
+                read_offset(cu_readable, a->cu_seqlens_dtype, n + 1) - read_offset(cu_readable, a->cu_seqlens_dtype, n);
             if (len > cols)
-                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols", "T_max = %lld is smaller than sequence "
-                     "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)", (long long)cols,
-                     (long long)n, (long long)len);
+                FAIL(KDA_STATUS_INVALID_VALUE, "state_indices_cols",
+                     "T_max = %lld is smaller than sequence "
+                     "%lld's %lld tokens (a 2-D state_indices needs a slot for every token)",
+                     (long long)cols, (long long)n, (long long)len);
         }
     }
     if (host_readable) {
@@ -402,10 +428,12 @@ static kda_status_t check_chunk_states(const char *fn, int host_readable, int ne
         FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states_dtype", "%s is not float32 or bfloat16",
              dtype_name(a->chunk_states_dtype));
     if (a->beta_headwise)
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with beta_headwise (the token "
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states",
+             "is not written with beta_headwise (the token "
              "recurrence runs those calls)");
     if (a->state_indices && a->state_indices_cols > 0)
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states", "is not written with a 2-D state_indices (speculative "
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "chunk_states",
+             "is not written with a 2-D state_indices (speculative "
              "decoding keeps a state per token instead)");
     if (!need_o || decode)
         FAIL(KDA_STATUS_INVALID_VALUE, "chunk_states", "is written by kda_forward only; set it to NULL here");
@@ -446,17 +474,20 @@ static kda_status_t check_options(const char *fn, kda_problem_t *p) {
             FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "%g must be finite and negative (0 means unset)",
                  (double)a->lower_bound);
         if (!a->use_gate_in_kernel)
-            FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "is set but use_gate_in_kernel is 0 (the bound shapes "
+            FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound",
+                 "is set but use_gate_in_kernel is 0 (the bound shapes "
                  "the in-kernel gate only)");
         p->has_lower_bound = 1;
     }
     if (a->use_gate_in_kernel) {
         if (!a->A_log && !p->has_lower_bound)
-            FAIL(KDA_STATUS_INVALID_VALUE, "A_log", "NULL; it is required with use_gate_in_kernel unless "
+            FAIL(KDA_STATUS_INVALID_VALUE, "A_log",
+                 "NULL; it is required with use_gate_in_kernel unless "
                  "lower_bound is set");
         if (a->safe_gate) {
             if (!p->has_lower_bound)
-                FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "must be set when safe_gate and use_gate_in_kernel "
+                FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound",
+                     "must be set when safe_gate and use_gate_in_kernel "
                      "are");
             if (a->lower_bound < -5.0f)
                 FAIL(KDA_STATUS_INVALID_VALUE, "lower_bound", "%g is outside the safe range [-5, 0)",
@@ -479,8 +510,10 @@ static kda_status_t check_cp(const char *fn, const kda_args_t *a) {
              (int)a->cp_mode);
     if (a->cp_mode == KDA_CP_ON) {
         if (a->cp_piece_len <= 0)
-            FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld must be positive with cp_mode = KDA_CP_ON (tokens "
-                 "per piece, a multiple of %d)", (long long)a->cp_piece_len, KDA_CP_PIECE_MULTIPLE);
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len",
+                 "%lld must be positive with cp_mode = KDA_CP_ON (tokens "
+                 "per piece, a multiple of %d)",
+                 (long long)a->cp_piece_len, KDA_CP_PIECE_MULTIPLE);
         if (a->cp_piece_len % KDA_CP_PIECE_MULTIPLE != 0)
             FAIL(KDA_STATUS_INVALID_VALUE, "cp_piece_len", "%lld is not a multiple of the chunk (%d tokens)",
                  (long long)a->cp_piece_len, KDA_CP_PIECE_MULTIPLE);
@@ -588,8 +621,7 @@ static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *
                 FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of input '%s'", inputs[j].name);
         for (int j = 0; j < i; j++)
             if (overlaps(outputs[i], outputs[j]))
-                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'",
-                     outputs[j].name);
+                FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'", outputs[j].name);
     }
     return KDA_STATUS_SUCCESS;
 }
@@ -611,7 +643,8 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
     if (p.f.a.beta_headwise)
         FAIL(KDA_STATUS_NOT_SUPPORTED, "beta_headwise", "the backward of a headwise beta is not implemented");
     if (p.f.a.state_indices_cols > 0)
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "state_indices_cols", "the backward of per-token state slots (2-D "
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "state_indices_cols",
+             "the backward of per-token state slots (2-D "
              "state_indices) is not implemented");
     p.f.a.o = NULL;
     p.f.a.final_state = NULL;
@@ -650,10 +683,12 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
                  dtype_name(b->d_initial_state_dtype));
     }
     if (b->dA_log && !(a->use_gate_in_kernel && a->A_log))
-        FAIL(KDA_STATUS_INVALID_VALUE, "dA_log", "is set but the problem has no A_log (use_gate_in_kernel with "
+        FAIL(KDA_STATUS_INVALID_VALUE, "dA_log",
+             "is set but the problem has no A_log (use_gate_in_kernel with "
              "A_log)");
     if (b->ddt_bias && !(a->use_gate_in_kernel && a->dt_bias))
-        FAIL(KDA_STATUS_INVALID_VALUE, "ddt_bias", "is set but the problem has no dt_bias (use_gate_in_kernel "
+        FAIL(KDA_STATUS_INVALID_VALUE, "ddt_bias",
+             "is set but the problem has no dt_bias (use_gate_in_kernel "
              "with dt_bias)");
 
     TRY(check_bwd_overlaps(fn, &p));
@@ -666,8 +701,7 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
                                 read_offset(a->cu_seqlens, a->cu_seqlens_dtype, n);
             if (len > p.max_seq_len) p.max_seq_len = len;
         }
-    else if (a->cu_seqlens)
-        p.max_seq_len = a->seq_len;
+    else if (a->cu_seqlens) p.max_seq_len = a->seq_len;
 
     p.f.bwd = 1;
     *out = p;
@@ -689,8 +723,8 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
  * SLOT_WINDOW slot values at a time, one pass over the items per window of the pool (pools of up to
  * SLOT_WINDOW slots: one pass). Both stop at the first repeat found so far, so they report the same item.
  * ------------------------------------------------------------------------------------------------------- */
-#define SLOT_TABLE 4096                  /* int32 entries: 16 KB */
-#define SLOT_BLOCK (SLOT_TABLE / 2)      /* items per hash block: the table at most half full */
+#define SLOT_TABLE 4096                        /* int32 entries: 16 KB */
+#define SLOT_BLOCK (SLOT_TABLE / 2)            /* items per hash block: the table at most half full */
 #define SLOT_WINDOW ((int64_t)SLOT_TABLE * 32) /* slot values per bitmap window (the same 16 KB) */
 
 /* A position in the item stream: row n, and t: 1-D 0; 2-D t < len a written column, t = len the read. */
@@ -807,23 +841,28 @@ kda_status_t kda_check_state_slots(const kda_problem_t *p, const char *fn) {
     const int64_t slots = a->num_state_slots < ((int64_t)1 << 31) ? a->num_state_slots : ((int64_t)1 << 31);
     const int64_t hashed_passes = (items + SLOT_BLOCK - 1) / SLOT_BLOCK;
     const int64_t windows = (slots + SLOT_WINDOW - 1) / SLOT_WINDOW;
-    const slot_cursor_t r = windows < hashed_passes ? first_repeat_windowed(p, mem, slots)
-                                                    : first_repeat_hashed(p, (int32_t *)(void *)mem);
+    const slot_cursor_t r =
+        windows < hashed_passes ? first_repeat_windowed(p, mem, slots) : first_repeat_hashed(p, (int32_t *)(void *)mem);
     if (r.n >= p->num_seqs) return KDA_STATUS_SUCCESS;
     const int64_t s = slot_at(p, r), n = r.n;
     if (a->state_indices_cols == 0) {
         int64_t m = 0;
         while (m < n && a->state_indices[m] != s) m++;
-        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "state_indices[%lld] and state_indices[%lld] are both "
-             "%lld; slots must be distinct", (long long)m, (long long)n, (long long)s);
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices",
+             "state_indices[%lld] and state_indices[%lld] are both "
+             "%lld; slots must be distinct",
+             (long long)m, (long long)n, (long long)s);
     }
     if (r.t < r.len)
-        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld]) is touched twice in "
-             "one call; the slots of a call must be distinct", (long long)s, (long long)n, (long long)r.t);
+        FAIL(KDA_STATUS_INVALID_VALUE, "state_indices",
+             "slot %lld (state_indices[%lld][%lld]) is touched twice in "
+             "one call; the slots of a call must be distinct",
+             (long long)s, (long long)n, (long long)r.t);
     const int64_t rd = a->num_accepted_tokens ? a->num_accepted_tokens[n] - 1 : 0;
-    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices", "slot %lld (state_indices[%lld][%lld], the slot sequence %lld "
-         "reads) is touched by another sequence of the call", (long long)s, (long long)n, (long long)rd,
-         (long long)n);
+    FAIL(KDA_STATUS_INVALID_VALUE, "state_indices",
+         "slot %lld (state_indices[%lld][%lld], the slot sequence %lld "
+         "reads) is touched by another sequence of the call",
+         (long long)s, (long long)n, (long long)rd, (long long)n);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
@@ -847,13 +886,18 @@ size_t kda_xcp_summary_bytes(const kda_problem_t *p) {
 static kda_status_t check_gathered(const char *fn, const kda_problem_t *p, const void *ptr, size_t bytes,
                                    const char *arg, const char *bytes_arg, const char *why) {
     const int32_t R = p->a.cp_num_ranks;
-    if (!ptr) FAIL(KDA_STATUS_INVALID_VALUE, arg, "NULL, but %s: the all-gathered summaries of the %d ranks are "
-                   "needed", why, (int)R);
+    if (!ptr)
+        FAIL(KDA_STATUS_INVALID_VALUE, arg,
+             "NULL, but %s: the all-gathered summaries of the %d ranks are "
+             "needed",
+             why, (int)R);
     size_t need = 0;
     if (__builtin_mul_overflow(kda_xcp_summary_bytes(p), (size_t)R, &need) || bytes < need)
-        FAIL(KDA_STATUS_INVALID_VALUE, bytes_arg, "%zu bytes given, %d ranks' summaries of %zu bytes each (%s "
-             "elements; kda_cp_summary_size) need %zu", bytes, (int)R, kda_xcp_summary_bytes(p),
-             p->a.cp_summary_dtype == KDA_FLOAT64 ? "float64" : "float32", need);
+        FAIL(KDA_STATUS_INVALID_VALUE, bytes_arg,
+             "%zu bytes given, %d ranks' summaries of %zu bytes each (%s "
+             "elements; kda_cp_summary_size) need %zu",
+             bytes, (int)R, kda_xcp_summary_bytes(p), p->a.cp_summary_dtype == KDA_FLOAT64 ? "float64" : "float32",
+             need);
     return KDA_STATUS_SUCCESS;
 }
 
@@ -876,27 +920,36 @@ kda_status_t kda_check_xcp(const char *fn, const kda_problem_t *p, int call) {
         return KDA_STATUS_SUCCESS;
     }
     if (call == KDA_XCP_DECODE)
-        FAIL(KDA_STATUS_INVALID_VALUE, "cp_num_ranks", "%d: kda_decode takes no split across ranks (kda_forward "
-             "runs it)", (int)R);
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_num_ranks",
+             "%d: kda_decode takes no split across ranks (kda_forward "
+             "runs it)",
+             (int)R);
     if (a->cp_rank < 0 || a->cp_rank >= R)
         FAIL(KDA_STATUS_INVALID_VALUE, "cp_rank", "%d is outside [0, cp_num_ranks = %d)", (int)a->cp_rank, (int)R);
     if (a->cp_pre_ranks < 0 || a->cp_pre_ranks > a->cp_rank)
-        FAIL(KDA_STATUS_INVALID_VALUE, "cp_pre_ranks", "%d is outside [0, cp_rank = %d]: only the ranks before "
-             "this one can chain into its first sequence", (int)a->cp_pre_ranks, (int)a->cp_rank);
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_pre_ranks",
+             "%d is outside [0, cp_rank = %d]: only the ranks before "
+             "this one can chain into its first sequence",
+             (int)a->cp_pre_ranks, (int)a->cp_rank);
     if (a->cp_post_ranks < 0 || a->cp_post_ranks > R - 1 - a->cp_rank)
-        FAIL(KDA_STATUS_INVALID_VALUE, "cp_post_ranks", "%d is outside [0, cp_num_ranks - 1 - cp_rank = %d]: only "
-             "the ranks after this one can continue its last sequence", (int)a->cp_post_ranks,
-             (int)(R - 1 - a->cp_rank));
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_post_ranks",
+             "%d is outside [0, cp_num_ranks - 1 - cp_rank = %d]: only "
+             "the ranks after this one can continue its last sequence",
+             (int)a->cp_post_ranks, (int)(R - 1 - a->cp_rank));
     if (p->num_seqs == 0 && (a->cp_pre_ranks || a->cp_post_ranks))
-        FAIL(KDA_STATUS_INVALID_VALUE, a->cp_pre_ranks ? "cp_pre_ranks" : "cp_post_ranks", "%d, but this rank holds "
+        FAIL(KDA_STATUS_INVALID_VALUE, a->cp_pre_ranks ? "cp_pre_ranks" : "cp_post_ranks",
+             "%d, but this rank holds "
              "no sequence to continue (a slice a sequence passes through is one empty sequence)",
              (int)(a->cp_pre_ranks ? a->cp_pre_ranks : a->cp_post_ranks));
     if (a->beta_headwise)
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "beta_headwise", "a headwise beta has no K x K state map: it cannot be split "
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "beta_headwise",
+             "a headwise beta has no K x K state map: it cannot be split "
              "across ranks");
     if (a->state_indices && a->state_indices_cols > 0)
-        FAIL(KDA_STATUS_NOT_SUPPORTED, "state_indices_cols", "%lld: per-token state slots cannot be split across "
-             "ranks", (long long)a->state_indices_cols);
+        FAIL(KDA_STATUS_NOT_SUPPORTED, "state_indices_cols",
+             "%lld: per-token state slots cannot be split across "
+             "ranks",
+             (long long)a->state_indices_cols);
     if (call == KDA_XCP_SUMMARY) return KDA_STATUS_SUCCESS;
     if (a->cp_pre_ranks > 0)
         TRY(check_gathered(fn, p, a->cp_summaries, a->cp_summaries_bytes, "cp_summaries", "cp_summaries_bytes",

@@ -89,11 +89,15 @@ void kda_xcp_fold_backward(kda_bwd_problem_t *bp, void *mem) {
 static kda_status_t summary_prepare(const kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
                                     const char *fn, size_t *need) {
     if (p->a.cp_num_ranks == 0)
-        return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'cp_num_ranks': 0 (no split across ranks): set "
-                         "cp_num_ranks, cp_rank and the chain counts first", fn);
+        return kda_error(KDA_STATUS_INVALID_VALUE,
+                         "%s: argument 'cp_num_ranks': 0 (no split across ranks): set "
+                         "cp_num_ranks, cp_rank and the chain counts first",
+                         fn);
     if (!ctx->ops->cp_summary)
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: the %s backend has no cross-rank CP summaries yet (use the "
-                         "cpu or reference backend)", fn, kda_backend_name(ctx->backend));
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: the %s backend has no cross-rank CP summaries yet (use the "
+                         "cpu or reference backend)",
+                         fn, kda_backend_name(ctx->backend));
     if (ctx->ops->supports) {
         const kda_status_t st = ctx->ops->supports(ctx, p, fn);
         if (st != KDA_STATUS_SUCCESS) return st;
@@ -103,8 +107,10 @@ static kda_status_t summary_prepare(const kda_context_t *ctx, const kda_problem_
         const kda_status_t st = ctx->ops->cp_summary_workspace(ctx, p, bp, &b);
         if (st != KDA_STATUS_SUCCESS) return st;
     }
-    *need = b + (size_t)p->a.num_v_heads * (size_t)p->a.head_dim_k * ((size_t)p->a.head_dim_k + p->a.head_dim_v) *
-                    sizeof(double) + 64;
+    *need = b +
+            (size_t)p->a.num_v_heads * (size_t)p->a.head_dim_k * ((size_t)p->a.head_dim_k + p->a.head_dim_v) *
+                sizeof(double) +
+            64;
     return KDA_STATUS_SUCCESS;
 }
 
@@ -114,13 +120,19 @@ static kda_status_t check_summary_out(const kda_problem_t *p, const kda_bwd_prob
     if (!summary) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'summary': NULL", fn);
     const size_t need = kda_xcp_summary_bytes(p);
     if (bytes < need)
-        return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'summary_bytes': %zu bytes given, %zu needed "
-                         "(kda_cp_summary_size)", fn, bytes, need);
+        return kda_error(KDA_STATUS_INVALID_VALUE,
+                         "%s: argument 'summary_bytes': %zu bytes given, %zu needed "
+                         "(kda_cp_summary_size)",
+                         fn, bytes, need);
     const kda_args_t *a = &p->a;
     const size_t T = (size_t)p->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
     const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
     const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : p->num_seqs);
-    struct { const char *name; const void *ptr; size_t bytes; } in[] = {
+    struct {
+        const char *name;
+        const void *ptr;
+        size_t bytes;
+    } in[] = {
         {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
         {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
         {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
@@ -135,16 +147,16 @@ static kda_status_t check_summary_out(const kda_problem_t *p, const kda_bwd_prob
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
         const char *x = (const char *)in[i].ptr;
         if (x && in[i].bytes && need && s < x + in[i].bytes && x < s + need)
-            return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'summary': overlaps %s, which the call reads",
-                             fn, in[i].name);
+            return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'summary': overlaps %s, which the call reads", fn,
+                             in[i].name);
     }
     return KDA_STATUS_SUCCESS;
 }
 
 /* Run the backend's summary into the workspace's fp64 block, then store it in the summary's dtype. A rank with no
  * sequence passes any chain through: the identity map. */
-static kda_status_t summary_run(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
-                                void *summary, void *ws, size_t need) {
+static kda_status_t summary_run(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, void *summary,
+                                void *ws, size_t need) {
     const int K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads, W = K + V;
     const size_t n = (size_t)HV * K * W;
     double *out = (double *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
@@ -176,16 +188,15 @@ kda_status_t kda_cp_summary_size(const kda_context_t *ctx, const kda_args_t *arg
     return st;
 }
 
-static kda_status_t forward_prepare(const kda_context_t *ctx, const kda_args_t *args, const char *fn,
-                                    kda_problem_t *p, size_t *need) {
+static kda_status_t forward_prepare(const kda_context_t *ctx, const kda_args_t *args, const char *fn, kda_problem_t *p,
+                                    size_t *need) {
     kda_status_t st = kda_check_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, p, KDA_XCP_SUMMARY);
     if (st == KDA_STATUS_SUCCESS) st = summary_prepare(ctx, p, NULL, fn, need);
     return st;
 }
 
-kda_status_t kda_cp_forward_summary_workspace_size(const kda_context_t *ctx, const kda_args_t *args,
-                                                   size_t *bytes) {
+kda_status_t kda_cp_forward_summary_workspace_size(const kda_context_t *ctx, const kda_args_t *args, size_t *bytes) {
     const char *fn = "kda_cp_forward_summary_workspace_size";
     if (!bytes) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace_bytes': NULL", fn);
     kda_status_t st = kda_ctx_enter(ctx, fn);
@@ -200,8 +211,10 @@ kda_status_t kda_cp_forward_summary_workspace_size(const kda_context_t *ctx, con
 
 static kda_status_t check_workspace(const char *fn, const void *ws, size_t ws_bytes, size_t need) {
     if (ws_bytes < need)
-        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE, "%s: argument 'workspace_bytes': %zu bytes given, %zu "
-                         "needed", fn, ws_bytes, need);
+        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
+                         "%s: argument 'workspace_bytes': %zu bytes given, %zu "
+                         "needed",
+                         fn, ws_bytes, need);
     if (!ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
     return KDA_STATUS_SUCCESS;
 }

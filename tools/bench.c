@@ -32,18 +32,18 @@ static int bench_cmp(const void *a, const void *b) {
 
 /* ---- peak: 12 independent FMA chains of the widest vector, per thread ---------------------------------- */
 #define PEAK_ITERS 20000000L
-#define PEAK_BODY(VS)                                                                                       \
-    typedef float v_t __attribute__((vector_size(VS)));                                                     \
-    v_t acc[12], m, a;                                                                                      \
-    for (int i = 0; i < 12; i++) acc[i] = (v_t){0} + (float)i * 1e-3f;                                      \
-    m = (v_t){0} + 0.999999f;                                                                               \
-    a = (v_t){0} + 1e-7f;                                                                                   \
-    for (long it = 0; it < iters; it++) {                                                                   \
-        for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a;                                               \
-    }                                                                                                       \
-    float s = 0;                                                                                            \
-    for (int i = 0; i < 12; i++) s += acc[i][0];                                                            \
-    *sink = s;                                                                                              \
+#define PEAK_BODY(VS)                                                                                                  \
+    typedef float v_t __attribute__((vector_size(VS)));                                                                \
+    v_t acc[12], m, a;                                                                                                 \
+    for (int i = 0; i < 12; i++) acc[i] = (v_t){0} + (float)i * 1e-3f;                                                 \
+    m = (v_t){0} + 0.999999f;                                                                                          \
+    a = (v_t){0} + 1e-7f;                                                                                              \
+    for (long it = 0; it < iters; it++) {                                                                              \
+        for (int i = 0; i < 12; i++) acc[i] = acc[i] * m + a;                                                          \
+    }                                                                                                                  \
+    float s = 0;                                                                                                       \
+    for (int i = 0; i < 12; i++) s += acc[i][0];                                                                       \
+    *sink = s;                                                                                                         \
     return 2.0 * 12 * (VS / 4) * (double)iters;
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -115,8 +115,8 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
     if (kda_create(&ctx, backend, 0) != KDA_STATUS_SUCCESS) return NAN;
     if (backend == KDA_BACKEND_CPU && threads > 0) kda_set_num_threads(ctx, threads);
     size_t ws_bytes = 0;
-    kda_status_t st = decode ? kda_decode_workspace_size(ctx, a, &ws_bytes)
-                             : kda_forward_workspace_size(ctx, a, &ws_bytes);
+    kda_status_t st =
+        decode ? kda_decode_workspace_size(ctx, a, &ws_bytes) : kda_forward_workspace_size(ctx, a, &ws_bytes);
     void *ws = ws_bytes ? malloc(ws_bytes) : NULL;
     double times[64], ms = NAN;
     if (iters > 64) iters = 64;
@@ -137,15 +137,14 @@ static double time_call(kda_backend_t backend, int decode, int threads, const kd
 }
 
 static void bench_usage(FILE *f) {
-    fprintf(f,
-            "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N]\n"
-            "                 [--oracle-iters N] [--no-decode] [--json]\n"
-            "  CPU chunked path vs the fp64 oracle vs the CPU decode path, K = V = 128, bf16, HQK = HV = H.\n"
-            "  --threads N      CPU threads of the chunked and decode paths [KDA_NUM_THREADS or all cores]\n"
-            "  --iters N        timed calls per path (1 to 64), median reported [3]\n"
-            "  --oracle-iters N timed oracle calls (1 to 64), median reported [1: one call, no warm-up]\n"
-            "  --oracle-max N   time the oracle only up to N tokens x heads [65536]; larger rows show '-'\n"
-            "  --json           one JSON object per row as well\n");
+    fprintf(f, "usage: kda bench [--threads N] [--iters N] [--T 512,4096,16384] [--H 2,16] [--oracle-max N]\n"
+               "                 [--oracle-iters N] [--no-decode] [--json]\n"
+               "  CPU chunked path vs the fp64 oracle vs the CPU decode path, K = V = 128, bf16, HQK = HV = H.\n"
+               "  --threads N      CPU threads of the chunked and decode paths [KDA_NUM_THREADS or all cores]\n"
+               "  --iters N        timed calls per path (1 to 64), median reported [3]\n"
+               "  --oracle-iters N timed oracle calls (1 to 64), median reported [1: one call, no warm-up]\n"
+               "  --oracle-max N   time the oracle only up to N tokens x heads [65536]; larger rows show '-'\n"
+               "  --json           one JSON object per row as well\n");
 }
 
 typedef struct {
@@ -241,8 +240,8 @@ static int bench_row(const bench_opts_t *b, int64_t T, int32_t H, int threads, d
 
 int kda_bench_main(int argc, char **argv);
 int kda_bench_main(int argc, char **argv) {
-    bench_opts_t b = {.iters = 3, .oracle_iters = 1, .Ts = {512, 4096, 16384}, .Hs = {2, 16}, .oracle_max = 65536,
-                      .nT = 3, .nH = 2};
+    bench_opts_t b = {
+        .iters = 3, .oracle_iters = 1, .Ts = {512, 4096, 16384}, .Hs = {2, 16}, .oracle_max = 65536, .nT = 3, .nH = 2};
     for (int i = 0; i < argc; i++) {
         const int rc = bench_option(argc, argv, &i, &b);
         if (rc) return rc == 1 ? 0 : rc;
@@ -262,8 +261,8 @@ int kda_bench_main(int argc, char **argv) {
            threads);
     printf("  measured fp32 FMA peak: %.1f GFLOP/s on 1 thread, %.1f on %d\n", peak1, peakn, threads);
     printf("  K = V = 128, bf16, lower-bound gate, l2norm, initial and final state f32; times are medians\n\n");
-    printf("  %6s %3s | %10s %8s %6s | %10s %8s | %11s %8s\n", "T", "H", "chunked ms", "GFLOP/s", "%peak",
-           "decode ms", "vs chunk", "oracle ms", "vs chunk");
+    printf("  %6s %3s | %10s %8s %6s | %10s %8s | %11s %8s\n", "T", "H", "chunked ms", "GFLOP/s", "%peak", "decode ms",
+           "vs chunk", "oracle ms", "vs chunk");
     for (int ti = 0; ti < b.nT; ti++)
         for (int hi = 0; hi < b.nH; hi++)
             if (bench_row(&b, b.Ts[ti], (int32_t)b.Hs[hi], threads, peakn)) return 2;

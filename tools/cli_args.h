@@ -96,8 +96,10 @@ static inline int kda_arg_f32(const char *opt, const char *s, float *out) {
     }
     const float f = (float)x;
     if (f == 0.0f && (x != 0.0 || errno == ERANGE)) {
-        fprintf(stderr, "kda: %s: '%s' rounds to 0 in float32, which libkda reads as unset (the smallest nonzero "
-                        "magnitude is %g)\n", opt, s, (double)FLT_TRUE_MIN);
+        fprintf(stderr,
+                "kda: %s: '%s' rounds to 0 in float32, which libkda reads as unset (the smallest nonzero "
+                "magnitude is %g)\n",
+                opt, s, (double)FLT_TRUE_MIN);
         return -1;
     }
     *out = f;

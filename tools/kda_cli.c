@@ -31,30 +31,29 @@
 int kda_bench_main(int argc, char **argv); /* tools/bench.c */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: kda demo [options] | kda bench [options] | kda --version | kda --help\n"
-            "  (kda bench --help: the CPU benchmark's options)\n"
-            "\n"
-            "demo options (defaults in brackets):\n"
-            "  --backend auto|cpu|cuda|reference   [auto: CUDA when a GPU is usable, else CPU]\n"
-            "  --B N --T N                         batch rows and tokens per row [1, 2048]\n"
-            "  --varlen L1,L2,...                  variable-length sequences (B becomes 1)\n"
-            "  --hqk N --hv N                      query/key heads and value heads [4, 4]\n"
-            "  --K N --V N                         head sizes [128, 128]\n"
-            "  --dtype bf16|f16|f32                q, k, v, g, o dtype [bf16]\n"
-            "  --gate raw|softplus|lower_bound|lower_bound_noa   gate mode [lower_bound, -5, safe]\n"
-            "  --lower-bound X                     bound of the lower_bound gates, < 0 [-5]\n"
-            "  --scale X                           output scale [0: K^-1/2]\n"
-            "  --no-l2norm --no-beta-sigmoid --neg-eigval --no-initial-state --state-v-first\n"
-            "  --state-dtype f32|bf16              initial/final state dtype [f32]\n"
-            "  --decode                            the recurrent algorithm (kda_decode) instead of the chunked one\n"
-            "  --cp auto|off|N                     intra-card context parallelism (CUDA): the library's choice,\n"
-            "                                      never, or pieces of N tokens (a multiple of 64) [auto]\n"
-            "  --threads N                         CPU threads [KDA_NUM_THREADS or all cores]\n"
-            "  --iters N                           timed runs, median reported [CPU 3, CUDA 20]\n"
-            "  --no-check                          skip the oracle (its time and the error)\n"
-            "  --seed N                            input seed [1]\n"
-            "  --json                              print a JSON object as the last line\n");
+    fprintf(f, "usage: kda demo [options] | kda bench [options] | kda --version | kda --help\n"
+               "  (kda bench --help: the CPU benchmark's options)\n"
+               "\n"
+               "demo options (defaults in brackets):\n"
+               "  --backend auto|cpu|cuda|reference   [auto: CUDA when a GPU is usable, else CPU]\n"
+               "  --B N --T N                         batch rows and tokens per row [1, 2048]\n"
+               "  --varlen L1,L2,...                  variable-length sequences (B becomes 1)\n"
+               "  --hqk N --hv N                      query/key heads and value heads [4, 4]\n"
+               "  --K N --V N                         head sizes [128, 128]\n"
+               "  --dtype bf16|f16|f32                q, k, v, g, o dtype [bf16]\n"
+               "  --gate raw|softplus|lower_bound|lower_bound_noa   gate mode [lower_bound, -5, safe]\n"
+               "  --lower-bound X                     bound of the lower_bound gates, < 0 [-5]\n"
+               "  --scale X                           output scale [0: K^-1/2]\n"
+               "  --no-l2norm --no-beta-sigmoid --neg-eigval --no-initial-state --state-v-first\n"
+               "  --state-dtype f32|bf16              initial/final state dtype [f32]\n"
+               "  --decode                            the recurrent algorithm (kda_decode) instead of the chunked one\n"
+               "  --cp auto|off|N                     intra-card context parallelism (CUDA): the library's choice,\n"
+               "                                      never, or pieces of N tokens (a multiple of 64) [auto]\n"
+               "  --threads N                         CPU threads [KDA_NUM_THREADS or all cores]\n"
+               "  --iters N                           timed runs, median reported [CPU 3, CUDA 20]\n"
+               "  --no-check                          skip the oracle (its time and the error)\n"
+               "  --seed N                            input seed [1]\n"
+               "  --json                              print a JSON object as the last line\n");
 }
 
 static double now_ms(void) {
@@ -307,10 +306,9 @@ static int demo_flag(const char *o, demo_opts_t *d) {
 }
 
 static int demo_takes_value(const char *o) {
-    static const char *const names[] = {"--backend", "--B",     "--T",         "--varlen",      "--hqk",
-                                        "--hv",      "--K",     "--V",         "--dtype",       "--gate",
-                                        "--scale",   "--cp",    "--lower-bound", "--state-dtype", "--threads",
-                                        "--iters",   "--seed"};
+    static const char *const names[] = {"--backend",     "--B",           "--T",       "--varlen", "--hqk",   "--hv",
+                                        "--K",           "--V",           "--dtype",   "--gate",   "--scale", "--cp",
+                                        "--lower-bound", "--state-dtype", "--threads", "--iters",  "--seed"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if (!strcmp(o, names[i])) return 1;
     return 0;
@@ -466,8 +464,7 @@ static int demo_upload(demo_run_t *r) {
     *a = *h;
     int bad = to_device(m, h->q, s->q_bytes, &a->q) || to_device(m, h->k, s->q_bytes, &a->k) ||
               to_device(m, h->v, s->v_bytes, &a->v) || to_device(m, h->g, s->g_bytes, &a->g) ||
-              to_device(m, h->beta, s->beta_bytes, &a->beta) ||
-              to_device(m, h->o, s->o_bytes, (const void **)&a->o) ||
+              to_device(m, h->beta, s->beta_bytes, &a->beta) || to_device(m, h->o, s->o_bytes, (const void **)&a->o) ||
               to_device(m, h->initial_state, s->h0_bytes, &a->initial_state) ||
               to_device(m, h->final_state, s->ht_bytes, (const void **)&a->final_state) ||
               to_device(m, h->A_log, sizeof(float) * hv, (const void **)&a->A_log) ||

@@ -187,7 +187,8 @@ static void synth_set_args(const kda_synth_config_t *c, const kda_synth_t *s, in
     a->allow_neg_eigval = c->allow_neg_eigval;
     const float lb = c->lower_bound != 0.0f ? c->lower_bound : -5.0f;
     switch (c->gate) {
-    case KDA_GATE_RAW: break;
+    case KDA_GATE_RAW:
+        break;
     case KDA_GATE_SOFTPLUS:
         a->use_gate_in_kernel = 1;
         a->A_log = s->A_log;

@@ -10,29 +10,29 @@
 #include "kda.h"
 
 typedef enum {
-    KDA_GATE_RAW = 0,         /* g is the log decay itself (logsigmoid of noise), no in-kernel gate */
-    KDA_GATE_SOFTPLUS = 1,    /* in-kernel: -exp(A_log) softplus(g + dt_bias) */
-    KDA_GATE_LOWER_BOUND = 2, /* in-kernel: lower_bound sigmoid(exp(A_log) (g + dt_bias)), safe_gate */
+    KDA_GATE_RAW = 0,             /* g is the log decay itself (logsigmoid of noise), no in-kernel gate */
+    KDA_GATE_SOFTPLUS = 1,        /* in-kernel: -exp(A_log) softplus(g + dt_bias) */
+    KDA_GATE_LOWER_BOUND = 2,     /* in-kernel: lower_bound sigmoid(exp(A_log) (g + dt_bias)), safe_gate */
     KDA_GATE_LOWER_BOUND_NO_A = 3 /* in-kernel: lower_bound sigmoid(g + dt_bias), no A_log */
 } kda_gate_mode_t;
 
 typedef struct {
-    int64_t batch, seq_len;      /* with num_seqs > 0: seq_len is ignored, lengths come from seqlens */
+    int64_t batch, seq_len; /* with num_seqs > 0: seq_len is ignored, lengths come from seqlens */
     int32_t hqk, hv, k, v;
-    int64_t num_seqs;            /* > 0: varlen with these lengths (batch must be 1) */
+    int64_t num_seqs; /* > 0: varlen with these lengths (batch must be 1) */
     const int64_t *seqlens;
     kda_dtype_t dtype, g_dtype, beta_dtype, o_dtype;
-    int initial_state;           /* 0 none, else its dtype is initial_state_dtype */
+    int initial_state; /* 0 none, else its dtype is initial_state_dtype */
     kda_dtype_t initial_state_dtype;
     int final_state;
     kda_dtype_t final_state_dtype;
     int state_v_first;
     kda_gate_mode_t gate;
-    int l2norm;                  /* use_qk_l2norm; when 0, k is generated unit-norm as models give it */
+    int l2norm; /* use_qk_l2norm; when 0, k is generated unit-norm as models give it */
     int beta_sigmoid, allow_neg_eigval;
-    float lower_bound;           /* for the lower-bound gate modes; 0 -> -5 */
-    float scale;                 /* args.scale: 0 selects K^-1/2 */
-    float decay;                 /* scales the decay: 1 typical; 30 strong; used by every gate mode */
+    float lower_bound; /* for the lower-bound gate modes; 0 -> -5 */
+    float scale;       /* args.scale: 0 selects K^-1/2 */
+    float decay;       /* scales the decay: 1 typical; 30 strong; used by every gate mode */
     uint64_t seed;
 } kda_synth_config_t;
 

@@ -58,11 +58,13 @@ void kda_cpu_load_state(const kda_problem_t *p, int64_t slot, int h, float *S) {
     }
     const int64_t base = (slot * a->num_v_heads + h) * (int64_t)K * V;
     if (!a->state_v_first) {
-        for (int i = 0; i < K; i++) kda_load_row(S + (size_t)i * V, a->initial_state, a->initial_state_dtype, base + (int64_t)i * V, V);
+        for (int i = 0; i < K; i++)
+            kda_load_row(S + (size_t)i * V, a->initial_state, a->initial_state_dtype, base + (int64_t)i * V, V);
     } else {
         for (int j = 0; j < V; j++)
             for (int i = 0; i < K; i++)
-                S[(size_t)i * V + j] = kda_load_f32(a->initial_state, a->initial_state_dtype, base + (int64_t)j * K + i);
+                S[(size_t)i * V + j] =
+                    kda_load_f32(a->initial_state, a->initial_state_dtype, base + (int64_t)j * K + i);
     }
     kda_cpu_poison_columns(S, K, V); /* the non-finite contract (docs/ALGORITHM.md §7): per value channel */
 }

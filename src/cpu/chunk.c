@@ -58,7 +58,8 @@
  * 64 (KDA_CHUNK) fills its tensor-core tiles; a CPU core has no such tile to fill. The code below works for any
  * multiple of KDA_SUB up to 64. */
 #define KDA_CPU_CHUNK 16
-_Static_assert(KDA_CHUNK % KDA_CPU_CHUNK == 0, "chunk_states are kept every KDA_CHUNK tokens: a whole number of CPU chunks");
+_Static_assert(KDA_CHUNK % KDA_CPU_CHUNK == 0,
+               "chunk_states are kept every KDA_CHUNK tokens: a whole number of CPU chunks");
 
 /* Value heads per task of the many-task schedule (task_whole), at most. */
 #define KDA_CPU_GROUP 4
@@ -78,25 +79,25 @@ typedef struct {
 
 /* Scratch of one thread. */
 typedef struct {
-    float *q, *k, *G;         /* C×K: normalised q, k; cumulative gate */
-    float *v, *beta;          /* C×V (β v after prep), C */
-    float *A, *Tinv;          /* C×C */
-    float *kT, *GT;           /* K×C: k and G transposed (rows past the chunk's end zero; GT only when a block
+    float *q, *k, *G;     /* C×K: normalised q, k; cumulative gate */
+    float *v, *beta;      /* C×V (β v after prep), C */
+    float *A, *Tinv;      /* C×C */
+    float *kT, *GT;       /* K×C: k and G transposed (rows past the chunk's end zero; GT only when a block
                                  does not fit) */
-    float *fa, *fq, *fbt;     /* C×K factors of rows (k-side, q-side); K×C factors of columns */
-    float *fa2, *fq2;         /* 16×K: a block's off-diagonal row factors (shared factors, chunk_factors) */
-    float *fbd, *kc;          /* K×16: a block's diagonal column factors; K×C: k_j ⊙ e^{E_J − G_j} */
-    float *ea, *eaT;          /* 16×K: a block's e^{G_i − M}; K×16: the same transposed */
-    float *bk;                /* C×K: β k ⊙ e^{G} */
-    float *D, *O;             /* C×V: Δ and the outputs of the recurrence's column slice */
-    float *S;                 /* KDA_CPU_GROUP × K×V: the states of the task's heads */
-    prep_t pr;                /* the prep of the task's current chunk */
+    float *fa, *fq, *fbt; /* C×K factors of rows (k-side, q-side); K×C factors of columns */
+    float *fa2, *fq2;     /* 16×K: a block's off-diagonal row factors (shared factors, chunk_factors) */
+    float *fbd, *kc;      /* K×16: a block's diagonal column factors; K×C: k_j ⊙ e^{E_J − G_j} */
+    float *ea, *eaT;      /* 16×K: a block's e^{G_i − M}; K×16: the same transposed */
+    float *bk;            /* C×K: β k ⊙ e^{G} */
+    float *D, *O;         /* C×V: Δ and the outputs of the recurrence's column slice */
+    float *S;             /* KDA_CPU_GROUP × K×V: the states of the task's heads */
+    prep_t pr;            /* the prep of the task's current chunk */
 } scratch_t;
 
-#define TAKE(field, count)                                                                                  \
-    do {                                                                                                    \
-        field = base ? base + off : NULL;                                                                   \
-        off += ((size_t)(count) + 15) & ~(size_t)15;                                                        \
+#define TAKE(field, count)                                                                                             \
+    do {                                                                                                               \
+        field = base ? base + off : NULL;                                                                              \
+        off += ((size_t)(count) + 15) & ~(size_t)15;                                                                   \
     } while (0)
 
 /* Lay the arrays out from `base` (64-byte aligned, each array rounded up to 16 floats); return the floats
@@ -346,28 +347,28 @@ KDA_INLINE int load_token8(const kda_problem_t *p, scratch_t *s, const gate_cons
     const void *g = a->g;
     const kda_dtype_t gdt = a->g_dtype;
 /* the clamp of a gate vector x (columns d..d+7), its check, and its store into G (CUM: plus the previous row) */
-#define KDA_GATE_STORE(x, CUM)                                                                                   \
-    do {                                                                                                         \
-        x = kda_sel8(x < gmin, gmin, x);                                                                         \
-        x = kda_sel8(x > zero, zero, x);                                                                         \
-        bad |= nonfinite8(x);                                                                                    \
-        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                 \
+#define KDA_GATE_STORE(x, CUM)                                                                                         \
+    do {                                                                                                               \
+        x = kda_sel8(x < gmin, gmin, x);                                                                               \
+        x = kda_sel8(x > zero, zero, x);                                                                               \
+        bad |= nonfinite8(x);                                                                                          \
+        stf8(G + d, CUM ? x + ldf8(Gp + d) : x);                                                                       \
     } while (0)
-#define KDA_GATE_LOOP(TRANSFORM, CUM)                                                                            \
-    for (int d = 0; d < K; d += 8) {                                                                             \
-        kda_f8 x = ld8(g, gdt, og + d);                                                                          \
-        if (bias) x = x + ldf8(bias + d);                                                                        \
-        x = TRANSFORM;                                                                                           \
-        KDA_GATE_STORE(x, CUM);                                                                                  \
+#define KDA_GATE_LOOP(TRANSFORM, CUM)                                                                                  \
+    for (int d = 0; d < K; d += 8) {                                                                                   \
+        kda_f8 x = ld8(g, gdt, og + d);                                                                                \
+        if (bias) x = x + ldf8(bias + d);                                                                              \
+        x = TRANSFORM;                                                                                                 \
+        KDA_GATE_STORE(x, CUM);                                                                                        \
     }
     /* the lower-bound gate in three passes over the row, lb / (1 + e^{−A x}): −A x and the exponential's range
      * reduction, the rest of the exponential, then the division, clamp and sum. The one loop's chain (exponential,
      * division: ~85 cycles per 8 floats) is latency-bound on a core whose FP scheduler holds less than one
      * iteration; three shorter chains overlap (the same operations, so the same bits) */
-#define KDA_GATE_REST(CUM)                                                                                       \
-    for (int d = 0; d < K; d += 8) {                                                                             \
-        kda_f8 x = lb * (1.0f / (1.0f + ldf8(e + d)));                                                           \
-        KDA_GATE_STORE(x, CUM);                                                                                  \
+#define KDA_GATE_REST(CUM)                                                                                             \
+    for (int d = 0; d < K; d += 8) {                                                                                   \
+        kda_f8 x = lb * (1.0f / (1.0f + ldf8(e + d)));                                                                 \
+        KDA_GATE_STORE(x, CUM);                                                                                        \
     }
     const kda_f8 gmin = (kda_f8){0} + KDA_GATE_MIN, zero = {0};
     if (gp->mode == 2) {
@@ -768,8 +769,8 @@ KDA_INLINE void chunk_prep(const kda_problem_t *p, scratch_t *s, prep_t *o, int6
 }
 
 /* Columns [j0, j0 + w) of one chunk's state step and outputs; D and O are c×w scratch. */
-KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float *S, int j0, int w, float *D,
-                                 float *O, int64_t t0, int c, int h) {
+KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float *S, int j0, int w, float *D, float *O,
+                                 int64_t t0, int c, int h) {
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
     float *Sj = S + j0;
@@ -801,28 +802,29 @@ KDA_INLINE void chunk_recurrence(const kda_problem_t *p, const prep_t *o, float 
  * Every output element is computed by the same operations in the same order on both schedules and for any
  * slicing (gemm.h: one FMA chain per element), so results do not depend on the thread count.
  * ------------------------------------------------------------------------------------------------------- */
-#define KDA_CPU_RING 64 /* preps in flight: 1024 tokens of look-ahead at 16-token chunks, so that a prep thread
+#define KDA_CPU_RING                                                                                                   \
+    64 /* preps in flight: 1024 tokens of look-ahead at 16-token chunks, so that a prep thread
                            delayed by a few chunks (another process on its core) does not leave the recurrence
                            waiting */
 #define KDA_CPU_MAX_SLICES 64
 
 typedef struct {
     const kda_problem_t *p;
-    char *ws;           /* per-thread scratch, then (flow schedule) the prep ring and the state */
-    size_t per_thread;  /* bytes */
+    char *ws;          /* per-thread scratch, then (flow schedule) the prep ring and the state */
+    size_t per_thread; /* bytes */
     /* flow schedule: the current task */
     int64_t bos, eos, nchunks;
     int h, nslices;
     int slice_j0[KDA_CPU_MAX_SLICES + 1]; /* slice r: columns [slice_j0[r], slice_j0[r + 1]) */
-    int group;          /* many-task schedule: value heads per task */
-    const int64_t *rows; /* chunk_states: each sequence's first row (kda_chunk_rows), or NULL */
-    int64_t row0;       /* flow schedule: the current sequence's first row */
-    prep_t *ring;       /* KDA_CPU_RING preps */
+    int group;                            /* many-task schedule: value heads per task */
+    const int64_t *rows;                  /* chunk_states: each sequence's first row (kda_chunk_rows), or NULL */
+    int64_t row0;                         /* flow schedule: the current sequence's first row */
+    prep_t *ring;                         /* KDA_CPU_RING preps */
     float *S;
-    atomic_int_fast64_t next_prep;             /* the next chunk to prepare */
-    atomic_int_fast64_t ready[KDA_CPU_RING];   /* the chunk whose prep a slot holds, -1 none */
+    atomic_int_fast64_t next_prep;                /* the next chunk to prepare */
+    atomic_int_fast64_t ready[KDA_CPU_RING];      /* the chunk whose prep a slot holds, -1 none */
     atomic_int_fast64_t done[KDA_CPU_MAX_SLICES]; /* chunks whose recurrence slice r has run */
-    atomic_int_fast64_t stop;                  /* 1 + the chunk with a poisoned row (0 none) */
+    atomic_int_fast64_t stop;                     /* 1 + the chunk with a poisoned row (0 none) */
 } job_t;
 
 static void task_whole(void *arg, int64_t item, int thread) {
@@ -856,7 +858,8 @@ static void task_whole(void *arg, int64_t item, int thread) {
             const int nc = eos - nt0 < KDA_CPU_CHUNK ? (int)(eos - nt0) : KDA_CPU_CHUNK;
             chunk_prep(p, &s, &s.pr, t0, c, h0 + u, nt0, u + 1 < nh ? h0 + u + 1 : h0, nh > 1 ? nc : 0);
             if (job->rows && (t0 - bos) % KDA_CHUNK == 0) /* the state before each 64-token chunk (KDA_CHUNK) */
-                kda_cpu_store_chunk_state(p, job->rows[n] + (t0 - bos) / KDA_CHUNK, h0 + u, s.S + (size_t)u * K * V, 0, V);
+                kda_cpu_store_chunk_state(p, job->rows[n] + (t0 - bos) / KDA_CHUNK, h0 + u, s.S + (size_t)u * K * V, 0,
+                                          V);
             chunk_recurrence(p, &s.pr, s.S + (size_t)u * K * V, 0, V, s.D, s.O, t0, c, h0 + u);
             if (s.pr.bad < c) {
                 poisoned[u] = 1;
@@ -992,8 +995,7 @@ static size_t per_prep_bytes(const kda_problem_t *p) {
 
 __attribute__((unused)) static size_t workspace_bytes(const kda_context_t *ctx, const kda_problem_t *p) {
     size_t b = (size_t)ctx->num_threads * per_thread_bytes(p) + 64;
-    if (split_schedule(ctx, p))
-        b += KDA_CPU_RING * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
+    if (split_schedule(ctx, p)) b += KDA_CPU_RING * per_prep_bytes(p) + (size_t)kda_state_head_elems(p) * sizeof(float);
     return b + kda_chunk_rows_bytes(p); /* last: chunk_states' rows */
 }
 
@@ -1205,8 +1207,8 @@ int kda_cpu_chunk_isa(void) {
 #if KDA_CPU_MULTI_ISA
     __builtin_cpu_init();
     /* v3 also has F16C, LZCNT, MOVBE: every CPU with AVX2, FMA and BMI2 has them (clang's __builtin_cpu_supports cannot test F16C) */
-    const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                   __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+    const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+                   __builtin_cpu_supports("bmi2");
     const int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
                    __builtin_cpu_supports("avx512cd");
@@ -1225,10 +1227,16 @@ kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, v
     (void)ws_bytes;
     switch (kda_cpu_chunk_isa()) {
 #if KDA_CPU_MULTI_ISA
-    case 4: kda_cpu_chunk_run_v4(ctx, p, ws); break;
-    case 3: kda_cpu_chunk_run_v3(ctx, p, ws); break;
+    case 4:
+        kda_cpu_chunk_run_v4(ctx, p, ws);
+        break;
+    case 3:
+        kda_cpu_chunk_run_v3(ctx, p, ws);
+        break;
 #endif
-    default: kda_cpu_chunk_run_portable(ctx, p, ws); break;
+    default:
+        kda_cpu_chunk_run_portable(ctx, p, ws);
+        break;
     }
     return KDA_STATUS_SUCCESS;
 }
@@ -1245,10 +1253,16 @@ kda_status_t kda_cpu_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, con
     (void)ws_bytes;
     switch (kda_cpu_chunk_isa()) {
 #if KDA_CPU_MULTI_ISA
-    case 4: kda_cpu_xcp_run_v4(ctx, p, bp, out, ws); break;
-    case 3: kda_cpu_xcp_run_v3(ctx, p, bp, out, ws); break;
+    case 4:
+        kda_cpu_xcp_run_v4(ctx, p, bp, out, ws);
+        break;
+    case 3:
+        kda_cpu_xcp_run_v3(ctx, p, bp, out, ws);
+        break;
 #endif
-    default: kda_cpu_xcp_run_portable(ctx, p, bp, out, ws); break;
+    default:
+        kda_cpu_xcp_run_portable(ctx, p, bp, out, ws);
+        break;
     }
     return KDA_STATUS_SUCCESS;
 }

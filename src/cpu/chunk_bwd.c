@@ -40,28 +40,28 @@
  * Scratch of one thread
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    float *states;            /* (chunks + 1) × K×V: S at every chunk start of the current head */
-    float *dqs, *dks;         /* len × K: Σ over the group's value heads of dq̂, dk̂ */
-    float *dS, *ST, *dST;     /* K×V; V×K transposes of S and dS⁺ */
-    float *q, *k, *G, *gx, *gm; /* C×K: q̂, k̂, cumulative gate, gate input x, clamp mask */
-    float *v, *beta;          /* C×V, C */
-    float *M, *A, *Aqk, *T;   /* C×C */
-    float *X, *W, *QG, *KT;   /* C×K */
-    float *Y, *U, *D, *DT;    /* C×V (DT: V×C, Δᵀ) */
-    float *dO, *dD, *dR;      /* C×V */
-    float *dA, *dAqk;         /* C×C */
-    float *dq, *dk, *dG, *dX, *dQG, *dKT; /* C×K */
+    float *states;                               /* (chunks + 1) × K×V: S at every chunk start of the current head */
+    float *dqs, *dks;                            /* len × K: Σ over the group's value heads of dq̂, dk̂ */
+    float *dS, *ST, *dST;                        /* K×V; V×K transposes of S and dS⁺ */
+    float *q, *k, *G, *gx, *gm;                  /* C×K: q̂, k̂, cumulative gate, gate input x, clamp mask */
+    float *v, *beta;                             /* C×V, C */
+    float *M, *A, *Aqk, *T;                      /* C×C */
+    float *X, *W, *QG, *KT;                      /* C×K */
+    float *Y, *U, *D, *DT;                       /* C×V (DT: V×C, Δᵀ) */
+    float *dO, *dD, *dR;                         /* C×V */
+    float *dA, *dAqk;                            /* C×C */
+    float *dq, *dk, *dG, *dX, *dQG, *dKT;        /* C×K */
     float *fa, *fq, *fb, *fbt, *dfa, *dfq, *dfb; /* C×K; K×16; C×K; C×K; 16×K */
-    float *gamma, *dgamma;    /* K */
+    float *gamma, *dgamma;                       /* K */
 } scratch_t;
 
 static size_t carve(float *base, int K, int V, int64_t max_len, scratch_t *s) {
     const int64_t nc = (max_len + C - 1) / C;
     size_t off = 0;
-#define TAKE(field, count)                                                                                  \
-    do {                                                                                                    \
-        s->field = base ? base + off : NULL;                                                                \
-        off += ((size_t)(count) + 15) & ~(size_t)15;                                                        \
+#define TAKE(field, count)                                                                                             \
+    do {                                                                                                               \
+        s->field = base ? base + off : NULL;                                                                           \
+        off += ((size_t)(count) + 15) & ~(size_t)15;                                                                   \
     } while (0)
     TAKE(states, (size_t)(nc + 1) * K * V);
     TAKE(dqs, (size_t)max_len * K);
@@ -319,7 +319,7 @@ KDA_INLINE void pair_products_backward(scratch_t *s, int K, int c, float scale) 
                 for (int d = 0; d < K; d++) {
                     const float e = kda_expf(Gi[d] - Gj[d]);
                     const float ti = (cm * ki[d] + cq * qi[d]) * e; /* ∂/∂k_j[d] */
-                    const float tj = kj[d] * e;                    /* ∂M/∂k_i[d] */
+                    const float tj = kj[d] * e;                     /* ∂M/∂k_i[d] */
                     dki[d] += cm * tj;
                     dqi[d] += cq * tj;
                     dkj[d] += ti;
@@ -332,8 +332,7 @@ KDA_INLINE void pair_products_backward(scratch_t *s, int K, int c, float scale) 
     }
 }
 
-KDA_INLINE void chunk_backward(const kda_bwd_problem_t *bp, scratch_t *s, int64_t t0, int c, int h,
-                               const float *S) {
+KDA_INLINE void chunk_backward(const kda_bwd_problem_t *bp, scratch_t *s, int64_t t0, int c, int h, const float *S) {
     const kda_problem_t *p = &bp->f;
     const kda_args_t *a = &p->a;
     const int K = a->head_dim_k, V = a->head_dim_v, HV = a->num_v_heads;
@@ -341,11 +340,10 @@ KDA_INLINE void chunk_backward(const kda_bwd_problem_t *bp, scratch_t *s, int64_
 
     chunk_prepare(p, s, t0, c, h);
     chunk_delta(s, K, V, c, S);
-    for (int i = 0; i < c; i++)
-        kda_load_row(s->dO + i * V, bp->b.d_o, bp->b.d_o_dtype, ((t0 + i) * HV + h) * V, V);
-    transpose(s->ST, K, S, V, K, V);         /* Sᵀ: V×K */
-    transpose(s->dST, K, s->dS, V, K, V);    /* dS⁺ᵀ: V×K */
-    transpose(s->DT, C, s->D, V, c, V);      /* Δᵀ: V×C */
+    for (int i = 0; i < c; i++) kda_load_row(s->dO + i * V, bp->b.d_o, bp->b.d_o_dtype, ((t0 + i) * HV + h) * V, V);
+    transpose(s->ST, K, S, V, K, V);      /* Sᵀ: V×K */
+    transpose(s->dST, K, s->dS, V, K, V); /* dS⁺ᵀ: V×K */
+    transpose(s->DT, C, s->D, V, c, V);   /* Δᵀ: V×C */
 
     /* dΔ = Aqkᵀ dO + K̃ dS⁺ */
     kda_gemm(c, V, c, s->Aqk, 1, C, s->dO, V, s->dD, V, 0);
@@ -575,8 +573,7 @@ kda_status_t kda_cpu_backward_workspace(const kda_context_t *ctx, const kda_bwd_
     return KDA_STATUS_SUCCESS;
 }
 
-kda_status_t kda_cpu_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
-                              void *stream) {
+kda_status_t kda_cpu_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
     (void)stream;
     const kda_args_t *a = &p->f.a;

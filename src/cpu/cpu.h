@@ -38,7 +38,6 @@ kda_status_t kda_cpu_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, con
 
 /* The CPU backend's backward (chunk_bwd.c). */
 kda_status_t kda_cpu_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes);
-kda_status_t kda_cpu_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes,
-                              void *stream);
+kda_status_t kda_cpu_backward(kda_context_t *ctx, const kda_bwd_problem_t *p, void *ws, size_t ws_bytes, void *stream);
 
 #endif /* KDA_CPU_CPU_H */

@@ -77,50 +77,50 @@ KDA_INLINE kda_vf kda_ldv(const float *p) {
 KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
 
 /* One tile: rows a[0..MR) (row r of the tile may use l < lim[r]), NV vectors of columns from B + j. */
-#define KDA_GEMM_TILE(MRT, NVT)                                                                                   \
-    do {                                                                                                     \
-        kda_vf acc[MRT][NVT];                                                                                \
-        for (int r = 0; r < MRT; r++)                                                                        \
-            for (int u = 0; u < NVT; u++) acc[r][u] = (kda_vf){0};                                           \
-        int l = 0;                                                                                           \
-        for (; l < lfull; l++) {                                                                             \
-            const float *b = B + (int64_t)l * ldb + j;                                                       \
-            kda_vf bv[NVT];                                                                                  \
-            for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                              \
-            const int64_t o = (int64_t)l * csa;                                                              \
-            for (int r = 0; r < MRT; r++) {                                                                  \
-                const float x = ar[r][o];                                                                    \
-                for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                        \
-            }                                                                                                \
-        }                                                                                                    \
-        for (; l < lend; l++) { /* triangular edge: row r takes l only while l < lim[r] */                   \
-            const float *b = B + (int64_t)l * ldb + j;                                                       \
-            kda_vf bv[NVT];                                                                                  \
-            for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                              \
-            const int64_t o = (int64_t)l * csa;                                                              \
-            for (int r = 0; r < MRT; r++)                                                                    \
-                if (l < lim[r]) {                                                                            \
-                    const float x = ar[r][o];                                                                \
-                    for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                    \
-                }                                                                                            \
-        }                                                                                                    \
-        if (mr == MRT) /* a whole tile: no row guard (else clang keeps testing r < mr row by row) */            \
-            for (int r = 0; r < MRT; r++)                                                                    \
-                for (int u = 0; u < NVT; u++) KDA_GEMM_STORE(r, u);                                          \
-        else                                                                                                 \
-            for (int r = 0; r < MRT; r++) /* constant indices into acc (a loop to mr put it on the stack) */ \
-                for (int u = 0; u < NVT && r < mr; u++) KDA_GEMM_STORE(r, u);                                \
+#define KDA_GEMM_TILE(MRT, NVT)                                                                                        \
+    do {                                                                                                               \
+        kda_vf acc[MRT][NVT];                                                                                          \
+        for (int r = 0; r < MRT; r++)                                                                                  \
+            for (int u = 0; u < NVT; u++) acc[r][u] = (kda_vf){0};                                                     \
+        int l = 0;                                                                                                     \
+        for (; l < lfull; l++) {                                                                                       \
+            const float *b = B + (int64_t)l * ldb + j;                                                                 \
+            kda_vf bv[NVT];                                                                                            \
+            for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                                        \
+            const int64_t o = (int64_t)l * csa;                                                                        \
+            for (int r = 0; r < MRT; r++) {                                                                            \
+                const float x = ar[r][o];                                                                              \
+                for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                                  \
+            }                                                                                                          \
+        }                                                                                                              \
+        for (; l < lend; l++) { /* triangular edge: row r takes l only while l < lim[r] */                             \
+            const float *b = B + (int64_t)l * ldb + j;                                                                 \
+            kda_vf bv[NVT];                                                                                            \
+            for (int u = 0; u < NVT; u++) bv[u] = kda_ldv(b + u * KDA_GEMM_VW);                                        \
+            const int64_t o = (int64_t)l * csa;                                                                        \
+            for (int r = 0; r < MRT; r++)                                                                              \
+                if (l < lim[r]) {                                                                                      \
+                    const float x = ar[r][o];                                                                          \
+                    for (int u = 0; u < NVT; u++) acc[r][u] += x * bv[u];                                              \
+                }                                                                                                      \
+        }                                                                                                              \
+        if (mr == MRT) /* a whole tile: no row guard (else clang keeps testing r < mr row by row) */                   \
+            for (int r = 0; r < MRT; r++)                                                                              \
+                for (int u = 0; u < NVT; u++) KDA_GEMM_STORE(r, u);                                                    \
+        else                                                                                                           \
+            for (int r = 0; r < MRT; r++) /* constant indices into acc (a loop to mr put it on the stack) */           \
+                for (int u = 0; u < NVT && r < mr; u++) KDA_GEMM_STORE(r, u);                                          \
     } while (0)
 
 /* Element vector (r, u) of a tile: acc[r][u] combined with C or X by the mode, stored into C. */
-#define KDA_GEMM_STORE(r, u)                                                                                 \
-    do {                                                                                                     \
-        float *c = cr + (int64_t)(r) * ldc + j + (u) * KDA_GEMM_VW;                                          \
-        kda_vf y = acc[r][u];                                                                                \
-        if (mode == KDA_GEMM_ADD) y = kda_ldv(c) + y;                                                        \
-        if (mode == KDA_GEMM_SUB_FROM) y = kda_ldv(xr + (int64_t)(r) * ldx + j + (u) * KDA_GEMM_VW) - y;     \
-        if (mode == KDA_GEMM_SCALE_ADD) y = kda_ldv(c) * X[i + (r)] + y;                                     \
-        kda_stv(c, y);                                                                                       \
+#define KDA_GEMM_STORE(r, u)                                                                                           \
+    do {                                                                                                               \
+        float *c = cr + (int64_t)(r)*ldc + j + (u)*KDA_GEMM_VW;                                                        \
+        kda_vf y = acc[r][u];                                                                                          \
+        if (mode == KDA_GEMM_ADD) y = kda_ldv(c) + y;                                                                  \
+        if (mode == KDA_GEMM_SUB_FROM) y = kda_ldv(xr + (int64_t)(r)*ldx + j + (u)*KDA_GEMM_VW) - y;                   \
+        if (mode == KDA_GEMM_SCALE_ADD) y = kda_ldv(c) * X[i + (r)] + y;                                               \
+        kda_stv(c, y);                                                                                                 \
     } while (0)
 
 /* What a product does with C (mode): C = A·B; C += A·B; C = X − A·B (X m×n, row stride ldx); C = Diag(X) C + A·B
@@ -130,8 +130,8 @@ KDA_INLINE void kda_stv(float *p, kda_vf v) { memcpy(p, &v, sizeof v); }
 #define KDA_GEMM_SUB_FROM 2
 #define KDA_GEMM_SCALE_ADD 3
 
-KDA_INLINE void kda_gemm_ex(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
-                            int64_t ldb, float *C, int64_t ldc, int mode, const float *X, int64_t ldx, int lower) {
+KDA_INLINE void kda_gemm_ex(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B, int64_t ldb,
+                            float *C, int64_t ldc, int mode, const float *X, int64_t ldx, int lower) {
     const int nr = n - n % KDA_GEMM_NR, nv = n - n % KDA_GEMM_VW;
     for (int i = 0; i < m; i += KDA_GEMM_MR) {
         const int mr = m - i < KDA_GEMM_MR ? m - i : KDA_GEMM_MR;
@@ -174,8 +174,8 @@ KDA_INLINE void kda_gemm_tri(int m, int n, int kd, const float *A, int64_t rsa, 
     kda_gemm_ex(m, n, kd, A, rsa, csa, B, ldb, C, ldc, accumulate ? KDA_GEMM_ADD : KDA_GEMM_SET, NULL, 0, lower);
 }
 
-KDA_INLINE void kda_gemm(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B,
-                         int64_t ldb, float *C, int64_t ldc, int accumulate) {
+KDA_INLINE void kda_gemm(int m, int n, int kd, const float *A, int64_t rsa, int64_t csa, const float *B, int64_t ldb,
+                         float *C, int64_t ldc, int accumulate) {
     kda_gemm_ex(m, n, kd, A, rsa, csa, B, ldb, C, ldc, accumulate ? KDA_GEMM_ADD : KDA_GEMM_SET, NULL, 0, 0);
 }
 

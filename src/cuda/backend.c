@@ -15,7 +15,6 @@
 #include "fwd.h"
 #include "layout.h"
 
-
 static void cuda_destroy(kda_context_t *ctx) {
     cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
     if (impl) {
@@ -75,9 +74,9 @@ kda_status_t kda_cuda_init(kda_context_t *ctx, int device) {
  * The configuration table: its rows come from configs.def; the launchers are defined by the instance files
  * CMake generates from the same rows.
  * ------------------------------------------------------------------------------------------------------- */
-#define KDA_REC_CONFIG(K, WG)                                                                                  \
-    int kda_rec_launch_k##K(const kda_rec_params_t *p, int device, void *stream);                              \
-    int kda_rec_smem_k##K(const kda_rec_params_t *p, int stages);                                              \
+#define KDA_REC_CONFIG(K, WG)                                                                                          \
+    int kda_rec_launch_k##K(const kda_rec_params_t *p, int device, void *stream);                                      \
+    int kda_rec_smem_k##K(const kda_rec_params_t *p, int stages);                                                      \
     enum { kda_rec_wgmma_k##K = WG };
 #define KDA_CONFIG(K, V) int kda_prep_launch_k##K##_v##V(const kda_prep_params_t *p, int device, void *stream);
 #include "configs.def"
@@ -86,7 +85,8 @@ kda_status_t kda_cuda_init(kda_context_t *ctx, int device) {
 
 static const kda_cuda_config_t configs[] = {
 #define KDA_REC_CONFIG(K, WG)
-#define KDA_CONFIG(K, V) {K, V, kda_rec_wgmma_k##K, kda_prep_launch_k##K##_v##V, kda_rec_launch_k##K, kda_rec_smem_k##K},
+#define KDA_CONFIG(K, V)                                                                                               \
+    {K, V, kda_rec_wgmma_k##K, kda_prep_launch_k##K##_v##V, kda_rec_launch_k##K, kda_rec_smem_k##K},
 #include "configs.def"
 #undef KDA_REC_CONFIG
 #undef KDA_CONFIG
@@ -104,25 +104,36 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
     /* the recurrent kernel (decode/) takes any K, V in [1, 256] and any alignment */
     if (kda_cuda_decode_fits(p, strncmp(fn, "kda_decode", 10) == 0)) return KDA_STATUS_SUCCESS;
     const int kc = kda_cuda_size_class(a->head_dim_k), vc = kda_cuda_size_class(a->head_dim_v);
-    if (strncmp(fn, "kda_backward", 12) == 0 && (a->head_dim_k > KDA_BWD_MAX_HEAD_DIM || a->head_dim_v > KDA_BWD_MAX_HEAD_DIM))
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backward takes K, V <= %d (K = %d, V = %d); "
-                         "use the cpu backend for larger heads", fn, a->head_dim_k > KDA_BWD_MAX_HEAD_DIM ? "head_dim_k" : "head_dim_v",
-                         KDA_BWD_MAX_HEAD_DIM, a->head_dim_k, a->head_dim_v);
+    if (strncmp(fn, "kda_backward", 12) == 0 &&
+        (a->head_dim_k > KDA_BWD_MAX_HEAD_DIM || a->head_dim_v > KDA_BWD_MAX_HEAD_DIM))
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument '%s': the CUDA backward takes K, V <= %d (K = %d, V = %d); "
+                         "use the cpu backend for larger heads",
+                         fn, a->head_dim_k > KDA_BWD_MAX_HEAD_DIM ? "head_dim_k" : "head_dim_v", KDA_BWD_MAX_HEAD_DIM,
+                         a->head_dim_k, a->head_dim_v);
     if (strncmp(fn, "kda_backward", 12) == 0 && !kda_bwd_supports(kc, vc))
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA backward configuration for K = %d, "
-                         "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument 'head_dim_k': no CUDA backward configuration for K = %d, "
+                         "V = %d (classes %d, %d)",
+                         fn, a->head_dim_k, a->head_dim_v, kc, vc);
     if (a->chunk_states && a->head_dim_k > KDA_BWD_TILE)
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'chunk_states': the CUDA backend writes it for K <= %d "
-                         "(K = %d); use the cpu backend for larger heads", fn, KDA_BWD_TILE, a->head_dim_k);
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument 'chunk_states': the CUDA backend writes it for K <= %d "
+                         "(K = %d); use the cpu backend for larger heads",
+                         fn, KDA_BWD_TILE, a->head_dim_k);
     if (!kda_cuda_find_config(kc, vc))
-        return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
-                         "V = %d (classes %d, %d)", fn, a->head_dim_k, a->head_dim_v, kc, vc);
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
+                         "V = %d (classes %d, %d)",
+                         fn, a->head_dim_k, a->head_dim_v, kc, vc);
     const void *ptrs[5] = {a->q, a->k, a->v, a->g, a->o};
     const char *names[5] = {"q", "k", "v", "g", "o"};
     for (int i = 0; i < 5; i++)
         if ((uintptr_t)ptrs[i] % 16 != 0)
-            return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument '%s': the CUDA backend needs 16-byte aligned "
-                             "tensors", fn, names[i]);
+            return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                             "%s: argument '%s': the CUDA backend needs 16-byte aligned "
+                             "tensors",
+                             fn, names[i]);
     return KDA_STATUS_SUCCESS;
 }
 
@@ -133,8 +144,8 @@ static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_
 
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
-    *bytes = 256 + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cp_capacity(ctx, p)) +
-             kda_cuda_claim_bytes(p);
+    *bytes =
+        256 + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cp_capacity(ctx, p)) + kda_cuda_claim_bytes(p);
     return KDA_STATUS_SUCCESS;
 }
 /* The forward's chunked path: the workspace regions of this call, then its launches (fwd/launch.c) */

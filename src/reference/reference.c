@@ -29,9 +29,7 @@
 #include "reference_cp.h"
 
 /* Scratch: S (K*V), double (the per-token vectors, up to 256 each, live on the stack). */
-static size_t ref_workspace(const kda_problem_t *p) {
-    return (size_t)kda_state_head_elems(p) * sizeof(double);
-}
+static size_t ref_workspace(const kda_problem_t *p) { return (size_t)kda_state_head_elems(p) * sizeof(double); }
 
 static kda_status_t ref_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
     (void)ctx;
@@ -194,8 +192,7 @@ void kda_ref_state_at(const kda_problem_t *p, int64_t n, int h, int64_t t_end, d
     ref_run(p, n, h, t_end, S, 0, 0);
 }
 
-static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes,
-                                void *stream) {
+static kda_status_t ref_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ctx;
     (void)ws_bytes;
     (void)stream;

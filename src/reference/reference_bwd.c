@@ -34,11 +34,11 @@
  * Scratch (doubles)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    double *ckpt;       /* (nblocks + 1) × K×V: S at each block start */
-    double *blk;        /* (RB + 1) × K×V: S_{t0−1} .. S_{t0+RB−1} of the block being walked back */
-    double *dS;         /* K×V */
-    double *dq, *dk;    /* max_seq_len × K: Σ over the group of dq̂, dk̂ of one query/key head */
-    double *dA, *ddt;   /* HV, HV×K */
+    double *ckpt;     /* (nblocks + 1) × K×V: S at each block start */
+    double *blk;      /* (RB + 1) × K×V: S_{t0−1} .. S_{t0+RB−1} of the block being walked back */
+    double *dS;       /* K×V */
+    double *dq, *dk;  /* max_seq_len × K: Σ over the group of dq̂, dk̂ of one query/key head */
+    double *dA, *ddt; /* HV, HV×K */
     double *q, *k, *v, *g, *gx, *gmask, *dout, *dqh, *dkh, *u, *dd; /* 256 each */
 } scratch_t;
 
@@ -47,10 +47,10 @@ static size_t carve(double *base, const kda_bwd_problem_t *p, scratch_t *s) {
     const size_t HV = (size_t)p->f.a.num_v_heads, T = (size_t)p->max_seq_len;
     const size_t nb = (T + RB - 1) / RB;
     size_t off = 0;
-#define TAKE(field, count)                                                                                  \
-    do {                                                                                                    \
-        s->field = base ? base + off : NULL;                                                                \
-        off += ((size_t)(count) + 7) & ~(size_t)7;                                                          \
+#define TAKE(field, count)                                                                                             \
+    do {                                                                                                               \
+        s->field = base ? base + off : NULL;                                                                           \
+        off += ((size_t)(count) + 7) & ~(size_t)7;                                                                     \
     } while (0)
     TAKE(ckpt, (nb + 1) * KV);
     TAKE(blk, (RB + 1) * KV);
@@ -74,8 +74,7 @@ static size_t carve(double *base, const kda_bwd_problem_t *p, scratch_t *s) {
     return off;
 }
 
-kda_status_t kda_reference_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p,
-                                              size_t *bytes) {
+kda_status_t kda_reference_backward_workspace(const kda_context_t *ctx, const kda_bwd_problem_t *p, size_t *bytes) {
     (void)ctx;
     scratch_t s;
     *bytes = carve(NULL, p, &s) * sizeof(double) + 64;
@@ -185,7 +184,8 @@ static void ref_bwd_head(const kda_bwd_problem_t *bp, int64_t n, int h, scratch_
     } else if (b->d_final_state && slot >= 0) {
         for (int i = 0; i < K; i++)
             for (int j = 0; j < V; j++)
-                s->dS[i * V + j] = kda_load_f32(b->d_final_state, b->d_final_state_dtype, state_index(p, slot, h, i, j));
+                s->dS[i * V + j] =
+                    kda_load_f32(b->d_final_state, b->d_final_state_dtype, state_index(p, slot, h, i, j));
     } else {
         memset(s->dS, 0, sizeof(double) * (size_t)KV);
     }

@@ -58,8 +58,8 @@ int kda_ref_cp_map(const kda_problem_t *p, int64_t n, int h, int64_t t0, int64_t
     return poisoned;
 }
 
-void kda_ref_cp_compose(int K, int V, const double *Ma, const double *Ea, const double *Mb, const double *Eb,
-                        double *M, double *E) {
+void kda_ref_cp_compose(int K, int V, const double *Ma, const double *Ea, const double *Mb, const double *Eb, double *M,
+                        double *E) {
     for (int i = 0; i < K; i++) {
         for (int j = 0; j < K; j++) {
             double s = 0.0;
@@ -99,8 +99,8 @@ kda_status_t kda_ref_cp_prescan(const kda_problem_t *p, const kda_cp_piece_t *ta
     return KDA_STATUS_SUCCESS;
 }
 
-kda_status_t kda_ref_cp_merge(const kda_problem_t *p, const kda_cp_piece_t *table, int64_t num_pieces,
-                              const double *M, const double *E, double *S_in) {
+kda_status_t kda_ref_cp_merge(const kda_problem_t *p, const kda_cp_piece_t *table, int64_t num_pieces, const double *M,
+                              const double *E, double *S_in) {
     const int K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads;
     if (p->a.beta_headwise)
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "kda_ref_cp_merge: argument 'beta_headwise': no K x K map");
@@ -193,8 +193,8 @@ kda_status_t kda_ref_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, con
             if (zero_m && b->d_final_state && slot >= 0)
                 for (int i = 0; i < K; i++)
                     for (int j = 0; j < V; j++)
-                        E[i * V + j] = kda_load_f32(b->d_final_state, b->d_final_state_dtype,
-                                                    xcp_state_index(p, slot, h, i, j));
+                        E[i * V + j] =
+                            kda_load_f32(b->d_final_state, b->d_final_state_dtype, xcp_state_index(p, slot, h, i, j));
             xcp_adjoint(bp, h, bos, eos, E);
         }
         double *X = out + (size_t)h * K * W;

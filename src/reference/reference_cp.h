@@ -37,8 +37,8 @@ void kda_ref_state_at(const kda_problem_t *p, int64_t n, int h, int64_t t_end, d
 int kda_ref_cp_map(const kda_problem_t *p, int64_t n, int h, int64_t t0, int64_t t1, double *M, double *E);
 
 /* (M, E) = (Mb, Eb) ∘ (Ma, Ea) = (Mb Ma, Mb Ea + Eb): first a, then b. M and E must not alias the inputs. */
-void kda_ref_cp_compose(int K, int V, const double *Ma, const double *Ea, const double *Mb, const double *Eb,
-                        double *M, double *E);
+void kda_ref_cp_compose(int K, int V, const double *Ma, const double *Ea, const double *Mb, const double *Eb, double *M,
+                        double *E);
 
 /* S_out = M S_in + E (S_out must not alias S_in). */
 void kda_ref_cp_apply(int K, int V, const double *M, const double *E, const double *S_in, double *S_out);
@@ -52,8 +52,8 @@ kda_status_t kda_ref_cp_prescan(const kda_problem_t *p, const kda_cp_piece_t *ta
 /* The merge over a piece table: S_in[(slot HV + h) K V ...] the incoming state of every piece with a slot: its
  * sequence's initial state for its first piece, M S_in + E of the piece before it for the others (pieces of a
  * sequence are consecutive in the table). The final state of a split sequence is M S_in + E of its last piece. */
-kda_status_t kda_ref_cp_merge(const kda_problem_t *p, const kda_cp_piece_t *table, int64_t num_pieces,
-                              const double *M, const double *E, double *S_in);
+kda_status_t kda_ref_cp_merge(const kda_problem_t *p, const kda_cp_piece_t *table, int64_t num_pieces, const double *M,
+                              const double *E, double *S_in);
 
 /* ---- Context parallelism across ranks (docs/ALGORITHM.md §4a): the backend's cp_summary ops ---------------- */
 

@@ -45,79 +45,83 @@ extern "C" {
 #endif
 
 #define KDA_BWD_MAX_HEAD_DIM 256 /* largest K and V of the CUDA backward */
-#define KDA_BWD_TILE 128         /* the inter and chunk kernels' widest K and V tile: class 256 runs as two (V: two
+#define KDA_BWD_TILE                                                                                                   \
+    128 /* the inter and chunk kernels' widest K and V tile: class 256 runs as two (V: two
                                     launched halves whose sums over V add up; K: a cluster of two CTAs, bwd_chunk.cuh) */
 /* The V halves of class vc (1 or 2): the per-(chunk, head) and per-(token, head) regions that sum over V (dγ, dQΓ
  * and dK̃, β ⊙ dX, P and B, dβ) hold one copy per half, added by their readers */
 KDA_HD static inline int kda_bwd_vhalves(int vc) { return vc > KDA_BWD_TILE ? 2 : 1; }
-#define KDA_BWD_BV 16            /* V columns per CTA of the dstate fallback kernel (bwd_dstate.cuh): narrow, so that a long sequence with few
+#define KDA_BWD_BV                                                                                                     \
+    16 /* V columns per CTA of the dstate fallback kernel (bwd_dstate.cuh): narrow, so that a long sequence with few
                                     heads still gives the card ~V/16 CTAs per head for its sequential chain; 32
                                     (KDA_BWD_BV_WIDE) when the (sequence, head) pairs fill the card anyway */
 #define KDA_BWD_BV_WIDE 32
 
 /* The state-gradient stage's modes (bwd_dstate.cuh's recurrence kernel) */
-#define KDA_DS_SEQ 0     /* one chain per (sequence, value head, tile), last chunk first */
+#define KDA_DS_SEQ 0 /* one chain per (sequence, value head, tile), last chunk first */
 /* The bytes of one (chunk, value head, V part)'s Δ between the inter and chunk kernels: fp16 [C][VCP], C exponents */
-#define KDA_BWD_DELTA_BYTES(VCP) ((int64_t)KDA_CHUNK * (VCP) * 2 + KDA_CHUNK)
-#define KDA_DS_PRESCAN 1 /* per (piece, value head, tile) of split sequences: the piece's map dS_out = M dS_in + E
+#define KDA_BWD_DELTA_BYTES(VCP) ((int64_t)KDA_CHUNK * 2 * (VCP) + KDA_CHUNK)
+#define KDA_DS_PRESCAN                                                                                                 \
+    1 /* per (piece, value head, tile) of split sequences: the piece's map dS_out = M dS_in + E
                             (M's columns from the identity without dO; E's from zero, or from d_final_state for a
                             sequence's last piece, whose M is not needed) into its slot */
-#define KDA_DS_PIECES 2  /* every piece of the table from its incoming dS (merged, or d_final_state): dS⁺ of its
+#define KDA_DS_PIECES                                                                                                  \
+    2 /* every piece of the table from its incoming dS (merged, or d_final_state): dS⁺ of its
                             chunks, d_initial_state from a sequence's first piece */
 
 typedef struct kda_bwd_params {
-    kda_cuda_problem_t pb;        /* the forward's problem (kda_cuda_problem_fill; pb.ht unused) */
-    kda_cuda_blocks_t blocks;     /* the forward's chunk blocks (prep.cuh), bf16 */
+    kda_cuda_problem_t pb;    /* the forward's problem (kda_cuda_problem_fill; pb.ht unused) */
+    kda_cuda_blocks_t blocks; /* the forward's chunk blocks (prep.cuh), bf16 */
     /* workspace regions, fp32 */
-    float *states;                /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero); fp32 and fp16
+    float *states;         /* [max_chunks][hv][KC][VC]: S at each chunk start (padding zero); fp32 and fp16
                                      inputs (NULL on the split path) */
-    uint16_t *states_bf16;        /* the split path's: the same in bf16 (from the states stage, or kept by the
+    uint16_t *states_bf16; /* the split path's: the same in bf16 (from the states stage, or kept by the
                                      forward in kda_args_t.saved: then no states stage runs) */
-    float *dstates;               /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end; fp32 and fp16 inputs
+    float *dstates;        /* [max_chunks][hv][KC][VC]: dS⁺ = ∂L/∂S at each chunk end; fp32 and fp16 inputs
                                      (NULL on the split path) */
-    uint16_t *dstates_f16;        /* the split path's: the same in fp16, in kda_cuda_states_dv's order (as S: the dstate
+    uint16_t *dstates_f16; /* the split path's: the same in fp16, in kda_cuda_states_dv's order (as S: the dstate
                                      recurrence kernel holds dSᵀ as the forward's holds Sᵀ), each lane's values of a
                                      16-column block times 2^−e (states16.cuh) */
-    uint8_t *dstates_exp;         /* [max_chunks][hv][VC / 16][32]: the biased exponent of each 2^e (split path) */
-    unsigned char *delta;         /* [max_chunks][hv][NVH] pieces of KDA_BWD_DELTA_BYTES(VC / NVH): Δ = U − W S of
+    uint8_t *dstates_exp;  /* [max_chunks][hv][VC / 16][32]: the biased exponent of each 2^e (split path) */
+    unsigned char *delta;  /* [max_chunks][hv][NVH] pieces of KDA_BWD_DELTA_BYTES(VC / NVH): Δ = U − W S of
                                      each chunk (inter kernel; split only) as fp16 [C][VC / NVH] times each row's
                                      2^(e − 127), then the C bytes e; V class 256: by V half */
-    float *dgam;                  /* [max_chunks][hv][NVH][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
+    float *dgam;           /* [max_chunks][hv][NVH][KC]: dγ = rowsum(S ⊙ dS⁺) of each chunk (inter kernel, or the
                                      chunk kernel with fp32 inputs); NVH = kda_bwd_vhalves(VC) copies, one per V half,
                                      as in the next four regions */
-    float *dqk;                   /* [num_tokens][hv][NVH][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
+    float *dqk;            /* [num_tokens][hv][NVH][2][KC]: the raw dQΓ, dK̃ (inter kernel, or the chunk kernel
                                      with fp32 inputs), read by the pairs kernel */
-    float *dcoef;                 /* [max_chunks][hv][NVH][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
+    float *dcoef;          /* [max_chunks][hv][NVH][2][C][C + 4]: P = s·dAqk (lower), B = Diag(β) dA (strictly
                                      lower) of each chunk, rows padded with zeros (chunk kernel) */
-    float *dx;                    /* [num_tokens][hv][NVH][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
-    float *rnorm;                 /* [num_tokens][hv][2]: the l2norm factors 1/‖q‖, 1/‖k‖ (chunk kernel; l2norm) */
-    float *part;                  /* [max_chunks][hv][2][KC]: per chunk and channel Σ ∂L/∂A_log, Σ ∂L/∂dt_bias[d] */
-    float *dbeta_part;            /* V class 256 only: [num_tokens][hv][2] ∂L/∂β before β's sigmoid, per V half (chunk
+    float *dx;             /* [num_tokens][hv][NVH][KC]: β ⊙ dX, dX = −dR Sᵀ (chunk kernel) */
+    float *rnorm;          /* [num_tokens][hv][2]: the l2norm factors 1/‖q‖, 1/‖k‖ (chunk kernel; l2norm) */
+    float *part;           /* [max_chunks][hv][2][KC]: per chunk and channel Σ ∂L/∂A_log, Σ ∂L/∂dt_bias[d] */
+    float *dbeta_part;     /* V class 256 only: [num_tokens][hv][2] ∂L/∂β before β's sigmoid, per V half (chunk
                                      kernel), summed by bwd_finish.cu */
     /* the backward's own inputs (the forward's are pb's) */
-    const void *dht, *d_o;        /* d_final_state (NULL: zeros), d_o */
+    const void *dht, *d_o; /* d_final_state (NULL: zeros), d_o */
     int dht_dtype, do_dtype;
     /* outputs */
     void *dq, *dk, *dv, *dg, *dbeta, *dh0;
     float *dA_log, *ddt_bias;
     int dq_dtype, dk_dtype, dv_dtype, dg_dtype, dbeta_dtype, dh0_dtype;
-    int split;                    /* bf16 q, k, v: the products with the states by bwd_inter.cuh (Δ, dγ, dQΓ, dK̃:
+    int split;    /* bf16 q, k, v: the products with the states by bwd_inter.cuh (Δ, dγ, dQΓ, dK̃:
                                      products of the bf16 chunk blocks and bf16-rounded states), then bwd_chunk.cuh;
                                      fp32 and fp16 inputs: bwd_chunk.cuh alone, from fp32 recomputations (tf32
                                      products; backend.c bwd_split says why fp16 too) */
-    int sm_count;                 /* the device's SMs (the dstate kernel's tile width) */
+    int sm_count; /* the device's SMs (the dstate kernel's tile width) */
     /* intra-card CP of the state-gradient chain (bwd_dstate.cuh; docs/ALGORITHM.md §4 and §6): the piece table of
        the forward's plan (cp_plan.cu, made in the backward's workspace), walked last piece first; ds_mode
        KDA_DS_SEQ (whole sequences), KDA_DS_PRESCAN or KDA_DS_PIECES */
     int ds_mode;
     const kda_cp_piece_t *cp_table;
-    const int64_t *cp_header;     /* [0] pieces in the table, [3] 1: the plan took the forward's pieces and maps
+    const int64_t *cp_header;  /* [0] pieces in the table, [3] 1: the plan took the forward's pieces and maps
                                      (the pre-scan runs no M, the merge reads the maps: cp_plan.cu) */
-    float *cp_slots;              /* per (slot, value head): kda_cuda_cp_slot_floats (Mᵀ, E, incoming dS) */
-    int64_t cp_capacity;          /* table entries the pieces' grid covers */
-    int64_t cp_capacity_slots;    /* slots the pre-scan's grid covers (entry = slot: cp_plan.h) */
-    int wgmma;                    /* sm_90a: the dstate recurrence kernel's products by wgmma */
-    int dev_skip;                 /* development builds (0 in the shipped library) */
+    float *cp_slots;           /* per (slot, value head): kda_cuda_cp_slot_floats (Mᵀ, E, incoming dS) */
+    int64_t cp_capacity;       /* table entries the pieces' grid covers */
+    int64_t cp_capacity_slots; /* slots the pre-scan's grid covers (entry = slot: cp_plan.h) */
+    int wgmma;                 /* sm_90a: the dstate recurrence kernel's products by wgmma */
+    int dev_skip;              /* development builds (0 in the shipped library) */
 } kda_bwd_params_t;
 
 /* The launchers (bwd/configs.c): a cudaError_t as int (0 = success); each looks its instance up by p->pb.kc, p->pb.vc

@@ -82,9 +82,18 @@ DEV void prefetch_next_wave(const kda_bwd_params_t &p, int tid) {
     const char *row = NULL;
     int bytes = 0;
     switch (grp) {
-    case 0: row = (const char *)p.pb.q + (t * p.pb.hqk + h / p.pb.group) * (int64_t)p.pb.K * esz; bytes = p.pb.K * esz; break;
-    case 1: row = (const char *)p.pb.k + (t * p.pb.hqk + h / p.pb.group) * (int64_t)p.pb.K * esz; bytes = p.pb.K * esz; break;
-    case 2: row = (const char *)p.pb.g + (t * p.pb.hv + h) * (int64_t)p.pb.K * gsz; bytes = p.pb.K * gsz; break;
+    case 0:
+        row = (const char *)p.pb.q + (t * p.pb.hqk + h / p.pb.group) * (int64_t)p.pb.K * esz;
+        bytes = p.pb.K * esz;
+        break;
+    case 1:
+        row = (const char *)p.pb.k + (t * p.pb.hqk + h / p.pb.group) * (int64_t)p.pb.K * esz;
+        bytes = p.pb.K * esz;
+        break;
+    case 2:
+        row = (const char *)p.pb.g + (t * p.pb.hv + h) * (int64_t)p.pb.K * gsz;
+        bytes = p.pb.K * gsz;
+        break;
     case 3:
         row = (const char *)p.pb.beta + (t * p.pb.hv + h) * (int64_t)(p.pb.beta_dtype == KDA_DT_F32 ? 4 : 2);
         bytes = 1;
@@ -146,8 +155,8 @@ DEV void delta_rows(chunk_smem<KC, VC> &sm, int tid) {
  * issued before any is converted (load_bits), so that the warp waits for one round trip, not one per element
  * (a load_elem per element kept the conversions between the loads: ~20% of the kernel's stall samples). */
 template <int KC, int VC, int SPLIT, int KSP, int NVH>
-DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsigned char *delta, int64_t t0, int clen, int h,
-                   float A, int tid, int rank, int v0) {
+DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsigned char *delta, int64_t t0, int clen,
+                   int h, float A, int tid, int rank, int v0) {
     const int dk0 = KC * rank; /* the CTA's first channel (KSP = 2: a cluster's two CTAs split K), first V column v0 */
     const bool rows_out = (KSP == 1 || rank == 0) && (NVH == 1 || v0 == 0); /* this CTA writes the row factors */
     constexpr int KS = KC + 4, VS = VC + 4, U = KC / 32, RW = C / (CK_THREADS / 32); /* rows per warp */
@@ -158,9 +167,10 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
 #pragma unroll
     for (int u = 0; u < U; u++) {
         const int d = lane + 32 * u;
-        db[u] = p.pb.gate_in_kernel && p.pb.dt_bias && dk0 + d < p.pb.K ? p.pb.dt_bias[(int64_t)h * p.pb.K + dk0 + d] : 0.0f;
+        db[u] = p.pb.gate_in_kernel && p.pb.dt_bias && dk0 + d < p.pb.K ? p.pb.dt_bias[(int64_t)h * p.pb.K + dk0 + d]
+                                                                        : 0.0f;
     }
-    const int kl = p.pb.K - dk0; /* channels of the CTA's that exist (may be ≤ 0) */
+    const int kl = p.pb.K - dk0;                             /* channels of the CTA's that exist (may be ≤ 0) */
     const int ucols = kl > lane ? (kl - lane + 31) / 32 : 0; /* the lane's columns lane + 32 u that exist */
 #pragma unroll
     for (int r = 0; r < RW; r++) {
@@ -171,7 +181,7 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
         load_bits_n<U>(kb[r], p.pb.k, p.pb.dtype, (t * p.pb.hqk + hq) * (int64_t)p.pb.K + dk0 + lane, 32, n);
         load_bits_n<U>(gb[r], p.pb.g, p.pb.g_dtype, (t * p.pb.hv + h) * (int64_t)p.pb.K + dk0 + lane, 32, n);
     }
-    {   /* lane r < RW: the β of the warp's row r, one load (four predicated loads into one register waited for
+    { /* lane r < RW: the β of the warp's row r, one load (four predicated loads into one register waited for
            each other: ~5% of the kernel's stall samples) */
         const int i = warp + (CK_THREADS / 32) * lane;
         if (lane < RW && i < clen) bb = load_bits(p.pb.beta, p.pb.beta_dtype, (t0 + i) * p.pb.hv + h);
@@ -192,7 +202,9 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
 #pragma unroll
             for (int u = 0; u < VC / 32; u++) {
                 const int c = v0 + lane + 32 * u;
-                vb[u] = i < clen && c < p.pb.V ? load_bits(p.pb.v, p.pb.dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c) : 0u;
+                vb[u] = i < clen && c < p.pb.V
+                            ? load_bits(p.pb.v, p.pb.dtype, ((t0 + i) * p.pb.hv + h) * (int64_t)p.pb.V + c)
+                            : 0u;
             }
 #pragma unroll
             for (int u = 0; u < VC / 32; u++) sm.D[i * VS + lane + 32 * u] = bits_value(vb[u], p.pb.dtype);
@@ -268,9 +280,14 @@ DEV void load_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const unsi
     }
     /* ĝ from x, each lane its own elements, the gate's form tested once */
     switch (gate_mode(p)) {
-    case GATE_NONE: gate_rows<KC, GATE_NONE>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols); break;
-    case GATE_LOWER: gate_rows<KC, GATE_LOWER>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols); break;
-    default: gate_rows<KC, GATE_SOFTPLUS>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols);
+    case GATE_NONE:
+        gate_rows<KC, GATE_NONE>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols);
+        break;
+    case GATE_LOWER:
+        gate_rows<KC, GATE_LOWER>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols);
+        break;
+    default:
+        gate_rows<KC, GATE_SOFTPLUS>(sm.G, p.pb.lower_bound, A, warp, lane, clen, ucols);
     }
 }
 
@@ -325,8 +342,8 @@ DEV void mma_rows(float (*acc)[4], const float *a, int lda, const float *b, int 
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int row = i0 + g + 8 * (r & 1), col = k + 2 * t + 8 * (r >> 1);
-            const float2 x = AT ? make_float2(a[col * lda + row], a[(col + 1) * lda + row])
-                                : *(const float2 *)&a[row * lda + col];
+            const float2 x =
+                AT ? make_float2(a[col * lda + row], a[(col + 1) * lda + row]) : *(const float2 *)&a[row * lda + col];
             if (X3) split2(x, &af[r], &al[r]);
             else af[r] = tf2(x.x, x.y);
         }
@@ -382,8 +399,10 @@ DEV void mma_rows_2g(float (*acc1)[4], float (*acc2)[4], const float *a1, const 
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             const int n = n0 + 8 * nt + g, kk = k + 2 * t;
-            const float2 x0 = __ldg((const float2 *)&b1[n * ldb + kk]), x1 = __ldg((const float2 *)&b1[n * ldb + kk + 8]);
-            const float2 y0 = __ldg((const float2 *)&b2[n * ldb + kk]), y1 = __ldg((const float2 *)&b2[n * ldb + kk + 8]);
+            const float2 x0 = __ldg((const float2 *)&b1[n * ldb + kk]),
+                         x1 = __ldg((const float2 *)&b1[n * ldb + kk + 8]);
+            const float2 y0 = __ldg((const float2 *)&b2[n * ldb + kk]),
+                         y1 = __ldg((const float2 *)&b2[n * ldb + kk + 8]);
             mma16(acc1[nt], f1, tf2(x0.x, x0.y), tf2(x1.x, x1.y));
             mma16_x3(acc2[nt], f2, f2l, y0, y1, 1);
         }
@@ -411,8 +430,8 @@ DEV void gated_k_frag(frag_t af[4], const float *k, const float *G, const float 
 /* acc[nt] += Σ_{d ∈ [d0, d1)} (k_i f_i)_d B(d, n) for rows i0.., f as gated_k_frag's; B(d, n) = b[d ldb + n], a
  * state tile in global memory (GLB: Z's X S) or shared memory (dΔ's K̃ dS⁺ with fp32 inputs, by halves of d) */
 template <int NT, int KC, int GLB>
-DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, const float *ref, const float *b,
-                           int ldb, int i0, int n0, int d0, int d1, int lane) {
+DEV void mma_gated_k_state(float (*acc)[4], const float *k, const float *G, const float *ref, const float *b, int ldb,
+                           int i0, int n0, int d0, int d1, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll 2
     for (int dk = d0; dk < d1; dk += 16) {
@@ -706,7 +725,8 @@ DEV void cluster_sum_tiles(float (*acc)[4], float *buf, int ld, int i0, int n0, 
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++)
-            acc[nt][c] += cluster_ld(&buf[(i0 + g + 8 * (c >> 1)) * ld + n0 + 8 * nt + 2 * t + (c & 1)], (unsigned)(rank ^ 1));
+            acc[nt][c] +=
+                cluster_ld(&buf[(i0 + g + 8 * (c >> 1)) * ld + n0 + 8 * nt + 2 * t + (c & 1)], (unsigned)(rank ^ 1));
     cluster_sync();
 }
 
@@ -753,9 +773,9 @@ struct chunk_cta {
     int nv0, nk0, jc0;                /* the warp's first V / K / C column */
     int64_t cid, t0, pair, hpart;     /* chunk, first token, (chunk, head), its V half's copy */
     float scale, A;
-    const float *S, *dS;              /* fp32 S and dS⁺ (the CTA's part) */
-    const uint16_t *Sb, *dSh;         /* the split path's: bf16 S, fp16 dS⁺ pieces */
-    const uint8_t *dSe;               /* the split path's: dS⁺'s exponents */
+    const float *S, *dS;      /* fp32 S and dS⁺ (the CTA's part) */
+    const uint16_t *Sb, *dSh; /* the split path's: bf16 S, fp16 dS⁺ pieces */
+    const uint8_t *dSe;       /* the split path's: dS⁺'s exponents */
 };
 
 /* S, dS⁺ (the CTA's part: rows of VC columns in fp32, or runs of pieces in 16 bits), dO's and v's rows into L2:
@@ -769,7 +789,8 @@ DEV void prefetch_inputs(const kda_bwd_params_t &p, const chunk_cta &c) {
             if (SPLIT) {
                 if (d < VC / 16 && tid % 4 == 0)
                     for (int o = 0; o < KC * 32; o += 128) {
-                        l2_prefetch((const char *)(c.Sb + part_piece<KC, KT>(32u * (KC / 16) * d, c.dk0, c.v0) * 8) + o);
+                        l2_prefetch((const char *)(c.Sb + part_piece<KC, KT>(32u * (KC / 16) * d, c.dk0, c.v0) * 8) +
+                                    o);
                         l2_prefetch((const char *)(c.dSh + part_piece<KC, KT>(32u * (KC / 16) * d, c.dk0, c.v0) * 8) +
                                     o);
                     }
@@ -805,7 +826,8 @@ DEV void chunk_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const chu
     gate_cumsum<KC>(sm.G, c.tid);
     if (SPLIT) cp_async_wait_all(); /* Δ's copies (their only group so far) */
     __syncthreads();
-    if (SPLIT) delta_rows<KC, VC>(sm, c.tid); /* (read T's tile before the inverse writes it: the barrier after the
+    if (SPLIT)
+        delta_rows<KC, VC>(sm, c.tid); /* (read T's tile before the inverse writes it: the barrier after the
                                                 pair products) */
 }
 
@@ -815,7 +837,8 @@ DEV void chunk_rows(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const chu
 template <int KC, int VC, int KSP>
 DEV void pair_products(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
     static_assert(CK_NQ == 4, "16 warps, 4 x 4 blocks");
-    const int map = (int)((0xe984dc32b761fa50ull >> (4 * c.warp)) & 0xfull); /* warp → (pI, phf) = (map & 3, map >> 2) */
+    const int map =
+        (int)((0xe984dc32b761fa50ull >> (4 * c.warp)) & 0xfull); /* warp → (pI, phf) = (map & 3, map >> 2) */
     const int pI = map & 3, phf = map >> 2;
     const int split = block_split<KC + 4, KC>(sm.G, pI, c.lane);
     pair_products_mma<KC, VC>(sm, c.scale, pI, phf, split, c.lane);
@@ -878,8 +901,7 @@ DEV void inverse_phase(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const 
             const uint32_t w[4] = {ov[j].x, ov[j].y, ov[j].z, ov[j].w};
             float2 x[4];
 #pragma unroll
-            for (int m = 0; m < 4; m++)
-                x[m] = p.do_dtype == KDA_DT_F16 ? unpack_16x2<1>(w[m]) : unpack_16x2<0>(w[m]);
+            for (int m = 0; m < 4; m++) x[m] = p.do_dtype == KDA_DT_F16 ? unpack_16x2<1>(w[m]) : unpack_16x2<0>(w[m]);
             *(float4 *)&sm.R[i * VS + col] = make_float4(x[0].x, x[0].y, x[1].x, x[1].y);
             *(float4 *)&sm.R[i * VS + col + 4] = make_float4(x[2].x, x[2].y, x[3].x, x[3].y);
         }
@@ -892,9 +914,14 @@ DEV void inverse_phase(const kda_bwd_params_t &p, chunk_smem<KC, VC> &sm, const 
                         : 0u;
         }
         switch (p.do_dtype) { /* dO into R, the dtype tested once, not per element */
-        case KDA_DT_F32: do_rows<KDA_DT_F32, VC>(sm.R, ob, tid); break;
-        case KDA_DT_F16: do_rows<KDA_DT_F16, VC>(sm.R, ob, tid); break;
-        default: do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
+        case KDA_DT_F32:
+            do_rows<KDA_DT_F32, VC>(sm.R, ob, tid);
+            break;
+        case KDA_DT_F16:
+            do_rows<KDA_DT_F16, VC>(sm.R, ob, tid);
+            break;
+        default:
+            do_rows<KDA_DT_BF16, VC>(sm.R, ob, tid);
         }
     }
     __syncthreads(); /* T_II and dO are in */
@@ -907,7 +934,8 @@ DEV void store_tiles(float *X, const float (*acc)[4], int I, int n0, int g, int 
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) X[(16 * I + g + 8 * (e >> 1)) * (VC + 4) + n0 + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+        for (int e = 0; e < 4; e++)
+            X[(16 * I + g + 8 * (e >> 1)) * (VC + 4) + n0 + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
 }
 
 /* fp32 and fp16 inputs: Z = Diag(β) (V − KΓ S) in place of v (each element is its owner's; KSP = 2: over the
@@ -1011,7 +1039,7 @@ DEV void ddelta_phase(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
         else mma_gated_k_state<VN, KC, 0>(acc, sm.k, sm.G, Gl, sdS, VS, 16 * I, nv0, 0, KC / 2, lane);
         __syncthreads(); /* every read of Aqk (and of dS⁺'s first half) is done */
         if (!SPLIT) copy_state_half<KC, VC, VT>(sdS, c.dS, KC / 2, tid); /* the second half, in flight during dAqk */
-        daqk_rows<KC, VC>(sm, I, c.jc0, lane); /* dAqk = dO Δᵀ (lower) in place of Aqk */
+        daqk_rows<KC, VC>(sm, I, c.jc0, lane);                           /* dAqk = dO Δᵀ (lower) in place of Aqk */
         if (!SPLIT) cp_async_wait_all();
         __syncthreads(); /* every read of dO is done (fp32: dS⁺'s second half is in) */
         if (!SPLIT)
@@ -1089,8 +1117,8 @@ DEV void stage_s(chunk_smem<KC, VC> &sm, const chunk_cta &c) {
 /* dv = β dR and dβ's v·dR (returned) of row r, thread l4 of its TPRW: by dv_row_vec where it applies (v's pieces
    vb loaded before dR), else element by element in two batches */
 template <int KC, int VC, int NVH>
-DEV float dv_phase(const kda_bwd_params_t &p, const chunk_smem<KC, VC> &sm, int r, int l4, bool dv_vec,
-                   int64_t vrow, const uint2 (&vb)[VC / 32], const chunk_cta &c) {
+DEV float dv_phase(const kda_bwd_params_t &p, const chunk_smem<KC, VC> &sm, int r, int l4, bool dv_vec, int64_t vrow,
+                   const uint2 (&vb)[VC / 32], const chunk_cta &c) {
     constexpr int VS = VC + 4, TPRW = CK_THREADS / C;
     float db = 0.0f;
     if (!c.lead) {
@@ -1208,7 +1236,8 @@ DEV void dbeta_phase(const kda_bwd_params_t &p, const chunk_smem<KC, VC> &sm, fl
 template <int KC, int VC, int SPLIT, int KSP, int NVH>
 __global__ void __launch_bounds__(CK_THREADS, 1) kda_bwd_chunk_kernel(const kda_bwd_params_t p) {
     constexpr int KT = KC * KSP, VT = VC * NVH, TPRW = CK_THREADS / C; /* the classes; threads per row */
-    static_assert((KSP == 1 || (KSP == 2 && KC == 128)) && (NVH == 1 || VC == 128), "chunk: class 256 as 128-wide parts");
+    static_assert((KSP == 1 || (KSP == 2 && KC == 128)) && (NVH == 1 || VC == 128),
+                  "chunk: class 256 as 128-wide parts");
     extern __shared__ __align__(16) unsigned char smem_raw[];
     chunk_smem<KC, VC> &sm = *(chunk_smem<KC, VC> *)(KSP == 1 ? smem_raw : cta_smem(smem_raw)); /* (the emulator's
                                                                                                     rank) */
@@ -1292,10 +1321,10 @@ static int launch_chunk(const kda_bwd_params_t *p, int device, void *stream) {
 
 /* One instance (a KDA_BWD_CHUNK_CONFIG row of configs.def; CMake generates its translation unit): the launcher
  * kda_bwd_chunk_k<KC>_v<VC>_s<SPLIT>_c<KSP>_h<NVH>, found by bwd/configs.c's table */
-#define KDA_BWD_CHUNK_INSTANCE(KC, VC, SPLIT, KSP, NVH)                                                            \
-    extern "C" int kda_bwd_chunk_k##KC##_v##VC##_s##SPLIT##_c##KSP##_h##NVH(const kda_bwd_params_t *p, int device,   \
-                                                                           void *stream) {                        \
-        return launch_chunk<KC, VC, SPLIT, KSP, NVH>(p, device, stream);                                            \
+#define KDA_BWD_CHUNK_INSTANCE(KC, VC, SPLIT, KSP, NVH)                                                                \
+    extern "C" int kda_bwd_chunk_k##KC##_v##VC##_s##SPLIT##_c##KSP##_h##NVH(const kda_bwd_params_t *p, int device,     \
+                                                                            void *stream) {                            \
+        return launch_chunk<KC, VC, SPLIT, KSP, NVH>(p, device, stream);                                               \
     }
 
 #endif /* KDA_CUDA_BWD_CHUNK_CUH */

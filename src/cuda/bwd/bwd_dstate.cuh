@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
     for (int e = tid; e < KC * BV; e += DS_THREADS) {
         const int d = e / BV, c = e % BV;
         float x = 0.0f;
-        if (p.dht && slot >= 0 && d < p.pb.K && c0 + c < p.pb.V) x = load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, c0 + c));
+        if (p.dht && slot >= 0 && d < p.pb.K && c0 + c < p.pb.V)
+            x = load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, c0 + c));
         sm.dS[d * SS + c] = x;
     }
     __syncthreads();
@@ -160,13 +161,14 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
             cp_async16_zfill(smem_u32(sm.w + 16 * e), blk + 16 * e, 16);
             cp_async16_zfill(smem_u32(sm.qg + 16 * e), blk + kda_cuda_off_qg(KC) + 16 * e, 16);
             cp_async16_zfill(smem_u32(sm.kt + 16 * e), blk + kda_cuda_off_kt(KC) + 16 * e, 16);
-            if (p.blocks.fine & KDA_FINE_QG) cp_async16_zfill(smem_u32(sm.qglo + 16 * e), blk + kda_cuda_off_qglo(KC, p.pb.vc) + 16 * e, 16);
+            if (p.blocks.fine & KDA_FINE_QG)
+                cp_async16_zfill(smem_u32(sm.qglo + 16 * e), blk + kda_cuda_off_qglo(KC, p.pb.vc) + 16 * e, 16);
         }
         for (int e = tid; e < KDA_PANEL_BYTES / 16; e += DS_THREADS)
             cp_async16_zfill(smem_u32(sm.aqk + 16 * e), blk + kda_cuda_off_aqk(KC) + 16 * e, 16);
         cp_async_commit();
         for (int d = tid; d < KC; d += DS_THREADS) sm.gamma[d] = ((const float *)(blk + kda_cuda_off_gamma(KC)))[d];
-        {   /* dO: 4 loads issued before any conversion (a round trip per 4 elements, not per element) */
+        { /* dO: 4 loads issued before any conversion (a round trip per 4 elements, not per element) */
             constexpr int N = KDA_CHUNK * BV / DS_THREADS;
 #pragma unroll 1
             for (int j0 = 0; j0 < N; j0 += 4) {
@@ -200,7 +202,7 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
             for (int u = 0; u < TW; u++) acc[u][0] = acc[u][1] = acc[u][2] = acc[u][3] = 0.0f;
 #pragma unroll 1
             for (int m0 = 16 * I; m0 < KDA_CHUNK; m0 += 16) { /* Aqk lower: rows m ≥ i */
-                frag_t a[4]; /* A(i, m) = Aqk[m][i] */
+                frag_t a[4];                                  /* A(i, m) = Aqk[m][i] */
                 panel_frag<0>(a, sm.aqk, 16 * I, m0, lane);
                 const int k = m0 + 2 * t;
 #pragma unroll
@@ -262,7 +264,8 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
     if (p.dh0 && slot >= 0)
         for (int e = tid; e < KC * BV; e += DS_THREADS) {
             const int d = e / BV, c = e % BV;
-            if (d < p.pb.K && c0 + c < p.pb.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, c0 + c), sm.dS[d * SS + c]);
+            if (d < p.pb.K && c0 + c < p.pb.V)
+                store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, c0 + c), sm.dS[d * SS + c]);
         }
 }
 
@@ -270,10 +273,10 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
  * The recurrence kernel
  * ------------------------------------------------------------------------------------------------------- */
 #define DSR_NST(KC) ((KC) > 128 ? 2 : 3) /* ring stages: two chunks ahead (K class 256: one, for shared memory) */
-#define DSR_LIN(KC) (3 * KDA_CHUNK * (KC) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KC) * 4) /* W, QΓ, K̃, Aqk, γ */
-#define DSR_ROWB(BV) ((BV) * 2 + 16) /* a staged dO row: padded, so that ldmatrix.trans's 8 rows hit 8 bank groups */
+#define DSR_LIN(KC) (3 * KDA_CHUNK * 2 * (KC) + KDA_CHUNK * KDA_CHUNK * 2 + 4 * (KC)) /* W, QΓ, K̃, Aqk, γ */
+#define DSR_ROWB(BV) (2 * (BV) + 16) /* a staged dO row: padded, so that ldmatrix.trans's 8 rows hit 8 bank groups */
 #define DSR_STAGE(KC, BV) ((DSR_LIN(KC) + KDA_CHUNK * DSR_ROWB(BV) + 1023) / 1024 * 1024) /* panels 1 KB-aligned */
-#define DSR_BYTES(KC, BV) (1024 + DSR_NST(KC) * DSR_STAGE(KC, BV) + 8 * DSR_NST(KC)) /* K 256, BV 32: 226,320 */
+#define DSR_BYTES(KC, BV) (1024 + DSR_NST(KC) * DSR_STAGE(KC, BV) + 8 * DSR_NST(KC))      /* K 256, BV 32: 226,320 */
 
 /* x = hi + lo for a pair of fp32 values, both parts bf16 (hi: x rounded; lo: the remainder rounded) */
 DEV void split_bf16(float x0, float x1, uint32_t &hi, uint32_t &lo) {
@@ -315,7 +318,7 @@ DEV void dsr_step_mma(float (&s)[KC / 8][4], const uint32_t (&da_o)[4][4], const
     for (int nt = 0; nt < 8; nt++)
 #pragma unroll
         for (int c = 0; c < 4; c++) dacc[nt][c] = 0.0f;
-    /* dΔᵀ = dSᵀ K̃ᵀ: B(d, i) = K̃[i][d], K̃'s rows by ldmatrix (as the forward's W) */
+            /* dΔᵀ = dSᵀ K̃ᵀ: B(d, i) = K̃[i][d], K̃'s rows by ldmatrix (as the forward's W) */
 #pragma unroll
     for (int kt = 0; kt < KC / 16; kt++) {
         uint32_t hi[4], lo[4];
@@ -462,12 +465,12 @@ DEV void dsr_issue(const kda_bwd_params_t &p, unsigned char *stg, uint32_t bar, 
  * merge's E_0. */
 typedef struct {
     int64_t n, bos, eos, nc, chunk0; /* the sequence, the piece's tokens and chunks */
-    int h, vt;                        /* value head, column tile (of M's columns when mcols) */
-    float *slot_base;                 /* the piece's CP slot for this head, or NULL */
-    int mcols;                        /* pre-scan: M's columns (from the identity, no dO) */
-    int from_dht;                     /* start from d_final_state (else zero, the identity or the merged dS) */
-    int load_sin;                     /* start from the merged incoming dS in the slot */
-    int write_dh0;                    /* write d_initial_state at the end */
+    int h, vt;                       /* value head, column tile (of M's columns when mcols) */
+    float *slot_base;                /* the piece's CP slot for this head, or NULL */
+    int mcols;                       /* pre-scan: M's columns (from the identity, no dO) */
+    int from_dht;                    /* start from d_final_state (else zero, the identity or the merged dS) */
+    int load_sin;                    /* start from the merged incoming dS in the slot */
+    int write_dh0;                   /* write d_initial_state at the end */
 } dsr_work_t;
 
 /* This CTA's work, or 0 when it has none */
@@ -504,8 +507,7 @@ DEV int dsr_work(const kda_bwd_params_t &p, dsr_work_t *w) {
     }
     if (MODE == KDA_DS_PRESCAN) { /* split pieces after their sequence's first; a last piece has no M, nor any
                                      piece where the plan took the forward's maps (cp_header[3]: cp_merge.cu) */
-        if (e->slot < 0 || (flags & KDA_CP_FIRST) || (tile < mt && ((flags & KDA_CP_LAST) || p.cp_header[3])))
-            return 0;
+        if (e->slot < 0 || (flags & KDA_CP_FIRST) || (tile < mt && ((flags & KDA_CP_LAST) || p.cp_header[3]))) return 0;
         w->mcols = tile < mt;
         w->vt = w->mcols ? tile : tile - mt;
         w->from_dht = !w->mcols && (flags & KDA_CP_LAST);
@@ -566,11 +568,11 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     }
     __syncthreads();
     /* M's columns take no dO: its rows are not copied, so the staged dO stays zero */
-#define DSR_ISSUE(j)                                                                                                \
-    do {                                                                                                            \
-        const int64_t ci_ = nc - 1 - (j), t0_ = bos + ci_ * KDA_CHUNK;                                              \
-        dsr_issue(p, smem + ((j) % NST) * STAGE, bars + 8 * (uint32_t)((j) % NST), chunk0 + ci_, h, t0_,            \
-                  wk.mcols ? 0 : (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, tid, NTH);             \
+#define DSR_ISSUE(j)                                                                                                   \
+    do {                                                                                                               \
+        const int64_t ci_ = nc - 1 - (j), t0_ = bos + ci_ * KDA_CHUNK;                                                 \
+        dsr_issue(p, smem + ((j) % NST) * STAGE, bars + 8 * (uint32_t)((j) % NST), chunk0 + ci_, h, t0_,               \
+                  wk.mcols ? 0 : (int)min((int64_t)KDA_CHUNK, eos - t0_), v0, BV, LIN, ROWB, tid, NTH);                \
     } while (0)
     for (int64_t j = 0; j < NST - 1 && j < nc; j++) DSR_ISSUE(j);
 
@@ -620,8 +622,8 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
     }
 #undef DSR_ISSUE
     if (MODE == KDA_DS_PRESCAN) {
-        if (wk.mcols) store_map<KC>(wk.slot_base, s, 1, vw, g, t);                /* Mᵀ[e][d] (swizzled) */
-        else store_slot<KC>(wk.slot_base + KC * KC, s, p.pb.vc, 1, vw, g, t);        /* E[d][v] */
+        if (wk.mcols) store_map<KC>(wk.slot_base, s, 1, vw, g, t);            /* Mᵀ[e][d] (swizzled) */
+        else store_slot<KC>(wk.slot_base + KC * KC, s, p.pb.vc, 1, vw, g, t); /* E[d][v] */
     } else if (wk.write_dh0 && p.dh0 && slot >= 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
@@ -689,13 +691,13 @@ static int launch_dstate_rec_row(const kda_bwd_params_t *p, int device, void *st
 /* One instance of each kernel (KDA_BWD_DSTATE_CONFIG, KDA_BWD_DSTATE_REC_CONFIG rows of configs.def; CMake generates
  * their translation units): the launchers kda_bwd_dstate_k<KC>_b<BV> (the fallback) and
  * kda_bwd_dstate_rec_k<KC>_b<BV>_w<WG>, found by bwd/configs.c's tables */
-#define KDA_BWD_DSTATE_INSTANCE(KC, BV)                                                                            \
-    extern "C" int kda_bwd_dstate_k##KC##_b##BV(const kda_bwd_params_t *p, int device, void *stream) {               \
-        return launch_dstate<KC, BV>(p, device, stream);                                                            \
+#define KDA_BWD_DSTATE_INSTANCE(KC, BV)                                                                                \
+    extern "C" int kda_bwd_dstate_k##KC##_b##BV(const kda_bwd_params_t *p, int device, void *stream) {                 \
+        return launch_dstate<KC, BV>(p, device, stream);                                                               \
     }
-#define KDA_BWD_DSTATE_REC_INSTANCE(KC, BV, WG, CP)                                                                \
-    extern "C" int kda_bwd_dstate_rec_k##KC##_b##BV##_w##WG(const kda_bwd_params_t *p, int device, void *stream) {  \
-        return launch_dstate_rec_row<KC, BV, WG, CP>(p, device, stream);                                            \
+#define KDA_BWD_DSTATE_REC_INSTANCE(KC, BV, WG, CP)                                                                    \
+    extern "C" int kda_bwd_dstate_rec_k##KC##_b##BV##_w##WG(const kda_bwd_params_t *p, int device, void *stream) {     \
+        return launch_dstate_rec_row<KC, BV, WG, CP>(p, device, stream);                                               \
     }
 
 #endif /* KDA_CUDA_BWD_DSTATE_CUH */

@@ -19,10 +19,10 @@
 
 __global__ void __launch_bounds__(FIN_THREADS) kda_bwd_gate_params_kernel(const kda_bwd_params_t p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    float *al = (float *)smem_raw; /* [FIN_THREADS] */
+    float *al = (float *)smem_raw;             /* [FIN_THREADS] */
     const int h = blockIdx.x, d = threadIdx.x; /* channel d: its ∂L/∂dt_bias[d] and its terms of ∂L/∂A_log */
     const int64_t chunks = p.pb.seqs.cu_seqlens ? (int64_t)p.pb.seqs.chunk_offsets[p.pb.seqs.num_seqs]
-                                             : p.pb.seqs.num_seqs * p.pb.seqs.chunks_per_row;
+                                                : p.pb.seqs.num_seqs * p.pb.seqs.chunks_per_row;
     float a = 0.0f, b = 0.0f;
     if (d < p.pb.kc) {
         /* FIN_BATCH chunks' loads issued before their sums (in chunk order; one at a time would be a chain of
@@ -74,12 +74,14 @@ extern "C" int kda_bwd_launch_finish(const kda_bwd_params_t *p, int device, void
     (void)device;
     const int64_t rows = p->pb.seqs.num_tokens * p->pb.hv;
     if (kda_bwd_vhalves(p->pb.vc) == 2 && rows > 0) {
-        kda_bwd_dbeta_kernel<<<(unsigned)((rows + FIN_THREADS - 1) / FIN_THREADS), FIN_THREADS, 0, (cudaStream_t)stream>>>(*p);
+        kda_bwd_dbeta_kernel<<<(unsigned)((rows + FIN_THREADS - 1) / FIN_THREADS), FIN_THREADS, 0,
+                               (cudaStream_t)stream>>>(*p);
         const int err = (int)cudaGetLastError();
         if (err) return err;
     }
     if (p->dA_log || p->ddt_bias) {
-        kda_bwd_gate_params_kernel<<<(unsigned)p->pb.hv, FIN_THREADS, FIN_THREADS * sizeof(float), (cudaStream_t)stream>>>(*p);
+        kda_bwd_gate_params_kernel<<<(unsigned)p->pb.hv, FIN_THREADS, FIN_THREADS * sizeof(float),
+                                     (cudaStream_t)stream>>>(*p);
         return (int)cudaGetLastError();
     }
     return 0;

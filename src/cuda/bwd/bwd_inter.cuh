@@ -92,8 +92,8 @@ DEV void load_blocks(inter_smem<KC, VC> &sm, const unsigned char *blk, const int
    bf16 S and fp16-exact dS⁺, per lane 4 rows (16 np + 2 t + {0, 1, 8, 9}) summed over its blocks, then over
    the lanes g, and with KC = 64 the VG = 2 warps of an np. Returns et, the exponent of dS⁺'s row class. */
 template <int KC, int VC, int NVH>
-DEV uint32_t load_states(const kda_bwd_params_t &p, inter_smem<KC, VC> &sm, const uint16_t *S,
-                         const uint16_t *dS, const uint8_t *dSe, const inter_cta &c) {
+DEV uint32_t load_states(const kda_bwd_params_t &p, inter_smem<KC, VC> &sm, const uint16_t *S, const uint16_t *dS,
+                         const uint8_t *dSe, const inter_cta &c) {
     const int lane = c.lane, warp = c.warp;
     constexpr int NP = KC / 16, NW = BI_THREADS / 32, VG = NW / NP > 0 ? NW / NP : 1;
     constexpr int NV = VC / 16 / VG; /* blocks per warp */
@@ -355,9 +355,9 @@ static int launch_inter(const kda_bwd_params_t *p, int device, void *stream) {
 
 /* One instance (a KDA_BWD_INTER_CONFIG row of configs.def; CMake generates its translation unit): the launcher
  * kda_bwd_inter_k<KC>_v<VC>_h<NVH>, found by bwd/configs.c's table */
-#define KDA_BWD_INTER_INSTANCE(KC, VC, NVH)                                                                        \
-    extern "C" int kda_bwd_inter_k##KC##_v##VC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {        \
-        return launch_inter<KC, VC, NVH>(p, device, stream);                                                        \
+#define KDA_BWD_INTER_INSTANCE(KC, VC, NVH)                                                                            \
+    extern "C" int kda_bwd_inter_k##KC##_v##VC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {         \
+        return launch_inter<KC, VC, NVH>(p, device, stream);                                                           \
     }
 
 #endif /* KDA_CUDA_BWD_INTER_CUH */

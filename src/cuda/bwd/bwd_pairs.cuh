@@ -48,23 +48,23 @@
 
 #define PK_THREADS 256 /* 8 warps; in the products warp w has row block w mod 4 and the channel half w / 4 */
 #define PK_WARPS (PK_THREADS / 32)
-#define PK_KT 32       /* channels per CTA */
-#define PK_NT (PK_KT / 16) /* 8-channel tiles of a warp's half */
+#define PK_KT 32                     /* channels per CTA */
+#define PK_NT (PK_KT / 16)           /* 8-channel tiles of a warp's half */
 #define PK_RG (KDA_CHUNK / PK_WARPS) /* rows per warp in the per-element phases */
 #define C KDA_CHUNK
-#define CS (C + 4)     /* fp32 strides 4 banks apart: a fragment's 8 rows in distinct banks */
+#define CS (C + 4) /* fp32 strides 4 banks apart: a fragment's 8 rows in distinct banks */
 #define TS (PK_KT + 4)
 
 struct pairs_smem {
     float q[C * TS], k[C * TS], G[C * TS], x[C * TS]; /* q̂, k̂, G, the gate inputs x = g (+ dt_bias) */
-    float P[C * CS], B[C * CS];   /* adjacent: one region, as the chunk kernel writes them; P later dG [C][TS] */
-    float ext[4][PK_KT];          /* by row block: Σ k f dK̃ */
-    float tot[PK_WARPS][PK_KT];   /* by warp: its rows' sums of ĝ, then of dG */
-    float red[2][PK_THREADS];     /* the gate parameters' per-thread sums */
+    float P[C * CS], B[C * CS]; /* adjacent: one region, as the chunk kernel writes them; P later dG [C][TS] */
+    float ext[4][PK_KT];        /* by row block: Σ k f dK̃ */
+    float tot[PK_WARPS][PK_KT]; /* by warp: its rows' sums of ĝ, then of dG */
+    float red[2][PK_THREADS];   /* the gate parameters' per-thread sums */
     /* with l2norm: from the cluster's CTA of rank r (its channel tile), by channel half, Σ over the half's 16
        channels of (q̂ dq̂, k̂ dk̂) of each row */
     float2 ys[256 / PK_KT][2][C];
-    uint64_t bar;                 /* with l2norm: complete when every CTA's ys have arrived */
+    uint64_t bar; /* with l2norm: complete when every CTA's ys have arrived */
 };
 
 /* dq or dk elements d, d + 1 (d even) of row `row` (K per row), those below K: bf16 with K even and the buffer
@@ -87,7 +87,8 @@ DEV void coef_frags(const float *X, int I, int j0, int lane, frag_t f[4], frag_t
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int row = 16 * I + g + 8 * (r & 1), col = j0 + 2 * t + 8 * (r >> 1);
-        const float2 x = TR ? make_float2(X[col * CS + row], X[(col + 1) * CS + row]) : *(const float2 *)&X[row * CS + col];
+        const float2 x =
+            TR ? make_float2(X[col * CS + row], X[(col + 1) * CS + row]) : *(const float2 *)&X[row * CS + col];
         if (X3) split2(x, &f[r], &fl[r]);
         else f[r] = tf2(x.x, x.y);
     }
@@ -242,9 +243,14 @@ template <int MODE>
 DEV void gate_backward_rows_dt(const kda_bwd_params_t &p, const pairs_smem &sm, const float *dGt, float A, float off,
                                int w, int dl, int nrow, int64_t base, float *dAl, float *dbias) {
     switch (p.dg_dtype) {
-    case KDA_DT_F32: gate_backward_rows<MODE, KDA_DT_F32>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias); break;
-    case KDA_DT_F16: gate_backward_rows<MODE, KDA_DT_F16>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias); break;
-    default: gate_backward_rows<MODE, KDA_DT_BF16>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias);
+    case KDA_DT_F32:
+        gate_backward_rows<MODE, KDA_DT_F32>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias);
+        break;
+    case KDA_DT_F16:
+        gate_backward_rows<MODE, KDA_DT_F16>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias);
+        break;
+    default:
+        gate_backward_rows<MODE, KDA_DT_BF16>(p, sm, dGt, A, off, w, dl, nrow, base, dAl, dbias);
     }
 }
 
@@ -289,9 +295,12 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
     const int nqk = QK ? nrow : 0;
     uint32_t qb[PK_RG], kb[PK_RG], gb[PK_RG];
     const int64_t t1 = t0 + PK_RG * w; /* the warp's first token */
-    load_bits_n<PK_RG>(qb, p.pb.q, p.pb.dtype, (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d, (int64_t)p.pb.hqk * p.pb.K, nqk);
-    load_bits_n<PK_RG>(kb, p.pb.k, p.pb.dtype, (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d, (int64_t)p.pb.hqk * p.pb.K, nqk);
-    load_bits_n<PK_RG>(gb, p.pb.g, p.pb.g_dtype, (t1 * p.pb.hv + h) * (int64_t)p.pb.K + d, (int64_t)p.pb.hv * p.pb.K, nrow);
+    load_bits_n<PK_RG>(qb, p.pb.q, p.pb.dtype, (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d, (int64_t)p.pb.hqk * p.pb.K,
+                       nqk);
+    load_bits_n<PK_RG>(kb, p.pb.k, p.pb.dtype, (t1 * p.pb.hqk + hq) * (int64_t)p.pb.K + d, (int64_t)p.pb.hqk * p.pb.K,
+                       nqk);
+    load_bits_n<PK_RG>(gb, p.pb.g, p.pb.g_dtype, (t1 * p.pb.hv + h) * (int64_t)p.pb.K + d, (int64_t)p.pb.hv * p.pb.K,
+                       nrow);
     float rq[PK_RG], rk[PK_RG]; /* (the factors of any value head of the group: the same) */
     const float *rn = p.rnorm + (t1 * p.pb.hv + h) * 2;
 #pragma unroll
@@ -317,9 +326,14 @@ DEV void head_rows(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq, int
 #pragma unroll
     for (int r = 0; r < PK_RG; r++) sm.x[(PK_RG * w + r) * TS + dl] = r < nrow ? gv[r] + bias : 0.0f;
     switch (gate_mode(p)) { /* ĝ into G (rows that do not exist: 0) */
-    case GATE_NONE: gate_rows<GATE_NONE>(sm, p.pb.lower_bound, A, w, dl, nrow); break;
-    case GATE_LOWER: gate_rows<GATE_LOWER>(sm, p.pb.lower_bound, A, w, dl, nrow); break;
-    default: gate_rows<GATE_SOFTPLUS>(sm, p.pb.lower_bound, A, w, dl, nrow);
+    case GATE_NONE:
+        gate_rows<GATE_NONE>(sm, p.pb.lower_bound, A, w, dl, nrow);
+        break;
+    case GATE_LOWER:
+        gate_rows<GATE_LOWER>(sm, p.pb.lower_bound, A, w, dl, nrow);
+        break;
+    default:
+        gate_rows<GATE_SOFTPLUS>(sm, p.pb.lower_bound, A, w, dl, nrow);
     }
 }
 
@@ -362,7 +376,8 @@ DEV void head_rows_vec(const kda_bwd_params_t &p, pairs_smem &sm, int h, int hq,
         qp += sqk, kp += sqk, gp += sg, rp += 2 * p.pb.hv;
     }
     const bool bias = p.pb.gate_in_kernel && p.pb.dt_bias;
-    const float b0 = bias ? p.pb.dt_bias[(int64_t)h * p.pb.K + d] : 0.0f, b1 = bias ? p.pb.dt_bias[(int64_t)h * p.pb.K + d + 1] : 0.0f;
+    const float b0 = bias ? p.pb.dt_bias[(int64_t)h * p.pb.K + d] : 0.0f,
+                b1 = bias ? p.pb.dt_bias[(int64_t)h * p.pb.K + d + 1] : 0.0f;
     const int f16 = p.pb.dtype == KDA_DT_F16, gf16 = p.pb.g_dtype == KDA_DT_F16;
 #pragma unroll
     for (int r = 0; r < RV; r++) {
@@ -430,9 +445,14 @@ DEV void head_inputs(const kda_bwd_params_t &p, pairs_smem &sm, int h, float A, 
     const int w = c.w, dl = c.dl;
     if (vec) {
         switch (gate_mode(p)) {
-        case GATE_NONE: head_rows_vec<GATE_NONE>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first); break;
-        case GATE_LOWER: head_rows_vec<GATE_LOWER>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first); break;
-        default: head_rows_vec<GATE_SOFTPLUS>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first);
+        case GATE_NONE:
+            head_rows_vec<GATE_NONE>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first);
+            break;
+        case GATE_LOWER:
+            head_rows_vec<GATE_LOWER>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first);
+            break;
+        default:
+            head_rows_vec<GATE_SOFTPLUS>(p, sm, h, c.hq, c.t0, w, c.d0, c.clen, A, first);
         }
         __syncwarp(); /* (the sum below reads the other lanes' rows) */
     } else {
@@ -459,8 +479,8 @@ DEV void head_inputs(const kda_bwd_params_t &p, pairs_smem &sm, int h, float A, 
 /* The lane's scratch rows (rows g, g + 8 of block I; past the chunk's end: zeros) of value head h: the raw dQΓ,
    dK̃ and β ⊙ dX (NVH = 2: both V halves', added), and with the group's first head the l2norm factors rn */
 template <int KC, int NVH>
-DEV void load_scratch(const kda_bwd_params_t &p, int h, int first, float2 (*dQ)[2], float2 (*dK)[2],
-                      float2 (*xb)[2], float2 rn[2], const pairs_cta &c) {
+DEV void load_scratch(const kda_bwd_params_t &p, int h, int first, float2 (*dQ)[2], float2 (*dK)[2], float2 (*xb)[2],
+                      float2 rn[2], const pairs_cta &c) {
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
         const int i = 16 * c.I + c.g + 8 * hr;
@@ -564,7 +584,7 @@ DEV void gate_phase(const kda_bwd_params_t &p, pairs_smem &sm, const float (*dG)
                     const pairs_cta &c) {
     const int w = c.w, dl = c.dl, d = c.d;
     const float *Gl = sm.G + (C - 1) * TS;
-    __syncthreads(); /* every read of P and B is done: dG goes there */
+    __syncthreads();   /* every read of P and B is done: dG goes there */
     float *dGt = sm.P; /* [C][TS] */
 #pragma unroll
     for (int nt = 0; nt < PK_NT; nt++)
@@ -588,9 +608,14 @@ DEV void gate_phase(const kda_bwd_params_t &p, pairs_smem &sm, const float (*dG)
     float dAl = 0.0f, dbias = 0.0f;
     const int64_t gbase = ((c.t0 + PK_RG * w) * p.pb.hv + h) * (int64_t)p.pb.K + d;
     switch (gate_mode(p)) {
-    case GATE_NONE: gate_backward_rows_dt<GATE_NONE>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias); break;
-    case GATE_LOWER: gate_backward_rows_dt<GATE_LOWER>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias); break;
-    default: gate_backward_rows_dt<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias);
+    case GATE_NONE:
+        gate_backward_rows_dt<GATE_NONE>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias);
+        break;
+    case GATE_LOWER:
+        gate_backward_rows_dt<GATE_LOWER>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias);
+        break;
+    default:
+        gate_backward_rows_dt<GATE_SOFTPLUS>(p, sm, dGt, A, off, w, dl, c.nrow, gbase, &dAl, &dbias);
     }
     sm.red[0][c.tid] = dAl;
     sm.red[1][c.tid] = dbias;
@@ -639,7 +664,7 @@ __global__ void __launch_bounds__(PK_THREADS, 2) kda_bwd_pairs_kernel(const kda_
     float2 rn[2]; /* the l2norm factors of the lane's rows g, g + 8 of block I */
 
 #pragma unroll 1
-    for (int h = h0; h < h1; h++) { /* one value head: everything but q̂, k̂ and the l2norm step */
+    for (int h = h0; h < h1; h++) {               /* one value head: everything but q̂, k̂ and the l2norm step */
         const int64_t pair = c.cid * p.pb.hv + h; /* (chunk, value head) */
         const int first = h == h0, last = h == h1 - 1;
         const float A = p.pb.A_log ? expf(p.pb.A_log[h]) : 1.0f;
@@ -687,9 +712,9 @@ static int launch_pairs(const kda_bwd_params_t *p, int device, void *stream) {
 
 /* One instance (a KDA_BWD_PAIRS_CONFIG row of configs.def; CMake generates its translation unit): the launcher
  * kda_bwd_pairs_k<KC>_h<NVH>, found by bwd/configs.c's table */
-#define KDA_BWD_PAIRS_INSTANCE(KC, NVH)                                                                            \
-    extern "C" int kda_bwd_pairs_k##KC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {                \
-        return launch_pairs<KC, NVH>(p, device, stream);                                                            \
+#define KDA_BWD_PAIRS_INSTANCE(KC, NVH)                                                                                \
+    extern "C" int kda_bwd_pairs_k##KC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream) {                 \
+        return launch_pairs<KC, NVH>(p, device, stream);                                                               \
     }
 
 #endif /* KDA_CUDA_BWD_PAIRS_CUH */

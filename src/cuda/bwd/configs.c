@@ -18,32 +18,38 @@ typedef int (*bwd_launch_fn)(const kda_bwd_params_t *p, int device, void *stream
  * ------------------------------------------------------------------------------------------------------- */
 #define KDA_REC_CONFIG(K, WG)
 #define KDA_CONFIG(K, V)
-#define KDA_BWD_CHUNK_CONFIG(KC, VC, SPLIT, KSP, NVH)                                                            \
+#define KDA_BWD_CHUNK_CONFIG(KC, VC, SPLIT, KSP, NVH)                                                                  \
     int kda_bwd_chunk_k##KC##_v##VC##_s##SPLIT##_c##KSP##_h##NVH(const kda_bwd_params_t *p, int device, void *stream);
-#define KDA_BWD_INTER_CONFIG(KC, VC, NVH)                                                                        \
+#define KDA_BWD_INTER_CONFIG(KC, VC, NVH)                                                                              \
     int kda_bwd_inter_k##KC##_v##VC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream);
-#define KDA_BWD_PAIRS_CONFIG(KC, NVH)                                                                            \
+#define KDA_BWD_PAIRS_CONFIG(KC, NVH)                                                                                  \
     int kda_bwd_pairs_k##KC##_h##NVH(const kda_bwd_params_t *p, int device, void *stream);
-#define KDA_BWD_DSTATE_CONFIG(KC, BV)                                                                            \
+#define KDA_BWD_DSTATE_CONFIG(KC, BV)                                                                                  \
     int kda_bwd_dstate_k##KC##_b##BV(const kda_bwd_params_t *p, int device, void *stream);
-#define KDA_BWD_DSTATE_REC_CONFIG(KC, BV, WG, CP)                                                                \
+#define KDA_BWD_DSTATE_REC_CONFIG(KC, BV, WG, CP)                                                                      \
     int kda_bwd_dstate_rec_k##KC##_b##BV##_w##WG(const kda_bwd_params_t *p, int device, void *stream);
 #include "../configs.def"
 #undef KDA_REC_CONFIG
 #undef KDA_CONFIG
 
 /* the chunk kernel's rows by class (kc, vc) = (KC · KSP, VC · NVH) and path */
-static const struct { int kc, vc, split; bwd_launch_fn fn; } chunk_rows[] = {
+static const struct {
+    int kc, vc, split;
+    bwd_launch_fn fn;
+} chunk_rows[] = {
 #define KDA_REC_CONFIG(K, WG)
 #define KDA_CONFIG(K, V)
-#define KDA_BWD_CHUNK_CONFIG(KC, VC, SPLIT, KSP, NVH)                                                            \
+#define KDA_BWD_CHUNK_CONFIG(KC, VC, SPLIT, KSP, NVH)                                                                  \
     {KC * KSP, VC * NVH, SPLIT, kda_bwd_chunk_k##KC##_v##VC##_s##SPLIT##_c##KSP##_h##NVH},
 #include "../configs.def"
 #undef KDA_REC_CONFIG
 #undef KDA_CONFIG
 };
 /* the inter kernel's by class (KC, VC · NVH) */
-static const struct { int kc, vc; bwd_launch_fn fn; } inter_rows[] = {
+static const struct {
+    int kc, vc;
+    bwd_launch_fn fn;
+} inter_rows[] = {
 #define KDA_REC_CONFIG(K, WG)
 #define KDA_CONFIG(K, V)
 #define KDA_BWD_INTER_CONFIG(KC, VC, NVH) {KC, VC * NVH, kda_bwd_inter_k##KC##_v##VC##_h##NVH},
@@ -52,7 +58,10 @@ static const struct { int kc, vc; bwd_launch_fn fn; } inter_rows[] = {
 #undef KDA_CONFIG
 };
 /* the pairs kernel's by K class and V halves */
-static const struct { int kc, nvh; bwd_launch_fn fn; } pairs_rows[] = {
+static const struct {
+    int kc, nvh;
+    bwd_launch_fn fn;
+} pairs_rows[] = {
 #define KDA_REC_CONFIG(K, WG)
 #define KDA_CONFIG(K, V)
 #define KDA_BWD_PAIRS_CONFIG(KC, NVH) {KC, NVH, kda_bwd_pairs_k##KC##_h##NVH},
@@ -62,7 +71,10 @@ static const struct { int kc, nvh; bwd_launch_fn fn; } pairs_rows[] = {
 };
 /* the dstate kernels' by K class and tile width: the fallback, the recurrence kernel (wg: by wgmma; cp: with the
    CP modes) */
-static const struct { int kc, bv; bwd_launch_fn fn; } dstate_rows[] = {
+static const struct {
+    int kc, bv;
+    bwd_launch_fn fn;
+} dstate_rows[] = {
 #define KDA_REC_CONFIG(K, WG)
 #define KDA_CONFIG(K, V)
 #define KDA_BWD_DSTATE_CONFIG(KC, BV) {KC, BV, kda_bwd_dstate_k##KC##_b##BV},
@@ -70,7 +82,10 @@ static const struct { int kc, bv; bwd_launch_fn fn; } dstate_rows[] = {
 #undef KDA_REC_CONFIG
 #undef KDA_CONFIG
 };
-static const struct { int kc, bv, wg, cp; bwd_launch_fn fn; } dstate_rec_rows[] = {
+static const struct {
+    int kc, bv, wg, cp;
+    bwd_launch_fn fn;
+} dstate_rec_rows[] = {
 #define KDA_REC_CONFIG(K, WG)
 #define KDA_CONFIG(K, V)
 #define KDA_BWD_DSTATE_REC_CONFIG(KC, BV, WG, CP) {KC, BV, WG, CP, kda_bwd_dstate_rec_k##KC##_b##BV##_w##WG},

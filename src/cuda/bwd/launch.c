@@ -53,7 +53,7 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     l.blocks = meta_bytes(p);
     l.states = l.blocks + ws_blocks_bytes(impl, p);
     /* S: fp32, or bf16 on the split path, none when the forward kept it */
-    l.dstates = l.states + (!bwd_split(p)            ? align256(heads * kc * vc * 4)
+    l.dstates = l.states + (!bwd_split(p)           ? align256(heads * kc * vc * 4)
                             : saved_states(impl, p) ? 0
                                                     : states_bf16_bytes(p));
     /* dS⁺: fp32, or fp16 and a byte per (lane, 16 columns) on the split path */
@@ -137,7 +137,7 @@ static int bwd_overlap(const cuda_impl_t *impl, const kda_problem_t *p, const kd
 #ifdef KDA_DEV_BUILD
     if (bwd_timing) return 0;
 #endif
-    if (saved_states(impl, p)) return 0; /* no states stage */
+    if (saved_states(impl, p)) return 0;     /* no states stage */
     if (bw->ds_mode != KDA_DS_SEQ) return 0; /* the split chain's pieces take the card */
     return states_ctas(impl, p) + kda_bwd_dstate_ctas(bw) <= impl->sm_count;
 }
@@ -222,9 +222,11 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
 
     const kda_cuda_config_t *cfg = kda_cuda_find_config(bw.pb.kc, bw.pb.vc); /* non-NULL: cuda_supports checked it */
     bw.wgmma = ((const cuda_impl_t *)ctx->impl)->major == 9 && cfg->rec_wgmma;
-    if (pp.blocks.max_chunks * a->num_v_heads * (bw.pb.kc / 32) >= ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
+    if (pp.blocks.max_chunks * a->num_v_heads * (bw.pb.kc / 32) >=
+            ((int64_t)1 << 31) || /* ≥ the chunk and pairs grids */
         p->num_seqs * a->num_v_heads * (bw.pb.vc / KDA_BWD_BV) >= ((int64_t)1 << 31) ||
-        l.cap.slots * a->num_v_heads * (bw.pb.kc / 32 + bw.pb.vc / 32) >= ((int64_t)1 << 31)) /* the CP pre-scan's grid */
+        l.cap.slots * a->num_v_heads * (bw.pb.kc / 32 + bw.pb.vc / 32) >=
+            ((int64_t)1 << 31)) /* the CP pre-scan's grid */
         return kda_error(KDA_STATUS_NOT_SUPPORTED, "%s: argument 'seq_len': %lld tokens of %d heads exceed one launch",
                          fn, (long long)p->num_tokens, a->num_v_heads);
 
@@ -251,7 +253,8 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
     int prev = -1;
     cudaError_t e = cudaGetDevice(&prev);
     if (e == cudaSuccess && prev != ctx->device) e = cudaSetDevice(ctx->device);
-    if (e != cudaSuccess) return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     int err = 0;
     const char *stage = "";
     if (overlap) pthread_mutex_lock(&impl->lock);
@@ -260,10 +263,11 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
     else if (ds_cp && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) stage = "CP plan";
     else if (BWD_MARK(1) || (!uses_saved(p) && (err = cfg->prep(&pp, ctx->device, stream)) != 0)) stage = "prep";
     else if (BWD_MARK(2) || (bw.dh0 && a->state_indices &&
-             (err = (int)cudaMemsetAsync(bw.dh0, 0, (size_t)a->num_state_slots * (size_t)a->num_v_heads *
-                                                        (size_t)kda_state_head_elems(p) *
-                                                        kda_dtype_size(b->d_initial_state_dtype),
-                                         (cudaStream_t)stream)) != 0))
+                             (err = (int)cudaMemsetAsync(bw.dh0, 0,
+                                                         (size_t)a->num_state_slots * (size_t)a->num_v_heads *
+                                                             (size_t)kda_state_head_elems(p) *
+                                                             kda_dtype_size(b->d_initial_state_dtype),
+                                                         (cudaStream_t)stream)) != 0))
         stage = "d_initial_state memset";
     else if (overlap && (err = bwd_fork_states(impl, p, &bw, cfg, ctx->device, stream)) != 0)
         stage = "backward states (second stream)";

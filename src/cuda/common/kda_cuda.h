@@ -53,7 +53,7 @@ extern "C" {
 /* ---------------------------------------------------------------------------------------------------------
  * Size classes
  * ------------------------------------------------------------------------------------------------------- */
-#define KDA_PANEL_COLS 64   /* columns of one 128-byte-swizzled panel of a bf16 tile (common.cuh pan_off) */
+#define KDA_PANEL_COLS 64 /* columns of one 128-byte-swizzled panel of a bf16 tile (common.cuh pan_off) */
 #define KDA_PANEL_BYTES (KDA_CHUNK * 128)
 
 /* The class a head size is padded to: 64, 128 or 256 (0 outside [1, KDA_MAX_HEAD_DIM]). */
@@ -79,13 +79,13 @@ KDA_HD static inline int kda_cuda_size_class(int n) {
  * Params: what every kernel needs to find its sequences and chunks, then one struct per kernel
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct kda_cuda_seqs {
-    const void *cu_seqlens;      /* NULL: equal-length rows */
-    int cu_seqlens_64;           /* cu_seqlens is int64 */
-    int64_t num_tokens;          /* rows of q, k, v, g, beta, o */
-    int64_t seq_len;             /* T of a row (equal-length rows) */
-    int64_t num_seqs;            /* N */
-    int64_t chunks_per_row;      /* equal-length rows: ceil(T / C) */
-    int32_t *chunk_offsets;      /* [N + 1], varlen only (workspace, written by meta.cu) */
+    const void *cu_seqlens; /* NULL: equal-length rows */
+    int cu_seqlens_64;      /* cu_seqlens is int64 */
+    int64_t num_tokens;     /* rows of q, k, v, g, beta, o */
+    int64_t seq_len;        /* T of a row (equal-length rows) */
+    int64_t num_seqs;       /* N */
+    int64_t chunks_per_row; /* equal-length rows: ceil(T / C) */
+    int32_t *chunk_offsets; /* [N + 1], varlen only (workspace, written by meta.cu) */
 } kda_cuda_seqs_t;
 
 /* The problem every kernel of a call reads, filled once per call from the checked kda_problem_t
@@ -94,16 +94,16 @@ typedef struct kda_cuda_seqs {
 typedef struct kda_cuda_problem {
     kda_cuda_seqs_t seqs;
     const void *q, *k, *v, *g, *beta;
-    const float *A_log, *dt_bias;    /* NULL unless gate_in_kernel (A_log may be NULL with a lower bound) */
-    const void *h0;                  /* initial state or pool; NULL: zeros */
-    void *ht;                        /* final state or pool; NULL: not written */
-    const int32_t *state_indices;    /* NULL: sequence n is state n */
+    const float *A_log, *dt_bias; /* NULL unless gate_in_kernel (A_log may be NULL with a lower bound) */
+    const void *h0;               /* initial state or pool; NULL: zeros */
+    void *ht;                     /* final state or pool; NULL: not written */
+    const int32_t *state_indices; /* NULL: sequence n is state n */
     int64_t num_state_slots;
     int dtype, g_dtype, beta_dtype, h0_dtype, ht_dtype; /* kda_dtype_t codes */
-    int hqk, hv, group;              /* heads of q/k, of v; group = hv / hqk */
-    int K, V, kc, vc;                /* head sizes and their size classes (kda_cuda_size_class) */
-    int v_first;                     /* states stored V-first, [V][K] per head */
-    float scale, lower_bound;        /* scale resolved; lower_bound != 0: the sigmoid gate */
+    int hqk, hv, group;                                 /* heads of q/k, of v; group = hv / hqk */
+    int K, V, kc, vc;                                   /* head sizes and their size classes (kda_cuda_size_class) */
+    int v_first;                                        /* states stored V-first, [V][K] per head */
+    float scale, lower_bound;                           /* scale resolved; lower_bound != 0: the sigmoid gate */
     int l2norm, gate_in_kernel, beta_sigmoid, neg_eigval;
 } kda_cuda_problem_t;
 
@@ -121,23 +121,23 @@ typedef struct kda_cuda_blocks {
 /* Intra-card context parallelism's plan and merge (cp_plan.cu, cp_plan.cuh, cp_merge.cu): the lengths, the piece
  * table and its storage in the workspace, the decision's inputs */
 typedef struct kda_cp_params {
-    kda_cuda_problem_t pb;           /* the call's problem (its sequences, value heads and size classes) */
+    kda_cuda_problem_t pb; /* the call's problem (its sequences, value heads and size classes) */
     kda_cp_piece_t *table;
-    int64_t *header;                 /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
+    int64_t *header; /* [0] pieces, [1] P (chunks per piece, 0: no split), [2] slots used */
     float *slots;
-    int64_t cap_pieces, cap_slots;   /* the workspace's capacity (kda_cp_capacity) */
-    int mode;                        /* kda_cp_mode_t */
-    int64_t piece_len;               /* tokens, KDA_CP_ON */
-    int v_tiles, sm_count;           /* the decision's inputs (kda_cp_problem_t), with pb.hv */
-    int prescan_pairs;               /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
+    int64_t cap_pieces, cap_slots; /* the workspace's capacity (kda_cp_capacity) */
+    int mode;                      /* kda_cp_mode_t */
+    int64_t piece_len;             /* tokens, KDA_CP_ON */
+    int v_tiles, sm_count;         /* the decision's inputs (kda_cp_problem_t), with pb.hv */
+    int prescan_pairs;             /* kda_cp_problem_t.prescan_pairs: the backward's state-gradient chain */
     /* The forward's piece maps kept for the backward's chain (kda_args_t.saved): maps_header[0] is the piece length
        the forward's plan chose (0: none split, nothing kept), written by the forward's plan (maps_mode 1) and read
        by the backward's (maps_mode 2), which takes that length, and the maps (header[3] = 1), when its own
        arguments give the same under the forward's rule; else its own rule (prescan_pairs) and header[3] = 0. The
        backward's merge reads Mᵀ from `maps` when header[3] is set. */
-    int maps_mode;                   /* 0: no kept maps; 1: the forward (writes maps_header); 2: the backward */
+    int maps_mode; /* 0: no kept maps; 1: the forward (writes maps_header); 2: the backward */
     int64_t *maps_header;
-    const float *maps;               /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
+    const float *maps; /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
 } kda_cp_params_t;
 
 /* Division of n < 2^31 by a launch constant d ≥ 1 as a multiply and a shift, q = (n · m) >> s: Granlund and
@@ -161,10 +161,10 @@ KDA_HD static inline uint32_t kda_fastdiv(uint32_t n, kda_fastdiv_t f) {
 }
 
 typedef struct kda_prep_params {
-    kda_cuda_problem_t pb;           /* the call's problem: K, V the true head sizes (the template holds the classes) */
+    kda_cuda_problem_t pb; /* the call's problem: K, V the true head sizes (the template holds the classes) */
     kda_cuda_blocks_t blocks;
-    int piece_qk, piece_v;           /* bytes in which 16-bit K (V) rows are copied: 16, 8, 4 or 2 (K % 8 == 0: 16) */
-    int dev_skip;                    /* KDA_SKIP */
+    int piece_qk, piece_v; /* bytes in which 16-bit K (V) rows are copied: 16, 8, 4 or 2 (K % 8 == 0: 16) */
+    int dev_skip;          /* KDA_SKIP */
     kda_fastdiv_t div_hv, div_group, div_cpr; /* by hv, group and seqs.chunks_per_row: the CTA → chunk step */
     /* plan = 1: the prep kernel's CTA 0 makes the CP piece table from cp (cp_plan.cuh) beside the chunks' CTAs,
        instead of a planning kernel of its own on the chain before prep (the pre-scan, after prep, reads it) */
@@ -173,11 +173,13 @@ typedef struct kda_prep_params {
 } kda_prep_params_t;
 
 /* What the recurrence kernel walks (kda_rec_params_t.mode) */
-#define KDA_REC_SEQ 0     /* whole sequences: one CTA per (sequence, value head, V tile) */
-#define KDA_REC_PRESCAN 1 /* pieces of split sequences: M (identity in, U = 0) and E (zero in; the first piece:
+#define KDA_REC_SEQ 0 /* whole sequences: one CTA per (sequence, value head, V tile) */
+#define KDA_REC_PRESCAN                                                                                                \
+    1                    /* pieces of split sequences: M (identity in, U = 0) and E (zero in; the first piece:
                              the initial state) per (piece, value head, tile), no O */
-#define KDA_REC_PIECES 2  /* every piece of the table, from its incoming state (merged, or the initial state) */
-#define KDA_REC_STATES 3  /* whole sequences as KDA_REC_SEQ, no O and no final state; S at every chunk start into
+#define KDA_REC_PIECES 2 /* every piece of the table, from its incoming state (merged, or the initial state) */
+#define KDA_REC_STATES                                                                                                 \
+    3 /* whole sequences as KDA_REC_SEQ, no O and no final state; S at every chunk start into
                              chunk_states (the backward's stage 1: fp32 [KC][VC]; states_bf16 on its split path) or,
                              when set, into states_out (the caller's kda_args_t.chunk_states: its dtype and layout,
                              masked to K × V) */
@@ -189,9 +191,7 @@ KDA_HD static inline int64_t kda_cuda_cp_slot_floats(int kc, int vc) { return (i
 /* Where element (r, c) of a KC × KC map the merge streams by rows r (Mᵀ in a slot; the forward's M kept for the
  * backward, kda_rec_params_t.cp_maps) is stored: row r, column c ⊕ 8 (r mod 4). The merge's tf32 fragments
  * (cp_merge.cu) read column c of rows r .. r + 3 in one instruction; unswizzled, those four rows lie in one bank. */
-KDA_HD static inline int64_t kda_cuda_map_index(int kc, int r, int c) {
-    return (int64_t)r * kc + (c ^ ((r & 3) << 3));
-}
+KDA_HD static inline int64_t kda_cuda_map_index(int kc, int r, int c) { return (int64_t)r * kc + (c ^ ((r & 3) << 3)); }
 
 /* The order of the bf16 states (kda_rec_params_t.states_bf16, the backward's S; also of its fp16 dS⁺, bwd.h
  * dstates_f16: states16.cuh writes and reads both): the recurrence's warps write S as their mma accumulators hold
@@ -208,31 +208,31 @@ KDA_HD static inline void kda_cuda_states_dv(int e, int kc, int *d, int *v) {
 }
 
 typedef struct kda_rec_params {
-    kda_cuda_problem_t pb;           /* the call's problem: sequences, states, heads, head sizes */
+    kda_cuda_problem_t pb; /* the call's problem: sequences, states, heads, head sizes */
     kda_cuda_blocks_t blocks;
     void *o;
-    int o_dtype;                     /* also sizes the O staging rows of the modes that write no O */
-    const int32_t *claim;            /* slots.cu: a slot counts for sequence n only if claim[slot] == n; NULL: all */
-    int bv;                          /* V columns per CTA: 32, 64 or 128 (<= the V class) */
-    int stages;                      /* chunks buffered in shared memory (ring mode): 2 or 3 */
-    int wgmma;                       /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */
-    int dev_skip;                    /* KDA_SKIP */
-    int mode;                        /* KDA_REC_SEQ, KDA_REC_PRESCAN or KDA_REC_PIECES */
-    const kda_cp_piece_t *cp_table;  /* the piece table (modes PRESCAN, PIECES) */
-    const int64_t *cp_header;        /* [0] pieces in the table, [1] piece length in chunks (0: nothing split),
+    int o_dtype;                    /* also sizes the O staging rows of the modes that write no O */
+    const int32_t *claim;           /* slots.cu: a slot counts for sequence n only if claim[slot] == n; NULL: all */
+    int bv;                         /* V columns per CTA: 32, 64 or 128 (<= the V class) */
+    int stages;                     /* chunks buffered in shared memory (ring mode): 2 or 3 */
+    int wgmma;                      /* 1: warpgroup MMA (sm_90a, bv >= 64); 0: mma.sync */
+    int dev_skip;                   /* KDA_SKIP */
+    int mode;                       /* KDA_REC_SEQ, KDA_REC_PRESCAN or KDA_REC_PIECES */
+    const kda_cp_piece_t *cp_table; /* the piece table (modes PRESCAN, PIECES) */
+    const int64_t *cp_header;       /* [0] pieces in the table, [1] piece length in chunks (0: nothing split),
                                         [2] slots used (the split pieces: table entries 0 .. [2] − 1) */
-    float *cp_slots;                 /* per (slot, value head): kda_cuda_cp_slot_floats */
-    int64_t cp_capacity;             /* table entries the pieces' grid covers */
-    int64_t cp_capacity_slots;       /* slots the pre-scan's grid covers */
-    float *cp_maps;                  /* KDA_REC_PRESCAN, the forward keeping its piece maps for the backward
+    float *cp_slots;                /* per (slot, value head): kda_cuda_cp_slot_floats */
+    int64_t cp_capacity;            /* table entries the pieces' grid covers */
+    int64_t cp_capacity_slots;      /* slots the pre-scan's grid covers */
+    float *cp_maps;                 /* KDA_REC_PRESCAN, the forward keeping its piece maps for the backward
                                         (kda_args_t.saved; ALGORITHM.md §6): M of every middle piece, [d][e] (the
                                         backward's Mᵀ), at the backward's mirrored slot; NULL: not kept */
-    float *chunk_states;             /* KDA_REC_STATES: [max_chunks][hv][KC][VC], S at each chunk start */
-    uint16_t *states_bf16;           /* KDA_REC_STATES instead of chunk_states, and KDA_REC_SEQ / KDA_REC_PIECES when
+    float *chunk_states;            /* KDA_REC_STATES: [max_chunks][hv][KC][VC], S at each chunk start */
+    uint16_t *states_bf16;          /* KDA_REC_STATES instead of chunk_states, and KDA_REC_SEQ / KDA_REC_PIECES when
                                         set (the forward keeping S for the backward, kda_args_t.saved): S at each
                                         chunk start in bf16, [max_chunks][hv] × KC·VC in kda_cuda_states_dv's
                                         order (the backward's split path) */
-    void *states_out;                /* KDA_REC_STATES: instead, the caller's chunk_states ([rows][hv][K][V], V-first
+    void *states_out;               /* KDA_REC_STATES: instead, the caller's chunk_states ([rows][hv][K][V], V-first
                                         [rows][hv][V][K]) in states_out_dtype */
     int states_out_dtype;
 } kda_rec_params_t;
@@ -290,11 +290,11 @@ typedef int (*kda_rec_launch_fn)(const kda_rec_params_t *p, int device, void *st
 typedef int (*kda_rec_smem_fn)(const kda_rec_params_t *p, int stages);
 
 typedef struct kda_cuda_config {
-    int kc, vc;                 /* the size classes of K and V */
-    int rec_wgmma;              /* the recurrence has a warpgroup-MMA version for this K class (sm_90a) */
+    int kc, vc;    /* the size classes of K and V */
+    int rec_wgmma; /* the recurrence has a warpgroup-MMA version for this K class (sm_90a) */
     kda_prep_launch_fn prep;
     kda_rec_launch_fn rec;
-    kda_rec_smem_fn rec_smem;   /* shared memory of a recurrence CTA with `stages` stages (0: as chosen) */
+    kda_rec_smem_fn rec_smem; /* shared memory of a recurrence CTA with `stages` stages (0: as chosen) */
 } kda_cuda_config_t;
 
 /* The row for (kc, vc), or NULL: the supports check and the launchers both come here. */
@@ -308,7 +308,7 @@ int kda_cuda_launch_meta(const kda_cuda_seqs_t *s, void *stream);
 typedef struct {
     const int32_t *state_indices; /* [num_seqs][cols] with row stride `stride` (1-D: cols = stride = 1) */
     int64_t num_seqs, cols, stride, num_state_slots;
-    int32_t *claim;               /* [num_state_slots] in the workspace; NULL: nothing to do */
+    int32_t *claim; /* [num_state_slots] in the workspace; NULL: nothing to do */
 } kda_claim_params_t;
 int kda_cuda_launch_claim(const kda_claim_params_t *p, void *stream);
 

@@ -21,7 +21,6 @@ size_t meta_bytes(const kda_problem_t *p) {
     return p->varlen ? align256((size_t)(p->num_seqs + 1) * sizeof(int32_t)) : 0;
 }
 
-
 /* Intra-card context parallelism (docs/ALGORITHM.md §4, src/cp_plan.h): the capacity the workspace holds for
  * this problem. Zero slots: no sequence can be split, and kda_forward launches exactly what it did before CP
  * existed. The lengths are exact with equal rows or cu_seqlens_host, else bounded from num_tokens; the plan itself
@@ -97,8 +96,8 @@ int fine_for(const cuda_impl_t *impl, const kda_problem_t *p, int kept) {
     return (p->a.dtype != KDA_BFLOAT16 ? KDA_FINE_QG : 0) | (kt ? KDA_FINE_KT : 0);
 }
 size_t blocks_bytes_fine(const kda_problem_t *p, int fine) {
-    const int64_t b = kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k),
-                                                kda_cuda_size_class(p->a.head_dim_v), fine);
+    const int64_t b =
+        kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v), fine);
     return align256((size_t)max_chunks(p) * (size_t)p->a.num_v_heads * (size_t)b);
 }
 /* The blocks kept in saved, 256 bytes more for the alignment; 0 where none are kept */
@@ -141,10 +140,10 @@ size_t ws_blocks_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
 /* The chunk blocks: at `base` after the varlen offsets, or in the caller's saved memory */
 kda_cuda_blocks_t call_blocks(const cuda_impl_t *impl, const kda_problem_t *p, unsigned char *base) {
     const int fine = fine_blocks(impl, p);
-    const kda_cuda_blocks_t blocks = {uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
-                                      kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k),
-                                                                kda_cuda_size_class(p->a.head_dim_v), fine),
-                                      max_chunks(p), fine};
+    const kda_cuda_blocks_t blocks = {
+        uses_saved(p) ? saved_base(p) : base + meta_bytes(p),
+        kda_cuda_block_bytes_fine(kda_cuda_size_class(p->a.head_dim_k), kda_cuda_size_class(p->a.head_dim_v), fine),
+        max_chunks(p), fine};
     return blocks;
 }
 
@@ -180,13 +179,13 @@ int64_t states_ctas(const cuda_impl_t *impl, const kda_problem_t *p) {
 
 /* The recurrence kernel in KDA_REC_STATES mode over whole sequences (the backward's stage 1; fwd/launch.c) */
 int launch_rec_states(const cuda_impl_t *impl, const kda_problem_t *p, const kda_cuda_config_t *cfg,
-                             kda_rec_params_t *rp, int device, void *stream) {
+                      kda_rec_params_t *rp, int device, void *stream) {
     return kda_fwd_launch_states(cfg, rp, states_bv(impl, p), impl->major, device, stream);
 }
 
 /* The CP region at cpbase (cp_bytes(p, cap) bytes) and the plan's inputs; tiles_factor 1 for the forward,
  * KDA_BWD_CP_TILES for the backward's state-gradient chain (cp/launch.c) */
 void fill_cp_params(const cuda_impl_t *impl, const kda_problem_t *p, kda_cp_capacity_t cap, int tiles_factor,
-                           unsigned char *cpbase, const kda_cuda_problem_t *pb, kda_cp_params_t *cpp) {
+                    unsigned char *cpbase, const kda_cuda_problem_t *pb, kda_cp_params_t *cpp) {
     kda_cp_fill_params(pb, &p->a, cap, tiles_factor, impl->sm_count, cpbase, cpp);
 }

@@ -39,9 +39,9 @@ DEV void store_states_bf16(uint16_t *dst, const float (&s)[KD / 8][4], int vw, i
     uint4 *out = (uint4 *)dst + (vw / 16) * (KD / 16) * 32 + lane;
 #pragma unroll
     for (int np = 0; np < KD / 16; np++)
-        out[32 * np] = make_uint4(pack_bf16(s[2 * np][0], s[2 * np][1]), pack_bf16(s[2 * np][2], s[2 * np][3]),
-                                  pack_bf16(s[2 * np + 1][0], s[2 * np + 1][1]),
-                                  pack_bf16(s[2 * np + 1][2], s[2 * np + 1][3]));
+        out[32 * np] =
+            make_uint4(pack_bf16(s[2 * np][0], s[2 * np][1]), pack_bf16(s[2 * np][2], s[2 * np][3]),
+                       pack_bf16(s[2 * np + 1][0], s[2 * np + 1][1]), pack_bf16(s[2 * np + 1][2], s[2 * np + 1][3]));
 }
 
 /* The factor of a lane's values whose largest magnitude is m (≥ 0; NaN elements do not count): *inv = 2^−e brings m
@@ -54,7 +54,7 @@ DEV uint32_t f16s_exponent(float m, float *inv) {
         return 127u;
     }
     *inv = __uint_as_float((268u - Ec) << 23); /* 2^(141 − Ec): m · inv < 2^(E − 126 + 141 − Ec) ≤ 2^15 */
-    return Ec - 14u;                            /* 2^(Ec − 141) */
+    return Ec - 14u;                           /* 2^(Ec − 141) */
 }
 /* The factor 2^e of a stored exponent byte */
 DEV float f16s_factor(uint32_t eb) { return __uint_as_float(eb << 23); }

@@ -37,9 +37,7 @@
 #define MERGE_NST(KC) ((KC) <= 128 ? 8 : 4)
 
 /* shared memory: the ring of Mᵀ blocks, S_in(j) twice (KC rows of MERGE_SST), the ring's barriers */
-static int merge_smem(int kc) {
-    return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST * 4 + 8 * MERGE_NST(kc);
-}
+static int merge_smem(int kc) { return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST * 4 + 8 * MERGE_NST(kc); }
 
 /* KC: the K class (a compile-time size: the warps, the ring) */
 template <int KC>
@@ -51,17 +49,17 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     extern __shared__ __align__(16) float msm[];
     __shared__ int s_count[NTH / 32]; /* the scan's matches per warp */
     __shared__ int64_t s_found;       /* the scan's result: a table index, or −1 */
-    pdl_wait(); /* (launched with pdl: the pre-scan has completed) */
+    pdl_wait();                       /* (launched with pdl: the pre-scan has completed) */
     pdl_trigger();
     if (p.header[1] == 0) return; /* the plan split nothing */
     const int VC = p.pb.vc, nct = VC / MERGE_COLS;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ne = p.header[2], per_seq = (int64_t)p.pb.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
-    const int d0 = 16 * warp;                        /* the warp's rows of S_in(j + 1) */
+    const int d0 = 16 * warp;                                       /* the warp's rows of S_in(j + 1) */
     const int ca = (d0 + g) ^ (8 * t), cb = (d0 + g + 8) ^ (8 * t); /* their swizzled columns in Mᵀ rows e ≡ t (4) */
-    float *ring = msm;                               /* NST blocks of MERGE_EB × KC */
-    float *sS = msm + NST * MERGE_EB * KC;           /* 2 × KC rows of MERGE_SST: S_in(j) in buffer j mod 2 */
+    float *ring = msm;                                              /* NST blocks of MERGE_EB × KC */
+    float *sS = msm + NST * MERGE_EB * KC; /* 2 × KC rows of MERGE_SST: S_in(j) in buffer j mod 2 */
     const uint32_t bars = smem_u32(sS + 2 * KC * MERGE_SST);
     /* Mᵀ_j: in the slot, or the forward's kept map (the backward's chain, when its plan took the forward's pieces) */
     const float *mts = p.maps && p.header[3] ? p.maps : p.slots;
@@ -71,9 +69,9 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         mbar_init_fence();
     }
     __syncthreads();
-    int64_t qb = 0;                 /* ring blocks of the CTA's earlier items: block q of this item is qb + q */
-    int64_t rank = -1, first = -1;  /* the split sequence of the last item and its first piece */
-    int64_t scanned = 0, seen = 0;  /* the scan's next block of entries, and the matches before it */
+    int64_t qb = 0;                /* ring blocks of the CTA's earlier items: block q of this item is qb + q */
+    int64_t rank = -1, first = -1; /* the split sequence of the last item and its first piece */
+    int64_t scanned = 0, seen = 0; /* the scan's next block of entries, and the matches before it */
     for (int64_t item = blockIdx.x;; item += gridDim.x) {
         const int64_t r = item / per_seq;
         const int h = (int)(item / nct % p.pb.hv), tile = (int)(item % nct);
@@ -111,13 +109,13 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         /* block q of the item's stream: rows b·EB .. of Mᵀ_j, j = 1 + q / NB, b = q % NB; Q blocks in all; in the
            ring at stage (qb + q) mod NST, its use (qb + q) / NST of that stage's barrier */
         const int64_t Q = np > 2 ? (np - 2) * NB : 0;
-#define ISSUE(q)                                                                                                \
-    do {                                                                                                        \
-        const int st_ = (int)((qb + (q)) % NST);                                                                \
-        fence_proxy_async();                                                                                    \
-        mbar_expect_tx(bars + 8 * st_, MERGE_EB * KC * 4);                                                      \
-        bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), MT(1 + (q) / NB) + ((q) % NB) * MERGE_EB * KC,           \
-                 MERGE_EB * KC * 4, bars + 8 * st_);                                                            \
+#define ISSUE(q)                                                                                                       \
+    do {                                                                                                               \
+        const int st_ = (int)((qb + (q)) % NST);                                                                       \
+        fence_proxy_async();                                                                                           \
+        mbar_expect_tx(bars + 8 * st_, MERGE_EB * KC * 4);                                                             \
+        bulk_g2s(smem_u32(ring + st_ * MERGE_EB * KC), MT(1 + (q) / NB) + ((q) % NB) * MERGE_EB * KC,                  \
+                 MERGE_EB * KC * 4, bars + 8 * st_);                                                                   \
     } while (0)
         /* (every thread has read the stages of the CTA's previous item: its last step's barrier came after) */
         if (tid == 0)
@@ -132,12 +130,12 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         }
         /* the lane's elements of E_j: rows d0 + g, d0 + g + 8, columns 8 nt + 2t, + 1 (the m16n8 C fragment) */
         float2 ej[2][2];
-#define LOAD_E(j)                                                                                               \
-    do {                                                                                                        \
-        for (int nt_ = 0; nt_ < 2; nt_++)                                                                       \
-            for (int hr_ = 0; hr_ < 2; hr_++)                                                                   \
-                ej[nt_][hr_] = *(const float2 *)(SLOT(j) + KC * KC + (int64_t)(d0 + g + 8 * hr_) * VC + c4 +    \
-                                                 8 * nt_ + 2 * t);                                              \
+#define LOAD_E(j)                                                                                                      \
+    do {                                                                                                               \
+        for (int nt_ = 0; nt_ < 2; nt_++)                                                                              \
+            for (int hr_ = 0; hr_ < 2; hr_++)                                                                          \
+                ej[nt_][hr_] =                                                                                         \
+                    *(const float2 *)(SLOT(j) + KC * KC + (int64_t)(d0 + g + 8 * hr_) * VC + c4 + 8 * nt_ + 2 * t);    \
     } while (0)
         if (np > 2) LOAD_E(1);
         __syncthreads(); /* S_in(1) is in buffer 1 */

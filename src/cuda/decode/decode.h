@@ -17,31 +17,31 @@ extern "C" {
 #endif
 
 typedef struct kda_decode_params {
-    kda_cuda_problem_t pb;           /* the call's problem (kda_cuda_problem_fill); pb.num_state_slots: the pool's
+    kda_cuda_problem_t pb; /* the call's problem (kda_cuda_problem_fill); pb.num_state_slots: the pool's
                                         slots with state_indices, else one per sequence */
     void *o;
-    const int32_t *num_accepted;     /* 2-D indices only; NULL: column 0 */
-    const int32_t *claim;            /* slots.cu: an entry's slot counts for row n only if claim[slot] == n;
+    const int32_t *num_accepted; /* 2-D indices only; NULL: column 0 */
+    const int32_t *claim;        /* slots.cu: an entry's slot counts for row n only if claim[slot] == n;
                                         NULL: all */
-    int64_t idx_cols;                /* 0: 1-D state_indices; else T_max of the 2-D [N, T_max] */
-    int64_t idx_stride;              /* elements between rows of the 2-D indices */
-    int o_dtype;                     /* kda_dtype_t code */
-    int beta_headwise;               /* β per value channel (a V-vector per token and head) */
+    int64_t idx_cols;            /* 0: 1-D state_indices; else T_max of the 2-D [N, T_max] */
+    int64_t idx_stride;          /* elements between rows of the 2-D indices */
+    int o_dtype;                 /* kda_dtype_t code */
+    int beta_headwise;           /* β per value channel (a V-vector per token and head) */
 
     /* launch shape (decode_plan) */
-    int vec;                         /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
-    int bulk;                        /* state tiles by bulk copy (16-byte rows, aligned pool) */
-    int vec_in;                      /* K, V even and input bases 8-byte aligned: element pairs by cp.async */
-    int ts;                          /* tokens of an item whose rows travel in its stage (1..DEC_TS) */
-    int raw_rows, raw_tok, raw_bias; /* stage bytes: first token block, one token block, dt_bias */
+    int vec;                               /* state rows and bases allow 16-byte (fp32) / 8-byte (bf16) accesses */
+    int bulk;                              /* state tiles by bulk copy (16-byte rows, aligned pool) */
+    int vec_in;                            /* K, V even and input bases 8-byte aligned: element pairs by cp.async */
+    int ts;                                /* tokens of an item whose rows travel in its stage (1..DEC_TS) */
+    int raw_rows, raw_tok, raw_bias;       /* stage bytes: first token block, one token block, dt_bias */
     int raw_q, raw_k, raw_g, raw_v, raw_b; /* byte offsets of the rows within a token block */
-    int stage_bytes;                 /* one stage: state tile + input rows (16-byte multiple) */
-    int smem_bytes;                  /* the kernel's dynamic shared memory */
+    int stage_bytes;                       /* one stage: state tile + input rows (16-byte multiple) */
+    int smem_bytes;                        /* the kernel's dynamic shared memory */
     int sm_count;
-    int forced_ctas;                 /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
-    int forced_kernel;               /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks
+    int forced_ctas;   /* kda_tuning_t.decode_ctas (tests): at most this many CTAs; 0: as fit */
+    int forced_kernel; /* kda_tuning_t.decode_kernel: 1 staged, 2 tile, 3/4 tile with 8/16 chunks
                                         per thread */
-    int claim_scan;                  /* 1-D state_indices, no claim array: each CTA of the tile kernel finds whether a
+    int claim_scan;    /* 1-D state_indices, no claim array: each CTA of the tile kernel finds whether a
                                         later row names its slot (N ≤ KDA_DEC_SCAN_MAX; saves the claim launch) */
 } kda_decode_params_t;
 
@@ -56,7 +56,7 @@ typedef struct kda_decode_params {
 #define KDA_DEC_TS 4 /* at most this many tokens of an item travel in its stage (p.ts); later ones one ahead */
 #define KDA_DEC_BV(KC) (KDA_DEC_TILE / (KC))
 #define KDA_DEC_ROW(VF, KC) ((VF) ? (KC) : KDA_DEC_BV(KC) + KDA_DEC_BV(KC) / 4)
-#define KDA_DEC_ELEMS(VF, KC) ((VF) ? KDA_DEC_TILE : (KC) * KDA_DEC_ROW(VF, KC))
+#define KDA_DEC_ELEMS(VF, KC) ((VF) ? KDA_DEC_TILE : KDA_DEC_ROW(VF, KC) * (KC))
 /* Stages of the ring: 3 (fp32) or 4 (bf16) tiles, so that three CTAs of 128 threads share an SM */
 #define KDA_DEC_STAGES(SF32) ((SF32) ? 3 : 4)
 

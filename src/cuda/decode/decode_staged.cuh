@@ -67,11 +67,10 @@ struct dec_io {
 
 struct dec_item {
     int64_t n, bos, eos, rslot;
-    int h, vt, valid; /* valid: an item of this launch that reads or writes anything */
-    int hq;           /* the q/k head of value head h */
+    int h, vt, valid;      /* valid: an item of this launch that reads or writes anything */
+    int hq;                /* the q/k head of value head h */
     float beta[DEC_TS], A; /* the staged tokens' raw β (scalar β) and e^{A_log[h]} */
 };
-
 
 /* Four consecutive state elements at element `off` of a state tensor of dtype dt (vectorised when `vec`),
  * masked by `valid` (how many of the four exist, 0..4). */
@@ -111,12 +110,12 @@ DEV int clamp_valid(int n) { return n < 0 ? 0 : (n > 4 ? 4 : n); }
  * ------------------------------------------------------------------------------------------------------- */
 template <int VF, int KC>
 struct dec_geom {
-    static constexpr int BV = KDA_DEC_BV(KC);                /* columns of a tile */
-    static constexpr int CPR = KC / 32;                      /* V-first: chunks of a row per lane */
-    static constexpr int CGW = BV / 16;                      /* K-first: column groups per warp */
-    static constexpr int RG = 32 / CGW;                      /* K-first: lanes (row groups) per column group */
-    static constexpr int ROW = KDA_DEC_ROW(VF, KC);          /* stage elements per row */
-    static constexpr int ELEMS = KDA_DEC_ELEMS(VF, KC);      /* stage elements */
+    static constexpr int BV = KDA_DEC_BV(KC);           /* columns of a tile */
+    static constexpr int CPR = KC / 32;                 /* V-first: chunks of a row per lane */
+    static constexpr int CGW = BV / 16;                 /* K-first: column groups per warp */
+    static constexpr int RG = 32 / CGW;                 /* K-first: lanes (row groups) per column group */
+    static constexpr int ROW = KDA_DEC_ROW(VF, KC);     /* stage elements per row */
+    static constexpr int ELEMS = KDA_DEC_ELEMS(VF, KC); /* stage elements */
     static_assert(DEC_TILE % KC == 0 && KC % 32 == 0 && BV % 16 == 0, "decode tile geometry");
     static_assert(VF ? (BV / 16) * CPR == DEC_NA : RG * DEC_NA == KC, "decode: 8 chunks per thread");
 };
@@ -240,10 +239,12 @@ DEV void issue_stage(const kda_decode_params_t &p, const dec_item &d, unsigned c
         int goff, soff;
         const int nv = copy_chunk_at<VF, KC>(r, K, V, j0, tid, &goff, &soff);
         if (p.vec) {
-            if (SF32) cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.pb.h0 + (nv ? base + goff : 0),
-                                       nv ? 16 : 0);
-            else cp_async8_zfill(smem_u32((uint16_t *)st + soff), (const uint16_t *)p.pb.h0 + (nv ? base + goff : 0),
-                                 nv ? 8 : 0);
+            if (SF32)
+                cp_async16_zfill(smem_u32((float *)st + soff), (const float *)p.pb.h0 + (nv ? base + goff : 0),
+                                 nv ? 16 : 0);
+            else
+                cp_async8_zfill(smem_u32((uint16_t *)st + soff), (const uint16_t *)p.pb.h0 + (nv ? base + goff : 0),
+                                nv ? 8 : 0);
         } else {
             const float4 x = load4(p.pb.h0, p.pb.h0_dtype, base + goff, nv, 0);
             if (SF32) {
@@ -332,8 +333,8 @@ DEV void fetch_token(const kda_decode_params_t &p, tok_raw &r, int64_t t, int h)
         }
         if (e < V) r.v[u] = load_elem(p.pb.v, p.pb.dtype, (t * p.pb.hv + h) * V + e);
         if (p.beta_headwise ? e < V : e == 0)
-            r.b[u] = load_elem(p.pb.beta, p.pb.beta_dtype,
-                               p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
+            r.b[u] =
+                load_elem(p.pb.beta, p.pb.beta_dtype, p.beta_headwise ? (t * p.pb.hv + h) * V + e : t * p.pb.hv + h);
     }
 }
 

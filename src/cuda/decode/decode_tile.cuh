@@ -50,11 +50,11 @@
 template <int VF, int KD, int NA>
 struct dt_geom {
     static constexpr int TILE = DT_THREADS * 4 * NA;
-    static constexpr int BV = KDA_DT_BV(KD, NA); /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
-    static constexpr int CPR = KD / 32;    /* V-first: chunks of a row per lane */
-    static constexpr int NP = NA / CPR;    /* V-first: rows per thread */
-    static constexpr int CB = BV / 32;     /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u) */
-    static constexpr int RR = KD / 16;     /* K-first: rows per thread (rows (l >> 3) + 4w + 16r) */
+    static constexpr int BV = KDA_DT_BV(KD, NA);     /* columns: 32 or 64 (K = 128), 64 or 128 (K = 64) */
+    static constexpr int CPR = KD / 32;              /* V-first: chunks of a row per lane */
+    static constexpr int NP = NA / CPR;              /* V-first: rows per thread */
+    static constexpr int CB = BV / 32;               /* K-first: chunks of a row per lane (columns 4(l & 7) + 32u) */
+    static constexpr int RR = KD / 16;               /* K-first: rows per thread (rows (l >> 3) + 4w + 16r) */
     static constexpr int MIN_CTAS = NA == 8 ? 6 : 4; /* per SM: ≤ 80 or ≤ 128 registers per thread */
     static_assert(VF ? NP * CPR == NA : CB * RR == NA, "decode tile geometry");
 };
@@ -242,8 +242,8 @@ DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[
 #pragma unroll
         for (int s = 0; s < G::NP; s++) {
             const int jl = 16 * s + 4 * w + (lane >> 3);
-            c[s] = dt_column(p, row8_sum(ra[s]), row8_sum(rb[s]), io.v[jl], beta, sq, sk, kq, (lane & 7) == 0,
-                             orow + jl);
+            c[s] =
+                dt_column(p, row8_sum(ra[s]), row8_sum(rb[s]), io.v[jl], beta, sq, sk, kq, (lane & 7) == 0, orow + jl);
         }
         const float *ks = dt_opaque(io.k);
 #pragma unroll
@@ -294,8 +294,8 @@ DEV void dt_token(const kda_decode_params_t &p, dt_io<VF, KD, NA> &io, float4 S[
             }
 #pragma unroll
             for (int e = 0; e < 4; e++)
-                c[u][e] = dt_column(p, ab[e].x, ab[e].y, io.v[jl + e], beta, sq, sk, kq, w == 0 && lane < 8,
-                                    orow + jl + e);
+                c[u][e] =
+                    dt_column(p, ab[e].x, ab[e].y, io.v[jl + e], beta, sq, sk, kq, w == 0 && lane < 8, orow + jl + e);
         }
         const float *ks = dt_opaque(io.k);
 #pragma unroll

@@ -19,21 +19,21 @@
  * The table of instances (configs.def)
  * ------------------------------------------------------------------------------------------------------- */
 typedef struct {
-    int kernel;     /* KDA_DEC_KERNEL_staged or _tile */
-    int vf, k;      /* V-first states; the K class (staged) or the exact K (tile) */
-    int sf32;       /* fp32 state tile (else bf16) */
-    int ex, na;     /* exact head sizes; four-element chunks of state per thread */
+    int kernel; /* KDA_DEC_KERNEL_staged or _tile */
+    int vf, k;  /* V-first states; the K class (staged) or the exact K (tile) */
+    int sf32;   /* fp32 state tile (else bf16) */
+    int ex, na; /* exact head sizes; four-element chunks of state per thread */
     kda_decode_launch_fn launch;
 } dec_config_t;
 
-#define KDA_DECODE_CONFIG(KERN, VF, K, SF32, EX, NA)                                                            \
-    int kda_dec_##KERN##_vf##VF##_k##K##_f##SF32##_ex##EX##_na##NA(const kda_decode_params_t *p, int device,   \
-                                                                  void *stream);
+#define KDA_DECODE_CONFIG(KERN, VF, K, SF32, EX, NA)                                                                   \
+    int kda_dec_##KERN##_vf##VF##_k##K##_f##SF32##_ex##EX##_na##NA(const kda_decode_params_t *p, int device,           \
+                                                                   void *stream);
 #include "cuda/configs.def"
 #undef KDA_DECODE_CONFIG
 
 static const dec_config_t configs[] = {
-#define KDA_DECODE_CONFIG(KERN, VF, K, SF32, EX, NA)                                                            \
+#define KDA_DECODE_CONFIG(KERN, VF, K, SF32, EX, NA)                                                                   \
     {KDA_DEC_KERNEL_##KERN, VF, K, SF32, EX, NA, kda_dec_##KERN##_vf##VF##_k##K##_f##SF32##_ex##EX##_na##NA},
 #include "cuda/configs.def"
 #undef KDA_DECODE_CONFIG
@@ -42,8 +42,7 @@ static const dec_config_t configs[] = {
 static const dec_config_t *find_config(int kernel, int vf, int k, int sf32, int ex, int na) {
     for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) {
         const dec_config_t *c = &configs[i];
-        if (c->kernel == kernel && c->vf == vf && c->k == k && c->sf32 == sf32 && c->ex == ex && c->na == na)
-            return c;
+        if (c->kernel == kernel && c->vf == vf && c->k == k && c->sf32 == sf32 && c->ex == ex && c->na == na) return c;
     }
     return NULL;
 }
@@ -210,8 +209,9 @@ kda_status_t kda_cuda_decode_run(const kda_problem_t *pr, int device, int sm_cou
     if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
-    kda_claim_params_t cl = {pr->a.state_indices, pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1,
-                             c.idx_cols > 0 ? c.idx_stride : 1, c.pb.num_state_slots, claim};
+    kda_claim_params_t cl = {
+        pr->a.state_indices,  pr->num_seqs, c.idx_cols > 0 ? c.idx_cols : 1, c.idx_cols > 0 ? c.idx_stride : 1,
+        c.pb.num_state_slots, claim};
     int err = kda_cuda_launch_claim(&cl, stream);
     if (err == 0) err = cfg ? cfg->launch(&c, device, stream) : (int)cudaErrorNotSupported;
     if (prev >= 0 && prev != device) cudaSetDevice(prev);

@@ -20,17 +20,17 @@ extern "C" {
 
 /* One forward call's launches: the problem, and where backend.c's workspace layout put each region */
 typedef struct kda_fwd_launch {
-    const kda_problem_t *p;          /* the checked problem: o, chunk_states, the CP controls */
-    const kda_cuda_config_t *cfg;    /* the configuration row of (pb.kc, pb.vc) */
-    kda_cuda_problem_t pb;           /* filled once for the call (kda_cuda_problem_fill) */
-    kda_cuda_blocks_t blocks;        /* the chunk blocks: in the workspace, or in the caller's saved memory */
-    int32_t *claim;                  /* slot ownership (kda_cuda_claim_bytes), or NULL */
-    unsigned char *cp_base;          /* the CP region, of capacity cap; cap.slots == 0: no sequence can split */
+    const kda_problem_t *p;       /* the checked problem: o, chunk_states, the CP controls */
+    const kda_cuda_config_t *cfg; /* the configuration row of (pb.kc, pb.vc) */
+    kda_cuda_problem_t pb;        /* filled once for the call (kda_cuda_problem_fill) */
+    kda_cuda_blocks_t blocks;     /* the chunk blocks: in the workspace, or in the caller's saved memory */
+    int32_t *claim;               /* slot ownership (kda_cuda_claim_bytes), or NULL */
+    unsigned char *cp_base;       /* the CP region, of capacity cap; cap.slots == 0: no sequence can split */
     kda_cp_capacity_t cap;
-    uint16_t *states_bf16;           /* S at every chunk start kept for the backward (saved), or NULL */
-    int64_t *maps;                   /* CP's piece maps kept for the backward (saved), or NULL */
-    int sm_count, major;             /* the device's SMs and compute capability major */
-    kda_tuning_t tune;               /* the context's tuning (tests); dev_skip 0 outside development builds */
+    uint16_t *states_bf16; /* S at every chunk start kept for the backward (saved), or NULL */
+    int64_t *maps;         /* CP's piece maps kept for the backward (saved), or NULL */
+    int sm_count, major;   /* the device's SMs and compute capability major */
+    kda_tuning_t tune;     /* the context's tuning (tests); dev_skip 0 outside development builds */
 } kda_fwd_launch_t;
 
 /* The chunk preparation's params over the blocks (the backward's first stage takes them too) */

@@ -58,11 +58,13 @@
  * classes ≥ 128 (the classes (128, 256) and (256, 128) compile to 120 and 128 registers, no spill); the mixed
  * pairs keep 8 warps. */
 #define PREP_NT(KD, VD) ((KD) == 256 && (VD) == 256 ? 512 : 256)
-#define PREP_A_WARPS 6      /* A/Aqk roles: warps 0-5, and with 16 warps 6-11 the same roles over the second half of
+#define PREP_A_WARPS                                                                                                   \
+    6 /* A/Aqk roles: warps 0-5, and with 16 warps 6-11 the same roles over the second half of
                                the channels; the other warps ("decay warps") compute the decay factors beside them */
-#define PREP_KSPLIT(NT) ((NT) / 256) /* channel halves of intra_chunk_A */
+#define PREP_KSPLIT(NT) ((NT) / 256)    /* channel halves of intra_chunk_A */
 #define PREP_LOG2(n) ((n) == 8 ? 3 : 2) /* of the threads per row in normalize_qkv (4 or 8) */
-#define SA 72               /* fp32 stride of A and T: rows 8 banks apart, so the float2 fragment reads of
+#define SA                                                                                                             \
+    72 /* fp32 stride of A and T: rows 8 banks apart, so the float2 fragment reads of
                                solve_w_u (a half-warp spans 4 rows) and the float2 stores of A are conflict-free */
 
 typedef __nv_bfloat16 bf16;
@@ -70,10 +72,11 @@ typedef __nv_bfloat16 bf16;
 /* Shared memory layout (bytes) for classes KD, VD */
 #define PREP_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define PREP_S(D) ((D) + 8)
-#define PREP_YS(KD, VD) (PREP_MAX(KD, VD) / (PREP_NT(KD, VD) / 64) + 8) /* stride of a warp's Y scratch [16][slab]
+#define PREP_YS(KD, VD)                                                                                                \
+    (PREP_MAX(KD, VD) / (PREP_NT(KD, VD) / 64) + 8) /* stride of a warp's Y scratch [16][slab]
                                                                           in solve_w_u */
-#define PREP_BYTES_G(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 4, KDA_CHUNK * ((KD) + (VD)) * 2)
-#define PREP_BYTES_K(KD, VD) PREP_MAX(KDA_CHUNK * PREP_S(KD) * 2, (PREP_NT(KD, VD) / 32) * 16 * PREP_YS(KD, VD) * 2)
+#define PREP_BYTES_G(KD, VD) PREP_MAX(KDA_CHUNK *PREP_S(KD) * 4, KDA_CHUNK * ((KD) + (VD)) * 2)
+#define PREP_BYTES_K(KD, VD) PREP_MAX(KDA_CHUNK *PREP_S(KD) * 2, (PREP_NT(KD, VD) / 32) * 16 * PREP_YS(KD, VD) * 2)
 #define PREP_OFF_K(KD, VD) PREP_BYTES_G(KD, VD)
 #define PREP_OFF_Q(KD, VD) (PREP_OFF_K(KD, VD) + PREP_BYTES_K(KD, VD))
 #define PREP_OFF_V(KD, VD) (PREP_OFF_Q(KD, VD) + KDA_CHUNK * PREP_S(KD) * 2)
@@ -99,10 +102,10 @@ typedef __nv_bfloat16 bf16;
 
 /* The shared-memory tiles and the chunk a CTA prepares */
 typedef struct {
-    float *G;     /* R_G */
+    float *G; /* R_G */
     bf16 *K, *Q, *V;
     float *A, *beta, *tot;
-    int *tstar; /* the chunk's first poisoning row, KDA_CHUNK if none */
+    int *tstar;  /* the chunk's first poisoning row, KDA_CHUNK if none */
     float *diag; /* Aqk's diagonal from normalize_qkv */
     float *fq;   /* q's row factor still to apply: s/‖q‖ where the tile kept the raw bf16 q, else 1 */
     float *fqn;  /* q's whole row factor s/‖q‖ (fine blocks: gated_qk's QΓ_lo from the input row) */
@@ -111,11 +114,11 @@ typedef struct {
 } prep_smem_t;
 
 typedef struct {
-    int K, V;           /* head sizes: the classes themselves in an EXACT instance (constants after inlining) */
+    int K, V; /* head sizes: the classes themselves in an EXACT instance (constants after inlining) */
     int piece_qk, piece_v;
-    int64_t t0;   /* first token (row of the [B*T] tensors) */
-    int clen;     /* tokens in the chunk (1..C) */
-    int h, hq;    /* value head, its query/key head */
+    int64_t t0;         /* first token (row of the [B*T] tensors) */
+    int clen;           /* tokens in the chunk (1..C) */
+    int h, hq;          /* value head, its query/key head */
     unsigned char *blk; /* the workspace block */
 } prep_chunk_t;
 
@@ -160,8 +163,8 @@ template <int W, int NT>
 DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, int clen, int piece, bf16 *dst,
                      int stride, int tid) {
     if (piece == 16) {
-        constexpr int row_chunks = W / 8;               /* 16-byte pieces per row */
-        constexpr int RSTEP = NT / row_chunks;          /* rows between a thread's copies */
+        constexpr int row_chunks = W / 8;      /* 16-byte pieces per row */
+        constexpr int RSTEP = NT / row_chunks; /* rows between a thread's copies */
         const int c = tid % row_chunks, r0 = tid / row_chunks;
         const uint16_t *src = base + ((row0 + r0) * heads) * n + c * 8;
         const int64_t step = RSTEP * heads * n;
@@ -177,7 +180,7 @@ DEV void load_tile16(const uint16_t *base, int64_t row0, int64_t heads, int n, i
                 cp_async16_zfill(d0 + j * dstep, ok ? (const void *)(src + j * step) : (const void *)base, ok ? 16 : 0);
             }
         }
-    } else if (piece >= 4) { /* 8 or 4 bytes */
+    } else if (piece >= 4) {                     /* 8 or 4 bytes */
         const int per = piece / 2, np = W / per; /* elements per piece, pieces per row */
         for (int e = tid; e < KDA_CHUNK * np; e += NT) {
             const int r = e / np, c = (e % np) * per;
@@ -233,7 +236,7 @@ DEV void load_inputs(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
  * Branch-free within each gate mode: a branch per element would serialise independent latency chains.
  * ------------------------------------------------------------------------------------------------------- */
 #define GATE_PAIRS(KD) ((KD) / 2)                          /* a thread's channel pair */
-#define GATE_PARTS(KD, NT) ((NT) / GATE_PAIRS(KD)) /* row parts: 8 warps 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
+#define GATE_PARTS(KD, NT) ((NT) / GATE_PAIRS(KD))         /* row parts: 8 warps 2 (KD 256), 4 (KD 128) or 8 (KD 64) */
 #define GATE_ROWS(KD, NT) (KDA_CHUNK / GATE_PARTS(KD, NT)) /* rows of a part */
 
 /* The gate values of a part's rows summed down them (the loops of gate_cumsum). FULL: every row of the part is inside
@@ -246,7 +249,8 @@ DEV void gate_rows_lb(float (&gx)[GROWS], float (&gy)[GROWS], float za, float lb
     for (int u = 0; u < GROWS; u++) {
         const float vx = lb2 * rcp_approx(1.0f + ex2(za * (gx[u] + bias.x)));
         const float vy = lb2 * rcp_approx(1.0f + ex2(za * (gy[u] + bias.y)));
-        if (vx != vx || vy != vy) bad = min(bad, gr0 + u); /* a NaN gate poisons (rows past the end and padded
+        if (vx != vx || vy != vy)
+            bad = min(bad, gr0 + u); /* a NaN gate poisons (rows past the end and padded
                                                                channels hold finite zeros) */
         run0 += FULL || u < nvalid ? fmaxf(vx, lb2) : 0.0f;
         run1 += FULL || u < nvalid_y ? fmaxf(vy, lb2) : 0.0f;
@@ -287,7 +291,8 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if ((ck.K & 1) == 0) {
 #pragma unroll
             for (int u = 0; u < GROWS; u++) {
-                const float2 v = gr0 + u < ck.clen && okx ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.f, 0.f);
+                const float2 v =
+                    gr0 + u < ck.clen && okx ? *(const float2 *)&gp[(gr0 + u) * rs] : make_float2(0.f, 0.f);
                 gx[u] = v.x;
                 gy[u] = v.y;
             }
@@ -304,8 +309,7 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
     const uint32_t *graw = (const uint32_t *)sm.G + gd / 2;
     if (p.pb.g_dtype == KDA_DT_F16) /* dtype branches outside the loops, as in normalize_qkv */
         gate_pairs_to_f32<1, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
-    else if (p.pb.g_dtype == KDA_DT_BF16)
-        gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
+    else if (p.pb.g_dtype == KDA_DT_BF16) gate_pairs_to_f32<0, KD, GROWS>(graw + gr0 * (KD / 2), gx, gy);
     /* rows past the chunk's end and padded channels add 0 */
     const int nvalid = okx ? ck.clen - gr0 : 0, nvalid_y = oky ? ck.clen - gr0 : 0;
     float run0 = 0.0f, run1 = 0.0f;
@@ -316,8 +320,7 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if (!KDA_SKIP(p, 32)) {
             if (nvalid >= GROWS && nvalid_y >= GROWS) /* every row of the part inside the chunk: no masks */
                 gate_rows_lb<GROWS, 1>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
-            else
-                gate_rows_lb<GROWS, 0>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
+            else gate_rows_lb<GROWS, 0>(gx, gy, za, lb2, bias, nvalid, nvalid_y, gr0, run0, run1, bad);
         }
     } else {
         if (p.pb.gate_in_kernel) { /* −A softplus(g + bias) */
@@ -330,8 +333,7 @@ DEV void gate_cumsum(const kda_prep_params_t &p, const prep_smem_t &sm, const pr
         if (!KDA_SKIP(p, 32)) {
             if (nvalid >= GROWS && nvalid_y >= GROWS)
                 gate_rows_clamp<GROWS, 1>(gx, gy, nvalid, nvalid_y, gr0, run0, run1, bad);
-            else
-                gate_rows_clamp<GROWS, 0>(gx, gy, nvalid, nvalid_y, gr0, run0, run1, bad);
+            else gate_rows_clamp<GROWS, 0>(gx, gy, nvalid, nvalid_y, gr0, run0, run1, bad);
         }
     }
     *(float2 *)&sm.tot[(gr0 / GROWS) * KD + gd] = make_float2(run0, run1);
@@ -370,7 +372,8 @@ DEV void load_row(const kda_prep_params_t &p, const void *src_base, int64_t row,
         if (vec) {
 #pragma unroll
             for (int c = 0; c < CW; c += 4) {
-                const float4 f = r < clen && (EXACT || c0 + c < n) ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 f =
+                    r < clen && (EXACT || c0 + c < n) ? *(const float4 *)(src + c) : make_float4(0.f, 0.f, 0.f, 0.f);
                 x[c] = f.x;
                 x[c + 1] = f.y;
                 x[c + 2] = f.z;
@@ -557,8 +560,8 @@ DEV void col_factors(const float *sG, const bf16 *sK, const float *R, int row0, 
  * R: Σ_kt (row factors of the rows, computed once per k-tile for all NB blocks) · (column factors of the
  * columns) on the tensor cores, into accA[b] / accQ[b]; the NKT k-tiles from kt0. */
 template <int KD, int NB, int NKT>
-DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0,
-                           int kt0, int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
+DEV void blocks_by_factors(const float *sG, const bf16 *sK, const bf16 *sQ, const float *R, int row0, int col0, int kt0,
+                           int lane, float (*accA)[2][4], float (*accQ)[2][4]) {
 #pragma unroll
     for (int kt = kt0; kt < kt0 + NKT; kt++) {
         uint32_t fk[4], fq[4];
@@ -676,10 +679,8 @@ DEV void intra_chunk_A(const prep_smem_t &sm, unsigned char *blk_aqk, int warp, 
     const float *R = sm.G + (16 * I + (split ? 7 : 0)) * S;
     const int nf = nb - (has_diag && !split); /* blocks by factors */
     float accA[2][2][4] = {{{0.f}}}, accQ[2][2][4] = {{{0.f}}};
-    if (nf == 2)
-        blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
-    else if (nf == 1)
-        blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
+    if (nf == 2) blocks_by_factors<KD, 2, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
+    else if (nf == 1) blocks_by_factors<KD, 1, NKT>(sm.G, sm.K, sm.Q, R, 16 * I, 16 * J0, kh * NKT, lane, accA, accQ);
     if (nf < nb) {
         const int d0 = kh * (KD / KSPLIT), d1 = d0 + KD / KSPLIT;
         if (nb == 2) diag_block_exact<KD>(sm.G, sm.K, sm.Q, I, d0, d1, lane, accA[1], accQ[1]);
@@ -799,7 +800,7 @@ DEV void gated_qk(const kda_prep_params_t &p, const prep_smem_t &sm, const prep_
                 float qv = 0.0f;
                 if (ok && col < ck.K)
                     qv = p.pb.dtype == KDA_DT_F32 ? ((const float *)p.pb.q)[row * ck.K + col]
-                                               : __half2float(((const __half *)p.pb.q)[row * ck.K + col]);
+                                                  : __half2float(((const __half *)p.pb.q)[row * ck.K + col]);
                 x[u] = qv * sm.fqn[r] * eg[u];
             }
             uint32_t lo[4];
@@ -928,7 +929,8 @@ DEV void solve_slab(const kda_prep_params_t &p, int ab_from_beta, const float *s
 #pragma unroll
             for (int hr = 0; hr < 2; hr++) {
                 const int c = col0 + nt * 8 + 2 * t; /* row 16 I + 8 hr + g */
-                *(uint32_t *)(stage + pan_off_r8(16 * I + 8 * hr, g, c)) = pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
+                *(uint32_t *)(stage + pan_off_r8(16 * I + 8 * hr, g, c)) =
+                    pack_bf16(acc[nt][2 * hr], acc[nt][2 * hr + 1]);
             }
         __syncwarp();
     }
@@ -939,18 +941,18 @@ DEV void solve_w_u(const kda_prep_params_t &p, const prep_smem_t &sm, int warp, 
     constexpr int NH = PREP_NT(KD, VD) / 64; /* warps per side: W by warps 0..NH − 1, U by NH..2NH − 1 */
     const int is_u = warp >= NH;
     unsigned char *stage = (unsigned char *)sm.G + is_u * (KDA_CHUNK * KD * 2); /* X tiles: W, then U */
-    if (KD == VD) { /* one code path for both warp kinds */
+    if (KD == VD) {                                                             /* one code path for both warp kinds */
         constexpr int YS = KD / NH + 8;
-        solve_slab<KD / NH, PREP_S(KD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, is_u ? sm.V : sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
-                                        sm.K + warp * 16 * YS, YS, lane);
+        solve_slab<KD / NH, PREP_S(KD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, is_u ? sm.V : sm.Q,
+                                        (warp & (NH - 1)) * (KD / NH), stage, sm.K + warp * 16 * YS, YS, lane);
     } else if (is_u) {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<VD / NH, PREP_S(VD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, sm.V, (warp & (NH - 1)) * (VD / NH), stage,
-                                        sm.K + warp * 16 * YS, YS, lane);
+        solve_slab<VD / NH, PREP_S(VD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, sm.V,
+                                        (warp & (NH - 1)) * (VD / NH), stage, sm.K + warp * 16 * YS, YS, lane);
     } else {
         constexpr int YS = PREP_YS(KD, VD);
-        solve_slab<KD / NH, PREP_S(KD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, sm.Q, (warp & (NH - 1)) * (KD / NH), stage,
-                                        sm.K + warp * 16 * YS, YS, lane);
+        solve_slab<KD / NH, PREP_S(KD)>(p, PREP_OFF_AB(KD, VD) - PREP_OFF_BETA(KD, VD), sm.beta, sm.Q,
+                                        (warp & (NH - 1)) * (KD / NH), stage, sm.K + warp * 16 * YS, YS, lane);
     }
 }
 
@@ -999,8 +1001,7 @@ DEV void poison_block(const prep_chunk_t &ck, int tstar, int tid) {
 /* EXACT: K and V are the classes themselves (K = KD, V = VD): the masks and the narrow load paths compile away.
  * Without it the kernel carries them, and its larger code would slow the common sizes (instruction fetch). */
 template <int KD, int VD, int EXACT>
-__global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD))
-    kda_prep_kernel(const kda_prep_params_t p) {
+__global__ void __launch_bounds__(PREP_NT(KD, VD), PREP_MIN_CTAS(KD, VD)) kda_prep_kernel(const kda_prep_params_t p) {
     constexpr int NT = PREP_NT(KD, VD), KSPLIT = PREP_KSPLIT(NT), NA = PREP_A_WARPS * KSPLIT; /* NA: A warps */
     extern __shared__ __align__(16) unsigned char smem[];
     const prep_smem_t sm = {(float *)smem,

@@ -45,7 +45,7 @@
 #include "cp_slot.cuh"
 #include "seq.cuh"
 #include "states16.cuh" /* store_states_bf16: S for the backward's split path */
-#include "bwd.h" /* KDA_BWD_MAX_HEAD_DIM: the KDA_REC_STATES instances */
+#include "bwd.h"        /* KDA_BWD_MAX_HEAD_DIM: the KDA_REC_STATES instances */
 
 typedef __nv_bfloat16 bf16;
 
@@ -57,14 +57,14 @@ typedef __nv_bfloat16 bf16;
  * the next 1 KB (wgmma's 128-byte swizzle repeats every 1 KB). NST stages (ring) or one (split), then the O
  * staging rows (two buffers, alternating by chunk, of BV + 8 elements of OES bytes), then one mbarrier per stage
  * (split: two). */
-#define REC_PART_A(KD) (2 * KDA_CHUNK * (KD) * 2) /* W, QΓ */
-#define REC_LINEAR(KD) (3 * KDA_CHUNK * (KD) * 2 + KDA_CHUNK * KDA_CHUNK * 2 + (KD) * 4)
+#define REC_PART_A(KD) (2 * KDA_CHUNK * 2 * (KD)) /* W, QΓ */
+#define REC_LINEAR(KD) (3 * KDA_CHUNK * 2 * (KD) + KDA_CHUNK * KDA_CHUNK * 2 + 4 * (KD))
 #define REC_UP(BV) ((BV) >= 128 ? 2 : 1)
 #define REC_KTLO_OFF(KD, BV) ((REC_LINEAR(KD) + REC_UP(BV) * KDA_PANEL_BYTES + 1023) / 1024 * 1024) /* 1 KB-aligned */
-#define REC_STAGE_BYTES(KD, BV, KTLO) (REC_KTLO_OFF(KD, BV) + ((KTLO) ? KDA_CHUNK * (KD) * 2 : 0))
+#define REC_STAGE_BYTES(KD, BV, KTLO) (REC_KTLO_OFF(KD, BV) + ((KTLO) ? KDA_CHUNK * 2 * (KD) : 0))
 #define REC_O_STRIDE(BV) ((BV) + 8)
-#define REC_BYTES(KD, BV, NST, OES, KTLO)                                                                     \
-    (1024 + (NST) * REC_STAGE_BYTES(KD, BV, KTLO) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) +                  \
+#define REC_BYTES(KD, BV, NST, OES, KTLO)                                                                              \
+    (1024 + REC_STAGE_BYTES(KD, BV, KTLO) * (NST) + 2 * KDA_CHUNK * REC_O_STRIDE(BV) * (OES) +                         \
      8 * ((NST) < 2 ? 2 : (NST)))
 #define REC_SPLIT(KD) ((KD) > 128)
 /* K̃_lo in the stages: the states pass (the backward's S, chunk_states) over blocks that carry it, K class ≤ 128.
@@ -133,8 +133,7 @@ DEV void delta_fragments(float (&dacc)[8][4], uint32_t (&da)[4][4], uint32_t sU,
         }
     }
 #pragma unroll
-    for (int kt = 0; kt < 4; kt++)
-        acc_pair_to_a(dacc[2 * kt], dacc[2 * kt + 1], da[kt]);
+    for (int kt = 0; kt < 4; kt++) acc_pair_to_a(dacc[2 * kt], dacc[2 * kt + 1], da[kt]);
 }
 
 /* The stage's tiles (shared addresses) and the warp's first column within the copied U panels */
@@ -161,7 +160,7 @@ DEV void state_products_mma(const float (&s)[KD / 8][4], float (&dacc)[8][4], fl
     if (NSA > 1)
 #pragma unroll
         for (int kt = 0; kt < NSA; kt++) acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sall[kt]);
-    /* k-tiles outermost: the 16 mma of one k-tile are independent, so no mma waits on the one before */
+            /* k-tiles outermost: the 16 mma of one k-tile are independent, so no mma waits on the one before */
 #pragma unroll
     for (int kt = 0; kt < NKT; kt++) {
         uint32_t *sa = sall[NSA > 1 ? kt : 0];
@@ -234,8 +233,7 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
     const int t = lane & 3;
     uint32_t sa[NKT][4];
 #pragma unroll
-    for (int kt = 0; kt < NKT; kt++)
-        acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sa[kt]);
+    for (int kt = 0; kt < NKT; kt++) acc_pair_to_a(s[2 * kt], s[2 * kt + 1], sa[kt]);
     float dacc[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; nt++)
@@ -298,11 +296,11 @@ DEV void load_state(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sb
                     int g, int t, int full) {
     /* dtype branch outside the loops, so that the loads are all in flight; masks only where K or V is padded
        (the masked loops hold more registers, which the main loop must not pay for) */
-#define REC_LOAD_STATE(T, CONV, MASK)                                                                          \
-    for (int nt = 0; nt < KD / 8; nt++)                                                                          \
-        for (int c = 0; c < 4; c++) {                                                                           \
-            const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);                                  \
-            s[nt][c] = (MASK) ? CONV(((const T *)p.pb.h0)[sbase + d * sd + v * sv]) : 0.0f;                        \
+#define REC_LOAD_STATE(T, CONV, MASK)                                                                                  \
+    for (int nt = 0; nt < KD / 8; nt++)                                                                                \
+        for (int c = 0; c < 4; c++) {                                                                                  \
+            const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);                                         \
+            s[nt][c] = (MASK) ? CONV(((const T *)p.pb.h0)[sbase + d * sd + v * sv]) : 0.0f;                            \
         }
     if (full) {
         if (p.pb.h0_dtype == KDA_DT_F32) {
@@ -331,8 +329,7 @@ DEV void poison_columns(float (&s)[KD / 8][4]) {
     for (int half = 0; half < 2; half++) { /* c >> 1: columns g and g + 8 of the warp */
         int bad = 0;
 #pragma unroll
-        for (int nt = 0; nt < KD / 8; nt++)
-            bad |= !isfinite(s[nt][2 * half]) | !isfinite(s[nt][2 * half + 1]);
+        for (int nt = 0; nt < KD / 8; nt++) bad |= !isfinite(s[nt][2 * half]) | !isfinite(s[nt][2 * half + 1]);
         bad |= __shfl_xor_sync(0xffffffffu, bad, 1);
         bad |= __shfl_xor_sync(0xffffffffu, bad, 2);
         if (bad)
@@ -355,9 +352,9 @@ DEV void store_state(const kda_rec_params_t &p, void *dst, int dtype, const floa
 
 /* Oᵀ (accumulators) → the staging rows O[token][column of the tile] (the dtype branch outside the loops) */
 DEV void stage_o(const float (&oacc)[8][4], unsigned char *sO, int o_dtype, int ostride, int warp, int g, int t) {
-#define REC_STAGE_O(T, CONV)                                                                                   \
-    for (int nt = 0; nt < 8; nt++)                                                                           \
-        for (int c = 0; c < 4; c++)                                                                          \
+#define REC_STAGE_O(T, CONV)                                                                                           \
+    for (int nt = 0; nt < 8; nt++)                                                                                     \
+        for (int c = 0; c < 4; c++)                                                                                    \
             ((T *)sO)[(8 * nt + 2 * t + (c & 1)) * ostride + 16 * warp + g + 8 * (c >> 1)] = CONV(oacc[nt][c]);
     if (o_dtype == KDA_DT_BF16) {
 #pragma unroll
@@ -412,11 +409,11 @@ DEV void store_o(const kda_rec_params_t &p, const unsigned char *sO, int ostride
  * capacity; CTAs past the pieces the plan made, or with nothing to do, return at once. */
 typedef struct {
     int h, vt;
-    int mcols;               /* this CTA computes columns of M (pre-scan) */
+    int mcols; /* this CTA computes columns of M (pre-scan) */
     int load_sin, from_h0, store_final;
     int64_t n, bos, eos, nchunks, chunk0;
-    float *slot_base;        /* this (piece, head)'s CP storage, or NULL */
-    float *map_out;          /* the pre-scan's M for the backward (kda_rec_params_t.cp_maps), or NULL */
+    float *slot_base; /* this (piece, head)'s CP storage, or NULL */
+    float *map_out;   /* the pre-scan's M for the backward (kda_rec_params_t.cp_maps), or NULL */
 } rec_work_t;
 
 /* A whole sequence (KDA_REC_SEQ, KDA_REC_STATES): CTA → (sequence, value head, V tile) */
@@ -482,12 +479,12 @@ DEV int rec_piece_work(const kda_rec_params_t &p, rec_work_t &w) {
 typedef struct {
     rec_work_t w;
     int tid, nthreads, warp, lane, g, t;
-    int bv, vc, v0, vw;      /* tile width, V class, first state column of the CTA (of M's when mcols), the warp's */
+    int bv, vc, v0, vw;         /* tile width, V class, first state column of the CTA (of M's when mcols), the warp's */
     int ktlo, stage_bytes, nst; /* K̃_lo in the stages; ring: chunks in flight, nst − 1 ahead of the one in use */
     unsigned char *smem, *sO0;
     int ostride, oes;
     int64_t slot, sd, sv, sbase; /* the state's slot, strides of d and v, and its base */
-    int full;                /* no padded rows or columns in this CTA's part of S */
+    int full;                    /* no padded rows or columns in this CTA's part of S */
     const unsigned char *blocks;
     int64_t off_u, off_kl;
     uint32_t bars;
@@ -562,23 +559,21 @@ DEV void rec_prologue(const kda_rec_params_t &p, rec_cta_t &c) {
     if (c.tid == 0) {
         if (SPLIT) {
             if (c.w.nchunks > 0) {
-                issue_copy(c.smem, c.bars, rec_block(p, c, 0), 0, REC_PART_A(KD), 0, c.off_u, c.v0, c.bv, !WO, KD,
-                           -1);
-                issue_copy(c.smem, c.bars + 8, rec_block(p, c, 0), REC_PART_A(KD), REC_LINEAR(KD), !c.w.mcols,
-                           c.off_u, c.v0, c.bv, !WO, KD, -1);
+                issue_copy(c.smem, c.bars, rec_block(p, c, 0), 0, REC_PART_A(KD), 0, c.off_u, c.v0, c.bv, !WO, KD, -1);
+                issue_copy(c.smem, c.bars + 8, rec_block(p, c, 0), REC_PART_A(KD), REC_LINEAR(KD), !c.w.mcols, c.off_u,
+                           c.v0, c.bv, !WO, KD, -1);
             }
         } else {
             for (int sidx = 0; sidx < c.nst - 1 && sidx < c.w.nchunks; sidx++)
-                issue_copy(c.smem + sidx * c.stage_bytes, c.bars + 8 * sidx, rec_block(p, c, sidx), 0,
-                           REC_LINEAR(KD), !c.w.mcols, c.off_u, c.v0, c.bv, !WO, KD, c.off_kl);
+                issue_copy(c.smem + sidx * c.stage_bytes, c.bars + 8 * sidx, rec_block(p, c, sidx), 0, REC_LINEAR(KD),
+                           !c.w.mcols, c.off_u, c.v0, c.bv, !WO, KD, c.off_kl);
         }
     }
 }
 
 /* Chunk ci's stage is in (ring: the copy nst − 1 chunks ahead issued first; split: its first part) */
 template <int KD, int WO>
-DEV void rec_wait_chunk(const kda_rec_params_t &p, const rec_cta_t &c, int64_t ci, int64_t ahead, int cur,
-                        int nocopy) {
+DEV void rec_wait_chunk(const kda_rec_params_t &p, const rec_cta_t &c, int64_t ci, int64_t ahead, int cur, int nocopy) {
     if (!REC_SPLIT(KD)) {
         if (c.tid == 0 && ahead < c.w.nchunks && !nocopy)
             issue_copy(c.smem + (ahead % c.nst) * c.stage_bytes, c.bars + 8 * (ahead % c.nst), rec_block(p, c, ahead),
@@ -599,8 +594,8 @@ DEV void rec_keep_state(const kda_rec_params_t &p, const rec_cta_t &c, const flo
                             ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)p.pb.K * p.pb.V, c.sd, c.sv, c.vw, c.g,
                             c.t, c.full);
         else if (p.states_bf16)
-            store_states_bf16<KD>(p.states_bf16 + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)KD * c.vc, s,
-                                  c.vw, c.lane);
+            store_states_bf16<KD>(p.states_bf16 + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)KD * c.vc, s, c.vw,
+                                  c.lane);
         else
             store_slot<KD>(p.chunk_states + ((c.w.chunk0 + ci) * p.pb.hv + c.w.h) * (int64_t)KD * c.vc, s, c.vc, 1,
                            c.vw, c.g, c.t);
@@ -660,8 +655,7 @@ DEV void rec_chunk(const kda_rec_params_t &p, const rec_cta_t &c, float (&s)[KD 
     if (SPLIT) {
         __syncthreads(); /* [W | QΓ] read by every warp: the next chunk's may come in */
         if (c.tid == 0 && ci + 1 < c.w.nchunks && !nocopy)
-            issue_copy(c.smem, c.bars, rec_block(p, c, ci + 1), 0, REC_PART_A(KD), 0, c.off_u, c.v0, c.bv, !WO, KD,
-                       -1);
+            issue_copy(c.smem, c.bars, rec_block(p, c, ci + 1), 0, REC_PART_A(KD), 0, c.off_u, c.v0, c.bv, !WO, KD, -1);
         if (!nocopy || ci == 0) mbar_wait(c.bars + 8, (uint32_t)(ci & 1));
     }
     if (math && !WG) {
@@ -687,9 +681,9 @@ DEV void rec_chunk(const kda_rec_params_t &p, const rec_cta_t &c, float (&s)[KD 
 template <int KD, int MODE>
 DEV void rec_store_end(const kda_rec_params_t &p, const rec_cta_t &c, const float (&s)[KD / 8][4]) {
     if (MODE == KDA_REC_PRESCAN) {
-        if (c.w.mcols) store_map<KD>(c.w.slot_base, s, 1, c.vw, c.g, c.t);                /* Mᵀ[e][d] (swizzled) */
-        else store_slot<KD>(c.w.slot_base + KD * KD, s, c.vc, 1, c.vw, c.g, c.t);       /* E[d][v] */
-        if (c.w.map_out) store_map<KD>(c.w.map_out, s, 0, c.vw, c.g, c.t);             /* M[d][e]: the backward's Mᵀ */
+        if (c.w.mcols) store_map<KD>(c.w.slot_base, s, 1, c.vw, c.g, c.t);        /* Mᵀ[e][d] (swizzled) */
+        else store_slot<KD>(c.w.slot_base + KD * KD, s, c.vc, 1, c.vw, c.g, c.t); /* E[d][v] */
+        if (c.w.map_out) store_map<KD>(c.w.map_out, s, 0, c.vw, c.g, c.t);        /* M[d][e]: the backward's Mᵀ */
     } else if (MODE != KDA_REC_STATES && c.w.store_final && p.pb.ht && c.slot >= 0) {
         store_state<KD>(p, p.pb.ht, p.pb.ht_dtype, s, c.sbase, c.sd, c.sv, c.vw, c.g, c.t, c.full);
     }
@@ -761,8 +755,7 @@ static int kda_rec_smem(const kda_rec_params_t *p, int stages) {
 template <int KD, int WG, int EXACT>
 static const void *rec_states_kernel(void) {
     if constexpr (WG == 2 && REC_SPLIT(KD)) return NULL; /* K̃_lo: K class ≤ 128 */
-    else if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM)
-        return (const void *)kda_rec_states_kernel<KD, WG, EXACT>;
+    else if constexpr (KD <= KDA_BWD_MAX_HEAD_DIM) return (const void *)kda_rec_states_kernel<KD, WG, EXACT>;
     else return NULL;
 }
 
@@ -773,7 +766,7 @@ template <int KD, int HAS_WG>
 static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     const int64_t nvt = kda_cuda_size_class(p->pb.V) / p->bv;
     const int64_t ctas = p->mode == KDA_REC_SEQ || p->mode == KDA_REC_STATES ? p->pb.seqs.num_seqs * p->pb.hv * nvt
-                         : p->mode == KDA_REC_PIECES ? p->cp_capacity * p->pb.hv * nvt
+                         : p->mode == KDA_REC_PIECES                         ? p->cp_capacity * p->pb.hv * nvt
                                                      : p->cp_capacity_slots * p->pb.hv * (KD / p->bv + nvt);
     if (ctas == 0) return 0;
     const int threads = p->bv * 2;
@@ -782,16 +775,20 @@ static int kda_rec_launch(const kda_rec_params_t *p, int device, void *stream) {
     /* wgmma: 1, or 2 for the states pass over blocks with K̃_lo */
     const int wg = HAS_WG && p->wgmma ? 1 + rec_ktlo(KD, p->mode, p->blocks.fine) : 0;
     const int exact = p->pb.K == KD && p->pb.V == kda_cuda_size_class(p->pb.V);
-#define REC_KERNELS(KERNEL)                                                                                     \
-    {(const void *)KERNEL<KD, 0, 0>, (const void *)KERNEL<KD, 0, 1>, (const void *)KERNEL<KD, HAS_WG, 0>,         \
-     (const void *)KERNEL<KD, HAS_WG, 1>, NULL, NULL}
+#define REC_KERNELS(KERNEL)                                                                                            \
+    {                                                                                                                  \
+        (const void *)KERNEL<KD, 0, 0>, (const void *)KERNEL<KD, 0, 1>, (const void *)KERNEL<KD, HAS_WG, 0>,           \
+            (const void *)KERNEL<KD, HAS_WG, 1>, NULL, NULL                                                            \
+    }
     /* the backward's mode only where the backward runs (K ≤ KDA_BWD_MAX_HEAD_DIM) */
-#define REC_STATES_KERNELS                                                                                      \
-    {rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),          \
-     rec_states_kernel<KD, HAS_WG, 1>(), rec_states_kernel<KD, 2 * HAS_WG, 0>(), rec_states_kernel<KD, 2 * HAS_WG, 1>()}
+#define REC_STATES_KERNELS                                                                                             \
+    {                                                                                                                  \
+        rec_states_kernel<KD, 0, 0>(), rec_states_kernel<KD, 0, 1>(), rec_states_kernel<KD, HAS_WG, 0>(),              \
+            rec_states_kernel<KD, HAS_WG, 1>(), rec_states_kernel<KD, 2 * HAS_WG, 0>(),                                \
+            rec_states_kernel<KD, 2 * HAS_WG, 1>()                                                                     \
+    }
     const void *kernels[4][6] = {REC_KERNELS(kda_rec_seq_kernel), REC_KERNELS(kda_rec_prescan_kernel),
-                                 REC_KERNELS(kda_rec_pieces_kernel),
-                                 REC_STATES_KERNELS};
+                                 REC_KERNELS(kda_rec_pieces_kernel), REC_STATES_KERNELS};
 #undef REC_KERNELS
 #undef REC_STATES_KERNELS
     const int which = 2 * wg + exact, mode = p->mode;
