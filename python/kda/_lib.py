@@ -40,8 +40,9 @@ class KdaArgs(ctypes.Structure):
         safe_gate int, use_beta_sigmoid int, allow_neg_eigval int
         state_indices_cols i64, state_indices_row_stride i64, num_accepted_tokens ptr, beta_headwise int
         cp_mode enum, cp_piece_len i64
-        chunk_states ptr, chunk_states_dtype enum
-        saved ptr, saved_bytes size""")
+        chunk_states ptr, chunk_states_dtype enum, saved ptr, saved_bytes size
+        cp_num_ranks i32, cp_rank i32, cp_pre_ranks i32, cp_post_ranks i32, cp_summary_dtype enum, cp_summaries ptr
+        cp_summaries_bytes size""")
 
 
 class KdaBackwardArgs(ctypes.Structure):
@@ -50,7 +51,7 @@ class KdaBackwardArgs(ctypes.Structure):
         d_o ptr, d_o_dtype enum, d_final_state ptr, d_final_state_dtype enum
         dq ptr, dq_dtype enum, dk ptr, dk_dtype enum, dv ptr, dv_dtype enum, dg ptr, dg_dtype enum
         dbeta ptr, dbeta_dtype enum, d_initial_state ptr, d_initial_state_dtype enum
-        dA_log ptr, ddt_bias ptr""")
+        dA_log ptr, ddt_bias ptr, cp_summaries ptr, cp_summaries_bytes size""")
 
 
 # kda_args_t's pointers that have a dtype field beside them (name + "_dtype")
