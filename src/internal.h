@@ -139,6 +139,9 @@ typedef struct kda_bwd_problem {
 
 /* Validate the backward's `args` for `fn` and fill `out`: the forward's problem as kda_check_args does (its o
  * need not be set), then the gradients' buffers, dtypes and aliasing. */
+/* INVALID_VALUE naming `name` where [ptr, ptr + bytes) overlaps memory the call on p reads (b: the backward's too) */
+kda_status_t kda_check_not_read(const char *fn, const kda_problem_t *p, const kda_backward_args_t *b, const char *name,
+                                const void *ptr, size_t bytes);
 kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backward_args_t *args, const char *fn,
                                      int host_readable, kda_bwd_problem_t *out);
 

@@ -580,16 +580,16 @@ static kda_status_t check_grad_dtype(const char *fn, const char *arg, kda_dtype_
     return KDA_STATUS_SUCCESS;
 }
 
-/* The backward's aliasing: no gradient output may share memory with an input or with another output. */
-static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *bp) {
-    const kda_problem_t *pf = &bp->f;
+/* What a call on problem pf reads, into out[READ_SPANS_MAX]: the forward's inputs, and with b the backward's d_o,
+ * d_final_state and saved. Returns the count. */
+#define READ_SPANS_MAX 13
+static int read_spans(const kda_problem_t *pf, const kda_backward_args_t *b, span_t *out) {
     const kda_args_t *a = &pf->a;
-    const kda_backward_args_t *b = &bp->b;
     const size_t T = (size_t)pf->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
     const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
     const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : pf->num_seqs);
     const size_t cu_bytes = a->cu_seqlens ? ((size_t)pf->num_seqs + 1) * kda_dtype_size(a->cu_seqlens_dtype) : 0;
-    const span_t inputs[] = {
+    const span_t inputs[READ_SPANS_MAX] = {
         {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
         {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
         {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
@@ -600,10 +600,26 @@ static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *
         {"dt_bias", a->dt_bias, a->dt_bias ? HV * K * 4 : 0},
         {"cu_seqlens", a->cu_seqlens, cu_bytes},
         {"state_indices", a->state_indices, a->state_indices ? (size_t)pf->num_seqs * 4 : 0},
-        {"d_o", b->d_o, T * HV * V * kda_dtype_size(b->d_o_dtype)},
-        {"d_final_state", b->d_final_state, nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype)},
+        {"d_o", b ? b->d_o : NULL, b ? T * HV * V * kda_dtype_size(b->d_o_dtype) : 0},
+        {"d_final_state", b ? b->d_final_state : NULL,
+         b ? nstate * HV * K * V * kda_dtype_size(b->d_final_state_dtype) : 0},
         {"saved", a->saved, a->saved ? a->saved_bytes : 0},
     };
+    const int n = b ? READ_SPANS_MAX : READ_SPANS_MAX - 3; /* the last three: the backward's */
+    memcpy(out, inputs, (size_t)n * sizeof inputs[0]);
+    return n;
+}
+
+/* The backward's aliasing: no gradient output may share memory with an input or with another output. */
+static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *bp) {
+    const kda_problem_t *pf = &bp->f;
+    const kda_args_t *a = &pf->a;
+    const kda_backward_args_t *b = &bp->b;
+    const size_t T = (size_t)pf->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
+    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
+    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : pf->num_seqs);
+    span_t inputs[READ_SPANS_MAX];
+    const int n_in = read_spans(pf, b, inputs);
     const span_t outputs[] = {
         {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
         {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
@@ -614,7 +630,7 @@ static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *
         {"dA_log", b->dA_log, b->dA_log ? HV * 4 : 0},
         {"ddt_bias", b->ddt_bias, b->ddt_bias ? HV * K * 4 : 0},
     };
-    const int n_in = (int)(sizeof inputs / sizeof inputs[0]), n_out = (int)(sizeof outputs / sizeof outputs[0]);
+    const int n_out = (int)(sizeof outputs / sizeof outputs[0]);
     for (int i = 0; i < n_out; i++) {
         for (int j = 0; j < n_in; j++)
             if (overlaps(outputs[i], inputs[j]))
@@ -623,6 +639,18 @@ static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *
             if (overlaps(outputs[i], outputs[j]))
                 FAIL(KDA_STATUS_INVALID_VALUE, outputs[i].name, "overlaps the memory of output '%s'", outputs[j].name);
     }
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_check_not_read(const char *fn, const kda_problem_t *p, const kda_backward_args_t *b, const char *name,
+                                const void *ptr, size_t bytes) {
+    span_t in[READ_SPANS_MAX];
+    const int n = read_spans(p, b, in);
+    const span_t out = {name, ptr, bytes};
+    for (int i = 0; i < n; i++)
+        if (overlaps(out, in[i]))
+            return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument '%s': overlaps %s, which the call reads", fn, name,
+                             in[i].name);
     return KDA_STATUS_SUCCESS;
 }
 

@@ -124,33 +124,7 @@ static kda_status_t check_summary_out(const kda_problem_t *p, const kda_bwd_prob
                          "%s: argument 'summary_bytes': %zu bytes given, %zu needed "
                          "(kda_cp_summary_size)",
                          fn, bytes, need);
-    const kda_args_t *a = &p->a;
-    const size_t T = (size_t)p->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
-    const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
-    const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : p->num_seqs);
-    struct {
-        const char *name;
-        const void *ptr;
-        size_t bytes;
-    } in[] = {
-        {"q", a->q, T * HQK * K * kda_dtype_size(a->dtype)},
-        {"k", a->k, T * HQK * K * kda_dtype_size(a->dtype)},
-        {"v", a->v, T * HV * V * kda_dtype_size(a->dtype)},
-        {"g", a->g, T * HV * K * kda_dtype_size(a->g_dtype)},
-        {"beta", a->beta, T * HV * kda_dtype_size(a->beta_dtype)},
-        {"initial_state", a->initial_state, nstate * HV * K * V * kda_dtype_size(a->initial_state_dtype)},
-        {"d_o", bp ? bp->b.d_o : NULL, T * HV * V * kda_dtype_size(bp ? bp->b.d_o_dtype : KDA_FLOAT32)},
-        {"d_final_state", bp ? bp->b.d_final_state : NULL,
-         nstate * HV * K * V * kda_dtype_size(bp ? bp->b.d_final_state_dtype : KDA_FLOAT32)},
-    };
-    const char *s = (const char *)summary;
-    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
-        const char *x = (const char *)in[i].ptr;
-        if (x && in[i].bytes && need && s < x + in[i].bytes && x < s + need)
-            return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'summary': overlaps %s, which the call reads", fn,
-                             in[i].name);
-    }
-    return KDA_STATUS_SUCCESS;
+    return kda_check_not_read(fn, p, bp ? &bp->b : NULL, "summary", summary, need);
 }
 
 /* Run the backend's summary into the workspace's fp64 block, then store it in the summary's dtype. A rank with no
