@@ -238,7 +238,7 @@ static kda_status_t prepare(const kda_context_t *ctx, const kda_args_t *args, al
     kda_status_t st = kda_check_args(ctx, args, fn, ctx->backend != KDA_BACKEND_CUDA, p);
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, p, algo == ALGO_DECODE ? KDA_XCP_DECODE : KDA_XCP_FOLD);
     if (st != KDA_STATUS_SUCCESS) return st;
-    if (kda_xcp_forward_extra(p) && !ctx->ops->cp_summary)
+    if (kda_xcp_forward_extra(ctx, p) && !ctx->ops->cp_summary)
         return kda_error(KDA_STATUS_NOT_SUPPORTED,
                          "%s: argument 'cp_pre_ranks': the %s backend cannot fold "
                          "cross-rank CP summaries yet (use the cpu or reference backend)",
@@ -248,7 +248,7 @@ static kda_status_t prepare(const kda_context_t *ctx, const kda_args_t *args, al
         if (st != KDA_STATUS_SUCCESS) return st;
     }
     st = algo == ALGO_FORWARD ? ctx->ops->forward_workspace(ctx, p, need) : ctx->ops->decode_workspace(ctx, p, need);
-    if (st == KDA_STATUS_SUCCESS && algo == ALGO_FORWARD) *need += kda_xcp_forward_extra(p);
+    if (st == KDA_STATUS_SUCCESS && algo == ALGO_FORWARD) *need += kda_xcp_forward_extra(ctx, p);
     return st;
 }
 
@@ -297,8 +297,8 @@ static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, si
                          "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, ws_bytes, need);
     if (need > 0 && !ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
     if (p.num_tokens == 0 && !p.a.final_state) return KDA_STATUS_SUCCESS; /* nothing to write */
-    if (algo == ALGO_FORWARD && kda_xcp_forward_extra(&p))
-        kda_xcp_fold_forward(&p, (char *)ws + need - kda_xcp_forward_extra(&p));
+    if (algo == ALGO_FORWARD && kda_xcp_forward_extra(ctx, &p))
+        kda_xcp_fold_forward(&p, (char *)ws + need - kda_xcp_forward_extra(ctx, &p));
     return algo == ALGO_FORWARD ? ctx->ops->forward(ctx, &p, ws, ws_bytes, stream)
                                 : ctx->ops->decode(ctx, &p, ws, ws_bytes, stream);
 }
@@ -379,7 +379,7 @@ static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backwar
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp(fn, &p->f, KDA_XCP_FOLD);
     if (st == KDA_STATUS_SUCCESS) st = kda_check_xcp_backward(fn, p);
     if (st != KDA_STATUS_SUCCESS) return st;
-    if (kda_xcp_backward_extra(p) && !ctx->ops->cp_summary)
+    if (kda_xcp_backward_extra(ctx, p) && !ctx->ops->cp_summary)
         return kda_error(KDA_STATUS_NOT_SUPPORTED,
                          "%s: argument 'cp_num_ranks': the %s backend cannot fold "
                          "cross-rank CP summaries yet (use the cpu or reference backend)",
@@ -391,7 +391,7 @@ static kda_status_t prepare_backward(const kda_context_t *ctx, const kda_backwar
     st = check_saved(ctx, &p->f, fn);
     if (st != KDA_STATUS_SUCCESS) return st;
     st = ctx->ops->backward_workspace(ctx, p, need);
-    if (st == KDA_STATUS_SUCCESS) *need += kda_xcp_backward_extra(p);
+    if (st == KDA_STATUS_SUCCESS) *need += kda_xcp_backward_extra(ctx, p);
     return st;
 }
 
@@ -418,7 +418,8 @@ static kda_status_t backward(kda_context_t *ctx, const kda_backward_args_t *args
         return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
                          "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, workspace_bytes, need);
     if (need > 0 && !workspace) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
-    if (kda_xcp_backward_extra(&p)) kda_xcp_fold_backward(&p, (char *)workspace + need - kda_xcp_backward_extra(&p));
+    if (kda_xcp_backward_extra(ctx, &p))
+        kda_xcp_fold_backward(&p, (char *)workspace + need - kda_xcp_backward_extra(ctx, &p));
     return ctx->ops->backward(ctx, &p, workspace, workspace_bytes, stream);
 }
 

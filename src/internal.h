@@ -186,6 +186,13 @@ typedef struct kda_backend_ops {
                                          size_t *bytes);
     kda_status_t (*cp_summary)(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out,
                                void *ws, size_t ws_bytes);
+    /* A backend whose memory the host cannot read (CUDA) has these instead: the summary straight into the
+     * caller's `summary` (its dtype, on `stream`), for any num_seqs; its forward and backward fold the gathered
+     * summaries themselves, within their own workspace (xcp.c's host folds are not used). */
+    kda_status_t (*cp_device_summary_workspace)(const kda_context_t *ctx, const kda_problem_t *p,
+                                                const kda_bwd_problem_t *bp, size_t *bytes);
+    kda_status_t (*cp_device_summary)(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                      void *summary, void *ws, size_t ws_bytes, void *stream);
 } kda_backend_ops_t;
 
 /* Tuning a caller cannot reach: tests force tilings through kda_set_tuning (internal symbol, linked statically),
@@ -234,10 +241,11 @@ kda_status_t kda_check_xcp_backward(const char *fn, const kda_bwd_problem_t *bp)
 /* Bytes of one rank's summary (0 when cp_num_ranks is 0), saturating at SIZE_MAX. */
 size_t kda_xcp_summary_bytes(const kda_problem_t *p);
 
-/* The folds (xcp.c): workspace beyond the backend's, and the fold into it (setting cp_state_in, cp_dstate_out). */
-size_t kda_xcp_forward_extra(const kda_problem_t *p);
+/* The host folds (xcp.c): workspace beyond the backend's (0 where the backend folds on the device), and the fold
+ * into it (setting cp_state_in, cp_dstate_out). */
+size_t kda_xcp_forward_extra(const kda_context_t *ctx, const kda_problem_t *p);
 void kda_xcp_fold_forward(kda_problem_t *p, void *mem);
-size_t kda_xcp_backward_extra(const kda_bwd_problem_t *bp);
+size_t kda_xcp_backward_extra(const kda_context_t *ctx, const kda_bwd_problem_t *bp);
 void kda_xcp_fold_backward(kda_bwd_problem_t *bp, void *mem);
 
 /* The context's in-use count around a call (api.c). */

@@ -6,8 +6,9 @@
  *     S ← 0;   S ← A_j S + C_j   for the chain's ranks j in order
  * (forward: j = r − c .. r − 1, giving the state entering the first local sequence; backward: j = r + c' down to
  * r + 1, giving ∂L/∂S at the end of the last). The first map of a chain has A = 0, so S needs no start of its own.
- * The fold runs in fp64 on the host (the CPU backends) into the call's workspace, and the backend then reads it in
- * place of that sequence's initial state (kda_problem_t.cp_state_in) or d_final_state (cp_dstate_out).
+ * On the CPU backends the fold runs in fp64 on the host into the call's workspace, and the backend then reads it in
+ * place of that sequence's initial state (kda_problem_t.cp_state_in) or d_final_state (cp_dstate_out); the CUDA
+ * backend folds on the device within its own calls, and writes its summaries itself (src/cuda/xcp/).
  */
 #include <string.h>
 
@@ -48,8 +49,8 @@ static void fold(const kda_problem_t *p, const void *sums, int32_t first, int32_
 static int forward_folds(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0; }
 static int backward_folds(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_post_ranks > 0; }
 
-size_t kda_xcp_forward_extra(const kda_problem_t *p) {
-    if (!forward_folds(p)) return 0;
+size_t kda_xcp_forward_extra(const kda_context_t *ctx, const kda_problem_t *p) {
+    if (!forward_folds(p) || ctx->ops->cp_device_summary) return 0;
     return ((size_t)p->a.num_v_heads + 1) * head_state_doubles(p) * sizeof(double) + 64;
 }
 
@@ -60,9 +61,9 @@ void kda_xcp_fold_forward(kda_problem_t *p, void *mem) {
     p->cp_state_in = out;
 }
 
-size_t kda_xcp_backward_extra(const kda_bwd_problem_t *bp) {
+size_t kda_xcp_backward_extra(const kda_context_t *ctx, const kda_bwd_problem_t *bp) {
     const int n = forward_folds(&bp->f) + backward_folds(&bp->f);
-    if (!n) return 0;
+    if (!n || ctx->ops->cp_device_summary) return 0;
     return ((size_t)n * bp->f.a.num_v_heads + 1) * head_state_doubles(&bp->f) * sizeof(double) + 64;
 }
 
@@ -93,7 +94,7 @@ static kda_status_t summary_prepare(const kda_context_t *ctx, const kda_problem_
                          "%s: argument 'cp_num_ranks': 0 (no split across ranks): set "
                          "cp_num_ranks, cp_rank and the chain counts first",
                          fn);
-    if (!ctx->ops->cp_summary)
+    if (!ctx->ops->cp_summary && !ctx->ops->cp_device_summary)
         return kda_error(KDA_STATUS_NOT_SUPPORTED,
                          "%s: the %s backend has no cross-rank CP summaries yet (use the "
                          "cpu or reference backend)",
@@ -103,6 +104,7 @@ static kda_status_t summary_prepare(const kda_context_t *ctx, const kda_problem_
         if (st != KDA_STATUS_SUCCESS) return st;
     }
     size_t b = 0;
+    if (ctx->ops->cp_device_summary) return ctx->ops->cp_device_summary_workspace(ctx, p, bp, need);
     if (p->num_seqs > 0) {
         const kda_status_t st = ctx->ops->cp_summary_workspace(ctx, p, bp, &b);
         if (st != KDA_STATUS_SUCCESS) return st;
@@ -130,7 +132,8 @@ static kda_status_t check_summary_out(const kda_problem_t *p, const kda_bwd_prob
 /* Run the backend's summary into the workspace's fp64 block, then store it in the summary's dtype. A rank with no
  * sequence passes any chain through: the identity map. */
 static kda_status_t summary_run(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, void *summary,
-                                void *ws, size_t need) {
+                                void *ws, size_t need, void *stream) {
+    if (ctx->ops->cp_device_summary) return ctx->ops->cp_device_summary(ctx, p, bp, summary, ws, need, stream);
     const int K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads, W = K + V;
     const size_t n = (size_t)HV * K * W;
     double *out = (double *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
@@ -195,7 +198,6 @@ static kda_status_t check_workspace(const char *fn, const void *ws, size_t ws_by
 
 kda_status_t kda_cp_forward_summary(kda_context_t *ctx, const kda_args_t *args, void *summary, size_t summary_bytes,
                                     void *workspace, size_t workspace_bytes, void *stream) {
-    (void)stream;
     const char *fn = "kda_cp_forward_summary";
     kda_status_t st = kda_ctx_enter(ctx, fn);
     if (st != KDA_STATUS_SUCCESS) return st;
@@ -204,7 +206,7 @@ kda_status_t kda_cp_forward_summary(kda_context_t *ctx, const kda_args_t *args, 
     st = forward_prepare(ctx, args, fn, &p, &need);
     if (st == KDA_STATUS_SUCCESS) st = check_summary_out(&p, NULL, summary, summary_bytes, fn);
     if (st == KDA_STATUS_SUCCESS) st = check_workspace(fn, workspace, workspace_bytes, need);
-    if (st == KDA_STATUS_SUCCESS) st = summary_run(ctx, &p, NULL, summary, workspace, need);
+    if (st == KDA_STATUS_SUCCESS) st = summary_run(ctx, &p, NULL, summary, workspace, need, stream);
     kda_ctx_leave(ctx);
     return st;
 }
@@ -233,7 +235,6 @@ kda_status_t kda_cp_backward_summary_workspace_size(const kda_context_t *ctx, co
 
 kda_status_t kda_cp_backward_summary(kda_context_t *ctx, const kda_backward_args_t *args, void *summary,
                                      size_t summary_bytes, void *workspace, size_t workspace_bytes, void *stream) {
-    (void)stream;
     const char *fn = "kda_cp_backward_summary";
     kda_status_t st = kda_ctx_enter(ctx, fn);
     if (st != KDA_STATUS_SUCCESS) return st;
@@ -242,7 +243,7 @@ kda_status_t kda_cp_backward_summary(kda_context_t *ctx, const kda_backward_args
     st = backward_prepare(ctx, args, fn, &bp, &need);
     if (st == KDA_STATUS_SUCCESS) st = check_summary_out(&bp.f, &bp, summary, summary_bytes, fn);
     if (st == KDA_STATUS_SUCCESS) st = check_workspace(fn, workspace, workspace_bytes, need);
-    if (st == KDA_STATUS_SUCCESS) st = summary_run(ctx, &bp.f, &bp, summary, workspace, need);
+    if (st == KDA_STATUS_SUCCESS) st = summary_run(ctx, &bp.f, &bp, summary, workspace, need, stream);
     kda_ctx_leave(ctx);
     return st;
 }

@@ -14,6 +14,7 @@
 #include "decode.h"
 #include "fwd.h"
 #include "layout.h"
+#include "xcp.h"
 
 static void cuda_destroy(kda_context_t *ctx) {
     cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
@@ -126,6 +127,9 @@ static kda_status_t cuda_supports(const kda_context_t *ctx, const kda_problem_t 
                          "%s: argument 'head_dim_k': no CUDA kernel configuration for K = %d, "
                          "V = %d (classes %d, %d)",
                          fn, a->head_dim_k, a->head_dim_v, kc, vc);
+    if (a->cp_num_ranks > 0 && a->cp_summary_dtype != KDA_FLOAT32)
+        return kda_error(KDA_STATUS_NOT_SUPPORTED,
+                         "%s: argument 'cp_summary_dtype': the CUDA backend's cross-rank CP summaries are float32", fn);
     const void *ptrs[5] = {a->q, a->k, a->v, a->g, a->o};
     const char *names[5] = {"q", "k", "v", "g", "o"};
     for (int i = 0; i < 5; i++)
@@ -144,8 +148,8 @@ static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_
 
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
-    *bytes =
-        256 + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cp_capacity(ctx, p)) + kda_cuda_claim_bytes(p);
+    *bytes = 256 + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cp_capacity(ctx, p)) +
+             kda_cuda_claim_bytes(p) + kda_cuda_xcp_fold_bytes(p, 0);
     return KDA_STATUS_SUCCESS;
 }
 /* The forward's chunked path: the workspace regions of this call, then its launches (fwd/launch.c) */
@@ -171,6 +175,9 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     l.cap = cp_capacity(ctx, p);
     l.cp_base = base + meta_bytes(p) + ws_blocks_bytes(impl, p);
     l.claim = kda_cuda_claim_bytes(p) > 0 ? (int32_t *)(l.cp_base + cp_bytes(p, l.cap)) : NULL;
+    float *unused; /* the cross-rank fold at the very end (the forward has no backward fold) */
+    kda_cuda_xcp_fold_places(p, 0, l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p), &l.fold, &unused);
+    l.pb.h0_first = l.fold;
     l.states_bf16 = saved_states(impl, p);
     l.maps = saved_maps(impl, p);
     l.sm_count = impl->sm_count;
@@ -225,4 +232,6 @@ const kda_backend_ops_t kda_cuda_ops = {
     .saved_size = cuda_saved_size,
     .backward_workspace = cuda_backward_workspace,
     .backward = cuda_backward,
+    .cp_device_summary_workspace = kda_cuda_xcp_summary_workspace,
+    .cp_device_summary = kda_cuda_xcp_summary,
 };

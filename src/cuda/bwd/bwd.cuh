@@ -14,6 +14,14 @@ DEV int64_t state_elem(const kda_bwd_params_t &p, int64_t slot, int h, int d, in
     return base + (p.pb.v_first ? (int64_t)c * p.pb.K + d : (int64_t)d * p.pb.V + c);
 }
 
+/* ∂L/∂S at the end of sequence n, element (d, c) of head h (0 past K or V): cross-rank CP's fold for the last
+ * sequence where set, else d_final_state at the sequence's slot */
+DEV float dstate_end(const kda_bwd_params_t &p, int64_t n, int64_t slot, int h, int d, int c) {
+    if (d >= p.pb.K || c >= p.pb.V) return 0.0f;
+    if (p.dht_last && n == p.pb.seqs.num_seqs - 1) return p.dht_last[((int64_t)h * p.pb.K + d) * p.pb.V + c];
+    return p.dht && slot >= 0 ? load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, c)) : 0.0f;
+}
+
 /* tf32 tensor-core products of the backward (bwd_chunk.cuh, bwd_dstate.cuh): a k-step of 16 is two m16n8k8 tf32
  * products; a lane feeds its k pair (2t, 2t + 1) into the slots t and t + 4 of one of them (the sum over k does
  * not depend on the order), so that its fragments are read as in the bf16 m16n8k16 layout: A rows g, g + 8 at

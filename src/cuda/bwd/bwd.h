@@ -101,6 +101,9 @@ typedef struct kda_bwd_params {
     /* the backward's own inputs (the forward's are pb's) */
     const void *dht, *d_o; /* d_final_state (NULL: zeros), d_o */
     int dht_dtype, do_dtype;
+    const float *dht_last; /* cross-rank CP: the fold of the later ranks' maps, ∂L/∂S at the end of sequence N − 1,
+                              [hv][K][V] fp32, in place of its d_final_state; NULL: d_final_state */
+    int dh0_zero_first;    /* cross-rank CP: sequence 0 continues from an earlier rank, its d_initial_state is 0 */
     /* outputs */
     void *dq, *dk, *dv, *dg, *dbeta, *dh0;
     float *dA_log, *ddt_bias;

@@ -108,10 +108,7 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
 
     for (int e = tid; e < KC * BV; e += DS_THREADS) {
         const int d = e / BV, c = e % BV;
-        float x = 0.0f;
-        if (p.dht && slot >= 0 && d < p.pb.K && c0 + c < p.pb.V)
-            x = load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, c0 + c));
-        sm.dS[d * SS + c] = x;
+        sm.dS[d * SS + c] = dstate_end(p, n, slot, h, d, c0 + c);
     }
     __syncthreads();
 
@@ -265,7 +262,8 @@ __global__ void __launch_bounds__(DS_THREADS, KC > 128 ? 1 : 2) kda_bwd_dstate_k
         for (int e = tid; e < KC * BV; e += DS_THREADS) {
             const int d = e / BV, c = e % BV;
             if (d < p.pb.K && c0 + c < p.pb.V)
-                store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, c0 + c), sm.dS[d * SS + c]);
+                store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, c0 + c),
+                           p.dh0_zero_first && n == 0 ? 0.0f : sm.dS[d * SS + c]);
         }
 }
 
@@ -561,9 +559,7 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-                s[nt][c] = wk.from_dht && p.dht && slot >= 0 && d < p.pb.K && v < p.pb.V
-                               ? load_elem(p.dht, p.dht_dtype, state_elem(p, slot, h, d, v))
-                               : 0.0f;
+                s[nt][c] = wk.from_dht ? dstate_end(p, wk.n, slot, h, d, v) : 0.0f;
             }
     }
     __syncthreads();
@@ -630,7 +626,9 @@ __global__ void __launch_bounds__(2 * BV, 1) kda_bwd_dstate_rec_kernel(const kda
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);
-                if (d < p.pb.K && v < p.pb.V) store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, v), s[nt][c]);
+                if (d < p.pb.K && v < p.pb.V)
+                    store_elem(p.dh0, p.dh0_dtype, state_elem(p, slot, h, d, v),
+                               p.dh0_zero_first && wk.n == 0 ? 0.0f : s[nt][c]);
             }
     }
 }

@@ -10,6 +10,7 @@
 
 #include "bwd.h"
 #include "layout.h"
+#include "xcp.h"
 
 /* ---------------------------------------------------------------------------------------------------------
  * The training backward (bwd.h): the forward's meta and prep kernels write the chunk blocks (the prep not when
@@ -40,7 +41,7 @@ static kda_cp_capacity_t bwd_cp_capacity(const cuda_impl_t *impl, const kda_prob
 }
 
 typedef struct {
-    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, dbeta, cp, total;
+    size_t blocks, states, dstates, dsexp, delta, dgam, dqk, dcoef, dx, rnorm, part, dbeta, cp, fold, total;
     kda_cp_capacity_t cap; /* the state-gradient chain's CP capacity (bwd_cp_capacity; slots 0: never split) */
 } bwd_layout_t;
 
@@ -68,7 +69,8 @@ static bwd_layout_t bwd_layout(const cuda_impl_t *impl, const kda_problem_t *p) 
     l.dbeta = l.part + align256(heads * 2 * kc * 4);
     l.cp = l.dbeta + (nvh == 2 ? align256(rows * 2 * 4) : 0);
     l.cap = bwd_cp_capacity(impl, p);
-    l.total = l.cp + align256(cp_bytes(p, l.cap));
+    l.fold = l.cp + align256(cp_bytes(p, l.cap));
+    l.total = l.fold + kda_cuda_xcp_fold_bytes(p, 1);
     return l;
 }
 
@@ -196,6 +198,8 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
     bw.rnorm = (float *)(base + l.rnorm);
     bw.part = (float *)(base + l.part);
     bw.dbeta_part = kda_bwd_vhalves(bw.pb.vc) == 2 ? (float *)(base + l.dbeta) : NULL;
+    kda_cuda_xcp_fold_places(p, 1, base + l.fold, (float **)&bw.pb.h0_first, (float **)&bw.dht_last);
+    bw.dh0_zero_first = p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0;
     bw.dht = b->d_final_state;
     bw.d_o = b->d_o;
     bw.dht_dtype = (int)b->d_final_state_dtype;
@@ -259,7 +263,10 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
     const char *stage = "";
     if (overlap) pthread_mutex_lock(&impl->lock);
     (void)BWD_MARK(0);
-    if (p->varlen && (err = kda_cuda_launch_meta(&bw.pb.seqs, stream)) != 0) stage = "meta";
+    if ((bw.pb.h0_first || bw.dht_last) &&
+        (err = kda_cuda_xcp_fold(p, b, (float *)bw.pb.h0_first, (float *)bw.dht_last, stream)) != 0)
+        stage = "cross-rank CP fold";
+    else if (p->varlen && (err = kda_cuda_launch_meta(&bw.pb.seqs, stream)) != 0) stage = "meta";
     else if (ds_cp && (err = kda_cuda_launch_cp_plan(&cpp, stream)) != 0) stage = "CP plan";
     else if (BWD_MARK(1) || (!uses_saved(p) && (err = cfg->prep(&pp, ctx->device, stream)) != 0)) stage = "prep";
     else if (BWD_MARK(2) || (bw.dh0 && a->state_indices &&

@@ -96,6 +96,8 @@ typedef struct kda_cuda_problem {
     const void *q, *k, *v, *g, *beta;
     const float *A_log, *dt_bias; /* NULL unless gate_in_kernel (A_log may be NULL with a lower bound) */
     const void *h0;               /* initial state or pool; NULL: zeros */
+    const float *h0_first;        /* cross-rank CP: the fold of the earlier ranks' maps, the state entering
+                                     sequence 0, [hv][K][V] fp32, in place of its initial state; NULL: h0 */
     void *ht;                     /* final state or pool; NULL: not written */
     const int32_t *state_indices; /* NULL: sequence n is state n */
     int64_t num_state_slots;

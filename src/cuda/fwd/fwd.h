@@ -29,6 +29,7 @@ typedef struct kda_fwd_launch {
     kda_cp_capacity_t cap;
     uint16_t *states_bf16; /* S at every chunk start kept for the backward (saved), or NULL */
     int64_t *maps;         /* CP's piece maps kept for the backward (saved), or NULL */
+    float *fold;           /* cross-rank CP: the state entering sequence 0, folded first (xcp.h), or NULL */
     int sm_count, major;   /* the device's SMs and compute capability major */
     kda_tuning_t tune;     /* the context's tuning (tests); dev_skip 0 outside development builds */
 } kda_fwd_launch_t;

@@ -10,6 +10,7 @@
 
 #include "cp.h"
 #include "fwd.h"
+#include "xcp.h"
 
 void kda_fwd_prep_params(const kda_cuda_problem_t *pb, kda_cuda_blocks_t blocks, int dev_skip, kda_prep_params_t *pp) {
     const int K = pb->K, V = pb->V;
@@ -89,7 +90,8 @@ static int fwd_launches(const kda_fwd_launch_t *l, kda_prep_params_t *pp, kda_re
     const int skip = l->tune.dev_skip, split = l->cap.slots > 0;
     const kda_claim_params_t cl = {l->pb.state_indices, l->pb.seqs.num_seqs, 1, 1, l->pb.num_state_slots, l->claim};
     int err = 0;
-    if (l->p->varlen && (err = kda_cuda_launch_meta(&l->pb.seqs, stream)) != 0) *stage = "meta";
+    if (l->fold && (err = kda_cuda_xcp_fold(l->p, NULL, l->fold, NULL, stream)) != 0) *stage = "cross-rank CP fold";
+    else if (l->p->varlen && (err = kda_cuda_launch_meta(&l->pb.seqs, stream)) != 0) *stage = "meta";
     else if ((err = kda_cuda_launch_claim(&cl, stream)) != 0) *stage = "slot ownership";
     /* the CP plan reads only the lengths: CTA 0 of the prep kernel makes it beside the chunks, off the chain of
        launches before the pre-scan; a kernel of its own only when prep does not run */

@@ -292,25 +292,25 @@ DEV void step_wgmma(float (&s)[KD / 8][4], float (&oacc)[8][4], const rec_stage_
  * or V are zero and never stored
  * ------------------------------------------------------------------------------------------------------- */
 template <int KD>
-DEV void load_state(const kda_rec_params_t &p, float (&s)[KD / 8][4], int64_t sbase, int64_t sd, int64_t sv, int vw,
-                    int g, int t, int full) {
+DEV void load_state(const kda_rec_params_t &p, const void *src, int dtype, float (&s)[KD / 8][4], int64_t sbase,
+                    int64_t sd, int64_t sv, int vw, int g, int t, int full) {
     /* dtype branch outside the loops, so that the loads are all in flight; masks only where K or V is padded
        (the masked loops hold more registers, which the main loop must not pay for) */
 #define REC_LOAD_STATE(T, CONV, MASK)                                                                                  \
     for (int nt = 0; nt < KD / 8; nt++)                                                                                \
         for (int c = 0; c < 4; c++) {                                                                                  \
             const int d = 8 * nt + 2 * t + (c & 1), v = vw + g + 8 * (c >> 1);                                         \
-            s[nt][c] = (MASK) ? CONV(((const T *)p.pb.h0)[sbase + d * sd + v * sv]) : 0.0f;                            \
+            s[nt][c] = (MASK) ? CONV(((const T *)src)[sbase + d * sd + v * sv]) : 0.0f;                                \
         }
     if (full) {
-        if (p.pb.h0_dtype == KDA_DT_F32) {
+        if (dtype == KDA_DT_F32) {
 #pragma unroll
             REC_LOAD_STATE(float, , 1)
         } else {
 #pragma unroll
             REC_LOAD_STATE(uint16_t, bf16_bits_to_f32, 1)
         }
-    } else if (p.pb.h0_dtype == KDA_DT_F32) {
+    } else if (dtype == KDA_DT_F32) {
 #pragma unroll
         REC_LOAD_STATE(float, , d < p.pb.K && v < p.pb.V)
     } else {
@@ -528,9 +528,14 @@ DEV void rec_load_start(const kda_rec_params_t &p, rec_cta_t &c, float (&s)[KD /
         identity_cols<KD>(s, p.pb.K, c.vw, c.g, c.t);
     } else if (c.w.load_sin) {
         load_slot<KD>(c.w.slot_base + KD * KD + KD * c.vc, s, c.vc, 1, c.vw, c.g, c.t);
+    } else if (c.w.from_h0 && c.w.n == 0 && p.pb.h0_first) {
+        /* cross-rank CP: the fold of the earlier ranks' maps enters sequence 0 in place of its initial state */
+        load_state<KD>(p, p.pb.h0_first, KDA_DT_F32, s, (int64_t)c.w.h * p.pb.K * p.pb.V, p.pb.V, 1, c.vw, c.g, c.t,
+                       c.full);
+        poison_columns<KD>(s);
     } else if (c.w.from_h0 && p.pb.h0 && c.slot >= 0) {
         /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
-        load_state<KD>(p, s, c.sbase, c.sd, c.sv, c.vw, c.g, c.t, c.full);
+        load_state<KD>(p, p.pb.h0, p.pb.h0_dtype, s, c.sbase, c.sd, c.sv, c.vw, c.g, c.t, c.full);
         poison_columns<KD>(s);
     }
 }

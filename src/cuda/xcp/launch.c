@@ -1,0 +1,272 @@
+/*
+ * Context parallelism across ranks on the CUDA backend, host side (xcp.h; docs/ALGORITHM.md §4a). The folds are
+ * one small kernel each, before the forward's or backward's own launches. A summary is made of the backend's own
+ * passes over one sequence, so that it has the forward's arithmetic and every option the forward has:
+ *   forward  [M | E] of the last local sequence n = N − 1:  E = its final state from its initial state when it
+ *            starts here (M = 0), else from zero; M = the final state from the identity (HV × K × K) with v = 0
+ *   backward [Mᵀ | dE] of the first, n = 0:  dE = its d_initial_state from its d_final_state when it ends here
+ *            (M = 0), else from zero (dE does not depend on the state coming in: the state-gradient chain never
+ *            reads S); M as above, placed transposed
+ * Each pass runs on the problem restricted to that sequence (one_sequence): varlen offsets from sequence n on,
+ * or the pointers moved to row n. A pooled state the pass needs (state_indices) is first copied from its slot
+ * into a dense buffer, since the slot's number lies on the device.
+ */
+#include <string.h>
+
+#include "xcp.h"
+
+static int folds_fwd(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0; }
+static int folds_bwd(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_post_ranks > 0; }
+static size_t head_states(const kda_problem_t *p) { return (size_t)p->a.num_v_heads * kda_state_head_elems(p); }
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The folds
+ * ------------------------------------------------------------------------------------------------------- */
+size_t kda_cuda_xcp_fold_bytes(const kda_problem_t *p, int backward) {
+    const int n = folds_fwd(p) + (backward && folds_bwd(p));
+    return n ? 256 + (size_t)n * align256(head_states(p) * sizeof(float)) : 0;
+}
+
+void kda_cuda_xcp_fold_places(const kda_problem_t *p, int backward, unsigned char *mem, float **fwd, float **bwd) {
+    unsigned char *base = (unsigned char *)(((uintptr_t)mem + 255) & ~(uintptr_t)255);
+    *fwd = folds_fwd(p) ? (float *)base : NULL;
+    *bwd = backward && folds_bwd(p) ? (float *)(base + (*fwd ? align256(head_states(p) * sizeof(float)) : 0)) : NULL;
+}
+
+int kda_cuda_xcp_fold(const kda_problem_t *p, const kda_backward_args_t *b, float *fwd, float *bwd, void *stream) {
+    const kda_args_t *a = &p->a;
+    int err = 0;
+    if (fwd)
+        err = kda_xcp_launch_fold((const float *)a->cp_summaries, a->cp_rank - a->cp_pre_ranks, a->cp_pre_ranks, 1,
+                                  a->num_v_heads, a->head_dim_k, a->head_dim_v, fwd, stream);
+    if (!err && bwd)
+        err = kda_xcp_launch_fold((const float *)b->cp_summaries, a->cp_rank + a->cp_post_ranks, a->cp_post_ranks, -1,
+                                  a->num_v_heads, a->head_dim_k, a->head_dim_v, bwd, stream);
+    return err;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The summaries' passes
+ * ------------------------------------------------------------------------------------------------------- */
+/* p restricted to sequence n: the same rows (varlen: offsets from n on) or row n's pointers; no split, no saved
+ * blocks, chunk states or states (the caller sets what the pass reads and writes) */
+static void one_sequence(const kda_problem_t *p, int64_t n, kda_problem_t *q) {
+    *q = *p;
+    kda_args_t *a = &q->a;
+    q->num_seqs = 1;
+    if (p->varlen) {
+        const size_t es = kda_dtype_size(a->cu_seqlens_dtype);
+        a->cu_seqlens = (const char *)a->cu_seqlens + n * es;
+        a->cu_seqlens_host = a->cu_seqlens_host ? (const char *)a->cu_seqlens_host + n * es : NULL;
+        a->num_seqs = 1;
+    } else {
+        const int64_t row = n * a->seq_len, HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k;
+        const size_t es = kda_dtype_size(a->dtype);
+        a->q = (const char *)a->q + (size_t)(row * HQK * K) * es;
+        a->k = (const char *)a->k + (size_t)(row * HQK * K) * es;
+        a->v = (const char *)a->v + (size_t)(row * HV * a->head_dim_v) * es;
+        a->g = (const char *)a->g + (size_t)(row * HV * K) * kda_dtype_size(a->g_dtype);
+        a->beta = (const char *)a->beta + (size_t)(row * HV) * kda_dtype_size(a->beta_dtype);
+        a->batch = 1;
+        q->num_tokens = a->seq_len;
+    }
+    a->initial_state = a->final_state = a->chunk_states = a->saved = NULL;
+    a->saved_bytes = 0;
+    a->state_indices = NULL;
+    a->num_state_slots = 0;
+    a->cp_num_ranks = a->cp_rank = a->cp_pre_ranks = a->cp_post_ranks = 0;
+    a->cp_summaries = NULL;
+    a->cp_summaries_bytes = 0;
+    q->cp_state_in = NULL;
+    q->idx_stride = 0;
+}
+
+/* The map pass: the problem with v = 0 of K columns, from the identity, M into `out` (K-major fp32) */
+static void map_problem(const kda_problem_t *p, int64_t n, kda_problem_t *q) {
+    one_sequence(p, n, q);
+    kda_args_t *a = &q->a;
+    a->head_dim_v = a->head_dim_k;
+    a->state_v_first = 0;
+    a->initial_state_dtype = a->final_state_dtype = KDA_FLOAT32;
+    q->bwd = 0;
+}
+
+/* A summary call's workspace: the passes' own (the largest, they run one after another), then the buffers */
+typedef struct {
+    size_t run, out, zero_v, ident, map, part, gather, grads, total;
+} xcp_ws_t;
+
+static size_t grad_bytes(const kda_bwd_problem_t *bp, int64_t rows) {
+    const kda_args_t *a = &bp->f.a;
+    const kda_backward_args_t *b = &bp->b;
+    const int64_t HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k, V = a->head_dim_v;
+    return align256((size_t)(rows * HQK * K) * kda_dtype_size(b->dq_dtype)) +
+           align256((size_t)(rows * HQK * K) * kda_dtype_size(b->dk_dtype)) +
+           align256((size_t)(rows * HV * V) * kda_dtype_size(b->dv_dtype)) +
+           align256((size_t)(rows * HV * K) * kda_dtype_size(b->dg_dtype)) +
+           align256((size_t)(rows * HV) * kda_dtype_size(b->dbeta_dtype));
+}
+
+/* Whether the summary has an M to compute (else its M is zero), and the sequence it summarises */
+static int needs_map(const kda_problem_t *p, const kda_bwd_problem_t *bp) {
+    return bp ? !kda_xcp_first_ends_here(p) : !kda_xcp_last_starts_here(p);
+}
+static int64_t summary_seq(const kda_problem_t *p, const kda_bwd_problem_t *bp) { return bp ? 0 : p->num_seqs - 1; }
+
+/* The pooled state the pass starts from (forward: the initial state; backward: d_final_state) needs a dense copy */
+static int needs_gather(const kda_problem_t *p, const kda_bwd_problem_t *bp) {
+    if (!p->a.state_indices) return 0;
+    return bp ? kda_xcp_first_ends_here(p) && bp->b.d_final_state : kda_xcp_last_starts_here(p) && p->a.initial_state;
+}
+
+static kda_status_t ws_layout(const kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                              xcp_ws_t *w) {
+    memset(w, 0, sizeof *w);
+    if (p->num_seqs == 0) return KDA_STATUS_SUCCESS; /* the identity map: no pass */
+    const int64_t n = summary_seq(p, bp), K = p->a.head_dim_k, V = p->a.head_dim_v, HV = p->a.num_v_heads;
+    kda_problem_t q;
+    one_sequence(p, n, &q);
+    const int64_t rows = q.num_tokens;
+    size_t run = 0, b = 0;
+    kda_status_t st;
+    if (bp) {
+        kda_bwd_problem_t d = *bp;
+        d.f = q;
+        d.f.a.initial_state = NULL;
+        st = ctx->ops->backward_workspace(ctx, &d, &run);
+    } else {
+        st = ctx->ops->forward_workspace(ctx, &q, &run);
+    }
+    if (st != KDA_STATUS_SUCCESS) return st;
+    const int map = needs_map(p, bp);
+    if (map) {
+        kda_problem_t m;
+        map_problem(p, n, &m);
+        if ((st = ctx->ops->forward_workspace(ctx, &m, &b)) != KDA_STATUS_SUCCESS) return st;
+        run = b > run ? b : run;
+    }
+    const size_t es_h = kda_dtype_size(bp ? bp->b.d_final_state_dtype : p->a.initial_state_dtype);
+    w->run = align256(run);
+    w->out = w->run;
+    w->zero_v = w->out + align256((size_t)(rows * HV * (K > V ? K : V)) * kda_dtype_size(p->a.o_dtype));
+    w->ident = w->zero_v + (map ? align256((size_t)(rows * HV * K) * kda_dtype_size(p->a.dtype)) : 0);
+    w->map = w->ident + (map ? align256((size_t)(HV * K * K) * 4) : 0);
+    w->part = w->map + (map ? align256((size_t)(HV * K * K) * 4) : 0);
+    w->gather = w->part + align256((size_t)(HV * K * V) * 4);
+    w->grads = w->gather + (needs_gather(p, bp) ? align256((size_t)(HV * K * V) * es_h) : 0);
+    w->total = 256 + w->grads + (bp ? grad_bytes(bp, rows) : 0);
+    return KDA_STATUS_SUCCESS;
+}
+
+kda_status_t kda_cuda_xcp_summary_workspace(const kda_context_t *ctx, const kda_problem_t *p,
+                                            const kda_bwd_problem_t *bp, size_t *bytes) {
+    xcp_ws_t w;
+    const kda_status_t st = ws_layout(ctx, p, bp, &w);
+    if (st == KDA_STATUS_SUCCESS) *bytes = w.total;
+    return st;
+}
+
+/* The map pass: M of sequence n into base + w->map (K-major) */
+static kda_status_t run_map(kda_context_t *ctx, const kda_problem_t *p, int64_t n, const xcp_ws_t *w,
+                            unsigned char *base, void *stream) {
+    kda_problem_t m;
+    map_problem(p, n, &m);
+    const int HV = p->a.num_v_heads, K = p->a.head_dim_k;
+    float *ident = (float *)(base + w->ident);
+    int err = (int)cudaMemsetAsync(base + w->zero_v, 0, w->ident - w->zero_v, (cudaStream_t)stream);
+    if (!err) err = (int)cudaMemsetAsync(ident, 0, (size_t)HV * K * K * 4, (cudaStream_t)stream);
+    if (!err) err = kda_xcp_launch_identity(ident, HV, K, K, stream);
+    if (err)
+        return kda_error(KDA_STATUS_BACKEND_ERROR, "kda_cp_summary: the identity state: %s",
+                         cudaGetErrorString((cudaError_t)err));
+    m.a.v = base + w->zero_v;
+    m.a.o = base + w->out;
+    m.a.initial_state = ident;
+    m.a.final_state = base + w->map;
+    return ctx->ops->forward(ctx, &m, base, w->run, stream);
+}
+
+/* The E (dE) pass into base + w->part, in the states' layout (state_v_first) */
+static kda_status_t run_part(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, int64_t n,
+                             const xcp_ws_t *w, unsigned char *base, void *stream) {
+    kda_problem_t q;
+    one_sequence(p, n, &q);
+    const kda_args_t *a = &p->a;
+    const void *from = bp ? (kda_xcp_first_ends_here(p) ? bp->b.d_final_state : NULL)
+                          : (kda_xcp_last_starts_here(p) ? a->initial_state : NULL);
+    const kda_dtype_t from_dt = bp ? bp->b.d_final_state_dtype : a->initial_state_dtype;
+    if (from && a->state_indices) {
+        const int err = kda_xcp_launch_gather(base + w->gather, from, a->state_indices + n, a->num_state_slots,
+                                              (int64_t)head_states(p), (int)kda_dtype_size(from_dt), stream);
+        if (err)
+            return kda_error(KDA_STATUS_BACKEND_ERROR, "kda_cp_summary: the pooled state: %s",
+                             cudaGetErrorString((cudaError_t)err));
+        from = base + w->gather;
+    } else if (from) {
+        from = (const char *)from + (size_t)n * head_states(p) * kda_dtype_size(from_dt);
+    }
+    if (!bp) {
+        q.a.initial_state = from;
+        q.a.o = base + w->out;
+        q.a.final_state = base + w->part;
+        q.a.final_state_dtype = KDA_FLOAT32;
+        return ctx->ops->forward(ctx, &q, base, w->run, stream);
+    }
+    kda_bwd_problem_t d = *bp;
+    d.f = q;
+    d.b.problem = &d.f.a;
+    d.b.d_final_state = from;
+    unsigned char *g = base + w->grads;
+    const int64_t rows = q.num_tokens, HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k;
+    d.b.dq = g;
+    g += align256((size_t)(rows * HQK * K) * kda_dtype_size(d.b.dq_dtype));
+    d.b.dk = g;
+    g += align256((size_t)(rows * HQK * K) * kda_dtype_size(d.b.dk_dtype));
+    d.b.dv = g;
+    g += align256((size_t)(rows * HV * a->head_dim_v) * kda_dtype_size(d.b.dv_dtype));
+    d.b.dg = g;
+    g += align256((size_t)(rows * HV * K) * kda_dtype_size(d.b.dg_dtype));
+    d.b.dbeta = g;
+    d.b.d_initial_state = base + w->part;
+    d.b.d_initial_state_dtype = KDA_FLOAT32;
+    d.b.dA_log = d.b.ddt_bias = NULL;
+    d.b.cp_summaries = NULL;
+    d.b.cp_summaries_bytes = 0;
+    d.cp_dstate_out = NULL;
+    return ctx->ops->backward(ctx, &d, base, w->run, stream);
+}
+
+kda_status_t kda_cuda_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp,
+                                  void *summary, void *ws, size_t ws_bytes, void *stream) {
+    (void)ws_bytes;
+    const int HV = p->a.num_v_heads, K = p->a.head_dim_k, V = p->a.head_dim_v, W = K + V;
+    const char *fn = bp ? "kda_cp_backward_summary" : "kda_cp_forward_summary";
+    xcp_ws_t w;
+    kda_status_t st = ws_layout(ctx, p, bp, &w);
+    if (st != KDA_STATUS_SUCCESS) return st;
+    unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != ctx->device) e = cudaSetDevice(ctx->device);
+    if (e != cudaSuccess)
+        return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
+    const int64_t n = summary_seq(p, bp);
+    const int map = p->num_seqs > 0 && needs_map(p, bp);
+    if (map) st = run_map(ctx, bp ? &bp->f : p, n, &w, base, stream);
+    if (st == KDA_STATUS_SUCCESS && p->num_seqs > 0) st = run_part(ctx, p, bp, n, &w, base, stream);
+    if (st == KDA_STATUS_SUCCESS) {
+        int err = (int)cudaMemsetAsync(summary, 0, (size_t)HV * K * W * 4, (cudaStream_t)stream);
+        if (!err && p->num_seqs == 0) err = kda_xcp_launch_identity((float *)summary, HV, K, W, stream);
+        if (!err && map)
+            err = kda_xcp_launch_place((float *)summary, W, 0, (const float *)(base + w.map), HV, K, K, bp != NULL,
+                                       stream);
+        if (!err && p->num_seqs > 0)
+            err = kda_xcp_launch_place((float *)summary, W, K, (const float *)(base + w.part), HV, K, V,
+                                       p->a.state_v_first != 0, stream);
+        if (err)
+            st = kda_error(KDA_STATUS_BACKEND_ERROR, "%s: placing the summary: %s", fn,
+                           cudaGetErrorString((cudaError_t)err));
+    }
+    if (prev >= 0 && prev != ctx->device) cudaSetDevice(prev);
+    return st;
+}
