@@ -200,7 +200,7 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bou
     if gate:
         _check_a_log(fn, A_log, lower_bound)
         for name, x, n, what in (("A_log", A_log, HV, "[HV]"), ("dt_bias", dt_bias, HV * K, "[HV * K]")):
-            if x is not None and math.prod(int(d) for d in x.shape) != n:
+            if x is not None and math.prod(x.shape) != n:
                 raise _bad(fn, name, f"expected {what} = {n} values, got shape {_shape(x.shape)}")
         if lower_bound is not None:
             lb = _float32(fn, "lower_bound", lower_bound)

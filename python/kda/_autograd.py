@@ -3,9 +3,11 @@ from typing import List
 
 import torch
 
+from . import _ops
 from ._errors import KDANotSupportedError
 from ._lib import KdaOptions
-from ._ops import chunk_bwd, chunk_fwd, chunk_kda_fwd, fused_recurrent_kda_fwd
+from ._ops import chunk_fwd, chunk_kda_fwd, fused_recurrent_kda_fwd
+
 
 def _chunk_grads(ctx, do, dht, bwd, need):
     """The 8 gradients by `bwd(opts, inputs, do, dht, wants)`; `need`: whether each of the 10 tensors needs one."""
@@ -80,6 +82,6 @@ class ChunkKDA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         saved, memo = ctx.kda_saved, ctx.kda_memo
-        def bwd(*args):
-            return chunk_bwd(*args, checked=True, saved=saved, memo=memo)
+        def bwd(*args):  # through the module: a test counts its calls
+            return _ops.chunk_bwd(*args, checked=True, saved=saved, memo=memo)
         return (None,) * 4 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[4:]) + (None, None)
