@@ -8,7 +8,6 @@ from ._errors import KDANotSupportedError
 from ._lib import KdaOptions
 from ._ops import chunk_fwd, chunk_kda_fwd, fused_recurrent_kda_fwd
 
-
 def _chunk_grads(ctx, do, dht, bwd, need):
     """The 8 gradients by `bwd(opts, inputs, do, dht, wants)`; `need`: whether each of the 10 tensors needs one."""
     inputs = ctx.saved_tensors

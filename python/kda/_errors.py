@@ -9,9 +9,8 @@ import re
 # library reports it. A status missing here still maps to KDARuntimeError, named by its number.
 (SUCCESS, INVALID_VALUE, NOT_SUPPORTED, INSUFFICIENT_WORKSPACE, ALLOC_FAILED, BACKEND_ERROR, INTERNAL_ERROR,
  CONTEXT_IN_USE) = range(8)
-STATUS_NAMES = {code: "KDA_STATUS_" + name for code, name in enumerate((
-    "SUCCESS", "INVALID_VALUE", "NOT_SUPPORTED", "INSUFFICIENT_WORKSPACE", "ALLOC_FAILED", "BACKEND_ERROR",
-    "INTERNAL_ERROR", "CONTEXT_IN_USE"))}
+STATUS_NAMES = {code: "KDA_STATUS_" + name for code, name in enumerate(("SUCCESS", "INVALID_VALUE", "NOT_SUPPORTED",
+    "INSUFFICIENT_WORKSPACE", "ALLOC_FAILED", "BACKEND_ERROR", "INTERNAL_ERROR", "CONTEXT_IN_USE"))}
 
 
 class KDAError(Exception):
