@@ -149,6 +149,8 @@ def bench(fn, iters=20, warm=5):
 
 def time_cases():
     rows = []
+    only = os.environ.get("AB_SHAPES", "").split(",")  # a comma-separated subset of the names below; empty: all
+    want = lambda name: only == [""] or name in only
     def fwd(name, B, T, H, HV, K=128, V=128, cu=None, h0=True):
         q, k, v, g, beta = inputs(99, B, T, H, HV, K, V, gate_in=True)
         N = len(cu) - 1 if cu else B
@@ -159,7 +161,8 @@ def time_cases():
                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                   use_beta_sigmoid_in_kernel=True, lower_bound=-5.0, A_log=A_log, dt_bias=dt,
                                   cu_seqlens=cus)
-        rows.append((name, bench(f)))
+        if want(name):
+            rows.append((name, bench(f)))
     def train(name, B, T, H, HV, K=128, V=128):
         q, k, v, g, beta = inputs(98, B, T, H, HV, K, V)
         for t in (q, k, v, g, beta):
@@ -168,7 +171,8 @@ def time_cases():
         def f():
             o, _ = kda.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
             o.backward(do)
-        rows.append((name, bench(f, iters=10, warm=3)))
+        if want(name):
+            rows.append((name, bench(f, iters=10, warm=3)))
     def dec(name, N, H, HV, pool):
         q, k, v, g, beta = inputs(97, N, 1, H, HV, 128, 128)
         st = torch.randn(pool, HV, 128, 128, device=dev) * 0.1
@@ -176,7 +180,8 @@ def time_cases():
         f = lambda: kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=st, output_final_state=True,
                                             use_qk_l2norm_in_kernel=True, ssm_state_indices=idx,
                                             inplace_final_state=True)
-        rows.append((name, bench(f, iters=50)))
+        if want(name):
+            rows.append((name, bench(f, iters=50)))
     fwd("fwd_B2T8192H64", 2, 8192, 64, 64)
     fwd("fwd_B1T8192H64", 1, 8192, 64, 64)
     fwd("fwd_B8T4096H32", 8, 4096, 32, 32)
