@@ -15,14 +15,10 @@ from ._lib import FLOAT16, FLOAT32, INT32, INT64, KdaOptions, build_args, build_
 
 try:  # numpy is needed for numpy inputs only
     import numpy as np
-except ImportError:  # pragma: no cover
-    np = None
-
-if np is not None:
     _ndarray, _f32, _i32, _i64 = np.ndarray, np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.int64)
     _NP_CODES = {_f32: FLOAT32, np.dtype(np.float16): FLOAT16, _i32: INT32, _i64: INT64}
-else:  # pragma: no cover
-    _ndarray, _NP_CODES = (), {}
+except ImportError:  # pragma: no cover
+    np, _ndarray, _NP_CODES = None, (), {}
 _torch_chunk_cached = None  # kda._torch.chunk_kda_cached once kda._torch is imported: chunk_kda's fast path
 
 
@@ -107,19 +103,13 @@ def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
     if shape[0] == 0:
         raise _bad(fn, "cu_seqlens", "is empty; expected the N + 1 offsets 0, ..., T of N sequences (2 or more "
                                      "entries for T > 0)")
-    N = shape[0] - 1
-    if h0 is not None and not pool and _state_rows(fn, h0) != N:
-        raise KDAInvalidValueError(
-            f"{fn}: the number of initial states is expected to equal the number of input sequences, i.e. "
-            f"{N} rather than {_state_rows(fn, h0)} (argument 'initial_state')")
+    N, s = shape[0] - 1, getattr(h0, "shape", None)
+    if h0 is not None and not pool and not s:
+        raise _bad(fn, "initial_state", f"expected a 4-D array, got {type(h0).__name__ if s is None else 'a scalar'}")
+    if h0 is not None and not pool and s[0] != N:
+        raise KDAInvalidValueError(f"{fn}: the number of initial states is expected to equal the number of input "
+                                   f"sequences, i.e. {N} rather than {s[0]} (argument 'initial_state')")
     return N
-
-
-def _state_rows(fn: str, h) -> int:
-    s = getattr(h, "shape", None)
-    if not s:
-        raise _bad(fn, "initial_state", f"expected a 4-D array, got {type(h).__name__ if s is None else 'a scalar'}")
-    return s[0]
 
 
 def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v_first: bool, pool: bool = False):

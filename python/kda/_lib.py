@@ -149,11 +149,9 @@ def _candidates() -> list[tuple[str, str | None]]:
     if env:  # an explicit choice is the only one tried: falling back elsewhere would hide a mistake
         return [("$KDA_LIBRARY", env)]
     here = os.path.dirname(os.path.abspath(__file__))
-    return [
-        ("bundled with the package", os.path.join(here, "libkda.so")),
-        ("the repository's build tree", os.path.normpath(os.path.join(here, "..", "..", "build", "libkda.so"))),
-        ("ctypes.util.find_library('kda')", ctypes.util.find_library("kda")),
-    ]
+    return [("bundled with the package", os.path.join(here, "libkda.so")),
+            ("the repository's build tree", os.path.normpath(os.path.join(here, "..", "..", "build", "libkda.so"))),
+            ("ctypes.util.find_library('kda')", ctypes.util.find_library("kda"))]
 
 
 class _Library:
@@ -201,18 +199,16 @@ def _load() -> _Library:
             return _lib
         tried = []
         for where, path in _candidates():
-            if not path:
-                tried.append(f"  {where}: not found")
-            elif os.sep in path and not os.path.exists(path):
-                tried.append(f"  {where}: {path} (no such file)")
-            else:
-                try:
-                    cdll = ctypes.CDLL(path)
-                except OSError as e:
-                    tried.append(f"  {where}: {path} ({e})")
-                    continue
-                _lib = _Library(cdll, path)
-                return _lib
+            if not path or (os.sep in path and not os.path.exists(path)):
+                tried.append(f"  {where}: {path} (no such file)" if path else f"  {where}: not found")
+                continue
+            try:
+                cdll = ctypes.CDLL(path)
+            except OSError as e:
+                tried.append(f"  {where}: {path} ({e})")
+                continue
+            _lib = _Library(cdll, path)  # a library of another version raises here: not a place to go past
+            return _lib
         raise KDALibraryNotFoundError(
             "kda: could not load libkda. Searched, in order:\n" + "\n".join(tried) +
             "\nBuild it (make build, or pip install ./python) or set KDA_LIBRARY to the path of libkda.so.")
@@ -257,7 +253,7 @@ def get_context(backend: int, device: int = 0) -> Context:
     ctx = _contexts.get((backend, device))
     if ctx is not None:
         return ctx
-    L = library()
+    L = library()  # loaded outside the contexts' lock
     with _contexts_lock:
         ctx = _contexts.get((backend, device))
         if ctx is None:
@@ -302,13 +298,8 @@ def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int
 
 
 def _call(ctx: Context, entry, pa, n: int, workspace, stream) -> int:
-    keep = None  # the allocator's block stays valid for the stream it was allocated on
-    if n == 0:
-        ptr = None
-    elif workspace is None:
-        ptr = ctx.host_workspace(n)
-    else:
-        ptr, keep = workspace(n)
+    # `keep`: the allocator's block, valid for the stream it was allocated on while referenced
+    ptr, keep = (None, None) if n == 0 else (ctx.host_workspace(n), None) if workspace is None else workspace(n)
     return entry(ctx.handle, pa, ptr, n, stream)
 
 

@@ -2,7 +2,7 @@
 and the launch of libkda on tensors that kda._torch's eager calls share; autograd is in _autograd.py. An output not
 requested is an empty tensor (no None from custom ops)."""
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -200,80 +200,60 @@ def fused_launch(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_
            dt_bias=dt_bias)
 
 
-# The ops
-@torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=())
-def chunk_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
-                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  cu_seqlens_cpu: Optional[Tensor], scale: float, output_final_state: bool,
-                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
-                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: float,
-                  state_v_first: bool, cp_piece_len: int = -1) -> Tuple[Tensor, Tensor]:
+# The ops: schemas from the shared parts (the fakes and the autograd rules index the arguments in this order)
+_TENSORS = ("Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log, Tensor? dt_bias, "
+            "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu")
+_FLAGS = ("bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel, bool use_beta_sigmoid_in_kernel, "
+          "bool allow_neg_eigval, bool safe_gate, float lower_bound, bool state_v_first")
+_DECODE = f"{_TENSORS}, Tensor? ssm_state_indices"
+
+
+@torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=(), schema=f"({_TENSORS}, float scale, "
+                         f"bool output_final_state, {_FLAGS}, SymInt cp_piece_len=-1) -> (Tensor, Tensor)")
+def chunk_kda_fwd(*args):
     """kda_forward: (o, final_state or []). lower_bound 0.0: unset; cp_piece_len -1 auto, 0 off, else tokens."""
-    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                      allow_neg_eigval, safe_gate, lower_bound, state_v_first, cp_piece_len)
-    return chunk_fwd(opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
-                     output_final_state)
+    return chunk_fwd(KdaOptions(args[10], *args[12:]), *args[:10], args[11])
 
 
-@chunk_kda_fwd.register_fake
-def _(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_cpu, scale, output_final_state, *flags, **kwargs):
-    return new_outputs(q, v, cu_seqlens, output_final_state, flags[6])  # flags: use_qk_l2norm .. state_v_first
+# the fakes: flags[6] is state_v_first
+chunk_kda_fwd.register_fake(lambda q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, final, *flags:
+                            new_outputs(q, v, cu, final, flags[6]))
 
 
-@torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=())
-def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
-                  dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                  cu_seqlens_cpu: Optional[Tensor], do: Tensor, dht: Optional[Tensor], scale: float,
-                  use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
-                  allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool, want_dh0: bool,
-                  want_dA_log: bool, want_ddt_bias: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                                   Tensor, Tensor]:
+@torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=(), schema=f"({_TENSORS}, Tensor do, Tensor? dht, "
+                         f"float scale, {_FLAGS}, bool want_dh0, bool want_dA_log, bool want_ddt_bias) -> (Tensor, "
+                         f"Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)")
+def chunk_kda_bwd(*args):
     """kda_backward of chunk_kda_fwd: the 8 gradients in the inputs' dtypes, the last three empty unless wanted."""
-    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                      allow_neg_eigval, safe_gate, lower_bound, state_v_first)
-    inputs = (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu)
-    return chunk_bwd(opts, inputs, do, dht, (want_dh0, want_dA_log, want_ddt_bias))
+    return chunk_bwd(KdaOptions(*args[12:20]), args[:10], args[10], args[11], args[20:])
 
 
 # the gradients like the first 8 inputs, as want_dh0, want_dA_log, want_ddt_bias (the last 3) say
 chunk_kda_bwd.register_fake(lambda *args: bwd_outputs(args[:8], args[-3:]))
 
 
-@torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=())
-def fused_recurrent_kda_fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
-                            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                            cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], scale: float,
-                            output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
-                            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
-                            lower_bound: float, state_v_first: bool,
-                            num_accepted_tokens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+@torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=(), schema=f"({_DECODE}, float scale, "
+                         f"bool output_final_state, {_FLAGS}, Tensor? num_accepted_tokens=None) -> (Tensor, Tensor)")
+def fused_recurrent_kda_fwd(*args):
     """libkda's recurrent decode (kda_decode) into new tensors. Returns (o, final_state or [])."""
-    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                      allow_neg_eigval, safe_gate, lower_bound, state_v_first)
-    o, ht = new_outputs(q, v, cu_seqlens, output_final_state, state_v_first)
-    fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
-                 ssm_state_indices, num_accepted_tokens, o, ht)
+    opts, nat = KdaOptions(args[11], *args[13:20]), args[20] if len(args) > 20 else None
+    o, ht = new_outputs(args[0], args[2], args[8], args[12], opts.state_v_first)
+    fused_launch(opts, *args[:11], nat, o, ht)
     return o, ht
 
 
-@fused_recurrent_kda_fwd.register_fake
-def _(q, k, v, g, beta, A_log, dt_bias, h0, cu_seqlens, cu_cpu, idx, scale, output_final_state, *flags, **kwargs):
-    return new_outputs(q, v, cu_seqlens, output_final_state, flags[6])  # flags: use_qk_l2norm .. state_v_first
+fused_recurrent_kda_fwd.register_fake(lambda q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale, final,
+                                      *flags: new_outputs(q, v, cu, final, flags[6]))
 
 
-@torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"))
-def fused_recurrent_kda_out(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
-                            dt_bias: Optional[Tensor], initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
-                            cu_seqlens_cpu: Optional[Tensor], ssm_state_indices: Optional[Tensor], o: Tensor,
-                            final_state: Optional[Tensor], state_in_place: bool, scale: float,
-                            use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
-                            allow_neg_eigval: bool, safe_gate: bool, lower_bound: float, state_v_first: bool,
-                            num_accepted_tokens: Optional[Tensor] = None) -> None:
+@torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"), schema=f"({_DECODE}, "
+                         f"Tensor(a11!) o, Tensor(a12!)? final_state, bool state_in_place, float scale, {_FLAGS}, "
+                         f"Tensor? num_accepted_tokens=None) -> ()")
+def fused_recurrent_kda_out(*args):
     """kda_decode into o and final_state when given; with state_in_place, final_state is the initial state too."""
-    opts = KdaOptions(scale, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                      allow_neg_eigval, safe_gate, lower_bound, state_v_first)
-    fused_launch(opts, q, k, v, g, beta, A_log, dt_bias, final_state if state_in_place else initial_state,
-                 cu_seqlens, cu_seqlens_cpu, ssm_state_indices, num_accepted_tokens, o, final_state)
+    o, ht, in_place, opts = args[11], args[12], args[13], KdaOptions(*args[14:22])
+    fused_launch(opts, *args[:7], ht if in_place else args[7], *args[8:11], args[22] if len(args) > 22 else None,
+                 o, ht)
 
 
 fused_recurrent_kda_out.register_fake(lambda *args, **kwargs: None)
