@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _autograd, _ops
-from ._errors import KDANotSupportedError, KDATypeError
+from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
 _INT = (torch.int32, torch.int64)
@@ -81,6 +81,37 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
     return cu, cu_cpu
 
 
+def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
+    """ssm_state_indices in device memory, checked on a host copy as libkda checks host ones (src/validate.c): each
+    slot a sequence reads or writes below `slots` (negative: none), then no slot touched twice."""
+    def bad(what):
+        return KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': {what}")
+    rows, items = idx.tolist(), []  # items: (sequence, the entry's name, slot, whether it is the slot a row reads)
+    lens = [T] * len(rows) if cu is None or idx.dim() == 1 else cu.diff().tolist()
+    reads = [1] * len(rows) if nat is None else nat.tolist()
+    for n, (row, ln, rd) in enumerate(zip(rows, lens, reads)):
+        if idx.dim() == 1:
+            row, ln, rd = [row], 1, 1
+        elif ln > len(row):
+            raise bad(f"T_max = {len(row)} is smaller than " + (f"T = {T}" if cu is None else f"sequence {n}'s {ln} "
+                      f"tokens") + " (a 2-D ssm_state_indices needs a slot for every token)")
+        elif nat is not None and not 1 <= rd <= len(row):
+            raise _bad(fn, "num_accepted_tokens", f"num_accepted_tokens[{n}] = {rd} is outside [1, T_max = {len(row)}]")
+        name = (lambda t: f"ssm_state_indices[{n}]") if idx.dim() == 1 else (lambda t: f"ssm_state_indices[{n}][{t}]")
+        for col in (rd - 1, *range(ln)):  # the slot it reads, then those it writes (1-D: the same)
+            if row[col] >= slots:
+                raise bad(f"{name(col)} = {row[col]} is not below the number of slots of initial_state = {slots}")
+        items += [(n, name(t), row[t], False) for t in range(ln)]
+        items += [] if row[rd - 1] in row[:ln] else [(n, name(rd - 1), row[rd - 1], True)]
+    first = {}
+    for n, name, s, read in items:
+        if s >= 0 and first.setdefault(s, name) != name:
+            raise bad(f"{first[s]} and {name} are both {s}; slots must be distinct" if idx.dim() == 1 else
+                      f"slot {s} ({name}, the slot sequence {n} reads) is touched by another sequence of the call"
+                      if read else f"slot {s} ({name}) is touched twice in one call; the slots of a call must be "
+                      f"distinct")
+
+
 def _eager(*ts) -> bool:
     if _compiling():
         return False
@@ -136,6 +167,9 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     idx = None if idx is None else _ints(fn, "ssm_state_indices", idx, q.device)
     nat = None if nat is None else _ints(fn, "num_accepted_tokens", nat, q.device)
+    if idx is not None and idx.is_cuda and not (_compiling() or torch.cuda.is_current_stream_capturing()):
+        device_slots(fn, idx, nat, None if cu is None else (cu if cu_cpu is None else cu_cpu), q.shape[1],
+                     h0.shape[0])
     if h0 is not None:
         c = _tensor(fn, "initial_state", h0, q)
         if c is not h0 and ht_mode == 2:  # .contiguous() copied it

@@ -151,10 +151,9 @@ CASES = {
                            "out"),
     # state pools
     "slot_out_of_range": (FUSED, lambda X: dict(ssm_state_indices=X.arr(np.array([4], np.int32))), ValueError,
-                          "ssm_state_indices", None, "host"),
+                          "ssm_state_indices"),
     "slots_not_distinct": (FUSED, lambda X: dict(ssm_state_indices=X.arr(np.array([1, 1], np.int32)),
-                                                 **X.cu([0, 4, T])), ValueError, "ssm_state_indices", "distinct",
-                           "host"),
+                                                 **X.cu([0, 4, T])), ValueError, "ssm_state_indices", "distinct"),
     "slots_not_integers": (FUSED, lambda X: dict(ssm_state_indices=X.arr(np.array([1.0], np.float32))), ValueError,
                            "ssm_state_indices"),
     "slots_per_sequence": (FUSED, lambda X: dict(ssm_state_indices=X.arr(np.array([0, 1], np.int32))), ValueError,
@@ -169,8 +168,6 @@ CASES = {
 def call_case(name, kind):
     entry, make, exc, arg, *rest = CASES[name]
     X = Kind(kind)
-    if rest[1:] == ["host"] and kind == "torch_cuda":
-        pytest.skip("slot values in device memory are not read on the host (libkda's CUDA kernels skip them)")
     base = fused_inputs(X) if entry is FUSED else inputs(X)
     if make == "out=v":
         base["out"] = base["v"]
@@ -212,6 +209,40 @@ def test_base_inputs_are_valid(entry, kind):
     o, _ = entry(**kw)
     o = o.cpu().numpy() if hasattr(o, "cpu") else o
     assert np.isfinite(o).all() and not (o == POISON).any()
+
+
+# ssm_state_indices [N] or [N, T_max], cu_seqlens, num_accepted_tokens: each a bad pool index of one kind
+SLOT_CASES = {
+    "1d_range": ([40], None, None),
+    "1d_repeat": ([1, 5, 1], [0, 2, 4, T], None),
+    "2d_read_range": ([[0] * 8, [8] * 7 + [50]], [0, 4, T], [1, 8]),
+    "2d_write_range": ([list(range(8)), [8, 40] + [9] * 6], [0, 6, T], None),
+    "2d_twice": ([[0, 1, 0, 3, 4, 5, 6, 7], list(range(8, 16))], [0, 4, T], None),
+    "2d_read_taken": ([list(range(8)), list(range(8, 15)) + [1]], [0, 4, T], [1, 8]),
+    "2d_accepted": ([list(range(8)), list(range(8, 16))], [0, 4, T], [0, 1]),
+    "2d_columns": ([[0, 1, 2, 3], [8, 9, 10, 11]], [0, 3, T], None),
+    "2d_columns_T": ([list(range(4))], None, None),
+}
+
+
+@pytest.mark.parametrize("name", list(SLOT_CASES))
+def test_device_slot_check_words_as_libkda(name):
+    """kda._torch.device_slots (CUDA tensors' ssm_state_indices, read on the host in eager calls) reports each bad
+    pool index as libkda's check of host indices does (here on the CPU backend): the same argument and words."""
+    torch = pytest.importorskip("torch")
+    from kda import _torch
+    idx, cu, nat = (None if x is None else np.array(x, np.int32) for x in SLOT_CASES[name])
+    X = Kind("numpy")
+    kw = fused_inputs(X, initial_state=np.zeros((40, HV, K, V), np.float32), ssm_state_indices=idx,
+                      num_accepted_tokens=nat, **({} if cu is None else X.cu(cu)))
+    with pytest.raises(ValueError) as c_side:
+        FUSED(**kw)
+    t = {key: None if val is None else torch.from_numpy(val) for key, val in (("idx", idx), ("nat", nat), ("cu", cu))}
+    with pytest.raises(ValueError) as py_side:
+        _torch.device_slots("fused_recurrent_kda", t["idx"], t["nat"], t["cu"], T, 40)
+    c_msg = str(c_side.value).split(" (libkda's field")[0]
+    assert str(py_side.value).split("': ", 1)[1] == c_msg.split("': ", 1)[1], (str(py_side.value), c_msg)
+    assert "argument 'ssm_state_indices'" in str(py_side.value) or "'num_accepted_tokens'" in c_msg
 
 
 def test_table_size():

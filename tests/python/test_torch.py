@@ -5,6 +5,7 @@ Without torch (or a GPU) each test is reported skipped with the reason (`pytest 
 with the library's "not supported" message.
 """
 
+import re
 import shutil
 
 import numpy as np
@@ -652,6 +653,41 @@ def test_cuda_graph_capture_and_replay():
     assert torch.equal(o_static, o_eager) and torch.equal(h_static, h_eager)
     ref_o, _ = reference_of(x2, cu, opts, torch.bfloat16)
     assert rel_err(o_static.float().cpu().numpy(), ref_o) <= 1e-2
+
+
+@requires_gpu
+def test_cuda_device_slots_checked_in_eager_calls_only():
+    """ssm_state_indices in device memory: an eager call reads them on the host and refuses a repeated or
+    out-of-range slot (nothing written); under CUDA graph capture they are not read, and the kernels skip a slot
+    out of range at replay."""
+    xt = to_torch(make_inputs(np.random.default_rng(12), 1, 2, 1, 2, 64, 64), "cuda")
+    pool = torch.ones(4, 2, 64, 64, device="cuda")
+    cu, idx = torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda"), torch.zeros(2, dtype=torch.int32,
+                                                                                        device="cuda")
+
+    def step():
+        return kda.fused_recurrent_kda(**xt, initial_state=pool, inplace_final_state=True, ssm_state_indices=idx,
+                                       cu_seqlens=cu)
+    for bad, words in (([1, 1], "are both 1; slots must be distinct"), ([1, 4], "[1] = 4 is not below")):
+        idx.copy_(torch.tensor(bad))
+        with pytest.raises(ValueError, match=r"'ssm_state_indices'.*" + re.escape(words)):
+            step()
+        assert bool((pool == 1).all())
+    idx.copy_(torch.tensor([2, 3]))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cuda_call(step)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    before = pool.clone()
+    idx.copy_(torch.tensor([1, 9]))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not torch.equal(pool[1], before[1])
+    assert all(torch.equal(pool[i], before[i]) for i in (0, 2, 3))
 
 
 @requires_gpu
