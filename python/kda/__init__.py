@@ -12,6 +12,13 @@ from ._lib import library_path
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):  # context parallelism across ranks needs torch: imported on first use
+    if name in ("build_cp_context", "CPContext"):
+        from . import _cp
+        return getattr(_cp, name)
+    raise AttributeError(f"module 'kda' has no attribute '{name}'")
+
 __all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda", "library_path", "library_version",
            "set_num_threads", "get_num_threads", "KDAError", "KDAInvalidValueError", "KDAAssertionError",
            "KDATypeError", "KDANotSupportedError", "KDARuntimeError", "KDAInsufficientWorkspaceError",

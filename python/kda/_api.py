@@ -283,9 +283,12 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     kw, state_v_first = _keywords(fn, kwargs, state_v_first)
     A_log, dt_bias, chunk_size = kw["A_log"], kw["dt_bias"], kw["chunk_size"]
     cp = _cp_piece_len(fn, kw["cp_piece_len"])
-    if cp_context is not None:
-        raise KDANotSupportedError(f"{fn}: cp_context (context parallelism) is not implemented by kda")
     kind = _kind(fn, q)
+    if cp_context is not None:  # context parallelism across ranks: the call runs with the context's offsets
+        if kind == "numpy":
+            raise _bad(fn, "cp_context", "needs torch tensors (torch.distributed)", KDANotSupportedError)
+        from . import _cp
+        cu_seqlens, cu_seqlens_cpu = _cp.local_offsets(fn, cp_context, cu_seqlens, cu_seqlens_cpu, q)
     if return_intermediate_states:  # FLA's two conditions, in FLA's words
         if kind == "numpy":
             raise KDANotSupportedError(f"{fn}: return_intermediate_states=True needs torch tensors (inference mode)")
@@ -325,8 +328,9 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
         return _np_forward(fn, "forward", opts, q, k, v, g, beta, N, ht_mode=int(bool(output_final_state)),
                            initial_state=initial_state, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias)
     from . import _torch
+    xcp = None if cp_context is None else _cp.split(fn, cp_context)
     return _torch.chunk_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
-                            bool(output_final_state), remember, bool(return_intermediate_states))
+                            bool(output_final_state), remember, bool(return_intermediate_states), xcp)
 
 
 def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = None, initial_state=None,

@@ -65,22 +65,22 @@ fused_recurrent_kda_fwd.register_autograd(_fused_backward, setup_context=_fused_
 
 class ChunkKDA(torch.autograd.Function):
     """chunk_kda_fwd and its backward on checked arguments: opts, final, the fast path's (o, ht, saved) or None,
-    its _ChunkCall or None, the op's 10 tensors."""
+    its _ChunkCall or None, a kda._cp.Split or None, the op's 10 tensors."""
 
     @staticmethod
-    def forward(ctx, opts, final, launched, memo, *inputs):
+    def forward(ctx, opts, final, launched, memo, xcp, *inputs):
         if launched is None:  # kept for the backward: kda_args_t.saved
-            launched = chunk_fwd(opts, *inputs, final, checked=True, keep=True)
+            launched = chunk_fwd(opts, *inputs, final, checked=True, keep=True, xcp=xcp)
         o, ht, ctx.kda_saved = launched
         ctx.save_for_backward(*inputs)
-        ctx.opts, ctx.kda_memo = opts, memo
+        ctx.opts, ctx.kda_memo, ctx.kda_xcp = opts, memo, xcp
         if not final:
             ctx.mark_non_differentiable(ht)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        saved, memo = ctx.kda_saved, ctx.kda_memo
+        saved, memo, xcp = ctx.kda_saved, ctx.kda_memo, ctx.kda_xcp
         def bwd(*args):  # through the module: a test counts its calls
-            return _ops.chunk_bwd(*args, checked=True, saved=saved, memo=memo)
-        return (None,) * 4 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[4:]) + (None, None)
+            return _ops.chunk_bwd(*args, checked=True, saved=saved, memo=memo, xcp=xcp)
+        return (None,) * 5 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[5:]) + (None, None)

@@ -90,12 +90,14 @@ ARGUMENT_OF_FIELD = {
     "chunk_states_dtype": "return_intermediate_states", "d_o": "do", "d_o_dtype": "do", "d_final_state": "dht",
     # outputs the caller can pass: fused_recurrent_kda's `out`, and initial_state updated in place
     "o": "out", "o_dtype": "out", "final_state": "initial_state", "final_state_dtype": "initial_state",
+    **dict.fromkeys(("cp_num_ranks", "cp_rank", "cp_pre_ranks", "cp_post_ranks"), "cp_context"),
 }
 # C names inside a message's detail, and what the caller knows them as
 _DETAIL_WORDS = [(re.compile(r"(?<![\w.])" + c + r"\b"), py) for c, py in (
     ("state_indices", "ssm_state_indices"), ("num_state_slots", "the number of slots of initial_state"),
     ("seq_len", "T"), ("num_seqs", "the number of sequences"))]
-_C_ENTRY_POINTS = tuple(f"kda_{e}{s}" for e in ("forward", "decode", "backward") for s in ("", "_workspace_size"))
+_C_ENTRY_POINTS = tuple(f"kda_{e}{s}" for e in ("forward", "decode", "backward", "cp_forward_summary",
+                                                  "cp_backward_summary") for s in ("", "_workspace_size"))
 
 
 def in_callers_terms(err: KDAError, fn: str) -> KDAError:

@@ -140,7 +140,10 @@ _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, 
     ("kda_forward_workspace_size", c_int, _P, _A, _N), ("kda_forward_saved_size", c_int, _P, _A, _N),
     ("kda_forward", c_int, _P, _A, _P, c_size_t, _P), ("kda_decode_workspace_size", c_int, _P, _A, _N),
     ("kda_decode", c_int, _P, _A, _P, c_size_t, _P), ("kda_backward_workspace_size", c_int, _P, _B, _N),
-    ("kda_backward", c_int, _P, _B, _P, c_size_t, _P),
+    ("kda_backward", c_int, _P, _B, _P, c_size_t, _P), ("kda_cp_forward_summary_workspace_size", c_int, _P, _A, _N),
+    ("kda_cp_forward_summary", c_int, _P, _A, _P, c_size_t, _P, c_size_t, _P),
+    ("kda_cp_backward_summary_workspace_size", c_int, _P, _B, _N),
+    ("kda_cp_backward_summary", c_int, _P, _B, _P, c_size_t, _P, c_size_t, _P),
 ]
 
 
@@ -279,28 +282,29 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_contexts_in_child)
 
 
-def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None) -> int:
+def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None, out=()) -> int:
     """`entry` of `args` on `ctx` with the workspace its size query asks for (`workspace(n)`: (pointer, keep-alive);
-    None: the host's). `nbytes`: a size tried first; should that call fail, the query decides as the plain order."""
+    None: the host's). `nbytes`: a size tried first; should that call fail, the query decides as the plain order.
+    `out`: the arguments between `args` and the workspace (a CP summary's pointer and bytes)."""
     L, pa = _lib, byref(args)
     call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
     with ctx.lock:
         if nbytes is not None:
-            st = _call(ctx, call, pa, nbytes, workspace, stream)
+            st = _call(ctx, call, pa, nbytes, workspace, stream, out)
             if not st:
                 return nbytes
             err = L.error(st)  # now: the size query below may overwrite the thread's last error
         n = _out(size_fn, ctx.handle, pa)
         if nbytes is not None and n <= nbytes:
             raise err
-        _check(_call(ctx, call, pa, n, workspace, stream))
+        _check(_call(ctx, call, pa, n, workspace, stream, out))
         return n
 
 
-def _call(ctx: Context, entry, pa, n: int, workspace, stream) -> int:
+def _call(ctx: Context, entry, pa, n: int, workspace, stream, out) -> int:
     # `keep`: the allocator's block, valid for the stream it was allocated on while referenced
     ptr, keep = (None, None) if n == 0 else (ctx.host_workspace(n), None) if workspace is None else workspace(n)
-    return entry(ctx.handle, pa, ptr, n, stream)
+    return entry(ctx.handle, pa, *out, ptr, n, stream)
 
 
 def saved_size(ctx: Context, args: KdaArgs) -> int:

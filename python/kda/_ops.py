@@ -39,7 +39,7 @@ def cuda_context(dev: torch.device):
     return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
 
 
-def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None) -> int:
+def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None, out=()) -> int:
     """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's caching allocator),
     errors in the terms of the call `fn`."""
     try:
@@ -49,10 +49,10 @@ def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = No
             ws = lambda n: ((t := torch.empty(n, dtype=torch.uint8, device=dev)).data_ptr(), t)  # noqa: E731
             if _cuda_get_device() != index:
                 with torch.cuda.device(index):
-                    return _lib.run(ctx, entry, args, ws, stream, nbytes)
-            return _lib.run(ctx, entry, args, ws, stream, nbytes)
+                    return _lib.run(ctx, entry, args, ws, stream, nbytes, out)
+            return _lib.run(ctx, entry, args, ws, stream, nbytes, out)
         if dev.type == "cpu":
-            return _lib.run(_lib.cpu_context(), entry, args, None, None, nbytes)
+            return _lib.run(_lib.cpu_context(), entry, args, None, None, nbytes, out)
     except KDAError as e:
         raise in_callers_terms(e, fn) from None
     raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
@@ -119,9 +119,10 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
 
 
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
-           keep: bool = False, memo=None, **optional) -> Optional[Tensor]:
+           keep: bool = False, memo=None, xcp=None, **optional) -> Optional[Tensor]:
     """libkda's `entry` ("forward", "decode") on tensors; `optional` by kda_args_t's names (an empty final_state:
-    none). `hs`: chunk_states. `keep`: returns kda_args_t.saved. `memo`: a _ChunkCall, its workspace size first."""
+    none). `hs`: chunk_states. `keep`: returns kda_args_t.saved. `memo`: a _ChunkCall, its workspace size first.
+    `xcp`: a kda._cp.Split (context parallelism across ranks)."""
     ht = optional.get("final_state")
     if ht is not None and ht.numel() == 0:
         optional["final_state"] = None
@@ -130,6 +131,8 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
     if not checked:
         check_launch(fn, q, k, v, g, beta, o, opts.state_v_first, **optional)
     a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, o, chunk_states=hs, **optional)
+    if xcp is not None:
+        xcp.forward(fn, a, q, v)
     saved = saved_tensor(fn, a, q.device, memo) if keep else None
     n = run(fn, entry, a, q.device, None if memo is None else memo.nbytes)
     if memo is not None:
@@ -151,9 +154,9 @@ def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first
 
 
 def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, checked=False,
-              hs=None, keep=False, memo=None):
+              hs=None, keep=False, memo=None, xcp=None):
     o, ht = new_outputs(q, v, cu, final, opts.state_v_first)
-    saved = launch("chunk_kda", "forward", opts, q, k, v, g, beta, o, checked, hs, keep, memo, initial_state=h0,
+    saved = launch("chunk_kda", "forward", opts, q, k, v, g, beta, o, checked, hs, keep, memo, xcp, initial_state=h0,
                    final_state=ht, cu_seqlens=cu, cu_seqlens_host=cu_cpu, A_log=A_log, dt_bias=dt_bias)
     return (o, ht, saved) if keep else (o, ht)
 
@@ -166,9 +169,10 @@ def bwd_outputs(inputs, wants):
     return (*(torch.empty_like(t) for t in (q, k, v, g, beta)), *extra)
 
 
-def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None):
+def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None, xcp=None):
     """kda_backward of chunk_fwd's 10 `inputs` for do and dht (None or empty: zero); `wants`: d_initial_state,
-    dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall."""
+    dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall. `xcp`: the
+    forward's kda._cp.Split."""
     fn = "chunk_kda backward"
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
     if dht is not None and dht.numel() == 0:
@@ -186,6 +190,8 @@ def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=Non
     if saved is not None:
         a.saved, a.saved_bytes = saved.data_ptr(), n_saved
     b = build_backward_args(a, fn, _ptr, code, do, dht, [t if t.numel() else None for t in grads])
+    if xcp is not None:
+        xcp.backward(fn, a, b, q, v)
     remembered = memo is not None and memo.bwd_saved == n_saved
     n = run(fn, "backward", b, q.device, memo.bwd_nbytes if remembered else None)
     if memo is not None:

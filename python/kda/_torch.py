@@ -134,24 +134,28 @@ def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
 
 # The entry points' torch halves
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
-              states: bool = False):
-    """`remember`: chunk_kda_cached's note of a call that may be cached. `states`: return_intermediate_states."""
+              states: bool = False, xcp=None):
+    """`remember`: chunk_kda_cached's note of a call that may be cached. `states`: return_intermediate_states.
+    `xcp`: cp_context's kda._cp.Split."""
     q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
     h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     inputs = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
     if states:
         h, hs = _chunk_states_tensor(q, v, cu, cu_cpu, opts.state_v_first)
-        o, ht = _ops.chunk_fwd(opts, *inputs, final, hs=hs)
+        o, ht = _ops.chunk_fwd(opts, *inputs, final, hs=hs, xcp=xcp)
         if hs is not h:
             h.copy_(hs)
         return o, (ht if final else None), h
     train = False
     if _eager(*inputs[:8]):
-        o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True)
+        o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True, xcp=xcp)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
-        o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, *inputs)
+        o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, xcp, *inputs)
         train = True
+    elif xcp is not None:
+        raise _bad(fn, "cp_context", "is not implemented by kda under torch.compile or on tensor subclasses",
+                   KDANotSupportedError)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(*inputs, opts.scale, final, *opts[1:8], opts.cp)
         remember = None
@@ -238,7 +242,7 @@ def chunk_kda_cached(tensors, kwargs, flags):
         return None, (shape, key, inputs)
     inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        o, ht = _autograd.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
+        o, ht = _autograd.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, None, *inputs)
         return (o, ht if call.final else None), None
     return call(*inputs), None
 
