@@ -2,7 +2,7 @@
 libkda's cp_* fields with the all-gathers of the ranks' summaries over the context's torch.distributed group."""
 
 import operator
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 from typing import Any, Optional
 
 import torch
@@ -10,25 +10,15 @@ import torch.distributed as dist
 
 from . import _ops
 from ._api import _bad
-from ._errors import KDAAssertionError, KDAError, KDATypeError
+from ._errors import KDAAssertionError, KDAError
 
 
-@dataclass
-class CPContext:
-    """A rank's share of a split, by FLA's FLACPContext's fields (chunk_kda takes an FLACPContext too): the group,
-    the rank's local offsets (from 0) and their host copy, the ranks before it whose parts chain into its first
-    sequence and after it into which its last one continues; then ours: the world size and rank it was built for."""
-    group: Any = None
-    cu_seqlens: Optional[torch.Tensor] = None
-    cu_seqlens_cpu: Optional[torch.Tensor] = None
-    is_last_rank: Optional[bool] = None
-    pre_num_ranks: Optional[int] = None
-    is_first_rank: Optional[bool] = None
-    post_num_ranks: Optional[int] = None
-    conv1d_kernel_size: Optional[int] = None
-    pre_num_conv_tokens: Optional[int] = None
-    world_size: Optional[int] = None
-    rank: Optional[int] = None
+# A rank's share of a split: FLA's FLACPContext's fields (chunk_kda takes an FLACPContext too), then ours, the world
+# size and rank it was built for. cu_seqlens, cu_seqlens_cpu: the rank's local offsets (from 0) and their host copy.
+CPContext = make_dataclass("CPContext", [(name, Any, None) for name in (
+    "group", "cu_seqlens", "cu_seqlens_cpu", "is_last_rank", "pre_num_ranks", "is_first_rank", "post_num_ranks",
+    "conv1d_kernel_size", "pre_num_conv_tokens", "world_size", "rank")])
+CPContext.__module__ = __name__
 
 
 def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None, cu_seqlens_cpu=None) -> CPContext:
@@ -79,15 +69,11 @@ def split(fn: str, ctx) -> "Split":
     if built[0] is not None and built != (R, r):
         raise _bad(fn, "cp_context", f"was built for rank {built[1]} of a world size of {built[0]}, but its group has "
                                      f"{R} ranks and this is rank {r}")
-    counts = []
-    for name, top in (("pre_num_ranks", r), ("post_num_ranks", R - 1 - r)):
-        x = getattr(ctx, name, None)
-        if isinstance(x, bool) or not hasattr(x, "__index__"):
-            raise _bad(fn, "cp_context", f"{name} must be an int, got {type(x).__name__}", KDATypeError)
-        if not 0 <= (x := operator.index(x)) <= top:
-            raise _bad(fn, "cp_context", f"{name} = {x} is outside [0, {top}] for rank {r} of {R}")
-        counts.append(x)
-    return Split(group, R, r, *counts)
+    counts = [getattr(ctx, "pre_num_ranks", None), getattr(ctx, "post_num_ranks", None)]
+    for name, x, top in (("pre_num_ranks", counts[0], r), ("post_num_ranks", counts[1], R - 1 - r)):
+        if isinstance(x, bool) or not hasattr(x, "__index__") or not 0 <= operator.index(x) <= top:
+            raise _bad(fn, "cp_context", f"{name} = {x!r} is not an int in [0, {top}] (rank {r} of {R})")
+    return Split(group, R, r, *map(operator.index, counts))
 
 
 class Split:
@@ -99,17 +85,19 @@ class Split:
         self.group, self.R, self.rank, self.pre, self.post = group, R, rank, pre, post
         self.fwd = self.bwd = None  # the gathered summaries, kept while libkda may read them
 
-    def forward(self, fn: str, a, q, v) -> None:
+    def problem(self, a) -> None:
+        """kda_args_t's cp_* fields, with the forward's gather once made (the backward's problem reads it too)."""
         a.cp_num_ranks, a.cp_rank, a.cp_pre_ranks, a.cp_post_ranks = self.R, self.rank, self.pre, self.post
-        self.fwd = self._gather(fn, "cp_forward_summary", a, q, v, self.post > 0)
         if self.fwd is not None:
             a.cp_summaries, a.cp_summaries_bytes = self.fwd.data_ptr(), self.fwd.nbytes
 
+    def forward(self, fn: str, a, q, v) -> None:
+        self.problem(a)
+        self.fwd = self._gather(fn, "cp_forward_summary", a, q, v, self.post > 0)
+        self.problem(a)
+
     def backward(self, fn: str, a, b, q, v) -> None:
-        """`a`: the forward's problem again (its cp_* fields and gather), `b` its kda_backward_args_t."""
-        a.cp_num_ranks, a.cp_rank, a.cp_pre_ranks, a.cp_post_ranks = self.R, self.rank, self.pre, self.post
-        if self.fwd is not None:
-            a.cp_summaries, a.cp_summaries_bytes = self.fwd.data_ptr(), self.fwd.nbytes
+        self.problem(a)
         self.bwd = self._gather(fn, "cp_backward_summary", b, q, v, self.pre > 0)
         if self.bwd is not None:
             b.cp_summaries, b.cp_summaries_bytes = self.bwd.data_ptr(), self.bwd.nbytes
