@@ -36,11 +36,9 @@ def _is_torch(x) -> bool:
 
 
 def _kind(fn: str, q) -> str:
-    if isinstance(q, _ndarray):
-        return "numpy"
-    if _is_torch(q):
-        return "torch"
-    raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
+    if not (isinstance(q, _ndarray) or _is_torch(q)):
+        raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
+    return "numpy" if isinstance(q, _ndarray) else "torch"
 
 
 # Checks shared by the entry points and both array kinds
@@ -127,8 +125,8 @@ def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v
 
 def _is_state_dtype(fn: str, h, kind: str) -> bool:
     if not (isinstance(h, _ndarray) if kind == "numpy" else _is_torch(h)):
-        what = "numpy.ndarray" if kind == "numpy" else "torch.Tensor"
-        raise _bad(fn, "initial_state", f"expected a {what} like q, got {type(h).__name__}", KDATypeError)
+        raise _bad(fn, "initial_state", f"expected a {'numpy.ndarray' if kind == 'numpy' else 'torch.Tensor'} like q, "
+                                        f"got {type(h).__name__}", KDATypeError)
     return str(h.dtype) in (("float32",) if kind == "numpy" else ("torch.float32", "torch.bfloat16"))
 
 
@@ -221,10 +219,8 @@ def _keywords(fn: str, kwargs: dict, state_v_first: bool):
         raise _unexpected_kwargs(fn, unknown)
     if "transpose_state_layout" in kwargs:
         if state_v_first:
-            raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated "
-                                       "`transpose_state_layout`.")
-        warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning,
-                      stacklevel=3)
+            raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+        warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning, stacklevel=3)
         state_v_first = kwargs["transpose_state_layout"]
     return {**_KWARGS[fn], **kwargs}, state_v_first
 

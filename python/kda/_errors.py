@@ -28,38 +28,29 @@ class KDAError(Exception):
 class KDAInvalidValueError(KDAError, ValueError):
     """An argument is wrong (``KDA_STATUS_INVALID_VALUE``); the message names it."""
 
-
 class KDAAssertionError(KDAInvalidValueError, AssertionError):
     """An argument is wrong where FLA checks it with ``assert``: catchable as ValueError or AssertionError."""
-
 
 class KDATypeError(KDAError, TypeError):
     """An argument is of the wrong kind (e.g. a numpy array mixed with torch tensors)."""
 
-
 class KDANotSupportedError(KDAError, NotImplementedError):
     """Valid, but not available on this backend, build or device, or an FLA option not implemented yet."""
-
 
 class KDARuntimeError(KDAError, RuntimeError):
     """A failure that is not the caller's argument: see the subclasses."""
 
-
 class KDAInsufficientWorkspaceError(KDARuntimeError):
     """``KDA_STATUS_INSUFFICIENT_WORKSPACE`` (a bug in this package if it ever reaches you)."""
-
 
 class KDAAllocError(KDARuntimeError):
     """``KDA_STATUS_ALLOC_FAILED``: a context could not be created."""
 
-
 class KDABackendError(KDARuntimeError):
     """``KDA_STATUS_BACKEND_ERROR``: the CUDA runtime reported an error (its text is in the message)."""
 
-
 class KDAInternalError(KDARuntimeError):
     """``KDA_STATUS_INTERNAL_ERROR``: a bug in libkda; please report it with the message."""
-
 
 class KDALibraryNotFoundError(KDAError, OSError):
     """libkda could not be found or loaded; the message lists every place that was tried."""
@@ -71,10 +62,9 @@ _BY_STATUS = {INVALID_VALUE: KDAInvalidValueError, NOT_SUPPORTED: KDANotSupporte
 
 
 def error_from_status(status: int, message: str) -> KDAError:
-    cls = _BY_STATUS.get(status, KDARuntimeError)
-    if not message:
-        message = STATUS_NAMES.get(status, f"libkda status {status}")
-    return cls(message, status)
+    """The exception of libkda's `status`; an empty message names the status."""
+    return _BY_STATUS.get(status, KDARuntimeError)(message or STATUS_NAMES.get(status, f"libkda status {status}"),
+                                                   status)
 
 
 # libkda's messages in the caller's terms: the Python function, and the argument names the caller passed

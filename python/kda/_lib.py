@@ -29,18 +29,15 @@ def _layout(spec: str) -> list:
 class KdaArgs(ctypes.Structure):
     """The ctypes mirror of ``kda_args_t``, field for field (tests/python/test_binding.py checks the layout)."""
     _fields_ = _layout("""
-        struct_size size
-        batch i64, seq_len i64, num_qk_heads i32, num_v_heads i32, head_dim_k i32, head_dim_v i32
+        struct_size size, batch i64, seq_len i64, num_qk_heads i32, num_v_heads i32, head_dim_k i32, head_dim_v i32
         cu_seqlens ptr, cu_seqlens_dtype enum, num_seqs i64, cu_seqlens_host ptr
-        dtype enum, q ptr, k ptr, v ptr, g ptr, g_dtype enum, beta ptr, beta_dtype enum
-        o ptr, o_dtype enum
+        dtype enum, q ptr, k ptr, v ptr, g ptr, g_dtype enum, beta ptr, beta_dtype enum, o ptr, o_dtype enum
         initial_state ptr, initial_state_dtype enum, final_state ptr, final_state_dtype enum, state_v_first int
         state_indices ptr, num_state_slots i64
         scale float, use_qk_l2norm int, use_gate_in_kernel int, A_log ptr, dt_bias ptr, lower_bound float
         safe_gate int, use_beta_sigmoid int, allow_neg_eigval int
         state_indices_cols i64, state_indices_row_stride i64, num_accepted_tokens ptr, beta_headwise int
-        cp_mode enum, cp_piece_len i64
-        chunk_states ptr, chunk_states_dtype enum, saved ptr, saved_bytes size
+        cp_mode enum, cp_piece_len i64, chunk_states ptr, chunk_states_dtype enum, saved ptr, saved_bytes size
         cp_num_ranks i32, cp_rank i32, cp_pre_ranks i32, cp_post_ranks i32, cp_summary_dtype enum, cp_summaries ptr
         cp_summaries_bytes size""")
 

@@ -113,10 +113,9 @@ def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
 
 
 def _eager(*ts) -> bool:
-    if _compiling():
-        return False
     grad = torch.is_grad_enabled()
-    return all(t is None or (type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad)) for t in ts)
+    return not _compiling() and all(t is None or (type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad))
+                                    for t in ts)
 
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
