@@ -153,7 +153,7 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
         o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, xcp, *inputs)
         train = True
     elif xcp is not None:
-        raise _bad(fn, "cp_context", "is not implemented by kda under torch.compile or on tensor subclasses",
+        raise _bad(fn, "cp_context", "is not implemented by kda on tensor subclasses or traced by torch.compile",
                    KDANotSupportedError)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(*inputs, opts.scale, final, *opts[1:8], opts.cp)
