@@ -1,7 +1,6 @@
 """kda: Kimi Delta Attention over libkda, with FLA's Python interface: ``from kda import chunk_kda,
 fused_recurrent_kda`` in place of ``from fla.ops.kda import ...``, on torch tensors (CUDA or CPU) or numpy arrays.
-libkda is loaded on first use; torch is never imported by kda itself. docs/API.md, "Python", says the rest.
-"""
+libkda is loaded on first use; torch is never imported by kda itself. docs/API.md, "Python", says the rest."""
 
 from ._api import chunk_kda, chunk_kda_backward, fused_recurrent_kda
 from ._errors import (KDAAllocError, KDAAssertionError, KDABackendError, KDAError, KDAInsufficientWorkspaceError,

@@ -384,8 +384,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     _check_neg(fn, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     if out is not None and tuple(getattr(out, "shape", ())) != tuple(v.shape):
         raise _bad(fn, "out", f"expected v's shape {_shape(v.shape)}, got "
-                              f"{_shape(out.shape) if hasattr(out, 'shape') else type(out).__name__}",
-                   KDAAssertionError)
+                   f"{_shape(out.shape) if hasattr(out, 'shape') else type(out).__name__}", KDAAssertionError)
     if inplace and initial_state is None:
         raise KDAAssertionError(f"{fn}: inplace_final_state=True requires initial_state (argument 'initial_state')")
     # ours
@@ -439,8 +438,7 @@ def _np_code(fn: str, field: str, x) -> int:
     code = _NP_CODES.get(x.dtype)
     if code is None or (code in (INT32, INT64)) != (field == "cu_seqlens"):
         raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
-                                                            f"float16 (bfloat16 through torch tensors)",
-                   KDANotSupportedError)
+                   f"float16 (bfloat16 through torch tensors)", KDANotSupportedError)
     return code
 
 

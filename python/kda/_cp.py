@@ -22,8 +22,7 @@ CPContext.__module__ = __name__
 
 
 def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None, cu_seqlens_cpu=None) -> CPContext:
-    """FLA's build_cp_context: the packed sequences of `cu_seqlens` (global offsets) split evenly over the ranks of
-    `group`; this rank's part of them."""
+    """FLA's build_cp_context: this rank's part of the sequences of `cu_seqlens` split evenly over `group`."""
     fn, group = "build_cp_context", dist.group.WORLD if group is None else group
     R, r = dist.get_world_size(group), dist.get_rank(group)
     cu = torch.as_tensor(cu_seqlens if cu_seqlens_cpu is None else cu_seqlens_cpu).tolist()
@@ -32,8 +31,7 @@ def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None
     if cu[-1] < R or cu[-1] % R:
         raise _bad(fn, "cu_seqlens", f"T = {cu[-1]} tokens cannot be split evenly over the group's {R} ranks (a "
                                      f"multiple of the world size is needed, at least one token per rank)")
-    part = cu[-1] // R
-    lo, hi = r * part, (r + 1) * part
+    lo, hi = r * (part := cu[-1] // R), (r + 1) * part
     first, last = max(c for c in cu if c <= lo), min(c for c in cu if c >= hi)  # the sequences at the slice's ends
     pre, post = r - first // part, (last - 1) // part - r
     host = torch.tensor(sorted({min(max(c, lo), hi) - lo for c in cu}), dtype=torch.int32)
@@ -42,8 +40,7 @@ def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None
 
 
 def local_offsets(fn: str, ctx, cu_seqlens, cu_seqlens_cpu, q):
-    """The context's cu_seqlens (on q's device) and host copy, which the call runs with, after checking what the
-    caller passed."""
+    """The context's cu_seqlens (on q's device) and host copy, the call's, after checking what the caller passed."""
     cu, host = getattr(ctx, "cu_seqlens", None), getattr(ctx, "cu_seqlens_cpu", None)
     if not isinstance(cu, torch.Tensor):
         raise _bad(fn, "cp_context", f"expected a context with the rank's cu_seqlens (kda.build_cp_context), got "
@@ -77,9 +74,8 @@ def split(fn: str, ctx) -> "Split":
 
 
 class Split:
-    """One call's place in a split (kda_args_t's cp_* fields) and the all-gathers of the summaries: each rank
-    computes its own only where another rank folds it (the forward's where its last sequence continues, the
-    backward's where its first one does); one rank needs none."""
+    """A call's place in a split (kda_args_t's cp_* fields), and the all-gathers of the summaries: a rank computes its
+    own where another folds it (forward: its last sequence continues; backward: its first one does)."""
 
     def __init__(self, group, R: int, rank: int, pre: int, post: int):
         self.group, self.R, self.rank, self.pre, self.post = group, R, rank, pre, post

@@ -121,8 +121,7 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
            keep: bool = False, memo=None, xcp=None, **optional) -> Optional[Tensor]:
     """libkda's `entry` ("forward", "decode") on tensors; `optional` by kda_args_t's names (an empty final_state:
-    none). `hs`: chunk_states. `keep`: returns kda_args_t.saved. `memo`: a _ChunkCall, its workspace size first.
-    `xcp`: a kda._cp.Split (context parallelism across ranks)."""
+    none). `hs`: chunk_states. `keep`: returns kda_args_t.saved. `memo`: a _ChunkCall. `xcp`: a kda._cp.Split."""
     ht = optional.get("final_state")
     if ht is not None and ht.numel() == 0:
         optional["final_state"] = None
@@ -171,8 +170,7 @@ def bwd_outputs(inputs, wants):
 
 def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None, xcp=None):
     """kda_backward of chunk_fwd's 10 `inputs` for do and dht (None or empty: zero); `wants`: d_initial_state,
-    dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall. `xcp`: the
-    forward's kda._cp.Split."""
+    dA_log, ddt_bias. `saved`: what the forward kept (None: recomputed). `memo`: a _ChunkCall. `xcp`: the Split."""
     fn = "chunk_kda backward"
     q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu = inputs
     if dht is not None and dht.numel() == 0:

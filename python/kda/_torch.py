@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _autograd, _ops
-from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
+from ._errors import KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
 _INT = (torch.int32, torch.int64)
@@ -84,8 +84,7 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
 def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
     """ssm_state_indices in device memory, checked on a host copy as libkda checks host ones (src/validate.c): each
     slot a sequence reads or writes below `slots` (negative: none), then no slot touched twice."""
-    def bad(what):
-        return KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': {what}")
+    bad = lambda what: _bad(fn, "ssm_state_indices", what)  # noqa: E731
     rows, items = idx.tolist(), []  # items: (sequence, the entry's name, slot, whether it is the slot a row reads)
     lens = [T] * len(rows) if cu is None or idx.dim() == 1 else cu.diff().tolist()
     reads = [1] * len(rows) if nat is None else nat.tolist()
@@ -134,8 +133,7 @@ def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
 # The entry points' torch halves
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
               states: bool = False, xcp=None):
-    """`remember`: chunk_kda_cached's note of a call that may be cached. `states`: return_intermediate_states.
-    `xcp`: cp_context's kda._cp.Split."""
+    """`remember`: chunk_kda_cached's note; `states`: return_intermediate_states; `xcp`: cp_context's Split."""
     q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
     h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
@@ -171,8 +169,7 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
     idx = None if idx is None else _ints(fn, "ssm_state_indices", idx, q.device)
     nat = None if nat is None else _ints(fn, "num_accepted_tokens", nat, q.device)
     if idx is not None and idx.is_cuda and not (_compiling() or torch.cuda.is_current_stream_capturing()):
-        device_slots(fn, idx, nat, None if cu is None else (cu if cu_cpu is None else cu_cpu), q.shape[1],
-                     h0.shape[0])
+        device_slots(fn, idx, nat, cu if cu_cpu is None else cu_cpu, q.shape[1], h0.shape[0])  # offsets: the host's
     if h0 is not None:
         c = _tensor(fn, "initial_state", h0, q)
         if c is not h0 and ht_mode == 2:  # .contiguous() copied it
