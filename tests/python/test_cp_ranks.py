@@ -148,13 +148,16 @@ def run_bad(name, rank, group):
 
 
 def worker(rank, world, port, out_dir, backend):
+    global K, V
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        K = V = 64  # head sizes the CUDA backend's chunked kernels and backward take
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
     torch.set_num_threads(1)
     report = {}
     try:
         if backend == "nccl":
-            torch.cuda.set_device(rank)
             for name in ("r1_one", "r1_two"):
                 report[name] = run_case(name, rank, dist.group.WORLD, "cuda")
             try:
