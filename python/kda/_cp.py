@@ -12,14 +12,12 @@ from . import _ops
 from ._api import _bad
 from ._errors import KDAAssertionError, KDAError
 
-
 # A rank's share of a split: FLA's FLACPContext's fields (chunk_kda takes an FLACPContext too), then ours, the world
 # size and rank it was built for. cu_seqlens, cu_seqlens_cpu: the rank's local offsets (from 0) and their host copy.
 CPContext = make_dataclass("CPContext", [(name, Any, None) for name in (
     "group", "cu_seqlens", "cu_seqlens_cpu", "is_last_rank", "pre_num_ranks", "is_first_rank", "post_num_ranks",
     "conv1d_kernel_size", "pre_num_conv_tokens", "world_size", "rank")])
 CPContext.__module__ = __name__
-
 
 def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None, cu_seqlens_cpu=None) -> CPContext:
     """FLA's build_cp_context: this rank's part of the sequences of `cu_seqlens` split evenly over `group`."""
@@ -38,7 +36,6 @@ def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None
     dev = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else host.device
     return CPContext(group, host.to(dev), host, post == 0, pre, pre == 0, post, conv1d_kernel_size, lo - first, R, r)
 
-
 def local_offsets(fn: str, ctx, cu_seqlens, cu_seqlens_cpu, q):
     """The context's cu_seqlens (on q's device) and host copy, the call's, after checking what the caller passed."""
     cu, host = getattr(ctx, "cu_seqlens", None), getattr(ctx, "cu_seqlens_cpu", None)
@@ -55,7 +52,6 @@ def local_offsets(fn: str, ctx, cu_seqlens, cu_seqlens_cpu, q):
                                  f"runs with (pass either, or the same values)")
     return cu.to(q.device), host
 
-
 def split(fn: str, ctx) -> "Split":
     """The rank's place in the context's split, checked against the context's group."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -71,7 +67,6 @@ def split(fn: str, ctx) -> "Split":
         if isinstance(x, bool) or not hasattr(x, "__index__") or not 0 <= operator.index(x) <= top:
             raise _bad(fn, "cp_context", f"{name} = {x!r} is not an int in [0, {top}] (rank {r} of {R})")
     return Split(group, R, r, *map(operator.index, counts))
-
 
 class Split:
     """A call's place in a split (kda_args_t's cp_* fields), and the all-gathers of the summaries: a rank computes its
