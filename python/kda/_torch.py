@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from . import _api, _autograd, _ops
-from ._errors import KDAInvalidValueError, KDANotSupportedError, KDATypeError
+from ._errors import KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
 _INT = (torch.int32, torch.int64)
@@ -15,7 +15,6 @@ _INT = (torch.int32, torch.int64)
 _PLAIN_TENSORS = frozenset((Tensor, torch.nn.Parameter))
 _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _bad = _api._bad
-
 
 # The caller's tensors as the ops read them
 def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
@@ -28,7 +27,6 @@ def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
                    KDANotSupportedError)
     return x.contiguous()
 
-
 def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias):
     q = q.contiguous()
     _ops.code(fn, "q", q)
@@ -37,7 +35,6 @@ def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias):
     _ops.code(fn, "g", g)
     _ops.code(fn, "beta", beta)
     return q, k, v, g, beta, _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
-
 
 def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
     if x is None:
@@ -49,7 +46,6 @@ def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
     if x.dtype == torch.float32 and x.dim() == 1 and x.is_contiguous():  # the usual case: three torch calls less
         return x
     return x.to(torch.float32).contiguous().view(-1)
-
 
 def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
     if isinstance(x, Tensor):
@@ -65,7 +61,6 @@ def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
     host = _api.host_ints(fn, name, x, tuple(np.dtype(str(d)[6:]) for d in dtypes))
     return torch.from_numpy(host).to(device)
 
-
 def _offsets(fn: str, cu, cu_cpu, q: Tensor):
     if cu is None:
         return None, None
@@ -80,12 +75,10 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
         raise _bad(fn, "cu_seqlens_cpu", f"shape {list(cu_cpu.shape)} differs from cu_seqlens' {list(cu.shape)}")
     return cu, cu_cpu
 
-
 def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
     """ssm_state_indices in device memory, checked on a host copy as libkda checks host ones (src/validate.c): each
     slot a sequence reads or writes below `slots` (negative: none), then no slot touched twice."""
-    def bad(what):
-        return KDAInvalidValueError(f"{fn}: argument 'ssm_state_indices': {what}")
+    bad = lambda what: _bad(fn, "ssm_state_indices", what)  # noqa: E731
     rows, items = idx.tolist(), []  # items: (sequence, the entry's name, slot, whether it is the slot a row reads)
     lens = [T] * len(rows) if cu is None or idx.dim() == 1 else cu.diff().tolist()
     reads = [1] * len(rows) if nat is None else nat.tolist()
@@ -111,13 +104,10 @@ def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
                       if read else f"slot {s} ({name}) is touched twice in one call; the slots of a call must be "
                       f"distinct")
 
-
 def _eager(*ts) -> bool:
-    if _compiling():
-        return False
     grad = torch.is_grad_enabled()
-    return all(t is None or (type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad)) for t in ts)
-
+    return not _compiling() and all(t is None or (type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad))
+                                    for t in ts)
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
     """FLA's h, [B, Σ ceil(len / 64), HV, K, V] in q's dtype, and the tensor libkda writes (float32 for float16)."""
@@ -131,34 +121,35 @@ def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
     h = q.new_empty(shape)
     return h, (h if q.dtype != torch.float16 else q.new_empty(shape, dtype=torch.float32))
 
-
 # The entry points' torch halves
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
-              states: bool = False):
-    """`remember`: chunk_kda_cached's note of a call that may be cached. `states`: return_intermediate_states."""
+              states: bool = False, xcp=None):
+    """`remember`: chunk_kda_cached's note; `states`: return_intermediate_states; `xcp`: cp_context's Split."""
     q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
     h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
     cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     inputs = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
     if states:
         h, hs = _chunk_states_tensor(q, v, cu, cu_cpu, opts.state_v_first)
-        o, ht = _ops.chunk_fwd(opts, *inputs, final, hs=hs)
+        o, ht = _ops.chunk_fwd(opts, *inputs, final, hs=hs, xcp=xcp)
         if hs is not h:
             h.copy_(hs)
         return o, (ht if final else None), h
     train = False
     if _eager(*inputs[:8]):
-        o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True)
+        o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True, xcp=xcp)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
-        o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, *inputs)
+        o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, xcp, *inputs)
         train = True
+    elif xcp is not None:
+        raise _bad(fn, "cp_context", "is not implemented by kda on tensor subclasses or traced by torch.compile",
+                   KDANotSupportedError)
     else:
         o, ht = torch.ops.kda.chunk_kda_fwd(*inputs, opts.scale, final, *opts[1:8], opts.cp)
         remember = None
     if remember is not None:
         _remember_chunk(remember, inputs, opts, final, train)
     return o, (ht if final else None)
-
 
 def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, out,
                         ht_mode: int):
@@ -168,8 +159,7 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
     idx = None if idx is None else _ints(fn, "ssm_state_indices", idx, q.device)
     nat = None if nat is None else _ints(fn, "num_accepted_tokens", nat, q.device)
     if idx is not None and idx.is_cuda and not (_compiling() or torch.cuda.is_current_stream_capturing()):
-        device_slots(fn, idx, nat, None if cu is None else (cu if cu_cpu is None else cu_cpu), q.shape[1],
-                     h0.shape[0])
+        device_slots(fn, idx, nat, cu if cu_cpu is None else cu_cpu, q.shape[1], h0.shape[0])  # offsets: the host's
     if h0 is not None:
         c = _tensor(fn, "initial_state", h0, q)
         if c is not h0 and ht_mode == 2:  # .contiguous() copied it
@@ -197,7 +187,6 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
                                               cu_cpu, idx, o, ht, ht_mode == 2, opts.scale, *opts[1:8], nat)
     return o, ht
 
-
 # kda.chunk_kda's fast path: a call whose signature (everything its checks read: types, shapes, dtypes, devices,
 # contiguity, options) passed them before runs without them, and tries its last workspace size first (_lib.run
 # settles one that falls short). Signatures are filed under q's shape, and made only for a shape seen before.
@@ -205,7 +194,6 @@ _SCALARS = frozenset((type(None), bool, int, float))  # equal values of these me
 _CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
 _MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
 _chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
-
 
 def chunk_kda_cached(tensors, kwargs, flags):
     """(result, None) for a signature checked and run eagerly before; else (None, chunk_kda's `remember`)."""
@@ -238,10 +226,9 @@ def chunk_kda_cached(tensors, kwargs, flags):
         return None, (shape, key, inputs)
     inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        o, ht = _autograd.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, *inputs)
+        o, ht = _autograd.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, None, *inputs)
         return (o, ht if call.final else None), None
     return call(*inputs), None
-
 
 def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) -> None:
     """Note q's shape if new, else cache the signature if the launch used the caller's tensors as they came."""
@@ -255,7 +242,6 @@ def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) 
         if len(calls) >= _MAX_CALLS:
             calls.clear()
         calls[key] = _ChunkCall(opts, final, train, tuple(u is None for u in used))
-
 
 class _ChunkCall:
     """One cached chunk_kda signature: its options, flags, ignored arguments, and the sizes its last calls used."""
@@ -271,6 +257,5 @@ class _ChunkCall:
 
     def launch(self, *inputs):
         return _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, keep=True, memo=self)
-
 
 _api._torch_chunk_cached = chunk_kda_cached
