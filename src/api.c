@@ -229,6 +229,14 @@ void(kda_args_init)(kda_args_t *args) {
     args->chunk_states_dtype = KDA_FLOAT32;
 }
 
+kda_status_t kda_check_workspace(const char *fn, const void *ws, size_t ws_bytes, size_t need) {
+    if (ws_bytes < need)
+        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
+                         "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, ws_bytes, need);
+    if (need > 0 && !ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    return KDA_STATUS_SUCCESS;
+}
+
 typedef enum { ALGO_FORWARD, ALGO_DECODE } algo_t;
 
 /* Everything a call does before the backend runs: context, arguments, backend support, workspace size. */
@@ -292,10 +300,7 @@ static kda_status_t run(kda_context_t *ctx, const kda_args_t *args, void *ws, si
     kda_status_t st = prepare(ctx, args, algo, fn, &p, &need);
     if (st == KDA_STATUS_SUCCESS) st = check_saved(ctx, &p, fn);
     if (st != KDA_STATUS_SUCCESS) return st;
-    if (ws_bytes < need)
-        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
-                         "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, ws_bytes, need);
-    if (need > 0 && !ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    if ((st = kda_check_workspace(fn, ws, ws_bytes, need)) != KDA_STATUS_SUCCESS) return st;
     if (p.num_tokens == 0 && !p.a.final_state) return KDA_STATUS_SUCCESS; /* nothing to write */
     if (algo == ALGO_FORWARD && kda_xcp_forward_extra(ctx, &p))
         kda_xcp_fold_forward(&p, (char *)ws + need - kda_xcp_forward_extra(ctx, &p));
@@ -414,10 +419,7 @@ static kda_status_t backward(kda_context_t *ctx, const kda_backward_args_t *args
     size_t need = 0;
     kda_status_t st = prepare_backward(ctx, args, fn, &p, &need);
     if (st != KDA_STATUS_SUCCESS) return st;
-    if (workspace_bytes < need)
-        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
-                         "%s: argument 'workspace_bytes': %zu bytes given, %zu needed", fn, workspace_bytes, need);
-    if (need > 0 && !workspace) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
+    if ((st = kda_check_workspace(fn, workspace, workspace_bytes, need)) != KDA_STATUS_SUCCESS) return st;
     if (kda_xcp_backward_extra(ctx, &p))
         kda_xcp_fold_backward(&p, (char *)workspace + need - kda_xcp_backward_extra(ctx, &p));
     return ctx->ops->backward(ctx, &p, workspace, workspace_bytes, stream);

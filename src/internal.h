@@ -158,6 +158,10 @@ kda_status_t kda_check_backward_args(const kda_context_t *ctx, const kda_backwar
 kda_status_t kda_check_args(const kda_context_t *ctx, const kda_args_t *args, const char *fn, int host_readable,
                             kda_problem_t *out);
 
+/* A call's workspace (api.c): INSUFFICIENT_WORKSPACE naming workspace_bytes when short, INVALID_VALUE naming
+ * workspace when it is NULL and `need` > 0 */
+kda_status_t kda_check_workspace(const char *fn, const void *ws, size_t ws_bytes, size_t need);
+
 /* ---------------------------------------------------------------------------------------------------------
  * Backends
  * ------------------------------------------------------------------------------------------------------- */

@@ -186,16 +186,6 @@ kda_status_t kda_cp_forward_summary_workspace_size(const kda_context_t *ctx, con
     return st;
 }
 
-static kda_status_t check_workspace(const char *fn, const void *ws, size_t ws_bytes, size_t need) {
-    if (ws_bytes < need)
-        return kda_error(KDA_STATUS_INSUFFICIENT_WORKSPACE,
-                         "%s: argument 'workspace_bytes': %zu bytes given, %zu "
-                         "needed",
-                         fn, ws_bytes, need);
-    if (!ws) return kda_error(KDA_STATUS_INVALID_VALUE, "%s: argument 'workspace': NULL", fn);
-    return KDA_STATUS_SUCCESS;
-}
-
 kda_status_t kda_cp_forward_summary(kda_context_t *ctx, const kda_args_t *args, void *summary, size_t summary_bytes,
                                     void *workspace, size_t workspace_bytes, void *stream) {
     const char *fn = "kda_cp_forward_summary";
@@ -205,7 +195,7 @@ kda_status_t kda_cp_forward_summary(kda_context_t *ctx, const kda_args_t *args, 
     size_t need = 0;
     st = forward_prepare(ctx, args, fn, &p, &need);
     if (st == KDA_STATUS_SUCCESS) st = check_summary_out(&p, NULL, summary, summary_bytes, fn);
-    if (st == KDA_STATUS_SUCCESS) st = check_workspace(fn, workspace, workspace_bytes, need);
+    if (st == KDA_STATUS_SUCCESS) st = kda_check_workspace(fn, workspace, workspace_bytes, need);
     if (st == KDA_STATUS_SUCCESS) st = summary_run(ctx, &p, NULL, summary, workspace, need, stream);
     kda_ctx_leave(ctx);
     return st;
@@ -242,7 +232,7 @@ kda_status_t kda_cp_backward_summary(kda_context_t *ctx, const kda_backward_args
     size_t need = 0;
     st = backward_prepare(ctx, args, fn, &bp, &need);
     if (st == KDA_STATUS_SUCCESS) st = check_summary_out(&bp.f, &bp, summary, summary_bytes, fn);
-    if (st == KDA_STATUS_SUCCESS) st = check_workspace(fn, workspace, workspace_bytes, need);
+    if (st == KDA_STATUS_SUCCESS) st = kda_check_workspace(fn, workspace, workspace_bytes, need);
     if (st == KDA_STATUS_SUCCESS) st = summary_run(ctx, &bp.f, &bp, summary, workspace, need, stream);
     kda_ctx_leave(ctx);
     return st;
