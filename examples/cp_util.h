@@ -438,14 +438,16 @@ static int cp_unsplit(kda_context_t *ctx, kda_backend_t be, cp_problem_t *p, int
 /* ---------------------------------------------------------------------------------------------------------
  * The check: a rank's outputs against the unsplit run's, as max |x − ref| / max |ref| per tensor
  * ------------------------------------------------------------------------------------------------------- */
-/* The tolerances of the tensors of one rank, and of dA_log and ddt_bias (sums over every token of every rank):
- * the reference backend with fp64 summaries reproduces its unsplit run to fp64 rounding, i.e. within one
- * float32 unit of the outputs, with a factor 2 for the two roundings of a sum; the CPU backend within its usual
- * error against the oracle (tests/cpu/test_backward.c: 2e-5, 10x for the sums); CUDA, whose kernels take some
- * products in tf32 and bf16, within its usual tolerance (examples/train_step.c). */
+/* The tolerances of the tensors of one rank, and of dA_log and ddt_bias (sums over every token of every rank).
+ * The reference backend with fp64 summaries reproduces its unsplit run to fp64 rounding, i.e. within one float32
+ * unit of the outputs, with a factor 2 for the two roundings of a sum. The CPU backend stays within its usual
+ * error against the oracle (tests/cpu/test_backward.c: 2e-5, 10x for the sums). On CUDA both runs are within the
+ * chunked kernels' tf32/bf16 error of the oracle (~2e-2 of the largest |o|, examples/forward.c), and the split's
+ * maps carry the chunk pipeline's state precision into the tokens next to each cut (docs/ALGORITHM.md §4a): the
+ * two runs may differ by both errors. */
 static void cp_tolerance(kda_backend_t be, double *tol, double *sum_tol) {
-    *tol = be == KDA_BACKEND_REFERENCE ? 2.5e-7 : be == KDA_BACKEND_CPU ? 2e-5 : 3e-2;
-    *sum_tol = be == KDA_BACKEND_REFERENCE ? 2.5e-7 : 10 * *tol;
+    *tol = be == KDA_BACKEND_REFERENCE ? 2.5e-7 : be == KDA_BACKEND_CPU ? 2e-5 : 5e-2;
+    *sum_tol = be == KDA_BACKEND_REFERENCE ? 2.5e-7 : be == KDA_BACKEND_CPU ? 10 * *tol : *tol;
 }
 
 typedef struct {
