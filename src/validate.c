@@ -618,8 +618,15 @@ static kda_status_t check_bwd_overlaps(const char *fn, const kda_bwd_problem_t *
     const size_t T = (size_t)pf->num_tokens, HQK = (size_t)a->num_qk_heads, HV = (size_t)a->num_v_heads;
     const size_t K = (size_t)a->head_dim_k, V = (size_t)a->head_dim_v;
     const size_t nstate = (size_t)(a->state_indices ? a->num_state_slots : pf->num_seqs);
-    span_t inputs[READ_SPANS_MAX];
-    const int n_in = read_spans(pf, b, inputs);
+    span_t inputs[READ_SPANS_MAX + 2];
+    int n_in = read_spans(pf, b, inputs);
+    if (a->cp_num_ranks > 0) { /* the folds' inputs (the summary calls may write into their own gather) */
+        const size_t sb = kda_xcp_summary_bytes(pf) * (size_t)a->cp_num_ranks;
+        inputs[n_in++] = (span_t){"problem->cp_summaries", a->cp_pre_ranks > 0 ? a->cp_summaries : NULL,
+                                  a->cp_pre_ranks > 0 ? sb : 0};
+        inputs[n_in++] =
+            (span_t){"cp_summaries", a->cp_post_ranks > 0 ? b->cp_summaries : NULL, a->cp_post_ranks > 0 ? sb : 0};
+    }
     const span_t outputs[] = {
         {"dq", b->dq, T * HQK * K * kda_dtype_size(b->dq_dtype)},
         {"dk", b->dk, T * HQK * K * kda_dtype_size(b->dk_dtype)},
@@ -991,6 +998,9 @@ kda_status_t kda_check_xcp(const char *fn, const kda_problem_t *p, int call) {
         const span_t outs[] = {
             {"o", a->o, T * HV * (size_t)a->head_dim_v * kda_dtype_size(a->o_dtype)},
             {"final_state", a->final_state, nstate * HV * KV * kda_dtype_size(a->final_state_dtype)},
+            {"chunk_states", a->chunk_states,
+             a->chunk_states ? (size_t)p->chunk_rows * HV * KV * kda_dtype_size(a->chunk_states_dtype) : 0},
+            {"saved", a->saved, a->saved ? a->saved_bytes : 0},
         };
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++)
             if (overlaps(sums, outs[i]))

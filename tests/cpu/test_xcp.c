@@ -535,6 +535,18 @@ static void e_gathered_over_o(kda_args_t *a, kda_backward_args_t *b, size_t *n, 
     (void)b, (void)n, (void)s;
     a->cp_summaries = a->o;
 }
+static void e_chunk_states_over_gathered(kda_args_t *a, kda_backward_args_t *b, size_t *n, void **s) {
+    (void)b, (void)n, (void)s;
+    a->chunk_states = (void *)a->cp_summaries;
+}
+static void e_dq_over_gathered_bwd(kda_args_t *a, kda_backward_args_t *b, size_t *n, void **s) {
+    (void)a, (void)n, (void)s;
+    b->dq = (void *)b->cp_summaries;
+}
+static void e_dv_over_gathered_fwd(kda_args_t *a, kda_backward_args_t *b, size_t *n, void **s) {
+    (void)n, (void)s;
+    b->dv = (void *)a->cp_summaries;
+}
 static void e_summary_over_q(kda_args_t *a, kda_backward_args_t *b, size_t *n, void **s) {
     (void)b, (void)n;
     *s = (void *)a->q;
@@ -568,6 +580,10 @@ static const bad_case_t BAD_CASES[] = {
     {"gathered_over_o", CALL_FORWARD, 1, KDA_STATUS_INVALID_VALUE, "'cp_summaries'", e_gathered_over_o},
     {"decode_refuses", CALL_DECODE, 1, KDA_STATUS_INVALID_VALUE, "'cp_num_ranks'", NULL},
     {"headwise_beta", CALL_FWD_SUMMARY, 1, KDA_STATUS_NOT_SUPPORTED, "'beta_headwise'", e_headwise},
+    {"chunk_states_over_gathered", CALL_FORWARD, 1, KDA_STATUS_INVALID_VALUE, "'cp_summaries'",
+     e_chunk_states_over_gathered},
+    {"dq_over_gathered_bwd", CALL_BACKWARD, 0, KDA_STATUS_INVALID_VALUE, "'dq'", e_dq_over_gathered_bwd},
+    {"dv_over_gathered_fwd", CALL_BACKWARD, 1, KDA_STATUS_INVALID_VALUE, "'dv'", e_dv_over_gathered_fwd},
 };
 
 /* Bytes of a float32 buffer, for the unchanged check */
