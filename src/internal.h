@@ -232,6 +232,14 @@ struct kda_context {
  * ------------------------------------------------------------------------------------------------------- */
 /* The last local sequence starts on this rank (its forward summary has M = 0); the first ends on it (the
  * backward summary's M = 0). */
+/* Whether a call folds the earlier ranks' summaries into its first sequence (forward), the later ranks' into its
+ * last (backward) */
+static inline int kda_xcp_folds_forward(const kda_problem_t *p) {
+    return p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0;
+}
+static inline int kda_xcp_folds_backward(const kda_problem_t *p) {
+    return p->a.cp_num_ranks > 0 && p->a.cp_post_ranks > 0;
+}
 static inline int kda_xcp_last_starts_here(const kda_problem_t *p) { return p->num_seqs > 1 || p->a.cp_pre_ranks == 0; }
 static inline int kda_xcp_first_ends_here(const kda_problem_t *p) { return p->num_seqs > 1 || p->a.cp_post_ranks == 0; }
 

@@ -46,11 +46,8 @@ static void fold(const kda_problem_t *p, const void *sums, int32_t first, int32_
     }
 }
 
-static int forward_folds(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0; }
-static int backward_folds(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_post_ranks > 0; }
-
 size_t kda_xcp_forward_extra(const kda_context_t *ctx, const kda_problem_t *p) {
-    if (!forward_folds(p) || ctx->ops->cp_device_summary) return 0;
+    if (!kda_xcp_folds_forward(p) || ctx->ops->cp_device_summary) return 0;
     return ((size_t)p->a.num_v_heads + 1) * head_state_doubles(p) * sizeof(double) + 64;
 }
 
@@ -62,7 +59,7 @@ void kda_xcp_fold_forward(kda_problem_t *p, void *mem) {
 }
 
 size_t kda_xcp_backward_extra(const kda_context_t *ctx, const kda_bwd_problem_t *bp) {
-    const int n = forward_folds(&bp->f) + backward_folds(&bp->f);
+    const int n = kda_xcp_folds_forward(&bp->f) + kda_xcp_folds_backward(&bp->f);
     if (!n || ctx->ops->cp_device_summary) return 0;
     return ((size_t)n * bp->f.a.num_v_heads + 1) * head_state_doubles(&bp->f) * sizeof(double) + 64;
 }
@@ -70,7 +67,7 @@ size_t kda_xcp_backward_extra(const kda_context_t *ctx, const kda_bwd_problem_t 
 void kda_xcp_fold_backward(kda_bwd_problem_t *bp, void *mem) {
     kda_problem_t *p = &bp->f;
     const size_t hs = (size_t)p->a.num_v_heads * head_state_doubles(p);
-    const int nf = forward_folds(p), nb = backward_folds(p);
+    const int nf = kda_xcp_folds_forward(p), nb = kda_xcp_folds_backward(p);
     double *base = (double *)(((uintptr_t)mem + 63) & ~(uintptr_t)63), *tmp = base + (size_t)(nf + nb) * hs;
     if (nf) {
         fold(p, p->a.cp_summaries, p->a.cp_rank - p->a.cp_pre_ranks, p->a.cp_pre_ranks, 1, base, tmp);

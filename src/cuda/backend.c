@@ -175,8 +175,8 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     l.cap = cp_capacity(ctx, p);
     l.cp_base = base + meta_bytes(p) + ws_blocks_bytes(impl, p);
     l.claim = kda_cuda_claim_bytes(p) > 0 ? (int32_t *)(l.cp_base + cp_bytes(p, l.cap)) : NULL;
-    float *unused; /* the cross-rank fold at the very end (the forward has no backward fold) */
-    kda_cuda_xcp_fold_places(p, 0, l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p), &l.fold, &unused);
+    /* the cross-rank fold at the very end */
+    kda_cuda_xcp_fold_places(p, l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p), &l.fold, NULL);
     l.pb.h0_first = l.fold;
     l.states_bf16 = saved_states(impl, p);
     l.maps = saved_maps(impl, p);

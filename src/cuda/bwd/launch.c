@@ -198,8 +198,8 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
     bw.rnorm = (float *)(base + l.rnorm);
     bw.part = (float *)(base + l.part);
     bw.dbeta_part = kda_bwd_vhalves(bw.pb.vc) == 2 ? (float *)(base + l.dbeta) : NULL;
-    kda_cuda_xcp_fold_places(p, 1, base + l.fold, (float **)&bw.pb.h0_first, (float **)&bw.dht_last);
-    bw.dh0_zero_first = p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0;
+    kda_cuda_xcp_fold_places(p, base + l.fold, (float **)&bw.pb.h0_first, (float **)&bw.dht_last);
+    bw.dh0_zero_first = kda_xcp_folds_forward(p);
     bw.dht = b->d_final_state;
     bw.d_o = b->d_o;
     bw.dht_dtype = (int)b->d_final_state_dtype;

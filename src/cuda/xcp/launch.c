@@ -15,22 +15,22 @@
 
 #include "xcp.h"
 
-static int folds_fwd(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_pre_ranks > 0; }
-static int folds_bwd(const kda_problem_t *p) { return p->a.cp_num_ranks > 0 && p->a.cp_post_ranks > 0; }
 static size_t head_states(const kda_problem_t *p) { return (size_t)p->a.num_v_heads * kda_state_head_elems(p); }
 
 /* ---------------------------------------------------------------------------------------------------------
  * The folds
  * ------------------------------------------------------------------------------------------------------- */
 size_t kda_cuda_xcp_fold_bytes(const kda_problem_t *p, int backward) {
-    const int n = folds_fwd(p) + (backward && folds_bwd(p));
+    const int n = kda_xcp_folds_forward(p) + (backward && kda_xcp_folds_backward(p));
     return n ? 256 + (size_t)n * align256(head_states(p) * sizeof(float)) : 0;
 }
 
-void kda_cuda_xcp_fold_places(const kda_problem_t *p, int backward, unsigned char *mem, float **fwd, float **bwd) {
+void kda_cuda_xcp_fold_places(const kda_problem_t *p, unsigned char *mem, float **fwd, float **bwd) {
     unsigned char *base = (unsigned char *)(((uintptr_t)mem + 255) & ~(uintptr_t)255);
-    *fwd = folds_fwd(p) ? (float *)base : NULL;
-    *bwd = backward && folds_bwd(p) ? (float *)(base + (*fwd ? align256(head_states(p) * sizeof(float)) : 0)) : NULL;
+    *fwd = kda_xcp_folds_forward(p) ? (float *)base : NULL;
+    if (bwd)
+        *bwd =
+            kda_xcp_folds_backward(p) ? (float *)(base + (*fwd ? align256(head_states(p) * sizeof(float)) : 0)) : NULL;
 }
 
 int kda_cuda_xcp_fold(const kda_problem_t *p, const kda_backward_args_t *b, float *fwd, float *bwd, void *stream) {
@@ -96,15 +96,35 @@ typedef struct {
     size_t run, out, zero_v, ident, map, part, gather, grads, total;
 } xcp_ws_t;
 
-static size_t grad_bytes(const kda_bwd_problem_t *bp, int64_t rows) {
+/* The backward pass's per-token gradients (dq, dk, dv, dg, dβ in the caller's dtypes), discarded, in scratch at
+ * g: their places into b (NULL: none), and their bytes */
+static size_t grad_places(const kda_bwd_problem_t *bp, int64_t rows, unsigned char *g, kda_backward_args_t *b) {
     const kda_args_t *a = &bp->f.a;
-    const kda_backward_args_t *b = &bp->b;
+    const kda_backward_args_t *s = &bp->b;
     const int64_t HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k, V = a->head_dim_v;
-    return align256((size_t)(rows * HQK * K) * kda_dtype_size(b->dq_dtype)) +
-           align256((size_t)(rows * HQK * K) * kda_dtype_size(b->dk_dtype)) +
-           align256((size_t)(rows * HV * V) * kda_dtype_size(b->dv_dtype)) +
-           align256((size_t)(rows * HV * K) * kda_dtype_size(b->dg_dtype)) +
-           align256((size_t)(rows * HV) * kda_dtype_size(b->dbeta_dtype));
+    const size_t bytes[5] = {
+        (size_t)(rows * HQK * K) * kda_dtype_size(s->dq_dtype), (size_t)(rows * HQK * K) * kda_dtype_size(s->dk_dtype),
+        (size_t)(rows * HV * V) * kda_dtype_size(s->dv_dtype), (size_t)(rows * HV * K) * kda_dtype_size(s->dg_dtype),
+        (size_t)(rows * HV) * kda_dtype_size(s->dbeta_dtype)};
+    void **out[5] = {b ? &b->dq : NULL, b ? &b->dk : NULL, b ? &b->dv : NULL, b ? &b->dg : NULL, b ? &b->dbeta : NULL};
+    size_t off = 0;
+    for (int i = 0; i < 5; i++) {
+        if (b) *out[i] = g + off;
+        off += align256(bytes[i]);
+    }
+    return off;
+}
+
+/* The backward pass's problem: the first sequence alone, no fold, no d_initial_state, dA_log or ddt_bias yet */
+static void one_sequence_bwd(const kda_bwd_problem_t *bp, kda_bwd_problem_t *d) {
+    *d = *bp;
+    one_sequence(&bp->f, 0, &d->f);
+    d->b.problem = &d->f.a;
+    d->b.d_initial_state = NULL;
+    d->b.dA_log = d->b.ddt_bias = NULL;
+    d->b.cp_summaries = NULL;
+    d->b.cp_summaries_bytes = 0;
+    d->cp_dstate_out = NULL;
 }
 
 /* Whether the summary has an M to compute (else its M is zero), and the sequence it summarises */
@@ -130,9 +150,8 @@ static kda_status_t ws_layout(const kda_context_t *ctx, const kda_problem_t *p, 
     size_t run = 0, b = 0;
     kda_status_t st;
     if (bp) {
-        kda_bwd_problem_t d = *bp;
-        d.f = q;
-        d.f.a.initial_state = NULL;
+        kda_bwd_problem_t d;
+        one_sequence_bwd(bp, &d);
         st = ctx->ops->backward_workspace(ctx, &d, &run);
     } else {
         st = ctx->ops->forward_workspace(ctx, &q, &run);
@@ -154,7 +173,7 @@ static kda_status_t ws_layout(const kda_context_t *ctx, const kda_problem_t *p, 
     w->part = w->map + (map ? align256((size_t)(HV * K * K) * 4) : 0);
     w->gather = w->part + align256((size_t)(HV * K * V) * 4);
     w->grads = w->gather + (needs_gather(p, bp) ? align256((size_t)(HV * K * V) * es_h) : 0);
-    w->total = 256 + w->grads + (bp ? grad_bytes(bp, rows) : 0);
+    w->total = 256 + w->grads + (bp ? grad_places(bp, rows, NULL, NULL) : 0);
     return KDA_STATUS_SUCCESS;
 }
 
@@ -212,27 +231,12 @@ static kda_status_t run_part(kda_context_t *ctx, const kda_problem_t *p, const k
         q.a.final_state_dtype = KDA_FLOAT32;
         return ctx->ops->forward(ctx, &q, base, w->run, stream);
     }
-    kda_bwd_problem_t d = *bp;
-    d.f = q;
-    d.b.problem = &d.f.a;
+    kda_bwd_problem_t d;
+    one_sequence_bwd(bp, &d);
     d.b.d_final_state = from;
-    unsigned char *g = base + w->grads;
-    const int64_t rows = q.num_tokens, HQK = a->num_qk_heads, HV = a->num_v_heads, K = a->head_dim_k;
-    d.b.dq = g;
-    g += align256((size_t)(rows * HQK * K) * kda_dtype_size(d.b.dq_dtype));
-    d.b.dk = g;
-    g += align256((size_t)(rows * HQK * K) * kda_dtype_size(d.b.dk_dtype));
-    d.b.dv = g;
-    g += align256((size_t)(rows * HV * a->head_dim_v) * kda_dtype_size(d.b.dv_dtype));
-    d.b.dg = g;
-    g += align256((size_t)(rows * HV * K) * kda_dtype_size(d.b.dg_dtype));
-    d.b.dbeta = g;
+    (void)grad_places(bp, q.num_tokens, base + w->grads, &d.b);
     d.b.d_initial_state = base + w->part;
     d.b.d_initial_state_dtype = KDA_FLOAT32;
-    d.b.dA_log = d.b.ddt_bias = NULL;
-    d.b.cp_summaries = NULL;
-    d.b.cp_summaries_bytes = 0;
-    d.cp_dstate_out = NULL;
     return ctx->ops->backward(ctx, &d, base, w->run, stream);
 }
 
@@ -252,7 +256,7 @@ kda_status_t kda_cuda_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, co
         return kda_error(KDA_STATUS_BACKEND_ERROR, "%s: cudaSetDevice: %s", fn, cudaGetErrorString(e));
     const int64_t n = summary_seq(p, bp);
     const int map = p->num_seqs > 0 && needs_map(p, bp);
-    if (map) st = run_map(ctx, bp ? &bp->f : p, n, &w, base, stream);
+    if (map) st = run_map(ctx, p, n, &w, base, stream);
     if (st == KDA_STATUS_SUCCESS && p->num_seqs > 0) st = run_part(ctx, p, bp, n, &w, base, stream);
     if (st == KDA_STATUS_SUCCESS) {
         int err = (int)cudaMemsetAsync(summary, 0, (size_t)HV * K * W * 4, (cudaStream_t)stream);

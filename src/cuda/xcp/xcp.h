@@ -32,8 +32,8 @@ size_t kda_cuda_xcp_fold_bytes(const kda_problem_t *p, int backward);
 /* The forward fold into fwd (the state entering sequence 0) and, for the backward, the backward fold into bwd;
  * either NULL where its chain is empty. On the current device and the caller's stream. */
 int kda_cuda_xcp_fold(const kda_problem_t *p, const kda_backward_args_t *b, float *fwd, float *bwd, void *stream);
-/* Where the folds lie in a workspace region of kda_cuda_xcp_fold_bytes at mem */
-void kda_cuda_xcp_fold_places(const kda_problem_t *p, int backward, unsigned char *mem, float **fwd, float **bwd);
+/* Where the folds lie in a workspace region of kda_cuda_xcp_fold_bytes at mem (bwd NULL: the forward's alone) */
+void kda_cuda_xcp_fold_places(const kda_problem_t *p, unsigned char *mem, float **fwd, float **bwd);
 
 /* kda_cuda_ops' summary entries (the arguments checked; bp NULL: the forward's) */
 kda_status_t kda_cuda_xcp_summary_workspace(const kda_context_t *ctx, const kda_problem_t *p,
