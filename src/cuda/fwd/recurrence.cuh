@@ -528,15 +528,18 @@ DEV void rec_load_start(const kda_rec_params_t &p, rec_cta_t &c, float (&s)[KD /
         identity_cols<KD>(s, p.pb.K, c.vw, c.g, c.t);
     } else if (c.w.load_sin) {
         load_slot<KD>(c.w.slot_base + KD * KD + KD * c.vc, s, c.vc, 1, c.vw, c.g, c.t);
-    } else if (c.w.from_h0 && c.w.n == 0 && p.pb.h0_first) {
-        /* cross-rank CP: the fold of the earlier ranks' maps enters sequence 0 in place of its initial state */
-        load_state<KD>(p, p.pb.h0_first, KDA_DT_F32, s, (int64_t)c.w.h * p.pb.K * p.pb.V, p.pb.V, 1, c.vw, c.g, c.t,
-                       c.full);
-        poison_columns<KD>(s);
-    } else if (c.w.from_h0 && p.pb.h0 && c.slot >= 0) {
-        /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state) */
-        load_state<KD>(p, p.pb.h0, p.pb.h0_dtype, s, c.sbase, c.sd, c.sv, c.vw, c.g, c.t, c.full);
-        poison_columns<KD>(s);
+    } else if (c.w.from_h0) {
+        /* a whole sequence, or a sequence's first piece (pre-scan: its E is then its outgoing state), from h0; in
+           cross-rank CP the fold of the earlier ranks' maps enters sequence 0 in its place ([hv][K][V] fp32). One
+           load for both sources: a second inlined copy of the load lengthens the kernel's code for no work. */
+        const int fold = c.w.n == 0 && p.pb.h0_first != NULL;
+        const void *src = fold ? (const void *)p.pb.h0_first : c.slot >= 0 ? p.pb.h0 : NULL;
+        if (src) {
+            load_state<KD>(p, src, fold ? KDA_DT_F32 : p.pb.h0_dtype, s,
+                           fold ? (int64_t)c.w.h * p.pb.K * p.pb.V : c.sbase, fold ? p.pb.V : c.sd, fold ? 1 : c.sv,
+                           c.vw, c.g, c.t, c.full);
+            poison_columns<KD>(s);
+        }
     }
 }
 
