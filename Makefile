@@ -7,9 +7,13 @@ CMAKE_FLAGS ?=
 # AUTO at first: on only when a supported GPU is visible), KDA_CUDA_ARCHS e.g. 90a,100a (empty: the GPU's own).
 KDA_WITH_CUDA ?=
 KDA_CUDA_ARCHS ?=
+# The x86-64 levels of the CPU path (CMakeLists.txt's KDA_CPU_ISAS): e.g. v3,v4 (empty: the build directory's
+# setting, native at first: this machine's level).
+KDA_CPU_ISAS ?=
 comma := ,
-CUDA_FLAGS := $(if $(KDA_WITH_CUDA),-DKDA_WITH_CUDA=$(KDA_WITH_CUDA)) \
-              $(if $(KDA_CUDA_ARCHS),-DKDA_CUDA_ARCHS=$(subst ;,$(comma),$(KDA_CUDA_ARCHS)))
+KDA_FLAGS  := $(if $(KDA_WITH_CUDA),-DKDA_WITH_CUDA=$(KDA_WITH_CUDA)) \
+              $(if $(KDA_CUDA_ARCHS),-DKDA_CUDA_ARCHS=$(subst ;,$(comma),$(KDA_CUDA_ARCHS))) \
+              $(if $(KDA_CPU_ISAS),-DKDA_CPU_ISAS=$(subst ;,$(comma),$(KDA_CPU_ISAS)))
 DEMO_ARGS ?=
 # Ninja when it is installed (only for a fresh build directory: CMake keeps the generator it was given)
 GENERATOR := $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v ninja 2>/dev/null),-G Ninja,))
@@ -19,7 +23,7 @@ GENERATOR := $(if $(wildcard $(BUILD)/CMakeCache.txt),,$(if $(shell command -v n
 all: build
 
 configure:
-	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(CUDA_FLAGS) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(GENERATOR) -DCMAKE_BUILD_TYPE=Release $(KDA_FLAGS) $(CMAKE_FLAGS)
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)

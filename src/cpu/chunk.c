@@ -33,7 +33,7 @@
  * gate can change the block's reference row or its fallback choice, so it moves the block's earlier rows by
  * rounding, never to a non-finite value (the stated bound: docs/ALGORITHM.md §7, item 6).
  */
-#ifndef KDA_CPU_ISA /* the portable object (and the dispatcher); CMake builds v3 and v4 objects beside it */
+#ifndef KDA_CPU_ISA /* the portable object (and the dispatcher); CMake builds one per level of KDA_CPU_ISAS beside it */
 #define KDA_CPU_ISA portable
 #define KDA_CPU_ISA_PORTABLE 1
 #endif
@@ -51,6 +51,9 @@
 #include "gemm.h"
 #include "threadpool.h"
 #include "token.h"
+#if KDA_CPU_HAVE_V4 || KDA_CPU_HAVE_V3
+#include "x86_level.h"
+#endif
 
 /* Tokens per chunk of the CPU forward: one 16-token block (KDA_SUB). The state products cost 6 K V FLOPs a token
  * whatever the chunk length, the intra-chunk ones (A, Aqk, W, U, Aqk Δ, the solve) O(C (K + V)) a token: at
@@ -1178,9 +1181,11 @@ static void xcp_run(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_pr
 }
 
 /* ---------------------------------------------------------------------------------------------------------
- * Entry points. This file is compiled once per x86-64 target level (CMakeLists.txt: KDA_CPU_ISA = v4, v3 with
- * -march=x86-64-v4/-v3, and the portable build without it); the portable object also holds the dispatcher,
- * which picks the best object the CPU runs (a property of the machine, never of a setting).
+ * Entry points. This file is compiled once without a target level (the portable object) and once per x86-64
+ * level of CMakeLists.txt's KDA_CPU_ISAS, with KDA_CPU_ISA = v4 or v3 and -march=x86-64-v4/-v3; the portable
+ * object also holds the dispatcher, which picks the highest level built that the CPU runs (KDA_CPU_HAVE_V4 and
+ * KDA_CPU_HAVE_V3 on the portable object say which were built): a property of the machine and the build, never
+ * of a setting.
  * ------------------------------------------------------------------------------------------------------- */
 #define KDA_CAT2(a, b) a##_##b
 #define KDA_CAT(a, b) KDA_CAT2(a, b)
@@ -1195,27 +1200,28 @@ void KDA_CAT(kda_cpu_xcp_run, KDA_CPU_ISA)(kda_context_t *ctx, const kda_problem
 }
 
 #ifdef KDA_CPU_ISA_PORTABLE
-#if KDA_CPU_MULTI_ISA
-void kda_cpu_chunk_run_v3(kda_context_t *ctx, const kda_problem_t *p, void *ws);
+#if KDA_CPU_HAVE_V4
 void kda_cpu_chunk_run_v4(kda_context_t *ctx, const kda_problem_t *p, void *ws);
-void kda_cpu_xcp_run_v3(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out, void *ws);
 void kda_cpu_xcp_run_v4(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out, void *ws);
 #endif
-
-/* The target level the chunked path runs at on this CPU: 4, 3, or 0 (portable). */
-int kda_cpu_chunk_isa(void) {
-#if KDA_CPU_MULTI_ISA
-    __builtin_cpu_init();
-    /* v3 also has F16C, LZCNT, MOVBE: every CPU with AVX2, FMA and BMI2 has them (clang's __builtin_cpu_supports cannot test F16C) */
-    const int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
-                   __builtin_cpu_supports("bmi2");
-    const int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-                   __builtin_cpu_supports("avx512cd");
-    return v4 ? 4 : v3 ? 3 : 0;
-#else
-    return 0;
+#if KDA_CPU_HAVE_V3
+void kda_cpu_chunk_run_v3(kda_context_t *ctx, const kda_problem_t *p, void *ws);
+void kda_cpu_xcp_run_v3(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, double *out, void *ws);
 #endif
+
+/* The target level the chunked path runs at on this CPU: 4 or 3 (the highest level built that the CPU supports; a
+ * v4 CPU runs the v3 object when only v3 is built), or 0 (the portable object). */
+int kda_cpu_chunk_isa(void) {
+#if KDA_CPU_HAVE_V4 || KDA_CPU_HAVE_V3
+    const int cpu = kda_cpu_x86_level();
+#endif
+#if KDA_CPU_HAVE_V4
+    if (cpu >= 4) return 4;
+#endif
+#if KDA_CPU_HAVE_V3
+    if (cpu >= 3) return 3;
+#endif
+    return 0;
 }
 
 kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
@@ -1226,10 +1232,12 @@ kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem
 kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes) {
     (void)ws_bytes;
     switch (kda_cpu_chunk_isa()) {
-#if KDA_CPU_MULTI_ISA
+#if KDA_CPU_HAVE_V4
     case 4:
         kda_cpu_chunk_run_v4(ctx, p, ws);
         break;
+#endif
+#if KDA_CPU_HAVE_V3
     case 3:
         kda_cpu_chunk_run_v3(ctx, p, ws);
         break;
@@ -1252,10 +1260,12 @@ kda_status_t kda_cpu_xcp_summary(kda_context_t *ctx, const kda_problem_t *p, con
                                  void *ws, size_t ws_bytes) {
     (void)ws_bytes;
     switch (kda_cpu_chunk_isa()) {
-#if KDA_CPU_MULTI_ISA
+#if KDA_CPU_HAVE_V4
     case 4:
         kda_cpu_xcp_run_v4(ctx, p, bp, out, ws);
         break;
+#endif
+#if KDA_CPU_HAVE_V3
     case 3:
         kda_cpu_xcp_run_v3(ctx, p, bp, out, ws);
         break;

@@ -25,7 +25,8 @@ void kda_cpu_store_chunk_states_from(const kda_problem_t *p, int64_t row0, int64
 
 kda_status_t kda_cpu_chunk_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_chunk_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);
-/* The x86-64 level the chunked path runs at on this CPU (4, 3; 0 = the portable build, and on other CPUs). */
+/* The x86-64 level the chunked path runs at on this CPU: 4 or 3, the highest level this build carries
+ * (KDA_CPU_ISAS) that the CPU supports; 0: the portable object (no such level, and on other CPUs). */
 int kda_cpu_chunk_isa(void);
 kda_status_t kda_cpu_recurrent_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes);
 kda_status_t kda_cpu_recurrent_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes);

@@ -20,7 +20,7 @@
  *   NEON (32 q):           4 × 4×4    (16 + 4 + 1 = 21)
  The tile follows the macros of the file's compile target: a file built once for the default x86-64 target
  * (or through KDA_CPU_CLONES, whose clones share the base target's macros) gets the SSE2 tile; chunk.c is
- * compiled once per x86-64 level instead (CMakeLists.txt, KDA_CPU_ISA) and gets the tile of each.
+ * compiled once per x86-64 level instead (CMakeLists.txt's KDA_CPU_ISAS; KDA_CPU_ISA) and gets the tile of each.
  * Header-only and always inlined.
  */
 #ifndef KDA_CPU_GEMM_H
@@ -40,9 +40,19 @@
 #define KDA_NO_CLONES 1
 #endif
 #endif
+/* KDA_CPU_CLONES: a function compiled for the base target and once more per x86-64 level the build carries
+ * (KDA_CPU_HAVE_V4, KDA_CPU_HAVE_V3: CMakeLists.txt's KDA_CPU_ISAS, the levels chunk.c is built for too), the
+ * version run chosen when the library loads; no level (or KDA_NO_CLONES): one version, no resolver. */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(KDA_NO_CLONES)
+#if KDA_CPU_HAVE_V4 && KDA_CPU_HAVE_V3
 #define KDA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
+#elif KDA_CPU_HAVE_V4
+#define KDA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+#elif KDA_CPU_HAVE_V3
+#define KDA_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+#endif
+#ifndef KDA_CPU_CLONES
 #define KDA_CPU_CLONES
 #endif
 #define KDA_INLINE static inline __attribute__((always_inline))
