@@ -21,20 +21,25 @@ except ImportError:  # pragma: no cover
     np, _ndarray, _NP_CODES = None, (), {}
 _torch_chunk_cached = None  # kda._torch.chunk_kda_cached once kda._torch is imported: chunk_kda's fast path
 
+
 def _shape(s) -> str:
     return "[" + ", ".join(str(int(d)) for d in s) + "]"
 
+
 def _bad(fn: str, name: str, what: str, cls=KDAInvalidValueError):
     return cls(f"{fn}: argument '{name}': {what}")
+
 
 def _is_torch(x) -> bool:
     t = sys.modules.get("torch")  # torch, if the caller has imported it (we never import it for them)
     return t is not None and isinstance(x, t.Tensor)
 
+
 def _kind(fn: str, q) -> str:
     if not (isinstance(q, _ndarray) or _is_torch(q)):
         raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
     return "numpy" if isinstance(q, _ndarray) else "torch"
+
 
 # Checks shared by the entry points and both array kinds
 def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
@@ -49,6 +54,7 @@ def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
             raise _bad(fn, "beta", f"a headwise beta must have v's shape {_shape(v.shape)}, got {_shape(beta.shape)}")
     elif beta.ndim != 3 and not (beta.ndim == 4 and not fused):  # chunk_kda: FLA's own assert names the shape
         raise _bad(fn, "beta", f"expected shape [B, T, HV], got {_shape(beta.shape)}")
+
 
 def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> tuple:
     """FLA's shape checks (raising `err`, KDAAssertionError where FLA asserts), then ours. Returns the sizes."""
@@ -77,6 +83,7 @@ def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> 
                    KDANotSupportedError)
     return B, T, H, K, HV, V
 
+
 def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
     """N, after FLA's checks of cu_seqlens: B = 1, and one initial state per sequence (a pool: any number)."""
     if cu_seqlens is None:
@@ -102,6 +109,7 @@ def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
                                    f"sequences, i.e. {N} rather than {s[0]} (argument 'initial_state')")
     return N
 
+
 def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v_first: bool, pool: bool = False):
     if getattr(h, "ndim", None) != 4:
         raise _bad(fn, name, f"expected a 4-D state, got "
@@ -114,11 +122,13 @@ def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v
     if pool and s[0] < 1:
         raise _bad(fn, name, "a state pool needs at least one slot")
 
+
 def _is_state_dtype(fn: str, h, kind: str) -> bool:
     if not (isinstance(h, _ndarray) if kind == "numpy" else _is_torch(h)):
         raise _bad(fn, "initial_state", f"expected a {'numpy.ndarray' if kind == 'numpy' else 'torch.Tensor'} like q, "
                                         f"got {type(h).__name__}", KDATypeError)
     return str(h.dtype) in (("float32",) if kind == "numpy" else ("torch.float32", "torch.bfloat16"))
+
 
 def _check_slots(fn: str, idx, nat, N: int) -> None:
     """ssm_state_indices: [N] or [N, T_max >= 1]; num_accepted_tokens: [N], with a 2-D ssm_state_indices."""
@@ -138,9 +148,11 @@ def _check_slots(fn: str, idx, nat, N: int) -> None:
             raise _bad(fn, "num_accepted_tokens", f"expected shape [N] = [{N}], got "
                                                   f"{_shape(getattr(nat, 'shape', ()))}")
 
+
 def _check_neg(fn: str, allow_neg_eigval, use_beta_sigmoid_in_kernel) -> None:
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+
 
 def _check_a_log(fn: str, A_log, lower_bound) -> None:
     if A_log is None and lower_bound is None:
@@ -148,8 +160,10 @@ def _check_a_log(fn: str, A_log, lower_bound) -> None:
         raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
                                    f"`lower_bound` is not set.")
 
+
 # float32 rounds to infinity from (2 - 2**-24) * 2**127 up, and to 0 up to 2**-150 (half its smallest subnormal)
 _F32_INF, _F32_ZERO = 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** -150
+
 
 def _float32(fn: str, name: str, x) -> float:
     """x as kda_args_t's float: its float32 rounding finite, and nonzero unless x is 0 (libkda reads 0 as unset)."""
@@ -165,6 +179,7 @@ def _float32(fn: str, name: str, x) -> float:
         raise _bad(fn, name, f"{f!r} rounds to 0 in float32, which libkda reads as unset; pass 0 itself or a value "
                              f"of at least 1.4e-45 in magnitude")
     return f
+
 
 def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bound, safe_gate, l2, bsig, neg, v_first,
              cp: int = -1):
@@ -188,6 +203,7 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bou
     return g, A_log, dt_bias, KdaOptions(s, bool(l2), bool(gate), bool(bsig), bool(neg), bool(safe_gate), lb,
                                          bool(v_first), cp)
 
+
 # Keywords: what each entry point reads from **kwargs (as FLA does), with their defaults; any other keyword is a
 # TypeError, as a Python function without **kwargs would raise (FLA would ignore it: a typo changes the result).
 _KWARGS = {
@@ -195,6 +211,7 @@ _KWARGS = {
     "fused_recurrent_kda": dict(transpose_state_layout=None, ssm_state_indices=None, inplace_final_state=False,
                                 out=None, safe_gate=False, cu_seqlens_cpu=None, num_accepted_tokens=None),
 }
+
 
 def _keywords(fn: str, kwargs: dict, state_v_first: bool):
     unknown = {name: x for name, x in kwargs.items() if name not in _KWARGS[fn]}
@@ -206,6 +223,7 @@ def _keywords(fn: str, kwargs: dict, state_v_first: bool):
         warnings.warn("`transpose_state_layout` is deprecated; use `state_v_first`.", DeprecationWarning, stacklevel=3)
         state_v_first = kwargs["transpose_state_layout"]
     return {**_KWARGS[fn], **kwargs}, state_v_first
+
 
 def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
     """The TypeError for keywords `fn` does not take, worded as Python's own, with a likely intended name."""
@@ -224,6 +242,7 @@ def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
     what = "unexpected keyword arguments" if len(kwargs) > 1 else "an unexpected keyword argument"
     return KDATypeError(f"{fn}() got {what} {names}" + (f" ({'; '.join(notes)})" if notes else ""))
 
+
 def _cp_piece_len(fn: str, x) -> int:
     if x is None:
         return -1
@@ -236,6 +255,7 @@ def _cp_piece_len(fn: str, x) -> int:
     if why is None:
         return n
     raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be {why}, got {n}")
+
 
 # The entry points
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
@@ -308,6 +328,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     return _torch.chunk_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                             bool(output_final_state), remember, bool(return_intermediate_states), xcp)
 
+
 def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = None, initial_state=None,
                        use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
                        use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
@@ -343,6 +364,7 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
               for name in ("initial_state", "A_log", "dt_bias")]
     _np_run(fn, "backward", build_backward_args(a, fn, _np_ptr, _np_code, do, dht, grads))
     return tuple(grads)
+
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float | None = None, initial_state=None,
                         output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
@@ -391,6 +413,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     return _torch.fused_recurrent_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                                       kw["cu_seqlens_cpu"], idx, nat, out, ht_mode)
 
+
 # numpy: the CPU backend, synchronously
 def host_ints(fn: str, name: str, x, dtypes: tuple):
     """x as a C-contiguous numpy array of one of `dtypes` (another integer dtype: the last, if every value fits)."""
@@ -410,12 +433,14 @@ def host_ints(fn: str, name: str, x, dtypes: tuple):
         x = x.astype(dtypes[-1])
     return np.ascontiguousarray(x)
 
+
 def _np_code(fn: str, field: str, x) -> int:
     code = _NP_CODES.get(x.dtype)
     if code is None or (code in (INT32, INT64)) != (field == "cu_seqlens"):
         raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
                    f"float16 (bfloat16 through torch tensors)", KDANotSupportedError)
     return code
+
 
 def _np_array(fn: str, name: str, x, like=None, writable: bool = False, dtype=None):
     if _is_torch(x) and dtype is not None:  # A_log, dt_bias: a parameter of a torch model
@@ -429,6 +454,7 @@ def _np_array(fn: str, name: str, x, like=None, writable: bool = False, dtype=No
         raise _bad(fn, name, "written in place, so it must be a C-contiguous, writable array")
     return np.ascontiguousarray(x, dtype=dtype)
 
+
 _np_ptr = operator.attrgetter("ctypes.data")
 # how each optional kda_args_t array is taken from the caller (named as the caller knows it)
 _NP_OPTIONAL = {
@@ -440,6 +466,7 @@ _NP_OPTIONAL = {
     "dt_bias": lambda fn, name, x: _np_array(fn, name, x, dtype=_f32),
 }
 
+
 def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
     q = _np_array(fn, "q", q)
     x = dict(q=q, k=_np_array(fn, "k", k, q), v=_np_array(fn, "v", v, q), g=_np_array(fn, "g", g),
@@ -449,11 +476,13 @@ def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
             x[field] = _NP_OPTIONAL[field](fn, ARGUMENT_OF_FIELD.get(field, field), a)
     return x
 
+
 def _np_run(fn: str, entry: str, args) -> None:
     try:
         _lib.run(_lib.cpu_context(), entry, args)
     except KDAError as e:
         raise in_callers_terms(e, fn) from None
+
 
 def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int, out=None, ht_mode: int = 0,
                 **optional):

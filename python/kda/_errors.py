@@ -12,6 +12,7 @@ import re
 STATUS_NAMES = {code: "KDA_STATUS_" + name for code, name in enumerate(("SUCCESS", "INVALID_VALUE", "NOT_SUPPORTED",
     "INSUFFICIENT_WORKSPACE", "ALLOC_FAILED", "BACKEND_ERROR", "INTERNAL_ERROR", "CONTEXT_IN_USE"))}
 
+
 class KDAError(Exception):
     """Base class of every error raised by kda. ``status`` is the libkda status (None: found in Python)."""
 
@@ -23,44 +24,57 @@ class KDAError(Exception):
     def status_name(self) -> str | None:
         return None if self.status is None else STATUS_NAMES.get(self.status, f"KDA_STATUS_{self.status}")
 
+
 class KDAInvalidValueError(KDAError, ValueError):
     """An argument is wrong (``KDA_STATUS_INVALID_VALUE``); the message names it."""
+
 
 class KDAAssertionError(KDAInvalidValueError, AssertionError):
     """An argument is wrong where FLA checks it with ``assert``: catchable as ValueError or AssertionError."""
 
+
 class KDATypeError(KDAError, TypeError):
     """An argument is of the wrong kind (e.g. a numpy array mixed with torch tensors)."""
+
 
 class KDANotSupportedError(KDAError, NotImplementedError):
     """Valid, but not available on this backend, build or device, or an FLA option not implemented yet."""
 
+
 class KDARuntimeError(KDAError, RuntimeError):
     """A failure that is not the caller's argument: see the subclasses."""
+
 
 class KDAInsufficientWorkspaceError(KDARuntimeError):
     """``KDA_STATUS_INSUFFICIENT_WORKSPACE`` (a bug in this package if it ever reaches you)."""
 
+
 class KDAAllocError(KDARuntimeError):
     """``KDA_STATUS_ALLOC_FAILED``: a context could not be created."""
+
 
 class KDABackendError(KDARuntimeError):
     """``KDA_STATUS_BACKEND_ERROR``: the CUDA runtime reported an error (its text is in the message)."""
 
+
 class KDAInternalError(KDARuntimeError):
     """``KDA_STATUS_INTERNAL_ERROR``: a bug in libkda; please report it with the message."""
 
+
 class KDALibraryNotFoundError(KDAError, OSError):
     """libkda could not be found or loaded; the message lists every place that was tried."""
+
 
 _BY_STATUS = {INVALID_VALUE: KDAInvalidValueError, NOT_SUPPORTED: KDANotSupportedError,
               INSUFFICIENT_WORKSPACE: KDAInsufficientWorkspaceError, ALLOC_FAILED: KDAAllocError,
               BACKEND_ERROR: KDABackendError, INTERNAL_ERROR: KDAInternalError}
 
+
 def error_from_status(status: int, message: str) -> KDAError:
     """The exception of libkda's `status`; an empty message names the status."""
     return _BY_STATUS.get(status, KDARuntimeError)(message or STATUS_NAMES.get(status, f"libkda status {status}"),
                                                    status)
+
 
 # libkda's messages in the caller's terms: the Python function, and the argument names the caller passed
 # kda_args_t field (as libkda's messages name it) -> the Python argument it comes from
@@ -83,6 +97,7 @@ _DETAIL_WORDS = [(re.compile(r"(?<![\w.])" + c + r"\b"), py) for c, py in (
     ("seq_len", "T"), ("num_seqs", "the number of sequences"))]
 _C_ENTRY_POINTS = tuple(f"kda_{e}{s}" for e in ("forward", "decode", "backward", "cp_forward_summary",
                                                   "cp_backward_summary") for s in ("", "_workspace_size"))
+
 
 def in_callers_terms(err: KDAError, fn: str) -> KDAError:
     """`err` in the terms of the call `fn`: "kda_decode: argument 'state_indices': ..." becomes

@@ -21,8 +21,10 @@ CPU_CONTEXT = (BACKEND_CPU, 0)  # (backend, device) that host arrays and CPU ten
 _CTYPES = {"size": c_size_t, "i64": c_int64, "i32": c_int32, "int": c_int, "enum": c_int, "ptr": c_void_p,
            "float": c_float}  # C enums of this header are int-sized
 
+
 def _layout(spec: str) -> list:
     return [(n, _CTYPES[t]) for n, t in (f.split() for f in spec.replace("\n", ",").split(",") if f.strip())]
+
 
 class KdaArgs(ctypes.Structure):
     """The ctypes mirror of ``kda_args_t``, field for field (tests/python/test_binding.py checks the layout)."""
@@ -39,6 +41,7 @@ class KdaArgs(ctypes.Structure):
         cp_num_ranks i32, cp_rank i32, cp_pre_ranks i32, cp_post_ranks i32, cp_summary_dtype enum, cp_summaries ptr
         cp_summaries_bytes size""")
 
+
 class KdaBackwardArgs(ctypes.Structure):
     _fields_ = _layout("""
         struct_size size, problem ptr
@@ -47,8 +50,10 @@ class KdaBackwardArgs(ctypes.Structure):
         dbeta ptr, dbeta_dtype enum, d_initial_state ptr, d_initial_state_dtype enum
         dA_log ptr, ddt_bias ptr, cp_summaries ptr, cp_summaries_bytes size""")
 
+
 # kda_args_t's pointers that have a dtype field beside them (name + "_dtype")
 _TYPED = frozenset(("cu_seqlens", "g", "beta", "o", "initial_state", "final_state", "chunk_states"))
+
 
 class KdaOptions(NamedTuple):
     """The settings of one call, as kda_args_t reads them: built once by kda._api, passed down unchanged."""
@@ -70,11 +75,13 @@ class KdaOptions(NamedTuple):
         a.safe_gate, a.lower_bound, a.state_v_first = self.safe_gate, self.lower_bound, self.state_v_first
         set_cp(a, self.cp)
 
+
 def set_cp(a: KdaArgs, cp: int) -> None:
     if cp == 0:
         a.cp_mode = CP_OFF
     elif cp > 0:
         a.cp_mode, a.cp_piece_len = CP_ON, cp
+
 
 def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **optional) -> KdaArgs:
     """The kda_args_t of one call, numpy or torch: `ptr(x)` is x's address, `code(fn, field, x)` its kda_dtype_t;
@@ -102,7 +109,9 @@ def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **opti
     opts.apply(a)
     return a
 
+
 _GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "d_initial_state", "dA_log", "ddt_bias")  # kda_backward_args_t
+
 
 def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBackwardArgs:
     """The kda_backward_args_t of problem `a` for `do`, `dht` (None: zero), writing `grads` (None: not computed)."""
@@ -117,6 +126,7 @@ def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBa
             if field not in ("dA_log", "ddt_bias"):  # float32 only: no dtype field
                 setattr(b, field + "_dtype", code(fn, field, x))
     return b
+
 
 _A, _B, _N, _P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t), c_void_p
 _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, argument types
@@ -133,6 +143,7 @@ _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, 
     ("kda_cp_backward_summary", c_int, _P, _B, _P, c_size_t, _P, c_size_t, _P),
 ]
 
+
 def _candidates() -> list[tuple[str, str | None]]:
     env = os.environ.get("KDA_LIBRARY")
     if env:  # an explicit choice is the only one tried: falling back elsewhere would hide a mistake
@@ -141,6 +152,7 @@ def _candidates() -> list[tuple[str, str | None]]:
     return [("bundled with the package", os.path.join(here, "libkda.so")),
             ("the repository's build tree", os.path.normpath(os.path.join(here, "..", "..", "build", "libkda.so"))),
             ("ctypes.util.find_library('kda')", ctypes.util.find_library("kda"))]
+
 
 class _Library:
 
@@ -175,8 +187,10 @@ class _Library:
         msg = self.last_error()
         return error_from_status(status, msg.decode("utf-8", "replace") if msg else "")
 
+
 _lib: _Library | None = None
 _lib_lock = threading.Lock()
+
 
 def _load() -> _Library:
     global _lib
@@ -199,12 +213,15 @@ def _load() -> _Library:
             "kda: could not load libkda. Searched, in order:\n" + "\n".join(tried) +
             "\nBuild it (make build, or pip install ./python) or set KDA_LIBRARY to the path of libkda.so.")
 
+
 def library() -> _Library:
     return _lib if _lib is not None else _load()
+
 
 def library_path() -> str:
     """The path of the libkda that is (or would now be) loaded."""
     return library().path
+
 
 class Context:  # one per (backend, device), made on first use; a lock (one thread at a time), a host workspace
     __slots__ = ("handle", "backend", "device", "lock", "ws_buf", "ws_ptr", "ws_size", "__weakref__")
@@ -227,8 +244,10 @@ class Context:  # one per (backend, device), made on first use; a lock (one thre
         with self.lock:
             _check(library().set_num_threads(self.handle, int(n)))
 
+
 _contexts: dict[tuple[int, int], Context] = {}
 _contexts_lock = threading.Lock()
+
 
 def get_context(backend: int, device: int = 0) -> Context:
     ctx = _contexts.get((backend, device))
@@ -243,8 +262,10 @@ def get_context(backend: int, device: int = 0) -> Context:
             ctx = _contexts[(backend, device)] = Context(h.value, backend, device)
         return ctx
 
+
 def cpu_context() -> Context:
     return _contexts.get(CPU_CONTEXT) or get_context(*CPU_CONTEXT)
+
 
 def _forget_contexts_in_child() -> None:
     """A CPU context's worker threads do not exist in a forked child: it drops (leaks) every cached context."""
@@ -253,8 +274,10 @@ def _forget_contexts_in_child() -> None:
     _contexts_lock = threading.Lock()
     _lib_lock = threading.Lock()
 
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_contexts_in_child)
+
 
 def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None, out=()) -> int:
     """`entry` of `args` on `ctx` with the workspace its size query asks for (`workspace(n)`: (pointer, keep-alive);
@@ -274,18 +297,22 @@ def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int
         _check(_call(ctx, call, pa, n, workspace, stream, out))
         return n
 
+
 def _call(ctx: Context, entry, pa, n: int, workspace, stream, out) -> int:
     # `keep`: the allocator's block, valid for the stream it was allocated on while referenced
     ptr, keep = (None, None) if n == 0 else (ctx.host_workspace(n), None) if workspace is None else workspace(n)
     return entry(ctx.handle, pa, *out, ptr, n, stream)
 
+
 def saved_size(ctx: Context, args: KdaArgs) -> int:
     with ctx.lock:
         return _out(_lib.forward_saved_size, ctx.handle, byref(args))
 
+
 def _check(status: int) -> None:
     if status:
         raise _lib.error(status)
+
 
 def _out(f, *args, ctype=c_size_t):
     value = ctype()

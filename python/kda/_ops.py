@@ -25,6 +25,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 _OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens_cpu"}  # kda_args_t field -> op arg
 
+
 def code(fn: str, field: str, t: Tensor) -> int:
     c = (_INT if field == "cu_seqlens" else _FLOAT).get(t.dtype)
     if c is None:
@@ -32,9 +33,11 @@ def code(fn: str, field: str, t: Tensor) -> int:
                                                          f"or bfloat16", KDANotSupportedError)
     return c
 
+
 def cuda_context(dev: torch.device):
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+
 
 def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None, out=()) -> int:
     """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's caching allocator),
@@ -54,6 +57,7 @@ def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = No
         raise in_callers_terms(e, fn) from None
     raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
 
+
 def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     """kda_args_t.saved for a CUDA forward: a uint8 tensor set into `a` (None: nothing kept); `memo`: a _ChunkCall."""
     if dev.type != "cuda":
@@ -71,6 +75,7 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     t = torch.empty(n, dtype=torch.uint8, device=dev)
     a.saved, a.saved_bytes = t.data_ptr(), n
     return t
+
 
 def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
     """What libkda cannot check itself (sizes, dtypes, devices, layouts behind the pointers): the ops are public."""
@@ -112,6 +117,7 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
             if not t.is_contiguous():
                 raise _bad(fn, _OP_NAME.get(name, name), "must be contiguous")
 
+
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
            keep: bool = False, memo=None, xcp=None, **optional) -> Optional[Tensor]:
     """libkda's `entry` ("forward", "decode") on tensors; `optional` by kda_args_t's names (an empty final_state:
@@ -134,14 +140,17 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
         o.zero_()
     return saved
 
+
 def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool) -> Tensor:
     K, HV, V = q.shape[3], v.shape[2], v.shape[3]
     N = q.shape[0] if cu is None else cu.shape[0] - 1
     shape = ((N, HV, V, K) if v_first else (N, HV, K, V)) if final else (0,)
     return q.new_empty(shape, dtype=torch.float32)
 
+
 def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool):
     return v.new_empty(v.shape), new_state(q, v, cu, final, v_first)
+
 
 def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, checked=False,
               hs=None, keep=False, memo=None, xcp=None):
@@ -150,12 +159,14 @@ def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu
                    final_state=ht, cu_seqlens=cu, cu_seqlens_host=cu_cpu, A_log=A_log, dt_bias=dt_bias)
     return (o, ht, saved) if keep else (o, ht)
 
+
 def bwd_outputs(inputs, wants):
     """chunk_bwd's gradients; d_initial_state, dA_log, ddt_bias empty unless wanted and given (no aliasing)."""
     q, k, v, g, beta, A_log, dt_bias, h0 = inputs[:8]
     extra = [torch.empty_like(t) if want and t is not None else q.new_empty((0,), dtype=torch.float32)
              for t, want in zip((h0, A_log, dt_bias), wants)]
     return (*(torch.empty_like(t) for t in (q, k, v, g, beta)), *extra)
+
 
 def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None, xcp=None):
     """kda_backward of chunk_fwd's 10 `inputs` for do and dht (None or empty: zero); `wants`: d_initial_state,
@@ -185,11 +196,13 @@ def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=Non
         memo.bwd_nbytes, memo.bwd_saved = n, n_saved
     return grads
 
+
 def fused_launch(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, o, ht,
                  checked=False):
     launch("fused_recurrent_kda", "decode", opts, q, k, v, g, beta, o, checked, initial_state=h0, final_state=ht,
            cu_seqlens=cu, cu_seqlens_host=cu_cpu, state_indices=idx, num_accepted_tokens=nat, A_log=A_log,
            dt_bias=dt_bias)
+
 
 # The ops: schemas from the shared parts (the fakes and the autograd rules index the arguments in this order)
 _TENSORS = ("Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log, Tensor? dt_bias, "
@@ -198,15 +211,18 @@ _FLAGS = ("bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel, bool use_beta_
           "bool allow_neg_eigval, bool safe_gate, float lower_bound, bool state_v_first")
 _DECODE = f"{_TENSORS}, Tensor? ssm_state_indices"
 
+
 @torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=(), schema=f"({_TENSORS}, float scale, "
                          f"bool output_final_state, {_FLAGS}, SymInt cp_piece_len=-1) -> (Tensor, Tensor)")
 def chunk_kda_fwd(*args):
     """kda_forward: (o, final_state or []). lower_bound 0.0: unset; cp_piece_len -1 auto, 0 off, else tokens."""
     return chunk_fwd(KdaOptions(args[10], *args[12:]), *args[:10], args[11])
 
+
 # the fakes: flags[6] is state_v_first
 chunk_kda_fwd.register_fake(lambda q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, final, *flags:
                             new_outputs(q, v, cu, final, flags[6]))
+
 
 @torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=(), schema=f"({_TENSORS}, Tensor do, Tensor? dht, "
                          f"float scale, {_FLAGS}, bool want_dh0, bool want_dA_log, bool want_ddt_bias) -> (Tensor, "
@@ -215,8 +231,10 @@ def chunk_kda_bwd(*args):
     """kda_backward of chunk_kda_fwd: the 8 gradients in the inputs' dtypes, the last three empty unless wanted."""
     return chunk_bwd(KdaOptions(*args[12:20]), args[:10], args[10], args[11], args[20:])
 
+
 # the gradients like the first 8 inputs, as want_dh0, want_dA_log, want_ddt_bias (the last 3) say
 chunk_kda_bwd.register_fake(lambda *args: bwd_outputs(args[:8], args[-3:]))
+
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=(), schema=f"({_DECODE}, float scale, "
                          f"bool output_final_state, {_FLAGS}, Tensor? num_accepted_tokens=None) -> (Tensor, Tensor)")
@@ -227,8 +245,10 @@ def fused_recurrent_kda_fwd(*args):
     fused_launch(opts, *args[:11], nat, o, ht)
     return o, ht
 
+
 fused_recurrent_kda_fwd.register_fake(lambda q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale, final,
                                       *flags: new_outputs(q, v, cu, final, flags[6]))
+
 
 @torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"), schema=f"({_DECODE}, "
                          f"Tensor(a11!) o, Tensor(a12!)? final_state, bool state_in_place, float scale, {_FLAGS}, "
@@ -238,5 +258,6 @@ def fused_recurrent_kda_out(*args):
     o, ht, in_place, opts = args[11], args[12], args[13], KdaOptions(*args[14:22])
     fused_launch(opts, *args[:7], ht if in_place else args[7], *args[8:11], args[22] if len(args) > 22 else None,
                  o, ht)
+
 
 fused_recurrent_kda_out.register_fake(lambda *args, **kwargs: None)

@@ -16,6 +16,7 @@ _PLAIN_TENSORS = frozenset((Tensor, torch.nn.Parameter))
 _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _bad = _api._bad
 
+
 # The caller's tensors as the ops read them
 def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
     if not isinstance(x, Tensor):
@@ -27,6 +28,7 @@ def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
                    KDANotSupportedError)
     return x.contiguous()
 
+
 def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias):
     q = q.contiguous()
     _ops.code(fn, "q", q)
@@ -35,6 +37,7 @@ def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias):
     _ops.code(fn, "g", g)
     _ops.code(fn, "beta", beta)
     return q, k, v, g, beta, _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
+
 
 def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
     if x is None:
@@ -46,6 +49,7 @@ def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
     if x.dtype == torch.float32 and x.dim() == 1 and x.is_contiguous():  # the usual case: three torch calls less
         return x
     return x.to(torch.float32).contiguous().view(-1)
+
 
 def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
     if isinstance(x, Tensor):
@@ -61,6 +65,7 @@ def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
     host = _api.host_ints(fn, name, x, tuple(np.dtype(str(d)[6:]) for d in dtypes))
     return torch.from_numpy(host).to(device)
 
+
 def _offsets(fn: str, cu, cu_cpu, q: Tensor):
     if cu is None:
         return None, None
@@ -74,6 +79,7 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
     if cu_cpu.shape != cu.shape:
         raise _bad(fn, "cu_seqlens_cpu", f"shape {list(cu_cpu.shape)} differs from cu_seqlens' {list(cu.shape)}")
     return cu, cu_cpu
+
 
 def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
     """ssm_state_indices in device memory, checked on a host copy as libkda checks host ones (src/validate.c): each
@@ -104,10 +110,12 @@ def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
                       if read else f"slot {s} ({name}) is touched twice in one call; the slots of a call must be "
                       f"distinct")
 
+
 def _eager(*ts) -> bool:
     grad = torch.is_grad_enabled()
     return not _compiling() and all(t is None or (type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad))
                                     for t in ts)
+
 
 def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
     """FLA's h, [B, Σ ceil(len / 64), HV, K, V] in q's dtype, and the tensor libkda writes (float32 for float16)."""
@@ -120,6 +128,7 @@ def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
     shape = (q.shape[0], nt, HV) + ((V, K) if v_first else (K, V))
     h = q.new_empty(shape)
     return h, (h if q.dtype != torch.float16 else q.new_empty(shape, dtype=torch.float32))
+
 
 # The entry points' torch halves
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
@@ -150,6 +159,7 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
     if remember is not None:
         _remember_chunk(remember, inputs, opts, final, train)
     return o, (ht if final else None)
+
 
 def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, out,
                         ht_mode: int):
@@ -187,6 +197,7 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
                                               cu_cpu, idx, o, ht, ht_mode == 2, opts.scale, *opts[1:8], nat)
     return o, ht
 
+
 # kda.chunk_kda's fast path: a call whose signature (everything its checks read: types, shapes, dtypes, devices,
 # contiguity, options) passed them before runs without them, and tries its last workspace size first (_lib.run
 # settles one that falls short). Signatures are filed under q's shape, and made only for a shape seen before.
@@ -194,6 +205,7 @@ _SCALARS = frozenset((type(None), bool, int, float))  # equal values of these me
 _CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
 _MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
 _chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
+
 
 def chunk_kda_cached(tensors, kwargs, flags):
     """(result, None) for a signature checked and run eagerly before; else (None, chunk_kda's `remember`)."""
@@ -230,6 +242,7 @@ def chunk_kda_cached(tensors, kwargs, flags):
         return (o, ht if call.final else None), None
     return call(*inputs), None
 
+
 def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) -> None:
     """Note q's shape if new, else cache the signature if the launch used the caller's tensors as they came."""
     shape, key, given = remember
@@ -242,6 +255,7 @@ def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) 
         if len(calls) >= _MAX_CALLS:
             calls.clear()
         calls[key] = _ChunkCall(opts, final, train, tuple(u is None for u in used))
+
 
 class _ChunkCall:
     """One cached chunk_kda signature: its options, flags, ignored arguments, and the sizes its last calls used."""
@@ -257,5 +271,6 @@ class _ChunkCall:
 
     def launch(self, *inputs):
         return _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, keep=True, memo=self)
+
 
 _api._torch_chunk_cached = chunk_kda_cached
