@@ -1,6 +1,5 @@
-"""kda: Kimi Delta Attention over libkda, with FLA's Python interface: ``from kda import chunk_kda,
-fused_recurrent_kda`` in place of ``from fla.ops.kda import ...``, on torch tensors (CUDA or CPU) or numpy arrays.
-libkda is loaded on first use; torch is never imported by kda itself. docs/API.md, "Python", says the rest."""
+"""kda: Kimi Delta Attention over libkda with FLA's Python interface (``from kda import chunk_kda`` for ``from
+fla.ops.kda import chunk_kda``) on torch tensors or numpy arrays; torch is never imported by kda. See docs/API.md."""
 
 from ._api import chunk_kda, chunk_kda_backward, fused_recurrent_kda
 from ._errors import (KDAAllocError, KDAAssertionError, KDABackendError, KDAError, KDAInsufficientWorkspaceError,
@@ -11,25 +10,29 @@ from ._lib import library_path
 
 __version__ = "0.1.0"
 
+
 def __getattr__(name: str):  # context parallelism across ranks needs torch: imported on first use
     if name in ("build_cp_context", "CPContext"):
         from . import _cp
         return getattr(_cp, name)
     raise AttributeError(f"module 'kda' has no attribute '{name}'")
 
+
 __all__ = ["chunk_kda", "chunk_kda_backward", "fused_recurrent_kda", "library_path", "library_version",
            "set_num_threads", "get_num_threads", "KDAError", "KDAInvalidValueError", "KDAAssertionError",
            "KDATypeError", "KDANotSupportedError", "KDARuntimeError", "KDAInsufficientWorkspaceError",
            "KDAAllocError", "KDABackendError", "KDAInternalError", "KDALibraryNotFoundError"]
 
+
 def library_version() -> str:
     """The version of the loaded libkda, e.g. "0.1.0" (loads it)."""
-    v = _lib.library().version()
-    return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+    return _lib.library().version_string
+
 
 def set_num_threads(num_threads: int) -> None:
     """Use `num_threads` threads for the CPU backend from now on (default: $KDA_NUM_THREADS, else one per core)."""
     _lib.get_context(_lib.BACKEND_CPU, 0).set_num_threads(num_threads)
+
 
 def get_num_threads() -> int:
     """The number of threads of the CPU backend."""

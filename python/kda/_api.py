@@ -20,23 +20,37 @@ try:  # numpy is needed for numpy inputs only
 except ImportError:  # pragma: no cover
     np, _ndarray, _NP_CODES = None, (), {}
 _torch_chunk_cached = None  # kda._torch.chunk_kda_cached once kda._torch is imported: chunk_kda's fast path
+_np_ptr = operator.attrgetter("ctypes.data")
+# float32 rounds to infinity from (2 - 2**-24) * 2**127 up, and to 0 up to 2**-150 (half its smallest subnormal)
+_F32_INF, _F32_ZERO = 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** -150
+# Keywords: what each entry point reads from **kwargs (as FLA does), with their defaults; any other keyword is a
+# TypeError, as a Python function without **kwargs would raise (FLA would ignore it: a typo changes the result).
+_KWARGS = {
+    "chunk_kda": dict(A_log=None, dt_bias=None, chunk_size=64, transpose_state_layout=None, cp_piece_len=None),
+    "fused_recurrent_kda": dict(transpose_state_layout=None, ssm_state_indices=None, inplace_final_state=False,
+                                out=None, safe_gate=False, cu_seqlens_cpu=None, num_accepted_tokens=None),
+}
+
 
 def _shape(s) -> str:
     return "[" + ", ".join(str(int(d)) for d in s) + "]"
 
+
 def _bad(fn: str, name: str, what: str, cls=KDAInvalidValueError):
     return cls(f"{fn}: argument '{name}': {what}")
+
 
 def _is_torch(x) -> bool:
     t = sys.modules.get("torch")  # torch, if the caller has imported it (we never import it for them)
     return t is not None and isinstance(x, t.Tensor)
+
 
 def _kind(fn: str, q) -> str:
     if not (isinstance(q, _ndarray) or _is_torch(q)):
         raise _bad(fn, "q", f"expected a torch.Tensor or a numpy.ndarray, got {type(q).__name__}", KDATypeError)
     return "numpy" if isinstance(q, _ndarray) else "torch"
 
-# Checks shared by the entry points and both array kinds
+
 def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
     for name, x, want in (("q", q, "[B, T, H, K]"), ("k", k, "[B, T, H, K]"), ("v", v, "[B, T, HV, V]"),
                           ("g", g, "[B, T, HV, K]"), ("beta", beta, "")):
@@ -44,16 +58,15 @@ def _check_ndim(fn: str, q, k, v, g, beta, fused: bool) -> None:
             raise _bad(fn, name, f"expected an array like q, got {type(x).__name__}", KDATypeError)
         if x.ndim != 4 and want:
             raise _bad(fn, name, f"expected shape {want}, got {_shape(x.shape)}")
-    if beta.ndim == 4 and fused:  # headwise beta [B, T, HV, V]: one beta per value channel (FLA's fused_recurrent_kda)
-        if tuple(beta.shape) != tuple(v.shape):
-            raise _bad(fn, "beta", f"a headwise beta must have v's shape {_shape(v.shape)}, got {_shape(beta.shape)}")
-    elif beta.ndim != 3 and not (beta.ndim == 4 and not fused):  # chunk_kda: FLA's own assert names the shape
+    if fused and beta.ndim == 4 and tuple(beta.shape) != tuple(v.shape):  # headwise: one beta per value channel
+        raise _bad(fn, "beta", f"a headwise beta must have v's shape {_shape(v.shape)}, got {_shape(beta.shape)}")
+    elif beta.ndim not in (3, 4):  # chunk_kda's 4-D beta: FLA's own assert (_check_shapes) names its shape
         raise _bad(fn, "beta", f"expected shape [B, T, HV], got {_shape(beta.shape)}")
+
 
 def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> tuple:
     """FLA's shape checks (raising `err`, KDAAssertionError where FLA asserts), then ours. Returns the sizes."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
+    (B, T, H, K), (HV, V) = q.shape, v.shape[2:]
     if k.shape != q.shape:
         raise err(f"{fn}: q and k must have the same shape, got q={_shape(q.shape)} and k={_shape(k.shape)} "
                   f"(argument 'k')")
@@ -76,6 +89,7 @@ def _check_shapes(fn: str, q, k, v, g, beta, err, headwise_ok: bool = False) -> 
         raise _bad(fn, "v", f"value head size V = {V} is above 256, the largest libkda implements",
                    KDANotSupportedError)
     return B, T, H, K, HV, V
+
 
 def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
     """N, after FLA's checks of cu_seqlens: B = 1, and one initial state per sequence (a pool: any number)."""
@@ -102,26 +116,27 @@ def _num_seqs(fn: str, q, cu_seqlens, h0, pool: bool = False) -> int:
                                    f"sequences, i.e. {N} rather than {s[0]} (argument 'initial_state')")
     return N
 
+
 def _check_state(fn: str, name: str, h, N: int, HV: int, K: int, V: int, state_v_first: bool, pool: bool = False):
     if getattr(h, "ndim", None) != 4:
         raise _bad(fn, name, f"expected a 4-D state, got "
                              f"{_shape(h.shape) if hasattr(h, 'shape') else type(h).__name__}")
-    s = h.shape
-    tail = (HV, V, K) if state_v_first else (HV, K, V)
+    s, tail = h.shape, ((HV, V, K) if state_v_first else (HV, K, V))
     if tuple(s[1:]) != tail or (not pool and s[0] != N):
         names = "[%s, HV, %s]" % ("num_slots" if pool else "N", "V, K" if state_v_first else "K, V")
         raise _bad(fn, name, f"expected shape {names} = {_shape(((s[0] if pool else N),) + tail)}, got {_shape(s)}")
     if pool and s[0] < 1:
         raise _bad(fn, name, "a state pool needs at least one slot")
 
-def _is_state_dtype(fn: str, h, kind: str) -> bool:
+
+def _is_state_dtype(fn: str, name: str, h, kind: str) -> bool:
     if not (isinstance(h, _ndarray) if kind == "numpy" else _is_torch(h)):
-        raise _bad(fn, "initial_state", f"expected a {'numpy.ndarray' if kind == 'numpy' else 'torch.Tensor'} like q, "
-                                        f"got {type(h).__name__}", KDATypeError)
+        raise _bad(fn, name, f"expected a {'numpy.ndarray' if kind == 'numpy' else 'torch.Tensor'} like q, "
+                             f"got {type(h).__name__}", KDATypeError)
     return str(h.dtype) in (("float32",) if kind == "numpy" else ("torch.float32", "torch.bfloat16"))
 
+
 def _check_slots(fn: str, idx, nat, N: int) -> None:
-    """ssm_state_indices: [N] or [N, T_max >= 1]; num_accepted_tokens: [N], with a 2-D ssm_state_indices."""
     nd = getattr(idx, "ndim", None)
     if idx is not None:
         if nd not in (1, 2):
@@ -138,18 +153,18 @@ def _check_slots(fn: str, idx, nat, N: int) -> None:
             raise _bad(fn, "num_accepted_tokens", f"expected shape [N] = [{N}], got "
                                                   f"{_shape(getattr(nat, 'shape', ()))}")
 
+
 def _check_neg(fn: str, allow_neg_eigval, use_beta_sigmoid_in_kernel) -> None:
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise KDAInvalidValueError(f"{fn}: `allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
 
-def _check_a_log(fn: str, A_log, lower_bound) -> None:
-    if A_log is None and lower_bound is None:
+
+def _check_a_log(fn: str, gate, A_log, lower_bound) -> None:
+    if gate and A_log is None and lower_bound is None:
         # FLA would use exp(1) in place of exp(A_log) here, an accident rather than a gate: refuse.
         raise KDAInvalidValueError(f"{fn}: `A_log` must be provided when `use_gate_in_kernel=True` and "
                                    f"`lower_bound` is not set.")
 
-# float32 rounds to infinity from (2 - 2**-24) * 2**127 up, and to 0 up to 2**-150 (half its smallest subnormal)
-_F32_INF, _F32_ZERO = 2.0 ** 128 * (1 - 2.0 ** -25), 2.0 ** -150
 
 def _float32(fn: str, name: str, x) -> float:
     """x as kda_args_t's float: its float32 rounding finite, and nonzero unless x is 0 (libkda reads 0 as unset)."""
@@ -166,12 +181,13 @@ def _float32(fn: str, name: str, x) -> float:
                              f"of at least 1.4e-45 in magnitude")
     return f
 
+
 def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bound, safe_gate, l2, bsig, neg, v_first,
              cp: int = -1):
     """The call's KdaOptions after the gate's checks: (g, A_log, dt_bias, options); no gate: no A_log, dt_bias."""
     lb = 0.0
     if gate:
-        _check_a_log(fn, A_log, lower_bound)
+        _check_a_log(fn, gate, A_log, lower_bound)
         for name, x, n, what in (("A_log", A_log, HV, "[HV]"), ("dt_bias", dt_bias, HV * K, "[HV * K]")):
             if x is not None and math.prod(x.shape) != n:
                 raise _bad(fn, name, f"expected {what} = {n} values, got shape {_shape(x.shape)}")
@@ -185,21 +201,26 @@ def _options(fn: str, g, A_log, dt_bias, HV: int, K: int, scale, gate, lower_bou
     if not gate:
         A_log = dt_bias = None
     s = K ** -0.5 if scale is None else _float32(fn, "scale", scale)
-    return g, A_log, dt_bias, KdaOptions(s, bool(l2), bool(gate), bool(bsig), bool(neg), bool(safe_gate), lb,
-                                         bool(v_first), cp)
+    return g, A_log, dt_bias, KdaOptions(s, *map(bool, (l2, gate, bsig, neg, safe_gate)), lb, bool(v_first), cp)
 
-# Keywords: what each entry point reads from **kwargs (as FLA does), with their defaults; any other keyword is a
-# TypeError, as a Python function without **kwargs would raise (FLA would ignore it: a typo changes the result).
-_KWARGS = {
-    "chunk_kda": dict(A_log=None, dt_bias=None, chunk_size=64, transpose_state_layout=None, cp_piece_len=None),
-    "fused_recurrent_kda": dict(transpose_state_layout=None, ssm_state_indices=None, inplace_final_state=False,
-                                out=None, safe_gate=False, cu_seqlens_cpu=None, num_accepted_tokens=None),
-}
 
 def _keywords(fn: str, kwargs: dict, state_v_first: bool):
-    unknown = {name: x for name, x in kwargs.items() if name not in _KWARGS[fn]}
-    if unknown:
-        raise _unexpected_kwargs(fn, unknown)
+    unknown = [name for name in kwargs if name not in _KWARGS[fn]]
+    if unknown:  # worded as Python's own TypeError, with a likely intended name
+        import difflib
+        import inspect
+        known = [p for p in inspect.signature(globals()[fn]).parameters if p != "kwargs"] + list(_KWARGS[fn])
+        other = "fused_recurrent_kda" if fn == "chunk_kda" else "chunk_kda"
+        notes = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1)
+            if close:
+                notes.append(f"'{name}': did you mean '{close[0]}'?")
+            elif name in _KWARGS[other] or name in inspect.signature(globals()[other]).parameters:
+                notes.append(f"'{name}' is a keyword of {other}")
+        what = "unexpected keyword arguments" if len(unknown) > 1 else "an unexpected keyword argument"
+        raise KDATypeError(f"{fn}() got {what} {', '.join(map(repr, unknown))}" +
+                           (f" ({'; '.join(notes)})" if notes else ""))
     if "transpose_state_layout" in kwargs:
         if state_v_first:
             raise KDAInvalidValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
@@ -207,22 +228,6 @@ def _keywords(fn: str, kwargs: dict, state_v_first: bool):
         state_v_first = kwargs["transpose_state_layout"]
     return {**_KWARGS[fn], **kwargs}, state_v_first
 
-def _unexpected_kwargs(fn: str, kwargs: dict) -> KDATypeError:
-    """The TypeError for keywords `fn` does not take, worded as Python's own, with a likely intended name."""
-    import difflib
-    import inspect
-    known = [p for p in inspect.signature(globals()[fn]).parameters if p != "kwargs"] + list(_KWARGS[fn])
-    other = "fused_recurrent_kda" if fn == "chunk_kda" else "chunk_kda"
-    notes = []
-    for name in kwargs:
-        close = difflib.get_close_matches(name, known, n=1)
-        if close:
-            notes.append(f"'{name}': did you mean '{close[0]}'?")
-        elif name in _KWARGS[other] or name in inspect.signature(globals()[other]).parameters:
-            notes.append(f"'{name}' is a keyword of {other}")
-    names = ", ".join(repr(n) for n in kwargs)
-    what = "unexpected keyword arguments" if len(kwargs) > 1 else "an unexpected keyword argument"
-    return KDATypeError(f"{fn}() got {what} {names}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 def _cp_piece_len(fn: str, x) -> int:
     if x is None:
@@ -237,7 +242,7 @@ def _cp_piece_len(fn: str, x) -> int:
         return n
     raise KDAInvalidValueError(f"{fn}: `cp_piece_len` must be {why}, got {n}")
 
-# The entry points
+
 def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
               use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
@@ -257,8 +262,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
             return r
     fn = "chunk_kda"
     kw, state_v_first = _keywords(fn, kwargs, state_v_first)
-    A_log, dt_bias, chunk_size = kw["A_log"], kw["dt_bias"], kw["chunk_size"]
-    cp = _cp_piece_len(fn, kw["cp_piece_len"])
+    A_log, dt_bias, chunk_size, cp = kw["A_log"], kw["dt_bias"], kw["chunk_size"], _cp_piece_len(fn, kw["cp_piece_len"])
     kind = _kind(fn, q)
     if cp_context is not None:  # context parallelism across ranks: the call runs with the context's offsets
         if kind == "numpy":
@@ -275,11 +279,9 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     _check_ndim(fn, q, k, v, g, beta, fused=False)
     # FLA's checks, in FLA's order
     N = _num_seqs(fn, q, cu_seqlens, initial_state)
-    if initial_state is not None and not _is_state_dtype(fn, initial_state, kind):
-        raise KDAAssertionError(f"{fn}: argument 'initial_state': must be float32 (or bfloat16), got "
-                                f"{initial_state.dtype}")
-    if use_gate_in_kernel:
-        _check_a_log(fn, A_log, lower_bound)
+    if initial_state is not None and not _is_state_dtype(fn, "initial_state", initial_state, kind):
+        raise _bad(fn, "initial_state", f"must be float32 (or bfloat16), got {initial_state.dtype}", KDAAssertionError)
+    _check_a_log(fn, use_gate_in_kernel, A_log, lower_bound)
     if chunk_size not in (32, 64):
         raise KDAInvalidValueError(f"{fn}: `chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
     if safe_gate and use_gate_in_kernel:
@@ -292,8 +294,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAAssertionError)
     if use_graph and cu_seqlens is not None and max_num_seqs is not None and N != max_num_seqs:
         raise KDAAssertionError(f"{fn}: with use_graph, cu_seqlens must be padded with empty tail sequences to "
-                                f"exactly max_num_seqs + 1 entries, got {N} sequences with max_num_seqs="
-                                f"{max_num_seqs}")
+                                f"exactly max_num_seqs + 1 entries, got {N} sequences with max_num_seqs={max_num_seqs}")
     # ours
     if initial_state is not None:
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first)
@@ -307,6 +308,7 @@ def chunk_kda(q, k, v, g, beta, scale: float | None = None, initial_state=None, 
     xcp = None if cp_context is None else _cp.split(fn, cp_context)
     return _torch.chunk_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, cu_seqlens_cpu,
                             bool(output_final_state), remember, bool(return_intermediate_states), xcp)
+
 
 def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = None, initial_state=None,
                        use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
@@ -323,7 +325,7 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     N = _num_seqs(fn, q, cu_seqlens, None)
     for name, h in (("initial_state", initial_state), ("dht", dht)):
         if h is not None:
-            if not _is_state_dtype(fn, h, "numpy"):
+            if not _is_state_dtype(fn, name, h, "numpy"):
                 raise _bad(fn, name, f"must be float32, got {h.dtype}", KDAAssertionError)
             _check_state(fn, name, h, N, HV, K, V, state_v_first)
     if not isinstance(do, _ndarray) or tuple(do.shape) != tuple(v.shape):
@@ -338,11 +340,11 @@ def chunk_kda_backward(q, k, v, g, beta, do, dht=None, *, scale: float | None = 
     do = np.zeros_like(do) if opts.scale == 0.0 else np.ascontiguousarray(do)  # FLA: o = 0 * S^T q
     dht = None if dht is None else np.ascontiguousarray(dht)
     a = build_args(opts, fn, _np_ptr, _np_code, o=do, **x)  # `do` stands in for o, which is not read
-    grads = [np.empty_like(x[name]) for name in ("q", "k", "v", "g", "beta")]
-    grads += [None if x.get(name) is None else np.empty(x[name].shape, _f32)
-              for name in ("initial_state", "A_log", "dt_bias")]
+    grads = [None if x.get(name) is None else np.empty_like(x[name])  # float32 for the last three
+             for name in ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")]
     _np_run(fn, "backward", build_backward_args(a, fn, _np_ptr, _np_code, do, dht, grads))
     return tuple(grads)
+
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float | None = None, initial_state=None,
                         output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
@@ -375,7 +377,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
                                    f"inplace_final_state=True is not implemented by kda (pass "
                                    f"inplace_final_state=True to update the pool)")
     if initial_state is not None:
-        if not _is_state_dtype(fn, initial_state, kind):
+        if not _is_state_dtype(fn, "initial_state", initial_state, kind):
             raise _bad(fn, "initial_state", f"dtype {initial_state.dtype} is not implemented; use float32 (or "
                                             f"bfloat16)", KDANotSupportedError)
         _check_state(fn, "initial_state", initial_state, N, HV, K, V, state_v_first, pool=pool)
@@ -390,6 +392,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale: float
     from . import _torch
     return _torch.fused_recurrent_kda(fn, opts, q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
                                       kw["cu_seqlens_cpu"], idx, nat, out, ht_mode)
+
 
 # numpy: the CPU backend, synchronously
 def host_ints(fn: str, name: str, x, dtypes: tuple):
@@ -410,12 +413,14 @@ def host_ints(fn: str, name: str, x, dtypes: tuple):
         x = x.astype(dtypes[-1])
     return np.ascontiguousarray(x)
 
+
 def _np_code(fn: str, field: str, x) -> int:
     code = _NP_CODES.get(x.dtype)
     if code is None or (code in (INT32, INT64)) != (field == "cu_seqlens"):
         raise _bad(fn, ARGUMENT_OF_FIELD.get(field, field), f"numpy dtype {x.dtype} is not supported; use float32 or "
                    f"float16 (bfloat16 through torch tensors)", KDANotSupportedError)
     return code
+
 
 def _np_array(fn: str, name: str, x, like=None, writable: bool = False, dtype=None):
     if _is_torch(x) and dtype is not None:  # A_log, dt_bias: a parameter of a torch model
@@ -429,31 +434,26 @@ def _np_array(fn: str, name: str, x, like=None, writable: bool = False, dtype=No
         raise _bad(fn, name, "written in place, so it must be a C-contiguous, writable array")
     return np.ascontiguousarray(x, dtype=dtype)
 
-_np_ptr = operator.attrgetter("ctypes.data")
-# how each optional kda_args_t array is taken from the caller (named as the caller knows it)
-_NP_OPTIONAL = {
-    "initial_state": _np_array,
-    "cu_seqlens": lambda fn, name, x: host_ints(fn, name, x, (_i32, _i64)),
-    "state_indices": lambda fn, name, x: host_ints(fn, name, x, (_i32,)),
-    "num_accepted_tokens": lambda fn, name, x: host_ints(fn, name, x, (_i32,)),
-    "A_log": lambda fn, name, x: _np_array(fn, name, x, dtype=_f32),
-    "dt_bias": lambda fn, name, x: _np_array(fn, name, x, dtype=_f32),
-}
 
 def _np_convert(fn: str, q, k, v, g, beta, **optional) -> dict:
     q = _np_array(fn, "q", q)
     x = dict(q=q, k=_np_array(fn, "k", k, q), v=_np_array(fn, "v", v, q), g=_np_array(fn, "g", g),
              beta=_np_array(fn, "beta", beta))
     for field, a in optional.items():
-        if a is not None:
-            x[field] = _NP_OPTIONAL[field](fn, ARGUMENT_OF_FIELD.get(field, field), a)
+        name = ARGUMENT_OF_FIELD.get(field, field)  # as the caller knows it
+        if field in ("initial_state", "A_log", "dt_bias") and a is not None:
+            x[field] = _np_array(fn, name, a, dtype=None if field == "initial_state" else _f32)
+        elif a is not None:  # cu_seqlens, state_indices, num_accepted_tokens
+            x[field] = host_ints(fn, name, a, (_i32, _i64) if field == "cu_seqlens" else (_i32,))
     return x
+
 
 def _np_run(fn: str, entry: str, args) -> None:
     try:
-        _lib.run(_lib.cpu_context(), entry, args)
+        _lib.get_context(*_lib.CPU_CONTEXT).run(entry, args)
     except KDAError as e:
         raise in_callers_terms(e, fn) from None
+
 
 def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int, out=None, ht_mode: int = 0,
                 **optional):
@@ -469,6 +469,6 @@ def _np_forward(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, N: int,
         K, HV, V = q.shape[3], v.shape[2], v.shape[3]
         ht = np.empty((N, HV, V, K) if opts.state_v_first else (N, HV, K, V), _f32)
     _np_run(fn, entry, build_args(opts, fn, _np_ptr, _np_code, o=o, final_state=ht, **x))
-    if opts.scale == 0.0:  # FLA: o = 0 * S^T q (KdaOptions.apply)
+    if opts.scale == 0.0:  # FLA: o = 0 * S^T q (build_args runs it with scale 1)
         o[...] = 0
     return o, ht

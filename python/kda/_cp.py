@@ -19,6 +19,7 @@ CPContext = make_dataclass("CPContext", [(name, Any, None) for name in (
     "conv1d_kernel_size", "pre_num_conv_tokens", "world_size", "rank")])
 CPContext.__module__ = __name__
 
+
 def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None, cu_seqlens_cpu=None) -> CPContext:
     """FLA's build_cp_context: this rank's part of the sequences of `cu_seqlens` split evenly over `group`."""
     fn, group = "build_cp_context", dist.group.WORLD if group is None else group
@@ -36,6 +37,7 @@ def build_cp_context(cu_seqlens, group, conv1d_kernel_size: Optional[int] = None
     dev = cu_seqlens.device if isinstance(cu_seqlens, torch.Tensor) else host.device
     return CPContext(group, host.to(dev), host, post == 0, pre, pre == 0, post, conv1d_kernel_size, lo - first, R, r)
 
+
 def local_offsets(fn: str, ctx, cu_seqlens, cu_seqlens_cpu, q):
     """The context's cu_seqlens (on q's device) and host copy, the call's, after checking what the caller passed."""
     cu, host = getattr(ctx, "cu_seqlens", None), getattr(ctx, "cu_seqlens_cpu", None)
@@ -52,6 +54,7 @@ def local_offsets(fn: str, ctx, cu_seqlens, cu_seqlens_cpu, q):
                                  f"runs with (pass either, or the same values)")
     return cu.to(q.device), host
 
+
 def split(fn: str, ctx) -> "Split":
     """The rank's place in the context's split, checked against the context's group."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -67,6 +70,7 @@ def split(fn: str, ctx) -> "Split":
         if isinstance(x, bool) or not hasattr(x, "__index__") or not 0 <= operator.index(x) <= top:
             raise _bad(fn, "cp_context", f"{name} = {x!r} is not an int in [0, {top}] (rank {r} of {R})")
     return Split(group, R, r, *map(operator.index, counts))
+
 
 class Split:
     """A call's place in a split (kda_args_t's cp_* fields), and the all-gathers of the summaries: a rank computes its

@@ -17,12 +17,18 @@ FLOAT32, FLOAT16, BFLOAT16, INT32, INT64 = 0, 1, 2, 3, 4  # kda_dtype_t
 CP_AUTO, CP_OFF, CP_ON = 0, 1, 2  # kda_cp_mode_t
 CP_PIECE_MULTIPLE, CP_MAX_PIECE_LEN = 64, 1 << 24  # cp_piece_len's multiple and largest value
 CPU_CONTEXT = (BACKEND_CPU, 0)  # (backend, device) that host arrays and CPU tensors run on
+_lib: _Library | None = None
+_lib_lock = threading.Lock()
+_contexts: dict[tuple[int, int], Context] = {}
+_contexts_lock = threading.Lock()
 
 _CTYPES = {"size": c_size_t, "i64": c_int64, "i32": c_int32, "int": c_int, "enum": c_int, "ptr": c_void_p,
            "float": c_float}  # C enums of this header are int-sized
 
+
 def _layout(spec: str) -> list:
     return [(n, _CTYPES[t]) for n, t in (f.split() for f in spec.replace("\n", ",").split(",") if f.strip())]
+
 
 class KdaArgs(ctypes.Structure):
     """The ctypes mirror of ``kda_args_t``, field for field (tests/python/test_binding.py checks the layout)."""
@@ -39,6 +45,7 @@ class KdaArgs(ctypes.Structure):
         cp_num_ranks i32, cp_rank i32, cp_pre_ranks i32, cp_post_ranks i32, cp_summary_dtype enum, cp_summaries ptr
         cp_summaries_bytes size""")
 
+
 class KdaBackwardArgs(ctypes.Structure):
     _fields_ = _layout("""
         struct_size size, problem ptr
@@ -47,77 +54,10 @@ class KdaBackwardArgs(ctypes.Structure):
         dbeta ptr, dbeta_dtype enum, d_initial_state ptr, d_initial_state_dtype enum
         dA_log ptr, ddt_bias ptr, cp_summaries ptr, cp_summaries_bytes size""")
 
+
 # kda_args_t's pointers that have a dtype field beside them (name + "_dtype")
 _TYPED = frozenset(("cu_seqlens", "g", "beta", "o", "initial_state", "final_state", "chunk_states"))
-
-class KdaOptions(NamedTuple):
-    """The settings of one call, as kda_args_t reads them: built once by kda._api, passed down unchanged."""
-    scale: float                  # the output scale, resolved (K ** -0.5 for None); 0.0: o = 0 (FLA's product)
-    use_qk_l2norm: bool = False
-    use_gate_in_kernel: bool = False
-    use_beta_sigmoid: bool = False
-    allow_neg_eigval: bool = False
-    safe_gate: bool = False
-    lower_bound: float = 0.0      # the sigmoid gate's bound; 0.0: unset (softplus gate)
-    state_v_first: bool = False
-    cp: int = -1                  # context parallelism: -1 auto, 0 off, > 0 on with pieces of that many tokens
-
-    def apply(self, a: KdaArgs) -> None:
-        # libkda reads scale 0 as "K^-1/2": a scale of 0 runs with 1 and its caller zeroes o
-        a.scale = self.scale if self.scale != 0.0 else 1.0
-        a.use_qk_l2norm, a.use_gate_in_kernel = self.use_qk_l2norm, self.use_gate_in_kernel
-        a.use_beta_sigmoid, a.allow_neg_eigval = self.use_beta_sigmoid, self.allow_neg_eigval
-        a.safe_gate, a.lower_bound, a.state_v_first = self.safe_gate, self.lower_bound, self.state_v_first
-        set_cp(a, self.cp)
-
-def set_cp(a: KdaArgs, cp: int) -> None:
-    if cp == 0:
-        a.cp_mode = CP_OFF
-    elif cp > 0:
-        a.cp_mode, a.cp_piece_len = CP_ON, cp
-
-def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **optional) -> KdaArgs:
-    """The kda_args_t of one call, numpy or torch: `ptr(x)` is x's address, `code(fn, field, x)` its kda_dtype_t;
-    `optional`: more pointer fields by name (None: unset). Sizes come from the shapes, checks from the caller."""
-    a = KdaArgs.from_buffer_copy(library().template)
-    a.batch, a.seq_len, a.num_qk_heads, a.head_dim_k = q.shape
-    a.num_v_heads, a.head_dim_v = v.shape[2], v.shape[3]
-    a.dtype = code(fn, "q", q)
-    a.q, a.k, a.v, a.g, a.beta, a.o = ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(o)
-    a.g_dtype, a.beta_dtype, a.o_dtype = code(fn, "g", g), code(fn, "beta", beta), code(fn, "o", o)
-    for field, x in optional.items():
-        if x is not None:
-            setattr(a, field, ptr(x))
-            if field in _TYPED:
-                setattr(a, field + "_dtype", code(fn, field, x))
-    cu, idx = optional.get("cu_seqlens"), optional.get("state_indices")
-    if cu is not None:
-        a.num_seqs = cu.shape[0] - 1
-    if idx is not None:
-        pool = optional.get("initial_state")
-        a.num_state_slots = (pool if pool is not None else optional["final_state"]).shape[0]
-        if idx.ndim == 2:  # speculative decoding: [N, T_max] per-token slots, rows contiguous
-            a.state_indices_cols = idx.shape[1]
-    a.beta_headwise = beta.ndim == 4
-    opts.apply(a)
-    return a
-
 _GRADIENTS = ("dq", "dk", "dv", "dg", "dbeta", "d_initial_state", "dA_log", "ddt_bias")  # kda_backward_args_t
-
-def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBackwardArgs:
-    """The kda_backward_args_t of problem `a` for `do`, `dht` (None: zero), writing `grads` (None: not computed)."""
-    b = KdaBackwardArgs.from_buffer_copy(library().backward_template)
-    b.problem = ctypes.addressof(a)
-    b.d_o, b.d_o_dtype = ptr(do), code(fn, "do", do)
-    if dht is not None:
-        b.d_final_state, b.d_final_state_dtype = ptr(dht), code(fn, "dht", dht)
-    for field, x in zip(_GRADIENTS, grads):
-        if x is not None:
-            setattr(b, field, ptr(x))
-            if field not in ("dA_log", "ddt_bias"):  # float32 only: no dtype field
-                setattr(b, field + "_dtype", code(fn, field, x))
-    return b
-
 _A, _B, _N, _P = POINTER(KdaArgs), POINTER(KdaBackwardArgs), POINTER(c_size_t), c_void_p
 _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, argument types
     ("kda_version", c_int), ("kda_last_error", c_char_p), ("kda_create", c_int, POINTER(_P), c_int, c_int),
@@ -133,14 +73,70 @@ _FUNCTIONS = [  # C function (an attribute of _Library without "kda_"), result, 
     ("kda_cp_backward_summary", c_int, _P, _B, _P, c_size_t, _P, c_size_t, _P),
 ]
 
-def _candidates() -> list[tuple[str, str | None]]:
-    env = os.environ.get("KDA_LIBRARY")
-    if env:  # an explicit choice is the only one tried: falling back elsewhere would hide a mistake
-        return [("$KDA_LIBRARY", env)]
-    here = os.path.dirname(os.path.abspath(__file__))
-    return [("bundled with the package", os.path.join(here, "libkda.so")),
-            ("the repository's build tree", os.path.normpath(os.path.join(here, "..", "..", "build", "libkda.so"))),
-            ("ctypes.util.find_library('kda')", ctypes.util.find_library("kda"))]
+
+class KdaOptions(NamedTuple):
+    """The settings of one call, as kda_args_t reads them: built once by kda._api, passed down unchanged."""
+    scale: float                  # the output scale, resolved (K ** -0.5 for None); 0.0: o = 0 (FLA's product)
+    use_qk_l2norm: bool = False
+    use_gate_in_kernel: bool = False
+    use_beta_sigmoid: bool = False
+    allow_neg_eigval: bool = False
+    safe_gate: bool = False
+    lower_bound: float = 0.0      # the sigmoid gate's bound; 0.0: unset (softplus gate)
+    state_v_first: bool = False
+    cp: int = -1                  # context parallelism: -1 auto, 0 off, > 0 on with pieces of that many tokens
+
+
+def set_cp(a: KdaArgs, cp: int) -> None:
+    if cp == 0:
+        a.cp_mode = CP_OFF
+    elif cp > 0:
+        a.cp_mode, a.cp_piece_len = CP_ON, cp
+
+
+def build_args(opts: KdaOptions, fn: str, ptr, code, q, k, v, g, beta, o, **optional) -> KdaArgs:
+    """The kda_args_t of one call, numpy or torch: `ptr(x)` is x's address, `code(fn, field, x)` its kda_dtype_t;
+    `optional`: more pointer fields by name (None: unset). Sizes come from the shapes, checks from the caller."""
+    a = KdaArgs.from_buffer_copy(library().template)
+    a.batch, a.seq_len, a.num_qk_heads, a.head_dim_k = q.shape
+    a.num_v_heads, a.head_dim_v = v.shape[2], v.shape[3]
+    a.dtype, a.q, a.k, a.v = code(fn, "q", q), ptr(q), ptr(k), ptr(v)
+    for field, x in dict(g=g, beta=beta, o=o, **optional).items():
+        if x is not None:
+            setattr(a, field, ptr(x))
+            if field in _TYPED:
+                setattr(a, field + "_dtype", code(fn, field, x))
+    cu, idx = optional.get("cu_seqlens"), optional.get("state_indices")
+    if cu is not None:
+        a.num_seqs = cu.shape[0] - 1
+    if idx is not None:
+        pool = optional.get("initial_state")
+        a.num_state_slots = (pool if pool is not None else optional["final_state"]).shape[0]
+        if idx.ndim == 2:  # speculative decoding: [N, T_max] per-token slots, rows contiguous
+            a.state_indices_cols = idx.shape[1]
+    a.beta_headwise = beta.ndim == 4
+    # libkda reads scale 0 as "K^-1/2": a scale of 0 runs with 1 and its caller zeroes o
+    a.scale = opts.scale if opts.scale != 0.0 else 1.0
+    for name in opts._fields[1:8]:  # kda_args_t's fields of the same names
+        setattr(a, name, getattr(opts, name))
+    set_cp(a, opts.cp)
+    return a
+
+
+def build_backward_args(a: KdaArgs, fn: str, ptr, code, do, dht, grads) -> KdaBackwardArgs:
+    """The kda_backward_args_t of problem `a` for `do`, `dht` (None: zero), writing `grads` (None: not computed)."""
+    b = KdaBackwardArgs.from_buffer_copy(library().backward_template)
+    b.problem = ctypes.addressof(a)
+    b.d_o, b.d_o_dtype = ptr(do), code(fn, "do", do)
+    if dht is not None:
+        b.d_final_state, b.d_final_state_dtype = ptr(dht), code(fn, "dht", dht)
+    for field, x in zip(_GRADIENTS, grads):
+        if x is not None:
+            setattr(b, field, ptr(x))
+            if field not in ("dA_log", "ddt_bias"):  # float32 only: no dtype field
+                setattr(b, field + "_dtype", code(fn, field, x))
+    return b
+
 
 class _Library:
 
@@ -151,11 +147,10 @@ class _Library:
             f.restype, f.argtypes = restype, argtypes
             setattr(self, name[4:], f)
         v = self.version()
-        major, minor = v // 10000, (v // 100) % 100
-        if major != HEADER_VERSION_MAJOR:
-            raise KDALibraryNotFoundError(
-                f"libkda at {path} is version {major}.{minor}.{v % 100}; this kda package needs "
-                f"{HEADER_VERSION_MAJOR}.x (set KDA_LIBRARY to a matching build)")
+        self.version_string = f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+        if v // 10000 != HEADER_VERSION_MAJOR:
+            raise KDALibraryNotFoundError(f"libkda at {path} is version {self.version_string}; this kda package needs "
+                                          f"{HEADER_VERSION_MAJOR}.x (set KDA_LIBRARY to a matching build)")
         self.library_args_size, self.template = self._defaults(self.args_init, KdaArgs, "kda_args_t")
         _, self.backward_template = self._defaults(self.backward_args_init, KdaBackwardArgs, "kda_backward_args_t")
 
@@ -175,16 +170,22 @@ class _Library:
         msg = self.last_error()
         return error_from_status(status, msg.decode("utf-8", "replace") if msg else "")
 
-_lib: _Library | None = None
-_lib_lock = threading.Lock()
 
-def _load() -> _Library:
+def library() -> _Library:  # loaded on first use
     global _lib
+    if _lib is not None:
+        return _lib
     with _lib_lock:
         if _lib is not None:
             return _lib
+        env, here = os.environ.get("KDA_LIBRARY"), os.path.dirname(os.path.abspath(__file__))
+        # an explicit choice is the only one tried: falling back elsewhere would hide a mistake
+        candidates = [("$KDA_LIBRARY", env)] if env else [
+            ("bundled with the package", os.path.join(here, "libkda.so")),
+            ("the repository's build tree", os.path.normpath(os.path.join(here, "..", "..", "build", "libkda.so"))),
+            ("ctypes.util.find_library('kda')", ctypes.util.find_library("kda"))]
         tried = []
-        for where, path in _candidates():
+        for where, path in candidates:
             if not path or (os.sep in path and not os.path.exists(path)):
                 tried.append(f"  {where}: {path} (no such file)" if path else f"  {where}: not found")
                 continue
@@ -199,20 +200,18 @@ def _load() -> _Library:
             "kda: could not load libkda. Searched, in order:\n" + "\n".join(tried) +
             "\nBuild it (make build, or pip install ./python) or set KDA_LIBRARY to the path of libkda.so.")
 
-def library() -> _Library:
-    return _lib if _lib is not None else _load()
 
 def library_path() -> str:
     """The path of the libkda that is (or would now be) loaded."""
     return library().path
+
 
 class Context:  # one per (backend, device), made on first use; a lock (one thread at a time), a host workspace
     __slots__ = ("handle", "backend", "device", "lock", "ws_buf", "ws_ptr", "ws_size", "__weakref__")
 
     def __init__(self, handle: int, backend: int, device: int):
         self.handle, self.backend, self.device = handle, backend, device
-        self.lock = threading.Lock()
-        self.ws_buf, self.ws_ptr, self.ws_size = None, None, 0
+        self.lock, self.ws_buf, self.ws_ptr, self.ws_size = threading.Lock(), None, None, 0
 
     def host_workspace(self, nbytes: int):
         if nbytes > self.ws_size:  # call with the lock held
@@ -227,8 +226,32 @@ class Context:  # one per (backend, device), made on first use; a lock (one thre
         with self.lock:
             _check(library().set_num_threads(self.handle, int(n)))
 
-_contexts: dict[tuple[int, int], Context] = {}
-_contexts_lock = threading.Lock()
+    def saved_size(self, args: KdaArgs) -> int:
+        with self.lock:
+            return _out(_lib.forward_saved_size, self.handle, byref(args))
+
+    def run(self, entry: str, args, workspace=None, stream=None, nbytes: int | None = None, out=()) -> int:
+        """`entry` of `args` with the workspace its size query asks for (`workspace(n)`: (pointer, keep-alive); None:
+        the host's); `nbytes`: a size to try first, the query's on failure; `out`: a CP summary's pointer and bytes."""
+        L, pa = _lib, byref(args)
+        call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
+        with self.lock:
+            if nbytes is not None:
+                st = self._call(call, pa, nbytes, workspace, stream, out)
+                if not st:
+                    return nbytes
+                err = L.error(st)  # now: the size query below may overwrite the thread's last error
+            n = _out(size_fn, self.handle, pa)
+            if nbytes is not None and n <= nbytes:
+                raise err
+            _check(self._call(call, pa, n, workspace, stream, out))
+            return n
+
+    def _call(self, entry, pa, n: int, workspace, stream, out) -> int:
+        # `keep`: the allocator's block, valid for the stream it was allocated on while referenced
+        ptr, keep = (None, None) if n == 0 else (self.host_workspace(n), None) if workspace is None else workspace(n)
+        return entry(self.handle, pa, *out, ptr, n, stream)
+
 
 def get_context(backend: int, device: int = 0) -> Context:
     ctx = _contexts.get((backend, device))
@@ -243,51 +266,23 @@ def get_context(backend: int, device: int = 0) -> Context:
             ctx = _contexts[(backend, device)] = Context(h.value, backend, device)
         return ctx
 
-def cpu_context() -> Context:
-    return _contexts.get(CPU_CONTEXT) or get_context(*CPU_CONTEXT)
 
 def _forget_contexts_in_child() -> None:
     """A CPU context's worker threads do not exist in a forked child: it drops (leaks) every cached context."""
     global _contexts_lock, _lib_lock
     _contexts.clear()
-    _contexts_lock = threading.Lock()
-    _lib_lock = threading.Lock()
+    _contexts_lock, _lib_lock = threading.Lock(), threading.Lock()
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_contexts_in_child)
-
-def run(ctx: Context, entry: str, args, workspace=None, stream=None, nbytes: int | None = None, out=()) -> int:
-    """`entry` of `args` on `ctx` with the workspace its size query asks for (`workspace(n)`: (pointer, keep-alive);
-    None: the host's). `nbytes`: a size tried first; should that call fail, the query decides as the plain order.
-    `out`: the arguments between `args` and the workspace (a CP summary's pointer and bytes)."""
-    L, pa = _lib, byref(args)
-    call, size_fn = getattr(L, entry), getattr(L, entry + "_workspace_size")
-    with ctx.lock:
-        if nbytes is not None:
-            st = _call(ctx, call, pa, nbytes, workspace, stream, out)
-            if not st:
-                return nbytes
-            err = L.error(st)  # now: the size query below may overwrite the thread's last error
-        n = _out(size_fn, ctx.handle, pa)
-        if nbytes is not None and n <= nbytes:
-            raise err
-        _check(_call(ctx, call, pa, n, workspace, stream, out))
-        return n
-
-def _call(ctx: Context, entry, pa, n: int, workspace, stream, out) -> int:
-    # `keep`: the allocator's block, valid for the stream it was allocated on while referenced
-    ptr, keep = (None, None) if n == 0 else (ctx.host_workspace(n), None) if workspace is None else workspace(n)
-    return entry(ctx.handle, pa, *out, ptr, n, stream)
-
-def saved_size(ctx: Context, args: KdaArgs) -> int:
-    with ctx.lock:
-        return _out(_lib.forward_saved_size, ctx.handle, byref(args))
 
 def _check(status: int) -> None:
     if status:
         raise _lib.error(status)
 
+
 def _out(f, *args, ctype=c_size_t):
     value = ctype()
     _check(f(*args, byref(value)))
     return value.value
+
+
+os.register_at_fork(after_in_child=_forget_contexts_in_child)

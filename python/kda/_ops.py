@@ -1,14 +1,15 @@
-"""torch custom ops over libkda (kda::chunk_kda_fwd, _bwd, kda::fused_recurrent_kda_fwd, _out) with their fakes,
-and the launch of libkda on tensors that kda._torch's eager calls share; autograd is in _autograd.py. An output not
-requested is an empty tensor (no None from custom ops)."""
+"""torch custom ops over libkda (kda::chunk_kda_fwd, _bwd, kda::fused_recurrent_kda_fwd, _out), their fakes and
+autograd, and the launch that kda._torch's eager calls share. An output not requested is an empty tensor."""
 
-from typing import Optional
+from contextlib import nullcontext
+from functools import partial
+from typing import List, Optional
 
 import torch
 from torch import Tensor
 
 from . import _lib
-from ._api import _bad, _check_shapes, _check_slots, _check_state
+from ._api import _bad, _check_ndim, _check_shapes, _check_slots, _check_state
 from ._errors import KDAError, KDAInvalidValueError, KDANotSupportedError, in_callers_terms
 from ._lib import BACKEND_CUDA, BFLOAT16, FLOAT16, FLOAT32, INT32, INT64, KdaOptions, build_args, build_backward_args
 
@@ -25,6 +26,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _cuda_get_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 _OP_NAME = {"state_indices": "ssm_state_indices", "cu_seqlens_host": "cu_seqlens_cpu"}  # kda_args_t field -> op arg
 
+
 def code(fn: str, field: str, t: Tensor) -> int:
     c = (_INT if field == "cu_seqlens" else _FLOAT).get(t.dtype)
     if c is None:
@@ -32,27 +34,28 @@ def code(fn: str, field: str, t: Tensor) -> int:
                                                          f"or bfloat16", KDANotSupportedError)
     return c
 
+
 def cuda_context(dev: torch.device):
     index = dev.index if dev.index is not None else torch.cuda.current_device()
-    return index, _lib._contexts.get((BACKEND_CUDA, index)) or _lib.get_context(BACKEND_CUDA, index)
+    return index, _lib.get_context(BACKEND_CUDA, index)
+
 
 def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None, out=()) -> int:
-    """_lib.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's caching allocator),
+    """Context.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's caching allocator),
     errors in the terms of the call `fn`."""
     try:
         if dev.type == "cuda":
             index, ctx = cuda_context(dev)
             stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
             ws = lambda n: ((t := torch.empty(n, dtype=torch.uint8, device=dev)).data_ptr(), t)  # noqa: E731
-            if _cuda_get_device() != index:
-                with torch.cuda.device(index):
-                    return _lib.run(ctx, entry, args, ws, stream, nbytes, out)
-            return _lib.run(ctx, entry, args, ws, stream, nbytes, out)
+            with torch.cuda.device(index) if _cuda_get_device() != index else nullcontext():
+                return ctx.run(entry, args, ws, stream, nbytes, out)
         if dev.type == "cpu":
-            return _lib.run(_lib.cpu_context(), entry, args, None, None, nbytes, out)
+            return _lib.get_context(*_lib.CPU_CONTEXT).run(entry, args, None, None, nbytes, out)
     except KDAError as e:
         raise in_callers_terms(e, fn) from None
     raise KDANotSupportedError(f"{fn}: tensors on {dev.type} are not supported (CUDA or CPU)")
+
 
 def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     """kda_args_t.saved for a CUDA forward: a uint8 tensor set into `a` (None: nothing kept); `memo`: a _ChunkCall."""
@@ -61,7 +64,7 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     n = memo.saved_bytes if memo is not None and not a.cu_seqlens_host else None
     if n is None:
         try:
-            n = _lib.saved_size(cuda_context(dev)[1], a)
+            n = cuda_context(dev)[1].saved_size(a)
         except KDAError as e:
             raise in_callers_terms(e, fn) from None
         if memo is not None:
@@ -72,11 +75,10 @@ def saved_tensor(fn: str, a, dev: torch.device, memo=None) -> Optional[Tensor]:
     a.saved, a.saved_bytes = t.data_ptr(), n
     return t
 
+
 def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> None:
     """What libkda cannot check itself (sizes, dtypes, devices, layouts behind the pointers): the ops are public."""
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g)):
-        if t.dim() != 4:
-            raise _bad(fn, name, f"expected a 4-D tensor, got shape {list(t.shape)}")
+    _check_ndim(fn, q, k, v, g, beta, fused=True)
     B, T, H, K, HV, V = _check_shapes(fn, q, k, v, g, beta, KDAInvalidValueError, headwise_ok=True)
     if tuple(o.shape) != tuple(v.shape):
         raise _bad(fn, "o", f"expected v's shape {list(v.shape)}, got {list(o.shape)}")
@@ -112,6 +114,7 @@ def check_launch(fn: str, q, k, v, g, beta, o, v_first: bool, **optional) -> Non
             if not t.is_contiguous():
                 raise _bad(fn, _OP_NAME.get(name, name), "must be contiguous")
 
+
 def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: bool = False, hs=None,
            keep: bool = False, memo=None, xcp=None, **optional) -> Optional[Tensor]:
     """libkda's `entry` ("forward", "decode") on tensors; `optional` by kda_args_t's names (an empty final_state:
@@ -130,9 +133,10 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
     n = run(fn, entry, a, q.device, None if memo is None else memo.nbytes)
     if memo is not None:
         memo.nbytes = n
-    if opts.scale == 0.0:  # FLA: o = 0 * S^T q (KdaOptions.apply)
+    if opts.scale == 0.0:  # FLA: o = 0 * S^T q (build_args runs it with scale 1)
         o.zero_()
     return saved
+
 
 def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool) -> Tensor:
     K, HV, V = q.shape[3], v.shape[2], v.shape[3]
@@ -140,8 +144,10 @@ def new_state(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: 
     shape = ((N, HV, V, K) if v_first else (N, HV, K, V)) if final else (0,)
     return q.new_empty(shape, dtype=torch.float32)
 
+
 def new_outputs(q: Tensor, v: Tensor, cu: Optional[Tensor], final: bool, v_first: bool):
     return v.new_empty(v.shape), new_state(q, v, cu, final, v_first)
+
 
 def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, checked=False,
               hs=None, keep=False, memo=None, xcp=None):
@@ -150,12 +156,13 @@ def chunk_fwd(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu
                    final_state=ht, cu_seqlens=cu, cu_seqlens_host=cu_cpu, A_log=A_log, dt_bias=dt_bias)
     return (o, ht, saved) if keep else (o, ht)
 
+
 def bwd_outputs(inputs, wants):
     """chunk_bwd's gradients; d_initial_state, dA_log, ddt_bias empty unless wanted and given (no aliasing)."""
-    q, k, v, g, beta, A_log, dt_bias, h0 = inputs[:8]
-    extra = [torch.empty_like(t) if want and t is not None else q.new_empty((0,), dtype=torch.float32)
-             for t, want in zip((h0, A_log, dt_bias), wants)]
-    return (*(torch.empty_like(t) for t in (q, k, v, g, beta)), *extra)
+    extra = [torch.empty_like(t) if want and t is not None else inputs[0].new_empty((0,), dtype=torch.float32)
+             for t, want in zip((inputs[7], inputs[5], inputs[6]), wants)]  # initial_state, A_log, dt_bias
+    return (*map(torch.empty_like, inputs[:5]), *extra)
+
 
 def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=None, memo=None, xcp=None):
     """kda_backward of chunk_fwd's 10 `inputs` for do and dht (None or empty: zero); `wants`: d_initial_state,
@@ -171,25 +178,25 @@ def chunk_bwd(opts: KdaOptions, inputs, do, dht, wants, checked=False, saved=Non
     if opts.scale == 0.0:  # FLA: o = 0 * S^T q, so o passes no gradient
         do = torch.zeros_like(do)
     grads = bwd_outputs(inputs, wants)
-    # the forward's problem; `do` stands in for o, which the backward does not read
-    a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, do, **optional)
+    a = build_args(opts, fn, _ptr, code, q, k, v, g, beta, do, **optional)  # the forward's; do stands in for o
     n_saved = 0 if saved is None else saved.numel()
     if saved is not None:
         a.saved, a.saved_bytes = saved.data_ptr(), n_saved
     b = build_backward_args(a, fn, _ptr, code, do, dht, [t if t.numel() else None for t in grads])
     if xcp is not None:
         xcp.backward(fn, a, b, q, v)
-    remembered = memo is not None and memo.bwd_saved == n_saved
-    n = run(fn, "backward", b, q.device, memo.bwd_nbytes if remembered else None)
+    n = run(fn, "backward", b, q.device, memo.bwd_nbytes if memo is not None and memo.bwd_saved == n_saved else None)
     if memo is not None:
         memo.bwd_nbytes, memo.bwd_saved = n, n_saved
     return grads
+
 
 def fused_launch(opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, o, ht,
                  checked=False):
     launch("fused_recurrent_kda", "decode", opts, q, k, v, g, beta, o, checked, initial_state=h0, final_state=ht,
            cu_seqlens=cu, cu_seqlens_host=cu_cpu, state_indices=idx, num_accepted_tokens=nat, A_log=A_log,
            dt_bias=dt_bias)
+
 
 # The ops: schemas from the shared parts (the fakes and the autograd rules index the arguments in this order)
 _TENSORS = ("Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor? A_log, Tensor? dt_bias, "
@@ -198,15 +205,13 @@ _FLAGS = ("bool use_qk_l2norm_in_kernel, bool use_gate_in_kernel, bool use_beta_
           "bool allow_neg_eigval, bool safe_gate, float lower_bound, bool state_v_first")
 _DECODE = f"{_TENSORS}, Tensor? ssm_state_indices"
 
+
 @torch.library.custom_op("kda::chunk_kda_fwd", mutates_args=(), schema=f"({_TENSORS}, float scale, "
                          f"bool output_final_state, {_FLAGS}, SymInt cp_piece_len=-1) -> (Tensor, Tensor)")
 def chunk_kda_fwd(*args):
     """kda_forward: (o, final_state or []). lower_bound 0.0: unset; cp_piece_len -1 auto, 0 off, else tokens."""
     return chunk_fwd(KdaOptions(args[10], *args[12:]), *args[:10], args[11])
 
-# the fakes: flags[6] is state_v_first
-chunk_kda_fwd.register_fake(lambda q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, scale, final, *flags:
-                            new_outputs(q, v, cu, final, flags[6]))
 
 @torch.library.custom_op("kda::chunk_kda_bwd", mutates_args=(), schema=f"({_TENSORS}, Tensor do, Tensor? dht, "
                          f"float scale, {_FLAGS}, bool want_dh0, bool want_dA_log, bool want_ddt_bias) -> (Tensor, "
@@ -215,8 +220,6 @@ def chunk_kda_bwd(*args):
     """kda_backward of chunk_kda_fwd: the 8 gradients in the inputs' dtypes, the last three empty unless wanted."""
     return chunk_bwd(KdaOptions(*args[12:20]), args[:10], args[10], args[11], args[20:])
 
-# the gradients like the first 8 inputs, as want_dh0, want_dA_log, want_ddt_bias (the last 3) say
-chunk_kda_bwd.register_fake(lambda *args: bwd_outputs(args[:8], args[-3:]))
 
 @torch.library.custom_op("kda::fused_recurrent_kda_fwd", mutates_args=(), schema=f"({_DECODE}, float scale, "
                          f"bool output_final_state, {_FLAGS}, Tensor? num_accepted_tokens=None) -> (Tensor, Tensor)")
@@ -227,8 +230,6 @@ def fused_recurrent_kda_fwd(*args):
     fused_launch(opts, *args[:11], nat, o, ht)
     return o, ht
 
-fused_recurrent_kda_fwd.register_fake(lambda q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, scale, final,
-                                      *flags: new_outputs(q, v, cu, final, flags[6]))
 
 @torch.library.custom_op("kda::fused_recurrent_kda_out", mutates_args=("o", "final_state"), schema=f"({_DECODE}, "
                          f"Tensor(a11!) o, Tensor(a12!)? final_state, bool state_in_place, float scale, {_FLAGS}, "
@@ -239,4 +240,75 @@ def fused_recurrent_kda_out(*args):
     fused_launch(opts, *args[:7], ht if in_place else args[7], *args[8:11], args[22] if len(args) > 22 else None,
                  o, ht)
 
+
+# the fakes: the forwards' outputs from q, v, cu_seqlens, output_final_state and state_v_first; chunk_kda_bwd's
+# gradients like the first 8 inputs, as want_dh0, want_dA_log, want_ddt_bias (the last 3) say
+chunk_kda_fwd.register_fake(lambda *args: new_outputs(args[0], args[2], args[8], args[11], args[18]))
+chunk_kda_bwd.register_fake(lambda *args: bwd_outputs(args[:8], args[-3:]))
+fused_recurrent_kda_fwd.register_fake(lambda *args: new_outputs(args[0], args[2], args[8], args[12], args[19]))
 fused_recurrent_kda_out.register_fake(lambda *args, **kwargs: None)
+
+
+def _chunk_grads(ctx, do, dht, bwd, need):
+    """The 8 gradients by `bwd(opts, inputs, do, dht, wants)`; `need`: whether each of the 10 tensors needs one."""
+    inputs, gate = ctx.saved_tensors, ctx.opts.use_gate_in_kernel  # A_log, dt_bias, h0: inputs[5], [6], [7]
+    wants = (bool(need[7]) and inputs[7] is not None, bool(need[5]) and inputs[5] is not None and gate,
+             bool(need[6]) and inputs[6] is not None and gate)
+    do = torch.zeros_like(inputs[2]) if do is None else do.contiguous()  # v: contiguous, in q's dtype
+    dq, dk, dv, dg, dbeta, dh0, dA, ddt = bwd(ctx.opts, inputs, do, None if dht is None else dht.contiguous(), wants)
+    return (dq, dk, dv, dg, dbeta, dA if need[5] and dA.numel() else None, ddt if need[6] and ddt.numel() else None,
+            dh0 if need[7] and dh0.numel() else None)
+
+
+# chunk_kda_fwd's inputs: the 10 tensors, scale, output_final_state, the 7 options (l2norm .. state_v_first), cp
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:10])
+    ctx.opts = KdaOptions(inputs[10], *inputs[12:19])
+
+
+def _chunk_op_backward(ctx, do, dht):
+    def bwd(opts, inputs, do, dht, wants):
+        return torch.ops.kda.chunk_kda_bwd(*inputs, do, dht, opts.scale, *opts[1:8], *wants)
+    return _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad) + (None,) * 12
+
+
+@torch.library.custom_op("kda::backward_not_implemented", mutates_args=())
+def backward_not_implemented(op: str, grad_outputs: List[torch.Tensor], like: List[torch.Tensor]) -> List[torch.Tensor]:
+    """Raises. Its fake returns tensors like `like`; it takes the gradients so a compiled graph cannot hoist it."""
+    raise KDANotSupportedError(
+        f"kda.{op}: backward is not implemented yet (libkda has the forward pass only); run the forward under "
+        f"torch.no_grad() / torch.inference_mode(), or use FLA for training")
+
+
+def _fused_backward(ctx, do, dht):
+    grads = torch.ops.kda.backward_not_implemented("fused_recurrent_kda", [t for t in (do, dht) if t is not None],
+                                                   list(ctx.saved_tensors))
+    return tuple(grads) + (None,) * 16  # the op's 21 inputs
+
+
+backward_not_implemented.register_fake(lambda op, grad_outputs, like: [torch.empty_like(t) for t in like])
+chunk_kda_fwd.register_autograd(_chunk_op_backward, setup_context=_chunk_setup_context)
+# fused_recurrent_kda_fwd saves q, k, v, g, beta for their shapes only
+fused_recurrent_kda_fwd.register_autograd(_fused_backward, setup_context=lambda ctx, inputs, output:
+                                          ctx.save_for_backward(*inputs[:5]))
+
+
+class ChunkKDA(torch.autograd.Function):
+    """chunk_kda_fwd and its backward on checked arguments: opts, final, the fast path's (o, ht, saved) or None,
+    its _ChunkCall or None, a kda._cp.Split or None, the op's 10 tensors."""
+
+    @staticmethod
+    def forward(ctx, opts, final, launched, memo, xcp, *inputs):
+        if launched is None:  # kept for the backward: kda_args_t.saved
+            launched = chunk_fwd(opts, *inputs, final, checked=True, keep=True, xcp=xcp)
+        o, ht, ctx.kda_saved = launched
+        ctx.save_for_backward(*inputs)
+        ctx.opts, ctx.kda_memo, ctx.kda_xcp = opts, memo, xcp
+        if not final:
+            ctx.mark_non_differentiable(ht)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        bwd = partial(chunk_bwd, checked=True, saved=ctx.kda_saved, memo=ctx.kda_memo, xcp=ctx.kda_xcp)
+        return (None,) * 5 + _chunk_grads(ctx, do, dht, bwd, ctx.needs_input_grad[5:]) + (None, None)

@@ -6,17 +6,23 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _api, _autograd, _ops
+from . import _api, _ops
 from ._errors import KDANotSupportedError, KDATypeError
 from ._lib import KdaOptions
 
-_INT = (torch.int32, torch.int64)
 # nn.Parameter (A_log, dt_bias of a model) disables __torch_function__: to the ops it is a plain tensor
 _PLAIN_TENSORS = frozenset((Tensor, torch.nn.Parameter))
 _compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 _bad = _api._bad
+# kda.chunk_kda's fast path: a call whose signature (everything its checks read: types, shapes, dtypes, devices,
+# contiguity, options) passed them before runs without them, and tries its last workspace size first (Context.run
+# settles one that falls short). Signatures are filed under q's shape, and made only for a shape seen before.
+_SCALARS = frozenset((type(None), bool, int, float))  # equal values of these mean the same to every check
+_CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
+_MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
+_chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
 
-# The caller's tensors as the ops read them
+
 def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
     if not isinstance(x, Tensor):
         raise _bad(fn, name, f"expected a torch.Tensor like q, got {type(x).__name__}", KDATypeError)
@@ -25,16 +31,16 @@ def _tensor(fn: str, name: str, x, like: Tensor, dtype=None) -> Tensor:
     if dtype is not None and x.dtype != dtype:
         raise _bad(fn, name, f"dtype {x.dtype} differs from q's {dtype}; q, k and v must share one dtype",
                    KDANotSupportedError)
+    _ops.code(fn, name, x)
     return x.contiguous()
 
-def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias):
-    q = q.contiguous()
-    _ops.code(fn, "q", q)
+
+def _inputs(fn: str, q, k, v, g, beta, A_log, dt_bias, cu, cu_cpu):
+    q = _tensor(fn, "q", q, q)
     k, v = _tensor(fn, "k", k, q, q.dtype), _tensor(fn, "v", v, q, q.dtype)
     g, beta = _tensor(fn, "g", g, q), _tensor(fn, "beta", beta, q)
-    _ops.code(fn, "g", g)
-    _ops.code(fn, "beta", beta)
-    return q, k, v, g, beta, _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q)
+    return q, k, v, g, beta, _f32(fn, "A_log", A_log, q), _f32(fn, "dt_bias", dt_bias, q), *_offsets(fn, cu, cu_cpu, q)
+
 
 def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
     if x is None:
@@ -47,6 +53,7 @@ def _f32(fn: str, name: str, x, q: Tensor) -> Optional[Tensor]:
         return x
     return x.to(torch.float32).contiguous().view(-1)
 
+
 def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
     if isinstance(x, Tensor):
         if x.device != device:
@@ -58,14 +65,14 @@ def _ints(fn: str, name: str, x, device, dtypes=(torch.int32,)) -> Tensor:
             raise _bad(fn, name, f"expected integers ({' or '.join(str(d)[6:] for d in dtypes)}), got {x.dtype}")
         x = x.cpu()
     import numpy as np
-    host = _api.host_ints(fn, name, x, tuple(np.dtype(str(d)[6:]) for d in dtypes))
-    return torch.from_numpy(host).to(device)
+    return torch.from_numpy(_api.host_ints(fn, name, x, tuple(np.dtype(str(d)[6:]) for d in dtypes))).to(device)
+
 
 def _offsets(fn: str, cu, cu_cpu, q: Tensor):
     if cu is None:
         return None, None
-    host = None if isinstance(cu, Tensor) else _ints(fn, "cu_seqlens", cu, torch.device("cpu"), _INT)
-    cu = _ints(fn, "cu_seqlens", cu, q.device, _INT) if host is None else host.to(q.device)
+    host = None if isinstance(cu, Tensor) else _ints(fn, "cu_seqlens", cu, torch.device("cpu"), _ops._INT)
+    cu = _ints(fn, "cu_seqlens", cu, q.device, _ops._INT) if host is None else host.to(q.device)
     if not cu.is_cuda or cu_cpu is None:
         return cu, host if cu.is_cuda else None  # on the CPU, cu_seqlens itself is read
     if isinstance(cu_cpu, Tensor) and cu_cpu.device.type != "cpu":
@@ -74,6 +81,7 @@ def _offsets(fn: str, cu, cu_cpu, q: Tensor):
     if cu_cpu.shape != cu.shape:
         raise _bad(fn, "cu_seqlens_cpu", f"shape {list(cu_cpu.shape)} differs from cu_seqlens' {list(cu.shape)}")
     return cu, cu_cpu
+
 
 def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
     """ssm_state_indices in device memory, checked on a host copy as libkda checks host ones (src/validate.c): each
@@ -104,33 +112,25 @@ def device_slots(fn: str, idx: Tensor, nat, cu, T: int, slots: int) -> None:
                       if read else f"slot {s} ({name}) is touched twice in one call; the slots of a call must be "
                       f"distinct")
 
+
 def _eager(*ts) -> bool:
     grad = torch.is_grad_enabled()
     return not _compiling() and all(t is None or (type(t) in _PLAIN_TENSORS and not (grad and t.requires_grad))
                                     for t in ts)
 
-def _chunk_states_tensor(q, v, cu, cu_cpu, v_first):
-    """FLA's h, [B, Σ ceil(len / 64), HV, K, V] in q's dtype, and the tensor libkda writes (float32 for float16)."""
-    if cu is None:
-        nt = (q.shape[1] + 63) // 64
-    else:
-        lens = (cu_cpu if cu_cpu is not None else cu.cpu()).to(torch.int64)  # the host's lengths (FLA's too)
-        nt = int(((lens[1:] - lens[:-1] + 63) // 64).sum())
-    K, HV, V = q.shape[3], v.shape[2], v.shape[3]
-    shape = (q.shape[0], nt, HV) + ((V, K) if v_first else (K, V))
-    h = q.new_empty(shape)
-    return h, (h if q.dtype != torch.float16 else q.new_empty(shape, dtype=torch.float32))
 
-# The entry points' torch halves
 def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, final: bool, remember=None,
               states: bool = False, xcp=None):
     """`remember`: chunk_kda_cached's note; `states`: return_intermediate_states; `xcp`: cp_context's Split."""
-    q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
+    q, k, v, g, beta, A_log, dt_bias, cu, cu_cpu = _inputs(fn, q, k, v, g, beta, A_log, dt_bias, cu, cu_cpu)
     h0 = None if h0 is None else _tensor(fn, "initial_state", h0, q)
-    cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
     inputs = (q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu)
-    if states:
-        h, hs = _chunk_states_tensor(q, v, cu, cu_cpu, opts.state_v_first)
+    if states:  # FLA's h, [B, Σ ceil(len / 64), HV, K, V] in q's dtype, from the host's lengths (FLA's too)
+        ends = [0, q.shape[1]] if cu is None else (cu_cpu if cu_cpu is not None else cu.cpu()).tolist()
+        K, HV, V = q.shape[3], v.shape[2], v.shape[3]
+        shape = (q.shape[0], sum((b - a + 63) // 64 for a, b in zip(ends, ends[1:])), HV)
+        h = q.new_empty(shape + ((V, K) if opts.state_v_first else (K, V)))
+        hs = h if q.dtype != torch.float16 else h.new_empty(h.shape, dtype=torch.float32)  # what libkda writes
         o, ht = _ops.chunk_fwd(opts, *inputs, final, hs=hs, xcp=xcp)
         if hs is not h:
             h.copy_(hs)
@@ -139,7 +139,7 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
     if _eager(*inputs[:8]):
         o, ht = _ops.chunk_fwd(opts, *inputs, final, checked=True, xcp=xcp)
     elif not _compiling() and all(t is None or type(t) in _PLAIN_TENSORS for t in inputs[:8]):
-        o, ht = _autograd.ChunkKDA.apply(opts, final, None, None, xcp, *inputs)
+        o, ht = _ops.ChunkKDA.apply(opts, final, None, None, xcp, *inputs)
         train = True
     elif xcp is not None:
         raise _bad(fn, "cp_context", "is not implemented by kda on tensor subclasses or traced by torch.compile",
@@ -151,11 +151,11 @@ def chunk_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu
         _remember_chunk(remember, inputs, opts, final, train)
     return o, (ht if final else None)
 
+
 def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, h0, cu, cu_cpu, idx, nat, out,
                         ht_mode: int):
     """ht_mode: 0 no final state, 1 a new one, 2 initial_state updated in place (and returned)."""
-    q, k, v, g, beta, A_log, dt_bias = _inputs(fn, q, k, v, g, beta, A_log, dt_bias)
-    cu, cu_cpu = _offsets(fn, cu, cu_cpu, q)
+    q, k, v, g, beta, A_log, dt_bias, cu, cu_cpu = _inputs(fn, q, k, v, g, beta, A_log, dt_bias, cu, cu_cpu)
     idx = None if idx is None else _ints(fn, "ssm_state_indices", idx, q.device)
     nat = None if nat is None else _ints(fn, "num_accepted_tokens", nat, q.device)
     if idx is not None and idx.is_cuda and not (_compiling() or torch.cuda.is_current_stream_capturing()):
@@ -187,35 +187,24 @@ def fused_recurrent_kda(fn, opts: KdaOptions, q, k, v, g, beta, A_log, dt_bias, 
                                               cu_cpu, idx, o, ht, ht_mode == 2, opts.scale, *opts[1:8], nat)
     return o, ht
 
-# kda.chunk_kda's fast path: a call whose signature (everything its checks read: types, shapes, dtypes, devices,
-# contiguity, options) passed them before runs without them, and tries its last workspace size first (_lib.run
-# settles one that falls short). Signatures are filed under q's shape, and made only for a shape seen before.
-_SCALARS = frozenset((type(None), bool, int, float))  # equal values of these mean the same to every check
-_CHUNK_KWARGS = frozenset(("A_log", "dt_bias", "chunk_size", "cp_piece_len"))
-_MAX_SHAPES, _MAX_CALLS = 256, 16  # bounds: q's shapes remembered, and signatures per shape
-_chunk_calls: dict = {}  # q.shape -> {signature: _ChunkCall}
 
 def chunk_kda_cached(tensors, kwargs, flags):
     """(result, None) for a signature checked and run eagerly before; else (None, chunk_kda's `remember`)."""
-    q = tensors[0]
-    if _compiling() or type(q) not in _PLAIN_TENSORS:  # first: torch.compile traces the ops, not this
+    if _compiling() or type(tensors[0]) not in _PLAIN_TENSORS:  # first: torch.compile traces the ops, not this
         return None, None
-    calls = _chunk_calls.get(shape := q.shape)
+    calls = _chunk_calls.get(shape := tensors[0].shape)
     if calls is None:
         return None, (shape, None, None)
-    # return_intermediate_states and cp_context: errors or another kind of call; transpose_state_layout: a warning
-    # to give each time
+    # not here: return_intermediate_states, cp_context (other kinds of call), transpose_state_layout (warns each time)
     if flags[8] is not False or flags[10] is not None or (kwargs and not kwargs.keys() <= _CHUNK_KWARGS):
         return None, None
     cp = kwargs.get("cp_piece_len")
-    if cp is not None and type(cp) is not int:  # 64.0 == 64: let kda.chunk_kda judge every other type
-        return None, None
     flags = flags + (kwargs.get("chunk_size"), cp)
-    if not _SCALARS.issuperset(map(type, flags)):
+    # 64.0 == 64 as a key: kda.chunk_kda judges a cp_piece_len of any other type than int
+    if not _SCALARS.issuperset(map(type, flags)) or type(cp) not in (type(None), int):
         return None, None
     grad = torch.is_grad_enabled()
-    q, k, v, g, beta, h0, cu, cu_cpu = tensors
-    inputs = (q, k, v, g, beta, kwargs.get("A_log"), kwargs.get("dt_bias"), h0, cu, cu_cpu)
+    inputs = (*tensors[:5], kwargs.get("A_log"), kwargs.get("dt_bias"), *tensors[5:])
     if not all(t is None or type(t) in _PLAIN_TENSORS for t in inputs):
         return None, None
     # the last field: autograd records the call (as _eager decides)
@@ -226,9 +215,10 @@ def chunk_kda_cached(tensors, kwargs, flags):
         return None, (shape, key, inputs)
     inputs = tuple(None if unused else t for unused, t in zip(call.unused, inputs))
     if call.train:
-        o, ht = _autograd.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, None, *inputs)
+        o, ht = _ops.ChunkKDA.apply(call.opts, call.final, call.launch(*inputs), call, None, *inputs)
         return (o, ht if call.final else None), None
     return call(*inputs), None
+
 
 def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) -> None:
     """Note q's shape if new, else cache the signature if the launch used the caller's tensors as they came."""
@@ -242,6 +232,7 @@ def _remember_chunk(remember, used, opts: KdaOptions, final: bool, train: bool) 
         if len(calls) >= _MAX_CALLS:
             calls.clear()
         calls[key] = _ChunkCall(opts, final, train, tuple(u is None for u in used))
+
 
 class _ChunkCall:
     """One cached chunk_kda signature: its options, flags, ignored arguments, and the sizes its last calls used."""
@@ -257,5 +248,6 @@ class _ChunkCall:
 
     def launch(self, *inputs):
         return _ops.chunk_fwd(self.opts, *inputs, self.final, checked=True, keep=True, memo=self)
+
 
 _api._torch_chunk_cached = chunk_kda_cached
