@@ -93,7 +93,7 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
 /* The compose chain of one (split sequence, value head) in the kernel's order (cp_merge.cu, compose): X_0 = [M_0 | E_0]
  * (M_0 from its Mᵀ, or 0 without first_map), X_j = M_j X_{j−1} + [0 | E_j], every X_j into `prefix` */
 static void reference_compose(const float *slots, int64_t s0, int64_t np, int h, int hv, int KC, int VC, int first_map,
-                              float *prefix) {
+                              float *prefix, float *wslots) {
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC), W = KC + VC;
 #define RSLOT(j) (slots + ((s0 + (j)) * hv + h) * sz)
 #define RPRE(j) (prefix + ((s0 + (j)) * hv + h) * KC * W)
@@ -102,7 +102,16 @@ static void reference_compose(const float *slots, int64_t s0, int64_t np, int h,
         for (int c = 0; c < W; c++)
             X[d * W + c] = c >= KC ? RSLOT(0)[KC * KC + d * VC + c - KC]
                            : first_map ? RSLOT(0)[kda_cuda_map_index(KC, c, d)] : 0.0f;
-    memcpy(RPRE(0), X, sizeof(float) * KC * W);
+    /* without first_map the M columns are never written, and E's columns are also the slots' S_in(j + 1) */
+#define RSTORE(j)                                                                                                      \
+    do {                                                                                                               \
+        for (int d = 0; d < KC; d++)                                                                                   \
+            for (int c = first_map ? 0 : KC; c < W; c++) RPRE(j)[d * W + c] = X[d * W + c];                            \
+        if (!first_map && (j) + 1 < np)                                                                                \
+            for (int d = 0; d < KC; d++)                                                                               \
+                for (int c = KC; c < W; c++) wslots[((s0 + (j) + 1) * hv + h) * sz + KC * KC + KC * VC + d * VC + c - KC] = X[d * W + c]; \
+    } while (0)
+    RSTORE(0);
     for (int64_t j = 1; j < np; j++) {
         const float *Mt = RSLOT(j), *E = RSLOT(j) + KC * KC;
         for (int d = 0; d < KC; d++)
@@ -118,8 +127,9 @@ static void reference_compose(const float *slots, int64_t s0, int64_t np, int h,
                 next[d * W + c] = (acc[0] + (acc[1] + acc[2])) + (c >= KC ? E[d * VC + c - KC] : 0.0f);
             }
         memcpy(X, next, sizeof(float) * KC * W);
-        memcpy(RPRE(j), X, sizeof(float) * KC * W);
+        RSTORE(j);
     }
+#undef RSTORE
     free(X);
     free(next);
 #undef RSLOT
@@ -203,7 +213,7 @@ int main(int argc, char **argv) {
                 nsplit++;
                 for (int h = 0; h < hv; h++) {
                     if (compose)
-                        reference_compose(slots, tab[i].slot, tab[i].seq_pieces, h, hv, KC, VC, first_map, want_pre);
+                        reference_compose(slots, tab[i].slot, tab[i].seq_pieces, h, hv, KC, VC, first_map, want_pre, want);
                     else
                         reference(slots, tab[i].slot, tab[i].seq_pieces, h, hv, KC, VC, want);
                 }
@@ -222,7 +232,7 @@ int main(int argc, char **argv) {
         if (emu_ctas > 0) run_grid(&p);
         ctas_total += emu_ctas;
         if (r.num_pieces > max_entries) max_entries = r.num_pieces;
-        items += nsplit * hv * ((VC + (compose ? KC : 0)) / 16);
+        items += nsplit * hv * ((VC + (compose && first_map ? KC : 0)) / 16);
         const int ok = !memcmp(slots, want, sizeof(float) * nfl) && !memcmp(prefix, want_pre, sizeof(float) * npre);
         if (!ok) {
             int64_t first = -1, nd = 0;

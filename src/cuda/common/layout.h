@@ -27,6 +27,9 @@ typedef struct {
     cudaStream_t side;
     cudaEvent_t fork, join;
     pthread_mutex_t lock;
+    /* Cross-rank CP: the key of the arguments and workspace a primed kda_cp_forward_summary left its work in, for
+       the kda_forward that follows (xcp.h), under the lock; 0: none */
+    uint64_t primed_key;
 } cuda_impl_t;
 
 /* The backward's state-gradient chain takes the same plan (bwd_dstate.cuh's CP modes, run last piece first) with

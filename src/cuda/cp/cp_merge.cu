@@ -33,7 +33,9 @@
  *     X_0 = [M_0 | E_0],     X_j = M_j X_{j−1} + [0 | E_j]      (j = 1 .. np − 1)
  *
  * (M_0 = 0 when the sequence starts on this rank: piece 0 then ran from its initial state), each X_j into the
- * prefix region; X_{np−1} is the summary, and S_in(j + 1) = X_j [S; I] for the state S entering the sequence.
+ * prefix region; X_{np−1} is the summary, and S_in(j + 1) = X_j [S; I] for the state S entering the sequence. A
+ * sequence that starts here has M = 0 throughout: only E's columns are chained, and they are S_in(j + 1) itself,
+ * stored into the slots as well (the primed forward then runs the pieces at once).
  */
 #include "common.cuh"
 
@@ -60,7 +62,10 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     pdl_wait();                       /* (launched with pdl: the pre-scan has completed) */
     pdl_trigger();
     if (p.header[1] == 0) return; /* the plan split nothing */
-    const int VC = p.pb.vc, nmt = p.compose ? KC / MERGE_COLS : 0, nct = nmt + VC / MERGE_COLS;
+    /* compose: M's columns only where the sequence continues from an earlier rank (first_map); without them the
+       prefix's E columns are S_in(j + 1) themselves, also stored into the slots as the plain merge does */
+    const int VC = p.pb.vc, nmt = p.compose && p.first_map ? KC / MERGE_COLS : 0, nct = nmt + VC / MERGE_COLS;
+    const int to_slots = !p.compose || !p.first_map;
     const int64_t xw = KC + VC; /* a prefix map's row (compose) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ne = p.header[2], per_seq = (int64_t)p.pb.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         const kda_cp_piece_t *e = &p.table[first];
         const int64_t np = e->seq_pieces, s0 = e->slot;
         /* the tile's columns: of E (and S_in), or compose's M columns (mcol) */
-        const int mcol = tile < nmt, c4 = (mcol ? tile : tile - nmt) * MERGE_COLS, xc = tile * MERGE_COLS;
+        const int mcol = tile < nmt, c4 = (mcol ? tile : tile - nmt) * MERGE_COLS, xc = mcol ? c4 : KC + c4;
         const int64_t last = p.compose ? np - 1 : np - 2; /* the chain's last step */
 #define SLOT(j) (p.slots + ((s0 + (j)) * p.pb.hv + h) * sz)
 #define MT(j) (mts + ((s0 + (j)) * p.pb.hv + h) * msz)
@@ -144,10 +149,11 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         } else {
             for (int f = tid; f < KC * MERGE_COLS; f += NTH) { /* X_0: M_0 (from its Mᵀ) or 0, and E_0 */
                 const int row = f / MERGE_COLS, col = f % MERGE_COLS;
-                const float x = !mcol        ? SLOT(0)[KC * KC + (int64_t)row * VC + c4 + col]
+                const float x = !mcol         ? SLOT(0)[KC * KC + (int64_t)row * VC + c4 + col]
                                 : p.first_map ? MT(0)[kda_cuda_map_index(KC, c4 + col, row)]
                                               : 0.0f;
                 PREFIX(0)[(int64_t)row * xw + xc + col] = x;
+                if (to_slots) SLOT(1)[KC * KC + KC * VC + (int64_t)row * VC + c4 + col] = x;
                 sS[(KC + row) * MERGE_SST + col] = x;
             }
         }
@@ -218,7 +224,8 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                     const float x1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
                     const float2 x = make_float2(x0 + ej[nt][hr].x, x1 + ej[nt][hr].y);
                     if (p.compose) *(float2 *)(PREFIX(j) + (int64_t)row * xw + xc + col) = x;
-                    else *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
+                    if (to_slots && j + 1 < np)
+                        *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
                     *(float2 *)&sN[row * MERGE_SST + col] = x;
                 }
             if (j + 1 <= last) LOAD_E(j + 1);
@@ -242,7 +249,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
    CTAs as are resident at once (by shared memory and threads; 1 per SM at K = 128 and 256, 2 at 64) */
 extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream) {
     const int64_t nsplit = p->cap_slots / 2 < p->pb.seqs.num_seqs ? p->cap_slots / 2 : p->pb.seqs.num_seqs;
-    const int64_t items = nsplit * p->pb.hv * ((p->pb.vc + (p->compose ? p->pb.kc : 0)) / MERGE_COLS);
+    const int64_t items = nsplit * p->pb.hv * ((p->pb.vc + (p->compose && p->first_map ? p->pb.kc : 0)) / MERGE_COLS);
     if (items <= 0) return 0;
     const int bytes = merge_smem(p->pb.kc), which = p->pb.kc == 64 ? 0 : p->pb.kc == 128 ? 1 : 2;
     const int threads = 2 * p->pb.kc;

@@ -459,7 +459,8 @@ DEV int rec_piece_work(const kda_rec_params_t &p, rec_work_t &w) {
         /* only split pieces before their sequence's last, and a first piece has no M; a primed summary's pre-scan
            (cp_summary) maps the last pieces too, and with cp_summary 2 the first ones from zero with M */
         const int first_map = p.cp_summary == 2;
-        if (cslot < 0 || ((flags & KDA_CP_LAST) && !p.cp_summary) || (tile < mt && (flags & KDA_CP_FIRST) && !first_map))
+        if (cslot < 0 || ((flags & KDA_CP_LAST) && !p.cp_summary) ||
+            (tile < mt && (flags & KDA_CP_FIRST) && !first_map))
             return 0;
         w.mcols = tile < mt;
         w.vt = w.mcols ? tile : tile - mt;

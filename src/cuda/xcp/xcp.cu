@@ -96,3 +96,78 @@ extern "C" int kda_xcp_launch_place(float *dst, int64_t W, int col0, const float
                                                                                                  K, C, tr);
     return (int)cudaGetLastError();
 }
+
+/* A primed forward's incoming states (xcp.h): for pieces j = 1 .. np − 1 of the split sequence, S_in(j) = A S + C
+ * with [A | C] = X_{j−1}, the prefix map (KC rows of KC + VC), and S the fold entering the sequence ([hv][K][V]
+ * fp32, read as zero past K and V), into slot j's incoming-state tile (KC × VC, [d][v]). A CTA makes a 64 × 64 tile
+ * of one (piece, head) on CUDA cores, e in steps of 32 through shared memory, 4 × 4 outputs a thread; the rows and
+ * columns past K and V come out zero, as the slots' padding must. */
+#define APPLY_T 64
+#define APPLY_E 32
+__global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv,
+                                                            int K, int V, int KC, int VC, int64_t slot_floats) {
+    __shared__ float sA[APPLY_E][APPLY_T + 4]; /* A's tile transposed: [e][d] */
+    __shared__ float sB[APPLY_E][APPLY_T + 4]; /* S's tile: [e][v] */
+    const int dts = KC / APPLY_T, vts = VC / APPLY_T;
+    int64_t b = blockIdx.x;
+    const int vt = (int)(b % vts), dt = (int)(b / vts % dts), h = (int)(b / vts / dts % hv);
+    const int64_t j = b / vts / dts / hv + 1;
+    const int64_t xw = (int64_t)KC + VC;
+    const float *X = prefix + ((j - 1) * hv + h) * (int64_t)KC * xw;
+    const float *Sh = S + (int64_t)h * K * V;
+    const int tid = threadIdx.x, tr = tid / 16, tc = tid % 16; /* rows 4 tr .., columns 4 tc .. of the tile */
+    const int d0 = dt * APPLY_T, v0 = vt * APPLY_T;
+    float acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 4; c++) acc[r][c] = X[(int64_t)(d0 + 4 * tr + r) * xw + KC + v0 + 4 * tc + c];
+    for (int e0 = 0; e0 < K; e0 += APPLY_E) {
+        for (int f = tid; f < APPLY_E * APPLY_T; f += 256) {
+            const int e = f % APPLY_E, d = f / APPLY_E; /* A's rows are contiguous in e */
+            sA[e][d] = e0 + e < K ? X[(int64_t)(d0 + d) * xw + e0 + e] : 0.0f;
+            const int v = f % APPLY_T, ee = f / APPLY_T;
+            sB[ee][v] = e0 + ee < K && v0 + v < V ? Sh[(int64_t)(e0 + ee) * V + v0 + v] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int e = 0; e < APPLY_E; e++) {
+            const float4 a = *(const float4 *)&sA[e][4 * tr], s = *(const float4 *)&sB[e][4 * tc];
+            const float av[4] = {a.x, a.y, a.z, a.w}, sv[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[r][c] = fmaf(av[r], sv[c], acc[r][c]);
+        }
+        __syncthreads();
+    }
+    float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
+    for (int r = 0; r < 4; r++)
+        *(float4 *)&dst[(int64_t)(d0 + 4 * tr + r) * VC + v0 + 4 * tc] =
+            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+}
+
+/* The primed summary from the last prefix map X = X_{np−1} ([hv][KC][KC + VC]): per head K rows of W = K + V,
+ * [A | C] restricted to K, V; A is zero unless the sequence continues from an earlier rank (first_map) */
+__global__ void kda_xcp_place_prefix_kernel(float *dst, const float *X, int hv, int K, int V, int KC, int VC,
+                                            int first_map) {
+    const int64_t W = (int64_t)K + V, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (int64_t)hv * K * W) return;
+    const int64_t h = e / (K * W), i = e / W % K, c = e % W;
+    const float *x = X + (h * KC + i) * ((int64_t)KC + VC);
+    dst[e] = c < K ? (first_map ? x[c] : 0.0f) : x[KC + c - K];
+}
+
+extern "C" int kda_xcp_launch_apply(const float *prefix, const float *S, float *slots, int64_t np, int hv, int K, int V,
+                                    int KC, int VC, void *stream) {
+    const int64_t ctas = (np - 1) * hv * (KC / APPLY_T) * (VC / APPLY_T);
+    if (ctas <= 0) return 0;
+    kda_xcp_apply_kernel<<<(unsigned)ctas, 256, 0, (cudaStream_t)stream>>>(prefix, S, slots, hv, K, V, KC, VC,
+                                                                           kda_cuda_cp_slot_floats(KC, VC));
+    return (int)cudaGetLastError();
+}
+
+extern "C" int kda_xcp_launch_place_prefix(float *dst, const float *X, int hv, int K, int V, int KC, int VC,
+                                           int first_map, void *stream) {
+    kda_xcp_place_prefix_kernel<<<blocks_for((int64_t)hv * K * (K + V), 256), 256, 0, (cudaStream_t)stream>>>(
+        dst, X, hv, K, V, KC, VC, first_map);
+    return (int)cudaGetLastError();
+}
