@@ -205,23 +205,50 @@ static int32_t *decode_claim(const kda_problem_t *p, void *ws) {
 
 static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
-    if (kda_cuda_decode_fits(p, 0)) /* headwise β, 2-D state_indices: only the recurrent kernel has them */
-        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
-                                   decode_claim(p, ws), stream, "kda_forward");
     cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    if (kda_cuda_decode_fits(p, 0)) { /* headwise β, 2-D state_indices: only the recurrent kernel has them */
+        kda_cuda_primed_forget(impl, ws);
+        return kda_cuda_decode_run(p, ctx->device, impl->sm_count, &ctx->tuning, decode_claim(p, ws), stream,
+                                   "kda_forward");
+    }
     if (kda_cuda_xcp_primed_pieces(impl, p)) { /* the summary's work must be in this workspace, for these arguments */
-        const uint64_t key = kda_cuda_xcp_primed_key(p, ws);
-        pthread_mutex_lock(&impl->lock);
-        const int match = impl->primed_key == key;
-        if (match) impl->primed_key = 0; /* one summary primes one forward */
-        pthread_mutex_unlock(&impl->lock);
-        if (!match)
+        if (!kda_cuda_primed_take(impl, ws, kda_cuda_xcp_primed_key(p, ws)))
             return kda_error(KDA_STATUS_INVALID_VALUE,
                              "kda_forward: argument 'cp_primed': 1, but no kda_cp_forward_summary with cp_primed on "
                              "these arguments and this workspace came before it on this context");
         return cuda_run(ctx, p, ws, stream, "kda_forward", 2, NULL);
     }
+    kda_cuda_primed_forget(impl, ws);
     return cuda_run(ctx, p, ws, stream, "kda_forward", 0, NULL);
+}
+
+void kda_cuda_primed_forget(cuda_impl_t *impl, const void *ws) {
+    if (!ws) return;
+    pthread_mutex_lock(&impl->lock);
+    for (int i = 0; i < KDA_CUDA_PRIMED_KEYS; i++)
+        if (impl->primed_ws[i] == ws) impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL;
+    pthread_mutex_unlock(&impl->lock);
+}
+
+void kda_cuda_primed_remember(cuda_impl_t *impl, const void *ws, uint64_t key) {
+    kda_cuda_primed_forget(impl, ws);
+    pthread_mutex_lock(&impl->lock);
+    impl->primed_keys[impl->primed_next] = key; /* the oldest place */
+    impl->primed_ws[impl->primed_next] = ws;
+    impl->primed_next = (impl->primed_next + 1) % KDA_CUDA_PRIMED_KEYS;
+    pthread_mutex_unlock(&impl->lock);
+}
+
+int kda_cuda_primed_take(cuda_impl_t *impl, const void *ws, uint64_t key) {
+    int match = 0;
+    pthread_mutex_lock(&impl->lock);
+    for (int i = 0; i < KDA_CUDA_PRIMED_KEYS && !match; i++)
+        if (impl->primed_ws[i] == ws && impl->primed_keys[i] == key) {
+            impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL; /* one summary primes one forward */
+            match = 1;
+        }
+    pthread_mutex_unlock(&impl->lock);
+    return match;
 }
 
 /* Cross-rank CP's summaries: the forward's primed one where it applies (xcp.h), else the passes of xcp/launch.c */
@@ -234,18 +261,18 @@ static kda_status_t cuda_summary_workspace(const kda_context_t *ctx, const kda_p
 static kda_status_t cuda_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, void *summary,
                                  void *ws, size_t ws_bytes, void *stream) {
     cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    kda_cuda_primed_forget(impl, ws);
     if (bp || !kda_cuda_xcp_primed_pieces(impl, p))
         return kda_cuda_xcp_summary(ctx, p, bp, summary, ws, ws_bytes, stream);
     const kda_status_t st = cuda_run(ctx, p, ws, stream, "kda_cp_forward_summary", 1, summary);
-    pthread_mutex_lock(&impl->lock);
-    impl->primed_key = st == KDA_STATUS_SUCCESS ? kda_cuda_xcp_primed_key(p, ws) : 0;
-    pthread_mutex_unlock(&impl->lock);
+    if (st == KDA_STATUS_SUCCESS) kda_cuda_primed_remember(impl, ws, kda_cuda_xcp_primed_key(p, ws));
     return st;
 }
 
 /* Decode: the recurrent kernel (decode/) for short sequences, the chunked kernels for long ones. */
 static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
+    kda_cuda_primed_forget((cuda_impl_t *)ctx->impl, ws);
     if (kda_cuda_decode_fits(p, 1))
         return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
                                    decode_claim(p, ws), stream, "kda_decode");

@@ -262,10 +262,12 @@ static void run_split(const char *what, kda_context_t *ctx, const whole_t *w, in
         size_t wsb = 0;
         CHECK(kda_cp_forward_summary_workspace_size(ctx, &rk[r].a, &wsb) == KDA_STATUS_SUCCESS, "%s: %s", what,
               kda_last_error());
-        if (primed) { /* one workspace for the summary and the forward */
+        if (primed) { /* one workspace for the summary and the forward (which needs the gather to be sized) */
             size_t fb = 0;
-            CHECK(kda_forward_workspace_size(ctx, &rk[r].a, &fb) == KDA_STATUS_SUCCESS, "%s: %s", what,
-                  kda_last_error());
+            kda_args_t fa = rk[r].a;
+            fa.cp_summaries = fwd;
+            fa.cp_summaries_bytes = (size_t)R * sb;
+            CHECK(kda_forward_workspace_size(ctx, &fa, &fb) == KDA_STATUS_SUCCESS, "%s: %s", what, kda_last_error());
             wsb = fb > wsb ? fb : wsb;
         }
         void *ws = managed(wsb);
@@ -585,9 +587,9 @@ static void xcp_perf(void) {
     printf("rank 2 of 4 (32768 tokens, H8): plain forward %.4f ms, folding forward %.4f ms (+%.1f%%), summary "
            "%.4f ms (%.1f%% of the plain forward); all-gather %zu bytes (R x HV x K x (K+V) x 4)\n",
            t_plain, t_fold, 100.0 * (t_fold - t_plain) / t_plain, t_sum, 100.0 * t_sum / t_plain, (size_t)R * sb);
-    /* primed: the pair's time over the plain forward's is what the split costs the rank (ranks 2 and 0: with and
-       without a chain before it) */
-    for (int r = 2; r >= 0; r -= 2) {
+    /* primed: the pair's time over the plain forward's is what the split costs a rank that makes a summary (ranks
+       0 .. 2; rank 1 folds one map, which is a copy, and rank 2 two) */
+    for (int r = 0; r < R - 1; r++) {
         kda_args_t pl = rk[r];
         pl.cp_num_ranks = pl.cp_rank = pl.cp_pre_ranks = pl.cp_post_ranks = 0;
         pl.cp_summaries = NULL;

@@ -6,36 +6,74 @@
  * (the first map's A is not read: S is still 0), into a [HV][K][V] fp32 state. One CTA per (value head,
  * FOLD_COLS columns of S): the columns are independent, so they stay in shared memory across the chain; a step is a
  * K × K by K × FOLD_COLS product on CUDA cores, accumulated in fp64 (R − 1 steps at most, each K² · V products
- * per head: small beside the forward they feed).
+ * per head: small beside the forward they feed, if the step is not latency-bound).
  */
 #include "common.cuh"
 
-#define FOLD_COLS 8
+#define FOLD_COLS 16 /* columns of S per CTA */
+#define FOLD_L 16    /* columns of A per shared-memory chunk */
 #define FOLD_THREADS 256
 
+/* Thread (ty, tx) = (tid / 16, tid % 16) holds rows ty + 16 r of column c0 + tx. A step streams A's K × K through
+ * shared memory FOLD_L columns at a time, the next chunk loaded into registers while the current one is used, so
+ * that a step waits for about one load, not one per term; S (fp64) stays in shared memory across the chain. */
 __global__ void __launch_bounds__(FOLD_THREADS)
     kda_xcp_fold_kernel(const float *sums, int64_t first, int count, int step, int hv, int K, int V, float *out) {
-    extern __shared__ double fold_smem[]; /* S and the next S: 2 × K × FOLD_COLS */
+    extern __shared__ double fold_smem[]; /* S: K × FOLD_COLS fp64, then A's chunk: K × FOLD_L fp32 */
+    constexpr int NR = KDA_MAX_HEAD_DIM / 16;
     const int tiles = (V + FOLD_COLS - 1) / FOLD_COLS;
     const int h = (int)(blockIdx.x / tiles), c0 = (int)(blockIdx.x % tiles) * FOLD_COLS;
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, c = c0 + tx, nr = (K + 15) / 16;
     const int64_t W = (int64_t)K + V;
-    double *S = fold_smem, *next = fold_smem + K * FOLD_COLS;
+    double *S = fold_smem;
+    float *A = (float *)(fold_smem + K * FOLD_COLS);
     for (int m = 0; m < count; m++) {
         const float *X = sums + ((first + (int64_t)m * step) * hv + h) * (int64_t)K * W;
-        for (int e = threadIdx.x; e < K * FOLD_COLS; e += FOLD_THREADS) {
-            const int i = e / FOLD_COLS, c = e % FOLD_COLS;
-            double acc = c0 + c < V ? (double)X[i * W + K + c0 + c] : 0.0;
-            for (int l = 0; m > 0 && l < K; l++) acc += (double)X[i * W + l] * S[l * FOLD_COLS + c];
-            next[e] = acc;
+        double acc[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int i = ty + 16 * r;
+            acc[r] = r < nr && i < K && c < V ? (double)X[i * W + K + c] : 0.0;
         }
-        __syncthreads(); /* every thread's S read before the next step writes it */
-        double *x = S;
-        S = next;
-        next = x;
+        if (m > 0) { /* (the chain's first map has M = 0: S is still zero) */
+            float pre[NR];
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const int i = ty + 16 * r;
+                pre[r] = r < nr && i < K && tx < K ? X[i * W + tx] : 0.0f;
+            }
+            for (int l0 = 0; l0 < K; l0 += FOLD_L) {
+                __syncthreads(); /* the previous chunk's reads are done */
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    if (r < nr && ty + 16 * r < K) A[(ty + 16 * r) * FOLD_L + tx] = pre[r];
+                __syncthreads();
+                if (l0 + FOLD_L < K) {
+#pragma unroll
+                    for (int r = 0; r < NR; r++) {
+                        const int i = ty + 16 * r, l = l0 + FOLD_L + tx;
+                        pre[r] = r < nr && i < K && l < K ? X[i * W + l] : 0.0f;
+                    }
+                }
+                const int ln = K - l0 < FOLD_L ? K - l0 : FOLD_L;
+                for (int l = 0; l < ln; l++) {
+                    const double sv = S[(l0 + l) * FOLD_COLS + tx];
+#pragma unroll
+                    for (int r = 0; r < NR; r++)
+                        if (r < nr) acc[r] += (double)A[(ty + 16 * r) * FOLD_L + l] * sv;
+                }
+            }
+        }
+        __syncthreads(); /* every thread's reads of S are done */
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r < nr && ty + 16 * r < K) S[(ty + 16 * r) * FOLD_COLS + tx] = acc[r];
+        __syncthreads();
     }
-    for (int e = threadIdx.x; e < K * FOLD_COLS; e += FOLD_THREADS) {
-        const int i = e / FOLD_COLS, c = e % FOLD_COLS;
-        if (c0 + c < V) out[((int64_t)h * K + i) * V + c0 + c] = (float)S[e];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const int i = ty + 16 * r;
+        if (r < nr && i < K && c < V) out[((int64_t)h * K + i) * V + c] = (float)S[i * FOLD_COLS + tx];
     }
 }
 
@@ -69,7 +107,7 @@ static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + thre
 
 extern "C" int kda_xcp_launch_fold(const float *sums, int64_t first, int count, int step, int hv, int K, int V,
                                    float *out, void *stream) {
-    const int smem = 2 * K * FOLD_COLS * (int)sizeof(double);
+    const int smem = K * FOLD_COLS * (int)sizeof(double) + K * FOLD_L * (int)sizeof(float);
     const int64_t ctas = (int64_t)hv * ((V + FOLD_COLS - 1) / FOLD_COLS);
     kda_xcp_fold_kernel<<<(unsigned)ctas, FOLD_THREADS, smem, (cudaStream_t)stream>>>(sums, first, count, step, hv, K,
                                                                                       V, out);
@@ -100,16 +138,17 @@ extern "C" int kda_xcp_launch_place(float *dst, int64_t W, int col0, const float
 /* A primed forward's incoming states (xcp.h): for pieces j = 1 .. np − 1 of the split sequence, S_in(j) = A S + C
  * with [A | C] = X_{j−1}, the prefix map (KC rows of KC + VC), and S the fold entering the sequence ([hv][K][V]
  * fp32, read as zero past K and V), into slot j's incoming-state tile (KC × VC, [d][v]). A CTA makes a 64 × 64 tile
- * of one (piece, head) on CUDA cores, e in steps of 32 through shared memory, 4 × 4 outputs a thread; the rows and
- * columns past K and V come out zero, as the slots' padding must. */
+ * of one (piece, head) on CUDA cores, 4 × 4 outputs a thread, e in chunks of APPLY_E through shared memory with the
+ * next chunk loaded into registers meanwhile. A's columns past K are zero in the prefix (M's padding), so only S's
+ * rows need a bound; the rows and columns past K and V come out zero, as the slots' padding must. */
 #define APPLY_T 64
-#define APPLY_E 32
+#define APPLY_E 16
 __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv,
                                                             int K, int V, int KC, int VC, int64_t slot_floats) {
-    __shared__ float sA[APPLY_E][APPLY_T + 4]; /* A's tile transposed: [e][d] */
-    __shared__ float sB[APPLY_E][APPLY_T + 4]; /* S's tile: [e][v] */
+    __shared__ __align__(16) float sA[APPLY_E][APPLY_T + 4]; /* A's chunk transposed: [e][d] */
+    __shared__ __align__(16) float sB[APPLY_E][APPLY_T];     /* S's chunk: [e][v] */
     const int dts = KC / APPLY_T, vts = VC / APPLY_T;
-    int64_t b = blockIdx.x;
+    const int64_t b = blockIdx.x;
     const int vt = (int)(b % vts), dt = (int)(b / vts % dts), h = (int)(b / vts / dts % hv);
     const int64_t j = b / vts / dts / hv + 1;
     const int64_t xw = (int64_t)KC + VC;
@@ -117,29 +156,42 @@ __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix,
     const float *Sh = S + (int64_t)h * K * V;
     const int tid = threadIdx.x, tr = tid / 16, tc = tid % 16; /* rows 4 tr .., columns 4 tc .. of the tile */
     const int d0 = dt * APPLY_T, v0 = vt * APPLY_T;
+    const int ad = tid / 4, ae = 4 * (tid % 4); /* the thread's loads: A[d0 + ad][e0 + ae ..], S[e0 + se][v0 + sv ..] */
+    const int se = tid / 16, sv = 4 * (tid % 16);
     float acc[4][4];
-    for (int r = 0; r < 4; r++)
-        for (int c = 0; c < 4; c++) acc[r][c] = X[(int64_t)(d0 + 4 * tr + r) * xw + KC + v0 + 4 * tc + c];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float4 x = *(const float4 *)&X[(int64_t)(d0 + 4 * tr + r) * xw + KC + v0 + 4 * tc];
+        acc[r][0] = x.x, acc[r][1] = x.y, acc[r][2] = x.z, acc[r][3] = x.w;
+    }
+    float4 pa = *(const float4 *)&X[(int64_t)(d0 + ad) * xw + ae];
+    float pb[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) pb[k] = se < K && v0 + sv + k < V ? Sh[(int64_t)se * V + v0 + sv + k] : 0.0f;
     for (int e0 = 0; e0 < K; e0 += APPLY_E) {
-        for (int f = tid; f < APPLY_E * APPLY_T; f += 256) {
-            const int e = f % APPLY_E, d = f / APPLY_E; /* A's rows are contiguous in e */
-            sA[e][d] = e0 + e < K ? X[(int64_t)(d0 + d) * xw + e0 + e] : 0.0f;
-            const int v = f % APPLY_T, ee = f / APPLY_T;
-            sB[ee][v] = e0 + ee < K && v0 + v < V ? Sh[(int64_t)(e0 + ee) * V + v0 + v] : 0.0f;
-        }
+        __syncthreads(); /* the previous chunk's reads are done */
+        sA[ae][ad] = pa.x, sA[ae + 1][ad] = pa.y, sA[ae + 2][ad] = pa.z, sA[ae + 3][ad] = pa.w;
+        *(float4 *)&sB[se][sv] = make_float4(pb[0], pb[1], pb[2], pb[3]);
         __syncthreads();
-#pragma unroll 8
+        const int en = e0 + APPLY_E;
+        if (en < K) {
+            pa = *(const float4 *)&X[(int64_t)(d0 + ad) * xw + en + ae];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                pb[k] = en + se < K && v0 + sv + k < V ? Sh[(int64_t)(en + se) * V + v0 + sv + k] : 0.0f;
+        }
+#pragma unroll
         for (int e = 0; e < APPLY_E; e++) {
             const float4 a = *(const float4 *)&sA[e][4 * tr], s = *(const float4 *)&sB[e][4 * tc];
-            const float av[4] = {a.x, a.y, a.z, a.w}, sv[4] = {s.x, s.y, s.z, s.w};
+            const float av[4] = {a.x, a.y, a.z, a.w}, svv[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
             for (int r = 0; r < 4; r++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) acc[r][c] = fmaf(av[r], sv[c], acc[r][c]);
+                for (int c = 0; c < 4; c++) acc[r][c] = fmaf(av[r], svv[c], acc[r][c]);
         }
-        __syncthreads();
     }
     float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
+#pragma unroll
     for (int r = 0; r < 4; r++)
         *(float4 *)&dst[(int64_t)(d0 + 4 * tr + r) * VC + v0 + 4 * tc] =
             make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
