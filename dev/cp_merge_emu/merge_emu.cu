@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
     long items = 0, ctas_total = 0;
     int64_t max_entries = 0;
     for (int c = 0; c < cases; c++) {
-        const int KC = c % 5 == 4 ? 256 : (c % 2 ? 64 : 128), VC = c % 3 == 0 ? 64 : 128;
+        const int KC = c % 5 == 4 ? 256 : (c / 2 % 2 ? 64 : 128), VC = c % 3 == 0 ? 64 : 128; /* compose too at each K */
         const int hv = 1 + (int)rnd(3);
         const int64_t P = 1 + rnd(4); /* chunks per piece */
         /* lengths: a few sequences, some long enough to split into up to ~6 pieces, some empty or short; every

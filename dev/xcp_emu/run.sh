@@ -25,4 +25,4 @@ out.append(s[i:])
 open(sys.argv[2], "w").write("".join(out))
 PY
 g++ -x c++ -std=c++17 -O1 -ffp-contract=off -w -I$B -I$W/src/cuda/common -I$W/src -I$W/include $E/xcp_emu.cu -o $B/xcp_emu -lpthread
-$B/xcp_emu "${1:-12}"
+$B/xcp_emu "${1:-81}"

@@ -6,74 +6,36 @@
  * (the first map's A is not read: S is still 0), into a [HV][K][V] fp32 state. One CTA per (value head,
  * FOLD_COLS columns of S): the columns are independent, so they stay in shared memory across the chain; a step is a
  * K × K by K × FOLD_COLS product on CUDA cores, accumulated in fp64 (R − 1 steps at most, each K² · V products
- * per head: small beside the forward they feed, if the step is not latency-bound).
+ * per head: small beside the forward they feed).
  */
 #include "common.cuh"
 
-#define FOLD_COLS 16 /* columns of S per CTA */
-#define FOLD_L 16    /* columns of A per shared-memory chunk */
+#define FOLD_COLS 8
 #define FOLD_THREADS 256
 
-/* Thread (ty, tx) = (tid / 16, tid % 16) holds rows ty + 16 r of column c0 + tx. A step streams A's K × K through
- * shared memory FOLD_L columns at a time, the next chunk loaded into registers while the current one is used, so
- * that a step waits for about one load, not one per term; S (fp64) stays in shared memory across the chain. */
 __global__ void __launch_bounds__(FOLD_THREADS)
     kda_xcp_fold_kernel(const float *sums, int64_t first, int count, int step, int hv, int K, int V, float *out) {
-    extern __shared__ double fold_smem[]; /* S: K × FOLD_COLS fp64, then A's chunk: K × FOLD_L fp32 */
-    constexpr int NR = KDA_MAX_HEAD_DIM / 16;
+    extern __shared__ double fold_smem[]; /* S and the next S: 2 × K × FOLD_COLS */
     const int tiles = (V + FOLD_COLS - 1) / FOLD_COLS;
     const int h = (int)(blockIdx.x / tiles), c0 = (int)(blockIdx.x % tiles) * FOLD_COLS;
-    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, c = c0 + tx, nr = (K + 15) / 16;
     const int64_t W = (int64_t)K + V;
-    double *S = fold_smem;
-    float *A = (float *)(fold_smem + K * FOLD_COLS);
+    double *S = fold_smem, *next = fold_smem + K * FOLD_COLS;
     for (int m = 0; m < count; m++) {
         const float *X = sums + ((first + (int64_t)m * step) * hv + h) * (int64_t)K * W;
-        double acc[NR];
-#pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const int i = ty + 16 * r;
-            acc[r] = r < nr && i < K && c < V ? (double)X[i * W + K + c] : 0.0;
+        for (int e = threadIdx.x; e < K * FOLD_COLS; e += FOLD_THREADS) {
+            const int i = e / FOLD_COLS, c = e % FOLD_COLS;
+            double acc = c0 + c < V ? (double)X[i * W + K + c0 + c] : 0.0;
+            for (int l = 0; m > 0 && l < K; l++) acc += (double)X[i * W + l] * S[l * FOLD_COLS + c];
+            next[e] = acc;
         }
-        if (m > 0) { /* (the chain's first map has M = 0: S is still zero) */
-            float pre[NR];
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                const int i = ty + 16 * r;
-                pre[r] = r < nr && i < K && tx < K ? X[i * W + tx] : 0.0f;
-            }
-            for (int l0 = 0; l0 < K; l0 += FOLD_L) {
-                __syncthreads(); /* the previous chunk's reads are done */
-#pragma unroll
-                for (int r = 0; r < NR; r++)
-                    if (r < nr && ty + 16 * r < K) A[(ty + 16 * r) * FOLD_L + tx] = pre[r];
-                __syncthreads();
-                if (l0 + FOLD_L < K) {
-#pragma unroll
-                    for (int r = 0; r < NR; r++) {
-                        const int i = ty + 16 * r, l = l0 + FOLD_L + tx;
-                        pre[r] = r < nr && i < K && l < K ? X[i * W + l] : 0.0f;
-                    }
-                }
-                const int ln = K - l0 < FOLD_L ? K - l0 : FOLD_L;
-                for (int l = 0; l < ln; l++) {
-                    const double sv = S[(l0 + l) * FOLD_COLS + tx];
-#pragma unroll
-                    for (int r = 0; r < NR; r++)
-                        if (r < nr) acc[r] += (double)A[(ty + 16 * r) * FOLD_L + l] * sv;
-                }
-            }
-        }
-        __syncthreads(); /* every thread's reads of S are done */
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r < nr && ty + 16 * r < K) S[(ty + 16 * r) * FOLD_COLS + tx] = acc[r];
-        __syncthreads();
+        __syncthreads(); /* every thread's S read before the next step writes it */
+        double *x = S;
+        S = next;
+        next = x;
     }
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-        const int i = ty + 16 * r;
-        if (r < nr && i < K && c < V) out[((int64_t)h * K + i) * V + c] = (float)S[i * FOLD_COLS + tx];
+    for (int e = threadIdx.x; e < K * FOLD_COLS; e += FOLD_THREADS) {
+        const int i = e / FOLD_COLS, c = e % FOLD_COLS;
+        if (c0 + c < V) out[((int64_t)h * K + i) * V + c0 + c] = (float)S[e];
     }
 }
 
@@ -107,7 +69,7 @@ static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + thre
 
 extern "C" int kda_xcp_launch_fold(const float *sums, int64_t first, int count, int step, int hv, int K, int V,
                                    float *out, void *stream) {
-    const int smem = K * FOLD_COLS * (int)sizeof(double) + K * FOLD_L * (int)sizeof(float);
+    const int smem = 2 * K * FOLD_COLS * (int)sizeof(double);
     const int64_t ctas = (int64_t)hv * ((V + FOLD_COLS - 1) / FOLD_COLS);
     kda_xcp_fold_kernel<<<(unsigned)ctas, FOLD_THREADS, smem, (cudaStream_t)stream>>>(sums, first, count, step, hv, K,
                                                                                       V, out);
