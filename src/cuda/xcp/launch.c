@@ -54,11 +54,10 @@ int64_t kda_cuda_xcp_primed_pieces(const cuda_impl_t *impl, const kda_problem_t 
     if (a->cp_num_ranks <= 0 || a->cp_primed != 1 || p->num_seqs != 1 || a->saved || a->chunk_states ||
         kda_cuda_decode_fits(p, 0))
         return 0;
-    /* head sizes at their classes (64, 128, 256) and K-first states: where the GPU tests have run the path
-       (tests/gpu/test_xcp_cuda.c); padded heads and V-first states compute in full */
-    if (a->head_dim_k != kda_cuda_size_class(a->head_dim_k) || a->head_dim_v != kda_cuda_size_class(a->head_dim_v) ||
-        a->state_v_first)
-        return 0;
+    /* K, V of 64 or 128 and K-first states: where the GPU tests have run the path (tests/gpu/test_xcp_cuda.c);
+       padded or 256-wide heads and V-first states compute in full */
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    if ((K != 64 && K != 128) || (V != 64 && V != 128) || a->state_v_first) return 0;
     kda_cp_problem_t cp;
     if (!kda_cp_problem_from(p, impl->sm_count, a->cu_seqlens_host, &cp)) return 0; /* lengths on the device */
     const int64_t P = kda_cp_piece_chunks(&cp), np = kda_cp_seq_slots(cp.max_chunks, P);
