@@ -194,6 +194,7 @@ typedef struct kda_args {
     kda_dtype_t cp_summary_dtype; /* FLOAT32 or FLOAT64 (CPU backends): the summaries' elements. Default FLOAT32 */
     const void *cp_summaries;     /* [R, HV, K, K + V] every rank's forward summary (all-gathered); cp_pre_ranks > 0 */
     size_t cp_summaries_bytes;    /* bytes at cp_summaries, at least R * kda_cp_summary_size's answer */
+    int32_t cp_primed; /* 1: kda_forward reuses the work kda_cp_forward_summary left in the same workspace (§14) */
 } kda_args_t;
 
 /* Set the defaults of the first struct_size bytes of `args` and struct_size itself (docs/API.md §13). */
@@ -278,8 +279,8 @@ KDA_API kda_status_t kda_backward(kda_context_t *ctx, const kda_backward_args_t 
 
 /* ---- Context parallelism across ranks: the transport-free building blocks (docs/API.md §14) -------------
  * Each rank writes its summary, the caller all-gathers the R summaries (any collective: NCCL, MPI, torch), and
- * the rank's kda_forward / kda_backward fold the ones that chain into its sequences (args->cp_summaries). CPU
- * and reference backends; CUDA: NOT_SUPPORTED for now. */
+ * the rank's kda_forward / kda_backward fold the ones that chain into its sequences (args->cp_summaries). Every
+ * backend; with cp_primed the summary and the forward share their work through the workspace (docs/API.md §14). */
 
 /* Bytes of one rank's summary: HV * K * (K + V) elements of args->cp_summary_dtype. Validates args. */
 KDA_API kda_status_t kda_cp_summary_size(const kda_context_t *ctx, const kda_args_t *args, size_t *summary_bytes);

@@ -952,8 +952,12 @@ kda_status_t kda_check_xcp(const char *fn, const kda_problem_t *p, int call) {
         if (a->cp_post_ranks)
             FAIL(KDA_STATUS_INVALID_VALUE, "cp_post_ranks", "%d is set but cp_num_ranks is 0", (int)a->cp_post_ranks);
         if (a->cp_summaries) FAIL(KDA_STATUS_INVALID_VALUE, "cp_summaries", "set but cp_num_ranks is 0");
+        if (a->cp_primed)
+            FAIL(KDA_STATUS_INVALID_VALUE, "cp_primed", "%d is set but cp_num_ranks is 0", (int)a->cp_primed);
         return KDA_STATUS_SUCCESS;
     }
+    if (a->cp_primed != 0 && a->cp_primed != 1)
+        FAIL(KDA_STATUS_INVALID_VALUE, "cp_primed", "%d is neither 0 nor 1", (int)a->cp_primed);
     if (call == KDA_XCP_DECODE)
         FAIL(KDA_STATUS_INVALID_VALUE, "cp_num_ranks",
              "%d: kda_decode takes no split across ranks (kda_forward "

@@ -28,7 +28,7 @@ if [ "${PHASE2_PYTEST:-0}" = 1 ]; then
   KDA_LIBRARY=$NL PYTHONPATH=$R/python timeout 200 python3 -m pytest -q -p no:logging tests/python 2>&1 | grep -E 'passed|failed|FAILED|Error' | tail -12
 fi
 for t in ${PHASE2_SAN:-}; do
-  exe=$(cd build-gpu && ctest -R "^$t\$" -N -V | grep "Test command" | sed 's/.*Test command: //')
+  exe=$(cd build-gpu && ctest -R "^$t\$" -N -V | grep "Test command" | sed 's/.*Test command: //' | tr -d '"')
   for tool in memcheck racecheck synccheck; do
     echo "== $t $tool"; timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $exe 2>&1 | tail -2
   done

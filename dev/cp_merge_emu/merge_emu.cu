@@ -2,7 +2,7 @@
  * (src/cp_plan.h's kda_cp_fill_table, pieces forced): every split sequence's incoming states S_in(1 .. np − 1), per
  * value head and column, against the merge's arithmetic done serially in the kernel's order (the tf32 parts'
  * products summed as the emulated mma.sync sums them, then E_j): the same bytes; nothing else in the slots
- * written. dev/cp_merge_emu/run.sh [cases] [source]   (g++ -x c++; no GPU) */
+ * written. Every other case runs the compose chain instead (its prefix maps, the slots untouched). dev/cp_merge_emu/run.sh [cases] [source]   (g++ -x c++; no GPU) */
 #include "cp_merge.cu" /* with this folder's common.cuh beside it (run.sh) */
 #include "cp_plan.h"
 #include "cp_slot.cuh" /* store_map: the pre-scans' writer of the layout the merge reads */
@@ -90,6 +90,52 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
 #undef ROUT
 }
 
+/* The compose chain of one (split sequence, value head) in the kernel's order (cp_merge.cu, compose): X_0 = [M_0 | E_0]
+ * (M_0 from its Mᵀ, or 0 without first_map), X_j = M_j X_{j−1} + [0 | E_j], every X_j into `prefix` */
+static void reference_compose(const float *slots, int64_t s0, int64_t np, int h, int hv, int KC, int VC, int first_map,
+                              float *prefix, float *wslots) {
+    const int64_t sz = kda_cuda_cp_slot_floats(KC, VC), W = KC + VC;
+#define RSLOT(j) (slots + ((s0 + (j)) * hv + h) * sz)
+#define RPRE(j) (prefix + ((s0 + (j)) * hv + h) * KC * W)
+    float *X = (float *)malloc(sizeof(float) * KC * W), *next = (float *)malloc(sizeof(float) * KC * W);
+    for (int d = 0; d < KC; d++)
+        for (int c = 0; c < W; c++)
+            X[d * W + c] = c >= KC ? RSLOT(0)[KC * KC + d * VC + c - KC]
+                           : first_map ? RSLOT(0)[kda_cuda_map_index(KC, c, d)] : 0.0f;
+    /* without first_map the M columns are never written, and E's columns are also the slots' S_in(j + 1) */
+#define RSTORE(j)                                                                                                      \
+    do {                                                                                                               \
+        for (int d = 0; d < KC; d++)                                                                                   \
+            for (int c = first_map ? 0 : KC; c < W; c++) RPRE(j)[d * W + c] = X[d * W + c];                            \
+        if (!first_map && (j) + 1 < np)                                                                                \
+            for (int d = 0; d < KC; d++)                                                                               \
+                for (int c = KC; c < W; c++) wslots[((s0 + (j) + 1) * hv + h) * sz + KC * KC + KC * VC + d * VC + c - KC] = X[d * W + c]; \
+    } while (0)
+    RSTORE(0);
+    for (int64_t j = 1; j < np; j++) {
+        const float *Mt = RSLOT(j), *E = RSLOT(j) + KC * KC;
+        for (int d = 0; d < KC; d++)
+            for (int c = 0; c < W; c++) {
+                float acc[3] = {0.f, 0.f, 0.f};
+                for (int e0 = 0; e0 < KC; e0 += 8)
+                    for (int part = 0; part < 3; part++)
+                        for (int k = 0; k < 8; k++) {
+                            const float a = Mt[kda_cuda_map_index(KC, e0 + k, d)], b = X[(e0 + k) * W + c];
+                            const float ah = tf32_rz(a), al = tf32_rz(a - ah), bh = tf32_rz(b), bl = tf32_rz(b - bh);
+                            acc[part] += part == 0 ? ah * bh : part == 1 ? al * bh : ah * bl;
+                        }
+                next[d * W + c] = (acc[0] + (acc[1] + acc[2])) + (c >= KC ? E[d * VC + c - KC] : 0.0f);
+            }
+        memcpy(X, next, sizeof(float) * KC * W);
+        RSTORE(j);
+    }
+#undef RSTORE
+    free(X);
+    free(next);
+#undef RSLOT
+#undef RPRE
+}
+
 /* store_map against kda_cuda_map_index: every lane's accumulators of every 16-column warp tile, stored as Mᵀ
  * (rows v) and as M (rows d), land where the merge reads element (r, c); returns the mismatches */
 template <int KD>
@@ -127,7 +173,7 @@ int main(int argc, char **argv) {
     long items = 0, ctas_total = 0;
     int64_t max_entries = 0;
     for (int c = 0; c < cases; c++) {
-        const int KC = c % 5 == 4 ? 256 : (c % 2 ? 64 : 128), VC = c % 3 == 0 ? 64 : 128;
+        const int KC = c % 5 == 4 ? 256 : (c / 2 % 2 ? 64 : 128), VC = c % 3 == 0 ? 64 : 128; /* compose too at each K */
         const int hv = 1 + (int)rnd(3);
         const int64_t P = 1 + rnd(4); /* chunks per piece */
         /* lengths: a few sequences, some long enough to split into up to ~6 pieces, some empty or short; every
@@ -154,39 +200,53 @@ int main(int argc, char **argv) {
         for (int64_t sl = 0; sl < (cap.slots > 0 ? cap.slots : 1) * hv; sl++) /* the incoming states: poisoned */
             memset(slots + sl * sz + KC * KC + KC * VC, 0x7f, sizeof(float) * KC * VC);
         memcpy(want, slots, sizeof(float) * nfl);
+        /* every other case composes (cross-rank CP's primed summary): the slots stay as they are, the prefix maps
+           (poisoned first) are the output */
+        const int compose = c % 2 == 1, first_map = c % 4 == 1;
+        const int64_t npre = (cap.slots > 0 ? cap.slots : 1) * hv * KC * (KC + VC);
+        float *prefix = (float *)malloc(sizeof(float) * npre), *want_pre = (float *)malloc(sizeof(float) * npre);
+        memset(prefix, 0x7f, sizeof(float) * npre);
+        memcpy(want_pre, prefix, sizeof(float) * npre);
         int64_t nsplit = 0;
         for (int64_t i = 0; i < r.num_pieces; i++)
             if ((tab[i].flags & KDA_CP_FIRST) && tab[i].slot >= 0) {
                 nsplit++;
-                for (int h = 0; h < hv; h++) reference(slots, tab[i].slot, tab[i].seq_pieces, h, hv, KC, VC, want);
+                for (int h = 0; h < hv; h++) {
+                    if (compose)
+                        reference_compose(slots, tab[i].slot, tab[i].seq_pieces, h, hv, KC, VC, first_map, want_pre, want);
+                    else
+                        reference(slots, tab[i].slot, tab[i].seq_pieces, h, hv, KC, VC, want);
+                }
             }
         int64_t header[4] = {r.num_pieces, r.num_pieces > N || r.num_slots > 0 ? P : P, r.num_slots, 0};
         if (r.num_slots == 0) header[1] = c % 2 ? 0 : P; /* nothing split: P = 0 as the plan's fallback, or P */
         kda_cp_params_t p;
         memset(&p, 0, sizeof p);
-        p.seqs.cu_seqlens = cu, p.seqs.cu_seqlens_64 = 1, p.seqs.num_seqs = N, p.seqs.num_tokens = cu[N];
+        p.pb.seqs.cu_seqlens = cu, p.pb.seqs.cu_seqlens_64 = 1, p.pb.seqs.num_seqs = N, p.pb.seqs.num_tokens = cu[N];
         p.table = tab, p.header = header, p.slots = slots;
+        p.compose = compose, p.first_map = first_map, p.prefix = prefix;
         p.cap_pieces = cap.pieces, p.cap_slots = cap.slots;
-        p.mode = KDA_CP_ON, p.piece_len = 64 * P, p.hv = hv, p.v_tiles = 1, p.sm_count = cp.sm_count, p.kc = KC, p.vc = VC;
+        p.mode = KDA_CP_ON, p.piece_len = 64 * P, p.pb.hv = hv, p.v_tiles = 1, p.sm_count = cp.sm_count, p.pb.kc = KC, p.pb.vc = VC;
         emu_ctas = 0;
         if (kda_cuda_launch_cp_merge(&p, 0, NULL) != 0) { printf("case %d: launcher failed\n", c); bad++; continue; }
         if (emu_ctas > 0) run_grid(&p);
         ctas_total += emu_ctas;
         if (r.num_pieces > max_entries) max_entries = r.num_pieces;
-        items += nsplit * hv * (VC / 16);
-        const int ok = !memcmp(slots, want, sizeof(float) * nfl);
+        items += nsplit * hv * ((VC + (compose && first_map ? KC : 0)) / 16);
+        const int ok = !memcmp(slots, want, sizeof(float) * nfl) && !memcmp(prefix, want_pre, sizeof(float) * npre);
         if (!ok) {
             int64_t first = -1, nd = 0;
             for (int64_t i = 0; i < nfl; i++) if (memcmp(&slots[i], &want[i], 4)) { nd++; if (first < 0) first = i; }
-            printf("case %d (K %d V %d hv %d P %lld N %lld, %lld split, grid %lld): %lld floats differ, first at %lld\n",
-                   c, KC, VC, hv, (long long)P, (long long)N, (long long)nsplit, (long long)emu_ctas, (long long)nd,
+            for (int64_t i = 0; i < npre; i++) nd += memcmp(&prefix[i], &want_pre[i], 4) != 0;
+            printf("case %d (%s K %d V %d hv %d P %lld N %lld, %lld split, grid %lld): %lld floats differ, first at %lld\n",
+                   c, compose ? "compose" : "merge", KC, VC, hv, (long long)P, (long long)N, (long long)nsplit, (long long)emu_ctas, (long long)nd,
                    (long long)first);
             bad++;
         }
-        free(slots), free(want), free(tab), free(cu);
+        free(slots), free(want), free(tab), free(cu), free(prefix), free(want_pre);
     }
     printf("%d cases (%ld work items, %ld CTAs launched, tables of up to %lld entries): %s\n", cases, items, ctas_total,
            (long long)max_entries,
-           bad ? "MISMATCH" : "the same incoming states, nothing else written");
+           bad ? "MISMATCH" : "the same incoming states and prefix maps, nothing else written");
     return bad != 0;
 }

@@ -73,12 +73,15 @@ def split(fn: str, ctx) -> "Split":
 
 
 class Split:
-    """A call's place in a split (kda_args_t's cp_* fields), and the all-gathers of the summaries: a rank computes its
-    own where another folds it (forward: its last sequence continues; backward: its first one does)."""
+    """A call's place in a split (kda_args_t's cp_* fields), and the all-gathers of the ranks' summaries."""
 
     def __init__(self, group, R: int, rank: int, pre: int, post: int):
         self.group, self.R, self.rank, self.pre, self.post = group, R, rank, pre, post
         self.fwd = self.bwd = None  # the gathered summaries, kept while libkda may read them
+
+    def workspace(self, n: int):  # CUDA: the primed summary's workspace, which the forward takes over (cp_primed)
+        self.ws = self.ws if self.ws.numel() >= n else self.ws.new_empty(n)
+        return self.ws.data_ptr(), self.ws
 
     def problem(self, a) -> None:
         """kda_args_t's cp_* fields, with the forward's gather once made (the backward's problem reads it too)."""
@@ -88,6 +91,7 @@ class Split:
 
     def forward(self, fn: str, a, q, v) -> None:
         self.problem(a)
+        self.ws, a.cp_primed = q.new_empty(0, dtype=torch.uint8), int(q.is_cuda and self.R > 1 and self.post > 0)
         self.fwd = self._gather(fn, "cp_forward_summary", a, q, v, self.post > 0)
         self.problem(a)
 
@@ -106,7 +110,8 @@ class Split:
         mine, err = q.new_empty((HV, K, K + V), dtype=torch.float32), None
         if needed:
             try:
-                _ops.run(fn, entry, args, q.device, out=(mine.data_ptr(), mine.nbytes))
+                _ops.run(fn, entry, args, q.device, out=(mine.data_ptr(), mine.nbytes),
+                         workspace=self.workspace if entry == "cp_forward_summary" and q.is_cuda else None)
             except KDAError as e:
                 mine.fill_(float("nan"))
                 err = e

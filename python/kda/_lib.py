@@ -43,7 +43,7 @@ class KdaArgs(ctypes.Structure):
         state_indices_cols i64, state_indices_row_stride i64, num_accepted_tokens ptr, beta_headwise int
         cp_mode enum, cp_piece_len i64, chunk_states ptr, chunk_states_dtype enum, saved ptr, saved_bytes size
         cp_num_ranks i32, cp_rank i32, cp_pre_ranks i32, cp_post_ranks i32, cp_summary_dtype enum, cp_summaries ptr
-        cp_summaries_bytes size""")
+        cp_summaries_bytes size, cp_primed i32""")
 
 
 class KdaBackwardArgs(ctypes.Structure):

@@ -40,14 +40,13 @@ def cuda_context(dev: torch.device):
     return index, _lib.get_context(BACKEND_CUDA, index)
 
 
-def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None, out=()) -> int:
-    """Context.run on the tensors' device `dev` (CUDA: its current stream, workspace from torch's caching allocator),
-    errors in the terms of the call `fn`."""
+def run(fn: str, entry: str, args, dev: torch.device, nbytes: Optional[int] = None, out=(), workspace=None) -> int:
+    """Context.run on `dev` (CUDA: its current stream, workspace(n) or torch's allocator), errors in `fn`'s terms."""
     try:
         if dev.type == "cuda":
             index, ctx = cuda_context(dev)
             stream = _raw_stream(index) if _raw_stream else torch.cuda.current_stream(index).cuda_stream
-            ws = lambda n: ((t := torch.empty(n, dtype=torch.uint8, device=dev)).data_ptr(), t)  # noqa: E731
+            ws = workspace or (lambda n: ((t := torch.empty(n, dtype=torch.uint8, device=dev)).data_ptr(), t))
             with torch.cuda.device(index) if _cuda_get_device() != index else nullcontext():
                 return ctx.run(entry, args, ws, stream, nbytes, out)
         if dev.type == "cpu":
@@ -130,7 +129,10 @@ def launch(fn: str, entry: str, opts: KdaOptions, q, k, v, g, beta, o, checked: 
     if xcp is not None:
         xcp.forward(fn, a, q, v)
     saved = saved_tensor(fn, a, q.device, memo) if keep else None
-    n = run(fn, entry, a, q.device, None if memo is None else memo.nbytes)
+    n = run(fn, entry, a, q.device, None if memo is None or a.cp_primed else memo.nbytes,
+            workspace=xcp and xcp.workspace)
+    if xcp is not None:
+        xcp.ws = None
     if memo is not None:
         memo.nbytes = n
     if opts.scale == 0.0:  # FLA: o = 0 * S^T q (build_args runs it with scale 1)

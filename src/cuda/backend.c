@@ -149,11 +149,13 @@ static kda_status_t cuda_saved_size(const kda_context_t *ctx, const kda_problem_
 static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
     *bytes = 256 + meta_bytes(p) + ws_blocks_bytes(impl, p) + cp_bytes(p, cp_capacity(ctx, p)) +
-             kda_cuda_claim_bytes(p) + kda_cuda_xcp_fold_bytes(p, 0);
+             kda_cuda_claim_bytes(p) + kda_cuda_xcp_fold_bytes(p, 0) + kda_cuda_xcp_prefix_bytes(impl, p);
     return KDA_STATUS_SUCCESS;
 }
-/* The forward's chunked path: the workspace regions of this call, then its launches (fwd/launch.c) */
-static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn) {
+/* The forward's chunked path: the workspace regions of this call, then its launches (fwd/launch.c); primed: cross-rank
+ * CP's primed path (xcp.h), 1 the summary's part into `summary`, 2 the forward's */
+static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn,
+                             int primed, void *summary) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
     kda_fwd_launch_t l;
     memset(&l, 0, sizeof l);
@@ -178,6 +180,13 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     /* the cross-rank fold at the very end */
     kda_cuda_xcp_fold_places(p, l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p), &l.fold, NULL);
     l.pb.h0_first = l.fold;
+    if (primed) { /* the prefix maps after the fold */
+        unsigned char *pre = l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p) + kda_cuda_xcp_fold_bytes(p, 0);
+        l.prefix = (float *)(((uintptr_t)pre + 255) & ~(uintptr_t)255);
+        l.primed = primed;
+        l.primed_np = kda_cuda_xcp_primed_pieces(impl, p);
+        l.summary = (float *)summary;
+    }
     l.states_bf16 = saved_states(impl, p);
     l.maps = saved_maps(impl, p);
     l.sm_count = impl->sm_count;
@@ -196,19 +205,78 @@ static int32_t *decode_claim(const kda_problem_t *p, void *ws) {
 
 static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
-    if (kda_cuda_decode_fits(p, 0)) /* headwise β, 2-D state_indices: only the recurrent kernel has them */
-        return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
-                                   decode_claim(p, ws), stream, "kda_forward");
-    return cuda_run(ctx, p, ws, stream, "kda_forward");
+    cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    if (kda_cuda_decode_fits(p, 0)) { /* headwise β, 2-D state_indices: only the recurrent kernel has them */
+        kda_cuda_primed_forget(impl, ws);
+        return kda_cuda_decode_run(p, ctx->device, impl->sm_count, &ctx->tuning, decode_claim(p, ws), stream,
+                                   "kda_forward");
+    }
+    if (kda_cuda_xcp_primed_pieces(impl, p)) { /* the summary's work must be in this workspace, for these arguments */
+        if (!kda_cuda_primed_take(impl, ws, kda_cuda_xcp_primed_key(p, ws)))
+            return kda_error(KDA_STATUS_INVALID_VALUE,
+                             "kda_forward: argument 'cp_primed': 1, but no kda_cp_forward_summary with cp_primed on "
+                             "these arguments and this workspace came before it on this context");
+        return cuda_run(ctx, p, ws, stream, "kda_forward", 2, NULL);
+    }
+    kda_cuda_primed_forget(impl, ws);
+    return cuda_run(ctx, p, ws, stream, "kda_forward", 0, NULL);
+}
+
+void kda_cuda_primed_forget(cuda_impl_t *impl, const void *ws) {
+    if (!ws) return;
+    pthread_mutex_lock(&impl->lock);
+    for (int i = 0; i < KDA_CUDA_PRIMED_KEYS; i++)
+        if (impl->primed_ws[i] == ws) impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL;
+    pthread_mutex_unlock(&impl->lock);
+}
+
+void kda_cuda_primed_remember(cuda_impl_t *impl, const void *ws, uint64_t key) {
+    kda_cuda_primed_forget(impl, ws);
+    pthread_mutex_lock(&impl->lock);
+    impl->primed_keys[impl->primed_next] = key; /* the oldest place */
+    impl->primed_ws[impl->primed_next] = ws;
+    impl->primed_next = (impl->primed_next + 1) % KDA_CUDA_PRIMED_KEYS;
+    pthread_mutex_unlock(&impl->lock);
+}
+
+int kda_cuda_primed_take(cuda_impl_t *impl, const void *ws, uint64_t key) {
+    int match = 0;
+    pthread_mutex_lock(&impl->lock);
+    for (int i = 0; i < KDA_CUDA_PRIMED_KEYS && !match; i++)
+        if (impl->primed_ws[i] == ws && impl->primed_keys[i] == key) {
+            impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL; /* one summary primes one forward */
+            match = 1;
+        }
+    pthread_mutex_unlock(&impl->lock);
+    return match;
+}
+
+/* Cross-rank CP's summaries: the forward's primed one where it applies (xcp.h), else the passes of xcp/launch.c */
+static kda_status_t cuda_summary_workspace(const kda_context_t *ctx, const kda_problem_t *p,
+                                           const kda_bwd_problem_t *bp, size_t *bytes) {
+    if (!bp && kda_cuda_xcp_primed_pieces((const cuda_impl_t *)ctx->impl, p)) return cuda_workspace(ctx, p, bytes);
+    return kda_cuda_xcp_summary_workspace(ctx, p, bp, bytes);
+}
+
+static kda_status_t cuda_summary(kda_context_t *ctx, const kda_problem_t *p, const kda_bwd_problem_t *bp, void *summary,
+                                 void *ws, size_t ws_bytes, void *stream) {
+    cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    kda_cuda_primed_forget(impl, ws);
+    if (bp || !kda_cuda_xcp_primed_pieces(impl, p))
+        return kda_cuda_xcp_summary(ctx, p, bp, summary, ws, ws_bytes, stream);
+    const kda_status_t st = cuda_run(ctx, p, ws, stream, "kda_cp_forward_summary", 1, summary);
+    if (st == KDA_STATUS_SUCCESS) kda_cuda_primed_remember(impl, ws, kda_cuda_xcp_primed_key(p, ws));
+    return st;
 }
 
 /* Decode: the recurrent kernel (decode/) for short sequences, the chunked kernels for long ones. */
 static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void *ws, size_t ws_bytes, void *stream) {
     (void)ws_bytes;
+    kda_cuda_primed_forget((cuda_impl_t *)ctx->impl, ws);
     if (kda_cuda_decode_fits(p, 1))
         return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
                                    decode_claim(p, ws), stream, "kda_decode");
-    return cuda_run(ctx, p, ws, stream, "kda_decode");
+    return cuda_run(ctx, p, ws, stream, "kda_decode", 0, NULL);
 }
 
 static kda_status_t cuda_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {
@@ -232,6 +300,6 @@ const kda_backend_ops_t kda_cuda_ops = {
     .saved_size = cuda_saved_size,
     .backward_workspace = cuda_backward_workspace,
     .backward = cuda_backward,
-    .cp_device_summary_workspace = kda_cuda_xcp_summary_workspace,
-    .cp_device_summary = kda_cuda_xcp_summary,
+    .cp_device_summary_workspace = cuda_summary_workspace,
+    .cp_device_summary = cuda_summary,
 };

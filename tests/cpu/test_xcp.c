@@ -172,10 +172,13 @@ static void split(const whole_t *w, int R, const int64_t *cut, rank_t *rk) {
 
 /* Rank r's kda_args_t and kda_backward_args_t over the whole problem's buffers (rows of the slice) and its own
  * states; outputs into the split result arrays at the same rows. */
+static int g_primed; /* every rank's calls with cp_primed (the CPU backends compute in full either way) */
+
 static void rank_args(const whole_t *w, rank_t *x, int R, int r, kda_dtype_t sdt, float *o, float *dq, float *dk,
                       float *dv, float *dg, float *dbeta) {
     const int64_t KV = (int64_t)w->K * w->V, t0 = x->t0;
     x->a = w->a;
+    x->a.cp_primed = g_primed;
     x->a.batch = 1;
     x->a.seq_len = x->t1 - x->t0;
     x->a.cu_seqlens = x->cu;
@@ -445,6 +448,14 @@ TEST(xcp_cpu_plain) {
     cpu_vs_oracle("cpu", &c, 2e-5);
 }
 
+TEST(xcp_cpu_primed_computes_in_full) {
+    kda_synth_config_t c = base_cfg(LENS, 3);
+    g_primed = 1;
+    cpu_vs_oracle("cpu primed", &c, 2e-5);
+    all_splits("reference primed", kda_test_reference(), &c, NULL, KDA_FLOAT64, REF_TOL, REF_TOL);
+    g_primed = 0;
+}
+
 TEST(xcp_cpu_gva4_strong_decay) {
     kda_synth_config_t c = base_cfg(LENS, 3);
     c.hqk = 1;
@@ -552,7 +563,19 @@ static void e_summary_over_q(kda_args_t *a, kda_backward_args_t *b, size_t *n, v
     *s = (void *)a->q;
 }
 
+static void e_primed_two(kda_args_t *a, kda_backward_args_t *b, size_t *n, void **s) {
+    (void)b, (void)n, (void)s;
+    a->cp_primed = 2;
+}
+static void e_primed_without_ranks(kda_args_t *a, kda_backward_args_t *b, size_t *n, void **s) {
+    e_no_ranks(a, b, n, s);
+    a->cp_primed = 1;
+}
+
 static const bad_case_t BAD_CASES[] = {
+    {"primed_two", CALL_FORWARD, 1, KDA_STATUS_INVALID_VALUE, "'cp_primed'", e_primed_two},
+    {"primed_two_summary", CALL_FWD_SUMMARY, 0, KDA_STATUS_INVALID_VALUE, "'cp_primed'", e_primed_two},
+    {"primed_without_ranks", CALL_FORWARD, 1, KDA_STATUS_INVALID_VALUE, "'cp_primed'", e_primed_without_ranks},
     {"summary_dtype_f16", CALL_FWD_SUMMARY, 1, KDA_STATUS_INVALID_VALUE, "'cp_summary_dtype'", e_dtype},
     {"summary_dtype_f16_size", CALL_SIZE, 1, KDA_STATUS_INVALID_VALUE, "'cp_summary_dtype'", e_dtype},
     {"summary_dtype_f16_fwd", CALL_FORWARD, 1, KDA_STATUS_INVALID_VALUE, "'cp_summary_dtype'", e_dtype},

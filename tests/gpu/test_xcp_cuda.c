@@ -236,12 +236,24 @@ static void rank_args(const whole_t *w, rank_t *x, int R, int r, result_t *out) 
     }
 }
 
-/* The R-way split of w on the GPU, assembled into out */
-static void run_split(const char *what, kda_context_t *ctx, const whole_t *w, int R, const int64_t *cut,
+/* The R-way split of w on the GPU, assembled into out. primed: every rank's forward summary and forward share one
+ * workspace with cp_primed (pieces of one chunk, the lengths on the host too, so that a rank holding one sequence
+ * part of two chunks or more takes the primed path) */
+static void run_split(const char *what, kda_context_t *ctx, const whole_t *w, int R, const int64_t *cut, int primed,
                       result_t *out) {
     rank_t rk[MAX_RANKS];
+    void *ws_keep[MAX_RANKS] = {NULL};
+    size_t ws_keep_bytes[MAX_RANKS] = {0};
     split(w, R, cut, rk);
-    for (int r = 0; r < R; r++) rank_args(w, &rk[r], R, r, out);
+    for (int r = 0; r < R; r++) {
+        rank_args(w, &rk[r], R, r, out);
+        if (primed) {
+            rk[r].a.cp_mode = KDA_CP_ON;
+            rk[r].a.cp_piece_len = 64;
+            rk[r].a.cu_seqlens_host = rk[r].cu;
+            rk[r].a.cp_primed = 1;
+        }
+    }
     size_t sb = 0;
     CHECK(kda_cp_summary_size(ctx, &rk[0].a, &sb) == KDA_STATUS_SUCCESS, "%s: summary size: %s", what,
           kda_last_error());
@@ -250,11 +262,25 @@ static void run_split(const char *what, kda_context_t *ctx, const whole_t *w, in
         size_t wsb = 0;
         CHECK(kda_cp_forward_summary_workspace_size(ctx, &rk[r].a, &wsb) == KDA_STATUS_SUCCESS, "%s: %s", what,
               kda_last_error());
+        if (primed) { /* one workspace for the summary and the forward (which needs the gather to be sized) */
+            size_t fb = 0;
+            kda_args_t fa = rk[r].a;
+            fa.cp_summaries = fwd;
+            fa.cp_summaries_bytes = (size_t)R * sb;
+            CHECK(kda_forward_workspace_size(ctx, &fa, &fb) == KDA_STATUS_SUCCESS, "%s: %s", what, kda_last_error());
+            wsb = fb > wsb ? fb : wsb;
+        }
         void *ws = managed(wsb);
         CHECK(kda_cp_forward_summary(ctx, &rk[r].a, fwd + r * sb, sb, ws, wsb, NULL) == KDA_STATUS_SUCCESS,
               "%s: rank %d forward summary: %s", what, r, kda_last_error());
         CUDA_OK(cudaDeviceSynchronize());
-        CUDA_OK(cudaFree(ws));
+        if (primed) {
+            ws_keep[r] = ws;
+            ws_keep_bytes[r] = wsb;
+        } else {
+            CUDA_OK(cudaFree(ws));
+        }
+        if (primed) continue; /* the forward's path alone (the backward's is the unprimed run's) */
         CHECK(kda_cp_backward_summary_workspace_size(ctx, &rk[r].b, &wsb) == KDA_STATUS_SUCCESS, "%s: %s", what,
               kda_last_error());
         ws = managed(wsb);
@@ -268,6 +294,13 @@ static void run_split(const char *what, kda_context_t *ctx, const whole_t *w, in
         rk[r].a.cp_summaries_bytes = (size_t)R * sb;
         rk[r].b.cp_summaries = bwd;
         rk[r].b.cp_summaries_bytes = (size_t)R * sb;
+        if (primed) {
+            CHECK(kda_forward(ctx, &rk[r].a, ws_keep[r], ws_keep_bytes[r], NULL) == KDA_STATUS_SUCCESS,
+                  "%s: rank %d primed forward: %s", what, r, kda_last_error());
+            CUDA_OK(cudaDeviceSynchronize());
+            CUDA_OK(cudaFree(ws_keep[r]));
+            continue;
+        }
         CHECK(forward(ctx, &rk[r].a) == KDA_STATUS_SUCCESS, "%s: rank %d forward: %s", what, r, kda_last_error());
         CHECK(backward(ctx, &rk[r].b) == KDA_STATUS_SUCCESS, "%s: rank %d backward: %s", what, r, kda_last_error());
     }
@@ -287,7 +320,7 @@ static void run_split(const char *what, kda_context_t *ctx, const whole_t *w, in
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) CUDA_OK(cudaFree(f[i]));
         CUDA_OK(cudaFree(rk[r].cu));
     }
-    CHECK(zero_ok, "%s: d_initial_state of a continued sequence is not zero", what);
+    CHECK(zero_ok || primed, "%s: d_initial_state of a continued sequence is not zero", what);
     CUDA_OK(cudaFree(fwd));
     CUDA_OK(cudaFree(bwd));
 }
@@ -316,15 +349,16 @@ static void run_case(const char *tag, const kda_synth_config_t *c, const split_t
     result_make(&w, &one);
     run_whole(kda_test_reference(), &w, &ref);
     run_whole(ctx, &w, &one);
-    for (int s = 0; s < nsplits; s++) {
+    for (int s = 0; s < 2 * nsplits; s++) {
         result_t sp;
         result_make(&w, &sp);
         char what[96];
-        snprintf(what, sizeof what, "%s R=%d split %d", tag, splits[s].R, s);
-        run_split(what, ctx, &w, splits[s].R, splits[s].cut, &sp);
+        const int primed = s >= nsplits, k = s % nsplits;
+        snprintf(what, sizeof what, "%s R=%d split %d%s", tag, splits[k].R, k, primed ? " primed" : "");
+        run_split(what, ctx, &w, splits[k].R, splits[k].cut, primed, &sp);
         printf("%s:", what);
         for (int i = 0; i < R_N; i++) {
-            if (!used(&w, i)) continue;
+            if (!used(&w, i) || (primed && i > R_HT)) continue;
             const double e1 = kda_rel_err(one.x[i], KDA_FLOAT32, ref.x[i], KDA_FLOAT32, w.n[i]);
             const double es = kda_rel_err(sp.x[i], KDA_FLOAT32, ref.x[i], KDA_FLOAT32, w.n[i]);
             printf(" %s %.2e/%.2e", names[i], es, e1);
@@ -404,6 +438,41 @@ static float time_ms(kda_context_t *ctx, const kda_args_t *a, int summary) {
     return t[7];
 }
 
+/* The primed pair on one workspace: this rank's summary (into a scratch summary: the gathered ones the forward
+ * folds stay as they are), then its forward (medians of CUDA events over both; summary_only: the summary alone) */
+static float time_primed_ms(kda_context_t *ctx, const kda_args_t *a, int summary_only) {
+    size_t b = 0, fb = 0, sb = 0;
+    CHECK(kda_cp_forward_summary_workspace_size(ctx, a, &b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(kda_forward_workspace_size(ctx, a, &fb) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(kda_cp_summary_size(ctx, a, &sb) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    CHECK(b == fb, "a primed summary's workspace (%zu bytes) is not the forward's (%zu)", b, fb);
+    void *ws = NULL, *sum = NULL;
+    CUDA_OK(cudaMalloc(&ws, b + 16));
+    CUDA_OK(cudaMalloc(&sum, sb + 16));
+    cudaEvent_t e0, e1;
+    CUDA_OK(cudaEventCreate(&e0));
+    CUDA_OK(cudaEventCreate(&e1));
+    float t[15];
+    for (int i = -3; i < 15; i++) {
+        CUDA_OK(cudaEventRecord(e0, 0));
+        kda_status_t st = kda_cp_forward_summary(ctx, a, sum, sb, ws, b, NULL);
+        if (st == KDA_STATUS_SUCCESS && !summary_only) st = kda_forward(ctx, a, ws, b, NULL);
+        CUDA_OK(cudaEventRecord(e1, 0));
+        CUDA_OK(cudaEventSynchronize(e1));
+        CHECK(st == KDA_STATUS_SUCCESS, "timed primed call: %s", kda_last_error());
+        if (i >= 0) CUDA_OK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    for (int i = 0; i < 15; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            const float x = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = x;
+        }
+    CUDA_OK(cudaFree(ws));
+    CUDA_OK(cudaFree(sum));
+    return t[7];
+}
+
 static void xcp_perf(void) {
     kda_context_t *ctx = gpu(), *cpu = NULL;
     CHECK(kda_create(&cpu, KDA_BACKEND_CPU, 0) == KDA_STATUS_SUCCESS, "cpu context: %s", kda_last_error());
@@ -471,6 +540,44 @@ static void xcp_perf(void) {
     printf("T 4x32768 H8 K=V=128 R=4: o error %.3e split / %.3e unsplit (%.3fx), final state %.3e / %.3e (%.3fx)\n",
            eos, eo1, eos / eo1, ehs, eh1, ehs / eh1);
     CHECK(eos <= 1.1 * eo1 && ehs <= 1.1 * eh1, "the split's error beyond 1.1x the unsplit run's");
+    /* the same split primed: each rank's summary and forward on one workspace */
+    char *sums_p = managed((size_t)R * sb);
+    void *wsp[4];
+    size_t wspb[4];
+    kda_args_t rkp[4];
+    for (int r = 0; r < R; r++) {
+        rkp[r] = rk[r];
+        rkp[r].cp_summaries = NULL;
+        rkp[r].cp_summaries_bytes = 0;
+        rkp[r].cp_primed = 1;
+        size_t b = 0;
+        CHECK(kda_cp_forward_summary_workspace_size(ctx, &rkp[r], &b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        wsp[r] = managed(b), wspb[r] = b;
+        CHECK(kda_cp_forward_summary(ctx, &rkp[r], sums_p + r * sb, sb, wsp[r], b, NULL) == KDA_STATUS_SUCCESS,
+              "rank %d primed summary: %s", r, kda_last_error());
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    const double dsum = kda_rel_err(sums_p, KDA_FLOAT32, sums, KDA_FLOAT32, (int64_t)(R * sb / 4));
+    memset(o_sp, 0, (size_t)no * 2);
+    memset(ht_sp, 0, (size_t)ns * 4);
+    for (int r = 0; r < R; r++) {
+        rkp[r].cp_summaries = sums_p;
+        rkp[r].cp_summaries_bytes = (size_t)R * sb;
+        CHECK(kda_forward(ctx, &rkp[r], wsp[r], wspb[r], NULL) == KDA_STATUS_SUCCESS, "rank %d primed forward: %s", r,
+              kda_last_error());
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    /* a primed forward takes its summary's work once: a second one is refused, naming cp_primed */
+    const kda_status_t again = kda_forward(ctx, &rkp[2], wsp[2], wspb[2], NULL);
+    CHECK(again == KDA_STATUS_INVALID_VALUE && strstr(kda_last_error(), "cp_primed"),
+          "a second primed forward: status %d, '%s'", (int)again, kda_last_error());
+    for (int r = 0; r < R; r++) CUDA_OK(cudaFree(wsp[r]));
+    const double epo = kda_rel_err(o_sp, KDA_BFLOAT16, o_ref, KDA_BFLOAT16, no),
+                 eph = kda_rel_err(ht_sp, KDA_FLOAT32, ht_ref, KDA_FLOAT32, ns);
+    printf("primed: o error %.3e (%.3fx the unsplit run's), final state %.3e (%.3fx); summaries %.2e from the "
+           "unprimed ones\n",
+           epo, epo / eo1, eph, eph / eh1, dsum);
+    CHECK(epo <= 1.1 * eo1 && eph <= 1.1 * eh1, "the primed split's error beyond 1.1x the unsplit run's");
     kda_args_t plain = rk[2];
     plain.cp_num_ranks = plain.cp_rank = plain.cp_pre_ranks = plain.cp_post_ranks = 0;
     plain.cp_summaries = NULL;
@@ -480,6 +587,20 @@ static void xcp_perf(void) {
     printf("rank 2 of 4 (32768 tokens, H8): plain forward %.4f ms, folding forward %.4f ms (+%.1f%%), summary "
            "%.4f ms (%.1f%% of the plain forward); all-gather %zu bytes (R x HV x K x (K+V) x 4)\n",
            t_plain, t_fold, 100.0 * (t_fold - t_plain) / t_plain, t_sum, 100.0 * t_sum / t_plain, (size_t)R * sb);
+    /* primed: the pair's time over the plain forward's is what the split costs a rank that makes a summary (ranks
+       0 .. 2; rank 1 folds one map, which is a copy, and rank 2 two) */
+    for (int r = 0; r < R - 1; r++) {
+        kda_args_t pl = rk[r];
+        pl.cp_num_ranks = pl.cp_rank = pl.cp_pre_ranks = pl.cp_post_ranks = 0;
+        pl.cp_summaries = NULL;
+        pl.cp_summaries_bytes = 0;
+        pl.initial_state = w.a.initial_state;
+        const float tp = time_ms(ctx, &pl, 0), ts = time_primed_ms(ctx, &rkp[r], 1),
+                    tpair = time_primed_ms(ctx, &rkp[r], 0);
+        printf("rank %d of 4 primed: plain forward %.4f ms, summary %.4f + forward %.4f = %.4f ms: +%.1f%% of the "
+               "plain forward\n",
+               r, tp, ts, tpair - ts, tpair, 100.0 * (tpair - tp) / tp);
+    }
     kda_destroy(cpu);
 }
 

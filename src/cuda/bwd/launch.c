@@ -175,6 +175,7 @@ kda_status_t cuda_backward(kda_context_t *ctx, const kda_bwd_problem_t *bp, void
     const kda_args_t *a = &p->a;
     const kda_backward_args_t *b = &bp->b;
     cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
+    kda_cuda_primed_forget(impl, ws);
     uint16_t *kept_states = saved_states(impl, p);
     unsigned char *base = (unsigned char *)(((uintptr_t)ws + 255) & ~(uintptr_t)255);
     const bwd_layout_t l = bwd_layout(impl, p);

@@ -140,6 +140,11 @@ typedef struct kda_cp_params {
     int maps_mode; /* 0: no kept maps; 1: the forward (writes maps_header); 2: the backward */
     int64_t *maps_header;
     const float *maps; /* [slot][hv] × KC·KC: the backward's Mᵀ (maps_mode 2) */
+    /* Cross-rank CP's primed summary (xcp.h): compose = 1 makes the merge the chain of the prefix maps over K + V
+       columns, X_0 = [M_0 | E_0] (M_0 = 0 unless first_map), X_j = M_j X_{j−1} + [0 | E_j] for every piece j of
+       each split sequence, into `prefix` ([slot][hv] × KC·(KC + VC), [d][column], M's columns first) */
+    int compose, first_map;
+    float *prefix;
 } kda_cp_params_t;
 
 /* Division of n < 2^31 by a launch constant d ≥ 1 as a multiply and a shift, q = (n · m) >> s: Granlund and
@@ -234,6 +239,9 @@ typedef struct kda_rec_params {
                                         set (the forward keeping S for the backward, kda_args_t.saved): S at each
                                         chunk start in bf16, [max_chunks][hv] × KC·VC in kda_cuda_states_dv's
                                         order (the backward's split path) */
+    int cp_summary;                 /* KDA_REC_PRESCAN for cross-rank CP's primed summary (xcp.h): 0 the forward's
+                                        pre-scan; 1 also every sequence's last piece; 2 also that, and first pieces
+                                        from zero with M (the sequence continues from an earlier rank) */
     void *states_out;               /* KDA_REC_STATES: instead, the caller's chunk_states ([rows][hv][K][V], V-first
                                         [rows][hv][V][K]) in states_out_dtype */
     int states_out_dtype;

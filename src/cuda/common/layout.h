@@ -16,6 +16,8 @@
 #include "internal.h"
 #include "kda_cuda.h"
 
+#define KDA_CUDA_PRIMED_KEYS 64
+
 typedef struct {
     int sm_count;
     int major, minor;
@@ -27,7 +29,20 @@ typedef struct {
     cudaStream_t side;
     cudaEvent_t fork, join;
     pthread_mutex_t lock;
+    /* Cross-rank CP: the keys of the arguments and workspaces primed kda_cp_forward_summary calls left their work
+       in, for the kda_forward that follows each (xcp.h), under the lock; 0: free. The newest
+       KDA_CUDA_PRIMED_KEYS are kept, so that one context can serve several ranks' pairs (a one-process
+       simulation of the split) */
+    uint64_t primed_keys[KDA_CUDA_PRIMED_KEYS];
+    const void *primed_ws[KDA_CUDA_PRIMED_KEYS];
+    int primed_next;
 } cuda_impl_t;
+
+/* Cross-rank CP's primed pairs (backend.c): every call given a workspace forgets the pair left in it, except the
+ * primed summary, which then remembers its own, and the primed forward, which takes it (1: it was there) */
+void kda_cuda_primed_forget(cuda_impl_t *impl, const void *ws);
+void kda_cuda_primed_remember(cuda_impl_t *impl, const void *ws, uint64_t key);
+int kda_cuda_primed_take(cuda_impl_t *impl, const void *ws, uint64_t key);
 
 /* The backward's state-gradient chain takes the same plan (bwd_dstate.cuh's CP modes, run last piece first) with
  * twice the tiles: its pre-scan runs each piece's M columns beside its E columns, each as long a chain as the

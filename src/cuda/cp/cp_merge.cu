@@ -26,6 +26,16 @@
  * backward's chain may take
  * Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]): its chunk map is
  * the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6), stored in the same layout.
+ *
+ * Compose (kda_cp_params_t.compose, cross-rank CP's primed summary, xcp.h): the same chain over the K + V columns of
+ * the prefix maps, a piece longer, every piece pre-scanned:
+ *
+ *     X_0 = [M_0 | E_0],     X_j = M_j X_{j−1} + [0 | E_j]      (j = 1 .. np − 1)
+ *
+ * (M_0 = 0 when the sequence starts on this rank: piece 0 then ran from its initial state), each X_j into the
+ * prefix region; X_{np−1} is the summary, and S_in(j + 1) = X_j [S; I] for the state S entering the sequence. A
+ * sequence that starts here has M = 0 throughout: only E's columns are chained, and they are S_in(j + 1) itself,
+ * stored into the slots as well (the primed forward then runs the pieces at once).
  */
 #include "common.cuh"
 
@@ -52,7 +62,11 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     pdl_wait();                       /* (launched with pdl: the pre-scan has completed) */
     pdl_trigger();
     if (p.header[1] == 0) return; /* the plan split nothing */
-    const int VC = p.pb.vc, nct = VC / MERGE_COLS;
+    /* compose: M's columns only where the sequence continues from an earlier rank (first_map); without them the
+       prefix's E columns are S_in(j + 1) themselves, also stored into the slots as the plain merge does */
+    const int VC = p.pb.vc, nmt = p.compose && p.first_map ? KC / MERGE_COLS : 0, nct = nmt + VC / MERGE_COLS;
+    const int to_slots = !p.compose || !p.first_map;
+    const int64_t xw = KC + VC; /* a prefix map's row (compose) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ne = p.header[2], per_seq = (int64_t)p.pb.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
@@ -103,12 +117,15 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         if (r != rank) break; /* fewer split sequences than r + 1: no later item has one either */
         const kda_cp_piece_t *e = &p.table[first];
         const int64_t np = e->seq_pieces, s0 = e->slot;
-        const int c4 = tile * MERGE_COLS;
+        /* the tile's columns: of E (and S_in), or compose's M columns (mcol) */
+        const int mcol = tile < nmt, c4 = (mcol ? tile : tile - nmt) * MERGE_COLS, xc = mcol ? c4 : KC + c4;
+        const int64_t last = p.compose ? np - 1 : np - 2; /* the chain's last step */
 #define SLOT(j) (p.slots + ((s0 + (j)) * p.pb.hv + h) * sz)
 #define MT(j) (mts + ((s0 + (j)) * p.pb.hv + h) * msz)
+#define PREFIX(j) (p.prefix + ((s0 + (j)) * p.pb.hv + h) * (int64_t)KC * xw)
         /* block q of the item's stream: rows b·EB .. of Mᵀ_j, j = 1 + q / NB, b = q % NB; Q blocks in all; in the
            ring at stage (qb + q) mod NST, its use (qb + q) / NST of that stage's barrier */
-        const int64_t Q = np > 2 ? (np - 2) * NB : 0;
+        const int64_t Q = last > 0 ? last * NB : 0;
 #define ISSUE(q)                                                                                                       \
     do {                                                                                                               \
         const int st_ = (int)((qb + (q)) % NST);                                                                       \
@@ -121,25 +138,38 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         if (tid == 0)
             for (int64_t q = 0; q < NST && q < Q; q++) ISSUE(q);
 
+        if (!p.compose) {
 #pragma unroll
-        for (int u = 0; u < NF; u++) { /* S_in(1) = E_0, into its slot and buffer 1 */
-            const int f = tid + NTH * u, row = f >> 2, col = 4 * (f & 3);
-            const float4 x = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)row * VC + c4 + col);
-            *(float4 *)(SLOT(1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
-            *(float4 *)&sS[(KC + row) * MERGE_SST + col] = x;
+            for (int u = 0; u < NF; u++) { /* S_in(1) = E_0, into its slot and buffer 1 */
+                const int f = tid + NTH * u, row = f >> 2, col = 4 * (f & 3);
+                const float4 x = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)row * VC + c4 + col);
+                *(float4 *)(SLOT(1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
+                *(float4 *)&sS[(KC + row) * MERGE_SST + col] = x;
+            }
+        } else {
+            for (int f = tid; f < KC * MERGE_COLS; f += NTH) { /* X_0: M_0 (from its Mᵀ) or 0, and E_0 */
+                const int row = f / MERGE_COLS, col = f % MERGE_COLS;
+                const float x = !mcol         ? SLOT(0)[KC * KC + (int64_t)row * VC + c4 + col]
+                                : p.first_map ? MT(0)[kda_cuda_map_index(KC, c4 + col, row)]
+                                              : 0.0f;
+                PREFIX(0)[(int64_t)row * xw + xc + col] = x;
+                if (to_slots) SLOT(1)[KC * KC + KC * VC + (int64_t)row * VC + c4 + col] = x;
+                sS[(KC + row) * MERGE_SST + col] = x;
+            }
         }
         /* the lane's elements of E_j: rows d0 + g, d0 + g + 8, columns 8 nt + 2t, + 1 (the m16n8 C fragment) */
-        float2 ej[2][2];
+        float2 ej[2][2]; /* (compose's M columns add nothing) */
 #define LOAD_E(j)                                                                                                      \
     do {                                                                                                               \
         for (int nt_ = 0; nt_ < 2; nt_++)                                                                              \
             for (int hr_ = 0; hr_ < 2; hr_++)                                                                          \
-                ej[nt_][hr_] =                                                                                         \
-                    *(const float2 *)(SLOT(j) + KC * KC + (int64_t)(d0 + g + 8 * hr_) * VC + c4 + 8 * nt_ + 2 * t);    \
+                ej[nt_][hr_] = mcol ? make_float2(0.0f, 0.0f)                                                          \
+                                    : *(const float2 *)(SLOT(j) + KC * KC + (int64_t)(d0 + g + 8 * hr_) * VC + c4 +    \
+                                                        8 * nt_ + 2 * t);                                              \
     } while (0)
-        if (np > 2) LOAD_E(1);
+        if (last > 0) LOAD_E(1);
         __syncthreads(); /* S_in(1) is in buffer 1 */
-        for (int64_t j = 1; j + 1 < np; j++) {
+        for (int64_t j = 1; j <= last; j++) {
             const float *sB = sS + (j & 1) * KC * MERGE_SST; /* S_in(j) */
             float acc[3][2][4]; /* per n8 tile: Ah Bh, Al Bh, Ah Bl, each its own chain of KC / 8 mma */
 #pragma unroll
@@ -183,7 +213,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                         }
                 }
             }
-            /* S_in(j + 1) = M_j S_in(j) + E_j: into its slot and the other buffer */
+            /* S_in(j + 1) = M_j S_in(j) + E_j (compose: X_j): into its slot (its prefix) and the other buffer */
             float *sN = sS + ((j + 1) & 1) * KC * MERGE_SST;
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
@@ -193,10 +223,12 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                     const float x0 = acc[0][nt][2 * hr] + (acc[1][nt][2 * hr] + acc[2][nt][2 * hr]);
                     const float x1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
                     const float2 x = make_float2(x0 + ej[nt][hr].x, x1 + ej[nt][hr].y);
-                    *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
+                    if (p.compose) *(float2 *)(PREFIX(j) + (int64_t)row * xw + xc + col) = x;
+                    if (to_slots && j + 1 < np)
+                        *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
                     *(float2 *)&sN[row * MERGE_SST + col] = x;
                 }
-            if (j + 2 < np) LOAD_E(j + 1);
+            if (j + 1 <= last) LOAD_E(j + 1);
             __syncthreads(); /* S_in(j + 1) is in its buffer; the step's (last round's) stages are read */
             if (tid == 0)
                 for (int bb = 0; bb < NBR; bb++) {
@@ -207,6 +239,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         qb += Q;
 #undef LOAD_E
 #undef ISSUE
+#undef PREFIX
 #undef MT
 #undef SLOT
     }
@@ -216,7 +249,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
    CTAs as are resident at once (by shared memory and threads; 1 per SM at K = 128 and 256, 2 at 64) */
 extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream) {
     const int64_t nsplit = p->cap_slots / 2 < p->pb.seqs.num_seqs ? p->cap_slots / 2 : p->pb.seqs.num_seqs;
-    const int64_t items = nsplit * p->pb.hv * (p->pb.vc / MERGE_COLS);
+    const int64_t items = nsplit * p->pb.hv * ((p->pb.vc + (p->compose && p->first_map ? p->pb.kc : 0)) / MERGE_COLS);
     if (items <= 0) return 0;
     const int bytes = merge_smem(p->pb.kc), which = p->pb.kc == 64 ? 0 : p->pb.kc == 128 ? 1 : 2;
     const int threads = 2 * p->pb.kc;

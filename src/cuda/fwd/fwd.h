@@ -30,6 +30,10 @@ typedef struct kda_fwd_launch {
     uint16_t *states_bf16; /* S at every chunk start kept for the backward (saved), or NULL */
     int64_t *maps;         /* CP's piece maps kept for the backward (saved), or NULL */
     float *fold;           /* cross-rank CP: the state entering sequence 0, folded first (xcp.h), or NULL */
+    int primed;            /* cross-rank CP's primed path (xcp.h): 0 none; 1 the summary's launches; 2 the forward's */
+    int64_t primed_np;     /* its pieces */
+    float *prefix;         /* its prefix maps, in the workspace */
+    float *summary;        /* primed 1: the caller's summary */
     int sm_count, major;   /* the device's SMs and compute capability major */
     kda_tuning_t tune;     /* the context's tuning (tests); dev_skip 0 outside development builds */
 } kda_fwd_launch_t;

@@ -83,6 +83,44 @@ static void fill_rec_params(const kda_fwd_launch_t *l, kda_rec_params_t *rp) {
     rp->dev_skip = l->tune.dev_skip;
 }
 
+/* The primed summary's last launches (xcp.h): after the pre-scan of every piece, the merge composing the prefix maps,
+ * then the last one placed into the caller's summary */
+static int summary_launches(const kda_fwd_launch_t *l, kda_rec_params_t *rp, const kda_cp_params_t *cpp, int device,
+                            void *stream, const char **stage) {
+    const kda_cuda_problem_t *pb = &l->pb;
+    int err;
+    rp->mode = KDA_REC_PRESCAN;
+    if ((err = l->cfg->rec(rp, device, stream)) != 0) {
+        *stage = "CP pre-scan";
+    } else if ((err = kda_cuda_launch_cp_merge(cpp, device, stream)) != 0) {
+        *stage = "CP merge";
+    } else {
+        const float *last = l->prefix + (l->primed_np - 1) * pb->hv * (int64_t)pb->kc * (pb->kc + pb->vc);
+        err =
+            kda_xcp_launch_place_prefix(l->summary, last, pb->hv, pb->K, pb->V, pb->kc, pb->vc, cpp->first_map, stream);
+        if (err) *stage = "cross-rank CP summary";
+    }
+    return err;
+}
+
+/* The primed forward's launches (xcp.h): the fold, S_in of every later piece from it and the prefix maps (where
+ * the sequence continues from an earlier rank; else the merge stored them), the pieces */
+static int primed_launches(const kda_fwd_launch_t *l, kda_rec_params_t *rp, int device, void *stream,
+                           const char **stage) {
+    const kda_cuda_problem_t *pb = &l->pb;
+    int err = 0;
+    if (l->fold && (err = kda_cuda_xcp_fold(l->p, NULL, l->fold, NULL, stream)) != 0) {
+        *stage = "cross-rank CP fold";
+    } else if (l->fold && (err = kda_xcp_launch_apply(l->prefix, l->fold, rp->cp_slots, l->primed_np, pb->hv, pb->K,
+                                                      pb->V, pb->kc, pb->vc, stream)) != 0) {
+        *stage = "cross-rank CP apply";
+    } else {
+        rp->mode = KDA_REC_PIECES;
+        if ((err = l->cfg->rec(rp, device, stream)) != 0) *stage = "CP pieces";
+    }
+    return err;
+}
+
 /* The launches in order; a cudaError_t as int, *stage naming the one that failed */
 static int fwd_launches(const kda_fwd_launch_t *l, kda_prep_params_t *pp, kda_rec_params_t *rp,
                         const kda_cp_params_t *cpp, int device, void *stream, const char **stage) {
@@ -90,7 +128,9 @@ static int fwd_launches(const kda_fwd_launch_t *l, kda_prep_params_t *pp, kda_re
     const int skip = l->tune.dev_skip, split = l->cap.slots > 0;
     const kda_claim_params_t cl = {l->pb.state_indices, l->pb.seqs.num_seqs, 1, 1, l->pb.num_state_slots, l->claim};
     int err = 0;
-    if (l->fold && (err = kda_cuda_xcp_fold(l->p, NULL, l->fold, NULL, stream)) != 0) *stage = "cross-rank CP fold";
+    if (l->primed == 2) return primed_launches(l, rp, device, stream, stage);
+    if (l->fold && !l->primed && (err = kda_cuda_xcp_fold(l->p, NULL, l->fold, NULL, stream)) != 0)
+        *stage = "cross-rank CP fold";
     else if (l->p->varlen && (err = kda_cuda_launch_meta(&l->pb.seqs, stream)) != 0) *stage = "meta";
     else if ((err = kda_cuda_launch_claim(&cl, stream)) != 0) *stage = "slot ownership";
     /* the CP plan reads only the lengths: CTA 0 of the prep kernel makes it beside the chunks, off the chain of
@@ -100,6 +140,8 @@ static int fwd_launches(const kda_fwd_launch_t *l, kda_prep_params_t *pp, kda_re
     else if (l->p->a.chunk_states && (err = chunk_states_pass(l, rp, device, stream)) != 0) *stage = "chunk states";
     else if (!split) {
         if (!(skip & 16) && (err = cfg->rec(rp, device, stream)) != 0) *stage = "recurrence";
+    } else if (l->primed == 1) {
+        err = summary_launches(l, rp, cpp, device, stream, stage);
     } else {
         err = kda_cp_launch_fwd(cfg, rp, cpp, device, stream, stage);
     }
@@ -118,6 +160,13 @@ kda_status_t kda_fwd_run(const kda_fwd_launch_t *l, int device, void *stream, co
     if (l->cap.slots > 0) { /* intra-card CP: when a split is possible, the pieces' launches replace the recurrence */
         kda_cp_fill_params(&l->pb, &p->a, l->cap, 1, l->sm_count, l->cp_base, &cpp);
         kda_cp_fwd_params(&cpp, l->maps, &rp);
+    }
+    if (l->primed) { /* every piece pre-scanned, the first one's M too where the sequence continues (xcp.h) */
+        cpp.compose = 1;
+        cpp.first_map = kda_xcp_folds_forward(p);
+        cpp.prefix = l->prefix;
+        rp.cp_summary = cpp.first_map ? 2 : 1;
+        if (l->primed == 1) rp.pb.h0_first = pp.pb.h0_first = NULL; /* the fold comes after the gather */
     }
     pp.plan = l->cap.slots > 0;
     pp.cp = cpp;

@@ -456,11 +456,15 @@ DEV int rec_piece_work(const kda_rec_params_t &p, rec_work_t &w) {
     if (cslot >= 0)
         w.slot_base = p.cp_slots + (cslot * p.pb.hv + w.h) * kda_cuda_cp_slot_floats(KD, kda_cuda_size_class(p.pb.V));
     if (MODE == KDA_REC_PRESCAN) {
-        /* only split pieces before their sequence's last; a first piece has no M */
-        if (cslot < 0 || (flags & KDA_CP_LAST) || (tile < mt && (flags & KDA_CP_FIRST))) return 0;
+        /* only split pieces before their sequence's last, and a first piece has no M; a primed summary's pre-scan
+           (cp_summary) maps the last pieces too, and with cp_summary 2 the first ones from zero with M */
+        const int first_map = p.cp_summary == 2;
+        if (cslot < 0 || ((flags & KDA_CP_LAST) && !p.cp_summary) ||
+            (tile < mt && (flags & KDA_CP_FIRST) && !first_map))
+            return 0;
         w.mcols = tile < mt;
         w.vt = w.mcols ? tile : tile - mt;
-        w.from_h0 = !w.mcols && (flags & KDA_CP_FIRST);
+        w.from_h0 = !w.mcols && (flags & KDA_CP_FIRST) && !first_map;
         w.store_final = 0;
         if (w.mcols && p.cp_maps) { /* at the backward's mirrored slot: its first slot + (np − 1 − index) */
             const int64_t ms = cslot - e->index + (e->seq_pieces - 1 - e->index);

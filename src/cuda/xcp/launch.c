@@ -13,6 +13,7 @@
  */
 #include <string.h>
 
+#include "decode.h"
 #include "xcp.h"
 
 static size_t head_states(const kda_problem_t *p) { return (size_t)p->a.num_v_heads * kda_state_head_elems(p); }
@@ -43,6 +44,45 @@ int kda_cuda_xcp_fold(const kda_problem_t *p, const kda_backward_args_t *b, floa
         err = kda_xcp_launch_fold((const float *)b->cp_summaries, a->cp_rank + a->cp_post_ranks, a->cp_post_ranks, -1,
                                   a->num_v_heads, a->head_dim_k, a->head_dim_v, bwd, stream);
     return err;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * The primed path
+ * ------------------------------------------------------------------------------------------------------- */
+int64_t kda_cuda_xcp_primed_pieces(const cuda_impl_t *impl, const kda_problem_t *p) {
+    const kda_args_t *a = &p->a;
+    if (a->cp_num_ranks <= 0 || a->cp_primed != 1 || p->num_seqs != 1 || a->saved || a->chunk_states ||
+        kda_cuda_decode_fits(p, 0))
+        return 0;
+    /* K, V of 64 or 128 and K-first states: where the GPU tests have run the path (tests/gpu/test_xcp_cuda.c);
+       padded or 256-wide heads and V-first states compute in full */
+    const int K = a->head_dim_k, V = a->head_dim_v;
+    if ((K != 64 && K != 128) || (V != 64 && V != 128) || a->state_v_first) return 0;
+    kda_cp_problem_t cp;
+    if (!kda_cp_problem_from(p, impl->sm_count, a->cu_seqlens_host, &cp)) return 0; /* lengths on the device */
+    const int64_t P = kda_cp_piece_chunks(&cp), np = kda_cp_seq_slots(cp.max_chunks, P);
+    const kda_cp_capacity_t cap = kda_cp_capacity(&cp, 1);
+    return np >= 2 && np <= cap.slots ? np : 0; /* the device's plan is this one: it fits its capacity */
+}
+
+size_t kda_cuda_xcp_prefix_bytes(const cuda_impl_t *impl, const kda_problem_t *p) {
+    const int64_t np = kda_cuda_xcp_primed_pieces(impl, p);
+    const size_t kc = (size_t)kda_cuda_size_class(p->a.head_dim_k), vc = (size_t)kda_cuda_size_class(p->a.head_dim_v);
+    return np ? 256 + align256((size_t)np * (size_t)p->a.num_v_heads * kc * (kc + vc) * 4) : 0;
+}
+
+uint64_t kda_cuda_xcp_primed_key(const kda_problem_t *p, const void *ws) {
+    kda_args_t a = p->a; /* what the forward writes or reads only after the gather may differ between the calls */
+    a.o = a.final_state = NULL;
+    a.o_dtype = a.final_state_dtype = (kda_dtype_t)0;
+    a.cp_summaries = NULL;
+    a.cp_summaries_bytes = 0;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a over the arguments' bytes and the workspace's address */
+    const unsigned char *b = (const unsigned char *)&a;
+    for (size_t i = 0; i < sizeof a; i++) h = (h ^ b[i]) * 1099511628211ull;
+    const uintptr_t w = (uintptr_t)ws;
+    for (size_t i = 0; i < sizeof w; i++) h = (h ^ (unsigned char)(w >> (8 * i))) * 1099511628211ull;
+    return h ? h : 1;
 }
 
 /* ---------------------------------------------------------------------------------------------------------

@@ -96,3 +96,92 @@ extern "C" int kda_xcp_launch_place(float *dst, int64_t W, int col0, const float
                                                                                                  K, C, tr);
     return (int)cudaGetLastError();
 }
+
+/* A primed forward's incoming states (xcp.h): for pieces j = 1 .. np − 1 of the split sequence, S_in(j) = A S + C
+ * with [A | C] = X_{j−1}, the prefix map (KC rows of KC + VC), and S the fold entering the sequence ([hv][K][V]
+ * fp32, read as zero past K and V), into slot j's incoming-state tile (KC × VC, [d][v]). A CTA makes a 64 × 64 tile
+ * of one (piece, head) on CUDA cores, 4 × 4 outputs a thread, e in chunks of APPLY_E through shared memory with the
+ * next chunk loaded into registers meanwhile. A's columns past K are zero in the prefix (M's padding), so only S's
+ * rows need a bound; the rows and columns past K and V come out zero, as the slots' padding must. */
+#define APPLY_T 64
+#define APPLY_E 16
+__global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv,
+                                                            int K, int V, int KC, int VC, int64_t slot_floats) {
+    __shared__ __align__(16) float sA[APPLY_E][APPLY_T + 4]; /* A's chunk transposed: [e][d] */
+    __shared__ __align__(16) float sB[APPLY_E][APPLY_T];     /* S's chunk: [e][v] */
+    const int dts = KC / APPLY_T, vts = VC / APPLY_T;
+    const int64_t b = blockIdx.x;
+    const int vt = (int)(b % vts), dt = (int)(b / vts % dts), h = (int)(b / vts / dts % hv);
+    const int64_t j = b / vts / dts / hv + 1;
+    const int64_t xw = (int64_t)KC + VC;
+    const float *X = prefix + ((j - 1) * hv + h) * (int64_t)KC * xw;
+    const float *Sh = S + (int64_t)h * K * V;
+    const int tid = threadIdx.x, tr = tid / 16, tc = tid % 16; /* rows 4 tr .., columns 4 tc .. of the tile */
+    const int d0 = dt * APPLY_T, v0 = vt * APPLY_T;
+    const int ad = tid / 4, ae = 4 * (tid % 4); /* the thread's loads: A[d0 + ad][e0 + ae ..], S[e0 + se][v0 + sv ..] */
+    const int se = tid / 16, sv = 4 * (tid % 16);
+    float acc[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const float4 x = *(const float4 *)&X[(int64_t)(d0 + 4 * tr + r) * xw + KC + v0 + 4 * tc];
+        acc[r][0] = x.x, acc[r][1] = x.y, acc[r][2] = x.z, acc[r][3] = x.w;
+    }
+    float4 pa = *(const float4 *)&X[(int64_t)(d0 + ad) * xw + ae];
+    float pb[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) pb[k] = se < K && v0 + sv + k < V ? Sh[(int64_t)se * V + v0 + sv + k] : 0.0f;
+    for (int e0 = 0; e0 < K; e0 += APPLY_E) {
+        __syncthreads(); /* the previous chunk's reads are done */
+        sA[ae][ad] = pa.x, sA[ae + 1][ad] = pa.y, sA[ae + 2][ad] = pa.z, sA[ae + 3][ad] = pa.w;
+        *(float4 *)&sB[se][sv] = make_float4(pb[0], pb[1], pb[2], pb[3]);
+        __syncthreads();
+        const int en = e0 + APPLY_E;
+        if (en < K) {
+            pa = *(const float4 *)&X[(int64_t)(d0 + ad) * xw + en + ae];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                pb[k] = en + se < K && v0 + sv + k < V ? Sh[(int64_t)(en + se) * V + v0 + sv + k] : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < APPLY_E; e++) {
+            const float4 a = *(const float4 *)&sA[e][4 * tr], s = *(const float4 *)&sB[e][4 * tc];
+            const float av[4] = {a.x, a.y, a.z, a.w}, svv[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) acc[r][c] = fmaf(av[r], svv[c], acc[r][c]);
+        }
+    }
+    float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        *(float4 *)&dst[(int64_t)(d0 + 4 * tr + r) * VC + v0 + 4 * tc] =
+            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+}
+
+/* The primed summary from the last prefix map X = X_{np−1} ([hv][KC][KC + VC]): per head K rows of W = K + V,
+ * [A | C] restricted to K, V; A is zero unless the sequence continues from an earlier rank (first_map) */
+__global__ void kda_xcp_place_prefix_kernel(float *dst, const float *X, int hv, int K, int V, int KC, int VC,
+                                            int first_map) {
+    const int64_t W = (int64_t)K + V, e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (int64_t)hv * K * W) return;
+    const int64_t h = e / (K * W), i = e / W % K, c = e % W;
+    const float *x = X + (h * KC + i) * ((int64_t)KC + VC);
+    dst[e] = c < K ? (first_map ? x[c] : 0.0f) : x[KC + c - K];
+}
+
+extern "C" int kda_xcp_launch_apply(const float *prefix, const float *S, float *slots, int64_t np, int hv, int K, int V,
+                                    int KC, int VC, void *stream) {
+    const int64_t ctas = (np - 1) * hv * (KC / APPLY_T) * (VC / APPLY_T);
+    if (ctas <= 0) return 0;
+    kda_xcp_apply_kernel<<<(unsigned)ctas, 256, 0, (cudaStream_t)stream>>>(prefix, S, slots, hv, K, V, KC, VC,
+                                                                           kda_cuda_cp_slot_floats(KC, VC));
+    return (int)cudaGetLastError();
+}
+
+extern "C" int kda_xcp_launch_place_prefix(float *dst, const float *X, int hv, int K, int V, int KC, int VC,
+                                           int first_map, void *stream) {
+    kda_xcp_place_prefix_kernel<<<blocks_for((int64_t)hv * K * (K + V), 256), 256, 0, (cudaStream_t)stream>>>(
+        dst, X, hv, K, V, KC, VC, first_map);
+    return (int)cudaGetLastError();
+}

@@ -35,6 +35,23 @@ int kda_cuda_xcp_fold(const kda_problem_t *p, const kda_backward_args_t *b, floa
 /* Where the folds lie in a workspace region of kda_cuda_xcp_fold_bytes at mem (bwd NULL: the forward's alone) */
 void kda_cuda_xcp_fold_places(const kda_problem_t *p, unsigned char *mem, float **fwd, float **bwd);
 
+int kda_xcp_launch_apply(const float *prefix, const float *S, float *slots, int64_t np, int hv, int K, int V, int KC,
+                         int VC, void *stream);
+int kda_xcp_launch_place_prefix(float *dst, const float *X, int hv, int K, int V, int KC, int VC, int first_map,
+                                void *stream);
+
+/* The primed path (kda_args_t.cp_primed; docs/API.md §14): the summary call runs the forward's launches up to its
+ * pieces — prep, the pre-scan of every piece (the first one's M too when the sequence continues from an earlier
+ * rank) and the merge composing the prefix maps X_j over K + V columns — and leaves them in the workspace; the
+ * forward then folds, applies S_in(j + 1) = X_j [S; I] (one product per piece instead of the merge's chain) and
+ * runs the pieces. It applies where the plan splits one sequence, whose lengths the host knows, and nothing else
+ * is asked of the forward (no saved blocks, no chunk_states). The pieces of that split (>= 2), or 0: not primed. */
+int64_t kda_cuda_xcp_primed_pieces(const cuda_impl_t *impl, const kda_problem_t *p);
+/* Workspace of the prefix maps (0 when not primed), after the forward's own regions */
+size_t kda_cuda_xcp_prefix_bytes(const cuda_impl_t *impl, const kda_problem_t *p);
+/* The key of the arguments and workspace that pair a primed summary with its forward */
+uint64_t kda_cuda_xcp_primed_key(const kda_problem_t *p, const void *ws);
+
 /* kda_cuda_ops' summary entries (the arguments checked; bp NULL: the forward's) */
 kda_status_t kda_cuda_xcp_summary_workspace(const kda_context_t *ctx, const kda_problem_t *p,
                                             const kda_bwd_problem_t *bp, size_t *bytes);

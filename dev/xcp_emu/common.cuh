@@ -1,0 +1,26 @@
+/* Stand-in for src/cuda/common/common.cuh under the host emulation of xcp.cu's kernels (xcp_emu.cu): one pthread per
+ * CUDA thread, one CTA at a time; __syncthreads a barrier of the block; __shared__ statics are the CTA's (CTAs run one
+ * after another), dynamic shared memory one poisoned buffer (run.sh makes the kernel's extern declaration a pointer
+ * to it). Only what xcp.cu's fold and apply kernels use. */
+#pragma once
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kda_cuda.h"
+#define __device__
+#define __host__
+#define __global__
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+struct alignas(16) float4 { float x, y, z, w; };
+static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+typedef struct { unsigned x, y, z; } emu_dim;
+extern __thread emu_dim threadIdx;
+extern emu_dim blockIdx, gridDim, blockDim;
+extern unsigned char emu_smem[64 * 1024];
+extern pthread_barrier_t emu_block_bar;
+static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
