@@ -59,6 +59,20 @@ static float rndf(void) { return (float)(rnd(2000001) - 1000000) * 1e-6f; }
  * Al Bh, Ah Bl; the parts by masks) summed k by k into an fp32 accumulator each, as the emulated mma.sync does;
  * then Ah Bh + (Al Bh + Ah Bl) + E_j. Mᵀ_j is read
  * through the swizzle its writers store it with (kda_cuda_map_index). */
+/* Element (d, c) of M_j B (B of `w` columns, Mᵀ_j swizzled) as the emulated mma.sync sums it: 8 rows e at a time, the
+ * three tf32 products (Ah Bh, Al Bh, Ah Bl; the parts by masks) in accumulators of their own, Ah Bh + (Al Bh + Ah Bl) */
+static float step_product(const float *Mt, const float *B, int KC, int64_t w, int d, int64_t c) {
+    float acc[3] = {0.f, 0.f, 0.f};
+    for (int e0 = 0; e0 < KC; e0 += 8)
+        for (int part = 0; part < 3; part++)
+            for (int k = 0; k < 8; k++) {
+                const float a = Mt[kda_cuda_map_index(KC, e0 + k, d)], b = B[(e0 + k) * w + c];
+                const float ah = tf32_rz(a), al = tf32_rz(a - ah), bh = tf32_rz(b), bl = tf32_rz(b - bh);
+                acc[part] += part == 0 ? ah * bh : part == 1 ? al * bh : ah * bl;
+            }
+    return acc[0] + (acc[1] + acc[2]);
+}
+
 static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv, int KC, int VC, float *out) {
     const int64_t sz = kda_cuda_cp_slot_floats(KC, VC);
 #define RSLOT(j) (slots + ((s0 + (j)) * hv + h) * sz)
@@ -71,15 +85,7 @@ static void reference(const float *slots, int64_t s0, int64_t np, int h, int hv,
         const float *Mt = RSLOT(j), *E = RSLOT(j) + KC * KC;
         for (int d = 0; d < KC; d++)
             for (int c = 0; c < VC; c++) {
-                float acc[3] = {0.f, 0.f, 0.f}; /* Ah Bh, Al Bh, Ah Bl */
-                for (int e0 = 0; e0 < KC; e0 += 8)
-                    for (int part = 0; part < 3; part++)
-                        for (int k = 0; k < 8; k++) {
-                            const float a = Mt[kda_cuda_map_index(KC, e0 + k, d)], b = S[(e0 + k) * VC + c];
-                            const float ah = tf32_rz(a), al = tf32_rz(a - ah), bh = tf32_rz(b), bl = tf32_rz(b - bh);
-                            acc[part] += part == 0 ? ah * bh : part == 1 ? al * bh : ah * bl;
-                        }
-                next[d * VC + c] = (acc[0] + (acc[1] + acc[2])) + E[d * VC + c];
+                next[d * VC + c] = step_product(Mt, S, KC, VC, d, c) + E[d * VC + c];
             }
         memcpy(S, next, sizeof(float) * KC * VC);
         memcpy(ROUT(j + 1) + KC * KC + KC * VC, S, sizeof(float) * KC * VC);
@@ -116,15 +122,7 @@ static void reference_compose(const float *slots, int64_t s0, int64_t np, int h,
         const float *Mt = RSLOT(j), *E = RSLOT(j) + KC * KC;
         for (int d = 0; d < KC; d++)
             for (int c = 0; c < W; c++) {
-                float acc[3] = {0.f, 0.f, 0.f};
-                for (int e0 = 0; e0 < KC; e0 += 8)
-                    for (int part = 0; part < 3; part++)
-                        for (int k = 0; k < 8; k++) {
-                            const float a = Mt[kda_cuda_map_index(KC, e0 + k, d)], b = X[(e0 + k) * W + c];
-                            const float ah = tf32_rz(a), al = tf32_rz(a - ah), bh = tf32_rz(b), bl = tf32_rz(b - bh);
-                            acc[part] += part == 0 ? ah * bh : part == 1 ? al * bh : ah * bl;
-                        }
-                next[d * W + c] = (acc[0] + (acc[1] + acc[2])) + (c >= KC ? E[d * VC + c - KC] : 0.0f);
+                next[d * W + c] = step_product(Mt, X, KC, W, d, c) + (c >= KC ? E[d * VC + c - KC] : 0.0f);
             }
         memcpy(X, next, sizeof(float) * KC * W);
         RSTORE(j);

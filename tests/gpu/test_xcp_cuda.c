@@ -403,13 +403,19 @@ static kda_synth_config_t base_cfg(void) {
 /* The issue's shape: T = 4 x 32768 over R = 4 ranks, H8, K = V = 128, bf16, against the CPU backend (fp32, ~1e-5
  * here: a stand-in for the fp64 oracle at this size), and the costs on one rank of 32768 tokens that continues
  * from an earlier one: its summary and its folding forward against its plain forward (medians of CUDA events) */
-static float time_ms(kda_context_t *ctx, const kda_args_t *a, int summary) {
+/* Medians of CUDA events over a call: what 0 the forward, 1 the summary (into a scratch summary: the gathered ones
+ * the forward folds stay as they are), 2 the primed pair on one workspace (the summary, then the forward) */
+static float time_ms(kda_context_t *ctx, const kda_args_t *a, int what) {
     size_t b = 0, sb = 0;
-    if (summary) {
+    if (what) {
         CHECK(kda_cp_forward_summary_workspace_size(ctx, a, &b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
         CHECK(kda_cp_summary_size(ctx, a, &sb) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    } else {
-        CHECK(kda_forward_workspace_size(ctx, a, &b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+    }
+    if (what != 1) {
+        size_t fb = 0;
+        CHECK(kda_forward_workspace_size(ctx, a, &fb) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
+        CHECK(what != 2 || b == fb, "a primed summary's workspace (%zu bytes) is not the forward's (%zu)", b, fb);
+        b = fb;
     }
     void *ws = NULL, *sum = NULL;
     CUDA_OK(cudaMalloc(&ws, b + 16));
@@ -420,8 +426,8 @@ static float time_ms(kda_context_t *ctx, const kda_args_t *a, int summary) {
     float t[15];
     for (int i = -3; i < 15; i++) {
         CUDA_OK(cudaEventRecord(e0, 0));
-        const kda_status_t st = summary ? kda_cp_forward_summary(ctx, a, sum, sb, ws, b, NULL)
-                                        : kda_forward(ctx, a, ws, b, NULL);
+        kda_status_t st = what ? kda_cp_forward_summary(ctx, a, sum, sb, ws, b, NULL) : KDA_STATUS_SUCCESS;
+        if (st == KDA_STATUS_SUCCESS && what != 1) st = kda_forward(ctx, a, ws, b, NULL);
         CUDA_OK(cudaEventRecord(e1, 0));
         CUDA_OK(cudaEventSynchronize(e1));
         CHECK(st == KDA_STATUS_SUCCESS, "timed call: %s", kda_last_error());
@@ -433,41 +439,8 @@ static float time_ms(kda_context_t *ctx, const kda_args_t *a, int summary) {
             t[j] = t[j - 1];
             t[j - 1] = x;
         }
-    CUDA_OK(cudaFree(ws));
-    CUDA_OK(cudaFree(sum));
-    return t[7];
-}
-
-/* The primed pair on one workspace: this rank's summary (into a scratch summary: the gathered ones the forward
- * folds stay as they are), then its forward (medians of CUDA events over both; summary_only: the summary alone) */
-static float time_primed_ms(kda_context_t *ctx, const kda_args_t *a, int summary_only) {
-    size_t b = 0, fb = 0, sb = 0;
-    CHECK(kda_cp_forward_summary_workspace_size(ctx, a, &b) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    CHECK(kda_forward_workspace_size(ctx, a, &fb) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    CHECK(kda_cp_summary_size(ctx, a, &sb) == KDA_STATUS_SUCCESS, "%s", kda_last_error());
-    CHECK(b == fb, "a primed summary's workspace (%zu bytes) is not the forward's (%zu)", b, fb);
-    void *ws = NULL, *sum = NULL;
-    CUDA_OK(cudaMalloc(&ws, b + 16));
-    CUDA_OK(cudaMalloc(&sum, sb + 16));
-    cudaEvent_t e0, e1;
-    CUDA_OK(cudaEventCreate(&e0));
-    CUDA_OK(cudaEventCreate(&e1));
-    float t[15];
-    for (int i = -3; i < 15; i++) {
-        CUDA_OK(cudaEventRecord(e0, 0));
-        kda_status_t st = kda_cp_forward_summary(ctx, a, sum, sb, ws, b, NULL);
-        if (st == KDA_STATUS_SUCCESS && !summary_only) st = kda_forward(ctx, a, ws, b, NULL);
-        CUDA_OK(cudaEventRecord(e1, 0));
-        CUDA_OK(cudaEventSynchronize(e1));
-        CHECK(st == KDA_STATUS_SUCCESS, "timed primed call: %s", kda_last_error());
-        if (i >= 0) CUDA_OK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    for (int i = 0; i < 15; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            const float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
+    CUDA_OK(cudaEventDestroy(e0));
+    CUDA_OK(cudaEventDestroy(e1));
     CUDA_OK(cudaFree(ws));
     CUDA_OK(cudaFree(sum));
     return t[7];
@@ -595,8 +568,7 @@ static void xcp_perf(void) {
         pl.cp_summaries = NULL;
         pl.cp_summaries_bytes = 0;
         pl.initial_state = w.a.initial_state;
-        const float tp = time_ms(ctx, &pl, 0), ts = time_primed_ms(ctx, &rkp[r], 1),
-                    tpair = time_primed_ms(ctx, &rkp[r], 0);
+        const float tp = time_ms(ctx, &pl, 0), ts = time_ms(ctx, &rkp[r], 1), tpair = time_ms(ctx, &rkp[r], 2);
         printf("rank %d of 4 primed: plain forward %.4f ms, summary %.4f + forward %.4f = %.4f ms: +%.1f%% of the "
                "plain forward\n",
                r, tp, ts, tpair - ts, tpair, 100.0 * (tpair - tp) / tp);
