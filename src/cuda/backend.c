@@ -177,13 +177,12 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     l.cap = cp_capacity(ctx, p);
     l.cp_base = base + meta_bytes(p) + ws_blocks_bytes(impl, p);
     l.claim = kda_cuda_claim_bytes(p) > 0 ? (int32_t *)(l.cp_base + cp_bytes(p, l.cap)) : NULL;
-    /* the cross-rank fold at the very end, then (primed) the prefix maps */
-    unsigned char *fold = l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p);
-    kda_cuda_xcp_fold_places(p, fold, &l.fold, NULL);
+    /* the cross-rank fold at the very end */
+    kda_cuda_xcp_fold_places(p, l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p), &l.fold, NULL);
     l.pb.h0_first = l.fold;
-    if (primed) {
-        const uintptr_t pre = (uintptr_t)(fold + kda_cuda_xcp_fold_bytes(p, 0));
-        l.prefix = (float *)((pre + 255) & ~(uintptr_t)255);
+    if (primed) { /* the prefix maps after the fold */
+        unsigned char *pre = l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p) + kda_cuda_xcp_fold_bytes(p, 0);
+        l.prefix = (float *)(((uintptr_t)pre + 255) & ~(uintptr_t)255);
         l.primed = primed;
         l.primed_np = kda_cuda_xcp_primed_pieces(impl, p);
         l.summary = (float *)summary;

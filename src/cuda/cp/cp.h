@@ -31,11 +31,8 @@ void kda_cp_fwd_params(kda_cp_params_t *cpp, int64_t *maps, kda_rec_params_t *rp
  * come in tiles of the same width */
 int kda_cp_rec_bv(int kc, int vc);
 
-/* The pre-scan and the merge (the maps and the incoming states; with cpp->compose the prefix maps, xcp.h), then
- * kda_cp_launch_fwd's pieces (rp: the forward's recurrence params with kda_cp_fwd_params's fields); a cudaError_t
- * as int, *stage naming the launch that failed */
-int kda_cp_launch_maps(const kda_cuda_config_t *cfg, kda_rec_params_t *rp, const kda_cp_params_t *cpp, int device,
-                       void *stream, const char **stage);
+/* The pre-scan, the merge and the pieces (rp: the forward's recurrence params with kda_cp_fwd_params's fields);
+ * a cudaError_t as int, *stage naming the launch that failed */
 int kda_cp_launch_fwd(const kda_cuda_config_t *cfg, kda_rec_params_t *rp, const kda_cp_params_t *cpp, int device,
                       void *stream, const char **stage);
 

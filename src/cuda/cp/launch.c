@@ -42,19 +42,15 @@ int kda_cp_rec_bv(int kc, int vc) {
     return kc < bv ? kc : bv;
 }
 
-int kda_cp_launch_maps(const kda_cuda_config_t *cfg, kda_rec_params_t *rp, const kda_cp_params_t *cpp, int device,
-                       void *stream, const char **stage) {
-    int err;
-    rp->mode = KDA_REC_PRESCAN;
-    if ((err = cfg->rec(rp, device, stream)) != 0) *stage = "CP pre-scan";
-    else if ((err = kda_cuda_launch_cp_merge(cpp, device, stream)) != 0) *stage = "CP merge";
-    return err;
-}
-
 int kda_cp_launch_fwd(const kda_cuda_config_t *cfg, kda_rec_params_t *rp, const kda_cp_params_t *cpp, int device,
                       void *stream, const char **stage) {
-    int err = kda_cp_launch_maps(cfg, rp, cpp, device, stream, stage);
-    if (!err) {
+    int err;
+    rp->mode = KDA_REC_PRESCAN;
+    if ((err = cfg->rec(rp, device, stream)) != 0) {
+        *stage = "CP pre-scan";
+    } else if ((err = kda_cuda_launch_cp_merge(cpp, device, stream)) != 0) {
+        *stage = "CP merge";
+    } else {
         rp->mode = KDA_REC_PIECES;
         if ((err = cfg->rec(rp, device, stream)) != 0) *stage = "CP pieces";
     }

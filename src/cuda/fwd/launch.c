@@ -88,8 +88,13 @@ static void fill_rec_params(const kda_fwd_launch_t *l, kda_rec_params_t *rp) {
 static int summary_launches(const kda_fwd_launch_t *l, kda_rec_params_t *rp, const kda_cp_params_t *cpp, int device,
                             void *stream, const char **stage) {
     const kda_cuda_problem_t *pb = &l->pb;
-    int err = kda_cp_launch_maps(l->cfg, rp, cpp, device, stream, stage);
-    if (!err) {
+    int err;
+    rp->mode = KDA_REC_PRESCAN;
+    if ((err = l->cfg->rec(rp, device, stream)) != 0) {
+        *stage = "CP pre-scan";
+    } else if ((err = kda_cuda_launch_cp_merge(cpp, device, stream)) != 0) {
+        *stage = "CP merge";
+    } else {
         const float *last = l->prefix + (l->primed_np - 1) * pb->hv * (int64_t)pb->kc * (pb->kc + pb->vc);
         err =
             kda_xcp_launch_place_prefix(l->summary, last, pb->hv, pb->K, pb->V, pb->kc, pb->vc, cpp->first_map, stream);
