@@ -152,6 +152,8 @@ def time_cases():
     only = os.environ.get("AB_SHAPES", "").split(",")  # a comma-separated subset of the names below; empty: all
     want = lambda name: only == [""] or name in only
     def fwd(name, B, T, H, HV, K=128, V=128, cu=None, h0=True):
+        if not want(name):
+            return
         q, k, v, g, beta = inputs(99, B, T, H, HV, K, V, gate_in=True)
         N = len(cu) - 1 if cu else B
         A_log = torch.rand(HV, device=dev); dt = torch.randn(HV * K, device=dev) * 0.1
@@ -161,9 +163,10 @@ def time_cases():
                                   use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
                                   use_beta_sigmoid_in_kernel=True, lower_bound=-5.0, A_log=A_log, dt_bias=dt,
                                   cu_seqlens=cus)
-        if want(name):
-            rows.append((name, bench(f)))
+        rows.append((name, bench(f)))
     def train(name, B, T, H, HV, K=128, V=128):
+        if not want(name):
+            return
         q, k, v, g, beta = inputs(98, B, T, H, HV, K, V)
         for t in (q, k, v, g, beta):
             t.requires_grad_(True)
@@ -171,17 +174,17 @@ def time_cases():
         def f():
             o, _ = kda.chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
             o.backward(do)
-        if want(name):
-            rows.append((name, bench(f, iters=10, warm=3)))
+        rows.append((name, bench(f, iters=10, warm=3)))
     def dec(name, N, H, HV, pool):
+        if not want(name):
+            return
         q, k, v, g, beta = inputs(97, N, 1, H, HV, 128, 128)
         st = torch.randn(pool, HV, 128, 128, device=dev) * 0.1
         idx = torch.randperm(pool, device=dev)[:N].to(torch.int32)
         f = lambda: kda.fused_recurrent_kda(q, k, v, g, beta, initial_state=st, output_final_state=True,
                                             use_qk_l2norm_in_kernel=True, ssm_state_indices=idx,
                                             inplace_final_state=True)
-        if want(name):
-            rows.append((name, bench(f, iters=50)))
+        rows.append((name, bench(f, iters=50)))
     fwd("fwd_B2T8192H64", 2, 8192, 64, 64)
     fwd("fwd_B1T8192H64", 1, 8192, 64, 64)
     fwd("fwd_B8T4096H32", 8, 4096, 32, 32)

@@ -1,7 +1,8 @@
 /* Stand-in for src/cuda/common/common.cuh under the host emulation of xcp.cu's kernels (xcp_emu.cu): one pthread per
  * CUDA thread, one CTA at a time; __syncthreads a barrier of the block; __shared__ statics are the CTA's (CTAs run one
  * after another), dynamic shared memory one poisoned buffer (run.sh makes the kernel's extern declaration a pointer
- * to it). Only what xcp.cu's fold and apply kernels use. */
+ * to it); tf32 mma.sync by an exchange through the warp's lanes (mma_tf32.cuh). Only what xcp.cu's fold and apply
+ * kernels use. */
 #pragma once
 #include <math.h>
 #include <pthread.h>
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kda_cuda.h"
+#define DEV static inline
 #define __device__
 #define __host__
 #define __global__
@@ -18,9 +20,27 @@
 #define __align__(n) __attribute__((aligned(n)))
 struct alignas(16) float4 { float x, y, z, w; };
 static inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+struct alignas(16) double2 { double x, y; };
+struct float2 { float x, y; };
+static inline float2 make_float2(float a, float b) { return float2{a, b}; }
 typedef struct { unsigned x, y, z; } emu_dim;
 extern __thread emu_dim threadIdx;
 extern emu_dim blockIdx, gridDim, blockDim;
 extern unsigned char emu_smem[64 * 1024];
 extern pthread_barrier_t emu_block_bar;
 static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
+#define EMU_MAX_WARPS 8
+extern pthread_barrier_t emu_warp_bar[EMU_MAX_WARPS];
+/* the tf32 parts by masks (src/cuda/common/common.cuh's split_tf32_rz): 13 low mantissa bits cleared */
+DEV float tf32_rz(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffffe000u;
+    float y;
+    memcpy(&y, &u, 4);
+    return y;
+}
+DEV void split_tf32_rz(float x, float *hi, float *lo) { *hi = tf32_rz(x); *lo = tf32_rz(x - *hi); }
+#define EMU_TF32_SLOTS EMU_MAX_WARPS
+#define EMU_TF32_SLOT(w) (w)
+#include "mma_tf32.cuh" /* dev/bwd_emu's, copied beside this file by run.sh */

@@ -1,12 +1,11 @@
 #!/bin/sh
 # Host emulation of the cross-rank CP kernels of src/cuda/xcp/xcp.cu (the fold, the primed forward's apply) against
 # their arithmetic done serially: dev/xcp_emu/run.sh [cases]. No GPU; g++ compiles the CUDA C as C++ (the launchers,
-# which use the <<<>>> syntax, are cut out first; no FMA contraction: the kernels' fmaf calls are their only fused
-# operations).
+# which use the <<<>>> syntax, are cut out first; no FMA contraction, as the references assume).
 set -e
 W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/xcp_emu; B=${TMPDIR:-/tmp}/xcp_emu
 mkdir -p $B
-cp $E/common.cuh $B/
+cp $E/common.cuh $W/dev/bwd_emu/mma_tf32.cuh $B/
 python3 - "$W/src/cuda/xcp/xcp.cu" "$B/xcp.cu" <<'PY'
 import re, sys
 s = open(sys.argv[1]).read()

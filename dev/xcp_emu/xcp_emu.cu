@@ -1,14 +1,16 @@
 /* Host emulation of src/cuda/xcp/xcp.cu's fold and apply kernels (run.sh) on random sizes: the fold's states against
  * the chain S <- A_j S + C_j done serially in fp64 in the kernel's term order (the same bytes), the apply's incoming
- * states against S_in(j) = A S + C in fp32 fmaf, e ascending (the same values), and nothing else of the slots
- * written. dev/xcp_emu/run.sh [cases, default every (K, V) of nine sizes]   (g++ -x c++; no GPU) */
+ * states against S_in(j) = A S + C in 3xTF32 (each part's products summed in fp32, e ascending: the same values),
+ * and nothing else of the slots written. dev/xcp_emu/run.sh [cases, default every (K, V) of nine sizes]
+ * (g++ -x c++; no GPU) */
 #include <functional>
 #include "xcp.cu" /* with this folder's common.cuh beside it (run.sh) */
 
 __thread emu_dim threadIdx;
 emu_dim blockIdx, gridDim, blockDim;
 unsigned char emu_smem[64 * 1024];
-pthread_barrier_t emu_block_bar;
+pthread_barrier_t emu_block_bar, emu_warp_bar[EMU_MAX_WARPS];
+emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
 
 struct emu_arg { std::function<void()> *f; unsigned tid; };
 static void *emu_thread(void *x) {
@@ -26,12 +28,14 @@ static void run_grid(int64_t ctas, int T, std::function<void()> f) {
         blockIdx.x = (unsigned)b, blockIdx.y = blockIdx.z = 0;
         memset(emu_smem, 0x7f, sizeof emu_smem);
         pthread_barrier_init(&emu_block_bar, NULL, T);
+        for (int w = 0; w < T / 32; w++) pthread_barrier_init(&emu_warp_bar[w], NULL, 32);
         for (int i = 0; i < T; i++) {
             args[i].f = &f, args[i].tid = (unsigned)i;
             if (pthread_create(&th[i], NULL, emu_thread, &args[i])) { fprintf(stderr, "pthread_create\n"); exit(2); }
         }
         for (int i = 0; i < T; i++) pthread_join(th[i], NULL);
         pthread_barrier_destroy(&emu_block_bar);
+        for (int w = 0; w < T / 32; w++) pthread_barrier_destroy(&emu_warp_bar[w]);
     }
 }
 
@@ -90,9 +94,15 @@ int main(int argc, char **argv) {
                 for (int d = 0; d < KC; d++)
                     for (int v = 0; v < VC; v++) {
                         const float *X = prefix + (((j - 1) * hv + h) * KC + d) * xw;
-                        float acc = X[KC + v];
-                        for (int e = 0; e < K; e++) acc = fmaf(X[e], v < V ? want[(h * K + e) * V + v] : 0.0f, acc);
-                        wslots[(j * hv + h) * sz + KC * KC + KC * VC + d * VC + v] = acc;
+                        float acc[3] = {0.0f, 0.0f, 0.0f}; /* Ah Sh, Al Sh, Ah Sl, e ascending */
+                        for (int e = 0; e < KC; e++) {
+                            float ah, al, sh, sl;
+                            split_tf32_rz(X[e], &ah, &al);
+                            split_tf32_rz(e < K && v < V ? want[(h * K + e) * V + v] : 0.0f, &sh, &sl);
+                            acc[0] += ah * sh, acc[1] += al * sh, acc[2] += ah * sl;
+                        }
+                        wslots[(j * hv + h) * sz + KC * KC + KC * VC + d * VC + v] =
+                            acc[0] + (acc[1] + acc[2]) + X[KC + v];
                     }
         run_grid((np - 1) * hv * (KC / APPLY_T) * (VC / APPLY_T), 256,
                  [&] { kda_xcp_apply_kernel(prefix, want, slots, hv, K, V, KC, VC, sz); });

@@ -1,39 +1,99 @@
 /*
  * Context parallelism across ranks on the device (docs/ALGORITHM.md §4a; the host side is xcp/launch.c): the fold
- * of a chain of gathered summaries and the small copies the summary passes need. A summary holds per value head
- * X = [A | C], K rows of K + V fp32 elements; the fold over the chain's ranks j, in order, is
+ * of a chain of gathered summaries, the primed forward's apply, and the small copies the summary passes need. A
+ * summary holds per value head X = [A | C], K rows of K + V fp32 elements; the fold over the chain's ranks j, in
+ * order, is
  *     S ← 0;   S ← A_j S + C_j
  * (the first map's A is not read: S is still 0), into a [HV][K][V] fp32 state. One CTA per (value head,
- * FOLD_COLS columns of S): the columns are independent, so they stay in shared memory across the chain; a step is a
- * K × K by K × FOLD_COLS product on CUDA cores, accumulated in fp64 (R − 1 steps at most, each K² · V products
- * per head: small beside the forward they feed).
+ * FOLD_COLS columns of S): the columns are independent, so they stay in shared memory across the chain (fp64); a
+ * step is a K × K by K × FOLD_COLS product on CUDA cores, each output accumulated in fp64 from C over l = 0 .. K − 1
+ * in order, a thread 4 columns of a row (one load of A and two of S per 4 products). A's columns come in blocks of
+ * fold_lb(K) through shared memory by coalesced loads, the next block held in registers while the current one is
+ * used, so a step waits on global memory once a block, not once a term.
  */
 #include "common.cuh"
 
 #define FOLD_COLS 8
 #define FOLD_THREADS 256
+#define FOLD_UNITS 2 /* (row, 4 columns) units a thread: K · FOLD_COLS / 4 / FOLD_THREADS, at most 2 (K ≤ 256) */
+#define FOLD_PF 16 /* A's elements a thread loads for a block: K · fold_lb(K) ≤ FOLD_PF · FOLD_THREADS */
+
+/* A's columns per block: FOLD_PF · FOLD_THREADS / K of them (every column where that covers K) */
+static __host__ __device__ inline int fold_lb(int K) {
+    const int lb = FOLD_PF * FOLD_THREADS / K;
+    return lb < K ? lb : K;
+}
+/* shared memory: S (K × FOLD_COLS fp64), then a block of A (K rows of fold_lb(K) + 1 fp32) */
+static __host__ __device__ inline int fold_smem_bytes(int K) {
+    return K * FOLD_COLS * (int)sizeof(double) + K * (fold_lb(K) + 1) * (int)sizeof(float);
+}
+
+/* A's block b (columns b·lb .., rows 0 .. K − 1) into the thread's registers: element f = tid + FOLD_THREADS u is
+   (i, l) = (f / lb, f % lb), zero past K */
+DEV void fold_load(float pf[FOLD_PF], const float *X, int64_t W, int K, int lb, int b, int tid) {
+#pragma unroll
+    for (int u = 0; u < FOLD_PF; u++) {
+        const int f = tid + FOLD_THREADS * u, i = f / lb, l = b * lb + f % lb;
+        pf[u] = i < K && l < K ? X[i * W + l] : 0.0f;
+    }
+}
 
 __global__ void __launch_bounds__(FOLD_THREADS)
     kda_xcp_fold_kernel(const float *sums, int64_t first, int count, int step, int hv, int K, int V, float *out) {
-    extern __shared__ double fold_smem[]; /* S and the next S: 2 × K × FOLD_COLS */
+    extern __shared__ double fold_smem[];
     const int tiles = (V + FOLD_COLS - 1) / FOLD_COLS;
     const int h = (int)(blockIdx.x / tiles), c0 = (int)(blockIdx.x % tiles) * FOLD_COLS;
     const int64_t W = (int64_t)K + V;
-    double *S = fold_smem, *next = fold_smem + K * FOLD_COLS;
+    const int LB = fold_lb(K), LP = LB + 1, nb = (K + LB - 1) / LB, tid = threadIdx.x;
+    double *S = fold_smem;
+    float *sA = (float *)(fold_smem + K * FOLD_COLS); /* [i][l], rows of LP */
+    float pf[FOLD_PF]; /* the next block of A (fold_load) */
+    if (count > 1) fold_load(pf, sums + ((first + (int64_t)step) * hv + h) * (int64_t)K * W, W, K, LB, 0, tid);
     for (int m = 0; m < count; m++) {
         const float *X = sums + ((first + (int64_t)m * step) * hv + h) * (int64_t)K * W;
-        for (int e = threadIdx.x; e < K * FOLD_COLS; e += FOLD_THREADS) {
-            const int i = e / FOLD_COLS, c = e % FOLD_COLS;
-            double acc = c0 + c < V ? (double)X[i * W + K + c0 + c] : 0.0;
-            for (int l = 0; m > 0 && l < K; l++) acc += (double)X[i * W + l] * S[l * FOLD_COLS + c];
-            next[e] = acc;
+        double acc[FOLD_UNITS][4]; /* unit u = tid + FOLD_THREADS r: row u / 2, columns c0 + 4 (u % 2) .. + 3 */
+#pragma unroll
+        for (int r = 0; r < FOLD_UNITS; r++) {
+            const int u = tid + FOLD_THREADS * r, i = u >> 1, c = c0 + 4 * (u & 1);
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[r][k] = i < K && c + k < V ? (double)X[i * W + K + c + k] : 0.0;
         }
-        __syncthreads(); /* every thread's S read before the next step writes it */
-        double *x = S;
-        S = next;
-        next = x;
+        for (int b = 0; m > 0 && b < nb; b++) {
+#pragma unroll
+            for (int u = 0; u < FOLD_PF; u++) {
+                const int f = tid + FOLD_THREADS * u;
+                if (f < K * LB) sA[(f / LB) * LP + f % LB] = pf[u];
+            }
+            __syncthreads(); /* the block is in shared memory (and S, written before, too) */
+            if (b + 1 < nb) fold_load(pf, X, W, K, LB, b + 1, tid);
+            else if (m + 1 < count) fold_load(pf, X + (int64_t)step * hv * K * W, W, K, LB, 0, tid);
+            const int l0 = b * LB, ln = K - l0 < LB ? K - l0 : LB;
+#pragma unroll
+            for (int r = 0; r < FOLD_UNITS; r++) {
+                const int u = tid + FOLD_THREADS * r, i = u >> 1;
+                if (i >= K) continue;
+                const float *ar = sA + i * LP;
+                const double *sr = S + l0 * FOLD_COLS + 4 * (u & 1);
+#pragma unroll 4
+                for (int l = 0; l < ln; l++) {
+                    const double x = (double)ar[l];
+                    const double2 s01 = *(const double2 *)(sr + l * FOLD_COLS),
+                                  s23 = *(const double2 *)(sr + l * FOLD_COLS + 2);
+                    acc[r][0] += x * s01.x, acc[r][1] += x * s01.y, acc[r][2] += x * s23.x, acc[r][3] += x * s23.y;
+                }
+            }
+            __syncthreads(); /* every thread's reads of the block and of S are done */
+        }
+#pragma unroll
+        for (int r = 0; r < FOLD_UNITS; r++) {
+            const int u = tid + FOLD_THREADS * r, i = u >> 1;
+            if (i < K)
+#pragma unroll
+                for (int k = 0; k < 4; k++) S[i * FOLD_COLS + 4 * (u & 1) + k] = acc[r][k];
+        }
+        __syncthreads(); /* S of step m before step m + 1 reads it (or the output below) */
     }
-    for (int e = threadIdx.x; e < K * FOLD_COLS; e += FOLD_THREADS) {
+    for (int e = tid; e < K * FOLD_COLS; e += FOLD_THREADS) {
         const int i = e / FOLD_COLS, c = e % FOLD_COLS;
         if (c0 + c < V) out[((int64_t)h * K + i) * V + c0 + c] = (float)S[e];
     }
@@ -69,7 +129,7 @@ static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + thre
 
 extern "C" int kda_xcp_launch_fold(const float *sums, int64_t first, int count, int step, int hv, int K, int V,
                                    float *out, void *stream) {
-    const int smem = 2 * K * FOLD_COLS * (int)sizeof(double);
+    const int smem = fold_smem_bytes(K);
     const int64_t ctas = (int64_t)hv * ((V + FOLD_COLS - 1) / FOLD_COLS);
     kda_xcp_fold_kernel<<<(unsigned)ctas, FOLD_THREADS, smem, (cudaStream_t)stream>>>(sums, first, count, step, hv, K,
                                                                                       V, out);
@@ -100,15 +160,16 @@ extern "C" int kda_xcp_launch_place(float *dst, int64_t W, int col0, const float
 /* A primed forward's incoming states (xcp.h): for pieces j = 1 .. np − 1 of the split sequence, S_in(j) = A S + C
  * with [A | C] = X_{j−1}, the prefix map (KC rows of KC + VC), and S the fold entering the sequence ([hv][K][V]
  * fp32, read as zero past K and V), into slot j's incoming-state tile (KC × VC, [d][v]). A CTA makes a 64 × 64 tile
- * of one (piece, head) on CUDA cores, 4 × 4 outputs a thread, e in chunks of APPLY_E through shared memory with the
- * next chunk loaded into registers meanwhile. A's columns past K are zero in the prefix (M's padding), so only S's
- * rows need a bound; the rows and columns past K and V come out zero, as the slots' padding must. */
+ * of one (piece, head) on the tensor cores, ~fp32 as the CP merge does it (3xTF32, split_tf32_rz: A S ≈ Ah Sh +
+ * (Al Sh + Ah Sl), three accumulators): warp w the rows 16 (w mod 4) .., columns 32 (w / 4) .. of the tile, as
+ * m16n8k8 products over e = 0 .. KC − 1, its fragments loaded straight from global memory (A's rows are read by two
+ * warps, S's columns by four: L1 serves the repeats), APPLY_KS of the k-steps' loads issued before their products.
+ * A's columns past K are zero in the prefix (M's padding), so only S's rows need a bound; the rows and columns past
+ * K and V come out zero, as the slots' padding must. */
 #define APPLY_T 64
-#define APPLY_E 16
+#define APPLY_KS 4 /* k-steps (8 e each) whose fragments are loaded together */
 __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv,
                                                             int K, int V, int KC, int VC, int64_t slot_floats) {
-    __shared__ __align__(16) float sA[APPLY_E][APPLY_T + 4]; /* A's chunk transposed: [e][d] */
-    __shared__ __align__(16) float sB[APPLY_E][APPLY_T];     /* S's chunk: [e][v] */
     const int dts = KC / APPLY_T, vts = VC / APPLY_T;
     const int64_t b = blockIdx.x;
     const int vt = (int)(b % vts), dt = (int)(b / vts % dts), h = (int)(b / vts / dts % hv);
@@ -116,47 +177,56 @@ __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix,
     const int64_t xw = (int64_t)KC + VC;
     const float *X = prefix + ((j - 1) * hv + h) * (int64_t)KC * xw;
     const float *Sh = S + (int64_t)h * K * V;
-    const int tid = threadIdx.x, tr = tid / 16, tc = tid % 16; /* rows 4 tr .., columns 4 tc .. of the tile */
-    const int d0 = dt * APPLY_T, v0 = vt * APPLY_T;
-    const int ad = tid / 4, ae = 4 * (tid % 4); /* the thread's loads: A[d0 + ad][e0 + ae ..], S[e0 + se][v0 + sv ..] */
-    const int se = tid / 16, sv = 4 * (tid % 16);
-    float acc[4][4];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int d = dt * APPLY_T + 16 * (warp & 3) + g; /* the lane's rows d, d + 8 */
+    const int v = vt * APPLY_T + 32 * (warp >> 2) + g; /* its B columns v + 8 nt */
+    const float *x0 = X + (int64_t)d * xw, *x8 = x0 + 8 * xw;
+    float acc[3][4][4]; /* [Ah Sh, Al Sh, Ah Sl][n8 tile][C fragment] */
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
-        const float4 x = *(const float4 *)&X[(int64_t)(d0 + 4 * tr + r) * xw + KC + v0 + 4 * tc];
-        acc[r][0] = x.x, acc[r][1] = x.y, acc[r][2] = x.z, acc[r][3] = x.w;
-    }
-    float4 pa = *(const float4 *)&X[(int64_t)(d0 + ad) * xw + ae];
-    float pb[4];
+    for (int pt = 0; pt < 3; pt++)
 #pragma unroll
-    for (int k = 0; k < 4; k++) pb[k] = se < K && v0 + sv + k < V ? Sh[(int64_t)se * V + v0 + sv + k] : 0.0f;
-    for (int e0 = 0; e0 < K; e0 += APPLY_E) {
-        __syncthreads(); /* the previous chunk's reads are done */
-        sA[ae][ad] = pa.x, sA[ae + 1][ad] = pa.y, sA[ae + 2][ad] = pa.z, sA[ae + 3][ad] = pa.w;
-        *(float4 *)&sB[se][sv] = make_float4(pb[0], pb[1], pb[2], pb[3]);
-        __syncthreads();
-        const int en = e0 + APPLY_E;
-        if (en < K) {
-            pa = *(const float4 *)&X[(int64_t)(d0 + ad) * xw + en + ae];
+        for (int nt = 0; nt < 4; nt++) acc[pt][nt][0] = acc[pt][nt][1] = acc[pt][nt][2] = acc[pt][nt][3] = 0.0f;
+    for (int e0 = 0; e0 < KC; e0 += 8 * APPLY_KS) {
+        float fa[APPLY_KS][4], fb[APPLY_KS][4][2];
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                pb[k] = en + se < K && v0 + sv + k < V ? Sh[(int64_t)(en + se) * V + v0 + sv + k] : 0.0f;
+        for (int ks = 0; ks < APPLY_KS; ks++) {
+            const int e = e0 + 8 * ks + t;
+            fa[ks][0] = x0[e], fa[ks][1] = x8[e], fa[ks][2] = x0[e + 4], fa[ks][3] = x8[e + 4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int c = v + 8 * nt;
+                fb[ks][nt][0] = e < K && c < V ? Sh[(int64_t)e * V + c] : 0.0f;
+                fb[ks][nt][1] = e + 4 < K && c < V ? Sh[(int64_t)(e + 4) * V + c] : 0.0f;
+            }
         }
 #pragma unroll
-        for (int e = 0; e < APPLY_E; e++) {
-            const float4 a = *(const float4 *)&sA[e][4 * tr], s = *(const float4 *)&sB[e][4 * tc];
-            const float av[4] = {a.x, a.y, a.z, a.w}, svv[4] = {s.x, s.y, s.z, s.w};
+        for (int ks = 0; ks < APPLY_KS; ks++) {
+            float ah[4], al[4];
 #pragma unroll
-            for (int r = 0; r < 4; r++)
+            for (int r = 0; r < 4; r++) split_tf32_rz(fa[ks][r], &ah[r], &al[r]);
 #pragma unroll
-                for (int c = 0; c < 4; c++) acc[r][c] = fmaf(av[r], svv[c], acc[r][c]);
+            for (int nt = 0; nt < 4; nt++) {
+                float bh0, bl0, bh1, bl1;
+                split_tf32_rz(fb[ks][nt][0], &bh0, &bl0);
+                split_tf32_rz(fb[ks][nt][1], &bh1, &bl1);
+                mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
+                mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+            }
         }
     }
     float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
+    const int c0 = vt * APPLY_T + 32 * (warp >> 2) + 2 * t; /* the C fragment's columns c0 + 8 nt, + 1 */
 #pragma unroll
-    for (int r = 0; r < 4; r++)
-        *(float4 *)&dst[(int64_t)(d0 + 4 * tr + r) * VC + v0 + 4 * tc] =
-            make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int row = d + 8 * hr, col = c0 + 8 * nt;
+            const float2 c = *(const float2 *)(X + (int64_t)row * xw + KC + col);
+            const float y0 = acc[0][nt][2 * hr] + (acc[1][nt][2 * hr] + acc[2][nt][2 * hr]);
+            const float y1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
+            *(float2 *)&dst[(int64_t)row * VC + col] = make_float2(y0 + c.x, y1 + c.y);
+        }
 }
 
 /* The primed summary from the last prefix map X = X_{np−1} ([hv][KC][KC + VC]): per head K rows of W = K + V,
