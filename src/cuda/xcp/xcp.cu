@@ -8,32 +8,31 @@
  * FOLD_COLS columns of S): the columns are independent, so they stay in shared memory across the chain (fp64); a
  * step is a K × K by K × FOLD_COLS product on CUDA cores, each output accumulated in fp64 from C over l = 0 .. K − 1
  * in order, a thread 4 columns of a row (one load of A and two of S per 4 products). A's columns come in blocks of
- * fold_lb(K) through shared memory by coalesced loads, the next block held in registers while the current one is
- * used, so a step waits on global memory once a block, not once a term.
+ * FOLD_LB through shared memory by coalesced loads, the next block held in registers while the current one is
+ * used, so a step waits on global memory once a block, not once a term; S's rows past K are zero, so a block's
+ * columns past K add zero terms (acc + 0 · 0 = acc) and the loop over a block has a fixed length.
  */
 #include "common.cuh"
 
 #define FOLD_COLS 8
 #define FOLD_THREADS 256
 #define FOLD_UNITS 2 /* (row, 4 columns) units a thread: K · FOLD_COLS / 4 / FOLD_THREADS, at most 2 (K ≤ 256) */
-#define FOLD_PF 16 /* A's elements a thread loads for a block: K · fold_lb(K) ≤ FOLD_PF · FOLD_THREADS */
+#define FOLD_LB 16   /* A's columns a block */
+#define FOLD_LP 20   /* floats a row of the block in shared memory: 16-byte rows, a quarter warp's 4 rows apart */
+#define FOLD_PF 16   /* A's elements a thread loads for a block: K · FOLD_LB / FOLD_THREADS, at most 16 */
 
-/* A's columns per block: FOLD_PF · FOLD_THREADS / K of them (every column where that covers K) */
-static __host__ __device__ inline int fold_lb(int K) {
-    const int lb = FOLD_PF * FOLD_THREADS / K;
-    return lb < K ? lb : K;
-}
-/* shared memory: S (K × FOLD_COLS fp64), then a block of A (K rows of fold_lb(K) + 1 fp32) */
+/* shared memory: S (K rows rounded up to FOLD_LB, of FOLD_COLS fp64; the rows past K zero), then a block of A */
+static __host__ __device__ inline int fold_rows(int K) { return (K + FOLD_LB - 1) / FOLD_LB * FOLD_LB; }
 static __host__ __device__ inline int fold_smem_bytes(int K) {
-    return K * FOLD_COLS * (int)sizeof(double) + K * (fold_lb(K) + 1) * (int)sizeof(float);
+    return fold_rows(K) * FOLD_COLS * (int)sizeof(double) + K * FOLD_LP * (int)sizeof(float);
 }
 
-/* A's block b (columns b·lb .., rows 0 .. K − 1) into the thread's registers: element f = tid + FOLD_THREADS u is
-   (i, l) = (f / lb, f % lb), zero past K */
-DEV void fold_load(float pf[FOLD_PF], const float *X, int64_t W, int K, int lb, int b, int tid) {
+/* A's block b (columns FOLD_LB·b .., rows 0 .. K − 1) into the thread's registers: element f = tid + FOLD_THREADS u
+   is (i, l) = (f / FOLD_LB, f % FOLD_LB), zero past K */
+DEV void fold_load(float pf[FOLD_PF], const float *X, int64_t W, int K, int b, int tid) {
 #pragma unroll
     for (int u = 0; u < FOLD_PF; u++) {
-        const int f = tid + FOLD_THREADS * u, i = f / lb, l = b * lb + f % lb;
+        const int f = tid + FOLD_THREADS * u, i = f / FOLD_LB, l = b * FOLD_LB + f % FOLD_LB;
         pf[u] = i < K && l < K ? X[i * W + l] : 0.0f;
     }
 }
@@ -44,11 +43,12 @@ __global__ void __launch_bounds__(FOLD_THREADS)
     const int tiles = (V + FOLD_COLS - 1) / FOLD_COLS;
     const int h = (int)(blockIdx.x / tiles), c0 = (int)(blockIdx.x % tiles) * FOLD_COLS;
     const int64_t W = (int64_t)K + V;
-    const int LB = fold_lb(K), LP = LB + 1, nb = (K + LB - 1) / LB, tid = threadIdx.x;
+    const int KP = fold_rows(K), nb = KP / FOLD_LB, tid = threadIdx.x;
     double *S = fold_smem;
-    float *sA = (float *)(fold_smem + K * FOLD_COLS); /* [i][l], rows of LP */
+    float *sA = (float *)(fold_smem + KP * FOLD_COLS); /* [i][l], rows of FOLD_LP */
+    for (int e = K * FOLD_COLS + tid; e < KP * FOLD_COLS; e += FOLD_THREADS) S[e] = 0.0; /* its terms add zero */
     float pf[FOLD_PF]; /* the next block of A (fold_load) */
-    if (count > 1) fold_load(pf, sums + ((first + (int64_t)step) * hv + h) * (int64_t)K * W, W, K, LB, 0, tid);
+    if (count > 1) fold_load(pf, sums + ((first + (int64_t)step) * hv + h) * (int64_t)K * W, W, K, 0, tid);
     for (int m = 0; m < count; m++) {
         const float *X = sums + ((first + (int64_t)m * step) * hv + h) * (int64_t)K * W;
         double acc[FOLD_UNITS][4]; /* unit u = tid + FOLD_THREADS r: row u / 2, columns c0 + 4 (u % 2) .. + 3 */
@@ -62,24 +62,28 @@ __global__ void __launch_bounds__(FOLD_THREADS)
 #pragma unroll
             for (int u = 0; u < FOLD_PF; u++) {
                 const int f = tid + FOLD_THREADS * u;
-                if (f < K * LB) sA[(f / LB) * LP + f % LB] = pf[u];
+                if (f < K * FOLD_LB) sA[(f / FOLD_LB) * FOLD_LP + f % FOLD_LB] = pf[u];
             }
             __syncthreads(); /* the block is in shared memory (and S, written before, too) */
-            if (b + 1 < nb) fold_load(pf, X, W, K, LB, b + 1, tid);
-            else if (m + 1 < count) fold_load(pf, X + (int64_t)step * hv * K * W, W, K, LB, 0, tid);
-            const int l0 = b * LB, ln = K - l0 < LB ? K - l0 : LB;
+            if (b + 1 < nb) fold_load(pf, X, W, K, b + 1, tid);
+            else if (m + 1 < count) fold_load(pf, X + (int64_t)step * hv * K * W, W, K, 0, tid);
 #pragma unroll
             for (int r = 0; r < FOLD_UNITS; r++) {
                 const int u = tid + FOLD_THREADS * r, i = u >> 1;
                 if (i >= K) continue;
-                const float *ar = sA + i * LP;
-                const double *sr = S + l0 * FOLD_COLS + 4 * (u & 1);
-#pragma unroll 4
-                for (int l = 0; l < ln; l++) {
-                    const double x = (double)ar[l];
-                    const double2 s01 = *(const double2 *)(sr + l * FOLD_COLS),
-                                  s23 = *(const double2 *)(sr + l * FOLD_COLS + 2);
-                    acc[r][0] += x * s01.x, acc[r][1] += x * s01.y, acc[r][2] += x * s23.x, acc[r][3] += x * s23.y;
+                const float *ar = sA + i * FOLD_LP;
+                const double *sr = S + b * FOLD_LB * FOLD_COLS + 4 * (u & 1);
+#pragma unroll
+                for (int l4 = 0; l4 < FOLD_LB; l4 += 4) {
+                    const float4 a4 = *(const float4 *)(ar + l4);
+                    const float av[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        const double x = (double)av[q];
+                        const double2 s01 = *(const double2 *)(sr + (l4 + q) * FOLD_COLS),
+                                      s23 = *(const double2 *)(sr + (l4 + q) * FOLD_COLS + 2);
+                        acc[r][0] += x * s01.x, acc[r][1] += x * s01.y, acc[r][2] += x * s23.x, acc[r][3] += x * s23.y;
+                    }
                 }
             }
             __syncthreads(); /* every thread's reads of the block and of S are done */
@@ -162,14 +166,19 @@ extern "C" int kda_xcp_launch_place(float *dst, int64_t W, int col0, const float
  * fp32, read as zero past K and V), into slot j's incoming-state tile (KC × VC, [d][v]). A CTA makes a 64 × 64 tile
  * of one (piece, head) on the tensor cores, ~fp32 as the CP merge does it (3xTF32, split_tf32_rz: A S ≈ Ah Sh +
  * (Al Sh + Ah Sl), three accumulators): warp w the rows 16 (w mod 4) .., columns 32 (w / 4) .. of the tile, as
- * m16n8k8 products over e = 0 .. KC − 1, its fragments loaded straight from global memory (A's rows are read by two
- * warps, S's columns by four: L1 serves the repeats), APPLY_KS of the k-steps' loads issued before their products.
- * A's columns past K are zero in the prefix (M's padding), so only S's rows need a bound; the rows and columns past
- * K and V come out zero, as the slots' padding must. */
+ * m16n8k8 products over e = 0 .. KC − 1. The operands come in chunks of APPLY_E values of e through shared memory
+ * by coalesced loads (A's rows as float4: they are KC wide and 16-byte aligned), the next chunk held in registers
+ * while the current one is used; the rows' pads (APPLY_LA, APPLY_LB) put a fragment's 32 loads in 32 banks. A's
+ * columns past K are zero in the prefix (M's padding), so only S's rows need a bound; the rows and columns past K
+ * and V come out zero, as the slots' padding must. */
 #define APPLY_T 64
-#define APPLY_KS 4 /* k-steps (8 e each) whose fragments are loaded together */
+#define APPLY_E 32
+#define APPLY_LA 36 /* floats a row of A's chunk: [d][e] */
+#define APPLY_LB 72 /* floats a row of S's chunk: [e][v] */
 __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv,
                                                             int K, int V, int KC, int VC, int64_t slot_floats) {
+    __shared__ __align__(16) float sA[APPLY_T * APPLY_LA];
+    __shared__ __align__(16) float sB[APPLY_E * APPLY_LB];
     const int dts = KC / APPLY_T, vts = VC / APPLY_T;
     const int64_t b = blockIdx.x;
     const int vt = (int)(b % vts), dt = (int)(b / vts % dts), h = (int)(b / vts / dts % hv);
@@ -177,51 +186,71 @@ __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix,
     const int64_t xw = (int64_t)KC + VC;
     const float *X = prefix + ((j - 1) * hv + h) * (int64_t)KC * xw;
     const float *Sh = S + (int64_t)h * K * V;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int d = dt * APPLY_T + 16 * (warp & 3) + g; /* the lane's rows d, d + 8 */
-    const int v = vt * APPLY_T + 32 * (warp >> 2) + g; /* its B columns v + 8 nt */
-    const float *x0 = X + (int64_t)d * xw, *x8 = x0 + 8 * xw;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int d0 = dt * APPLY_T, v0 = vt * APPLY_T;
+    const int wr = 16 * (warp & 3), wc = 32 * (warp >> 2); /* the warp's rows and columns in the tile */
+    /* the thread's loads of a chunk: A's float4s q = tid + 256 u (row q / 8, e 4 (q % 8) ..), S's elements
+       f = tid + 256 u (e f / 64, v f % 64) */
+    float4 pa[2];
+    float pb[8];
+#define APPLY_LOAD(e0_)                                                                                                \
+    do {                                                                                                               \
+        for (int u_ = 0; u_ < 2; u_++) {                                                                               \
+            const int q_ = tid + 256 * u_;                                                                             \
+            pa[u_] = *(const float4 *)&X[(int64_t)(d0 + q_ / 8) * xw + (e0_) + 4 * (q_ % 8)];                          \
+        }                                                                                                              \
+        for (int u_ = 0; u_ < 8; u_++) {                                                                               \
+            const int f_ = tid + 256 * u_, e_ = (e0_) + f_ / 64, v_ = v0 + f_ % 64;                                    \
+            pb[u_] = e_ < K && v_ < V ? Sh[(int64_t)e_ * V + v_] : 0.0f;                                               \
+        }                                                                                                              \
+    } while (0)
     float acc[3][4][4]; /* [Ah Sh, Al Sh, Ah Sl][n8 tile][C fragment] */
 #pragma unroll
     for (int pt = 0; pt < 3; pt++)
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) acc[pt][nt][0] = acc[pt][nt][1] = acc[pt][nt][2] = acc[pt][nt][3] = 0.0f;
-    for (int e0 = 0; e0 < KC; e0 += 8 * APPLY_KS) {
-        float fa[APPLY_KS][4], fb[APPLY_KS][4][2];
+    APPLY_LOAD(0);
+    for (int e0 = 0; e0 < KC; e0 += APPLY_E) {
+        __syncthreads(); /* the previous chunk's reads are done */
 #pragma unroll
-        for (int ks = 0; ks < APPLY_KS; ks++) {
-            const int e = e0 + 8 * ks + t;
-            fa[ks][0] = x0[e], fa[ks][1] = x8[e], fa[ks][2] = x0[e + 4], fa[ks][3] = x8[e + 4];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int c = v + 8 * nt;
-                fb[ks][nt][0] = e < K && c < V ? Sh[(int64_t)e * V + c] : 0.0f;
-                fb[ks][nt][1] = e + 4 < K && c < V ? Sh[(int64_t)(e + 4) * V + c] : 0.0f;
-            }
+        for (int u = 0; u < 2; u++) {
+            const int q = tid + 256 * u;
+            *(float4 *)&sA[(q / 8) * APPLY_LA + 4 * (q % 8)] = pa[u];
         }
 #pragma unroll
-        for (int ks = 0; ks < APPLY_KS; ks++) {
-            float ah[4], al[4];
+        for (int u = 0; u < 8; u++) {
+            const int f = tid + 256 * u;
+            sB[(f / 64) * APPLY_LB + f % 64] = pb[u];
+        }
+        __syncthreads();
+        if (e0 + APPLY_E < KC) APPLY_LOAD(e0 + APPLY_E);
 #pragma unroll
-            for (int r = 0; r < 4; r++) split_tf32_rz(fa[ks][r], &ah[r], &al[r]);
+        for (int ks = 0; ks < APPLY_E / 8; ks++) {
+            const float *a0 = sA + (wr + g) * APPLY_LA + 8 * ks + t, *a8 = a0 + 8 * APPLY_LA;
+            float ah[4], al[4];
+            split_tf32_rz(a0[0], &ah[0], &al[0]);
+            split_tf32_rz(a8[0], &ah[1], &al[1]);
+            split_tf32_rz(a0[4], &ah[2], &al[2]);
+            split_tf32_rz(a8[4], &ah[3], &al[3]);
+            const float *b0 = sB + (8 * ks + t) * APPLY_LB + wc + g;
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 float bh0, bl0, bh1, bl1;
-                split_tf32_rz(fb[ks][nt][0], &bh0, &bl0);
-                split_tf32_rz(fb[ks][nt][1], &bh1, &bl1);
+                split_tf32_rz(b0[8 * nt], &bh0, &bl0);
+                split_tf32_rz(b0[4 * APPLY_LB + 8 * nt], &bh1, &bl1);
                 mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
                 mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
                 mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
             }
         }
     }
+#undef APPLY_LOAD
     float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
-    const int c0 = vt * APPLY_T + 32 * (warp >> 2) + 2 * t; /* the C fragment's columns c0 + 8 nt, + 1 */
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
-            const int row = d + 8 * hr, col = c0 + 8 * nt;
+            const int row = d0 + wr + g + 8 * hr, col = v0 + wc + 8 * nt + 2 * t; /* the C fragment's elements */
             const float2 c = *(const float2 *)(X + (int64_t)row * xw + KC + col);
             const float y0 = acc[0][nt][2 * hr] + (acc[1][nt][2 * hr] + acc[2][nt][2 * hr]);
             const float y1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
