@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(FOLD_THREADS)
     const int KP = fold_rows(K), nb = KP / FOLD_LB, tid = threadIdx.x;
     double *S = fold_smem;
     float *sA = (float *)(fold_smem + KP * FOLD_COLS); /* [i][l], rows of FOLD_LP */
-    for (int e = K * FOLD_COLS + tid; e < KP * FOLD_COLS; e += FOLD_THREADS) S[e] = 0.0; /* its terms add zero */
+    /* S's rows past K: zero, so that their terms add zero */
+    for (int e = K * FOLD_COLS + tid; e < KP * FOLD_COLS; e += FOLD_THREADS) S[e] = 0.0;
     float pf[FOLD_PF]; /* the next block of A (fold_load) */
     if (count > 1) fold_load(pf, sums + ((first + (int64_t)step) * hv + h) * (int64_t)K * W, W, K, 0, tid);
     for (int m = 0; m < count; m++) {
