@@ -1,10 +1,21 @@
 /* The m16n8k8 tf32 product of a warp (mma.sync) under the host emulators (dev/bwd_emu, dev/cp_merge_emu,
- * dev/prep_emu): each lane posts its fragments, then sums its four outputs over k = 0 .. 7 in order, each product
- * and sum rounded to fp32 (the emulators compile without FMA contraction). a0..a3 = A(g, t), A(g + 8, t),
- * A(g, t + 4), A(g + 8, t + 4); b0, b1 = B(t, g), B(t + 4, g) (lane = 4g + t). The includer has threadIdx and
- * emu_warp_bar (a barrier of 32 per warp slot) and defines EMU_TF32_SLOTS and EMU_TF32_SLOT(w), the slot of warp w
- * of the thread's CTA; one of its translation units defines emu_tf32. */
+ * dev/prep_emu, dev/xcp_emu), and the tf32 parts by masks that operands are split into. The product: each lane
+ * posts its fragments, then sums its four outputs over k = 0 .. 7 in order, each product and sum rounded to fp32
+ * (the emulators compile without FMA contraction). a0..a3 = A(g, t), A(g + 8, t), A(g, t + 4), A(g + 8, t + 4);
+ * b0, b1 = B(t, g), B(t + 4, g) (lane = 4g + t). The includer has DEV, memcpy, threadIdx and emu_warp_bar (a
+ * barrier of 32 per warp slot) and defines EMU_TF32_SLOTS and EMU_TF32_SLOT(w), the slot of warp w of the
+ * thread's CTA; one of its translation units defines emu_tf32. */
 #pragma once
+/* tf32 parts by masks (src/cuda/common/common.cuh's split_tf32_rz): 13 low mantissa bits cleared, x = hi + lo + ε */
+DEV float tf32_rz(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffffe000u;
+    float y;
+    memcpy(&y, &u, 4);
+    return y;
+}
+DEV void split_tf32_rz(float x, float *hi, float *lo) { *hi = tf32_rz(x); *lo = tf32_rz(x - *hi); }
 typedef struct { float a[4], b[2]; } emu_tf32_frag;
 extern emu_tf32_frag emu_tf32[EMU_TF32_SLOTS][32];
 DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, float b1) {

@@ -56,16 +56,6 @@ DEV float to_tf32(float x) {
     return y;
 }
 DEV void split_tf32(float x, float *hi, float *lo) { *hi = to_tf32(x); *lo = to_tf32(x - *hi); }
-/* the parts by masks (src/cuda/common/common.cuh's split_tf32_rz): 13 low mantissa bits cleared */
-DEV float tf32_rz(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u &= 0xffffe000u;
-    float y;
-    memcpy(&y, &u, 4);
-    return y;
-}
-DEV void split_tf32_rz(float x, float *hi, float *lo) { *hi = tf32_rz(x); *lo = tf32_rz(x - *hi); }
 #define EMU_TF32_SLOTS EMU_MAX_WARPS
 #define EMU_TF32_SLOT(w) (w)
 #include "mma_tf32.cuh" /* dev/bwd_emu's, copied beside this file by run.sh */

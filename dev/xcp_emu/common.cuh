@@ -31,16 +31,6 @@ extern pthread_barrier_t emu_block_bar;
 static inline void __syncthreads(void) { pthread_barrier_wait(&emu_block_bar); }
 #define EMU_MAX_WARPS 8
 extern pthread_barrier_t emu_warp_bar[EMU_MAX_WARPS];
-/* the tf32 parts by masks (src/cuda/common/common.cuh's split_tf32_rz): 13 low mantissa bits cleared */
-DEV float tf32_rz(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    u &= 0xffffe000u;
-    float y;
-    memcpy(&y, &u, 4);
-    return y;
-}
-DEV void split_tf32_rz(float x, float *hi, float *lo) { *hi = tf32_rz(x); *lo = tf32_rz(x - *hi); }
 #define EMU_TF32_SLOTS EMU_MAX_WARPS
 #define EMU_TF32_SLOT(w) (w)
 #include "mma_tf32.cuh" /* dev/bwd_emu's, copied beside this file by run.sh */
