@@ -153,9 +153,10 @@ static kda_status_t cuda_workspace(const kda_context_t *ctx, const kda_problem_t
     return KDA_STATUS_SUCCESS;
 }
 /* The forward's chunked path: the workspace regions of this call, then its launches (fwd/launch.c); primed: cross-rank
- * CP's primed path (xcp.h), 1 the summary's part into `summary`, 2 the forward's */
+ * CP's primed path (xcp.h), 1 the summary's part into `summary`, 2 the forward's, over np pieces
+ * (kda_cuda_xcp_primed_pieces) */
 static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *ws, void *stream, const char *fn,
-                             int primed, void *summary) {
+                             int primed, int64_t np, void *summary) {
     const cuda_impl_t *impl = (const cuda_impl_t *)ctx->impl;
     kda_fwd_launch_t l;
     memset(&l, 0, sizeof l);
@@ -173,18 +174,19 @@ static kda_status_t cuda_run(kda_context_t *ctx, const kda_problem_t *p, void *w
     kda_cuda_problem_fill(&l.pb, p, (int32_t *)base);
     l.cfg = kda_cuda_find_config(l.pb.kc, l.pb.vc); /* non-NULL: cuda_supports checked it */
     l.blocks = call_blocks(impl, p, base);
-    /* the CP region after the blocks, slot ownership (slots.cu) at the workspace's end */
+    /* after the blocks: the CP region, slot ownership (slots.cu), the cross-rank fold, the primed prefix maps
+       (cuda_workspace's order) */
     l.cap = cp_capacity(ctx, p);
     l.cp_base = base + meta_bytes(p) + ws_blocks_bytes(impl, p);
-    l.claim = kda_cuda_claim_bytes(p) > 0 ? (int32_t *)(l.cp_base + cp_bytes(p, l.cap)) : NULL;
-    /* the cross-rank fold at the very end */
-    kda_cuda_xcp_fold_places(p, l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p), &l.fold, NULL);
+    unsigned char *claim = l.cp_base + cp_bytes(p, l.cap), *fold = claim + kda_cuda_claim_bytes(p);
+    l.claim = fold > claim ? (int32_t *)claim : NULL;
+    kda_cuda_xcp_fold_places(p, fold, &l.fold, NULL);
     l.pb.h0_first = l.fold;
-    if (primed) { /* the prefix maps after the fold */
-        unsigned char *pre = l.cp_base + cp_bytes(p, l.cap) + kda_cuda_claim_bytes(p) + kda_cuda_xcp_fold_bytes(p, 0);
+    if (primed) {
+        unsigned char *pre = fold + kda_cuda_xcp_fold_bytes(p, 0);
         l.prefix = (float *)(((uintptr_t)pre + 255) & ~(uintptr_t)255);
         l.primed = primed;
-        l.primed_np = kda_cuda_xcp_primed_pieces(impl, p);
+        l.primed_np = np;
         l.summary = (float *)summary;
     }
     l.states_bf16 = saved_states(impl, p);
@@ -211,30 +213,39 @@ static kda_status_t cuda_forward(kda_context_t *ctx, const kda_problem_t *p, voi
         return kda_cuda_decode_run(p, ctx->device, impl->sm_count, &ctx->tuning, decode_claim(p, ws), stream,
                                    "kda_forward");
     }
-    if (kda_cuda_xcp_primed_pieces(impl, p)) { /* the summary's work must be in this workspace, for these arguments */
+    const int64_t np = kda_cuda_xcp_primed_pieces(impl, p);
+    if (np) { /* the summary's work must be in this workspace, for these arguments */
         if (!kda_cuda_primed_take(impl, ws, kda_cuda_xcp_primed_key(p, ws)))
             return kda_error(KDA_STATUS_INVALID_VALUE,
                              "kda_forward: argument 'cp_primed': 1, but no kda_cp_forward_summary with cp_primed on "
                              "these arguments and this workspace came before it on this context");
-        return cuda_run(ctx, p, ws, stream, "kda_forward", 2, NULL);
+        return cuda_run(ctx, p, ws, stream, "kda_forward", 2, np, NULL);
     }
     kda_cuda_primed_forget(impl, ws);
-    return cuda_run(ctx, p, ws, stream, "kda_forward", 0, NULL);
+    return cuda_run(ctx, p, ws, stream, "kda_forward", 0, 0, NULL);
+}
+
+/* (under the lock) the key in place i freed */
+static void primed_free(cuda_impl_t *impl, int i) {
+    impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL;
+    __atomic_store_n(&impl->primed_held, impl->primed_held - 1, __ATOMIC_RELEASE);
 }
 
 void kda_cuda_primed_forget(cuda_impl_t *impl, const void *ws) {
-    if (!ws) return;
+    if (!ws || __atomic_load_n(&impl->primed_held, __ATOMIC_ACQUIRE) == 0) return; /* no pair anywhere */
     pthread_mutex_lock(&impl->lock);
     for (int i = 0; i < KDA_CUDA_PRIMED_KEYS; i++)
-        if (impl->primed_ws[i] == ws) impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL;
+        if (impl->primed_ws[i] == ws) primed_free(impl, i);
     pthread_mutex_unlock(&impl->lock);
 }
 
 void kda_cuda_primed_remember(cuda_impl_t *impl, const void *ws, uint64_t key) {
     kda_cuda_primed_forget(impl, ws);
     pthread_mutex_lock(&impl->lock);
-    impl->primed_keys[impl->primed_next] = key; /* the oldest place */
+    if (impl->primed_ws[impl->primed_next]) primed_free(impl, impl->primed_next); /* the oldest place */
+    impl->primed_keys[impl->primed_next] = key;
     impl->primed_ws[impl->primed_next] = ws;
+    __atomic_store_n(&impl->primed_held, impl->primed_held + 1, __ATOMIC_RELEASE);
     impl->primed_next = (impl->primed_next + 1) % KDA_CUDA_PRIMED_KEYS;
     pthread_mutex_unlock(&impl->lock);
 }
@@ -244,7 +255,7 @@ int kda_cuda_primed_take(cuda_impl_t *impl, const void *ws, uint64_t key) {
     pthread_mutex_lock(&impl->lock);
     for (int i = 0; i < KDA_CUDA_PRIMED_KEYS && !match; i++)
         if (impl->primed_ws[i] == ws && impl->primed_keys[i] == key) {
-            impl->primed_keys[i] = 0, impl->primed_ws[i] = NULL; /* one summary primes one forward */
+            primed_free(impl, i); /* one summary primes one forward */
             match = 1;
         }
     pthread_mutex_unlock(&impl->lock);
@@ -262,9 +273,9 @@ static kda_status_t cuda_summary(kda_context_t *ctx, const kda_problem_t *p, con
                                  void *ws, size_t ws_bytes, void *stream) {
     cuda_impl_t *impl = (cuda_impl_t *)ctx->impl;
     kda_cuda_primed_forget(impl, ws);
-    if (bp || !kda_cuda_xcp_primed_pieces(impl, p))
-        return kda_cuda_xcp_summary(ctx, p, bp, summary, ws, ws_bytes, stream);
-    const kda_status_t st = cuda_run(ctx, p, ws, stream, "kda_cp_forward_summary", 1, summary);
+    const int64_t np = bp ? 0 : kda_cuda_xcp_primed_pieces(impl, p);
+    if (!np) return kda_cuda_xcp_summary(ctx, p, bp, summary, ws, ws_bytes, stream);
+    const kda_status_t st = cuda_run(ctx, p, ws, stream, "kda_cp_forward_summary", 1, np, summary);
     if (st == KDA_STATUS_SUCCESS) kda_cuda_primed_remember(impl, ws, kda_cuda_xcp_primed_key(p, ws));
     return st;
 }
@@ -276,7 +287,7 @@ static kda_status_t cuda_decode(kda_context_t *ctx, const kda_problem_t *p, void
     if (kda_cuda_decode_fits(p, 1))
         return kda_cuda_decode_run(p, ctx->device, ((const cuda_impl_t *)ctx->impl)->sm_count, &ctx->tuning,
                                    decode_claim(p, ws), stream, "kda_decode");
-    return cuda_run(ctx, p, ws, stream, "kda_decode", 0, NULL);
+    return cuda_run(ctx, p, ws, stream, "kda_decode", 0, 0, NULL);
 }
 
 static kda_status_t cuda_forward_workspace(const kda_context_t *ctx, const kda_problem_t *p, size_t *bytes) {

@@ -36,6 +36,7 @@ typedef struct {
     uint64_t primed_keys[KDA_CUDA_PRIMED_KEYS];
     const void *primed_ws[KDA_CUDA_PRIMED_KEYS];
     int primed_next;
+    int primed_held; /* keys held (written under the lock, read atomically): forget skips the lock at 0 */
 } cuda_impl_t;
 
 /* Cross-rank CP's primed pairs (backend.c): every call given a workspace forgets the pair left in it, except the
