@@ -49,8 +49,9 @@
 /* shared memory: the ring of Mᵀ blocks, S_in(j) twice (KC rows of MERGE_SST), the ring's barriers */
 static int merge_smem(int kc) { return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST * 4 + 8 * MERGE_NST(kc); }
 
-/* KC: the K class (a compile-time size: the warps, the ring) */
-template <int KC>
+/* KC: the K class (a compile-time size: the warps, the ring); COMPOSE: p.compose, fixed per instance so that the
+   plain merge carries none of the compose's indexing */
+template <int KC, int COMPOSE>
 __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_params_t p) {
     constexpr int NB = MERGE_NB(KC), NST = MERGE_NST(KC), NTH = 2 * KC;
     constexpr int NBR = NB < NST ? NB : NST, ROUNDS = NB / NBR; /* blocks of a round: the ring holds a round */
@@ -64,8 +65,8 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     if (p.header[1] == 0) return; /* the plan split nothing */
     /* compose: M's columns only where the sequence continues from an earlier rank (first_map); without them the
        prefix's E columns are S_in(j + 1) themselves, also stored into the slots as the plain merge does */
-    const int VC = p.pb.vc, nmt = p.compose && p.first_map ? KC / MERGE_COLS : 0, nct = nmt + VC / MERGE_COLS;
-    const int to_slots = !p.compose || !p.first_map;
+    const int VC = p.pb.vc, nmt = COMPOSE && p.first_map ? KC / MERGE_COLS : 0, nct = nmt + VC / MERGE_COLS;
+    const int to_slots = !COMPOSE || !p.first_map;
     const int64_t xw = KC + VC; /* a prefix map's row (compose) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ne = p.header[2], per_seq = (int64_t)p.pb.hv * nct; /* the split pieces: entries 0 .. slots − 1 */
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         const int64_t np = e->seq_pieces, s0 = e->slot;
         /* the tile's columns: of E (and S_in), or compose's M columns (mcol) */
         const int mcol = tile < nmt, c4 = (mcol ? tile : tile - nmt) * MERGE_COLS, xc = mcol ? c4 : KC + c4;
-        const int64_t last = p.compose ? np - 1 : np - 2; /* the chain's last step */
+        const int64_t last = COMPOSE ? np - 1 : np - 2; /* the chain's last step */
 #define SLOT(j) (p.slots + ((s0 + (j)) * p.pb.hv + h) * sz)
 #define MT(j) (mts + ((s0 + (j)) * p.pb.hv + h) * msz)
 #define PREFIX(j) (p.prefix + ((s0 + (j)) * p.pb.hv + h) * (int64_t)KC * xw)
@@ -138,7 +139,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         if (tid == 0)
             for (int64_t q = 0; q < NST && q < Q; q++) ISSUE(q);
 
-        if (!p.compose) {
+        if (!COMPOSE) {
 #pragma unroll
             for (int u = 0; u < NF; u++) { /* S_in(1) = E_0, into its slot and buffer 1 */
                 const int f = tid + NTH * u, row = f >> 2, col = 4 * (f & 3);
@@ -223,7 +224,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                     const float x0 = acc[0][nt][2 * hr] + (acc[1][nt][2 * hr] + acc[2][nt][2 * hr]);
                     const float x1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
                     const float2 x = make_float2(x0 + ej[nt][hr].x, x1 + ej[nt][hr].y);
-                    if (p.compose) *(float2 *)(PREFIX(j) + (int64_t)row * xw + xc + col) = x;
+                    if (COMPOSE) *(float2 *)(PREFIX(j) + (int64_t)row * xw + xc + col) = x;
                     if (to_slots && j + 1 < np)
                         *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
                     *(float2 *)&sN[row * MERGE_SST + col] = x;
@@ -257,8 +258,11 @@ extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, vo
     const int64_t resident = (int64_t)(p->sm_count > 0 ? p->sm_count : 1) *
                              (by_smem < by_threads ? (by_smem > 0 ? by_smem : 1) : by_threads);
     const int64_t ctas = items < resident ? items : resident;
-    const void *kernels[3] = {(const void *)kda_cp_merge_kernel<64>, (const void *)kda_cp_merge_kernel<128>,
-                              (const void *)kda_cp_merge_kernel<256>};
-    static int done[3][KDA_MAX_DEVICES];
-    return kda_launch_ex(kernels[which], ctas, 1, threads, bytes, p, device, done[which], stream, 1);
+    const void *kernels[2][3] = {{(const void *)kda_cp_merge_kernel<64, 0>, (const void *)kda_cp_merge_kernel<128, 0>,
+                                  (const void *)kda_cp_merge_kernel<256, 0>},
+                                 {(const void *)kda_cp_merge_kernel<64, 1>, (const void *)kda_cp_merge_kernel<128, 1>,
+                                  (const void *)kda_cp_merge_kernel<256, 1>}};
+    static int done[2][3][KDA_MAX_DEVICES];
+    const int mode = p->compose ? 1 : 0;
+    return kda_launch_ex(kernels[mode][which], ctas, 1, threads, bytes, p, device, done[mode][which], stream, 1);
 }
