@@ -10,6 +10,7 @@ python3 - "$W/src/cuda/xcp/xcp.cu" "$B/xcp.cu" <<'PY'
 import re, sys
 s = open(sys.argv[1]).read()
 s = s.replace("extern __shared__ double fold_smem[];", "double *fold_smem = (double *)emu_smem;")
+s = s.replace("extern __shared__ __align__(16) float apply_smem[];", "float *apply_smem = (float *)emu_smem;")
 out, i = [], 0
 for m in re.finditer(r'extern "C" int [^{]*\{', s):  # drop each launcher: its balanced braces
     if m.start() < i:

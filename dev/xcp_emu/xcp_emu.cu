@@ -8,7 +8,7 @@
 
 __thread emu_dim threadIdx;
 emu_dim blockIdx, gridDim, blockDim;
-unsigned char emu_smem[64 * 1024];
+unsigned char emu_smem[EMU_SMEM_BYTES];
 pthread_barrier_t emu_block_bar, emu_warp_bar[EMU_MAX_WARPS];
 emu_tf32_frag emu_tf32[EMU_MAX_WARPS][32];
 

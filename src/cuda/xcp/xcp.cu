@@ -8,10 +8,10 @@
  * FOLD_COLS columns of S): the columns are independent, so they stay in shared memory across the chain (fp64); a
  * step is a K × K by K × FOLD_COLS product on CUDA cores, each output accumulated in fp64 from C over l = 0 .. K − 1
  * in order, a thread 4 columns of a row (one load of A and two of S per 4 products). A's columns come in blocks of
- * FOLD_LB through shared memory by coalesced loads, the next block held in registers while the current one is
- * used, so a step waits on global memory once a block, not once a term; S's rows past K are zero, so a block's
- * columns past K add zero terms (acc + 0 · 0 = acc) and the loop over a block has a fixed length.
- */
+ * FOLD_LB through a ring of FOLD_NS shared-memory stages by asynchronous copies, FOLD_NS − 1 blocks ahead of the one
+ * used across the chain's maps, so that a fold waits on global memory about once, not once a block; S's rows past K
+ * are zero, so a block's columns past K add zero terms (acc + 0 · 0 = acc) and the loop over a block has a fixed
+ * length. */
 #include "common.cuh"
 
 #define FOLD_COLS 8
@@ -19,22 +19,31 @@
 #define FOLD_UNITS 2 /* (row, 4 columns) units a thread: K · FOLD_COLS / 4 / FOLD_THREADS, at most 2 (K ≤ 256) */
 #define FOLD_LB 16   /* A's columns a block */
 #define FOLD_LP 20   /* floats a row of the block in shared memory: 16-byte rows, a quarter warp's 4 rows apart */
-#define FOLD_PF 16   /* A's elements a thread loads for a block: K · FOLD_LB / FOLD_THREADS, at most 16 */
+#define FOLD_NS 8    /* stages of A's blocks in shared memory: the block used and FOLD_NS − 1 in flight */
 
-/* shared memory: S (K rows rounded up to FOLD_LB, of FOLD_COLS fp64; the rows past K zero), then a block of A */
+/* shared memory: S (K rows rounded up to FOLD_LB, of FOLD_COLS fp64; the rows past K zero), then the ring of A's
+   blocks (K rows of FOLD_LP floats a stage) */
 static __host__ __device__ inline int fold_rows(int K) { return (K + FOLD_LB - 1) / FOLD_LB * FOLD_LB; }
 static __host__ __device__ inline int fold_smem_bytes(int K) {
-    return fold_rows(K) * FOLD_COLS * (int)sizeof(double) + K * FOLD_LP * (int)sizeof(float);
+    return fold_rows(K) * FOLD_COLS * (int)sizeof(double) + FOLD_NS * K * FOLD_LP * (int)sizeof(float);
 }
 
-/* A's block b (columns FOLD_LB·b .., rows 0 .. K − 1) into the thread's registers: element f = tid + FOLD_THREADS u
-   is (i, l) = (f / FOLD_LB, f % FOLD_LB), zero past K */
-DEV void fold_load(float pf[FOLD_PF], const float *X, int64_t W, int K, int b, int tid) {
-#pragma unroll
-    for (int u = 0; u < FOLD_PF; u++) {
-        const int f = tid + FOLD_THREADS * u, i = f / FOLD_LB, l = b * FOLD_LB + f % FOLD_LB;
-        pf[u] = i < K && l < K ? X[i * W + l] : 0.0f;
+/* Block q of the chain's stream of A's blocks (map m = 1 + q / nb of the chain, columns FOLD_LB (q mod nb) ..,
+   rows 0 .. K − 1) into ring stage q mod FOLD_NS, by the thread's 4-byte copies (A's rows need not be 16-byte
+   aligned), zero past K; then a commit even past the stream's end (q ≥ Q), so that a thread's groups count blocks */
+DEV void fold_issue(float *ring, const float *sums, int64_t first, int step, int hv, int h, int64_t W, int K, int nb,
+                    int64_t q, int64_t Q, int tid) {
+    if (q < Q) {
+        const int64_t m = 1 + q / nb;
+        const int b = (int)(q % nb);
+        const float *X = sums + ((first + m * step) * hv + h) * (int64_t)K * W;
+        float *st = ring + (int)(q % FOLD_NS) * K * FOLD_LP;
+        for (int f = tid; f < K * FOLD_LB; f += FOLD_THREADS) {
+            const int i = f / FOLD_LB, l = b * FOLD_LB + f % FOLD_LB, in = l < K;
+            cp_async4_zfill(smem_u32(st + i * FOLD_LP + f % FOLD_LB), in ? X + i * W + l : X, in ? 4 : 0);
+        }
     }
+    cp_async_commit();
 }
 
 __global__ void __launch_bounds__(FOLD_THREADS)
@@ -45,11 +54,11 @@ __global__ void __launch_bounds__(FOLD_THREADS)
     const int64_t W = (int64_t)K + V;
     const int KP = fold_rows(K), nb = KP / FOLD_LB, tid = threadIdx.x;
     double *S = fold_smem;
-    float *sA = (float *)(fold_smem + KP * FOLD_COLS); /* [i][l], rows of FOLD_LP */
+    float *ring = (float *)(fold_smem + KP * FOLD_COLS); /* FOLD_NS stages of [i][l], rows of FOLD_LP */
     /* S's rows past K: zero, so that their terms add zero */
     for (int e = K * FOLD_COLS + tid; e < KP * FOLD_COLS; e += FOLD_THREADS) S[e] = 0.0;
-    float pf[FOLD_PF]; /* the next block of A (fold_load) */
-    if (count > 1) fold_load(pf, sums + ((first + (int64_t)step) * hv + h) * (int64_t)K * W, W, K, 0, tid);
+    const int64_t Q = (int64_t)(count - 1) * nb; /* the blocks of maps 1 .. count − 1 */
+    for (int64_t q = 0; q < FOLD_NS - 1; q++) fold_issue(ring, sums, first, step, hv, h, W, K, nb, q, Q, tid);
     for (int m = 0; m < count; m++) {
         const float *X = sums + ((first + (int64_t)m * step) * hv + h) * (int64_t)K * W;
         double acc[FOLD_UNITS][4]; /* unit u = tid + FOLD_THREADS r: row u / 2, columns c0 + 4 (u % 2) .. + 3 */
@@ -60,14 +69,13 @@ __global__ void __launch_bounds__(FOLD_THREADS)
             for (int k = 0; k < 4; k++) acc[r][k] = i < K && c + k < V ? (double)X[i * W + K + c + k] : 0.0;
         }
         for (int b = 0; m > 0 && b < nb; b++) {
-#pragma unroll
-            for (int u = 0; u < FOLD_PF; u++) {
-                const int f = tid + FOLD_THREADS * u;
-                if (f < K * FOLD_LB) sA[(f / FOLD_LB) * FOLD_LP + f % FOLD_LB] = pf[u];
-            }
-            __syncthreads(); /* the block is in shared memory (and S, written before, too) */
-            if (b + 1 < nb) fold_load(pf, X, W, K, b + 1, tid);
-            else if (m + 1 < count) fold_load(pf, X + (int64_t)step * hv * K * W, W, K, 0, tid);
+            const int64_t q = (int64_t)(m - 1) * nb + b; /* committed: blocks 0 .. q + FOLD_NS − 2 */
+            cp_async_wait_group<FOLD_NS - 2>();          /* the thread's copies of block q have landed */
+            /* every thread's copies of block q too, S of step m − 1, and every read of stage (q − 1) mod FOLD_NS
+               (block q − 1's) is done: block q + FOLD_NS − 1 may go there */
+            __syncthreads();
+            fold_issue(ring, sums, first, step, hv, h, W, K, nb, q + FOLD_NS - 1, Q, tid);
+            const float *sA = ring + (int)(q % FOLD_NS) * K * FOLD_LP;
 #pragma unroll
             for (int r = 0; r < FOLD_UNITS; r++) {
                 const int u = tid + FOLD_THREADS * r, i = u >> 1;
@@ -87,8 +95,8 @@ __global__ void __launch_bounds__(FOLD_THREADS)
                     }
                 }
             }
-            __syncthreads(); /* every thread's reads of the block and of S are done */
         }
+        __syncthreads(); /* every thread's reads of S are done */
 #pragma unroll
         for (int r = 0; r < FOLD_UNITS; r++) {
             const int u = tid + FOLD_THREADS * r, i = u >> 1;
@@ -136,6 +144,11 @@ extern "C" int kda_xcp_launch_fold(const float *sums, int64_t first, int count, 
                                    float *out, void *stream) {
     const int smem = fold_smem_bytes(K);
     const int64_t ctas = (int64_t)hv * ((V + FOLD_COLS - 1) / FOLD_COLS);
+    static int done[KDA_MAX_DEVICES];
+    int device = -1;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = kda_smem_limit((const void *)kda_xcp_fold_kernel, smem, device, done);
+    if (err != cudaSuccess) return (int)err;
     kda_xcp_fold_kernel<<<(unsigned)ctas, FOLD_THREADS, smem, (cudaStream_t)stream>>>(sums, first, count, step, hv, K,
                                                                                       V, out);
     return (int)cudaGetLastError();
@@ -167,19 +180,24 @@ extern "C" int kda_xcp_launch_place(float *dst, int64_t W, int col0, const float
  * fp32, read as zero past K and V), into slot j's incoming-state tile (KC × VC, [d][v]). A CTA makes a 64 × 64 tile
  * of one (piece, head) on the tensor cores, ~fp32 as the CP merge does it (3xTF32, split_tf32_rz: A S ≈ Ah Sh +
  * (Al Sh + Ah Sl), three accumulators): warp w the rows 16 (w mod 4) .., columns 32 (w / 4) .. of the tile, as
- * m16n8k8 products over e = 0 .. KC − 1. The operands come in chunks of APPLY_E values of e through shared memory
- * by coalesced loads (A's rows as float4: they are KC wide and 16-byte aligned), the next chunk held in registers
- * while the current one is used; the rows' pads (APPLY_LA, APPLY_LB) put a fragment's 32 loads in 32 banks. A's
- * columns past K are zero in the prefix (M's padding), so only S's rows need a bound; the rows and columns past K
- * and V come out zero, as the slots' padding must. */
+ * m16n8k8 products over e = 0 .. KC − 1 in order. The tile's operands, A's 64 rows and S's KC rows of 64 columns,
+ * come into shared memory by asynchronous copies issued at once, C's fragments into registers beside them, so that
+ * a CTA waits on memory once (A's rows as 16-byte copies: they are KC + VC wide and 16-byte aligned; S's elements
+ * one by one, as its rows need not be); the rows' pads (apply_la, APPLY_LB) put a fragment's 32 loads in 32 banks.
+ * A's columns past K are zero in the prefix (M's padding), so only S's rows need a bound; the rows and columns past
+ * K and V come out zero, as the slots' padding must. */
 #define APPLY_T 64
-#define APPLY_E 32
-#define APPLY_LA 36 /* floats a row of A's chunk: [d][e] */
-#define APPLY_LB 72 /* floats a row of S's chunk: [e][v] */
-__global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv,
-                                                            int K, int V, int KC, int VC, int64_t slot_floats) {
-    __shared__ __align__(16) float sA[APPLY_T * APPLY_LA];
-    __shared__ __align__(16) float sB[APPLY_E * APPLY_LB];
+#define APPLY_LB 72 /* floats a row of S in shared memory: [e][v] */
+static __host__ __device__ inline int apply_la(int KC) { return KC + 4; } /* floats a row of A: [d][e] */
+static __host__ __device__ inline int apply_smem_bytes(int KC) {
+    return (APPLY_T * apply_la(KC) + KC * APPLY_LB) * (int)sizeof(float);
+}
+__global__ void __launch_bounds__(256, 2)
+    kda_xcp_apply_kernel(const float *prefix, const float *S, float *slots, int hv, int K, int V, int KC, int VC,
+                         int64_t slot_floats) {
+    extern __shared__ __align__(16) float apply_smem[];
+    const int LA = apply_la(KC);
+    float *sA = apply_smem, *sB = apply_smem + APPLY_T * LA;
     const int dts = KC / APPLY_T, vts = VC / APPLY_T;
     const int64_t b = blockIdx.x;
     const int vt = (int)(b % vts), dt = (int)(b / vts % dts), h = (int)(b / vts / dts % hv);
@@ -190,72 +208,56 @@ __global__ void __launch_bounds__(256) kda_xcp_apply_kernel(const float *prefix,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int d0 = dt * APPLY_T, v0 = vt * APPLY_T;
     const int wr = 16 * (warp & 3), wc = 32 * (warp >> 2); /* the warp's rows and columns in the tile */
-    /* the thread's loads of a chunk: A's float4s q = tid + 256 u (row q / 8, e 4 (q % 8) ..), S's elements
-       f = tid + 256 u (e f / 64, v f % 64) */
-    float4 pa[2];
-    float pb[8];
-#define APPLY_LOAD(e0_)                                                                                                \
-    do {                                                                                                               \
-        for (int u_ = 0; u_ < 2; u_++) {                                                                               \
-            const int q_ = tid + 256 * u_;                                                                             \
-            pa[u_] = *(const float4 *)&X[(int64_t)(d0 + q_ / 8) * xw + (e0_) + 4 * (q_ % 8)];                          \
-        }                                                                                                              \
-        for (int u_ = 0; u_ < 8; u_++) {                                                                               \
-            const int f_ = tid + 256 * u_, e_ = (e0_) + f_ / 64, v_ = v0 + f_ % 64;                                    \
-            pb[u_] = e_ < K && v_ < V ? Sh[(int64_t)e_ * V + v_] : 0.0f;                                               \
-        }                                                                                                              \
-    } while (0)
+    for (int q = tid; q < APPLY_T * KC / 4; q += 256) {    /* A: row q / (KC / 4), columns 4 (q mod KC / 4) .. */
+        const int r = q / (KC / 4), c = 4 * (q % (KC / 4));
+        cp_async16_zfill(smem_u32(sA + r * LA + c), X + (int64_t)(d0 + r) * xw + c, 16);
+    }
+    for (int f = tid; f < KC * APPLY_T; f += 256) { /* S: row f / 64, column v0 + f mod 64 */
+        const int e = f / APPLY_T, v = v0 + f % APPLY_T, in = e < K && v < V;
+        cp_async4_zfill(smem_u32(sB + e * APPLY_LB + f % APPLY_T), in ? Sh + (int64_t)e * V + v : Sh, in ? 4 : 0);
+    }
+    cp_async_commit();
+    float2 cf[4][2]; /* C's elements of the thread's C fragments: rows d0 + wr + g (+ 8), columns 8 nt + 2t (+ 1) */
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++)
+            cf[nt][hr] = *(const float2 *)(X + (int64_t)(d0 + wr + g + 8 * hr) * xw + KC + v0 + wc + 8 * nt + 2 * t);
     float acc[3][4][4]; /* [Ah Sh, Al Sh, Ah Sl][n8 tile][C fragment] */
 #pragma unroll
     for (int pt = 0; pt < 3; pt++)
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) acc[pt][nt][0] = acc[pt][nt][1] = acc[pt][nt][2] = acc[pt][nt][3] = 0.0f;
-    APPLY_LOAD(0);
-    for (int e0 = 0; e0 < KC; e0 += APPLY_E) {
-        __syncthreads(); /* the previous chunk's reads are done */
+    cp_async_wait_all();
+    __syncthreads(); /* every thread's copies have landed */
+#pragma unroll 4
+    for (int ks = 0; ks < KC / 8; ks++) {
+        const float *a0 = sA + (wr + g) * LA + 8 * ks + t, *a8 = a0 + 8 * LA;
+        float ah[4], al[4];
+        split_tf32_rz(a0[0], &ah[0], &al[0]);
+        split_tf32_rz(a8[0], &ah[1], &al[1]);
+        split_tf32_rz(a0[4], &ah[2], &al[2]);
+        split_tf32_rz(a8[4], &ah[3], &al[3]);
+        const float *b0 = sB + (8 * ks + t) * APPLY_LB + wc + g;
 #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            const int q = tid + 256 * u;
-            *(float4 *)&sA[(q / 8) * APPLY_LA + 4 * (q % 8)] = pa[u];
-        }
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-            const int f = tid + 256 * u;
-            sB[(f / 64) * APPLY_LB + f % 64] = pb[u];
-        }
-        __syncthreads();
-        if (e0 + APPLY_E < KC) APPLY_LOAD(e0 + APPLY_E);
-#pragma unroll
-        for (int ks = 0; ks < APPLY_E / 8; ks++) {
-            const float *a0 = sA + (wr + g) * APPLY_LA + 8 * ks + t, *a8 = a0 + 8 * APPLY_LA;
-            float ah[4], al[4];
-            split_tf32_rz(a0[0], &ah[0], &al[0]);
-            split_tf32_rz(a8[0], &ah[1], &al[1]);
-            split_tf32_rz(a0[4], &ah[2], &al[2]);
-            split_tf32_rz(a8[4], &ah[3], &al[3]);
-            const float *b0 = sB + (8 * ks + t) * APPLY_LB + wc + g;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                float bh0, bl0, bh1, bl1;
-                split_tf32_rz(b0[8 * nt], &bh0, &bl0);
-                split_tf32_rz(b0[4 * APPLY_LB + 8 * nt], &bh1, &bl1);
-                mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-                mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
-                mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-            }
+        for (int nt = 0; nt < 4; nt++) {
+            float bh0, bl0, bh1, bl1;
+            split_tf32_rz(b0[8 * nt], &bh0, &bl0);
+            split_tf32_rz(b0[4 * APPLY_LB + 8 * nt], &bh1, &bl1);
+            mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+            mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
+            mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
         }
     }
-#undef APPLY_LOAD
     float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             const int row = d0 + wr + g + 8 * hr, col = v0 + wc + 8 * nt + 2 * t; /* the C fragment's elements */
-            const float2 c = *(const float2 *)(X + (int64_t)row * xw + KC + col);
             const float y0 = acc[0][nt][2 * hr] + (acc[1][nt][2 * hr] + acc[2][nt][2 * hr]);
             const float y1 = acc[0][nt][2 * hr + 1] + (acc[1][nt][2 * hr + 1] + acc[2][nt][2 * hr + 1]);
-            *(float2 *)&dst[(int64_t)row * VC + col] = make_float2(y0 + c.x, y1 + c.y);
+            *(float2 *)&dst[(int64_t)row * VC + col] = make_float2(y0 + cf[nt][hr].x, y1 + cf[nt][hr].y);
         }
 }
 
@@ -274,8 +276,14 @@ extern "C" int kda_xcp_launch_apply(const float *prefix, const float *S, float *
                                     int KC, int VC, void *stream) {
     const int64_t ctas = (np - 1) * hv * (KC / APPLY_T) * (VC / APPLY_T);
     if (ctas <= 0) return 0;
-    kda_xcp_apply_kernel<<<(unsigned)ctas, 256, 0, (cudaStream_t)stream>>>(prefix, S, slots, hv, K, V, KC, VC,
-                                                                           kda_cuda_cp_slot_floats(KC, VC));
+    static int done[KDA_MAX_DEVICES];
+    int device = -1;
+    const int bytes = apply_smem_bytes(KC);
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = kda_smem_limit((const void *)kda_xcp_apply_kernel, bytes, device, done);
+    if (err != cudaSuccess) return (int)err;
+    kda_xcp_apply_kernel<<<(unsigned)ctas, 256, bytes, (cudaStream_t)stream>>>(prefix, S, slots, hv, K, V, KC, VC,
+                                                                               kda_cuda_cp_slot_floats(KC, VC));
     return (int)cudaGetLastError();
 }
 
