@@ -114,11 +114,28 @@ typedef struct {
 } problem_t;
 #define PREP_GUARD 4096
 
-/* The inputs and the params as backend.c's fill_prep_params fills them, the chunk offsets as meta.cu computes
- * them (Σ ceil(len / C) over the sequences before, from the clamped bounds) */
+/* fwd/launch.c's kda_fwd_prep_params, line for line (launch.c itself needs the CUDA runtime): the call's problem
+ * embedded, the blocks, the copy widths and the divisors of the CTA → chunk step */
+static void fwd_prep_params(const kda_cuda_problem_t *pb, kda_cuda_blocks_t blocks, int dev_skip, kda_prep_params_t *pp) {
+    const int K = pb->K, V = pb->V;
+    memset(pp, 0, sizeof *pp);
+    pp->pb = *pb;
+    pp->blocks = blocks;
+    pp->piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
+    pp->piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
+    pp->dev_skip = dev_skip;
+    pp->div_hv = kda_fastdiv_make(pb->hv);
+    pp->div_group = kda_fastdiv_make(pb->group);
+    pp->div_cpr = kda_fastdiv_make(pb->seqs.chunks_per_row);
+}
+
+/* The inputs and the problem as problem.c's kda_cuda_problem_fill fills it from the checked arguments (no states:
+ * prep reads none), the params from it as fwd/launch.c's kda_fwd_prep_params (fwd_prep_params above), the chunk
+ * offsets as meta.cu computes them (Σ ceil(len / C) over the sequences before, from the clamped bounds) */
 static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
-    kda_prep_params_t *p = &pr->p;
+    kda_cuda_problem_t pb;
     memset(pr, 0, sizeof *pr);
+    memset(&pb, 0, sizeof pb);
     rng = seed;
     const int varlen = c->nseq > 0;
     const int64_t N = varlen ? c->nseq : c->batch;
@@ -127,9 +144,9 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     pr->cu64[0] = 0;
     for (int64_t n = 0; n < N; n++) pr->cu64[n + 1] = pr->cu64[n] + (varlen ? c->lens[n] : c->T);
     T = pr->cu64[N];
-    kda_cuda_seqs_t *s = &p->seqs;
+    kda_cuda_seqs_t *s = &pb.seqs;
     s->num_tokens = T;
-    s->seq_len = varlen ? T : c->T;
+    s->seq_len = varlen ? T : c->T; /* kda_args_t.seq_len: the total tokens with cu_seqlens */
     s->num_seqs = N;
     s->chunks_per_row = (s->seq_len + KDA_CHUNK - 1) / KDA_CHUNK;
     if (varlen) {
@@ -150,12 +167,13 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     }
     const int K = c->K, V = c->V, KC = kda_cuda_size_class(K), VC = kda_cuda_size_class(V);
     const int64_t max_chunks = varlen ? (T + (KDA_CHUNK - 1) * N) / KDA_CHUNK : N * s->chunks_per_row;
-    p->blocks.block_bytes = kda_cuda_block_bytes_fine(KC, VC, c->fine);
-    p->blocks.max_chunks = max_chunks;
-    p->blocks.fine = c->fine;
-    pr->ws_bytes = max_chunks * c->hv * p->blocks.block_bytes;
+    kda_cuda_blocks_t blocks;
+    blocks.block_bytes = kda_cuda_block_bytes_fine(KC, VC, c->fine);
+    blocks.max_chunks = max_chunks;
+    blocks.fine = c->fine;
+    pr->ws_bytes = max_chunks * c->hv * blocks.block_bytes;
     pr->ws = (unsigned char *)alloc(pr->ws_bytes + 2 * PREP_GUARD);
-    p->blocks.base = pr->ws + PREP_GUARD;
+    blocks.base = pr->ws + PREP_GUARD;
 
     /* q, k ~ N(0, 1) (unit rows without the l2norm, as models give them), v ~ N(0, 1), β in (0, 1) or raw
        N(0, 1) logits, the gate: −decay·U(0.1, 1) as the log decay, or raw N(0, 1) with A_log, dt_bias ~ U(−1, 1) */
@@ -181,19 +199,16 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
             for (int i = 0; i < c->hv * K; i++) dt_bias[i] = (float)(2 * urand() - 1);
         }
     }
-    p->q = q, p->k = k, p->v = v, p->g = g, p->beta = beta;
-    p->A_log = A_log, p->dt_bias = dt_bias;
-    p->dtype = c->dtype, p->g_dtype = c->g_dtype, p->beta_dtype = c->beta_dtype;
-    p->hqk = c->hqk, p->hv = c->hv, p->group = c->hv / c->hqk, p->K = K, p->V = V;
-    p->div_hv = kda_fastdiv_make(p->hv), p->div_group = kda_fastdiv_make(p->group);
-    p->div_cpr = kda_fastdiv_make(s->chunks_per_row);
-    p->piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
-    p->piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
-    p->scale = c->scale != 0.0f ? c->scale : (float)(1.0 / sqrt((double)K));
-    p->lower_bound = c->lower_bound;
-    p->l2norm = c->l2norm, p->gate_in_kernel = c->gate_in_kernel;
-    p->beta_sigmoid = c->beta_sigmoid, p->neg_eigval = c->neg_eigval;
-    p->dev_skip = 0, p->plan = 0;
+    pb.q = q, pb.k = k, pb.v = v, pb.g = g, pb.beta = beta;
+    pb.A_log = A_log, pb.dt_bias = dt_bias; /* NULL unless gate_in_kernel */
+    pb.dtype = c->dtype, pb.g_dtype = c->g_dtype, pb.beta_dtype = c->beta_dtype;
+    pb.hqk = c->hqk, pb.hv = c->hv, pb.group = c->hv / c->hqk;
+    pb.K = K, pb.V = V, pb.kc = KC, pb.vc = VC;
+    pb.scale = c->scale != 0.0f ? c->scale : (float)(1.0 / sqrt((double)K));
+    pb.lower_bound = c->lower_bound; /* 0: no lower bound, as problem.c resolves it */
+    pb.l2norm = c->l2norm, pb.gate_in_kernel = c->gate_in_kernel;
+    pb.beta_sigmoid = c->beta_sigmoid, pb.neg_eigval = c->neg_eigval;
+    fwd_prep_params(&pb, blocks, 0, &pr->p); /* plan stays 0: the CP piece table CTA is not run */
     const void *in[9] = {q, k, v, g, beta, A_log, dt_bias, varlen ? s->cu_seqlens : NULL, pr->offsets};
     const int64_t in_bytes[9] = {T * c->hqk * K * dt_bytes(c->dtype), T * c->hqk * K * dt_bytes(c->dtype),
                                  T * c->hv * V * dt_bytes(c->dtype), T * c->hv * K * dt_bytes(c->g_dtype),
@@ -209,7 +224,7 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
 }
 
 static void free_problem(problem_t *pr) {
-    const kda_prep_params_t *p = &pr->p;
+    const kda_cuda_problem_t *p = &pr->p.pb;
     for (int i = 0; i < pr->nin; i++) free(pr->in_copy[i]);
     void *bufs[] = {pr->ws, (void *)p->q, (void *)p->k, (void *)p->v, (void *)p->g, (void *)p->beta,
                     (void *)p->A_log, (void *)p->dt_bias, pr->cu64, pr->cu32, pr->offsets};
@@ -236,7 +251,8 @@ static const char *region(int KC, int VC, int fine, int64_t off) { return reg_na
  * chunk's tokens, and Aqk_ii = s q̂_i·k̂_i, in float64 from the stored inputs; worst relative errors
  * ------------------------------------------------------------------------------------------------------- */
 static int check_math(const prep_case_t *c, const problem_t *pr) {
-    const kda_prep_params_t *p = &pr->p;
+    const kda_cuda_problem_t *p = &pr->p.pb;
+    const kda_cuda_blocks_t *bl = &pr->p.blocks;
     const int K = c->K, KC = kda_cuda_size_class(K);
     double eg = 0, ea = 0;
     int64_t ng = 0, na = 0;
@@ -245,7 +261,7 @@ static int check_math(const prep_case_t *c, const problem_t *pr) {
         seq_bounds(p->seqs, n, &bos, &eos);
         for (int64_t t0 = bos, cid = seq_chunk0(p->seqs, n); t0 < eos; t0 += KDA_CHUNK, cid++)
             for (int h = 0; h < p->hv; h++) {
-                const unsigned char *blk = (const unsigned char *)p->blocks.base + (cid * p->hv + h) * p->blocks.block_bytes;
+                const unsigned char *blk = (const unsigned char *)bl->base + (cid * p->hv + h) * bl->block_bytes;
                 const int clen = (int)(eos - t0 < KDA_CHUNK ? eos - t0 : KDA_CHUNK), hq = h / p->group;
                 for (int d = 0; d < K; d++) {
                     double G = 0;
@@ -365,7 +381,7 @@ static int run_case(int i) {
                    (long long)(first < PREP_GUARD ? first - PREP_GUARD : first - (n - PREP_GUARD)));
         else
             printf("MISMATCH, %lld bytes differ; first at chunk %lld head %lld, %s byte %lld (cand 0x%02x, ref 0x%02x)\n",
-                   (long long)diff, (long long)(blk / p->hv), (long long)(blk % p->hv),
+                   (long long)diff, (long long)(blk / p->pb.hv), (long long)(blk % p->pb.hv),
                    region(KC, VC, p->blocks.fine, off), (long long)off, out[0][first], out[1][first]);
     }
     int ok = diff == 0 && inputs_ok;

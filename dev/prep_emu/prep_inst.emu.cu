@@ -11,10 +11,10 @@
 namespace PREP_NS {
 #include PREP_SRC /* its includes are in already: this stand-in common.cuh (pragma once), seq.cuh, cp_plan.cuh (guards) */
 
-/* The launcher of the classes of p->K and p->V (it records its grid in emu_grid): 0, or −1 for classes not
- * instantiated here */
+/* The launcher of the problem's size classes p->pb.kc and p->pb.vc, as the forward picks its configuration row
+ * (it records its grid in emu_grid): 0, or −1 for classes not instantiated here */
 int prep_grid(const kda_prep_params_t *p) {
-    const int kc = kda_cuda_size_class(p->K), vc = kda_cuda_size_class(p->V);
+    const int kc = p->pb.kc, vc = p->pb.vc;
 #define PREP_CLASS(KC, VC) \
     if (kc == KC && vc == VC) return kda_prep_launch<KC, VC>(p, 0, NULL);
     PREP_CLASS(64, 64)
