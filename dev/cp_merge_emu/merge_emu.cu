@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
         if (emu_ctas > 0) run_grid(&p);
         ctas_total += emu_ctas;
         if (r.num_pieces > max_entries) max_entries = r.num_pieces;
-        items += nsplit * hv * (compose && first_map ? (VC + KC) / 32 : VC / 16);
+        items += nsplit * hv * ((VC + (compose && first_map ? KC : 0)) / 16);
         const int ok = !memcmp(slots, want, sizeof(float) * nfl) && !memcmp(prefix, want_pre, sizeof(float) * npre);
         if (!ok) {
             int64_t first = -1, nd = 0;

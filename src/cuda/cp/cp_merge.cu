@@ -5,8 +5,8 @@
  *
  *     S_in(1) = E_0,     S_in(j + 1) = M_j S_in(j) + E_j      (j = 1 .. np − 2)
  *
- * One work item per (split sequence, value head, COLS = 16 state columns): the columns are independent, so the chain
- * of one head splits over VC / COLS items, and a step is a KC × KC by KC × COLS product. The grid is at most one wave, and a
+ * One work item per (split sequence, value head, 16 state columns): the columns are independent, so the chain of one
+ * head splits over VC / 16 items, and a step is a KC × KC by KC × 16 product. The grid is at most one wave, and a
  * CTA takes items blockIdx, blockIdx + gridDim, ..: the host cannot tell how many sequences the device's plan
  * splits, only that they are at most min(N, slots / 2) (a split sequence has two slots or more), and a grid of
  * every table entry's CTAs (up to the capacity, most of them returning at once) would cost more than the chain it
@@ -21,8 +21,10 @@
  * stream through a ring of shared-memory stages by bulk copies, 32 rows a block, issued as soon as a step (at K = 256
  * half a step) frees its stages: two steps ahead at K = 128. Mᵀ is stored swizzled (kda_cuda_map_index: its writers
  * are the pre-scans, cp_slot.cuh's store_map), so that the four rows of an A fragment's load fall in different
- * banks. S_in(j) sits in shared memory rows of MERGE_SST(COLS) floats (conflict-free B fragments), double-buffered:
- * one barrier a step. The backward's chain may take Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]): its chunk map is
+ * banks. S_in(j) sits in shared memory rows of MERGE_SST floats (conflict-free B fragments), double-buffered: one
+ * barrier a step (on CUDA cores, 4 × 4 tiles a thread, a step loads 8 floats from shared memory per 16 FFMA). The
+ * backward's chain may take
+ * Mᵀ_j from the forward's kept maps instead (kda_cp_params_t.maps, when its plan set header[3]): its chunk map is
  * the forward's transposed, so a piece's Mᵀ is the forward's M (ALGORITHM.md §6), stored in the same layout.
  *
  * Compose (kda_cp_params_t.compose, cross-rank CP's primed summary, xcp.h): the same chain over the K + V columns of
@@ -33,36 +35,28 @@
  * (M_0 = 0 when the sequence starts on this rank: piece 0 then ran from its initial state), each X_j into the
  * prefix region; X_{np−1} is the summary, and S_in(j + 1) = X_j [S; I] for the state S entering the sequence. A
  * sequence that starts here has M = 0 throughout: only E's columns are chained, and they are S_in(j + 1) itself,
- * stored into the slots as well (the primed forward then runs the pieces at once). Where M's columns are chained
- * too, twice the items would each stream Mᵀ_j through the L2 again: an item takes COLS = 32 columns there instead
- * (half the items, the same Mᵀ stream each), so a step streams half the bytes.
+ * stored into the slots as well (the primed forward then runs the pieces at once).
  */
 #include "common.cuh"
 
-#define MERGE_EB 32 /* rows of Mᵀ per streamed block */
-/* floats per row of S_in(j) of C columns in shared memory (24 or 40, ≡ 8 mod 16): a B fragment's rows t = 0 .. 3
-   8 banks apart, its columns g = 0 .. 7 in the 8 between, so its 32 loads fall in 32 banks */
-#define MERGE_SST(C) ((C) + 8)
+#define MERGE_COLS 16 /* state columns per CTA */
+#define MERGE_EB 32   /* rows of Mᵀ per streamed block */
+#define MERGE_SST 24  /* floats per row of S_in in shared memory: B fragments' rows t, t + 1.. in distinct banks */
 #define MERGE_NB(KC) ((KC) / MERGE_EB) /* blocks of Mᵀ per step */
 /* Ring stages: two steps' blocks (64 KB at K = 128), four steps' at K = 64; half a step at 256 (128 KB of 256) */
 #define MERGE_NST(KC) ((KC) <= 128 ? 8 : 4)
 
-/* shared memory: the ring of Mᵀ blocks, S_in(j) twice (KC rows of MERGE_SST(cols)), the ring's barriers */
-static int merge_smem(int kc, int cols) {
-    return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST(cols) * 4 + 8 * MERGE_NST(kc);
-}
+/* shared memory: the ring of Mᵀ blocks, S_in(j) twice (KC rows of MERGE_SST), the ring's barriers */
+static int merge_smem(int kc) { return MERGE_NST(kc) * MERGE_EB * kc * 4 + 2 * kc * MERGE_SST * 4 + 8 * MERGE_NST(kc); }
 
 /* KC: the K class (a compile-time size: the warps, the ring); COMPOSE: p.compose, fixed per instance so that the
-   plain merge carries none of the compose's indexing; COLS: the state columns of an item (16, or 32 to compose
-   with M's columns) */
-template <int KC, int COMPOSE, int COLS>
+   plain merge carries none of the compose's indexing */
+template <int KC, int COMPOSE>
 __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_params_t p) {
     constexpr int NB = MERGE_NB(KC), NST = MERGE_NST(KC), NTH = 2 * KC;
     constexpr int NBR = NB < NST ? NB : NST, ROUNDS = NB / NBR; /* blocks of a round: the ring holds a round */
-    constexpr int NF = KC * COLS / 4 / NTH;                     /* float4s of S_in(1) = E_0 per thread */
-    constexpr int NT = COLS / 8, SST = MERGE_SST(COLS);         /* n8 tiles of an item; S_in's rows */
-    static_assert(NB % NBR == 0 && NST % NBR == 0 && NF >= 1 && KC * COLS / 4 == NF * NTH, "merge tiling");
-    static_assert(COLS == 16 || (COMPOSE && COLS == 32), "merge columns");
+    constexpr int NF = KC * MERGE_COLS / 4 / NTH;               /* float4s of S_in(1) = E_0 per thread */
+    static_assert(NB % NBR == 0 && NST % NBR == 0 && NF >= 1 && KC * MERGE_COLS / 4 == NF * NTH, "merge tiling");
     extern __shared__ __align__(16) float msm[];
     __shared__ int s_count[NTH / 32]; /* the scan's matches per warp */
     __shared__ int64_t s_found;       /* the scan's result: a table index, or −1 */
@@ -71,7 +65,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     if (p.header[1] == 0) return; /* the plan split nothing */
     /* compose: M's columns only where the sequence continues from an earlier rank (first_map); without them the
        prefix's E columns are S_in(j + 1) themselves, also stored into the slots as the plain merge does */
-    const int VC = p.pb.vc, nmt = COMPOSE && p.first_map ? KC / COLS : 0, nct = nmt + VC / COLS;
+    const int VC = p.pb.vc, nmt = COMPOSE && p.first_map ? KC / MERGE_COLS : 0, nct = nmt + VC / MERGE_COLS;
     const int to_slots = !COMPOSE || !p.first_map;
     const int64_t xw = KC + VC; /* a prefix map's row (compose) */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -80,8 +74,8 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
     const int d0 = 16 * warp;                                       /* the warp's rows of S_in(j + 1) */
     const int ca = (d0 + g) ^ (8 * t), cb = (d0 + g + 8) ^ (8 * t); /* their swizzled columns in Mᵀ rows e ≡ t (4) */
     float *ring = msm;                                              /* NST blocks of MERGE_EB × KC */
-    float *sS = msm + NST * MERGE_EB * KC;                          /* 2 × KC rows of SST: S_in(j) in buffer j mod 2 */
-    const uint32_t bars = smem_u32(sS + 2 * KC * SST);
+    float *sS = msm + NST * MERGE_EB * KC; /* 2 × KC rows of MERGE_SST: S_in(j) in buffer j mod 2 */
+    const uint32_t bars = smem_u32(sS + 2 * KC * MERGE_SST);
     /* Mᵀ_j: in the slot, or the forward's kept map (the backward's chain, when its plan took the forward's pieces) */
     const float *mts = p.maps && p.header[3] ? p.maps : p.slots;
     const int64_t msz = p.maps && p.header[3] ? (int64_t)KC * KC : sz;
@@ -125,7 +119,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         const kda_cp_piece_t *e = &p.table[first];
         const int64_t np = e->seq_pieces, s0 = e->slot;
         /* the tile's columns: of E (and S_in), or compose's M columns (mcol) */
-        const int mcol = tile < nmt, c4 = (mcol ? tile : tile - nmt) * COLS, xc = mcol ? c4 : KC + c4;
+        const int mcol = tile < nmt, c4 = (mcol ? tile : tile - nmt) * MERGE_COLS, xc = mcol ? c4 : KC + c4;
         const int64_t last = COMPOSE ? np - 1 : np - 2; /* the chain's last step */
 #define SLOT(j) (p.slots + ((s0 + (j)) * p.pb.hv + h) * sz)
 #define MT(j) (mts + ((s0 + (j)) * p.pb.hv + h) * msz)
@@ -151,24 +145,24 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                 const int f = tid + NTH * u, row = f >> 2, col = 4 * (f & 3);
                 const float4 x = *(const float4 *)(SLOT(0) + KC * KC + (int64_t)row * VC + c4 + col);
                 *(float4 *)(SLOT(1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
-                *(float4 *)&sS[(KC + row) * SST + col] = x;
+                *(float4 *)&sS[(KC + row) * MERGE_SST + col] = x;
             }
         } else {
-            for (int f = tid; f < KC * COLS; f += NTH) { /* X_0: M_0 (from its Mᵀ) or 0, and E_0 */
-                const int row = f / COLS, col = f % COLS;
+            for (int f = tid; f < KC * MERGE_COLS; f += NTH) { /* X_0: M_0 (from its Mᵀ) or 0, and E_0 */
+                const int row = f / MERGE_COLS, col = f % MERGE_COLS;
                 const float x = !mcol         ? SLOT(0)[KC * KC + (int64_t)row * VC + c4 + col]
                                 : p.first_map ? MT(0)[kda_cuda_map_index(KC, c4 + col, row)]
                                               : 0.0f;
                 PREFIX(0)[(int64_t)row * xw + xc + col] = x;
                 if (to_slots) SLOT(1)[KC * KC + KC * VC + (int64_t)row * VC + c4 + col] = x;
-                sS[(KC + row) * SST + col] = x;
+                sS[(KC + row) * MERGE_SST + col] = x;
             }
         }
         /* the lane's elements of E_j: rows d0 + g, d0 + g + 8, columns 8 nt + 2t, + 1 (the m16n8 C fragment) */
-        float2 ej[NT][2]; /* (compose's M columns add nothing) */
+        float2 ej[2][2]; /* (compose's M columns add nothing) */
 #define LOAD_E(j)                                                                                                      \
     do {                                                                                                               \
-        for (int nt_ = 0; nt_ < NT; nt_++)                                                                             \
+        for (int nt_ = 0; nt_ < 2; nt_++)                                                                              \
             for (int hr_ = 0; hr_ < 2; hr_++)                                                                          \
                 ej[nt_][hr_] = mcol ? make_float2(0.0f, 0.0f)                                                          \
                                     : *(const float2 *)(SLOT(j) + KC * KC + (int64_t)(d0 + g + 8 * hr_) * VC + c4 +    \
@@ -177,13 +171,12 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
         if (last > 0) LOAD_E(1);
         __syncthreads(); /* S_in(1) is in buffer 1 */
         for (int64_t j = 1; j <= last; j++) {
-            const float *sB = sS + (j & 1) * KC * SST; /* S_in(j) */
-            float acc[3][NT][4]; /* per n8 tile: Ah Bh, Al Bh, Ah Bl, each its own chain of KC / 8 mma */
+            const float *sB = sS + (j & 1) * KC * MERGE_SST; /* S_in(j) */
+            float acc[3][2][4]; /* per n8 tile: Ah Bh, Al Bh, Ah Bl, each its own chain of KC / 8 mma */
 #pragma unroll
             for (int pt = 0; pt < 3; pt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-                    acc[pt][nt][0] = acc[pt][nt][1] = acc[pt][nt][2] = acc[pt][nt][3] = 0.0f;
+                for (int nt = 0; nt < 2; nt++) acc[pt][nt][0] = acc[pt][nt][1] = acc[pt][nt][2] = acc[pt][nt][3] = 0.0f;
 #pragma unroll 1
             for (int rd = 0; rd < ROUNDS; rd++) {
 #pragma unroll 1
@@ -200,12 +193,12 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                         split_tf32_rz(r0[cb], &ah[1], &al[1]);
                         split_tf32_rz(r4[ca], &ah[2], &al[2]);
                         split_tf32_rz(r4[cb], &ah[3], &al[3]);
-                        const float *s0r = sB + (MERGE_EB * b + 8 * ks + t) * SST + g;
+                        const float *s0r = sB + (MERGE_EB * b + 8 * ks + t) * MERGE_SST + g;
 #pragma unroll
-                        for (int nt = 0; nt < NT; nt++) {
+                        for (int nt = 0; nt < 2; nt++) {
                             float bh0, bl0, bh1, bl1;
                             split_tf32_rz(s0r[8 * nt], &bh0, &bl0);
-                            split_tf32_rz(s0r[4 * SST + 8 * nt], &bh1, &bl1);
+                            split_tf32_rz(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
                             mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
                             mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
                             mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
@@ -222,9 +215,9 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                 }
             }
             /* S_in(j + 1) = M_j S_in(j) + E_j (compose: X_j): into its slot (its prefix) and the other buffer */
-            float *sN = sS + ((j + 1) & 1) * KC * SST;
+            float *sN = sS + ((j + 1) & 1) * KC * MERGE_SST;
 #pragma unroll
-            for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int hr = 0; hr < 2; hr++) {
                     const int row = d0 + g + 8 * hr, col = 8 * nt + 2 * t;
@@ -234,7 +227,7 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                     if (COMPOSE) *(float2 *)(PREFIX(j) + (int64_t)row * xw + xc + col) = x;
                     if (to_slots && j + 1 < np)
                         *(float2 *)(SLOT(j + 1) + KC * KC + KC * VC + (int64_t)row * VC + c4 + col) = x;
-                    *(float2 *)&sN[row * SST + col] = x;
+                    *(float2 *)&sN[row * MERGE_SST + col] = x;
                 }
             if (j + 1 <= last) LOAD_E(j + 1);
             __syncthreads(); /* S_in(j + 1) is in its buffer; the step's (last round's) stages are read */
@@ -257,23 +250,19 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
    CTAs as are resident at once (by shared memory and threads; 1 per SM at K = 128 and 256, 2 at 64) */
 extern "C" int kda_cuda_launch_cp_merge(const kda_cp_params_t *p, int device, void *stream) {
     const int64_t nsplit = p->cap_slots / 2 < p->pb.seqs.num_seqs ? p->cap_slots / 2 : p->pb.seqs.num_seqs;
-    const int with_m = p->compose && p->first_map, mode = !p->compose ? 0 : with_m ? 2 : 1, cols = with_m ? 32 : 16;
-    const int64_t items = nsplit * p->pb.hv * ((p->pb.vc + (with_m ? p->pb.kc : 0)) / cols);
+    const int64_t items = nsplit * p->pb.hv * ((p->pb.vc + (p->compose && p->first_map ? p->pb.kc : 0)) / MERGE_COLS);
     if (items <= 0) return 0;
-    const int bytes = merge_smem(p->pb.kc, cols), which = p->pb.kc == 64 ? 0 : p->pb.kc == 128 ? 1 : 2;
+    const int bytes = merge_smem(p->pb.kc), which = p->pb.kc == 64 ? 0 : p->pb.kc == 128 ? 1 : 2;
     const int threads = 2 * p->pb.kc;
     const int by_smem = (227 * 1024) / (bytes + 1024), by_threads = 2048 / threads;
     const int64_t resident = (int64_t)(p->sm_count > 0 ? p->sm_count : 1) *
                              (by_smem < by_threads ? (by_smem > 0 ? by_smem : 1) : by_threads);
     const int64_t ctas = items < resident ? items : resident;
-    /* [mode][K class]: the plain merge, the compose of E's columns, the compose with M's */
-    const void *kernels[3][3] = {
-        {(const void *)kda_cp_merge_kernel<64, 0, 16>, (const void *)kda_cp_merge_kernel<128, 0, 16>,
-         (const void *)kda_cp_merge_kernel<256, 0, 16>},
-        {(const void *)kda_cp_merge_kernel<64, 1, 16>, (const void *)kda_cp_merge_kernel<128, 1, 16>,
-         (const void *)kda_cp_merge_kernel<256, 1, 16>},
-        {(const void *)kda_cp_merge_kernel<64, 1, 32>, (const void *)kda_cp_merge_kernel<128, 1, 32>,
-         (const void *)kda_cp_merge_kernel<256, 1, 32>}};
-    static int done[3][3][KDA_MAX_DEVICES];
+    const void *kernels[2][3] = {{(const void *)kda_cp_merge_kernel<64, 0>, (const void *)kda_cp_merge_kernel<128, 0>,
+                                  (const void *)kda_cp_merge_kernel<256, 0>},
+                                 {(const void *)kda_cp_merge_kernel<64, 1>, (const void *)kda_cp_merge_kernel<128, 1>,
+                                  (const void *)kda_cp_merge_kernel<256, 1>}};
+    static int done[2][3][KDA_MAX_DEVICES];
+    const int mode = p->compose ? 1 : 0;
     return kda_launch_ex(kernels[mode][which], ctas, 1, threads, bytes, p, device, done[mode][which], stream, 1);
 }
