@@ -32,3 +32,13 @@ DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, 
     }
     pthread_barrier_wait(&emu_warp_bar[w]);
 }
+/* src/cuda/common/common.cuh's mma_3xtf32: B's elements split, the three parts' products, each into its accumulator */
+DEV void mma_3xtf32(float c_hh[4], float c_lh[4], float c_hl[4], const float ah[4], const float al[4], float b0,
+                    float b1) {
+    float bh0, bl0, bh1, bl1;
+    split_tf32_rz(b0, &bh0, &bl0);
+    split_tf32_rz(b1, &bh1, &bl1);
+    mma_tf32(c_hh, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+    mma_tf32(c_lh, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_tf32(c_hl, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+}

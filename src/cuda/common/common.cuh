@@ -208,6 +208,19 @@ DEV void mma_tf32(float c[4], float a0, float a1, float a2, float a3, float b0, 
                    "r"(__float_as_uint(a3)), "r"(__float_as_uint(b0)), "r"(__float_as_uint(b1)));
 }
 
+/* One k8 step of an ~fp32 product on the tensor cores (3xTF32: A B ≈ Ah Bh + (Al Bh + Ah Bl), each part a chain of
+ * its own accumulator): A's fragment already split into ah, al (a0..a3 as mma_tf32 takes them), B's two elements
+ * b0, b1 split here by split_tf32_rz */
+DEV void mma_3xtf32(float c_hh[4], float c_lh[4], float c_hl[4], const float ah[4], const float al[4], float b0,
+                    float b1) {
+    float bh0, bl0, bh1, bl1;
+    split_tf32_rz(b0, &bh0, &bl0);
+    split_tf32_rz(b1, &bh1, &bl1);
+    mma_tf32(c_hh, ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+    mma_tf32(c_lh, al[0], al[1], al[2], al[3], bh0, bh1);
+    mma_tf32(c_hl, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+}
+
 /* Two C tiles side by side (columns 16k..16k+15), packed to bf16: the A fragment over those columns (the C → A
  * reuse above; also wgmma's register A operand from its accumulators) */
 DEV void acc_pair_to_a(const float c0[4], const float c1[4], uint32_t a[4]) {

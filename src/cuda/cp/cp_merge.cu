@@ -195,14 +195,9 @@ __global__ void __launch_bounds__(2 * KC, 1) kda_cp_merge_kernel(const kda_cp_pa
                         split_tf32_rz(r4[cb], &ah[3], &al[3]);
                         const float *s0r = sB + (MERGE_EB * b + 8 * ks + t) * MERGE_SST + g;
 #pragma unroll
-                        for (int nt = 0; nt < 2; nt++) {
-                            float bh0, bl0, bh1, bl1;
-                            split_tf32_rz(s0r[8 * nt], &bh0, &bl0);
-                            split_tf32_rz(s0r[4 * MERGE_SST + 8 * nt], &bh1, &bl1);
-                            mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-                            mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
-                            mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-                        }
+                        for (int nt = 0; nt < 2; nt++)
+                            mma_3xtf32(acc[0][nt], acc[1][nt], acc[2][nt], ah, al, s0r[8 * nt],
+                                       s0r[4 * MERGE_SST + 8 * nt]);
                     }
                 }
                 if (rd + 1 < ROUNDS) { /* half a step in the ring (K = 256): refill the round's stages now */

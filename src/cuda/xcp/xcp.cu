@@ -240,14 +240,8 @@ __global__ void __launch_bounds__(256, 2)
         split_tf32_rz(a8[4], &ah[3], &al[3]);
         const float *b0 = sB + (8 * ks + t) * APPLY_LB + wc + g;
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            float bh0, bl0, bh1, bl1;
-            split_tf32_rz(b0[8 * nt], &bh0, &bl0);
-            split_tf32_rz(b0[4 * APPLY_LB + 8 * nt], &bh1, &bl1);
-            mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-            mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
-            mma_tf32(acc[2][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-        }
+        for (int nt = 0; nt < 4; nt++)
+            mma_3xtf32(acc[0][nt], acc[1][nt], acc[2][nt], ah, al, b0[8 * nt], b0[4 * APPLY_LB + 8 * nt]);
     }
     float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
 #pragma unroll
