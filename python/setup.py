@@ -10,7 +10,7 @@ Environment (read by this build only; the library itself reads none of these):
   KDA_CMAKE_ARGS      extra arguments for the CMake configure step, e.g. "-DKDA_CPU_ISAS=v3;v4" for a package that
                       runs each x86-64 machine at its level (the default builds for this machine's level only)
   KDA_BUILD_PROGRESS  0: no progress lines on the terminal (see _Progress)
-The libkda build took 83 s on a fresh clone on an idle 2-core x86-64 machine with nvcc and no GPU (so CPU-only);
+The libkda build took 39 s on a fresh clone on an idle 2-core x86-64 machine with nvcc and no GPU (so CPU-only);
 with CUDA, nvcc's kernel builds take most of the time (build only the architectures you need).
 """
 
