@@ -44,6 +44,8 @@ SETS = {
     "prep-A": (16 | 1, None), "prep-TII": (16 | 2, None), "prep-WU": (16 | 4, None), "prep-gate": (16 | 32, None),
     "prep-norm": (16 | 64, None), "prep-step3": (16 | 128, None), "prep-out": (16 | 256, None),
     "prep-skeleton": (16 | 231, None),
+    # prep alone at one CTA (8 warps) an SM, results right: the producer of a fused CTA (issue 55) against "prep"
+    "prep-solo": (16 | 4096, None),
     "rec-nocopy": (8 | 1024, None), "rec-nomath": (8 | 2048, None), "rec-empty": (8 | 3072, None),
     # the recurrence by mma.sync where it would use wgmma: A/B in one build
     "all-mma": (0, None, "mma"), "rec-mma": (8, None, "mma"), "rec-nocopy-mma": (8 | 1024, None, "mma"),

@@ -67,7 +67,8 @@ KDA_HD static inline int kda_cuda_size_class(int n) {
  * holds can change a result.
  *   bit 0 prep A/Aqk, bit 1 prep T_II, bit 2 prep W/U solve, bit 3 prep kernel, bit 4 recurrence kernel,
  *   bit 5 gate sums, bit 6 normalisation, bit 7 QΓ/K̃/γ, bit 8 W/U copy-out, bit 9 input copies;
- *   recurrence: bit 10 copies after the first stages, bit 11 the math
+ *   recurrence: bit 10 copies after the first stages, bit 11 the math; bit 12 prep at one CTA an SM (its shared
+ *   memory padded; results right: half the warps an SM, a fused CTA's producer budget)
  * ------------------------------------------------------------------------------------------------------- */
 #ifdef KDA_DEV_BUILD
 #define KDA_SKIP(p, bit) ((p).dev_skip & (bit))

@@ -1092,7 +1092,9 @@ static int kda_prep_launch(const kda_prep_params_t *p, int device, void *stream)
     const int64_t ctas = p->blocks.max_chunks * p->pb.hv + (p->plan ? 1 : 0);
     if (ctas == 0) return 0;
     if (ctas >= ((int64_t)1 << 31)) return (int)cudaErrorInvalidValue; /* (the kernel's 32-bit CTA → chunk step) */
-    const int bytes = PREP_BYTES(KD, VD), exact = p->pb.K == KD && p->pb.V == VD;
+    const int solo = 116 * 1024; /* KDA_SKIP bit 12: more than half an SM's shared memory, one CTA an SM */
+    const int bytes = KDA_SKIP(*p, 4096) && PREP_BYTES(KD, VD) < solo ? solo : PREP_BYTES(KD, VD);
+    const int exact = p->pb.K == KD && p->pb.V == VD;
     static int done[2][KDA_MAX_DEVICES];
     const void *kernel = exact ? (const void *)kda_prep_kernel<KD, VD, 1> : (const void *)kda_prep_kernel<KD, VD, 0>;
     return kda_launch_ex(kernel, ctas, 1, PREP_NT(KD, VD), bytes, p, device, done[exact], stream, 1);
