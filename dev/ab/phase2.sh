@@ -1,6 +1,7 @@
 #!/bin/bash
 # phase 2: timing A/B, base and new alternated AB_ROUNDS times (default 3) into .ab/t/, then the fastest of each over
-# every round there (a later call on the same machine adds rounds), then optional pytest on CUDA and compute-sanitizer
+# every round there (a later call on the same warm machine, not carrying .ab again, adds rounds: .ab/ is in
+# .gitignore, so the machine keeps it), then optional pytest on CUDA and compute-sanitizer
 set -u
 R=$PWD
 BL=$(ls $R/.ab/base/build/libkda.so*| head -1); NL=$R/build-gpu/libkda.so

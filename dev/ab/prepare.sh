@@ -7,5 +7,4 @@ base=${1:-HEAD^}
 mkdir -p .ab
 git archive --format=tar.gz -o .ab/base.tar.gz "$base"
 git rev-parse "$base" > .ab/base.commit
-grep -qx '.ab/' .git/info/exclude 2>/dev/null || echo '.ab/' >> .git/info/exclude
 echo "base $(cat .ab/base.commit) in .ab/base.tar.gz"
