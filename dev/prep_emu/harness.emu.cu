@@ -8,6 +8,7 @@
  * blocks against a float64 computation from the same inputs. Exit status 1 on any mismatch or failed check. */
 #include "common.cuh"
 #include "seq.cuh" /* seq_bounds, seq_chunk0: the sequences as the kernel finds them */
+#include "fwd.h"     /* kda_fwd_prep_params */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -114,23 +115,8 @@ typedef struct {
 } problem_t;
 #define PREP_GUARD 4096
 
-/* fwd/launch.c's kda_fwd_prep_params, line for line (launch.c itself needs the CUDA runtime): the call's problem
- * embedded, the blocks, the copy widths and the divisors of the CTA → chunk step */
-static void fwd_prep_params(const kda_cuda_problem_t *pb, kda_cuda_blocks_t blocks, int dev_skip, kda_prep_params_t *pp) {
-    const int K = pb->K, V = pb->V;
-    memset(pp, 0, sizeof *pp);
-    pp->pb = *pb;
-    pp->blocks = blocks;
-    pp->piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
-    pp->piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
-    pp->dev_skip = dev_skip;
-    pp->div_hv = kda_fastdiv_make(pb->hv);
-    pp->div_group = kda_fastdiv_make(pb->group);
-    pp->div_cpr = kda_fastdiv_make(pb->seqs.chunks_per_row);
-}
-
 /* The inputs and the problem as problem.c's kda_cuda_problem_fill fills it from the checked arguments (no states:
- * prep reads none), the params from it as fwd/launch.c's kda_fwd_prep_params (fwd_prep_params above), the chunk
+ * prep reads none), the params from it by the forward's own kda_fwd_prep_params (fwd.h), the chunk
  * offsets as meta.cu computes them (Σ ceil(len / C) over the sequences before, from the clamped bounds) */
 static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     kda_cuda_problem_t pb;
@@ -208,7 +194,7 @@ static void make_problem(const prep_case_t *c, uint64_t seed, problem_t *pr) {
     pb.lower_bound = c->lower_bound; /* 0: no lower bound, as problem.c resolves it */
     pb.l2norm = c->l2norm, pb.gate_in_kernel = c->gate_in_kernel;
     pb.beta_sigmoid = c->beta_sigmoid, pb.neg_eigval = c->neg_eigval;
-    fwd_prep_params(&pb, blocks, 0, &pr->p); /* plan stays 0: the CP piece table CTA is not run */
+    kda_fwd_prep_params(&pb, blocks, 0, &pr->p); /* plan stays 0: the CP piece table CTA is not run */
     const void *in[9] = {q, k, v, g, beta, A_log, dt_bias, varlen ? s->cu_seqlens : NULL, pr->offsets};
     const int64_t in_bytes[9] = {T * c->hqk * K * dt_bytes(c->dtype), T * c->hqk * K * dt_bytes(c->dtype),
                                  T * c->hv * V * dt_bytes(c->dtype), T * c->hv * K * dt_bytes(c->g_dtype),

@@ -12,6 +12,8 @@
 #ifndef KDA_CUDA_FWD_H
 #define KDA_CUDA_FWD_H
 
+#include <string.h>
+
 #include "kda_cuda.h"
 
 #ifdef __cplusplus
@@ -38,8 +40,21 @@ typedef struct kda_fwd_launch {
     kda_tuning_t tune;     /* the context's tuning (tests); dev_skip 0 outside development builds */
 } kda_fwd_launch_t;
 
-/* The chunk preparation's params over the blocks (the backward's first stage takes them too) */
-void kda_fwd_prep_params(const kda_cuda_problem_t *pb, kda_cuda_blocks_t blocks, int dev_skip, kda_prep_params_t *pp);
+/* The chunk preparation's params over the blocks (the backward's first stage takes them too; inline, so that
+ * dev/prep_emu fills them by this code without the CUDA runtime) */
+static inline void kda_fwd_prep_params(const kda_cuda_problem_t *pb, kda_cuda_blocks_t blocks, int dev_skip,
+                                       kda_prep_params_t *pp) {
+    const int K = pb->K, V = pb->V;
+    memset(pp, 0, sizeof *pp);
+    pp->pb = *pb;
+    pp->blocks = blocks;
+    pp->piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
+    pp->piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
+    pp->dev_skip = dev_skip;
+    pp->div_hv = kda_fastdiv_make(pb->hv);
+    pp->div_group = kda_fastdiv_make(pb->group);
+    pp->div_cpr = kda_fastdiv_make(pb->seqs.chunks_per_row);
+}
 
 /* Columns of the state per recurrence CTA over `heads` (sequence, value head) pairs: the widest tile (up to 128,
  * within the V class vc) that still gives ~80% of the SMs a CTA */

@@ -12,19 +12,6 @@
 #include "fwd.h"
 #include "xcp.h"
 
-void kda_fwd_prep_params(const kda_cuda_problem_t *pb, kda_cuda_blocks_t blocks, int dev_skip, kda_prep_params_t *pp) {
-    const int K = pb->K, V = pb->V;
-    memset(pp, 0, sizeof *pp);
-    pp->pb = *pb;
-    pp->blocks = blocks;
-    pp->piece_qk = K % 8 == 0 ? 16 : K % 4 == 0 ? 8 : K % 2 == 0 ? 4 : 2;
-    pp->piece_v = V % 8 == 0 ? 16 : V % 4 == 0 ? 8 : V % 2 == 0 ? 4 : 2;
-    pp->dev_skip = dev_skip;
-    pp->div_hv = kda_fastdiv_make(pb->hv);
-    pp->div_group = kda_fastdiv_make(pb->group);
-    pp->div_cpr = kda_fastdiv_make(pb->seqs.chunks_per_row);
-}
-
 int kda_fwd_choose_bv(int64_t heads, int vc, int sm_count) {
     for (int bv = vc < 128 ? vc : 128; bv >= 32; bv /= 2)
         if (heads * (vc / bv) * 5 >= (int64_t)sm_count * 4) return bv;
