@@ -1,7 +1,8 @@
 #!/bin/sh
 # Host emulation of the cross-rank CP kernels of src/cuda/xcp/xcp.cu (the fold, the primed forward's apply) against
 # their arithmetic done serially: dev/xcp_emu/run.sh [cases]. No GPU; g++ compiles the CUDA C as C++ (the launchers,
-# which use the <<<>>> syntax, are cut out first; no FMA contraction, as the references assume).
+# and their host helper, which use the <<<>>> syntax and the runtime, are cut out first; no FMA contraction, as the
+# references assume).
 set -e
 W=$(cd "$(dirname "$0")/../.." && pwd); E=$W/dev/xcp_emu; B=${TMPDIR:-/tmp}/xcp_emu
 mkdir -p $B
@@ -12,7 +13,7 @@ s = open(sys.argv[1]).read()
 s = s.replace("extern __shared__ double fold_smem[];", "double *fold_smem = (double *)emu_smem;")
 s = s.replace("extern __shared__ __align__(16) float apply_smem[];", "float *apply_smem = (float *)emu_smem;")
 out, i = [], 0
-for m in re.finditer(r'extern "C" int [^{]*\{', s):  # drop each launcher: its balanced braces
+for m in re.finditer(r'(extern "C" int|static cudaError_t) [^{]*\{', s):  # drop each launcher and host helper
     if m.start() < i:
         continue
     out.append(s[i:m.start()])

@@ -140,14 +140,19 @@ __global__ void kda_xcp_place_kernel(float *dst, int64_t W, int col0, const floa
 
 static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
+/* kda_smem_limit on the current device (these launchers are not given it) */
+static cudaError_t smem_limit_here(const void *kernel, int bytes, int done[KDA_MAX_DEVICES]) {
+    int device = -1;
+    const cudaError_t err = cudaGetDevice(&device);
+    return err != cudaSuccess ? err : kda_smem_limit(kernel, bytes, device, done);
+}
+
 extern "C" int kda_xcp_launch_fold(const float *sums, int64_t first, int count, int step, int hv, int K, int V,
                                    float *out, void *stream) {
     const int smem = fold_smem_bytes(K);
     const int64_t ctas = (int64_t)hv * ((V + FOLD_COLS - 1) / FOLD_COLS);
     static int done[KDA_MAX_DEVICES];
-    int device = -1;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = kda_smem_limit((const void *)kda_xcp_fold_kernel, smem, device, done);
+    const cudaError_t err = smem_limit_here((const void *)kda_xcp_fold_kernel, smem, done);
     if (err != cudaSuccess) return (int)err;
     kda_xcp_fold_kernel<<<(unsigned)ctas, FOLD_THREADS, smem, (cudaStream_t)stream>>>(sums, first, count, step, hv, K,
                                                                                       V, out);
@@ -271,10 +276,8 @@ extern "C" int kda_xcp_launch_apply(const float *prefix, const float *S, float *
     const int64_t ctas = (np - 1) * hv * (KC / APPLY_T) * (VC / APPLY_T);
     if (ctas <= 0) return 0;
     static int done[KDA_MAX_DEVICES];
-    int device = -1;
     const int bytes = apply_smem_bytes(KC);
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = kda_smem_limit((const void *)kda_xcp_apply_kernel, bytes, device, done);
+    const cudaError_t err = smem_limit_here((const void *)kda_xcp_apply_kernel, bytes, done);
     if (err != cudaSuccess) return (int)err;
     kda_xcp_apply_kernel<<<(unsigned)ctas, 256, bytes, (cudaStream_t)stream>>>(prefix, S, slots, hv, K, V, KC, VC,
                                                                                kda_cuda_cp_slot_floats(KC, VC));
