@@ -8,41 +8,7 @@
 #include <stdlib.h>
 #include "xcp.cu"
 
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                                   \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-
-static void fill(float *d, int64_t n, float scale) {
-    float *h = (float *)malloc(n * 4);
-    for (int64_t i = 0; i < n; i++) h[i] = scale * (float)((i * 2654435761u) % 2001 - 1000) / 1000.0f;
-    CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
-    free(h);
-}
-
-static int cmpf(const void *a, const void *b) { return *(const float *)a < *(const float *)b ? -1 : 1; }
-
-/* median µs of 50 launches of f (after 5), clearing the L2 before each when flush is given */
-static float time_us(void (*f)(void *), void *arg, char *flush, size_t flush_bytes) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float t[50];
-    for (int i = -5; i < 50; i++) {
-        if (flush) CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, 0));
-        CK(cudaEventRecord(e0, 0));
-        f(arg);
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        if (i >= 0) CK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    qsort(t, 50, sizeof(float), cmpf);
-    return 1000.0f * t[25];
-}
+#include "bench.h"
 
 typedef struct {
     const float *prefix, *S, *sums;
@@ -70,7 +36,7 @@ int main(void) {
     CK(cudaMalloc(&p, pre * 4));
     CK(cudaMalloc(&s, sn * 4));
     CK(cudaMalloc(&sl, slots * 4));
-    fill(p, pre, 1.0f / K), fill(s, sn, 1.0f);
+    fill(p, pre, 1.0f / K, 0), fill(s, sn, 1.0f, 0);
     r.prefix = p, r.S = s, r.slots = sl;
     char *flush;
     const size_t fb = (size_t)256 << 20;
@@ -94,7 +60,7 @@ int main(void) {
     CK(cudaMalloc(&sd, sz * 4));
     CK(cudaMallocManaged(&sm, sz * 4, cudaMemAttachGlobal));
     CK(cudaMalloc(&out, sn * 4));
-    fill(sd, sz, 1.0f / K);
+    fill(sd, sz, 1.0f / K, 0);
     CK(cudaMemcpy(sm, sd, sz * 4, cudaMemcpyDeviceToDevice));
     CK(cudaDeviceSynchronize());
     volatile float acc = 0;

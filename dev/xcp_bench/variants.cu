@@ -9,19 +9,10 @@
  *   presplit  S's tf32 parts made once a CTA into shared memory (hi in place, lo beside it: 36 KB more) instead of by
  *             each of the four warps that read an element
  */
-#include <stdio.h>
-#include <stdlib.h>
 #include <math.h>
 #include "xcp.cu"
 
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_));                                                   \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
+#include "bench.h"
 
 static int var_smem(int KC, int presplit) { return apply_smem_bytes(KC) + (presplit ? KC * APPLY_LB * 4 : 0); }
 
@@ -83,17 +74,16 @@ DEV void apply_body(const float *prefix, const float *S, float *slots, int hv, i
         const int ob = (8 * ks + t) * APPLY_LB + wc + g;
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
-            float bh0, bl0, bh1, bl1;
-            if (presplit) {
-                bh0 = sB[ob + 8 * nt], bh1 = sB[ob + 4 * APPLY_LB + 8 * nt];
-                bl0 = sBl[ob + 8 * nt], bl1 = sBl[ob + 4 * APPLY_LB + 8 * nt];
-            } else {
-                split_tf32_rz(sB[ob + 8 * nt], &bh0, &bl0);
-                split_tf32_rz(sB[ob + 4 * APPLY_LB + 8 * nt], &bh1, &bl1);
+            float *c_hl = acc[nacc == 3 ? 2 : 1][nt];
+            if (!presplit) {
+                mma_3xtf32(acc[0][nt], acc[1][nt], c_hl, ah, al, sB[ob + 8 * nt], sB[ob + 4 * APPLY_LB + 8 * nt]);
+                continue;
             }
+            const float bh0 = sB[ob + 8 * nt], bh1 = sB[ob + 4 * APPLY_LB + 8 * nt];
+            const float bl0 = sBl[ob + 8 * nt], bl1 = sBl[ob + 4 * APPLY_LB + 8 * nt];
             mma_tf32(acc[0][nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
             mma_tf32(acc[1][nt], al[0], al[1], al[2], al[3], bh0, bh1);
-            mma_tf32(acc[nacc == 3 ? 2 : 1][nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+            mma_tf32(c_hl, ah[0], ah[1], ah[2], ah[3], bl0, bl1);
         }
     }
     float *dst = slots + (j * hv + h) * slot_floats + (int64_t)KC * KC + (int64_t)KC * VC;
@@ -157,31 +147,7 @@ static void launch(const run_t *r) {
     CK(cudaGetLastError());
 }
 
-static int cmpf(const void *a, const void *b) { return *(const float *)a < *(const float *)b ? -1 : 1; }
-
-/* median µs of 100 launches (after 10), each between two events */
-static float time_us(const run_t *r) {
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float t[100];
-    for (int i = -10; i < 100; i++) {
-        CK(cudaEventRecord(e0, 0));
-        launch(r);
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        if (i >= 0) CK(cudaEventElapsedTime(&t[i], e0, e1));
-    }
-    qsort(t, 100, sizeof(float), cmpf);
-    return 1000.0f * t[50];
-}
-
-static void fill(float *d, int64_t n, float scale, unsigned seed) {
-    float *h = (float *)malloc(n * 4);
-    for (int64_t i = 0; i < n; i++) h[i] = scale * (float)(((i + seed) * 2654435761u) % 2001 - 1000) / 1000.0f;
-    CK(cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice));
-    free(h);
-}
+static void launch_any(void *r) { launch((const run_t *)r); }
 
 int main(void) {
     const int hv = 8, K = 128, V = 128;
@@ -199,7 +165,7 @@ int main(void) {
     CK(cudaDeviceSynchronize());
     float *hr = (float *)malloc(slots * 4), *ho = (float *)malloc(slots * 4);
     CK(cudaMemcpy(hr, ref, slots * 4, cudaMemcpyDeviceToHost));
-    const float t_ref = time_us(&r);
+    const float t_ref = time_us(launch_any, &r, NULL, 0);
     printf("%-48s %8.2f us\n", "the library's apply", t_ref);
     for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++) {
         run_t q = r;
@@ -216,7 +182,7 @@ int main(void) {
         }
         struct cudaFuncAttributes fa;
         CK(cudaFuncGetAttributes(&fa, (const void *)VARS[i].fn));
-        const float t = time_us(&q);
+        const float t = time_us(launch_any, &q, NULL, 0);
         printf("%-48s %8.2f us (%.3fx), %d registers; %lld of %lld floats differ, rel %.2e%s\n", VARS[i].name, t,
                t / t_ref, fa.numRegs, (long long)nd, (long long)slots, den > 0 ? sqrt(num / den) : 0.0,
                VARS[i].exact && nd ? "  MISMATCH" : "");
